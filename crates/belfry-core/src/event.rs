@@ -1,0 +1,595 @@
+//! The event record and its state machine.
+//!
+//! [`transition`] is a pure function `(state, command, now) → (state,
+//! effects)`. Stores call it inside their write path so that the
+//! read-modify-write of one event is atomic; the engine performs the
+//! [`Effect`]s. See `docs/event-states.md` for the diagram.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{EventKey, EventVersion};
+use crate::partition::PartitionId;
+use crate::retry::{RetryPolicy, Verdict};
+use crate::time::Timestamp;
+
+/// How the delivered body is shaped (BigBen's `deliveryOption`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum DeliveryOption {
+    /// The whole event as JSON (BigBen's `EventResponse`).
+    #[default]
+    #[serde(rename = "FULL_EVENT")]
+    FullEvent,
+    /// Only the payload string, as is.
+    #[serde(rename = "PAYLOAD_ONLY")]
+    PayloadOnly,
+}
+
+/// Where an event is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventStatus {
+    /// Waiting for its instant.
+    Scheduled,
+    /// At least one attempt failed transiently; the next one is scheduled.
+    Retrying,
+    /// Terminal: the receiver accepted it.
+    Delivered,
+    /// Terminal: a permanent refusal, or retries ran out at the backlog limit.
+    Failed,
+    /// Terminal: it came due while Belfry was down, longer ago than the
+    /// look-back allows; recorded instead of fired.
+    Missed,
+    /// Terminal: cancelled by the client before delivery.
+    Cancelled,
+}
+
+impl EventStatus {
+    /// Pending events are in the due index and will be fired.
+    pub fn is_pending(self) -> bool {
+        matches!(self, EventStatus::Scheduled | EventStatus::Retrying)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventStatus::Scheduled => "scheduled",
+            EventStatus::Retrying => "retrying",
+            EventStatus::Delivered => "delivered",
+            EventStatus::Failed => "failed",
+            EventStatus::Missed => "missed",
+            EventStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [
+            EventStatus::Scheduled,
+            EventStatus::Retrying,
+            EventStatus::Delivered,
+            EventStatus::Failed,
+            EventStatus::Missed,
+            EventStatus::Cancelled,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+    }
+}
+
+/// One stored event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub key: EventKey,
+    pub partition: PartitionId,
+    /// Current version; the idempotency key of its deliveries.
+    pub version: EventVersion,
+    /// The instant the client asked for.
+    pub event_time: Timestamp,
+    pub payload: Option<String>,
+    pub delivery: DeliveryOption,
+    pub status: EventStatus,
+    /// When the next attempt is due; `Some` exactly when the status is
+    /// pending. This, not `event_time`, is the event's key in the due index.
+    pub next_fire_at: Option<Timestamp>,
+    /// Attempts made for the current version.
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// When the first attempt of the current version started.
+    pub triggered_at: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    /// When the event reached a terminal status; drives retention.
+    pub finished_at: Option<Timestamp>,
+}
+
+/// What one finished delivery attempt reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptReport {
+    pub started_at: Timestamp,
+    pub duration_ms: u64,
+    pub verdict: Verdict,
+    pub http_status: Option<u16>,
+    pub error: Option<String>,
+}
+
+/// One entry of an event's execution history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub version: EventVersion,
+    /// 1 for the first attempt of a version.
+    pub number: u32,
+    pub started_at: Timestamp,
+    pub duration_ms: u64,
+    pub verdict: Verdict,
+    pub http_status: Option<u16>,
+    pub error: Option<String>,
+}
+
+/// A change requested for one event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventCommand {
+    /// Create the event, or update it (see [`transition`] for the rules).
+    Upsert {
+        event_time: Timestamp,
+        payload: Option<String>,
+        delivery: DeliveryOption,
+        /// The version to use if this upsert starts a new one.
+        new_version: EventVersion,
+    },
+    /// Cancel a pending event.
+    Cancel,
+    /// Record how an attempt on `version` ended.
+    RecordAttempt {
+        version: EventVersion,
+        report: AttemptReport,
+    },
+    /// End a pending event that is too far past due to fire.
+    Expire { reason: String },
+}
+
+/// What a command did, as the client-facing answer needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandOutcome {
+    /// A new event (or a new life for a cancelled one).
+    Created,
+    /// An existing event changed. `moved`: it got a new instant and version.
+    Updated { moved: bool },
+    Cancelled,
+    /// Cancel of an unknown (or already cancelled) event.
+    NotFound,
+    /// Cancel of an event that already reached a terminal status.
+    AlreadyFinished(EventStatus),
+    /// An attempt was recorded; the event is now in this status.
+    AttemptRecorded(EventStatus),
+    /// An attempt for a version that is no longer current (moved, cancelled
+    /// or finished meanwhile): history only, state unchanged.
+    StaleAttempt,
+    Expired,
+    /// `Expire` of an event that is no longer pending: nothing changed.
+    NotPending,
+}
+
+/// What the runtime must do after a transition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Put `(at, key)` in the partition's timer if the window covers it.
+    Arm { at: Timestamp },
+    /// Take `(at, key)` out of the partition's timer.
+    Disarm { at: Timestamp },
+}
+
+/// Inputs of a transition besides the state and the command.
+#[derive(Debug, Clone, Copy)]
+pub struct TransitionContext<'a> {
+    pub now: Timestamp,
+    pub partition: PartitionId,
+    pub retry: &'a RetryPolicy,
+}
+
+/// The result of applying a command to an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    /// The state to store; `None` leaves the stored state as it is.
+    pub next: Option<EventRecord>,
+    pub outcome: CommandOutcome,
+    pub effects: Vec<Effect>,
+    /// An entry to append to the history.
+    pub attempt: Option<Attempt>,
+}
+
+impl Transition {
+    fn unchanged(outcome: CommandOutcome) -> Self {
+        Transition {
+            next: None,
+            outcome,
+            effects: Vec::new(),
+            attempt: None,
+        }
+    }
+}
+
+/// Applies `command` to the event `key` whose stored state is `current`.
+///
+/// Upsert rules:
+/// - unknown or cancelled → a new event (`Created`), fires at its instant;
+/// - same instant → payload and delivery option replaced, version kept, no
+///   re-fire if it was already delivered (a client retrying its request must
+///   not cause a second delivery);
+/// - other instant → moved: new version, attempts reset, fires at the new
+///   instant, whatever its status was.
+pub fn transition(
+    key: &EventKey,
+    current: Option<&EventRecord>,
+    command: EventCommand,
+    ctx: TransitionContext<'_>,
+) -> Transition {
+    let now = ctx.now;
+    match command {
+        EventCommand::Upsert {
+            event_time,
+            payload,
+            delivery,
+            new_version,
+        } => match current {
+            Some(existing) if existing.status != EventStatus::Cancelled => {
+                let mut next = existing.clone();
+                next.payload = payload;
+                next.delivery = delivery;
+                next.updated_at = now;
+                if existing.event_time == event_time {
+                    return Transition {
+                        next: Some(next),
+                        outcome: CommandOutcome::Updated { moved: false },
+                        effects: Vec::new(),
+                        attempt: None,
+                    };
+                }
+                let mut effects = Vec::new();
+                if let Some(old) = existing.next_fire_at {
+                    effects.push(Effect::Disarm { at: old });
+                }
+                effects.push(Effect::Arm { at: event_time });
+                next.version = new_version;
+                next.event_time = event_time;
+                next.status = EventStatus::Scheduled;
+                next.next_fire_at = Some(event_time);
+                next.attempts = 0;
+                next.last_error = None;
+                next.triggered_at = None;
+                next.finished_at = None;
+                Transition {
+                    next: Some(next),
+                    outcome: CommandOutcome::Updated { moved: true },
+                    effects,
+                    attempt: None,
+                }
+            }
+            _ => Transition {
+                next: Some(EventRecord {
+                    key: key.clone(),
+                    partition: ctx.partition,
+                    version: new_version,
+                    event_time,
+                    payload,
+                    delivery,
+                    status: EventStatus::Scheduled,
+                    next_fire_at: Some(event_time),
+                    attempts: 0,
+                    last_error: None,
+                    triggered_at: None,
+                    created_at: now,
+                    updated_at: now,
+                    finished_at: None,
+                }),
+                outcome: CommandOutcome::Created,
+                effects: vec![Effect::Arm { at: event_time }],
+                attempt: None,
+            },
+        },
+        EventCommand::Cancel => match current {
+            None => Transition::unchanged(CommandOutcome::NotFound),
+            Some(existing) if existing.status == EventStatus::Cancelled => {
+                Transition::unchanged(CommandOutcome::NotFound)
+            }
+            Some(existing) if !existing.status.is_pending() => {
+                Transition::unchanged(CommandOutcome::AlreadyFinished(existing.status))
+            }
+            Some(existing) => {
+                let mut next = existing.clone();
+                let effects = finish(&mut next, EventStatus::Cancelled, now);
+                Transition {
+                    next: Some(next),
+                    outcome: CommandOutcome::Cancelled,
+                    effects,
+                    attempt: None,
+                }
+            }
+        },
+        EventCommand::RecordAttempt { version, report } => {
+            let Some(existing) = current else {
+                return Transition::unchanged(CommandOutcome::StaleAttempt);
+            };
+            let current_version = existing.version == version && existing.status.is_pending();
+            let number = if current_version {
+                existing.attempts + 1
+            } else {
+                0
+            };
+            let attempt = Attempt {
+                version,
+                number,
+                started_at: report.started_at,
+                duration_ms: report.duration_ms,
+                verdict: report.verdict,
+                http_status: report.http_status,
+                error: report.error.clone(),
+            };
+            if !current_version {
+                return Transition {
+                    next: None,
+                    outcome: CommandOutcome::StaleAttempt,
+                    effects: Vec::new(),
+                    attempt: Some(attempt),
+                };
+            }
+            let mut next = existing.clone();
+            next.attempts = number;
+            next.updated_at = now;
+            next.triggered_at.get_or_insert(report.started_at);
+            let effects = match report.verdict {
+                Verdict::Delivered => {
+                    next.last_error = None;
+                    next.triggered_at = Some(report.started_at);
+                    finish(&mut next, EventStatus::Delivered, now)
+                }
+                Verdict::Permanent => {
+                    next.last_error = report.error;
+                    finish(&mut next, EventStatus::Failed, now)
+                }
+                Verdict::Retry => {
+                    next.last_error = report.error;
+                    match ctx.retry.next_delay(number, existing.event_time, now) {
+                        Some(delay) => {
+                            let at = now.plus(delay);
+                            let mut effects = Vec::new();
+                            if let Some(old) = existing.next_fire_at {
+                                effects.push(Effect::Disarm { at: old });
+                            }
+                            effects.push(Effect::Arm { at });
+                            next.status = EventStatus::Retrying;
+                            next.next_fire_at = Some(at);
+                            effects
+                        }
+                        None => {
+                            let reason = next.last_error.take().unwrap_or_default();
+                            next.last_error = Some(format!(
+                                "gave up after {number} attempts (backlog limit reached): {reason}"
+                            ));
+                            finish(&mut next, EventStatus::Failed, now)
+                        }
+                    }
+                }
+            };
+            Transition {
+                outcome: CommandOutcome::AttemptRecorded(next.status),
+                next: Some(next),
+                effects,
+                attempt: Some(attempt),
+            }
+        }
+        EventCommand::Expire { reason } => match current {
+            Some(existing) if existing.status.is_pending() => {
+                let mut next = existing.clone();
+                next.last_error = Some(reason);
+                let effects = finish(&mut next, EventStatus::Missed, now);
+                Transition {
+                    next: Some(next),
+                    outcome: CommandOutcome::Expired,
+                    effects,
+                    attempt: None,
+                }
+            }
+            _ => Transition::unchanged(CommandOutcome::NotPending),
+        },
+    }
+}
+
+/// Moves `record` to a terminal `status`, returning the timer effects.
+fn finish(record: &mut EventRecord, status: EventStatus, now: Timestamp) -> Vec<Effect> {
+    let effects = record
+        .next_fire_at
+        .take()
+        .map(|at| vec![Effect::Disarm { at }])
+        .unwrap_or_default();
+    record.status = status;
+    record.updated_at = now;
+    record.finished_at = Some(now);
+    effects
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{EventId, TenantName};
+
+    fn key() -> EventKey {
+        EventKey::new(TenantName::new("t").unwrap(), EventId::new("e").unwrap())
+    }
+
+    fn ts(ms: i64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    fn apply(current: Option<&EventRecord>, command: EventCommand, now: i64) -> Transition {
+        let policy = RetryPolicy::default();
+        transition(
+            &key(),
+            current,
+            command,
+            TransitionContext {
+                now: ts(now),
+                partition: PartitionId(3),
+                retry: &policy,
+            },
+        )
+    }
+
+    fn upsert(at: i64, version: &str) -> EventCommand {
+        EventCommand::Upsert {
+            event_time: ts(at),
+            payload: Some("p".into()),
+            delivery: DeliveryOption::FullEvent,
+            new_version: EventVersion::from_string(version.into()),
+        }
+    }
+
+    fn report(verdict: Verdict, at: i64) -> AttemptReport {
+        AttemptReport {
+            started_at: ts(at),
+            duration_ms: 3,
+            verdict,
+            http_status: Some(500),
+            error: Some("boom".into()),
+        }
+    }
+
+    #[test]
+    fn create_arms_at_the_instant() {
+        let t = apply(None, upsert(5_000, "v1"), 1_000);
+        assert_eq!(t.outcome, CommandOutcome::Created);
+        assert_eq!(t.effects, vec![Effect::Arm { at: ts(5_000) }]);
+        let rec = t.next.unwrap();
+        assert_eq!(rec.status, EventStatus::Scheduled);
+        assert_eq!(rec.next_fire_at, Some(ts(5_000)));
+        assert_eq!(rec.partition, PartitionId(3));
+    }
+
+    #[test]
+    fn same_instant_keeps_version_and_does_not_refire_delivered() {
+        let created = apply(None, upsert(5_000, "v1"), 1_000).next.unwrap();
+        let delivered = apply(
+            Some(&created),
+            EventCommand::RecordAttempt {
+                version: created.version.clone(),
+                report: report(Verdict::Delivered, 5_000),
+            },
+            5_001,
+        )
+        .next
+        .unwrap();
+        let again = apply(Some(&delivered), upsert(5_000, "v2"), 6_000);
+        assert_eq!(again.outcome, CommandOutcome::Updated { moved: false });
+        assert!(again.effects.is_empty());
+        let rec = again.next.unwrap();
+        assert_eq!(rec.status, EventStatus::Delivered);
+        assert_eq!(rec.version.as_str(), "v1");
+    }
+
+    #[test]
+    fn move_gets_new_version_and_rearms() {
+        let created = apply(None, upsert(5_000, "v1"), 1_000).next.unwrap();
+        let moved = apply(Some(&created), upsert(9_000, "v2"), 2_000);
+        assert_eq!(moved.outcome, CommandOutcome::Updated { moved: true });
+        assert_eq!(
+            moved.effects,
+            vec![Effect::Disarm { at: ts(5_000) }, Effect::Arm { at: ts(9_000) }]
+        );
+        assert_eq!(moved.next.unwrap().version.as_str(), "v2");
+    }
+
+    #[test]
+    fn cancel_then_upsert_is_a_new_event() {
+        let created = apply(None, upsert(5_000, "v1"), 1_000).next.unwrap();
+        let cancelled = apply(Some(&created), EventCommand::Cancel, 2_000);
+        assert_eq!(cancelled.outcome, CommandOutcome::Cancelled);
+        assert_eq!(cancelled.effects, vec![Effect::Disarm { at: ts(5_000) }]);
+        let cancelled = cancelled.next.unwrap();
+        assert_eq!(cancelled.status, EventStatus::Cancelled);
+        assert_eq!(
+            apply(Some(&cancelled), EventCommand::Cancel, 2_100).outcome,
+            CommandOutcome::NotFound
+        );
+        let revived = apply(Some(&cancelled), upsert(5_000, "v3"), 3_000);
+        assert_eq!(revived.outcome, CommandOutcome::Created);
+    }
+
+    #[test]
+    fn retries_then_fails_at_backlog_limit() {
+        let mut rec = apply(None, upsert(0, "v1"), 0).next.unwrap();
+        let t = apply(
+            Some(&rec),
+            EventCommand::RecordAttempt {
+                version: rec.version.clone(),
+                report: report(Verdict::Retry, 0),
+            },
+            10,
+        );
+        assert_eq!(t.outcome, CommandOutcome::AttemptRecorded(EventStatus::Retrying));
+        assert_eq!(t.effects[1], Effect::Arm { at: ts(1_010) });
+        assert_eq!(t.attempt.as_ref().unwrap().number, 1);
+        rec = t.next.unwrap();
+        let day = 24 * 3600 * 1000;
+        let t = apply(
+            Some(&rec),
+            EventCommand::RecordAttempt {
+                version: rec.version.clone(),
+                report: report(Verdict::Retry, day),
+            },
+            day,
+        );
+        assert_eq!(t.outcome, CommandOutcome::AttemptRecorded(EventStatus::Failed));
+        let rec = t.next.unwrap();
+        assert!(rec.last_error.unwrap().contains("boom"));
+        assert_eq!(rec.next_fire_at, None);
+        assert_eq!(rec.finished_at, Some(ts(day)));
+    }
+
+    #[test]
+    fn permanent_fails_at_once_and_stale_attempts_change_nothing() {
+        let rec = apply(None, upsert(0, "v1"), 0).next.unwrap();
+        let stale = apply(
+            Some(&rec),
+            EventCommand::RecordAttempt {
+                version: EventVersion::from_string("old".into()),
+                report: report(Verdict::Delivered, 0),
+            },
+            1,
+        );
+        assert_eq!(stale.outcome, CommandOutcome::StaleAttempt);
+        assert!(stale.next.is_none());
+        assert!(stale.attempt.is_some());
+        let failed = apply(
+            Some(&rec),
+            EventCommand::RecordAttempt {
+                version: rec.version.clone(),
+                report: report(Verdict::Permanent, 0),
+            },
+            1,
+        );
+        assert_eq!(
+            failed.outcome,
+            CommandOutcome::AttemptRecorded(EventStatus::Failed)
+        );
+    }
+
+    #[test]
+    fn expire_only_pending() {
+        let rec = apply(None, upsert(0, "v1"), 0).next.unwrap();
+        let t = apply(
+            Some(&rec),
+            EventCommand::Expire {
+                reason: "missed".into(),
+            },
+            5,
+        );
+        assert_eq!(t.outcome, CommandOutcome::Expired);
+        let missed = t.next.unwrap();
+        assert_eq!(missed.status, EventStatus::Missed);
+        let again = apply(
+            Some(&missed),
+            EventCommand::Expire {
+                reason: "missed".into(),
+            },
+            6,
+        );
+        assert_eq!(again.outcome, CommandOutcome::NotPending);
+    }
+}

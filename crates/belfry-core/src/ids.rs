@@ -1,0 +1,176 @@
+//! Validated names. Every string that reaches the store went through here.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Why a name was refused. The message is safe to show to a client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    #[error("{what} must not be empty")]
+    Empty { what: &'static str },
+    #[error("{what} is longer than {max} bytes")]
+    TooLong { what: &'static str, max: usize },
+    #[error("{what} must not contain control characters")]
+    ControlCharacter { what: &'static str },
+}
+
+fn validate(what: &'static str, max: usize, value: &str) -> Result<(), IdError> {
+    if value.is_empty() {
+        return Err(IdError::Empty { what });
+    }
+    if value.len() > max {
+        return Err(IdError::TooLong { what, max });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(IdError::ControlCharacter { what });
+    }
+    Ok(())
+}
+
+macro_rules! name_type {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            /// The longest accepted value, in bytes.
+            pub const MAX_LEN: usize = $max;
+
+            /// # Errors
+            /// Empty, longer than [`Self::MAX_LEN`] bytes, or containing a
+            /// control character.
+            pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
+                let value = value.into();
+                validate($what, $max, &value)?;
+                Ok($name(value))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = IdError;
+            fn try_from(value: String) -> Result<Self, IdError> {
+                $name::new(value)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(value: $name) -> String {
+                value.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{:?}", self.0)
+            }
+        }
+    };
+}
+
+name_type!(
+    /// A tenant's name, e.g. `TenantB/ProgramB/EnvC`. May contain `/`.
+    TenantName,
+    "tenant",
+    200
+);
+name_type!(
+    /// The client's id of an event; unique within its tenant. May contain `/`.
+    EventId,
+    "event id",
+    500
+);
+
+/// The identity of an event: `(tenant, id)`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct EventKey {
+    pub tenant: TenantName,
+    pub id: EventId,
+}
+
+impl EventKey {
+    pub fn new(tenant: TenantName, id: EventId) -> Self {
+        EventKey { tenant, id }
+    }
+}
+
+impl fmt::Debug for EventKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}/{:?}", self.tenant, self.id)
+    }
+}
+
+/// The server's id of one *version* of an event (BigBen's `eventId`).
+///
+/// A new version starts whenever an event is created or moved to another
+/// instant; it is the delivery's idempotency key, stable across retries.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EventVersion(String);
+
+impl EventVersion {
+    /// A fresh, time-ordered (UUIDv7) version id.
+    pub fn generate() -> Self {
+        EventVersion(uuid::Uuid::now_v7().to_string())
+    }
+
+    /// Wraps an existing id (read back from storage or derived elsewhere).
+    pub fn from_string(value: String) -> Self {
+        EventVersion(value)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EventVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for EventVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_accept_slashes_and_reject_junk() {
+        assert!(TenantName::new("TenantB/ProgramB/EnvC").is_ok());
+        assert_eq!(TenantName::new(""), Err(IdError::Empty { what: "tenant" }));
+        assert!(matches!(
+            EventId::new("a\nb"),
+            Err(IdError::ControlCharacter { .. })
+        ));
+        assert!(matches!(
+            TenantName::new("x".repeat(201)),
+            Err(IdError::TooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn serde_validates() {
+        let bad: Result<TenantName, _> = serde_json::from_str("\"\"");
+        assert!(bad.is_err());
+        let good: TenantName = serde_json::from_str("\"a/b\"").unwrap();
+        assert_eq!(good.as_str(), "a/b");
+    }
+}

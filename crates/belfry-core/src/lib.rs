@@ -1,0 +1,39 @@
+//! The pure core of Belfry: everything that can be decided without a clock
+//! read, a socket or a disk.
+//!
+//! Cargo enforces the purity: this crate depends on no async runtime, no
+//! database and no HTTP stack, so every rule here is testable with plain unit
+//! and property tests.
+//!
+//! # Layout
+//! - [`time`]: [`Timestamp`] (milliseconds since the UNIX epoch) and the
+//!   injected [`Clock`].
+//! - [`ids`]: validated names: [`TenantName`], [`EventId`] (the client's id),
+//!   [`EventKey`] (`(tenant, id)`), [`EventVersion`] (BigBen's `eventId`).
+//! - [`partition`]: the stable hash of `(tenant, id)` onto a fixed number of
+//!   partitions.
+//! - [`tenant`]: where a tenant's events are delivered ([`SinkConfig`]).
+//! - [`event`]: the event record and its state machine
+//!   (`(state, command, now) → (state, effects)`).
+//! - [`retry`]: the retry policy and the one delivery classification
+//!   ([`Verdict`]: delivered, retry, permanent).
+//! - [`timer`]: the bounded in-memory window of near-future events.
+
+pub mod event;
+pub mod ids;
+pub mod partition;
+pub mod retry;
+pub mod tenant;
+pub mod time;
+pub mod timer;
+
+pub use event::{
+    Attempt, AttemptReport, CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord,
+    EventStatus, Transition, TransitionContext,
+};
+pub use ids::{EventId, EventKey, EventVersion, IdError, TenantName};
+pub use partition::{PartitionCount, PartitionId};
+pub use retry::{RetryPolicy, Verdict};
+pub use tenant::{SinkConfig, TenantConfig};
+pub use time::{Clock, ManualClock, SystemClock, Timestamp};
+pub use timer::{DueCursor, TimerWindow};

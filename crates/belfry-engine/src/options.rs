@@ -1,0 +1,67 @@
+//! Engine configuration.
+
+use std::time::Duration;
+
+use belfry_core::RetryPolicy;
+use serde::{Deserialize, Serialize};
+
+/// The engine's knobs. Defaults follow BigBen where BigBen had one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EngineOptions {
+    /// How far ahead each partition loads events into memory.
+    #[serde(with = "millis")]
+    pub window: Duration,
+    /// Upper bound on events held in memory over all partitions (BigBen's
+    /// "max events in memory").
+    pub max_events_in_memory: usize,
+    /// Deliveries in flight at once, over all tenants.
+    pub max_in_flight: usize,
+    /// Deliveries in flight at once for one tenant, so a slow tenant cannot
+    /// take every slot.
+    pub max_in_flight_per_tenant: usize,
+    /// Events that came due while the node was down fire at start if they
+    /// are at most this late; older ones end as `missed`.
+    #[serde(with = "millis")]
+    pub lookback: Duration,
+    pub retry: RetryPolicy,
+    /// How long finished events and their attempt history are kept.
+    #[serde(with = "millis")]
+    pub history_retention: Duration,
+    /// How often the retention sweep runs.
+    #[serde(with = "millis")]
+    pub purge_interval: Duration,
+    /// How long shutdown waits for in-flight deliveries.
+    #[serde(with = "millis")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            window: Duration::from_secs(60),
+            max_events_in_memory: 1_000_000,
+            max_in_flight: 1_024,
+            max_in_flight_per_tenant: 256,
+            lookback: Duration::from_secs(24 * 3600),
+            retry: RetryPolicy::default(),
+            history_retention: Duration::from_secs(7 * 24 * 3600),
+            purge_interval: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}

@@ -1,0 +1,171 @@
+//! Belfry's storage: narrow async traits, one params struct per operation,
+//! and one conformance suite that every backend runs.
+//!
+//! # Layout
+//! - this file: the [`Store`] trait, its params and errors;
+//! - [`embedded`]: the default backend, on fjall (an LSM tree) in a data
+//!   directory, with group commit;
+//! - [`conformance`] (feature `conformance`): the suite every backend passes.
+//!
+//! # Contract shared by every backend
+//! - [`Store::apply`] is atomic per command and durable when it returns `Ok`
+//!   (fsynced); backends share one fsync among concurrent callers (group
+//!   commit). Each command is a read-modify-write through
+//!   [`belfry_core::event::transition`], so the state machine lives in one
+//!   place and backends only persist its result.
+//! - The due index holds exactly the pending events, keyed by
+//!   `(partition, next_fire_at, key)`; [`Store::due_page`] reads it in that
+//!   order with an exclusive cursor.
+//! - Commands made on behalf of a partition owner carry a [`Fence`]; a
+//!   backend that supports several owners rejects a stale epoch with
+//!   [`StoreError::Fenced`]. The embedded backend has a single owner and
+//!   accepts every fence.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use belfry_core::event::{Attempt, CommandOutcome, Effect, EventCommand, EventRecord, EventStatus};
+use belfry_core::{
+    DueCursor, EventId, EventKey, PartitionCount, PartitionId, RetryPolicy, TenantConfig,
+    TenantName, Timestamp,
+};
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+pub mod embedded;
+
+pub use embedded::{EmbeddedOptions, EmbeddedStore};
+
+/// A store shared by every component of a node.
+pub type SharedStore = Arc<dyn Store>;
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The backend cannot serve right now (database down, shutting down).
+    /// Callers answer 503 and must not claim success.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A write for `partition` carried an epoch that is no longer current.
+    #[error("partition {partition} is owned under a newer epoch than {epoch}")]
+    Fenced { partition: PartitionId, epoch: u64 },
+    /// Stored bytes could not be decoded, or an I/O error.
+    #[error("store failure: {0}")]
+    Internal(String),
+}
+
+/// Proof of ownership of a partition, carried by the owner's writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub partition: PartitionId,
+    pub epoch: u64,
+}
+
+/// One command for one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyedCommand {
+    pub key: EventKey,
+    pub command: EventCommand,
+    /// Set by a partition owner (attempt outcomes, expiry); `None` for
+    /// client requests, which any node may make.
+    pub fence: Option<Fence>,
+}
+
+/// Parameters of [`Store::apply`].
+#[derive(Debug, Clone)]
+pub struct ApplyParams {
+    pub commands: Vec<KeyedCommand>,
+    /// The transition's "now"; injected so stores never read a clock.
+    pub now: Timestamp,
+    pub retry: RetryPolicy,
+}
+
+/// What applying one command did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub key: EventKey,
+    pub partition: PartitionId,
+    pub outcome: CommandOutcome,
+    /// The event's state after the command (`None` if it does not exist).
+    pub record: Option<EventRecord>,
+    /// What the engine must do about its timers.
+    pub effects: Vec<Effect>,
+}
+
+/// Parameters of [`Store::due_page`].
+#[derive(Debug, Clone)]
+pub struct DuePageParams {
+    pub partition: PartitionId,
+    /// Exclusive; `None` starts at the beginning of time.
+    pub after: Option<DueCursor>,
+    /// Inclusive upper bound on `next_fire_at`.
+    pub through: Timestamp,
+    pub limit: usize,
+}
+
+/// Parameters of [`Store::list_events`]. Order: by event id, ascending.
+#[derive(Debug, Clone)]
+pub struct ListEventsParams {
+    pub tenant: TenantName,
+    pub status: Option<EventStatus>,
+    /// Inclusive lower bound on `event_time`.
+    pub from: Option<Timestamp>,
+    /// Exclusive upper bound on `event_time`.
+    pub to: Option<Timestamp>,
+    /// Exclusive cursor: continue after this id.
+    pub after: Option<EventId>,
+    pub limit: usize,
+}
+
+/// Parameters of [`Store::purge_finished`].
+#[derive(Debug, Clone)]
+pub struct PurgeParams {
+    /// Events that reached a terminal status before this instant go, with
+    /// their attempt history.
+    pub finished_before: Timestamp,
+    pub limit: usize,
+}
+
+/// Size facts for operators and benchmarks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub disk_bytes: Option<u64>,
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// The partition count fixed when the store was created.
+    fn partitions(&self) -> PartitionCount;
+
+    /// Registers or replaces a tenant. Durable on `Ok`.
+    async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()>;
+    async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>>;
+    /// Every tenant, ordered by name.
+    async fn list_tenants(&self) -> StoreResult<Vec<TenantConfig>>;
+    /// Removes a tenant (not its events). Returns whether it existed.
+    async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool>;
+
+    /// Applies commands in order; durable on `Ok`. Results are in input order.
+    ///
+    /// # Errors
+    /// [`StoreError::Fenced`] if any command's fence is stale (then nothing
+    /// of the batch is applied); otherwise backend failures.
+    async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>>;
+
+    async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>>;
+
+    /// Pending events of a partition in `(next_fire_at, key)` order.
+    async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>>;
+
+    async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>>;
+
+    /// An event's attempt history, oldest first, at most `limit` entries.
+    async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>>;
+
+    /// Deletes up to `limit` finished events (and their history) that
+    /// finished before the cut-off. Returns how many went.
+    async fn purge_finished(&self, params: PurgeParams) -> StoreResult<usize>;
+
+    async fn stats(&self) -> StoreResult<StoreStats>;
+}
