@@ -104,6 +104,16 @@ impl EventKey {
     pub fn new(tenant: TenantName, id: EventId) -> Self {
         EventKey { tenant, id }
     }
+
+    /// A key that sorts before every valid key (its names are empty, which
+    /// validation forbids). Only for cursors, never stored as an event:
+    /// `(t, EventKey::before_all())` means "everything due before `t`".
+    pub fn before_all() -> Self {
+        EventKey {
+            tenant: TenantName(String::new()),
+            id: EventId(String::new()),
+        }
+    }
 }
 
 impl fmt::Debug for EventKey {

@@ -89,6 +89,20 @@ impl TimerWindow {
         self.entries.remove(entry)
     }
 
+    /// Keeps at most `max` entries: drops the latest ones and moves the
+    /// cursor back to the last entry kept, so the loader pages the dropped
+    /// ones in again when their time comes. This is what bounds memory when
+    /// clients keep adding events inside the window.
+    pub fn shrink_to(&mut self, max: usize) {
+        if self.entries.len() <= max || max == 0 {
+            return;
+        }
+        while self.entries.len() > max {
+            self.entries.pop_last();
+        }
+        self.covered_through = self.entries.last().cloned();
+    }
+
     /// The earliest due instant held.
     pub fn next_due(&self) -> Option<Timestamp> {
         self.entries.first().map(|e| e.due)
@@ -148,6 +162,16 @@ mod tests {
         assert_eq!(ids, ["z", "a", "b"]);
         assert!(window.pop_due(Timestamp::from_millis(8), 10).is_empty());
         assert_eq!(window.pop_due(Timestamp::from_millis(9), 10).len(), 1);
+    }
+
+    #[test]
+    fn shrinking_moves_the_cursor_back_to_the_last_kept_entry() {
+        let mut window = TimerWindow::new();
+        window.extend([entry(1, "a"), entry(2, "b"), entry(3, "c")], entry(50, "~"));
+        window.shrink_to(2);
+        assert_eq!(window.len(), 2);
+        assert_eq!(window.cursor(), Some(&entry(2, "b")));
+        assert!(!window.offer(entry(3, "c")), "dropped entries are the loader's again");
     }
 
     #[test]

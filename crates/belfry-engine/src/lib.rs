@@ -4,62 +4,131 @@
 //!
 //! # Layout
 //! - [`options`]: [`EngineOptions`], the knobs and their defaults;
-//! - `partition`: one worker per partition: loader + [`belfry_core::TimerWindow`];
-//! - `dispatch`: concurrency limits (global and per tenant), the fire-time
-//!   check, the delivery itself;
-//! - `recorder`: batches attempt outcomes into the store;
-//! - `purge`: the background retention sweep.
+//! - [`partition`]: one worker per partition: the loader and a
+//!   [`belfry_core::TimerWindow`], woken by new, moved or removed events;
+//! - [`dispatch`]: concurrency limits (global and per tenant), the fire-time
+//!   check against the store, the delivery itself;
+//! - [`recorder`]: batches attempt outcomes into the store;
+//! - [`purge`]: the background retention sweep;
+//! - [`tenants`]: a short-lived cache of tenant configs.
+//!
+//! # The fire path
+//! A partition worker pages `(next_fire_at, key)` entries of pending events
+//! due within `window` from the store into its timer window, sleeps until the
+//! earliest, pops what is due (`now >= due`, never earlier) and hands each to
+//! the dispatcher. The dispatcher waits for a tenant slot and a global slot,
+//! re-reads the event (the window is a hint, the store is the truth), delivers
+//! through the tenant's sink and sends the outcome to the recorder, which
+//! applies outcomes in batches and routes the resulting timer effects (a retry
+//! to arm) back to the partitions.
 //!
 //! Components are built `Options → Engine → cheap-clone EngineHandle`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use belfry_core::{Clock, EventKey, EventRecord, Timestamp};
-use belfry_sinks::{DeliveryResult, Sinks};
-use belfry_store::{Applied, KeyedCommand, SharedStore, StoreResult};
+use belfry_core::event::Effect;
+use belfry_core::{Clock, DueCursor, EventKey, EventRecord, TenantName, Timestamp};
+use belfry_sinks::{Delivery, DeliveryResult, Sinks};
+use belfry_store::{Applied, ApplyParams, KeyedCommand, SharedStore, StoreResult};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinHandle;
 
+pub mod dispatch;
 pub mod options;
+pub mod partition;
+pub mod purge;
+pub mod recorder;
+pub mod tenants;
 
 pub use options::EngineOptions;
 
-/// A running engine. Dropping it without [`Engine::shutdown`] aborts work.
+use crate::partition::PartitionMsg;
+
+/// A running engine. Call [`Engine::shutdown`] to stop it cleanly.
 #[derive(Debug)]
 pub struct Engine {
     handle: EngineHandle,
+    partition_tasks: Vec<JoinHandle<()>>,
+    recorder_task: JoinHandle<()>,
+    purge_task: JoinHandle<()>,
 }
 
 /// What the API edge uses: apply commands (store, then wake the owning
 /// partition), dry-run deliveries, read the clock.
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
-    inner: Arc<Inner>,
+    inner: Arc<Shared>,
 }
 
+/// State shared by every engine task.
 #[derive(Debug)]
-struct Inner {
-    store: SharedStore,
-    sinks: Sinks,
-    clock: Arc<dyn Clock>,
-    options: EngineOptions,
+pub(crate) struct Shared {
+    pub(crate) store: SharedStore,
+    pub(crate) sinks: Sinks,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) options: EngineOptions,
+    /// One inbox per partition, indexed by partition id.
+    pub(crate) partitions: Vec<mpsc::UnboundedSender<PartitionMsg>>,
+    pub(crate) tenants: tenants::TenantCache,
+    pub(crate) limits: dispatch::Limits,
+    pub(crate) outcomes: mpsc::UnboundedSender<KeyedCommand>,
+    /// Set once shutdown starts: no new delivery begins after it.
+    pub(crate) stopping: AtomicBool,
+    pub(crate) stop_signal: watch::Sender<bool>,
 }
 
 impl Engine {
-    /// Starts every partition worker and background service.
+    /// Starts every partition worker and background service. Must be called
+    /// inside a tokio runtime.
     pub fn start(
         options: EngineOptions,
         store: SharedStore,
         sinks: Sinks,
         clock: Arc<dyn Clock>,
     ) -> Engine {
+        let partition_count = store.partitions();
+        let (outcome_tx, outcome_rx) = mpsc::unbounded_channel();
+        let (stop_signal, _) = watch::channel(false);
+        let mut inboxes = Vec::new();
+        let mut receivers = Vec::new();
+        for _ in partition_count.all() {
+            let (tx, rx) = mpsc::unbounded_channel();
+            inboxes.push(tx);
+            receivers.push(rx);
+        }
+        let shared = Arc::new(Shared {
+            limits: dispatch::Limits::new(&options),
+            store,
+            sinks,
+            clock,
+            options,
+            partitions: inboxes,
+            tenants: tenants::TenantCache::default(),
+            outcomes: outcome_tx,
+            stopping: AtomicBool::new(false),
+            stop_signal,
+        });
+        let partition_tasks = partition_count
+            .all()
+            .zip(receivers)
+            .map(|(id, inbox)| {
+                let worker = partition::PartitionWorker::new(shared.clone(), id, inbox);
+                tokio::spawn(worker.run())
+            })
+            .collect();
+        let recorder_task = tokio::spawn(recorder::run(shared.clone(), outcome_rx));
+        let purge_task = tokio::spawn(purge::run(shared.clone()));
+        tracing::info!(
+            partitions = partition_count.get(),
+            window_ms = shared.options.window.as_millis() as u64,
+            "engine started"
+        );
         Engine {
-            handle: EngineHandle {
-                inner: Arc::new(Inner {
-                    store,
-                    sinks,
-                    clock,
-                    options,
-                }),
-            },
+            handle: EngineHandle { inner: shared },
+            partition_tasks,
+            recorder_task,
+            purge_task,
         }
     }
 
@@ -67,9 +136,32 @@ impl Engine {
         self.handle.clone()
     }
 
-    /// Stops firing, lets in-flight deliveries finish (up to the configured
-    /// grace), records their outcomes, and returns.
-    pub async fn shutdown(self) {}
+    /// Stops firing, lets in-flight deliveries finish (up to
+    /// `shutdown_grace`), records their outcomes, and returns. Events not
+    /// yet delivered stay pending in the store and fire after the next start.
+    pub async fn shutdown(self) {
+        let shared = self.handle.inner.clone();
+        shared.stopping.store(true, Ordering::SeqCst);
+        let _ = shared.stop_signal.send(true);
+        for task in self.partition_tasks {
+            let _ = task.await;
+        }
+        self.purge_task.abort();
+        let grace = shared.options.shutdown_grace;
+        if tokio::time::timeout(grace, shared.limits.wait_idle())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_ms = grace.as_millis() as u64,
+                "deliveries still in flight at the end of the shutdown grace; they will be retried after restart"
+            );
+        }
+        // The recorder drains every outcome sent so far, then exits once the
+        // last sender (ours and the handles') is gone or the signal says stop.
+        let _ = tokio::time::timeout(grace, self.recorder_task).await;
+        tracing::info!("engine stopped");
+    }
 }
 
 impl EngineHandle {
@@ -81,33 +173,98 @@ impl EngineHandle {
         self.inner.clock.now()
     }
 
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
     pub fn options(&self) -> &EngineOptions {
         &self.inner.options
     }
 
     /// Applies client commands durably (the store fsyncs before this
-    /// returns) and wakes the owning partitions for every timer effect.
+    /// returns) and wakes the owning partitions for every timer effect, so a
+    /// new, moved or cancelled event inside a loaded window takes effect at
+    /// once.
     ///
     /// # Errors
     /// Store failures; nothing is acknowledged then.
     pub async fn apply(&self, commands: Vec<KeyedCommand>) -> StoreResult<Vec<Applied>> {
-        let _ = commands;
-        Ok(Vec::new())
+        let applied = self
+            .inner
+            .store
+            .apply(ApplyParams {
+                commands,
+                now: self.inner.clock.now(),
+                retry: self.inner.options.retry.clone(),
+            })
+            .await?;
+        self.inner.route_effects(&applied);
+        Ok(applied)
     }
 
     /// Delivers `key` to its tenant now, without changing its stored state
-    /// (BigBen's dry run). `Ok(None)` when the event or its tenant is unknown.
+    /// (BigBen's dry run). The attempt number sent is 0. `Ok(None)` when the
+    /// event or its tenant is unknown.
     ///
     /// # Errors
     /// Store failures.
-    pub async fn dry_run(&self, key: &EventKey) -> StoreResult<Option<(EventRecord, DeliveryResult)>> {
-        let _ = key;
-        Ok(None)
+    pub async fn dry_run(
+        &self,
+        key: &EventKey,
+    ) -> StoreResult<Option<(EventRecord, DeliveryResult)>> {
+        let Some(record) = self.inner.store.get_event(key).await? else {
+            return Ok(None);
+        };
+        let Some(tenant) = self.inner.tenants.get(&self.inner.store, &key.tenant).await? else {
+            return Ok(None);
+        };
+        let result = self
+            .inner
+            .sinks
+            .deliver(Delivery {
+                tenant: &tenant,
+                event: &record,
+                attempt: 0,
+                triggered_at: self.inner.clock.now(),
+            })
+            .await;
+        Ok(Some((record, result)))
     }
 
     /// Forget any cached config of `tenant` (it was registered, replaced or
     /// deleted).
-    pub fn tenant_changed(&self, tenant: &belfry_core::TenantName) {
-        let _ = tenant;
+    pub fn tenant_changed(&self, tenant: &TenantName) {
+        self.inner.tenants.invalidate(tenant);
+    }
+
+    /// Deliveries running right now (for metrics and tests).
+    pub fn in_flight(&self) -> usize {
+        self.inner.limits.in_flight()
+    }
+}
+
+impl Shared {
+    /// Sends the timer effects of applied commands to their partitions.
+    pub(crate) fn route_effects(&self, applied: &[Applied]) {
+        for item in applied {
+            let Some(inbox) = self.partitions.get(usize::from(item.partition.0)) else {
+                continue;
+            };
+            for effect in &item.effects {
+                let msg = match *effect {
+                    Effect::Arm { at } => PartitionMsg::Offer(DueCursor {
+                        due: at,
+                        key: item.key.clone(),
+                    }),
+                    Effect::Disarm { at } => PartitionMsg::Remove(DueCursor {
+                        due: at,
+                        key: item.key.clone(),
+                    }),
+                };
+                // A closed inbox means the engine is stopping; the store
+                // still holds the event and the next start loads it.
+                let _ = inbox.send(msg);
+            }
+        }
     }
 }

@@ -1,1 +1,25 @@
-fn main() {}
+//! `belfry`: the scheduler's one binary.
+//!
+//! - `belfry serve`: runs a node (see [`serve`]);
+//! - configuration: [`config`] (defaults → TOML file → `BELFRY_*` env → flags).
+
+mod cli;
+mod config;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    match cli.command {
+        cli::Command::Serve(args) => match config::Config::load(&args) {
+            Ok(config) => serve::run(config),
+            Err(error) => {
+                eprintln!("belfry: invalid configuration: {error}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}

@@ -1,0 +1,43 @@
+//! The background retention sweep: finished events and their attempt
+//! history go once they are older than `history_retention`.
+
+use std::sync::Arc;
+
+use belfry_store::{PurgeParams, StoreResult};
+
+use crate::Shared;
+
+const PAGE: usize = 10_000;
+
+pub(crate) async fn run(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(shared.options.purge_interval);
+    loop {
+        tick.tick().await;
+        if let Err(error) = run_once(&shared).await {
+            tracing::warn!(%error, "retention sweep failed; will try again");
+        }
+    }
+}
+
+/// One sweep: purges pages until nothing old is left. Returns how many
+/// events went.
+pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
+    let cut_off = shared.clock.now().minus(shared.options.history_retention);
+    let mut total = 0;
+    loop {
+        let purged = shared
+            .store
+            .purge_finished(PurgeParams {
+                finished_before: cut_off,
+                limit: PAGE,
+            })
+            .await?;
+        total += purged;
+        if purged < PAGE {
+            if total > 0 {
+                tracing::info!(purged = total, "retention sweep removed finished events");
+            }
+            return Ok(total);
+        }
+    }
+}

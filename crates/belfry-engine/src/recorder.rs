@@ -1,0 +1,81 @@
+//! Applies attempt outcomes to the store in batches.
+//!
+//! Outcomes arrive one per delivery; the recorder takes everything waiting
+//! (up to [`MAX_BATCH`]) into one `apply`, so thousands of deliveries per
+//! second share a few fsyncs. A failed write is retried, never dropped: an
+//! outcome lost here would mean a duplicate delivery after restart.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_store::{ApplyParams, KeyedCommand};
+use tokio::sync::mpsc;
+
+use crate::Shared;
+
+const MAX_BATCH: usize = 10_000;
+const WRITE_RETRY: Duration = Duration::from_millis(200);
+
+pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedReceiver<KeyedCommand>) {
+    let mut stop = shared.stop_signal.subscribe();
+    loop {
+        let first = tokio::select! {
+            item = outcomes.recv() => item,
+            // At shutdown, wait for in-flight deliveries' outcomes until the
+            // channel is idle, then finish.
+            _ = stop.changed() => {
+                drain_after_stop(&shared, &mut outcomes).await;
+                return;
+            }
+        };
+        let Some(first) = first else { return };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match outcomes.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        record(&shared, batch).await;
+    }
+}
+
+async fn drain_after_stop(shared: &Arc<Shared>, outcomes: &mut mpsc::UnboundedReceiver<KeyedCommand>) {
+    loop {
+        // In-flight deliveries finish within the shutdown grace; their
+        // outcomes arrive while any delivery still holds a slot.
+        let mut batch = Vec::new();
+        while let Ok(item) = outcomes.try_recv() {
+            batch.push(item);
+        }
+        if !batch.is_empty() {
+            record(shared, batch).await;
+            continue;
+        }
+        if shared.limits.in_flight() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Writes one batch, retrying until it lands.
+async fn record(shared: &Arc<Shared>, batch: Vec<KeyedCommand>) {
+    loop {
+        let params = ApplyParams {
+            commands: batch.clone(),
+            now: shared.clock.now(),
+            retry: shared.options.retry.clone(),
+        };
+        match shared.store.apply(params).await {
+            Ok(applied) => {
+                shared.route_effects(&applied);
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, outcomes = batch.len(), "recording delivery outcomes failed; retrying");
+                tokio::time::sleep(WRITE_RETRY).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Command-line interface.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Belfry: a durable, multi-tenant scheduler. At instant T, to the
+/// millisecond and never early, it delivers the payload you gave it to your
+/// webhook, retries on failure, and keeps an auditable history. It speaks
+/// Walmart BigBen's HTTP API and its own `/v1` API.
+#[derive(Debug, Parser)]
+#[command(name = "belfry", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a node on the embedded durable store in a data directory.
+    ///
+    /// Settings come, lowest priority first, from built-in defaults, the
+    /// TOML file given by --config, BELFRY_* environment variables (nested
+    /// keys joined by "__", e.g. BELFRY_ENGINE__WINDOW_MS=30000), and these
+    /// flags. See the README's configuration reference for every key.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address of the HTTP API [default: 127.0.0.1:8080] [env: BELFRY_LISTEN]
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    /// Directory of the embedded store; created if missing
+    /// [default: ./belfry-data] [env: BELFRY_DATA_DIR]
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// TOML configuration file [env: BELFRY_CONFIG]
+    #[arg(long, value_name = "FILE", env = "BELFRY_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Number of partitions, used only when the store is created
+    /// [default: 64] [env: BELFRY_PARTITIONS]
+    #[arg(long, value_name = "N")]
+    pub partitions: Option<u16>,
+
+    /// Log format: "text" or "json" [default: text] [env: BELFRY_LOG_FORMAT].
+    /// The level is set with RUST_LOG (default "info").
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+}

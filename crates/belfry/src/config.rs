@@ -1,0 +1,92 @@
+//! Node configuration: defaults → TOML file → `BELFRY_*` environment →
+//! command-line flags. Every field's doc comment is the user reference (the
+//! README's configuration table mirrors it).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use belfry_api::ApiOptions;
+use belfry_engine::EngineOptions;
+use belfry_sinks::http::HttpSinkOptions;
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::ServeArgs;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address of the HTTP API.
+    pub listen: SocketAddr,
+    /// Directory of the embedded store.
+    pub data_dir: PathBuf,
+    /// Partitions of a new store (an existing store keeps its own).
+    pub partitions: u16,
+    /// "text" or "json".
+    pub log_format: String,
+    /// HTTP API limits and BigBen knobs.
+    pub api: ApiOptions,
+    /// Firing, concurrency, retries, retention.
+    pub engine: EngineOptions,
+    /// Webhook client.
+    pub http: HttpSinkOptions,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_dir: PathBuf::from("./belfry-data"),
+            partitions: 64,
+            log_format: "text".to_string(),
+            api: ApiOptions::default(),
+            engine: EngineOptions::default(),
+            http: HttpSinkOptions::default(),
+        }
+    }
+}
+
+/// The flags that were given, as a partial config layered last.
+#[derive(Debug, Default, Serialize)]
+struct FlagOverrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    listen: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data_dir: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partitions: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    log_format: Option<String>,
+}
+
+impl Config {
+    /// # Errors
+    /// An unreadable file, an unknown key, or a value of the wrong type, with
+    /// where it came from.
+    pub fn load(args: &ServeArgs) -> Result<Config, String> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = &args.config {
+            if !path.exists() {
+                return Err(format!("config file {} does not exist", path.display()));
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        figment = figment
+            .merge(Env::prefixed("BELFRY_").ignore(&["CONFIG"]).split("__"))
+            .merge(Serialized::defaults(FlagOverrides {
+                listen: args.listen,
+                data_dir: args.data_dir.clone(),
+                partitions: args.partitions,
+                log_format: args.log_format.clone(),
+            }));
+        let config: Config = figment.extract().map_err(|e| e.to_string())?;
+        if config.partitions == 0 {
+            return Err("partitions must be at least 1".to_string());
+        }
+        if !matches!(config.log_format.as_str(), "text" | "json") {
+            return Err(format!("log_format must be \"text\" or \"json\", not {:?}", config.log_format));
+        }
+        Ok(config)
+    }
+}

@@ -1,0 +1,107 @@
+//! `belfry serve`: one complete node.
+//!
+//! Start order: logs → store (open, recover) → sinks → engine (partitions
+//! load their windows; what came due while down fires at once) → HTTP.
+//! Shutdown on SIGINT/SIGTERM runs it backwards: stop accepting requests,
+//! finish in-flight ones, stop firing, let in-flight deliveries finish and
+//! record them, close the store (flush), exit 0.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use belfry_api::{ApiState, SingleNode};
+use belfry_core::{PartitionCount, SystemClock};
+use belfry_engine::Engine;
+use belfry_sinks::Sinks;
+use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore};
+use tracing_subscriber::EnvFilter;
+
+use crate::config::Config;
+
+pub fn run(config: Config) -> ExitCode {
+    init_logs(&config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!(%error, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logs(format: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let partitions = PartitionCount::new(config.partitions)
+        .ok_or_else(|| anyhow::anyhow!("partitions must be at least 1"))?;
+    let store = EmbeddedStore::open(EmbeddedOptions {
+        data_dir: config.data_dir.clone(),
+        partitions,
+    })
+    .map_err(|e| anyhow::anyhow!("cannot open the store in {}: {e}", config.data_dir.display()))?;
+    let store: SharedStore = Arc::new(store);
+    let sinks = Sinks::new(config.http.clone())
+        .map_err(|e| anyhow::anyhow!("cannot build the webhook client: {e}"))?;
+    let engine = Engine::start(config.engine.clone(), store, sinks, Arc::new(SystemClock));
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    let address = listener.local_addr()?.to_string();
+    let state = ApiState {
+        engine: engine.handle(),
+        options: config.api.clone(),
+        cluster: Arc::new(SingleNode { address: address.clone() }),
+    };
+    let app = belfry_api::router(state);
+    tracing::info!(%address, data_dir = %config.data_dir.display(), "belfry is serving");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    tracing::info!("stopped accepting requests; stopping the engine");
+    engine.shutdown().await;
+    tracing::info!("belfry stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+    tracing::info!("shutdown requested");
+}
