@@ -27,14 +27,18 @@ pub enum Verdict {
 /// after the event's instant, when the event fails for good. Every retry is
 /// persisted, so none is lost to a restart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RetryPolicy {
     /// Retries in the quick phase (BigBen's `max.retries`); documentation
     /// and metrics distinguish the phases, the arithmetic does not.
     pub fast_retries: u32,
+    #[serde(with = "crate::time::serde_millis", rename = "initial_delay_ms")]
     pub initial_delay: Duration,
     pub multiplier: f64,
+    #[serde(with = "crate::time::serde_millis", rename = "max_delay_ms")]
     pub max_delay: Duration,
     /// After this long past the event's instant, stop retrying.
+    #[serde(with = "crate::time::serde_millis", rename = "backlog_limit_ms")]
     pub backlog_limit: Duration,
 }
 

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 #[serde(default)]
 pub struct EngineOptions {
     /// How far ahead each partition loads events into memory.
-    #[serde(with = "millis")]
+    #[serde(with = "belfry_core::time::serde_millis", rename = "window_ms")]
     pub window: Duration,
     /// Upper bound on events held in memory over all partitions (BigBen's
     /// "max events in memory").
@@ -22,17 +22,17 @@ pub struct EngineOptions {
     pub max_in_flight_per_tenant: usize,
     /// Events that came due while the node was down fire at start if they
     /// are at most this late; older ones end as `missed`.
-    #[serde(with = "millis")]
+    #[serde(with = "belfry_core::time::serde_millis", rename = "lookback_ms")]
     pub lookback: Duration,
     pub retry: RetryPolicy,
     /// How long finished events and their attempt history are kept.
-    #[serde(with = "millis")]
+    #[serde(with = "belfry_core::time::serde_millis", rename = "history_retention_ms")]
     pub history_retention: Duration,
     /// How often the retention sweep runs.
-    #[serde(with = "millis")]
+    #[serde(with = "belfry_core::time::serde_millis", rename = "purge_interval_ms")]
     pub purge_interval: Duration,
     /// How long shutdown waits for in-flight deliveries.
-    #[serde(with = "millis")]
+    #[serde(with = "belfry_core::time::serde_millis", rename = "shutdown_grace_ms")]
     pub shutdown_grace: Duration,
 }
 
@@ -49,19 +49,5 @@ impl Default for EngineOptions {
             purge_interval: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
         }
-    }
-}
-
-mod millis {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(d.as_millis() as u64)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        Ok(Duration::from_millis(u64::deserialize(d)?))
     }
 }
