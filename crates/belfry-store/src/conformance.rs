@@ -1,0 +1,1167 @@
+//! The conformance suite every [`Store`] backend runs.
+//!
+//! Each case is an `async fn` taking a factory that creates a fresh, empty
+//! store with a given partition count. A backend's test file expands
+//! [`store_conformance_tests!`](crate::store_conformance_tests) with its
+//! factory to get one named `#[tokio::test]` per case:
+//!
+//! ```ignore
+//! async fn factory(partitions: PartitionCount) -> StoreUnderTest { ... }
+//! belfry_store::store_conformance_tests!(factory);
+//! ```
+//!
+//! Changing a backend's behaviour means extending this suite, so that every
+//! backend keeps the same contract.
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+
+use belfry_core::event::{
+    Attempt, AttemptReport, CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord,
+    EventStatus,
+};
+use belfry_core::tenant::{BuiltinTarget, HttpTarget};
+use belfry_core::{
+    DueCursor, EventId, EventKey, EventVersion, PartitionCount, PartitionId, RetryPolicy,
+    SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
+};
+
+use crate::{
+    Applied, ApplyParams, DuePageParams, EmbeddedOptions, EmbeddedStore, KeyedCommand,
+    ListEventsParams, PurgeParams, SharedStore,
+};
+
+/// A store made for one case, with whatever must live as long as it (a
+/// temporary directory, a database).
+pub struct StoreUnderTest {
+    pub store: SharedStore,
+    /// Dropped after `store` (field order).
+    _keep_alive: Box<dyn Any + Send>,
+}
+
+impl StoreUnderTest {
+    pub fn new(store: SharedStore, keep_alive: impl Any + Send) -> Self {
+        StoreUnderTest {
+            store,
+            _keep_alive: Box::new(keep_alive),
+        }
+    }
+}
+
+/// The embedded backend in a fresh temporary directory.
+pub async fn embedded_factory(partitions: PartitionCount) -> StoreUnderTest {
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let store = EmbeddedStore::open(EmbeddedOptions {
+        data_dir: dir.path().to_path_buf(),
+        partitions,
+    })
+    .expect("open the embedded store");
+    StoreUnderTest::new(Arc::new(store), dir)
+}
+
+/// Expands to one `#[tokio::test]` per conformance case, each calling the
+/// case with `$factory` (a path to an
+/// `async fn(PartitionCount) -> StoreUnderTest`).
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($factory:path) => {
+        $crate::store_conformance_tests!(@cases $factory;
+            partitions_are_reported,
+            tenants_put_get_list_replace_delete,
+            create_then_get,
+            same_instant_update_keeps_version,
+            move_starts_a_new_version,
+            cancel_and_cancel_unknown,
+            attempt_delivered_finishes,
+            attempt_retry_reschedules,
+            attempt_permanent_fails,
+            stale_attempt_changes_nothing_but_history,
+            expire_only_pending,
+            results_in_input_order,
+            several_commands_for_one_key_in_one_apply,
+            due_index_holds_exactly_pending_in_order,
+            due_page_cursor_through_and_limit,
+            due_page_partition_isolation,
+            due_index_follows_changes,
+            list_events_filters_and_pagination,
+            attempts_history_in_order,
+            purge_removes_only_old_finished,
+            names_with_slashes_and_non_ascii,
+            concurrent_applies_all_land,
+        );
+    };
+    (@cases $factory:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::conformance::$case($factory).await;
+            }
+        )*
+    };
+}
+
+// ---------------------------------------------------------------- helpers
+
+fn tenant(name: &str) -> TenantName {
+    TenantName::new(name).expect("valid tenant name")
+}
+
+fn key(tenant_name: &str, id: &str) -> EventKey {
+    EventKey::new(tenant(tenant_name), EventId::new(id).expect("valid id"))
+}
+
+fn ts(ms: i64) -> Timestamp {
+    Timestamp::from_millis(ms)
+}
+
+fn upsert(at: i64, version: &str) -> EventCommand {
+    EventCommand::Upsert {
+        event_time: ts(at),
+        payload: Some(format!("payload-{version}")),
+        delivery: DeliveryOption::FullEvent,
+        new_version: EventVersion::from_string(version.into()),
+    }
+}
+
+fn attempt(version: &str, verdict: Verdict, started_at: i64) -> EventCommand {
+    EventCommand::RecordAttempt {
+        version: EventVersion::from_string(version.into()),
+        report: AttemptReport {
+            started_at: ts(started_at),
+            duration_ms: 7,
+            verdict,
+            http_status: Some(match verdict {
+                Verdict::Delivered => 200,
+                Verdict::Retry => 503,
+                Verdict::Permanent => 400,
+            }),
+            error: (verdict != Verdict::Delivered).then(|| format!("{verdict:?} at {started_at}")),
+        },
+    }
+}
+
+fn command(key: &EventKey, command: EventCommand) -> KeyedCommand {
+    KeyedCommand {
+        key: key.clone(),
+        command,
+        fence: None,
+    }
+}
+
+async fn apply(store: &SharedStore, now: i64, commands: Vec<KeyedCommand>) -> Vec<Applied> {
+    let count = commands.len();
+    let applied = store
+        .apply(ApplyParams {
+            commands,
+            now: ts(now),
+            retry: RetryPolicy::default(),
+        })
+        .await
+        .expect("apply");
+    assert_eq!(applied.len(), count, "one result per command");
+    applied
+}
+
+async fn apply_one(store: &SharedStore, now: i64, key: &EventKey, cmd: EventCommand) -> Applied {
+    apply(store, now, vec![command(key, cmd)])
+        .await
+        .pop()
+        .expect("one result")
+}
+
+async fn get(store: &SharedStore, key: &EventKey) -> Option<EventRecord> {
+    store.get_event(key).await.expect("get_event")
+}
+
+/// Every due entry of every partition, partition by partition.
+async fn all_due(store: &SharedStore) -> Vec<(PartitionId, DueCursor)> {
+    let mut out = Vec::new();
+    for partition in store.partitions().all() {
+        for cursor in due(store, partition, None, i64::MAX, usize::MAX).await {
+            out.push((partition, cursor));
+        }
+    }
+    out
+}
+
+async fn due(
+    store: &SharedStore,
+    partition: PartitionId,
+    after: Option<DueCursor>,
+    through: i64,
+    limit: usize,
+) -> Vec<DueCursor> {
+    store
+        .due_page(DuePageParams {
+            partition,
+            after,
+            through: ts(through),
+            limit,
+        })
+        .await
+        .expect("due_page")
+}
+
+fn cursor(at: i64, key: &EventKey) -> DueCursor {
+    DueCursor {
+        due: ts(at),
+        key: key.clone(),
+    }
+}
+
+fn http_tenant(name: &str, url: &str) -> TenantConfig {
+    TenantConfig {
+        name: tenant(name),
+        sink: SinkConfig::Http(HttpTarget {
+            url: url.into(),
+            headers: [("x-token".to_string(), "secret".to_string())].into(),
+            timeout_ms: Some(1_500),
+        }),
+    }
+}
+
+fn partitions(count: u16) -> PartitionCount {
+    PartitionCount::new(count).expect("non-zero")
+}
+
+// ------------------------------------------------------------------ cases
+
+pub async fn partitions_are_reported<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(7)).await;
+    assert_eq!(under_test.store.partitions(), partitions(7));
+}
+
+pub async fn tenants_put_get_list_replace_delete<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    assert!(store.list_tenants().await.unwrap().is_empty());
+    assert_eq!(store.get_tenant(&tenant("b")).await.unwrap(), None);
+
+    let b = http_tenant("b", "http://127.0.0.1:1/hook");
+    let a = TenantConfig {
+        name: tenant("a/x"),
+        sink: SinkConfig::Builtin(BuiltinTarget {
+            processor: "log".into(),
+        }),
+    };
+    store.put_tenant(b.clone()).await.unwrap();
+    store.put_tenant(a.clone()).await.unwrap();
+    assert_eq!(
+        store.get_tenant(&tenant("b")).await.unwrap(),
+        Some(b.clone())
+    );
+    assert_eq!(
+        store.list_tenants().await.unwrap(),
+        vec![a.clone(), b.clone()],
+        "ordered by name"
+    );
+
+    let replaced = http_tenant("b", "http://127.0.0.1:2/other");
+    store.put_tenant(replaced.clone()).await.unwrap();
+    assert_eq!(
+        store.get_tenant(&tenant("b")).await.unwrap(),
+        Some(replaced.clone())
+    );
+    assert_eq!(store.list_tenants().await.unwrap().len(), 2);
+
+    assert!(store.delete_tenant(&tenant("b")).await.unwrap());
+    assert!(
+        !store.delete_tenant(&tenant("b")).await.unwrap(),
+        "already gone"
+    );
+    assert_eq!(store.get_tenant(&tenant("b")).await.unwrap(), None);
+    assert_eq!(store.list_tenants().await.unwrap(), vec![a]);
+}
+
+pub async fn create_then_get<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(8)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    assert_eq!(get(store, &k).await, None);
+    let applied = apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    let partition = store.partitions().partition_of(&k);
+    assert_eq!(applied.key, k);
+    assert_eq!(applied.partition, partition);
+    assert_eq!(applied.outcome, CommandOutcome::Created);
+    assert_eq!(applied.effects, vec![Effect::Arm { at: ts(5_000) }]);
+    let record = applied.record.expect("record after create");
+    assert_eq!(record.status, EventStatus::Scheduled);
+    assert_eq!(record.version.as_str(), "v1");
+    assert_eq!(record.next_fire_at, Some(ts(5_000)));
+    assert_eq!(record.created_at, ts(1_000));
+    assert_eq!(record.partition, partition);
+    assert_eq!(get(store, &k).await, Some(record));
+    assert_eq!(all_due(store).await, vec![(partition, cursor(5_000, &k))]);
+}
+
+pub async fn same_instant_update_keeps_version<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    let applied = apply_one(store, 2_000, &k, upsert(5_000, "v2")).await;
+    assert_eq!(applied.outcome, CommandOutcome::Updated { moved: false });
+    assert!(applied.effects.is_empty());
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.version.as_str(), "v1");
+    assert_eq!(record.payload.as_deref(), Some("payload-v2"));
+    assert_eq!(record.updated_at, ts(2_000));
+    assert_eq!(record.created_at, ts(1_000));
+    assert_eq!(all_due(store).await.len(), 1);
+}
+
+pub async fn move_starts_a_new_version<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    let applied = apply_one(store, 2_000, &k, upsert(9_000, "v2")).await;
+    assert_eq!(applied.outcome, CommandOutcome::Updated { moved: true });
+    assert_eq!(
+        applied.effects,
+        vec![
+            Effect::Disarm { at: ts(5_000) },
+            Effect::Arm { at: ts(9_000) }
+        ]
+    );
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.version.as_str(), "v2");
+    assert_eq!(record.next_fire_at, Some(ts(9_000)));
+    let partition = store.partitions().partition_of(&k);
+    assert_eq!(all_due(store).await, vec![(partition, cursor(9_000, &k))]);
+}
+
+pub async fn cancel_and_cancel_unknown<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    let unknown = apply_one(store, 1_000, &key("t", "nope"), EventCommand::Cancel).await;
+    assert_eq!(unknown.outcome, CommandOutcome::NotFound);
+    assert_eq!(unknown.record, None);
+    assert_eq!(
+        get(store, &key("t", "nope")).await,
+        None,
+        "cancel creates nothing"
+    );
+
+    apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    let cancelled = apply_one(store, 2_000, &k, EventCommand::Cancel).await;
+    assert_eq!(cancelled.outcome, CommandOutcome::Cancelled);
+    assert_eq!(cancelled.effects, vec![Effect::Disarm { at: ts(5_000) }]);
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Cancelled);
+    assert_eq!(record.finished_at, Some(ts(2_000)));
+    assert!(all_due(store).await.is_empty());
+
+    let again = apply_one(store, 3_000, &k, EventCommand::Cancel).await;
+    assert_eq!(again.outcome, CommandOutcome::NotFound);
+
+    let revived = apply_one(store, 4_000, &k, upsert(6_000, "v3")).await;
+    assert_eq!(revived.outcome, CommandOutcome::Created);
+    assert_eq!(all_due(store).await.len(), 1);
+}
+
+pub async fn attempt_delivered_finishes<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    let applied = apply_one(store, 5_010, &k, attempt("v1", Verdict::Delivered, 5_001)).await;
+    assert_eq!(
+        applied.outcome,
+        CommandOutcome::AttemptRecorded(EventStatus::Delivered)
+    );
+    assert_eq!(applied.effects, vec![Effect::Disarm { at: ts(5_000) }]);
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Delivered);
+    assert_eq!(record.attempts, 1);
+    assert_eq!(record.triggered_at, Some(ts(5_001)));
+    assert_eq!(record.finished_at, Some(ts(5_010)));
+    assert_eq!(record.next_fire_at, None);
+    assert!(all_due(store).await.is_empty());
+    let history = store.attempts(&k, 10).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].verdict, Verdict::Delivered);
+    assert_eq!(history[0].number, 1);
+}
+
+pub async fn attempt_retry_reschedules<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    let applied = apply_one(store, 5_010, &k, attempt("v1", Verdict::Retry, 5_001)).await;
+    assert_eq!(
+        applied.outcome,
+        CommandOutcome::AttemptRecorded(EventStatus::Retrying)
+    );
+    // Default policy: the first retry comes 1 s after "now".
+    assert_eq!(
+        applied.effects,
+        vec![
+            Effect::Disarm { at: ts(5_000) },
+            Effect::Arm { at: ts(6_010) }
+        ]
+    );
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Retrying);
+    assert_eq!(record.next_fire_at, Some(ts(6_010)));
+    assert_eq!(record.attempts, 1);
+    assert_eq!(record.last_error.as_deref(), Some("Retry at 5001"));
+    assert_eq!(record.finished_at, None);
+    let partition = store.partitions().partition_of(&k);
+    assert_eq!(all_due(store).await, vec![(partition, cursor(6_010, &k))]);
+}
+
+pub async fn attempt_permanent_fails<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    let applied = apply_one(store, 5_010, &k, attempt("v1", Verdict::Permanent, 5_001)).await;
+    assert_eq!(
+        applied.outcome,
+        CommandOutcome::AttemptRecorded(EventStatus::Failed)
+    );
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Failed);
+    assert_eq!(record.last_error.as_deref(), Some("Permanent at 5001"));
+    assert_eq!(record.finished_at, Some(ts(5_010)));
+    assert!(all_due(store).await.is_empty());
+}
+
+pub async fn stale_attempt_changes_nothing_but_history<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    apply_one(store, 2_000, &k, upsert(9_000, "v2")).await;
+    let before = get(store, &k).await.unwrap();
+    let applied = apply_one(store, 5_010, &k, attempt("v1", Verdict::Delivered, 5_001)).await;
+    assert_eq!(applied.outcome, CommandOutcome::StaleAttempt);
+    assert!(applied.effects.is_empty());
+    assert_eq!(applied.record.as_ref(), Some(&before));
+    assert_eq!(get(store, &k).await, Some(before));
+    let history = store.attempts(&k, 10).await.unwrap();
+    assert_eq!(history.len(), 1, "a stale attempt is still history");
+    assert_eq!(history[0].version.as_str(), "v1");
+    assert_eq!(history[0].number, 0);
+
+    let unknown = apply_one(
+        store,
+        5_010,
+        &key("t", "ghost"),
+        attempt("v1", Verdict::Delivered, 1),
+    )
+    .await;
+    assert_eq!(unknown.outcome, CommandOutcome::StaleAttempt);
+    assert_eq!(get(store, &key("t", "ghost")).await, None);
+}
+
+pub async fn expire_only_pending<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    let expire = || EventCommand::Expire {
+        reason: "down too long".into(),
+    };
+    let applied = apply_one(store, 99_000, &k, expire()).await;
+    assert_eq!(applied.outcome, CommandOutcome::Expired);
+    assert_eq!(applied.effects, vec![Effect::Disarm { at: ts(5_000) }]);
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Missed);
+    assert_eq!(record.last_error.as_deref(), Some("down too long"));
+    assert!(all_due(store).await.is_empty());
+    let again = apply_one(store, 99_001, &k, expire()).await;
+    assert_eq!(again.outcome, CommandOutcome::NotPending);
+    let unknown = apply_one(store, 99_001, &key("t", "ghost"), expire()).await;
+    assert_eq!(unknown.outcome, CommandOutcome::NotPending);
+}
+
+pub async fn results_in_input_order<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(8)).await;
+    let store = &under_test.store;
+    apply_one(store, 1_000, &key("t", "existing"), upsert(5_000, "v0")).await;
+    let keys: Vec<EventKey> = ["z", "existing", "a", "m", "missing"]
+        .iter()
+        .map(|id| key("t", id))
+        .collect();
+    let commands = vec![
+        command(&keys[0], upsert(7_000, "v1")),
+        command(&keys[1], EventCommand::Cancel),
+        command(&keys[2], upsert(6_000, "v2")),
+        command(&keys[3], upsert(8_000, "v3")),
+        command(&keys[4], EventCommand::Cancel),
+    ];
+    let applied = apply(store, 2_000, commands).await;
+    let got: Vec<(EventKey, CommandOutcome)> =
+        applied.into_iter().map(|a| (a.key, a.outcome)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (keys[0].clone(), CommandOutcome::Created),
+            (keys[1].clone(), CommandOutcome::Cancelled),
+            (keys[2].clone(), CommandOutcome::Created),
+            (keys[3].clone(), CommandOutcome::Created),
+            (keys[4].clone(), CommandOutcome::NotFound),
+        ]
+    );
+}
+
+pub async fn several_commands_for_one_key_in_one_apply<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    let other = key("t", "e2");
+    let applied = apply(
+        store,
+        1_000,
+        vec![
+            command(&k, upsert(5_000, "v1")),
+            command(&other, upsert(5_500, "w1")),
+            command(&k, upsert(5_000, "ignored")),
+            command(&k, upsert(9_000, "v2")),
+            command(&k, attempt("v2", Verdict::Retry, 9_000)),
+            command(&k, EventCommand::Cancel),
+            command(&k, EventCommand::Cancel),
+            command(&k, upsert(7_000, "v3")),
+        ],
+    )
+    .await;
+    let outcomes: Vec<CommandOutcome> = applied.iter().map(|a| a.outcome.clone()).collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            CommandOutcome::Created,
+            CommandOutcome::Created,
+            CommandOutcome::Updated { moved: false },
+            CommandOutcome::Updated { moved: true },
+            CommandOutcome::AttemptRecorded(EventStatus::Retrying),
+            CommandOutcome::Cancelled,
+            CommandOutcome::NotFound,
+            CommandOutcome::Created,
+        ]
+    );
+    assert_eq!(applied[2].record.as_ref().unwrap().version.as_str(), "v1");
+    assert_eq!(applied[3].record.as_ref().unwrap().version.as_str(), "v2");
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.version.as_str(), "v3");
+    assert_eq!(record.status, EventStatus::Scheduled);
+    assert_eq!(Some(&record), applied[7].record.as_ref());
+    let mut due: Vec<DueCursor> = all_due(store).await.into_iter().map(|(_, c)| c).collect();
+    due.sort();
+    assert_eq!(due, vec![cursor(5_500, &other), cursor(7_000, &k)]);
+    assert_eq!(store.attempts(&k, 10).await.unwrap().len(), 1);
+
+    // A create and its delivery in one apply leave nothing in the due index.
+    let quick = key("t", "quick");
+    apply(
+        store,
+        2_000,
+        vec![
+            command(&quick, upsert(2_000, "q1")),
+            command(&quick, attempt("q1", Verdict::Delivered, 2_000)),
+        ],
+    )
+    .await;
+    assert_eq!(
+        get(store, &quick).await.unwrap().status,
+        EventStatus::Delivered
+    );
+    assert_eq!(all_due(store).await.len(), 2);
+}
+
+pub async fn due_index_holds_exactly_pending_in_order<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    // One partition, so the whole index is one ordered page.
+    let under_test = factory(partitions(1)).await;
+    let store = &under_test.store;
+    let ids = ["b", "a", "c", "d", "e", "f", "aa", "a/b"];
+    let instants = [3_000, 3_000, 1_000, 2_000, 9_000, 4_000, 3_000, 3_000];
+    let commands = ids
+        .iter()
+        .zip(instants)
+        .map(|(id, at)| command(&key("t", id), upsert(at, id)))
+        .collect();
+    apply(store, 500, commands).await;
+    // d delivered, e cancelled, f failed: only the others stay pending.
+    apply(
+        store,
+        600,
+        vec![
+            command(&key("t", "d"), attempt("d", Verdict::Delivered, 600)),
+            command(&key("t", "e"), EventCommand::Cancel),
+            command(&key("t", "f"), attempt("f", Verdict::Permanent, 600)),
+        ],
+    )
+    .await;
+    let page = due(store, PartitionId(0), None, i64::MAX, 100).await;
+    assert_eq!(
+        page,
+        vec![
+            cursor(1_000, &key("t", "c")),
+            cursor(3_000, &key("t", "a")),
+            cursor(3_000, &key("t", "a/b")),
+            cursor(3_000, &key("t", "aa")),
+            cursor(3_000, &key("t", "b")),
+        ]
+    );
+    let mut sorted = page.clone();
+    sorted.sort();
+    assert_eq!(page, sorted, "store order is DueCursor order");
+}
+
+pub async fn due_page_cursor_through_and_limit<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(1)).await;
+    let store = &under_test.store;
+    let p = PartitionId(0);
+    let commands = (0..10)
+        .map(|i| {
+            command(
+                &key("t", &format!("e{i}")),
+                upsert(1_000 + 100 * (i / 2), "v"),
+            )
+        })
+        .collect();
+    apply(store, 0, commands).await;
+    let everything = due(store, p, None, i64::MAX, 100).await;
+    assert_eq!(everything.len(), 10);
+
+    // Limit, then continue after the last entry: no gaps, no repeats.
+    let first = due(store, p, None, i64::MAX, 3).await;
+    assert_eq!(first, everything[..3]);
+    let second = due(store, p, first.last().cloned(), i64::MAX, 3).await;
+    assert_eq!(second, everything[3..6]);
+
+    // The cursor is exclusive even between two events of the same instant.
+    let tie = due(store, p, Some(everything[4].clone()), i64::MAX, 1).await;
+    assert_eq!(tie, vec![everything[5].clone()]);
+    assert_eq!(everything[4].due, everything[5].due);
+
+    // `through` is inclusive.
+    let through = due(store, p, None, 1_200, 100).await;
+    assert_eq!(through, everything[..6]);
+    assert!(due(store, p, None, 999, 100).await.is_empty());
+    let after_through = due(store, p, Some(everything[5].clone()), 1_200, 100).await;
+    assert!(after_through.is_empty());
+    assert!(due(store, p, None, i64::MAX, 0).await.is_empty());
+    // A cursor past `through` yields nothing rather than an error.
+    assert!(
+        due(store, p, Some(everything[9].clone()), 1_000, 10)
+            .await
+            .is_empty()
+    );
+}
+
+pub async fn due_page_partition_isolation<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let count = store.partitions();
+    let keys: Vec<EventKey> = (0..40).map(|i| key("t", &format!("e{i}"))).collect();
+    let commands = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| command(k, upsert(1_000 + i as i64, "v")))
+        .collect();
+    apply(store, 0, commands).await;
+    let mut seen = 0;
+    for partition in count.all() {
+        let page = due(store, partition, None, i64::MAX, 100).await;
+        for entry in &page {
+            assert_eq!(count.partition_of(&entry.key), partition);
+        }
+        let expected = keys
+            .iter()
+            .filter(|k| count.partition_of(k) == partition)
+            .count();
+        assert_eq!(page.len(), expected);
+        seen += page.len();
+    }
+    assert_eq!(seen, keys.len());
+}
+
+pub async fn due_index_follows_changes<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(1)).await;
+    let store = &under_test.store;
+    let p = PartitionId(0);
+    let [moved, cancelled, delivered, retried] =
+        ["moved", "cancelled", "delivered", "retried"].map(|id| key("t", id));
+    apply(
+        store,
+        0,
+        vec![
+            command(&moved, upsert(1_000, "m1")),
+            command(&cancelled, upsert(1_000, "c1")),
+            command(&delivered, upsert(1_000, "d1")),
+            command(&retried, upsert(1_000, "r1")),
+        ],
+    )
+    .await;
+    assert_eq!(due(store, p, None, i64::MAX, 10).await.len(), 4);
+    apply_one(store, 100, &moved, upsert(8_000, "m2")).await;
+    apply_one(store, 100, &cancelled, EventCommand::Cancel).await;
+    apply_one(
+        store,
+        1_000,
+        &delivered,
+        attempt("d1", Verdict::Delivered, 1_000),
+    )
+    .await;
+    apply_one(store, 1_000, &retried, attempt("r1", Verdict::Retry, 1_000)).await;
+    assert_eq!(
+        due(store, p, None, i64::MAX, 10).await,
+        vec![cursor(2_000, &retried), cursor(8_000, &moved)]
+    );
+    // A second retry moves it again; its old entry goes.
+    apply_one(store, 2_000, &retried, attempt("r1", Verdict::Retry, 2_000)).await;
+    assert_eq!(
+        due(store, p, None, i64::MAX, 10).await,
+        vec![cursor(4_000, &retried), cursor(8_000, &moved)]
+    );
+}
+
+pub async fn list_events_filters_and_pagination<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    // Ids in an order that differs from their instants; a neighbour tenant
+    // whose name extends this one's must never leak in.
+    let commands = (0..12)
+        .map(|i| {
+            command(
+                &key("t", &format!("e{:02}", 11 - i)),
+                upsert(1_000 * i, "v"),
+            )
+        })
+        .chain([
+            command(&key("tt", "e00"), upsert(0, "v")),
+            command(&key("t/x", "e00"), upsert(0, "v")),
+        ])
+        .collect();
+    apply(store, 0, commands).await;
+    apply_one(store, 10, &key("t", "e03"), EventCommand::Cancel).await;
+    apply_one(store, 10, &key("t", "e05"), EventCommand::Cancel).await;
+
+    let list = |status, from: Option<i64>, to: Option<i64>, after: Option<&str>, limit| {
+        store.list_events(ListEventsParams {
+            tenant: tenant("t"),
+            status,
+            from: from.map(ts),
+            to: to.map(ts),
+            after: after.map(|a| EventId::new(a).unwrap()),
+            limit,
+        })
+    };
+    let ids = |records: Vec<EventRecord>| -> Vec<String> {
+        records
+            .into_iter()
+            .map(|r| r.key.id.as_str().to_string())
+            .collect()
+    };
+
+    let all = ids(list(None, None, None, None, 100).await.unwrap());
+    let expected: Vec<String> = (0..12).map(|i| format!("e{i:02}")).collect();
+    assert_eq!(all, expected, "stable id order, only this tenant");
+
+    // Cursor pagination walks the same list without gaps or repeats.
+    let mut paged = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = ids(list(None, None, None, after.as_deref(), 5).await.unwrap());
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 5);
+        after = page.last().cloned();
+        paged.extend(page);
+    }
+    assert_eq!(paged, expected);
+
+    let cancelled = ids(list(Some(EventStatus::Cancelled), None, None, None, 100)
+        .await
+        .unwrap());
+    assert_eq!(cancelled, vec!["e03", "e05"]);
+    // e11 fires at 0 s ... e00 at 11 s; from inclusive, to exclusive.
+    let window = ids(list(None, Some(3_000), Some(6_000), None, 100)
+        .await
+        .unwrap());
+    assert_eq!(window, vec!["e06", "e07", "e08"]);
+    let scheduled_window = ids(list(
+        Some(EventStatus::Scheduled),
+        Some(3_000),
+        Some(9_000),
+        None,
+        2,
+    )
+    .await
+    .unwrap());
+    assert_eq!(scheduled_window, vec!["e04", "e06"]);
+    let after_cursor = ids(list(
+        Some(EventStatus::Scheduled),
+        Some(3_000),
+        Some(9_000),
+        Some("e06"),
+        10,
+    )
+    .await
+    .unwrap());
+    assert_eq!(after_cursor, vec!["e07", "e08"]);
+    assert!(list(None, None, None, None, 0).await.unwrap().is_empty());
+    let nobody = store
+        .list_events(ListEventsParams {
+            tenant: tenant("nobody"),
+            status: None,
+            from: None,
+            to: None,
+            after: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert!(nobody.is_empty());
+}
+
+pub async fn attempts_history_in_order<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    let neighbour = key("t", "e10");
+    apply_one(store, 0, &k, upsert(1_000, "v1")).await;
+    apply_one(store, 0, &neighbour, upsert(1_000, "n1")).await;
+    apply_one(
+        store,
+        1_000,
+        &neighbour,
+        attempt("n1", Verdict::Retry, 1_000),
+    )
+    .await;
+    apply_one(store, 1_005, &k, attempt("v1", Verdict::Retry, 1_000)).await;
+    apply_one(store, 2_010, &k, attempt("v1", Verdict::Retry, 2_005)).await;
+    apply_one(store, 4_020, &k, attempt("v1", Verdict::Delivered, 4_010)).await;
+
+    let history = store.attempts(&k, 100).await.unwrap();
+    let expected = vec![
+        Attempt {
+            version: EventVersion::from_string("v1".into()),
+            number: 1,
+            started_at: ts(1_000),
+            duration_ms: 7,
+            verdict: Verdict::Retry,
+            http_status: Some(503),
+            error: Some("Retry at 1000".into()),
+        },
+        Attempt {
+            version: EventVersion::from_string("v1".into()),
+            number: 2,
+            started_at: ts(2_005),
+            duration_ms: 7,
+            verdict: Verdict::Retry,
+            http_status: Some(503),
+            error: Some("Retry at 2005".into()),
+        },
+        Attempt {
+            version: EventVersion::from_string("v1".into()),
+            number: 3,
+            started_at: ts(4_010),
+            duration_ms: 7,
+            verdict: Verdict::Delivered,
+            http_status: Some(200),
+            error: None,
+        },
+    ];
+    assert_eq!(history, expected, "oldest first, only this event");
+    assert_eq!(store.attempts(&k, 2).await.unwrap(), expected[..2]);
+    assert_eq!(store.attempts(&neighbour, 100).await.unwrap().len(), 1);
+    assert!(
+        store
+            .attempts(&key("t", "ghost"), 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+pub async fn purge_removes_only_old_finished<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let [old_done, old_cancelled, new_done, pending, revived] = [
+        "old_done",
+        "old_cancelled",
+        "new_done",
+        "pending",
+        "revived",
+    ]
+    .map(|id| key("t", id));
+    apply(
+        store,
+        0,
+        vec![
+            command(&old_done, upsert(1_000, "a")),
+            command(&old_cancelled, upsert(1_000, "b")),
+            command(&new_done, upsert(1_000, "c")),
+            command(&pending, upsert(1_000_000, "d")),
+            command(&revived, upsert(1_000, "e")),
+        ],
+    )
+    .await;
+    apply_one(
+        store,
+        1_000,
+        &old_done,
+        attempt("a", Verdict::Delivered, 1_000),
+    )
+    .await;
+    apply_one(store, 1_000, &old_cancelled, EventCommand::Cancel).await;
+    apply_one(store, 1_000, &revived, EventCommand::Cancel).await;
+    // Finished before the cut-off, then given a new life: must stay.
+    apply_one(store, 1_500, &revived, upsert(900_000, "e2")).await;
+    apply_one(
+        store,
+        9_000,
+        &new_done,
+        attempt("c", Verdict::Delivered, 9_000),
+    )
+    .await;
+
+    let purged = store
+        .purge_finished(PurgeParams {
+            finished_before: ts(5_000),
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(purged, 2);
+    assert_eq!(get(store, &old_done).await, None);
+    assert_eq!(get(store, &old_cancelled).await, None);
+    assert!(store.attempts(&old_done, 10).await.unwrap().is_empty());
+    assert!(get(store, &new_done).await.is_some());
+    assert_eq!(store.attempts(&new_done, 10).await.unwrap().len(), 1);
+    assert!(get(store, &pending).await.is_some());
+    assert_eq!(
+        get(store, &revived).await.unwrap().status,
+        EventStatus::Scheduled
+    );
+    assert_eq!(all_due(store).await.len(), 2);
+
+    let again = store
+        .purge_finished(PurgeParams {
+            finished_before: ts(5_000),
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(again, 0, "nothing old is left");
+
+    // The limit bounds one call; later calls take the rest.
+    let many: Vec<EventKey> = (0..5).map(|i| key("bulk", &format!("e{i}"))).collect();
+    apply(
+        store,
+        0,
+        many.iter().map(|k| command(k, upsert(100, "x"))).collect(),
+    )
+    .await;
+    apply(
+        store,
+        200,
+        many.iter()
+            .map(|k| command(k, EventCommand::Cancel))
+            .collect(),
+    )
+    .await;
+    let params = PurgeParams {
+        finished_before: ts(5_000),
+        limit: 3,
+    };
+    assert_eq!(store.purge_finished(params.clone()).await.unwrap(), 3);
+    assert_eq!(store.purge_finished(params.clone()).await.unwrap(), 2);
+    assert_eq!(store.purge_finished(params).await.unwrap(), 0);
+    assert!(get(store, &new_done).await.is_some());
+}
+
+pub async fn names_with_slashes_and_non_ascii<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let tenant_name = "TenantB/ProgramB/EnvC";
+    let keys = [
+        key(tenant_name, "order/42"),
+        key(tenant_name, "commande-é-ü-日本"),
+        key("TenantB/ProgramB", "EnvC/order/42"),
+        key("ünïcødé/🎉", "🎉/1"),
+    ];
+    let commands = keys
+        .iter()
+        .map(|k| command(k, upsert(5_000, "v")))
+        .collect();
+    let applied = apply(store, 0, commands).await;
+    assert!(applied.iter().all(|a| a.outcome == CommandOutcome::Created));
+    for k in &keys {
+        let record = get(store, k).await.expect("stored");
+        assert_eq!(&record.key, k);
+    }
+    let listed = store
+        .list_events(ListEventsParams {
+            tenant: tenant(tenant_name),
+            status: None,
+            from: None,
+            to: None,
+            after: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    let listed: Vec<&EventKey> = listed.iter().map(|r| &r.key).collect();
+    assert_eq!(listed, vec![&keys[1], &keys[0]], "only this tenant, by id");
+    let mut due_keys: Vec<EventKey> = all_due(store)
+        .await
+        .into_iter()
+        .map(|(_, c)| c.key)
+        .collect();
+    due_keys.sort();
+    let mut expected = keys.to_vec();
+    expected.sort();
+    assert_eq!(due_keys, expected);
+
+    store
+        .put_tenant(http_tenant("ünïcødé/🎉", "http://127.0.0.1:1/"))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .get_tenant(&tenant("ünïcødé/🎉"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    apply_one(store, 10, &keys[3], attempt("v", Verdict::Retry, 5)).await;
+    assert_eq!(store.attempts(&keys[3], 10).await.unwrap().len(), 1);
+}
+
+pub async fn concurrent_applies_all_land<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(8)).await;
+    let store = &under_test.store;
+    let mut tasks = Vec::new();
+    for caller in 0..100 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let commands = (0..10)
+                .map(|i| {
+                    command(
+                        &key("t", &format!("c{caller:03}-{i}")),
+                        upsert(10_000 + i, "v"),
+                    )
+                })
+                .collect();
+            let applied = apply(&store, 0, commands).await;
+            assert!(applied.iter().all(|a| a.outcome == CommandOutcome::Created));
+            // Every caller also touches one shared key: all 100 updates land.
+            apply_one(&store, 1 + caller, &key("t", "shared"), upsert(50_000, "s")).await
+        }));
+    }
+    let mut created = 0;
+    for task in tasks {
+        if task.await.expect("caller task").outcome == CommandOutcome::Created {
+            created += 1;
+        }
+    }
+    assert_eq!(created, 1, "exactly one caller created the shared key");
+    for caller in 0..100 {
+        for i in 0..10 {
+            assert!(
+                get(store, &key("t", &format!("c{caller:03}-{i}")))
+                    .await
+                    .is_some()
+            );
+        }
+    }
+    assert_eq!(all_due(store).await.len(), 1_001);
+    let shared = get(store, &key("t", "shared")).await.unwrap();
+    assert_eq!(shared.status, EventStatus::Scheduled);
+}

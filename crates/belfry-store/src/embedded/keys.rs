@@ -1,0 +1,271 @@
+//! Byte encodings of the embedded store's keys and values.
+//!
+//! Every key is built so that fjall's bytewise order is the order the store
+//! needs:
+//! - an event key is `tenant 0x00 id`. Names never contain `0x00` (control
+//!   characters are refused by [`belfry_core::ids`]), so the encoding is
+//!   prefix-free *and* sorts exactly like [`EventKey`]'s `Ord` (tenant, then
+//!   id). The due index depends on that: its order must equal
+//!   [`DueCursor`]'s so that the engine's exclusive cursors line up.
+//! - instants are big-endian `i64` with the sign bit flipped, so negative
+//!   instants sort before positive ones.
+//!
+//! Values carry a leading format byte so a later layout can be told apart.
+
+use belfry_core::event::{Attempt, EventRecord};
+use belfry_core::{DueCursor, EventId, EventKey, PartitionId, TenantConfig, TenantName, Timestamp};
+
+use crate::{StoreError, StoreResult};
+
+/// Separates the tenant from the id (and the id from what follows it).
+const SEPARATOR: u8 = 0x00;
+/// Format byte of event, attempt and tenant values.
+const VALUE_FORMAT_V1: u8 = 1;
+
+pub const META_PARTITIONS: &[u8] = b"partitions";
+pub const META_SCHEMA: &[u8] = b"schema_version";
+/// The highest attempt sequence number handed out (see [`attempt_key`]).
+pub const META_ATTEMPT_SEQ: &[u8] = b"attempt_seq";
+pub const SCHEMA_VERSION: u32 = 1;
+
+pub fn corrupt(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Internal(format!("undecodable stored data: {what}"))
+}
+
+/// Order-preserving bytes of an instant.
+pub fn instant_bytes(at: Timestamp) -> [u8; 8] {
+    ((at.as_millis() as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+pub fn instant_from_bytes(bytes: &[u8]) -> StoreResult<Timestamp> {
+    let array: [u8; 8] = bytes.try_into().map_err(|_| corrupt("instant length"))?;
+    Ok(Timestamp::from_millis(
+        (u64::from_be_bytes(array) ^ (1 << 63)) as i64,
+    ))
+}
+
+/// Appends `tenant 0x00 id` to `out`.
+pub fn push_event_key(out: &mut Vec<u8>, key: &EventKey) {
+    out.extend_from_slice(key.tenant.as_str().as_bytes());
+    out.push(SEPARATOR);
+    out.extend_from_slice(key.id.as_str().as_bytes());
+}
+
+/// The key of an event in the `events` keyspace.
+pub fn event_key(key: &EventKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.tenant.as_str().len() + key.id.as_str().len() + 1);
+    push_event_key(&mut out, key);
+    out
+}
+
+/// The prefix shared by every event of `tenant`.
+pub fn tenant_prefix(tenant: &TenantName) -> Vec<u8> {
+    let mut out = Vec::with_capacity(tenant.as_str().len() + 1);
+    out.extend_from_slice(tenant.as_str().as_bytes());
+    out.push(SEPARATOR);
+    out
+}
+
+pub fn decode_event_key(bytes: &[u8]) -> StoreResult<EventKey> {
+    let split = bytes
+        .iter()
+        .position(|b| *b == SEPARATOR)
+        .ok_or_else(|| corrupt("event key without separator"))?;
+    let tenant = std::str::from_utf8(&bytes[..split]).map_err(corrupt)?;
+    let id = std::str::from_utf8(&bytes[split + 1..]).map_err(corrupt)?;
+    Ok(EventKey::new(
+        TenantName::new(tenant).map_err(corrupt)?,
+        EventId::new(id).map_err(corrupt)?,
+    ))
+}
+
+/// `partition (u16 BE) ++ instant ++ event key`.
+pub fn due_key(partition: PartitionId, at: Timestamp, key: &EventKey) -> Vec<u8> {
+    due_key_raw(partition, at, &event_key(key))
+}
+
+/// [`due_key`] from an already encoded event key.
+pub fn due_key_raw(partition: PartitionId, at: Timestamp, encoded_key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(10 + encoded_key.len());
+    out.extend_from_slice(&partition.0.to_be_bytes());
+    out.extend_from_slice(&instant_bytes(at));
+    out.extend_from_slice(encoded_key);
+    out
+}
+
+/// The smallest due key of `partition` (inclusive).
+pub fn due_partition_start(partition: PartitionId) -> Vec<u8> {
+    partition.0.to_be_bytes().to_vec()
+}
+
+/// Every due key of `partition` at or before `through` sorts at or below
+/// this (inclusive bound): encoded names are UTF-8, which never contains the
+/// byte `0xff`.
+pub fn due_through_last(partition: PartitionId, through: Timestamp) -> Vec<u8> {
+    let mut out = partition.0.to_be_bytes().to_vec();
+    out.extend_from_slice(&instant_bytes(through));
+    out.push(0xff);
+    out
+}
+
+pub fn decode_due_key(bytes: &[u8]) -> StoreResult<DueCursor> {
+    if bytes.len() < 10 {
+        return Err(corrupt("due key too short"));
+    }
+    Ok(DueCursor {
+        due: instant_from_bytes(&bytes[2..10])?,
+        key: decode_event_key(&bytes[10..])?,
+    })
+}
+
+/// `instant ++ event key` (already encoded): the retention index.
+pub fn finished_key_raw(at: Timestamp, encoded_key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + encoded_key.len());
+    out.extend_from_slice(&instant_bytes(at));
+    out.extend_from_slice(encoded_key);
+    out
+}
+
+pub fn decode_finished_key(bytes: &[u8]) -> StoreResult<(Timestamp, EventKey)> {
+    if bytes.len() < 8 {
+        return Err(corrupt("finished key too short"));
+    }
+    Ok((
+        instant_from_bytes(&bytes[..8])?,
+        decode_event_key(&bytes[8..])?,
+    ))
+}
+
+/// The prefix of every attempt of `key`: `event key ++ 0x00`.
+pub fn attempts_prefix(key: &EventKey) -> Vec<u8> {
+    let mut out = event_key(key);
+    out.push(SEPARATOR);
+    out
+}
+
+/// `event key ++ 0x00 ++ started_at ++ seq (u64 BE)`: history in start
+/// order, ties in recording order; `seq` is unique for the store's life.
+pub fn attempt_key_raw(encoded_key: &[u8], started_at: Timestamp, seq: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(encoded_key.len() + 17);
+    out.extend_from_slice(encoded_key);
+    out.push(SEPARATOR);
+    out.extend_from_slice(&instant_bytes(started_at));
+    out.extend_from_slice(&seq.to_be_bytes());
+    out
+}
+
+pub fn encode_record(record: &EventRecord) -> StoreResult<Vec<u8>> {
+    encode_postcard(record)
+}
+
+pub fn decode_record(bytes: &[u8]) -> StoreResult<EventRecord> {
+    decode_postcard(bytes)
+}
+
+pub fn encode_attempt(attempt: &Attempt) -> StoreResult<Vec<u8>> {
+    encode_postcard(attempt)
+}
+
+pub fn decode_attempt(bytes: &[u8]) -> StoreResult<Attempt> {
+    decode_postcard(bytes)
+}
+
+fn encode_postcard<T: serde::Serialize>(value: &T) -> StoreResult<Vec<u8>> {
+    let mut out = vec![VALUE_FORMAT_V1];
+    postcard::to_io(value, &mut out)
+        .map_err(|e| StoreError::Internal(format!("encoding failed: {e}")))?;
+    Ok(out)
+}
+
+fn decode_postcard<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
+    match bytes.split_first() {
+        Some((&VALUE_FORMAT_V1, rest)) => postcard::from_bytes(rest).map_err(corrupt),
+        _ => Err(corrupt("unknown value format")),
+    }
+}
+
+/// Tenants are JSON: their sink config is an internally tagged enum, which
+/// postcard cannot read back. They are few and small.
+pub fn encode_tenant(tenant: &TenantConfig) -> StoreResult<Vec<u8>> {
+    let mut out = vec![VALUE_FORMAT_V1];
+    serde_json::to_writer(&mut out, tenant)
+        .map_err(|e| StoreError::Internal(format!("encoding failed: {e}")))?;
+    Ok(out)
+}
+
+pub fn decode_tenant(bytes: &[u8]) -> StoreResult<TenantConfig> {
+    match bytes.split_first() {
+        Some((&VALUE_FORMAT_V1, rest)) => serde_json::from_slice(rest).map_err(corrupt),
+        _ => Err(corrupt("unknown tenant format")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(tenant: &str, id: &str) -> EventKey {
+        EventKey::new(TenantName::new(tenant).unwrap(), EventId::new(id).unwrap())
+    }
+
+    #[test]
+    fn instants_sort_like_numbers() {
+        let values = [i64::MIN, -5, -1, 0, 1, 7, i64::MAX];
+        for pair in values.windows(2) {
+            let (a, b) = (
+                Timestamp::from_millis(pair[0]),
+                Timestamp::from_millis(pair[1]),
+            );
+            assert!(instant_bytes(a) < instant_bytes(b));
+            assert_eq!(instant_from_bytes(&instant_bytes(a)).unwrap(), a);
+        }
+    }
+
+    #[test]
+    fn event_keys_sort_like_event_key_ord_and_round_trip() {
+        let mut keys = vec![
+            key("a", "z"),
+            key("ab", "a"),
+            key("a/b", "1"),
+            key("a", "a/b"),
+            key("ü", "é"),
+            key("a", "a"),
+            key("a", "aa"),
+        ];
+        let mut by_bytes = keys.clone();
+        by_bytes.sort_by_key(event_key);
+        keys.sort();
+        assert_eq!(keys, by_bytes);
+        for k in &keys {
+            assert_eq!(&decode_event_key(&event_key(k)).unwrap(), k);
+        }
+    }
+
+    #[test]
+    fn due_keys_round_trip_and_bound() {
+        let k = key("t/x", "é/1");
+        let at = Timestamp::from_millis(-42);
+        let bytes = due_key(PartitionId(3), at, &k);
+        assert_eq!(
+            decode_due_key(&bytes).unwrap(),
+            DueCursor {
+                due: at,
+                key: k.clone()
+            }
+        );
+        assert!(bytes <= due_through_last(PartitionId(3), at));
+        assert!(bytes >= due_partition_start(PartitionId(3)));
+        assert!(bytes > due_through_last(PartitionId(3), Timestamp::from_millis(-43)));
+        let max = Timestamp::from_millis(i64::MAX);
+        assert!(due_key(PartitionId(3), max, &k) <= due_through_last(PartitionId(3), max));
+        assert!(due_through_last(PartitionId(3), max) < due_partition_start(PartitionId(4)));
+    }
+
+    #[test]
+    fn garbage_is_an_internal_error() {
+        assert!(decode_record(b"").is_err());
+        assert!(decode_record(&[9, 1, 2]).is_err());
+        assert!(decode_event_key(b"no-separator").is_err());
+        assert!(decode_due_key(b"x").is_err());
+    }
+}

@@ -1,0 +1,380 @@
+//! The group-commit writer: the only thread that writes to the database.
+//!
+//! Callers send [`Job`]s over a channel and await a oneshot answer. The
+//! writer blocks for the first job, then drains whatever else is already
+//! waiting (up to [`MAX_GROUP_COMMANDS`] commands), applies every command
+//! through [`transition`] against a read-your-writes overlay, writes ONE
+//! fjall batch, fsyncs once, and only then answers every job of the group.
+//! So an `Ok` answer always means "on disk", and the fsync cost (≈ 2 ms here)
+//! is shared by everything that arrived while the previous group was syncing.
+//!
+//! # Why an overlay
+//! All items of one fjall batch share a sequence number, so the same key
+//! must not be written twice in a batch. Commands are therefore applied to
+//! an in-memory map of event states first; index changes are computed once
+//! per event at the end, from the state as stored before the group to the
+//! state after it.
+//!
+//! # Atomicity
+//! Each job is staged on its own layer over the group's overlay and merged
+//! only if every command in it succeeded, so a failing job (an undecodable
+//! stored record) changes nothing and does not fail its neighbours.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, TryRecvError};
+
+use belfry_core::event::{EventRecord, TransitionContext, transition};
+use belfry_core::{PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp};
+use fjall::{Database, Keyspace, OwnedWriteBatch, PersistMode};
+use tokio::sync::oneshot;
+
+use super::keys;
+use crate::{Applied, ApplyParams, PurgeParams, StoreError, StoreResult};
+
+/// The most commands one group takes before it commits. Bounds the
+/// overlay's memory and the latency of the first job of a group.
+pub const MAX_GROUP_COMMANDS: usize = 20_000;
+
+/// Handles on every keyspace of the store.
+#[derive(Clone)]
+pub struct Keyspaces {
+    pub db: Database,
+    pub meta: Keyspace,
+    pub tenants: Keyspace,
+    pub events: Keyspace,
+    pub due: Keyspace,
+    pub attempts: Keyspace,
+    pub finished: Keyspace,
+}
+
+/// A write request and where to send its answer.
+pub enum Job {
+    Apply {
+        params: ApplyParams,
+        reply: oneshot::Sender<StoreResult<Vec<Applied>>>,
+    },
+    PutTenant {
+        tenant: TenantConfig,
+        reply: oneshot::Sender<StoreResult<()>>,
+    },
+    DeleteTenant {
+        name: TenantName,
+        reply: oneshot::Sender<StoreResult<bool>>,
+    },
+    Purge {
+        params: PurgeParams,
+        reply: oneshot::Sender<StoreResult<usize>>,
+    },
+}
+
+/// An answer held back until the group is durable.
+enum Answer {
+    Apply(
+        oneshot::Sender<StoreResult<Vec<Applied>>>,
+        StoreResult<Vec<Applied>>,
+    ),
+    PutTenant(oneshot::Sender<StoreResult<()>>, StoreResult<()>),
+    DeleteTenant(oneshot::Sender<StoreResult<bool>>, StoreResult<bool>),
+}
+
+impl Answer {
+    /// Sends the answer, replaced by `failure` if the commit failed.
+    fn send(self, failure: Option<&StoreError>) {
+        fn settle<T>(result: StoreResult<T>, failure: Option<&StoreError>) -> StoreResult<T> {
+            match failure {
+                Some(error) if result.is_ok() => Err(error.clone()),
+                _ => result,
+            }
+        }
+        // A caller that stopped waiting is not an error: its write is durable anyway.
+        match self {
+            Answer::Apply(reply, result) => drop(reply.send(settle(result, failure))),
+            Answer::PutTenant(reply, result) => drop(reply.send(settle(result, failure))),
+            Answer::DeleteTenant(reply, result) => drop(reply.send(settle(result, failure))),
+        }
+    }
+}
+
+/// One event as the group sees it.
+#[derive(Clone)]
+struct Slot {
+    /// Where the stored record (before this group) sits in the due index.
+    stored_due: Option<(PartitionId, Timestamp)>,
+    /// Where the stored record sits in the finished index.
+    stored_finished: Option<Timestamp>,
+    /// The state after the commands applied so far.
+    current: Option<EventRecord>,
+    /// Whether `current` differs from what is stored.
+    dirty: bool,
+}
+
+/// Everything a group will write.
+#[derive(Default)]
+struct Group {
+    /// By encoded event key.
+    events: HashMap<Vec<u8>, Slot>,
+    /// `None`: delete.
+    tenants: HashMap<TenantName, Option<TenantConfig>>,
+    /// `(key, value)` of new history entries; their keys are unique.
+    attempts: Vec<(Vec<u8>, Vec<u8>)>,
+    commands: usize,
+    answers: Vec<Answer>,
+}
+
+pub struct Writer {
+    ks: Keyspaces,
+    partitions: PartitionCount,
+    /// The last attempt sequence number handed out; persisted in `meta`.
+    attempt_seq: u64,
+    jobs: Receiver<Job>,
+}
+
+impl Writer {
+    pub fn new(
+        ks: Keyspaces,
+        partitions: PartitionCount,
+        attempt_seq: u64,
+        jobs: Receiver<Job>,
+    ) -> Self {
+        Writer {
+            ks,
+            partitions,
+            attempt_seq,
+            jobs,
+        }
+    }
+
+    /// Runs until every sender is gone, then returns (dropping the database
+    /// handles, which flushes fjall's journal).
+    pub fn run(mut self) {
+        while let Ok(first) = self.jobs.recv() {
+            let mut next = Some(first);
+            while let Some(job) = next.take() {
+                // A purge reads the indexes, so it runs alone, never on top
+                // of a group's unwritten overlay.
+                if let Job::Purge { params, reply } = job {
+                    let _ = reply.send(self.purge(&params));
+                    next = self.jobs.try_recv().ok();
+                    continue;
+                }
+                let mut group = Group::default();
+                self.stage(job, &mut group);
+                while group.commands < MAX_GROUP_COMMANDS {
+                    match self.jobs.try_recv() {
+                        Ok(job @ Job::Purge { .. }) => {
+                            next = Some(job);
+                            break;
+                        }
+                        Ok(job) => self.stage(job, &mut group),
+                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                    }
+                }
+                self.commit(group);
+            }
+        }
+        tracing::debug!("embedded store writer stopped");
+    }
+
+    fn stage(&mut self, job: Job, group: &mut Group) {
+        match job {
+            Job::Apply { params, reply } => {
+                group.commands += params.commands.len().max(1);
+                let result = self.stage_apply(params, group);
+                group.answers.push(Answer::Apply(reply, result));
+            }
+            Job::PutTenant { tenant, reply } => {
+                group.commands += 1;
+                group.tenants.insert(tenant.name.clone(), Some(tenant));
+                group.answers.push(Answer::PutTenant(reply, Ok(())));
+            }
+            Job::DeleteTenant { name, reply } => {
+                group.commands += 1;
+                let existed = match group.tenants.get(&name) {
+                    Some(staged) => Ok(staged.is_some()),
+                    None => self
+                        .ks
+                        .tenants
+                        .contains_key(name.as_str().as_bytes())
+                        .map_err(internal),
+                };
+                if existed.is_ok() {
+                    group.tenants.insert(name, None);
+                }
+                group.answers.push(Answer::DeleteTenant(reply, existed));
+            }
+            Job::Purge { reply, .. } => {
+                // `run` never stages a purge; answer rather than drop it.
+                let _ = reply.send(Err(StoreError::Internal("purge staged in a group".into())));
+            }
+        }
+    }
+
+    /// Applies one job's commands on a layer over the group; merges the layer
+    /// only if all of them succeeded.
+    fn stage_apply(&mut self, params: ApplyParams, group: &mut Group) -> StoreResult<Vec<Applied>> {
+        let mut layer: HashMap<Vec<u8>, Slot> = HashMap::new();
+        let mut attempts = Vec::new();
+        let mut results = Vec::with_capacity(params.commands.len());
+        for command in params.commands {
+            let encoded = keys::event_key(&command.key);
+            let slot = match layer.get_mut(&encoded) {
+                Some(slot) => slot,
+                None => {
+                    let slot = match group.events.get(&encoded) {
+                        Some(slot) => slot.clone(),
+                        None => self.load(&encoded)?,
+                    };
+                    layer.entry(encoded.clone()).or_insert(slot)
+                }
+            };
+            let partition = slot.current.as_ref().map_or_else(
+                || self.partitions.partition_of(&command.key),
+                |r| r.partition,
+            );
+            let step = transition(
+                &command.key,
+                slot.current.as_ref(),
+                command.command,
+                TransitionContext {
+                    now: params.now,
+                    partition,
+                    retry: &params.retry,
+                },
+            );
+            if let Some(attempt) = &step.attempt {
+                self.attempt_seq += 1;
+                let key = keys::attempt_key_raw(&encoded, attempt.started_at, self.attempt_seq);
+                attempts.push((key, keys::encode_attempt(attempt)?));
+            }
+            if let Some(next) = step.next {
+                slot.current = Some(next);
+                slot.dirty = true;
+            }
+            results.push(Applied {
+                key: command.key,
+                partition,
+                outcome: step.outcome,
+                record: slot.current.clone(),
+                effects: step.effects,
+            });
+        }
+        group.events.extend(layer);
+        group.attempts.append(&mut attempts);
+        Ok(results)
+    }
+
+    fn load(&self, encoded: &[u8]) -> StoreResult<Slot> {
+        let stored = match self.ks.events.get(encoded).map_err(internal)? {
+            Some(bytes) => Some(keys::decode_record(&bytes)?),
+            None => None,
+        };
+        Ok(Slot {
+            stored_due: stored
+                .as_ref()
+                .and_then(|r| r.next_fire_at.map(|at| (r.partition, at))),
+            stored_finished: stored.as_ref().and_then(|r| r.finished_at),
+            current: stored,
+            dirty: false,
+        })
+    }
+
+    /// Writes the group in one batch, fsyncs, then answers.
+    fn commit(&mut self, mut group: Group) {
+        let failure = self.write_group(&group).err();
+        if let Some(error) = &failure {
+            tracing::error!(%error, "embedded store commit failed");
+        }
+        for answer in group.answers.drain(..) {
+            answer.send(failure.as_ref());
+        }
+    }
+
+    fn write_group(&self, group: &Group) -> StoreResult<()> {
+        let ks = &self.ks;
+        let mut batch = OwnedWriteBatch::with_capacity(ks.db.clone(), group.events.len() * 3);
+        for (encoded, slot) in &group.events {
+            let Some(record) = slot.current.as_ref().filter(|_| slot.dirty) else {
+                continue;
+            };
+            batch.insert(&ks.events, encoded.as_slice(), keys::encode_record(record)?);
+            let due = record.next_fire_at.map(|at| (record.partition, at));
+            if due != slot.stored_due {
+                if let Some((partition, at)) = slot.stored_due {
+                    batch.remove(&ks.due, keys::due_key_raw(partition, at, encoded));
+                }
+                if let Some((partition, at)) = due {
+                    batch.insert(&ks.due, keys::due_key_raw(partition, at, encoded), []);
+                }
+            }
+            if record.finished_at != slot.stored_finished {
+                if let Some(at) = slot.stored_finished {
+                    batch.remove(&ks.finished, keys::finished_key_raw(at, encoded));
+                }
+                if let Some(at) = record.finished_at {
+                    batch.insert(&ks.finished, keys::finished_key_raw(at, encoded), []);
+                }
+            }
+        }
+        for (key, value) in &group.attempts {
+            batch.insert(&ks.attempts, key.as_slice(), value.as_slice());
+        }
+        if !group.attempts.is_empty() {
+            batch.insert(
+                &ks.meta,
+                keys::META_ATTEMPT_SEQ,
+                self.attempt_seq.to_be_bytes(),
+            );
+        }
+        for (name, tenant) in &group.tenants {
+            match tenant {
+                Some(tenant) => {
+                    batch.insert(&ks.tenants, name.as_str(), keys::encode_tenant(tenant)?);
+                }
+                None => batch.remove(&ks.tenants, name.as_str()),
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        batch.commit().map_err(internal)?;
+        ks.db.persist(PersistMode::SyncAll).map_err(internal)
+    }
+
+    /// Deletes up to `limit` events that finished before the cut-off, with
+    /// their history and index entries. Durable when it returns.
+    fn purge(&self, params: &PurgeParams) -> StoreResult<usize> {
+        let ks = &self.ks;
+        let end = keys::instant_bytes(params.finished_before);
+        let mut batch = ks.db.batch();
+        let mut purged = 0;
+        for item in ks.finished.range(..end.as_slice()).take(params.limit) {
+            let index_key = item.key().map_err(internal)?;
+            let (finished_at, key) = keys::decode_finished_key(&index_key)?;
+            batch.remove(&ks.finished, index_key);
+            let encoded = keys::event_key(&key);
+            let Some(bytes) = ks.events.get(&encoded).map_err(internal)? else {
+                continue;
+            };
+            let record = keys::decode_record(&bytes)?;
+            // The index entry may be stale; only the entry that matches the
+            // record's own finish takes the event with it.
+            if record.status.is_pending() || record.finished_at != Some(finished_at) {
+                continue;
+            }
+            batch.remove(&ks.events, encoded);
+            for attempt in ks.attempts.prefix(keys::attempts_prefix(&key)) {
+                batch.remove(&ks.attempts, attempt.key().map_err(internal)?);
+            }
+            purged += 1;
+        }
+        if !batch.is_empty() {
+            batch.commit().map_err(internal)?;
+            ks.db.persist(PersistMode::SyncAll).map_err(internal)?;
+        }
+        Ok(purged)
+    }
+}
+
+pub fn internal(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Internal(error.to_string())
+}

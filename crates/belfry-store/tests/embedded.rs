@@ -1,0 +1,147 @@
+//! The embedded store: the whole conformance suite (a fresh temporary
+//! directory per case), plus what only an on-disk store can show.
+
+use std::sync::Arc;
+
+use belfry_core::event::{AttemptReport, DeliveryOption, EventCommand, EventStatus};
+use belfry_core::tenant::HttpTarget;
+use belfry_core::{
+    EventId, EventKey, EventVersion, PartitionCount, PartitionId, RetryPolicy, SinkConfig,
+    TenantConfig, TenantName, Timestamp, Verdict,
+};
+use belfry_store::conformance::embedded_factory;
+use belfry_store::{
+    ApplyParams, DuePageParams, EmbeddedOptions, EmbeddedStore, KeyedCommand, SharedStore,
+};
+
+belfry_store::store_conformance_tests!(embedded_factory);
+
+fn open(dir: &std::path::Path, partitions: u16) -> SharedStore {
+    Arc::new(
+        EmbeddedStore::open(EmbeddedOptions {
+            data_dir: dir.to_path_buf(),
+            partitions: PartitionCount::new(partitions).unwrap(),
+        })
+        .unwrap(),
+    )
+}
+
+fn key(id: &str) -> EventKey {
+    EventKey::new(TenantName::new("t/x").unwrap(), EventId::new(id).unwrap())
+}
+
+fn upsert(id: &str, at: i64) -> KeyedCommand {
+    KeyedCommand {
+        key: key(id),
+        command: EventCommand::Upsert {
+            event_time: Timestamp::from_millis(at),
+            payload: Some(format!("payload {id}")),
+            delivery: DeliveryOption::PayloadOnly,
+            new_version: EventVersion::from_string(format!("v-{id}")),
+        },
+        fence: None,
+    }
+}
+
+async fn apply(store: &SharedStore, commands: Vec<KeyedCommand>) {
+    store
+        .apply(ApplyParams {
+            commands,
+            now: Timestamp::from_millis(100),
+            retry: RetryPolicy::default(),
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_survives_drop_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let tenant = TenantConfig {
+        name: TenantName::new("t/x").unwrap(),
+        sink: SinkConfig::Http(HttpTarget {
+            url: "http://127.0.0.1:9/hook".into(),
+            headers: Default::default(),
+            timeout_ms: None,
+        }),
+    };
+    let before = {
+        let store = open(dir.path(), 4);
+        store.put_tenant(tenant.clone()).await.unwrap();
+        apply(
+            &store,
+            (0..500)
+                .map(|i| upsert(&format!("e{i:03}"), 1_000 + i))
+                .collect(),
+        )
+        .await;
+        store
+            .apply(ApplyParams {
+                commands: vec![KeyedCommand {
+                    key: key("e000"),
+                    command: EventCommand::RecordAttempt {
+                        version: EventVersion::from_string("v-e000".into()),
+                        report: AttemptReport {
+                            started_at: Timestamp::from_millis(1_000),
+                            duration_ms: 3,
+                            verdict: Verdict::Delivered,
+                            http_status: Some(204),
+                            error: None,
+                        },
+                    },
+                    fence: None,
+                }],
+                now: Timestamp::from_millis(1_001),
+                retry: RetryPolicy::default(),
+            })
+            .await
+            .unwrap();
+        let mut due = Vec::new();
+        for partition in store.partitions().all() {
+            due.extend(due_of(&store, partition).await);
+        }
+        assert_eq!(due.len(), 499);
+        (store.get_event(&key("e042")).await.unwrap().unwrap(), due)
+    };
+
+    // A different configured count is ignored: the store keeps its own.
+    let store = open(dir.path(), 16);
+    assert_eq!(store.partitions(), PartitionCount::new(4).unwrap());
+    assert_eq!(store.get_tenant(&tenant.name).await.unwrap(), Some(tenant));
+    assert_eq!(store.get_event(&key("e042")).await.unwrap(), Some(before.0));
+    let delivered = store.get_event(&key("e000")).await.unwrap().unwrap();
+    assert_eq!(delivered.status, EventStatus::Delivered);
+    assert_eq!(store.attempts(&key("e000"), 10).await.unwrap().len(), 1);
+    let mut due = Vec::new();
+    for partition in store.partitions().all() {
+        due.extend(due_of(&store, partition).await);
+    }
+    assert_eq!(due, before.1);
+
+    // History keeps its order across restarts (sequence numbers persist).
+    apply(&store, vec![upsert("late", 5_000)]).await;
+    assert!(store.stats().await.unwrap().disk_bytes.unwrap() > 0);
+}
+
+async fn due_of(store: &SharedStore, partition: PartitionId) -> Vec<belfry_core::DueCursor> {
+    store
+        .due_page(DuePageParams {
+            partition,
+            after: None,
+            through: Timestamp::from_millis(i64::MAX),
+            limit: usize::MAX,
+        })
+        .await
+        .unwrap()
+}
+
+#[test]
+fn a_second_open_of_the_same_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = open(dir.path(), 2);
+    let second = EmbeddedStore::open(EmbeddedOptions {
+        data_dir: dir.path().to_path_buf(),
+        partitions: PartitionCount::new(2).unwrap(),
+    });
+    assert!(matches!(second, Err(belfry_store::StoreError::Internal(_))));
+}
