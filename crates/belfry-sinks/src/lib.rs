@@ -92,7 +92,9 @@ impl Sinks {
     pub fn check_supported(config: &SinkConfig) -> Result<(), String> {
         match config {
             SinkConfig::Http(_) => Ok(()),
-            SinkConfig::Builtin(target) if BUILTIN_PROCESSORS.contains(&target.processor.as_str()) => {
+            SinkConfig::Builtin(target)
+                if BUILTIN_PROCESSORS.contains(&target.processor.as_str()) =>
+            {
                 Ok(())
             }
             SinkConfig::Builtin(target) => Err(format!(
