@@ -1,1 +1,114 @@
-//! placeholder
+//! Belfry's HTTP API: BigBen's routes, unchanged, and the native `/v1` API.
+//!
+//! [`router`] builds one axum `Router` over an [`ApiState`]. Writes go
+//! through the engine handle ([`belfry_engine::EngineHandle::apply`]: stored
+//! durably, then the owning partition is woken); reads go straight to the
+//! store.
+//!
+//! # Layout
+//! - [`options`]: [`ApiOptions`], the limits and BigBen's lapse offset;
+//! - [`cluster`]: [`ClusterView`], what `/events/cluster` reports;
+//! - [`error`]: [`error::ApiError`] and its two renderings (BigBen's
+//!   `{"message"}`, `/v1`'s `{"error": {"code", "message"}}`);
+//! - [`extract`]: body, path and query extractors whose rejections are ours
+//!   (axum's defaults answer plain text);
+//! - `bigben`: `/ping`, `/events/...`, `/cron` (see `docs/api.md` for the
+//!   decisions where Belfry differs from BigBen);
+//! - `v1`: tenants and events under `/v1`.
+//!
+//! # Contract
+//! Bad input gets a 4xx and changes nothing; a 5xx only comes from the store
+//! or a bug, and its body never carries internal details (they are logged).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use belfry_engine::EngineHandle;
+use tower_http::catch_panic::CatchPanicLayer;
+
+mod bigben;
+pub mod cluster;
+pub mod error;
+pub mod extract;
+pub mod options;
+mod v1;
+
+pub use cluster::{ClusterMember, ClusterView, Role, SingleNode};
+pub use options::ApiOptions;
+
+use crate::error::{ApiError, BigBenError, V1Error, code};
+
+/// Everything a request handler needs; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ApiState {
+    /// The write path (`apply`, `dry_run`) and, via `store()`, the read path.
+    pub engine: EngineHandle,
+    pub options: ApiOptions,
+    pub cluster: Arc<dyn ClusterView>,
+}
+
+/// The whole HTTP API: BigBen's routes at their original paths and the
+/// native API under `/v1`.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .merge(bigben::routes())
+        .merge(v1::routes())
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(CatchPanicLayer::custom(panic_response))
+        .with_state(state)
+}
+
+fn is_v1(uri: &Uri) -> bool {
+    let path = uri.path();
+    path == "/v1" || path.starts_with("/v1/")
+}
+
+/// Renders `error` in the envelope of the route family `uri` belongs to.
+fn family_error(uri: &Uri, error: ApiError) -> Response {
+    if is_v1(uri) {
+        V1Error(error).into_response()
+    } else {
+        BigBenError(error).into_response()
+    }
+}
+
+async fn unknown_route(method: Method, uri: Uri) -> Response {
+    family_error(
+        &uri,
+        ApiError::not_found(
+            code::NOT_FOUND,
+            format!("no route for {method} {}", uri.path()),
+        ),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    family_error(
+        &uri,
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            code::METHOD_NOT_ALLOWED,
+            format!("method {method} is not allowed on {}", uri.path()),
+        ),
+    )
+}
+
+/// A panicking handler is a bug: log it, answer a generic 500 that reads
+/// as an error in both envelopes (the path is not known here).
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let detail = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("non-string panic payload");
+    tracing::error!(panic = detail, "request handler panicked");
+    let error = ApiError::internal();
+    let body = serde_json::json!({
+        "message": error.message,
+        "error": { "code": error.code, "message": error.message },
+    });
+    (error.status, axum::Json(body)).into_response()
+}

@@ -1,0 +1,332 @@
+//! `POST /events/schedule`: a JSON array of BigBen `EventRequest`s, one
+//! `EventResponse` per item in the same order.
+//!
+//! Each item is first validated (BigBen's checks, in BigBen's order, with its
+//! messages); the valid ones are then applied in one durable batch through
+//! the engine. A store failure turns every item that reached the store into
+//! `ERROR` (code 500); nothing is claimed stored that was not.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use belfry_core::{
+    CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventRecord, EventVersion,
+    TenantName, Timestamp,
+};
+use belfry_sinks::body::{BigBenStatus, EventResponse, Mode};
+use belfry_store::{KeyedCommand, StoreError};
+use serde::Deserialize;
+
+use crate::ApiState;
+use crate::error::{ApiError, BigBenError, code};
+use crate::extract::BigBenJson;
+
+/// BigBen's `EventRequest`. Every field is optional so that a missing one
+/// becomes a per-item rejection rather than a failed request; unknown
+/// fields (e.g. an `eventId` echoed back by a client) are ignored.
+#[derive(Debug, Deserialize)]
+#[serde(rename = "EventRequest", rename_all = "camelCase")]
+pub(crate) struct EventRequest {
+    id: Option<String>,
+    event_time: Option<String>,
+    tenant: Option<String>,
+    payload: Option<String>,
+    mode: Option<Mode>,
+    delivery_option: Option<DeliveryOption>,
+}
+
+/// BigBen's validation messages, verbatim.
+mod message {
+    pub const TENANT_MISSING: &str = "tenant not present";
+    pub const EVENT_TIME_MISSING: &str = "event time not present";
+    pub const TENANT_UNKNOWN: &str = "tenant not registered / unknown tenant";
+    pub const PAYLOAD_MISSING: &str = "payload must not be null for deliveryOption PAYLOAD_ONLY";
+    pub const EVENT_TIME_UNPARSEABLE: &str =
+        "event time can not be parsed. Must be in ISO 8601 format.";
+    /// Not in BigBen (which failed later with a 500): Belfry needs the id.
+    pub const ID_MISSING: &str = "id not present";
+}
+
+/// What happens to one item.
+enum Plan {
+    /// Answered without touching the store (rejected, or a REMOVE of a name
+    /// that cannot exist).
+    Answered(EventResponse),
+    /// Goes into the store batch at `index`.
+    Apply {
+        response: EventResponse,
+        index: usize,
+        /// Answered `TRIGGERED` (before now + lapse offset).
+        lapsed: bool,
+    },
+}
+
+pub(crate) async fn schedule(
+    State(state): State<ApiState>,
+    BigBenJson(requests): BigBenJson<Vec<EventRequest>>,
+) -> Result<Response, BigBenError> {
+    if requests.len() > state.options.max_batch {
+        return Err(BigBenError(ApiError::bad_request(
+            code::BATCH_TOO_LARGE,
+            format!(
+                "too many events in one request: {} (at most {})",
+                requests.len(),
+                state.options.max_batch
+            ),
+        )));
+    }
+    let now = state.engine.now();
+    let lapse_limit = now.plus(Duration::from_millis(state.options.lapse_offset_ms));
+    let total = requests.len();
+
+    let mut registered = Registered::default();
+    let mut commands = Vec::new();
+    let mut plans = Vec::with_capacity(total);
+    let mut store_failure: Option<StoreError> = None;
+    for request in requests {
+        let plan = match plan_item(request, &state, &mut registered, lapse_limit).await {
+            Ok(Ok((response, command, lapsed))) => {
+                commands.push(command);
+                Plan::Apply {
+                    response,
+                    index: commands.len() - 1,
+                    lapsed,
+                }
+            }
+            Ok(Err(answered)) => Plan::Answered(answered),
+            Err((response, error)) => {
+                store_failure.get_or_insert(error);
+                Plan::Answered(store_error_item(response))
+            }
+        };
+        plans.push(plan);
+    }
+
+    let applied = match (&store_failure, commands.is_empty()) {
+        (None, false) => match state.engine.apply(commands).await {
+            Ok(applied) => Some(applied),
+            Err(error) => {
+                store_failure = Some(error);
+                None
+            }
+        },
+        _ => None,
+    };
+    let responses: Vec<EventResponse> = plans
+        .into_iter()
+        .map(|plan| match plan {
+            Plan::Answered(response) => response,
+            Plan::Apply {
+                response,
+                index,
+                lapsed,
+            } => match applied.as_ref().and_then(|all| all.get(index)) {
+                Some(item) => answer(response, &item.outcome, item.record.as_ref(), lapsed, now),
+                None => store_error_item(response),
+            },
+        })
+        .collect();
+
+    let status = overall_status(&responses, store_failure.as_ref());
+    if let Some(error) = &store_failure {
+        tracing::error!(%error, items = total, "schedule request hit a store failure");
+    }
+    Ok((status, Json(responses)).into_response())
+}
+
+/// Validates one item. `Ok(Ok(..))`: the command to apply; `Ok(Err(..))`:
+/// the item's final answer; `Err(..)`: the store failed while checking.
+async fn plan_item(
+    request: EventRequest,
+    state: &ApiState,
+    registered: &mut Registered,
+    lapse_limit: Timestamp,
+) -> Result<Result<(EventResponse, KeyedCommand, bool), EventResponse>, (EventResponse, StoreError)>
+{
+    let mode = request.mode.unwrap_or_default();
+    let response = EventResponse {
+        id: request.id.clone(),
+        event_time: request.event_time.clone(),
+        tenant: request.tenant.clone(),
+        payload: request.payload.clone(),
+        mode: Some(mode),
+        delivery_option: Some(request.delivery_option.unwrap_or_default()),
+        ..EventResponse::default()
+    };
+    let reject = |response: EventResponse, message: &str| {
+        Ok(Err(response
+            .with_status(BigBenStatus::Rejected)
+            .with_error(400, message)))
+    };
+    let Some(tenant_text) = request.tenant.as_deref().filter(|t| !t.is_empty()) else {
+        return reject(response, message::TENANT_MISSING);
+    };
+
+    if mode == Mode::Remove {
+        // BigBen validates nothing for REMOVE but (tenant, id); the time is
+        // not needed to find the event.
+        let Some(id_text) = request.id.as_deref().filter(|id| !id.is_empty()) else {
+            return reject(response, message::ID_MISSING);
+        };
+        return match (TenantName::new(tenant_text), EventId::new(id_text)) {
+            (Ok(tenant), Ok(id)) => Ok(Ok((
+                response,
+                KeyedCommand {
+                    key: EventKey::new(tenant, id),
+                    command: EventCommand::Cancel,
+                    fence: None,
+                },
+                false,
+            ))),
+            // A name that cannot be stored names no event: like an unknown id.
+            _ => Ok(Err(response)),
+        };
+    }
+
+    let Some(time_text) = request.event_time.as_deref() else {
+        return reject(response, message::EVENT_TIME_MISSING);
+    };
+    let tenant = match TenantName::new(tenant_text) {
+        Ok(tenant) => tenant,
+        Err(_) => {
+            return reject(
+                response,
+                &format!("{}: {tenant_text}", message::TENANT_UNKNOWN),
+            );
+        }
+    };
+    match registered.check(state, &tenant).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return reject(
+                response,
+                &format!("{}: {tenant_text}", message::TENANT_UNKNOWN),
+            );
+        }
+        Err(error) => return Err((response, error)),
+    }
+    let delivery = request.delivery_option.unwrap_or_default();
+    if delivery == DeliveryOption::PayloadOnly && request.payload.is_none() {
+        return reject(response, message::PAYLOAD_MISSING);
+    }
+    let Some(event_time) = Timestamp::parse_rfc3339(time_text) else {
+        return reject(response, message::EVENT_TIME_UNPARSEABLE);
+    };
+    let Some(id_text) = request.id.as_deref().filter(|id| !id.is_empty()) else {
+        return reject(response, message::ID_MISSING);
+    };
+    let id = match EventId::new(id_text) {
+        Ok(id) => id,
+        Err(error) => return reject(response, &error.to_string()),
+    };
+    let command = KeyedCommand {
+        key: EventKey::new(tenant, id),
+        command: EventCommand::Upsert {
+            event_time,
+            payload: request.payload,
+            delivery,
+            new_version: EventVersion::generate(),
+        },
+        fence: None,
+    };
+    Ok(Ok((response, command, event_time < lapse_limit)))
+}
+
+/// Which tenants are registered, looked up once per request.
+#[derive(Default)]
+struct Registered(HashMap<TenantName, bool>);
+
+impl Registered {
+    async fn check(&mut self, state: &ApiState, tenant: &TenantName) -> Result<bool, StoreError> {
+        if let Some(known) = self.0.get(tenant) {
+            return Ok(*known);
+        }
+        let known = state.engine.store().get_tenant(tenant).await?.is_some();
+        self.0.insert(tenant.clone(), known);
+        Ok(known)
+    }
+}
+
+/// The answer for an item the store applied.
+fn answer(
+    response: EventResponse,
+    outcome: &CommandOutcome,
+    record: Option<&EventRecord>,
+    lapsed: bool,
+    now: Timestamp,
+) -> EventResponse {
+    let version = record.map(|r| r.version.as_str().to_string());
+    match outcome {
+        CommandOutcome::Created | CommandOutcome::Updated { .. } if lapsed => {
+            // A client re-sending an already delivered event at the same
+            // instant gets the real trigger time: it is not fired again.
+            let triggered_at = match (outcome, record.and_then(|r| r.triggered_at)) {
+                (CommandOutcome::Updated { moved: false }, Some(at)) => at,
+                _ => now,
+            };
+            EventResponse {
+                event_id: version,
+                ..response
+            }
+            .with_status(BigBenStatus::Triggered)
+            .with_triggered_at(triggered_at)
+        }
+        CommandOutcome::Created => EventResponse {
+            event_id: version,
+            ..response
+        }
+        .with_status(BigBenStatus::Accepted),
+        CommandOutcome::Updated { .. } => EventResponse {
+            event_id: version,
+            ..response
+        }
+        .with_status(BigBenStatus::Updated),
+        CommandOutcome::Cancelled => EventResponse {
+            event_id: version,
+            ..response
+        }
+        .with_status(BigBenStatus::Deleted),
+        // BigBen answers a REMOVE of an unknown event with the bare item.
+        CommandOutcome::NotFound | CommandOutcome::AlreadyFinished(_) => response,
+        other => {
+            tracing::error!(?other, "unexpected outcome for a client command");
+            store_error_item(response)
+        }
+    }
+}
+
+fn store_error_item(response: EventResponse) -> EventResponse {
+    response
+        .with_status(BigBenStatus::Error)
+        .with_error(500, "the event could not be stored; retry later")
+}
+
+/// `400` if every item was rejected, `206` if some were, `200` otherwise;
+/// `500`/`503` only when every item failed in the store.
+fn overall_status(responses: &[EventResponse], store_failure: Option<&StoreError>) -> StatusCode {
+    let count = |status: BigBenStatus| {
+        responses
+            .iter()
+            .filter(|r| r.event_status == Some(status))
+            .count()
+    };
+    let rejected = count(BigBenStatus::Rejected);
+    let errored = count(BigBenStatus::Error);
+    if !responses.is_empty() && errored == responses.len() {
+        return match store_failure {
+            Some(StoreError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+    }
+    if !responses.is_empty() && rejected == responses.len() {
+        StatusCode::BAD_REQUEST
+    } else if rejected > 0 {
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
+    }
+}

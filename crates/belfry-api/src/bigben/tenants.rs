@@ -1,0 +1,174 @@
+//! `POST /events/tenant/register` and `GET /events/tenants`, in BigBen's
+//! `ProcessorConfig` shape:
+//! `{"tenant": "...", "type": "HTTP" | "MESSAGING" | "CUSTOM_CLASS", "props": {...}}`.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::State;
+use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaTarget};
+use belfry_core::{SinkConfig, TenantConfig, TenantName};
+use belfry_sinks::Sinks;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use crate::ApiState;
+use crate::error::{ApiError, BigBenError, code};
+use crate::extract::BigBenJson;
+
+/// BigBen's `ProcessorConfig`; fields optional so that a missing one gets
+/// BigBen's message instead of a parser error.
+#[derive(Debug, Deserialize)]
+#[serde(rename = "ProcessorConfig")]
+pub(crate) struct ProcessorConfig {
+    tenant: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    props: Option<Map<String, Value>>,
+}
+
+/// Registers (or replaces) a tenant; answers every tenant's config.
+pub(crate) async fn register(
+    State(state): State<ApiState>,
+    BigBenJson(config): BigBenJson<ProcessorConfig>,
+) -> Result<Json<BTreeMap<String, Value>>, BigBenError> {
+    let tenant = parse_config(config).map_err(BigBenError)?;
+    let name = tenant.name.clone();
+    state.engine.store().put_tenant(tenant).await?;
+    state.engine.tenant_changed(&name);
+    tracing::info!(tenant = %name, "tenant registered (BigBen API)");
+    list(State(state)).await
+}
+
+/// Every tenant → its config.
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+) -> Result<Json<BTreeMap<String, Value>>, BigBenError> {
+    let tenants = state.engine.store().list_tenants().await?;
+    Ok(Json(
+        tenants
+            .iter()
+            .map(|t| (t.name.as_str().to_string(), render(t)))
+            .collect(),
+    ))
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(code::INVALID_SINK, message)
+}
+
+fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
+    let tenant_text = config
+        .tenant
+        .ok_or_else(|| invalid("tenant must not be null"))?;
+    let name = TenantName::new(tenant_text)
+        .map_err(|e| ApiError::bad_request(code::INVALID_NAME, e.to_string()))?;
+    let kind = config
+        .kind
+        .ok_or_else(|| invalid("type must not be null"))?;
+    let mut props = config
+        .props
+        .ok_or_else(|| invalid("props must not be null"))?;
+    let sink = match kind.as_str() {
+        "HTTP" => {
+            let url = take_string(&mut props, "url")?
+                .ok_or_else(|| invalid("props.url is required for type HTTP"))?;
+            let headers = match props.remove("headers") {
+                None | Some(Value::Null) => BTreeMap::new(),
+                Some(Value::Object(map)) => map
+                    .into_iter()
+                    .map(|(name, value)| Ok((name, scalar_text(value, "props.headers")?)))
+                    .collect::<Result<_, ApiError>>()?,
+                Some(_) => return Err(invalid("props.headers must be an object")),
+            };
+            let timeout_ms = match props.remove("timeout_ms") {
+                None | Some(Value::Null) => None,
+                Some(value) => Some(
+                    value
+                        .as_u64()
+                        .ok_or_else(|| invalid("props.timeout_ms must be a whole number"))?,
+                ),
+            };
+            SinkConfig::Http(HttpTarget {
+                url,
+                headers,
+                timeout_ms,
+            })
+        }
+        "MESSAGING" => {
+            let topic = take_string(&mut props, "topic")?
+                .ok_or_else(|| invalid("props.topic is required for type MESSAGING"))?;
+            let settings = props
+                .into_iter()
+                .map(|(name, value)| Ok((name, scalar_text(value, "props")?)))
+                .collect::<Result<_, ApiError>>()?;
+            SinkConfig::Kafka(KafkaTarget {
+                topic,
+                props: settings,
+            })
+        }
+        "CUSTOM_CLASS" => {
+            let processor = take_string(&mut props, "eventProcessorClass")?.ok_or_else(|| {
+                invalid("props.eventProcessorClass is required for type CUSTOM_CLASS")
+            })?;
+            SinkConfig::Builtin(BuiltinTarget { processor })
+        }
+        other => {
+            return Err(invalid(format!(
+                "unknown type {other:?}; expected HTTP, MESSAGING or CUSTOM_CLASS"
+            )));
+        }
+    };
+    sink.validate().map_err(|e| invalid(e.to_string()))?;
+    Sinks::check_supported(&sink)
+        .map_err(|message| ApiError::bad_request(code::UNSUPPORTED_SINK, message))?;
+    Ok(TenantConfig { name, sink })
+}
+
+fn take_string(props: &mut Map<String, Value>, name: &str) -> Result<Option<String>, ApiError> {
+    match props.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text)),
+        Some(_) => Err(invalid(format!("props.{name} must be a string"))),
+    }
+}
+
+/// Producer settings and header values are strings; numbers and booleans
+/// are accepted as their JSON text (`"acks": 1` → `"1"`).
+fn scalar_text(value: Value, what: &str) -> Result<String, ApiError> {
+    match value {
+        Value::String(text) => Ok(text),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(b.to_string()),
+        _ => Err(invalid(format!(
+            "{what} values must be strings, numbers or booleans"
+        ))),
+    }
+}
+
+/// A tenant in BigBen's `ProcessorConfig` shape.
+pub(crate) fn render(tenant: &TenantConfig) -> Value {
+    let (kind, props) = match &tenant.sink {
+        SinkConfig::Http(target) => {
+            let mut props = json!({ "url": target.url, "headers": target.headers });
+            if let Some(timeout) = target.timeout_ms {
+                props["timeout_ms"] = json!(timeout);
+            }
+            ("HTTP", props)
+        }
+        SinkConfig::Kafka(target) => {
+            let mut props: Map<String, Value> = target
+                .props
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect();
+            props.insert("topic".into(), Value::String(target.topic.clone()));
+            ("MESSAGING", Value::Object(props))
+        }
+        SinkConfig::Builtin(target) => (
+            "CUSTOM_CLASS",
+            json!({ "eventProcessorClass": target.processor }),
+        ),
+    };
+    json!({ "tenant": tenant.name.as_str(), "type": kind, "props": props })
+}

@@ -1,0 +1,148 @@
+//! Errors at the HTTP edge and their two renderings.
+//!
+//! Every failure is an [`ApiError`]: a status, a stable code and a message
+//! that is safe to show to a client. Handlers of the native API return it
+//! wrapped in [`V1Error`] (`{"error": {"code", "message"}}`); BigBen's routes
+//! wrap it in [`BigBenError`] (`{"message"}`), as BigBen's clients expect.
+//! Internal details (store errors, panics) go to the log, never to the body.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use belfry_store::StoreError;
+use serde_json::json;
+
+/// Stable machine-readable error codes of the native API.
+pub mod code {
+    pub const INVALID_JSON: &str = "invalid_json";
+    pub const INVALID_REQUEST: &str = "invalid_request";
+    pub const INVALID_NAME: &str = "invalid_name";
+    pub const INVALID_TIME: &str = "invalid_time";
+    pub const INVALID_QUERY: &str = "invalid_query";
+    pub const INVALID_CURSOR: &str = "invalid_cursor";
+    pub const INVALID_SINK: &str = "invalid_sink";
+    pub const UNSUPPORTED_SINK: &str = "unsupported_sink";
+    pub const BATCH_TOO_LARGE: &str = "batch_too_large";
+    pub const BODY_TOO_LARGE: &str = "body_too_large";
+    pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported_media_type";
+    pub const TENANT_NOT_FOUND: &str = "tenant_not_found";
+    pub const EVENT_NOT_FOUND: &str = "event_not_found";
+    pub const NOT_FOUND: &str = "not_found";
+    pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
+    pub const ALREADY_FINISHED: &str = "already_finished";
+    pub const NOT_IMPLEMENTED: &str = "not_implemented";
+    pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+    pub const INTERNAL: &str = "internal";
+}
+
+/// A failure to answer with: status, stable code, client-safe message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status} {code}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, code, message)
+    }
+
+    /// Maps a store failure: `Unavailable` is a 503 the client may retry;
+    /// anything else is a 500 whose details only reach the log.
+    pub fn from_store(error: &StoreError) -> Self {
+        match error {
+            StoreError::Unavailable(detail) => {
+                tracing::warn!(error = %detail, "store unavailable");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    code::STORE_UNAVAILABLE,
+                    "the store is unavailable; nothing was changed, retry later",
+                )
+            }
+            other => {
+                tracing::error!(error = %other, "store failure");
+                ApiError::internal()
+            }
+        }
+    }
+
+    /// The generic 500; say what happened in the log before calling this.
+    pub fn internal() -> Self {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            code::INTERNAL,
+            "internal error; see the server log",
+        )
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        ApiError::from_store(&error)
+    }
+}
+
+/// An [`ApiError`] rendered in the native API's envelope:
+/// `{"error": {"code": "...", "message": "..."}}`.
+#[derive(Debug)]
+pub struct V1Error(pub ApiError);
+
+impl From<ApiError> for V1Error {
+    fn from(error: ApiError) -> Self {
+        V1Error(error)
+    }
+}
+
+impl From<StoreError> for V1Error {
+    fn from(error: StoreError) -> Self {
+        V1Error(ApiError::from_store(&error))
+    }
+}
+
+impl IntoResponse for V1Error {
+    fn into_response(self) -> Response {
+        let ApiError {
+            status,
+            code,
+            message,
+        } = self.0;
+        let body = json!({ "error": { "code": code, "message": message } });
+        (status, Json(body)).into_response()
+    }
+}
+
+/// An [`ApiError`] rendered as BigBen does: `{"message": "..."}`.
+#[derive(Debug)]
+pub struct BigBenError(pub ApiError);
+
+impl From<ApiError> for BigBenError {
+    fn from(error: ApiError) -> Self {
+        BigBenError(error)
+    }
+}
+
+impl From<StoreError> for BigBenError {
+    fn from(error: StoreError) -> Self {
+        BigBenError(ApiError::from_store(&error))
+    }
+}
+
+impl IntoResponse for BigBenError {
+    fn into_response(self) -> Response {
+        (self.0.status, Json(json!({ "message": self.0.message }))).into_response()
+    }
+}

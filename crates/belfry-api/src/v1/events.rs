@@ -1,0 +1,406 @@
+//! `/v1/tenants/{tenant}/events`: schedule, read, cancel, list and inspect
+//! events.
+//!
+//! Writes (`PUT`, batch `POST`) need the tenant to be registered; reads and
+//! cancels do not, because events outlive a tenant's registration.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use belfry_core::{
+    CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus, EventVersion,
+    TenantName, Timestamp,
+};
+use belfry_store::{KeyedCommand, ListEventsParams};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::ApiState;
+use crate::error::{ApiError, V1Error, code};
+use crate::extract::{V1Json, V1Path, query_pairs};
+use crate::v1::tenants::{tenant_name, tenant_not_found};
+use crate::v1::views::{AttemptView, Delivery, EventView};
+
+/// Most history entries answered for one event; retries are bounded by the
+/// retry policy's backlog limit, so real histories stay far below this.
+const MAX_ATTEMPTS_LISTED: usize = 10_000;
+
+/// Body of `PUT /v1/tenants/{tenant}/events/{id}`.
+#[derive(Debug, Deserialize)]
+#[serde(rename = "event", deny_unknown_fields)]
+pub(crate) struct PutEvent {
+    /// RFC 3339 with an offset or `Z`.
+    deliver_at: String,
+    payload: Option<String>,
+    delivery: Option<Delivery>,
+}
+
+/// One item of a batch: the same as [`PutEvent`] plus its id.
+#[derive(Debug, Deserialize)]
+#[serde(rename = "event", deny_unknown_fields)]
+struct BatchItem {
+    id: String,
+    deliver_at: String,
+    payload: Option<String>,
+    delivery: Option<Delivery>,
+}
+
+/// Body of `POST /v1/tenants/{tenant}/events`. Items are parsed one by one
+/// so that one malformed item does not sink the others.
+#[derive(Debug, Deserialize)]
+#[serde(rename = "batch", deny_unknown_fields)]
+pub(crate) struct Batch {
+    events: Vec<Value>,
+}
+
+fn event_id(text: String) -> Result<EventId, ApiError> {
+    EventId::new(text).map_err(|e| ApiError::bad_request(code::INVALID_NAME, e.to_string()))
+}
+
+fn event_not_found(key: &EventKey) -> V1Error {
+    V1Error(ApiError::not_found(
+        code::EVENT_NOT_FOUND,
+        format!("no event {:?} for tenant {:?}", key.id, key.tenant),
+    ))
+}
+
+/// Builds the upsert of one event, validating its fields.
+fn upsert(
+    deliver_at: &str,
+    payload: Option<String>,
+    delivery: Option<Delivery>,
+) -> Result<EventCommand, ApiError> {
+    let event_time = Timestamp::parse_rfc3339(deliver_at).ok_or_else(|| {
+        ApiError::bad_request(
+            code::INVALID_TIME,
+            format!(
+                "deliver_at {deliver_at:?} is not an RFC 3339 instant with an offset \
+                 (e.g. 2030-01-31T04:00:30Z)"
+            ),
+        )
+    })?;
+    let delivery: DeliveryOption = delivery.unwrap_or_default().into();
+    if delivery == DeliveryOption::PayloadOnly && payload.is_none() {
+        return Err(ApiError::bad_request(
+            code::INVALID_REQUEST,
+            "payload is required when delivery is payload_only",
+        ));
+    }
+    Ok(EventCommand::Upsert {
+        event_time,
+        payload,
+        delivery,
+        new_version: EventVersion::generate(),
+    })
+}
+
+async fn require_tenant(state: &ApiState, name: &TenantName) -> Result<(), V1Error> {
+    match state.engine.store().get_tenant(name).await? {
+        Some(_) => Ok(()),
+        None => Err(tenant_not_found(name)),
+    }
+}
+
+/// Applies one command and returns its result; an empty answer from the
+/// store is a bug, logged and answered as a 500.
+async fn apply_one(
+    state: &ApiState,
+    key: EventKey,
+    command: EventCommand,
+) -> Result<belfry_store::Applied, V1Error> {
+    let applied = state
+        .engine
+        .apply(vec![KeyedCommand {
+            key,
+            command,
+            fence: None,
+        }])
+        .await?;
+    applied.into_iter().next().ok_or_else(|| {
+        tracing::error!("store applied one command but returned no result");
+        V1Error(ApiError::internal())
+    })
+}
+
+fn record_view(applied: &belfry_store::Applied) -> Result<EventView, V1Error> {
+    applied.record.as_ref().map(EventView::from).ok_or_else(|| {
+        tracing::error!(key = ?applied.key, outcome = ?applied.outcome, "applied command left no record");
+        V1Error(ApiError::internal())
+    })
+}
+
+/// Schedules (201) or updates (200) one event.
+pub(crate) async fn put(
+    State(state): State<ApiState>,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+    V1Json(body): V1Json<PutEvent>,
+) -> Result<Response, V1Error> {
+    let tenant = tenant_name(tenant)?;
+    let id = event_id(id)?;
+    let command = upsert(&body.deliver_at, body.payload, body.delivery)?;
+    require_tenant(&state, &tenant).await?;
+    let applied = apply_one(&state, EventKey::new(tenant, id), command).await?;
+    let status = match applied.outcome {
+        CommandOutcome::Created => StatusCode::CREATED,
+        _ => StatusCode::OK,
+    };
+    Ok((status, Json(record_view(&applied)?)).into_response())
+}
+
+pub(crate) async fn get(
+    State(state): State<ApiState>,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+) -> Result<Response, V1Error> {
+    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    match state.engine.store().get_event(&key).await? {
+        Some(record) => Ok(Json(EventView::from(&record)).into_response()),
+        None => Err(event_not_found(&key)),
+    }
+}
+
+/// Cancels a pending event: 200 with its view, 404 if unknown (or already
+/// cancelled), 409 if it already finished.
+pub(crate) async fn cancel(
+    State(state): State<ApiState>,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+) -> Result<Response, V1Error> {
+    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let applied = apply_one(&state, key.clone(), EventCommand::Cancel).await?;
+    match applied.outcome {
+        CommandOutcome::Cancelled => Ok(Json(record_view(&applied)?).into_response()),
+        CommandOutcome::AlreadyFinished(status) => Err(V1Error(ApiError::new(
+            StatusCode::CONFLICT,
+            code::ALREADY_FINISHED,
+            format!("the event already finished with status {}", status.as_str()),
+        ))),
+        _ => Err(event_not_found(&key)),
+    }
+}
+
+/// Schedules many events of one tenant. Invalid items are rejected one by
+/// one; the valid ones are applied in one durable batch.
+pub(crate) async fn batch(
+    State(state): State<ApiState>,
+    V1Path(tenant): V1Path<String>,
+    V1Json(body): V1Json<Batch>,
+) -> Result<Response, V1Error> {
+    let tenant = tenant_name(tenant)?;
+    if body.events.len() > state.options.max_batch {
+        return Err(V1Error(ApiError::bad_request(
+            code::BATCH_TOO_LARGE,
+            format!(
+                "too many events in one request: {} (at most {})",
+                body.events.len(),
+                state.options.max_batch
+            ),
+        )));
+    }
+    require_tenant(&state, &tenant).await?;
+
+    // Per item: its id (if readable) and either its command or its error.
+    let mut items: Vec<(Option<String>, Result<usize, ApiError>)> = Vec::new();
+    let mut commands = Vec::new();
+    for value in body.events {
+        let id_text = value.get("id").and_then(Value::as_str).map(str::to_string);
+        let planned = serde_json::from_value::<BatchItem>(value)
+            .map_err(|e| ApiError::bad_request(code::INVALID_REQUEST, e.to_string()))
+            .and_then(|item| {
+                let id = event_id(item.id)?;
+                let command = upsert(&item.deliver_at, item.payload, item.delivery)?;
+                Ok((id, command))
+            });
+        let slot = planned.map(|(id, command)| {
+            commands.push(KeyedCommand {
+                key: EventKey::new(tenant.clone(), id),
+                command,
+                fence: None,
+            });
+            commands.len() - 1
+        });
+        items.push((id_text, slot));
+    }
+    let applied = if commands.is_empty() {
+        Vec::new()
+    } else {
+        state.engine.apply(commands).await?
+    };
+
+    let mut rejected = 0usize;
+    let results: Vec<Value> = items
+        .into_iter()
+        .map(|(id, slot)| match slot.map(|index| applied.get(index)) {
+            Ok(Some(done)) => {
+                let outcome = match done.outcome {
+                    CommandOutcome::Created => "created",
+                    _ => "updated",
+                };
+                json!({
+                    "id": done.key.id.as_str(),
+                    "outcome": outcome,
+                    "version": done.record.as_ref().map(|r| r.version.as_str()),
+                    "error": null,
+                })
+            }
+            Ok(None) => {
+                tracing::error!("store returned fewer results than commands");
+                json!({ "id": id, "outcome": "error", "version": null,
+                        "error": { "code": code::INTERNAL, "message": "internal error; see the server log" } })
+            }
+            Err(error) => {
+                rejected += 1;
+                json!({ "id": id, "outcome": "rejected", "version": null,
+                        "error": { "code": error.code, "message": error.message } })
+            }
+        })
+        .collect();
+    Ok(Json(json!({ "results": results, "rejected": rejected })).into_response())
+}
+
+/// Query of the event list.
+struct ListQuery {
+    status: Option<EventStatus>,
+    from: Option<Timestamp>,
+    to: Option<Timestamp>,
+    limit: usize,
+    after: Option<EventId>,
+}
+
+fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> {
+    let invalid = |message: String| ApiError::bad_request(code::INVALID_QUERY, message);
+    let time = |name: &str, value: &str| {
+        Timestamp::parse_rfc3339(value).ok_or_else(|| {
+            ApiError::bad_request(
+                code::INVALID_TIME,
+                format!("{name} {value:?} is not an RFC 3339 instant with an offset"),
+            )
+        })
+    };
+    let mut query = ListQuery {
+        status: None,
+        from: None,
+        to: None,
+        limit: state.options.default_list_limit,
+        after: None,
+    };
+    for (name, value) in query_pairs(uri)? {
+        match name.as_str() {
+            "status" => {
+                query.status = Some(EventStatus::parse(&value).ok_or_else(|| {
+                    invalid(format!(
+                        "unknown status {value:?}; expected scheduled, retrying, delivered, \
+                         failed, missed or cancelled"
+                    ))
+                })?);
+            }
+            "from" => query.from = Some(time("from", &value)?),
+            "to" => query.to = Some(time("to", &value)?),
+            "limit" => {
+                query.limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=state.options.max_list_limit).contains(n))
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "limit must be a whole number from 1 to {}",
+                            state.options.max_list_limit
+                        ))
+                    })?;
+            }
+            "cursor" => {
+                query.after = Some(decode_cursor(&value).ok_or_else(|| {
+                    ApiError::bad_request(
+                        code::INVALID_CURSOR,
+                        "cursor is not one this server issued",
+                    )
+                })?);
+            }
+            other => {
+                return Err(invalid(format!(
+                    "unknown query parameter {other:?}; expected status, from, to, limit or cursor"
+                )));
+            }
+        }
+    }
+    Ok(query)
+}
+
+/// Lists a tenant's events by id: `{"events": [...], "next_cursor": ...}`.
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+    V1Path(tenant): V1Path<String>,
+    uri: Uri,
+) -> Result<Response, V1Error> {
+    let tenant = tenant_name(tenant)?;
+    let query = parse_list_query(&uri, &state)?;
+    let limit = query.limit;
+    // One more than asked tells whether another page exists.
+    let mut records = state
+        .engine
+        .store()
+        .list_events(ListEventsParams {
+            tenant,
+            status: query.status,
+            from: query.from,
+            to: query.to,
+            after: query.after,
+            limit: limit + 1,
+        })
+        .await?;
+    let more = records.len() > limit;
+    records.truncate(limit);
+    let next_cursor = if more {
+        records.last().map(|r| encode_cursor(&r.key.id))
+    } else {
+        None
+    };
+    let events: Vec<EventView> = records.iter().map(EventView::from).collect();
+    Ok(Json(json!({ "events": events, "next_cursor": next_cursor })).into_response())
+}
+
+/// An event's delivery history, oldest first.
+pub(crate) async fn attempts(
+    State(state): State<ApiState>,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+) -> Result<Response, V1Error> {
+    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let store = state.engine.store();
+    if store.get_event(&key).await?.is_none() {
+        return Err(event_not_found(&key));
+    }
+    let history = store.attempts(&key, MAX_ATTEMPTS_LISTED).await?;
+    let attempts: Vec<AttemptView> = history.iter().map(AttemptView::from).collect();
+    Ok(Json(json!({ "attempts": attempts })).into_response())
+}
+
+/// Cursors are the last id of a page, hex-encoded: opaque to clients, safe
+/// in a query string without further escaping.
+fn encode_cursor(id: &EventId) -> String {
+    id.as_str().bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_cursor(text: &str) -> Option<EventId> {
+    if text.len() % 2 != 0 || !text.is_ascii() {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok())
+        .collect();
+    EventId::new(String::from_utf8(bytes?).ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_reject_junk() {
+        let id = EventId::new("a/b c é").unwrap();
+        assert_eq!(decode_cursor(&encode_cursor(&id)), Some(id));
+        assert_eq!(decode_cursor("zz"), None);
+        assert_eq!(decode_cursor("abc"), None);
+        assert_eq!(decode_cursor(""), None);
+        assert_eq!(decode_cursor("é1"), None);
+    }
+}

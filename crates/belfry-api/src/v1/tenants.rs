@@ -1,0 +1,188 @@
+//! `/v1/tenants`: register, read, replace and remove tenants.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaTarget};
+use belfry_core::{SinkConfig, TenantConfig, TenantName};
+use belfry_sinks::Sinks;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::ApiState;
+use crate::error::{ApiError, V1Error, code};
+use crate::extract::{V1Json, V1Path};
+use crate::v1::views::TenantView;
+
+/// Body of `PUT /v1/tenants/{tenant}`.
+#[derive(Debug, Deserialize)]
+#[serde(rename = "tenant", deny_unknown_fields)]
+pub(crate) struct PutTenant {
+    sink: SinkSpec,
+}
+
+/// A sink as clients write it: `{"type": "http", "url": ..., "headers":
+/// {...}, "timeout_ms": ...}` or `{"type": "builtin", "processor": "log"}`
+/// (or `{"type": "kafka", "topic": ..., "props": {...}}` where supported).
+#[derive(Debug, Deserialize)]
+#[serde(rename = "sink", deny_unknown_fields)]
+struct SinkSpec {
+    #[serde(rename = "type")]
+    kind: String,
+    url: Option<String>,
+    headers: Option<BTreeMap<String, String>>,
+    timeout_ms: Option<u64>,
+    processor: Option<String>,
+    topic: Option<String>,
+    props: Option<BTreeMap<String, String>>,
+}
+
+fn invalid_sink(message: impl Into<String>) -> V1Error {
+    V1Error(ApiError::bad_request(code::INVALID_SINK, message))
+}
+
+impl SinkSpec {
+    fn into_config(self) -> Result<SinkConfig, V1Error> {
+        let SinkSpec {
+            kind,
+            url,
+            headers,
+            timeout_ms,
+            processor,
+            topic,
+            props,
+        } = self;
+        let unexpected = |fields: &[(&str, bool)]| -> Result<(), V1Error> {
+            match fields.iter().find(|(_, present)| *present) {
+                Some((name, _)) => Err(invalid_sink(format!(
+                    "field {name} does not apply to sink type {kind}"
+                ))),
+                None => Ok(()),
+            }
+        };
+        let sink = match kind.as_str() {
+            "http" => {
+                unexpected(&[
+                    ("processor", processor.is_some()),
+                    ("topic", topic.is_some()),
+                    ("props", props.is_some()),
+                ])?;
+                SinkConfig::Http(HttpTarget {
+                    url: url.ok_or_else(|| invalid_sink("sink.url is required for type http"))?,
+                    headers: headers.unwrap_or_default(),
+                    timeout_ms,
+                })
+            }
+            "builtin" => {
+                unexpected(&[
+                    ("url", url.is_some()),
+                    ("headers", headers.is_some()),
+                    ("timeout_ms", timeout_ms.is_some()),
+                    ("topic", topic.is_some()),
+                    ("props", props.is_some()),
+                ])?;
+                SinkConfig::Builtin(BuiltinTarget {
+                    processor: processor.ok_or_else(|| {
+                        invalid_sink("sink.processor is required for type builtin")
+                    })?,
+                })
+            }
+            "kafka" => {
+                unexpected(&[
+                    ("url", url.is_some()),
+                    ("headers", headers.is_some()),
+                    ("timeout_ms", timeout_ms.is_some()),
+                    ("processor", processor.is_some()),
+                ])?;
+                SinkConfig::Kafka(KafkaTarget {
+                    topic: topic
+                        .ok_or_else(|| invalid_sink("sink.topic is required for type kafka"))?,
+                    props: props.unwrap_or_default(),
+                })
+            }
+            other => {
+                return Err(invalid_sink(format!(
+                    "unknown sink type {other:?}; expected http, builtin or kafka"
+                )));
+            }
+        };
+        sink.validate().map_err(|e| invalid_sink(e.to_string()))?;
+        Sinks::check_supported(&sink)
+            .map_err(|message| V1Error(ApiError::bad_request(code::UNSUPPORTED_SINK, message)))?;
+        Ok(sink)
+    }
+}
+
+/// Validates a tenant name taken from the path.
+pub(crate) fn tenant_name(text: String) -> Result<TenantName, V1Error> {
+    TenantName::new(text)
+        .map_err(|e| V1Error(ApiError::bad_request(code::INVALID_NAME, e.to_string())))
+}
+
+pub(crate) fn tenant_not_found(name: &TenantName) -> V1Error {
+    V1Error(ApiError::not_found(
+        code::TENANT_NOT_FOUND,
+        format!("tenant {name:?} is not registered"),
+    ))
+}
+
+pub(crate) async fn list(State(state): State<ApiState>) -> Result<Response, V1Error> {
+    let tenants = state.engine.store().list_tenants().await?;
+    let views: Vec<TenantView<'_>> = tenants.iter().map(TenantView::from).collect();
+    Ok(Json(json!({ "tenants": views })).into_response())
+}
+
+pub(crate) async fn get(
+    State(state): State<ApiState>,
+    V1Path(tenant): V1Path<String>,
+) -> Result<Response, V1Error> {
+    let name = tenant_name(tenant)?;
+    match state.engine.store().get_tenant(&name).await? {
+        Some(tenant) => Ok(Json(TenantView::from(&tenant)).into_response()),
+        None => Err(tenant_not_found(&name)),
+    }
+}
+
+/// Registers (201) or replaces (200) a tenant.
+pub(crate) async fn put(
+    State(state): State<ApiState>,
+    V1Path(tenant): V1Path<String>,
+    V1Json(body): V1Json<PutTenant>,
+) -> Result<Response, V1Error> {
+    let name = tenant_name(tenant)?;
+    let sink = body.sink.into_config()?;
+    let store = state.engine.store();
+    let existed = store.get_tenant(&name).await?.is_some();
+    let tenant = TenantConfig {
+        name: name.clone(),
+        sink,
+    };
+    store.put_tenant(tenant.clone()).await?;
+    state.engine.tenant_changed(&name);
+    tracing::info!(tenant = %name, replaced = existed, "tenant registered");
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(TenantView::from(&tenant))).into_response())
+}
+
+/// Removes a tenant's registration; its events stay (and fail delivery
+/// until the tenant is registered again).
+pub(crate) async fn delete(
+    State(state): State<ApiState>,
+    V1Path(tenant): V1Path<String>,
+) -> Result<Response, V1Error> {
+    let name = tenant_name(tenant)?;
+    if state.engine.store().delete_tenant(&name).await? {
+        state.engine.tenant_changed(&name);
+        tracing::info!(tenant = %name, "tenant removed");
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(tenant_not_found(&name))
+    }
+}

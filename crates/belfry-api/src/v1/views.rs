@@ -1,0 +1,124 @@
+//! The JSON shapes the native API answers with.
+
+use belfry_core::{
+    Attempt, DeliveryOption, EventRecord, SinkConfig, TenantConfig, Timestamp, Verdict,
+};
+use serde::{Deserialize, Serialize};
+
+/// `delivery` on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Delivery {
+    /// The whole event as JSON (BigBen's `FULL_EVENT`).
+    #[default]
+    FullEvent,
+    /// Only the payload string.
+    PayloadOnly,
+}
+
+impl From<Delivery> for DeliveryOption {
+    fn from(value: Delivery) -> Self {
+        match value {
+            Delivery::FullEvent => DeliveryOption::FullEvent,
+            Delivery::PayloadOnly => DeliveryOption::PayloadOnly,
+        }
+    }
+}
+
+impl From<DeliveryOption> for Delivery {
+    fn from(value: DeliveryOption) -> Self {
+        match value {
+            DeliveryOption::FullEvent => Delivery::FullEvent,
+            DeliveryOption::PayloadOnly => Delivery::PayloadOnly,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct TenantView<'a> {
+    pub name: &'a str,
+    pub sink: &'a SinkConfig,
+}
+
+impl<'a> From<&'a TenantConfig> for TenantView<'a> {
+    fn from(tenant: &'a TenantConfig) -> Self {
+        TenantView {
+            name: tenant.name.as_str(),
+            sink: &tenant.sink,
+        }
+    }
+}
+
+fn rfc3339(at: Option<Timestamp>) -> Option<String> {
+    at.map(Timestamp::to_rfc3339)
+}
+
+/// An event's status view.
+#[derive(Debug, Serialize)]
+pub(crate) struct EventView {
+    pub tenant: String,
+    pub id: String,
+    /// The current version: the idempotency key its deliveries carry.
+    pub version: String,
+    pub deliver_at: String,
+    pub status: &'static str,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub next_attempt_at: Option<String>,
+    pub triggered_at: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub finished_at: Option<String>,
+    pub payload: Option<String>,
+    pub delivery: Delivery,
+}
+
+impl From<&EventRecord> for EventView {
+    fn from(record: &EventRecord) -> Self {
+        EventView {
+            tenant: record.key.tenant.as_str().to_string(),
+            id: record.key.id.as_str().to_string(),
+            version: record.version.as_str().to_string(),
+            deliver_at: record.event_time.to_rfc3339(),
+            status: record.status.as_str(),
+            attempts: record.attempts,
+            last_error: record.last_error.clone(),
+            next_attempt_at: rfc3339(record.next_fire_at),
+            triggered_at: rfc3339(record.triggered_at),
+            created_at: record.created_at.to_rfc3339(),
+            updated_at: record.updated_at.to_rfc3339(),
+            finished_at: rfc3339(record.finished_at),
+            payload: record.payload.clone(),
+            delivery: record.delivery.into(),
+        }
+    }
+}
+
+/// One entry of an event's delivery history.
+#[derive(Debug, Serialize)]
+pub(crate) struct AttemptView {
+    /// 1 for the first attempt of a version; 0 for an attempt that ended
+    /// after its version was replaced (history only).
+    pub number: u32,
+    pub version: String,
+    pub started_at: String,
+    pub duration_ms: u64,
+    /// `delivered`, `retry` or `permanent`.
+    pub outcome: Verdict,
+    pub http_status: Option<u16>,
+    pub error: Option<String>,
+}
+
+impl From<&Attempt> for AttemptView {
+    fn from(attempt: &Attempt) -> Self {
+        AttemptView {
+            number: attempt.number,
+            version: attempt.version.as_str().to_string(),
+            started_at: attempt.started_at.to_rfc3339(),
+            duration_ms: attempt.duration_ms,
+            outcome: attempt.verdict,
+            http_status: attempt.http_status,
+            error: attempt.error.clone(),
+        }
+    }
+}
