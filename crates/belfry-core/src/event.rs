@@ -151,7 +151,9 @@ pub enum CommandOutcome {
     /// A new event (or a new life for a cancelled one).
     Created,
     /// An existing event changed. `moved`: it got a new instant and version.
-    Updated { moved: bool },
+    Updated {
+        moved: bool,
+    },
     Cancelled,
     /// Cancel of an unknown (or already cancelled) event.
     NotFound,
@@ -490,7 +492,10 @@ mod tests {
         assert_eq!(moved.outcome, CommandOutcome::Updated { moved: true });
         assert_eq!(
             moved.effects,
-            vec![Effect::Disarm { at: ts(5_000) }, Effect::Arm { at: ts(9_000) }]
+            vec![
+                Effect::Disarm { at: ts(5_000) },
+                Effect::Arm { at: ts(9_000) }
+            ]
         );
         assert_eq!(moved.next.unwrap().version.as_str(), "v2");
     }
@@ -522,7 +527,10 @@ mod tests {
             },
             10,
         );
-        assert_eq!(t.outcome, CommandOutcome::AttemptRecorded(EventStatus::Retrying));
+        assert_eq!(
+            t.outcome,
+            CommandOutcome::AttemptRecorded(EventStatus::Retrying)
+        );
         assert_eq!(t.effects[1], Effect::Arm { at: ts(1_010) });
         assert_eq!(t.attempt.as_ref().unwrap().number, 1);
         rec = t.next.unwrap();
@@ -535,7 +543,10 @@ mod tests {
             },
             day,
         );
-        assert_eq!(t.outcome, CommandOutcome::AttemptRecorded(EventStatus::Failed));
+        assert_eq!(
+            t.outcome,
+            CommandOutcome::AttemptRecorded(EventStatus::Failed)
+        );
         let rec = t.next.unwrap();
         assert!(rec.last_error.unwrap().contains("boom"));
         assert_eq!(rec.next_fire_at, None);

@@ -93,7 +93,10 @@ impl HttpTarget {
         let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
         let host_ok = !host.is_empty()
             && !host.starts_with(':')
-            && !self.url.chars().any(|c| c.is_whitespace() || c.is_control());
+            && !self
+                .url
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control());
         if !host_ok {
             return Err(SinkConfigError::BadUrl(self.url.clone()));
         }

@@ -141,10 +141,16 @@ mod tests {
     #[test]
     fn offers_beyond_the_cursor_are_left_to_the_loader() {
         let mut window = TimerWindow::new();
-        assert!(!window.offer(entry(5, "a")), "nothing covered before the first load");
+        assert!(
+            !window.offer(entry(5, "a")),
+            "nothing covered before the first load"
+        );
         window.extend([entry(1, "x")], entry(10, "m"));
         assert!(window.offer(entry(10, "a")));
-        assert!(!window.offer(entry(10, "z")), "same instant, key after the cursor");
+        assert!(
+            !window.offer(entry(10, "z")),
+            "same instant, key after the cursor"
+        );
         assert!(!window.offer(entry(11, "a")));
         assert_eq!(window.len(), 2);
     }
@@ -158,7 +164,10 @@ mod tests {
         );
         assert_eq!(window.next_due(), Some(Timestamp::from_millis(1)));
         let fired = window.pop_due(Timestamp::from_millis(3), 10);
-        let ids: Vec<_> = fired.iter().map(|e| e.key.id.as_str().to_string()).collect();
+        let ids: Vec<_> = fired
+            .iter()
+            .map(|e| e.key.id.as_str().to_string())
+            .collect();
         assert_eq!(ids, ["z", "a", "b"]);
         assert!(window.pop_due(Timestamp::from_millis(8), 10).is_empty());
         assert_eq!(window.pop_due(Timestamp::from_millis(9), 10).len(), 1);
@@ -167,11 +176,17 @@ mod tests {
     #[test]
     fn shrinking_moves_the_cursor_back_to_the_last_kept_entry() {
         let mut window = TimerWindow::new();
-        window.extend([entry(1, "a"), entry(2, "b"), entry(3, "c")], entry(50, "~"));
+        window.extend(
+            [entry(1, "a"), entry(2, "b"), entry(3, "c")],
+            entry(50, "~"),
+        );
         window.shrink_to(2);
         assert_eq!(window.len(), 2);
         assert_eq!(window.cursor(), Some(&entry(2, "b")));
-        assert!(!window.offer(entry(3, "c")), "dropped entries are the loader's again");
+        assert!(
+            !window.offer(entry(3, "c")),
+            "dropped entries are the loader's again"
+        );
     }
 
     #[test]

@@ -31,7 +31,7 @@ use belfry_core::event::Effect;
 use belfry_core::{Clock, DueCursor, EventKey, EventRecord, TenantName, Timestamp};
 use belfry_sinks::{Delivery, DeliveryResult, Sinks};
 use belfry_store::{Applied, ApplyParams, KeyedCommand, SharedStore, StoreResult};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 pub mod dispatch;
@@ -215,7 +215,12 @@ impl EngineHandle {
         let Some(record) = self.inner.store.get_event(key).await? else {
             return Ok(None);
         };
-        let Some(tenant) = self.inner.tenants.get(&self.inner.store, &key.tenant).await? else {
+        let Some(tenant) = self
+            .inner
+            .tenants
+            .get(&self.inner.store, &key.tenant)
+            .await?
+        else {
             return Ok(None);
         };
         let result = self
@@ -235,6 +240,15 @@ impl EngineHandle {
     /// deleted).
     pub fn tenant_changed(&self, tenant: &TenantName) {
         self.inner.tenants.invalidate(tenant);
+    }
+
+    /// Runs one retention sweep now (the background sweep runs every
+    /// `purge_interval_ms`). Returns how many finished events went.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn purge_now(&self) -> StoreResult<usize> {
+        purge::run_once(&self.inner).await
     }
 
     /// Deliveries running right now (for metrics and tests).

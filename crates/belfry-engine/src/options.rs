@@ -26,7 +26,10 @@ pub struct EngineOptions {
     pub lookback: Duration,
     pub retry: RetryPolicy,
     /// How long finished events and their attempt history are kept.
-    #[serde(with = "belfry_core::time::serde_millis", rename = "history_retention_ms")]
+    #[serde(
+        with = "belfry_core::time::serde_millis",
+        rename = "history_retention_ms"
+    )]
     pub history_retention: Duration,
     /// How often the retention sweep runs.
     #[serde(with = "belfry_core::time::serde_millis", rename = "purge_interval_ms")]

@@ -40,7 +40,10 @@ pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedReceiv
     }
 }
 
-async fn drain_after_stop(shared: &Arc<Shared>, outcomes: &mut mpsc::UnboundedReceiver<KeyedCommand>) {
+async fn drain_after_stop(
+    shared: &Arc<Shared>,
+    outcomes: &mut mpsc::UnboundedReceiver<KeyedCommand>,
+) {
     loop {
         // In-flight deliveries finish within the shutdown grace; their
         // outcomes arrive while any delivery still holds a slot.

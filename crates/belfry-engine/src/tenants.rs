@@ -44,7 +44,9 @@ impl TenantCache {
         self.lock().remove(name);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TenantName, (Instant, Option<TenantConfig>)>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<TenantName, (Instant, Option<TenantConfig>)>> {
         // A poisoned cache only means a panic elsewhere mid-insert; the map
         // itself is still valid, so keep using it.
         self.entries.lock().unwrap_or_else(|e| e.into_inner())

@@ -85,7 +85,10 @@ impl Config {
             return Err("partitions must be at least 1".to_string());
         }
         if !matches!(config.log_format.as_str(), "text" | "json") {
-            return Err(format!("log_format must be \"text\" or \"json\", not {:?}", config.log_format));
+            return Err(format!(
+                "log_format must be \"text\" or \"json\", not {:?}",
+                config.log_format
+            ));
         }
         Ok(config)
     }

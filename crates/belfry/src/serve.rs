@@ -56,7 +56,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         data_dir: config.data_dir.clone(),
         partitions,
     })
-    .map_err(|e| anyhow::anyhow!("cannot open the store in {}: {e}", config.data_dir.display()))?;
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "cannot open the store in {}: {e}",
+            config.data_dir.display()
+        )
+    })?;
     let store: SharedStore = Arc::new(store);
     let sinks = Sinks::new(config.http.clone())
         .map_err(|e| anyhow::anyhow!("cannot build the webhook client: {e}"))?;
@@ -69,7 +74,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let state = ApiState {
         engine: engine.handle(),
         options: config.api.clone(),
-        cluster: Arc::new(SingleNode { address: address.clone() }),
+        cluster: Arc::new(SingleNode {
+            address: address.clone(),
+        }),
     };
     let app = belfry_api::router(state);
     tracing::info!(%address, data_dir = %config.data_dir.display(), "belfry is serving");

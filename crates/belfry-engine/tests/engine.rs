@@ -1,0 +1,375 @@
+//! The engine against the real embedded store and a real webhook receiver.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_core::event::{DeliveryOption, EventCommand};
+use belfry_core::tenant::HttpTarget;
+use belfry_core::{
+    Clock, EventId, EventKey, EventStatus, EventVersion, PartitionCount, SinkConfig, SystemClock,
+    TenantConfig, TenantName, Timestamp,
+};
+use belfry_engine::{Engine, EngineHandle, EngineOptions};
+use belfry_sinks::Sinks;
+use belfry_store::{EmbeddedOptions, EmbeddedStore, KeyedCommand, SharedStore};
+use belfry_testkit::{Receiver, Response, Rule};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Node {
+    engine: Option<Engine>,
+    handle: EngineHandle,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    async fn start(options: EngineOptions) -> Node {
+        belfry_testkit::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let store: SharedStore = Arc::new(
+            EmbeddedStore::open(EmbeddedOptions {
+                data_dir: dir.path().to_path_buf(),
+                partitions: PartitionCount::new(8).unwrap(),
+            })
+            .unwrap(),
+        );
+        let sinks = Sinks::new(Default::default()).unwrap();
+        let engine = Engine::start(options, store, sinks, Arc::new(SystemClock));
+        let handle = engine.handle();
+        Node {
+            engine: Some(engine),
+            handle,
+            _dir: dir,
+        }
+    }
+
+    async fn tenant(&self, name: &str, receiver: &Receiver) {
+        let tenant = TenantName::new(name).unwrap();
+        self.handle
+            .store()
+            .put_tenant(TenantConfig {
+                name: tenant.clone(),
+                sink: SinkConfig::Http(HttpTarget {
+                    url: receiver.url("/hook"),
+                    headers: Default::default(),
+                    timeout_ms: Some(5_000),
+                }),
+            })
+            .await
+            .unwrap();
+        self.handle.tenant_changed(&tenant);
+    }
+
+    async fn schedule(&self, tenant: &str, id: &str, at: Timestamp) {
+        self.handle
+            .apply(vec![upsert(tenant, id, at)])
+            .await
+            .unwrap();
+    }
+
+    async fn status(&self, tenant: &str, id: &str) -> belfry_core::EventRecord {
+        self.handle
+            .store()
+            .get_event(&key(tenant, id))
+            .await
+            .unwrap()
+            .expect("event exists")
+    }
+
+    async fn wait_status(
+        &self,
+        tenant: &str,
+        id: &str,
+        status: EventStatus,
+    ) -> belfry_core::EventRecord {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let record = self.status(tenant, id).await;
+            if record.status == status {
+                return record;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{tenant}/{id} never reached {status:?}: {record:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(engine) = self.engine.take() {
+            engine.shutdown().await;
+        }
+    }
+}
+
+fn key(tenant: &str, id: &str) -> EventKey {
+    EventKey::new(TenantName::new(tenant).unwrap(), EventId::new(id).unwrap())
+}
+
+fn upsert(tenant: &str, id: &str, at: Timestamp) -> KeyedCommand {
+    KeyedCommand {
+        key: key(tenant, id),
+        command: EventCommand::Upsert {
+            event_time: at,
+            payload: Some(format!("payload of {id}")),
+            delivery: DeliveryOption::FullEvent,
+            new_version: EventVersion::generate(),
+        },
+        fence: None,
+    }
+}
+
+fn now() -> Timestamp {
+    SystemClock.now()
+}
+
+fn in_ms(ms: u64) -> Timestamp {
+    now().plus(Duration::from_millis(ms))
+}
+
+fn arrival_of(receiver: &Receiver, id: &str) -> Vec<i64> {
+    receiver
+        .requests()
+        .iter()
+        .filter(|r| r.header("x-belfry-event-id") == Some(id))
+        .map(|r| r.arrived_at_ms)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fires_at_the_instant_never_before() {
+    let receiver = Receiver::start().await;
+    let node = Node::start(EngineOptions::default()).await;
+    node.tenant("t", &receiver).await;
+    let mut due = Vec::new();
+    for i in 0..20 {
+        let at = in_ms(300 + i * 37);
+        node.schedule("t", &format!("e{i}"), at).await;
+        due.push(at);
+    }
+    receiver.wait_for_count(20, DEADLINE).await.unwrap();
+    for (i, at) in due.iter().enumerate() {
+        let arrived = arrival_of(&receiver, &format!("e{i}"));
+        assert_eq!(arrived.len(), 1, "e{i} delivered once");
+        assert!(
+            arrived[0] >= at.as_millis(),
+            "e{i} early by {} ms",
+            at.as_millis() - arrived[0]
+        );
+    }
+    let record = node.wait_status("t", "e0", EventStatus::Delivered).await;
+    assert_eq!(record.attempts, 1);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_due_now_or_in_the_past_fires_at_once() {
+    let receiver = Receiver::start().await;
+    let node = Node::start(EngineOptions::default()).await;
+    node.tenant("t", &receiver).await;
+    node.schedule("t", "past", now().minus(Duration::from_secs(30)))
+        .await;
+    node.schedule("t", "now", now()).await;
+    node.schedule("t", "soon", in_ms(3)).await;
+    receiver.wait_for_count(3, DEADLINE).await.unwrap();
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_and_cancelling_inside_the_window_take_effect_at_once() {
+    let receiver = Receiver::start().await;
+    let node = Node::start(EngineOptions::default()).await;
+    node.tenant("t", &receiver).await;
+    node.schedule("t", "moved", in_ms(10_000)).await;
+    node.schedule("t", "cancelled", in_ms(800)).await;
+    // Both are inside the 60 s window already; moving one earlier and
+    // cancelling the other must not wait for any reload.
+    let new_time = in_ms(400);
+    node.schedule("t", "moved", new_time).await;
+    let cancelled = node
+        .handle
+        .apply(vec![KeyedCommand {
+            key: key("t", "cancelled"),
+            command: EventCommand::Cancel,
+            fence: None,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(cancelled[0].outcome, belfry_core::CommandOutcome::Cancelled);
+    receiver.wait_for_count(1, DEADLINE).await.unwrap();
+    let arrived = arrival_of(&receiver, "moved");
+    assert!(arrived[0] >= new_time.as_millis());
+    assert!(
+        arrived[0] < new_time.as_millis() + 5_000,
+        "moved event fired late: the move was not seen"
+    );
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(
+        arrival_of(&receiver, "cancelled").is_empty(),
+        "a cancelled event fired"
+    );
+    assert_eq!(
+        node.status("t", "cancelled").await.status,
+        EventStatus::Cancelled
+    );
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_transient_failures_and_records_every_attempt() {
+    let receiver = Receiver::start().await;
+    receiver.push_rule(Rule::first(2, Response::status(503)));
+    let mut options = EngineOptions::default();
+    options.retry.initial_delay = Duration::from_millis(100);
+    let node = Node::start(options).await;
+    node.tenant("t", &receiver).await;
+    node.schedule("t", "flaky", now()).await;
+    let record = node.wait_status("t", "flaky", EventStatus::Delivered).await;
+    assert_eq!(record.attempts, 3);
+    let attempts = node
+        .handle
+        .store()
+        .attempts(&key("t", "flaky"), 10)
+        .await
+        .unwrap();
+    let verdicts: Vec<_> = attempts
+        .iter()
+        .map(|a| (a.number, a.verdict, a.http_status))
+        .collect();
+    use belfry_core::Verdict::*;
+    assert_eq!(
+        verdicts,
+        [
+            (1, Retry, Some(503)),
+            (2, Retry, Some(503)),
+            (3, Delivered, Some(200))
+        ]
+    );
+    // Same version, same idempotency key on every attempt.
+    let keys: std::collections::HashSet<_> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.header("idempotency-key").unwrap().to_string())
+        .collect();
+    assert_eq!(keys.len(), 1);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4xx_fails_for_good_without_retry() {
+    let receiver = Receiver::start().await;
+    receiver.set_default(Response::status(404).with_body("no such order"));
+    let node = Node::start(EngineOptions::default()).await;
+    node.tenant("t", &receiver).await;
+    node.schedule("t", "gone", now()).await;
+    let record = node.wait_status("t", "gone", EventStatus::Failed).await;
+    assert!(record.last_error.unwrap().contains("no such order"));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(receiver.count(), 1, "no retry after a 4xx");
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unregistered_tenant_fails_with_a_recorded_reason() {
+    let node = Node::start(EngineOptions::default()).await;
+    node.schedule("ghost", "e", now()).await;
+    let record = node.wait_status("ghost", "e", EventStatus::Failed).await;
+    assert!(record.last_error.unwrap().contains("tenant not registered"));
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_tenant_does_not_stall_the_others() {
+    let slow = Receiver::start().await;
+    slow.set_default(Response::status(200).with_delay(Duration::from_secs(3)));
+    let fast = Receiver::start().await;
+    let options = EngineOptions {
+        max_in_flight: 16,
+        max_in_flight_per_tenant: 4,
+        ..EngineOptions::default()
+    };
+    let node = Node::start(options).await;
+    node.tenant("slow", &slow).await;
+    node.tenant("fast", &fast).await;
+    let at = in_ms(200);
+    let mut commands: Vec<_> = (0..40)
+        .map(|i| upsert("slow", &format!("s{i}"), at))
+        .collect();
+    commands.extend((0..40).map(|i| upsert("fast", &format!("f{i}"), at)));
+    node.handle.apply(commands).await.unwrap();
+    // The slow tenant holds at most 4 slots for 3 s each; the fast one's 40
+    // events must all arrive long before the slow backlog clears (30 s).
+    let started = std::time::Instant::now();
+    fast.wait_for_count(40, DEADLINE).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "fast tenant waited behind the slow one: {:?}",
+        started.elapsed()
+    );
+    assert!(slow.count() <= 8, "slow tenant exceeded its slots");
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_smaller_than_the_load_still_fires_everything() {
+    let receiver = Receiver::start_lean().await;
+    // 8 partitions × 64 = 512 events in memory at most, 3,000 due soon.
+    let options = EngineOptions {
+        max_events_in_memory: 8,
+        ..EngineOptions::default()
+    };
+    let node = Node::start(options).await;
+    node.tenant("t", &receiver).await;
+    let at = in_ms(500);
+    let commands: Vec<_> = (0..3_000)
+        .map(|i| upsert("t", &format!("e{i}"), at))
+        .collect();
+    node.handle.apply(commands).await.unwrap();
+    let got = receiver.wait_for_count(3_000, DEADLINE).await.unwrap();
+    let unique: std::collections::HashSet<_> = got
+        .iter()
+        .map(|r| r.header("x-belfry-event-id").unwrap().to_string())
+        .collect();
+    assert_eq!(unique.len(), 3_000);
+    assert!(got.iter().all(|r| r.arrived_at_ms >= at.as_millis()));
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retention_sweep_purges_old_finished_events_with_their_history() {
+    let receiver = Receiver::start().await;
+    let options = EngineOptions {
+        history_retention: Duration::from_millis(200),
+        purge_interval: Duration::from_secs(3600),
+        ..EngineOptions::default()
+    };
+    let node = Node::start(options).await;
+    node.tenant("t", &receiver).await;
+    node.schedule("t", "old", now()).await;
+    node.schedule("t", "pending", in_ms(60_000)).await;
+    node.wait_status("t", "old", EventStatus::Delivered).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(node.handle.purge_now().await.unwrap(), 1);
+    assert!(
+        node.handle
+            .store()
+            .get_event(&key("t", "old"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        node.handle
+            .store()
+            .attempts(&key("t", "old"), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        node.status("t", "pending").await.status,
+        EventStatus::Scheduled
+    );
+    node.stop().await;
+}
