@@ -240,10 +240,24 @@ impl Receiver {
         Self::start_with(true).await
     }
 
+    /// Starts a receiver on a given loopback port (`0` picks a free one),
+    /// for a benchmark peer that must be told the URL in advance.
+    ///
+    /// # Errors
+    /// When the port cannot be bound.
+    pub async fn start_on_port(port: u16, lean: bool) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+        Ok(Self::serve_on(listener, lean))
+    }
+
     async fn start_with(lean: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a loopback port for the receiver");
+        Self::serve_on(listener, lean)
+    }
+
+    fn serve_on(listener: TcpListener, lean: bool) -> Self {
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");
