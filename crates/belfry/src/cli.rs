@@ -38,7 +38,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 
-    /// TOML configuration file [env: BELFRY_CONFIG]
+    /// TOML configuration file
     #[arg(long, value_name = "FILE", env = "BELFRY_CONFIG")]
     pub config: Option<PathBuf>,
 

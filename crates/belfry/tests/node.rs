@@ -65,9 +65,13 @@ fn arrivals(receiver: &Receiver) -> Vec<(String, i64, String)> {
         .into_iter()
         .map(|r| {
             (
-                r.header("x-belfry-event-id").unwrap_or_default().to_string(),
+                r.header("x-belfry-event-id")
+                    .unwrap_or_default()
+                    .to_string(),
                 r.arrived_at_ms,
-                r.header("x-belfry-scheduled-at").unwrap_or_default().to_string(),
+                r.header("x-belfry-scheduled-at")
+                    .unwrap_or_default()
+                    .to_string(),
             )
         })
         .collect()
@@ -91,15 +95,27 @@ async fn events_fire_at_their_instant_and_never_before() {
         .collect();
     let (status, body) = post_json(&node.url("/events/schedule"), &Value::Array(batch)).await;
     assert_eq!(status, 200, "{body}");
-    assert!(body.as_array().unwrap().iter().all(|i| i["eventStatus"] == "ACCEPTED"));
+    assert!(
+        body.as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["eventStatus"] == "ACCEPTED")
+    );
 
-    receiver.wait_for_count(30, DELIVERY_DEADLINE).await.unwrap();
+    receiver
+        .wait_for_count(30, DELIVERY_DEADLINE)
+        .await
+        .unwrap();
     for (id, arrived, _) in arrivals(&receiver) {
         let at = due[&id];
         assert!(arrived >= at, "{id} arrived {} ms early", at - arrived);
         // Generous: a loaded CI machine may be slow. The benchmark measures
         // real lateness.
-        assert!(arrived - at < 2_000, "{id} arrived {} ms late", arrived - at);
+        assert!(
+            arrived - at < 2_000,
+            "{id} arrived {} ms late",
+            arrived - at
+        );
     }
     let (status, found) = get_json(&node.url("/events/find?tenant=acme%2Fbilling&id=e0")).await;
     assert_eq!(status, 200);
@@ -108,7 +124,12 @@ async fn events_fire_at_their_instant_and_never_before() {
 
 /// Schedules batches until told to stop; returns the ids whose batch was
 /// acknowledged with 200.
-async fn load_until_killed(url: String, tenant: &'static str, due_at: i64, batches: usize) -> Vec<String> {
+async fn load_until_killed(
+    url: String,
+    tenant: &'static str,
+    due_at: i64,
+    batches: usize,
+) -> Vec<String> {
     let mut acknowledged = Vec::new();
     let client = belfry_testkit::http_client();
     for b in 0..batches {
@@ -157,7 +178,11 @@ async fn kill_9_during_ingest_loses_no_acknowledged_event() {
     for loader in loaders {
         acknowledged.extend(loader.await.unwrap());
     }
-    assert!(acknowledged.len() >= 1000, "too few acknowledged before the kill: {}", acknowledged.len());
+    assert!(
+        acknowledged.len() >= 1000,
+        "too few acknowledged before the kill: {}",
+        acknowledged.len()
+    );
 
     node.restart().await.expect("restart after kill -9");
     receiver
@@ -168,9 +193,20 @@ async fn kill_9_during_ingest_loses_no_acknowledged_event() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let delivered: Vec<String> = arrivals(&receiver).into_iter().map(|(id, ..)| id).collect();
     let unique: HashSet<&String> = delivered.iter().collect();
-    let missing: Vec<_> = acknowledged.iter().filter(|id| !unique.contains(id)).take(10).collect();
-    assert!(missing.is_empty(), "acknowledged but never delivered: {missing:?}");
-    assert_eq!(unique.len(), delivered.len(), "duplicates although nothing was in flight at the kill");
+    let missing: Vec<_> = acknowledged
+        .iter()
+        .filter(|id| !unique.contains(id))
+        .take(10)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "acknowledged but never delivered: {missing:?}"
+    );
+    assert_eq!(
+        unique.len(),
+        delivered.len(),
+        "duplicates although nothing was in flight at the kill"
+    );
     for (_, arrived, _) in arrivals(&receiver) {
         assert!(arrived >= due_at, "delivered early");
     }
@@ -181,7 +217,8 @@ async fn kill_9_during_delivery_redelivers_only_in_flight_ones() {
     let dir = tempfile::tempdir().unwrap();
     let receiver = Receiver::start_lean().await;
     // A slow receiver keeps deliveries in flight at the kill.
-    receiver.set_default(belfry_testkit::Response::status(200).with_delay(Duration::from_millis(20)));
+    receiver
+        .set_default(belfry_testkit::Response::status(200).with_delay(Duration::from_millis(20)));
     let mut node = start_node(dir.path(), &[("BELFRY_ENGINE__MAX_IN_FLIGHT", "64")]).await;
     register(&node, "slow", &receiver.url("/hook")).await;
     let due_at = now_ms() + 1_500;
@@ -193,7 +230,10 @@ async fn kill_9_during_delivery_redelivers_only_in_flight_ones() {
         let (status, _) = post_json(&node.url("/events/schedule"), &Value::Array(body)).await;
         assert_eq!(status, 200);
     }
-    receiver.wait_for_count(300, DELIVERY_DEADLINE).await.unwrap();
+    receiver
+        .wait_for_count(300, DELIVERY_DEADLINE)
+        .await
+        .unwrap();
     node.kill_9();
     let before_restart = receiver.count();
     node.restart().await.expect("restart");
@@ -203,7 +243,11 @@ async fn kill_9_during_delivery_redelivers_only_in_flight_ones() {
         if unique.len() == total {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "only {} of {total} delivered", unique.len());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of {total} delivered",
+            unique.len()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let delivered = arrivals(&receiver);
@@ -219,7 +263,11 @@ async fn kill_9_during_delivery_redelivers_only_in_flight_ones() {
         .iter()
         .filter_map(|r| r.header("idempotency-key").map(str::to_string))
         .collect();
-    assert_eq!(keys.len(), total, "one idempotency key per event, stable across redelivery");
+    assert_eq!(
+        keys.len(),
+        total,
+        "one idempotency key per event, stable across redelivery"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -248,23 +296,38 @@ async fn events_due_while_down_fire_at_start_and_old_ones_are_recorded_missed() 
         let (status, old) = get_json(&node.url("/v1/tenants/t/events/old")).await;
         assert_eq!(status, 200, "{old}");
         if old["status"] == "missed" {
-            assert!(old["last_error"].as_str().unwrap().contains("missed"), "{old}");
+            assert!(
+                old["last_error"].as_str().unwrap().contains("missed"),
+                "{old}"
+            );
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "old never recorded as missed: {old}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "old never recorded as missed: {old}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(receiver.count(), 1, "the missed event must not be delivered");
+    assert_eq!(
+        receiver.count(),
+        1,
+        "the missed event must not be delivered"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_work_and_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
     let receiver = Receiver::start().await;
-    receiver.set_default(belfry_testkit::Response::status(200).with_delay(Duration::from_millis(800)));
+    receiver
+        .set_default(belfry_testkit::Response::status(200).with_delay(Duration::from_millis(800)));
     let mut node = start_node(dir.path(), &[]).await;
     register(&node, "t", &receiver.url("/hook")).await;
-    let (status, _) = post_json(&node.url("/events/schedule"), &json!([event("t", "slow", now_ms())])).await;
+    let (status, _) = post_json(
+        &node.url("/events/schedule"),
+        &json!([event("t", "slow", now_ms())]),
+    )
+    .await;
     assert_eq!(status, 200);
     // Wait until the delivery is in flight, then ask the node to stop.
     let deadline = tokio::time::Instant::now() + DELIVERY_DEADLINE;
@@ -273,7 +336,11 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let exit = node.terminate().await.expect("exit status");
-    assert!(exit.success(), "exit status {exit:?}\n{}", node.logs_tail(30));
+    assert!(
+        exit.success(),
+        "exit status {exit:?}\n{}",
+        node.logs_tail(30)
+    );
     // The in-flight delivery's outcome was recorded before exit: after a
     // restart it is delivered, not re-sent.
     node.restart().await.unwrap();
