@@ -1,1 +1,86 @@
-fn main() {}
+//! `belfry-bench`: measures a Belfry node through its BigBen HTTP API.
+//!
+//! # Layout
+//! - [`cli`]: the subcommands (`ingest`, `steady`, `burst`, `backlog`,
+//!   `receive`) and their options;
+//! - [`scenarios`]: what each one does, start to end;
+//! - [`node`]: the node under test (started from the `belfry` binary, or
+//!   `--target`), tenant registration, kill -9 + restart;
+//! - [`workload`]: event ids `e<n>`, due instants, pre-serialized bodies;
+//! - [`load`]: the generator (N requests in flight on keep-alive
+//!   connections) and the progress line;
+//! - [`deliveries`]: the receiver's records checked against the workload
+//!   (lateness, early, missing, duplicates);
+//! - [`stats`]: percentiles, `/proc` RSS and CPU, data dir size;
+//! - [`report`]: JSON and the table.
+//!
+//! The webhook receiver is `belfry_testkit::Receiver` in lean mode: it keeps
+//! only the arrival time (wall clock, ms) and the `X-Belfry-*` headers.
+
+mod cli;
+mod deliveries;
+mod load;
+mod node;
+mod report;
+mod scenarios;
+mod stats;
+mod workload;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, OutputArgs, Scenario};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let output = match &cli.scenario {
+        Scenario::Ingest(args) => args.output.clone(),
+        Scenario::Steady(args) => args.output.clone(),
+        Scenario::Burst(args) => args.output.clone(),
+        Scenario::Backlog(args) => args.output.clone(),
+        Scenario::Receive(args) => args.output.clone(),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(output.threads.max(1))
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("belfry-bench: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.scenario {
+            Scenario::Ingest(args) => scenarios::ingest(args).await,
+            Scenario::Steady(args) => scenarios::steady(args).await,
+            Scenario::Burst(args) => scenarios::burst(args).await,
+            Scenario::Backlog(args) => scenarios::backlog(args).await,
+            Scenario::Receive(args) => scenarios::receive(args).await,
+        }
+    });
+    match result {
+        Ok(report) => print(&report, &output),
+        Err(error) => {
+            eprintln!("belfry-bench: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print(report: &report::Report, output: &OutputArgs) -> ExitCode {
+    if output.json {
+        match serde_json::to_string_pretty(report) {
+            Ok(text) => println!("{text}"),
+            Err(error) => {
+                eprintln!("belfry-bench: cannot render the report: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", report.table());
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,245 @@
+//! Command-line interface: one subcommand per scenario.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Measures a Belfry node through its BigBen HTTP API: durable ingest rate,
+/// delivery rate, lateness (arrival − scheduled instant), early and missing
+/// deliveries, duplicates, the node's peak RSS and CPU time.
+///
+/// By default it starts its own node (the `belfry` binary next to this one,
+/// on a fresh temp data dir) and its own webhook receiver on loopback.
+#[derive(Debug, Parser)]
+#[command(name = "belfry-bench", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub scenario: Scenario,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Scenario {
+    /// Highest durable ingest rate: events far in the future, nothing is
+    /// delivered during the measurement. `--batch 1000` for batches,
+    /// `--batch 1 --concurrency 64` for one event per request.
+    Ingest(IngestArgs),
+    /// `--rate` events/s coming due for `--duration`: all are scheduled
+    /// ahead (spread uniformly), then delivery rate and lateness are measured
+    /// as they come due.
+    Steady(SteadyArgs),
+    /// `--count` events due at the same instant.
+    Burst(BurstArgs),
+    /// `--count` events far in the future (100-byte payloads): data dir size,
+    /// node RSS, then kill -9 and restart-to-serving time.
+    Backlog(BacklogArgs),
+    /// Only the receiver, for an external peer scheduler: prints the same
+    /// lateness statistics for deliveries it sends.
+    Receive(ReceiveArgs),
+}
+
+/// Which node to measure and how to start it.
+#[derive(Debug, Args, Clone)]
+pub struct NodeArgs {
+    /// Measure an already running node instead of starting one
+    /// (e.g. http://127.0.0.1:8080).
+    #[arg(long, value_name = "URL")]
+    pub target: Option<String>,
+    /// With --target: the node's pid, to read its RSS and CPU time from /proc.
+    #[arg(long, value_name = "PID", requires = "target")]
+    pub node_pid: Option<u32>,
+    /// The belfry binary to start [default: `belfry` next to this binary].
+    #[arg(long, value_name = "PATH")]
+    pub belfry_bin: Option<PathBuf>,
+    /// An environment variable for the started node, e.g.
+    /// `--node-env BELFRY_ENGINE__MAX_IN_FLIGHT=2048` (repeatable).
+    #[arg(long = "node-env", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub node_env: Vec<(String, String)>,
+    /// An extra argument after `belfry serve ...` (repeatable).
+    #[arg(long = "node-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub node_args: Vec<String>,
+    /// Where the started node's temp data dir is created [default: the
+    /// system temp dir]. It is deleted at the end.
+    #[arg(long, value_name = "DIR")]
+    pub data_parent: Option<PathBuf>,
+    /// Tenant to register and schedule for [default: bench-<unix ms>].
+    #[arg(long)]
+    pub tenant: Option<String>,
+}
+
+/// How the events are sent.
+#[derive(Debug, Args, Clone)]
+pub struct LoadArgs {
+    /// Events per `POST /events/schedule` request.
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Requests in flight at once (each on its own keep-alive connection).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Payload size in bytes (a JSON string of that many characters).
+    #[arg(long)]
+    pub payload_bytes: Option<usize>,
+}
+
+/// Output and runtime of the tool itself.
+#[derive(Debug, Args, Clone)]
+pub struct OutputArgs {
+    /// Print the report as JSON on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Tokio worker threads of the generator + receiver (they share the
+    /// machine with the node).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct IngestArgs {
+    /// Events to schedule.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub count: usize,
+    /// Due instants spread uniformly over this many milliseconds, starting a
+    /// day from now.
+    #[arg(long, default_value_t = 3_600_000)]
+    pub spread_ms: u64,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SteadyArgs {
+    /// Events per second coming due.
+    #[arg(long, default_value_t = 10_000)]
+    pub rate: u64,
+    /// How long events keep coming due: `30s`, `500ms`, `2m` or seconds.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Time from the start of scheduling to the first due instant
+    /// [default: 5 s + 50 µs per event, room for ingest at 20k events/s].
+    #[arg(long)]
+    pub lead_ms: Option<u64>,
+    /// How long after the last due instant to wait for deliveries.
+    #[arg(long, default_value_t = 60_000)]
+    pub grace_ms: u64,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BurstArgs {
+    /// Events due at the same instant.
+    #[arg(long, default_value_t = 100_000)]
+    pub count: usize,
+    /// Time from the start of scheduling to the instant
+    /// [default: 5 s + 50 µs per event].
+    #[arg(long)]
+    pub lead_ms: Option<u64>,
+    /// How long after the instant to wait for deliveries.
+    #[arg(long, default_value_t = 60_000)]
+    pub grace_ms: u64,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BacklogArgs {
+    /// Pending events to hold.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub count: usize,
+    /// Due instants spread uniformly over this many milliseconds, starting a
+    /// day from now.
+    #[arg(long, default_value_t = 3_600_000)]
+    pub spread_ms: u64,
+    /// Skip the kill -9 + restart measurement.
+    #[arg(long)]
+    pub no_restart: bool,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ReceiveArgs {
+    /// Loopback port to listen on (`0`: any free port, printed on stderr).
+    #[arg(long, default_value_t = 9090)]
+    pub port: u16,
+    /// Deliveries expected; the report is printed once they all arrived.
+    #[arg(long)]
+    pub expect: usize,
+    /// Give up waiting after this long (the missing ones are reported).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+fn parse_key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {text:?}")),
+    }
+}
+
+/// `30s`, `500ms`, `2m`, or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit_ms) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1_000)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        (text, 1_000)
+    };
+    let value: u64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("expected a duration like 30s, 500ms or 2m, got {text:?}"))?;
+    Ok(Duration::from_millis(value.saturating_mul(unit_ms)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn node_env_needs_a_key() {
+        assert_eq!(
+            parse_key_value("A=b=c"),
+            Ok(("A".to_string(), "b=c".to_string()))
+        );
+        assert!(parse_key_value("=x").is_err());
+        assert!(parse_key_value("novalue").is_err());
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

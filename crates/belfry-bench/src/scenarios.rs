@@ -1,0 +1,354 @@
+//! The scenarios: each prepares a workload, drives the node, and returns a
+//! [`Report`].
+
+use std::time::Duration;
+
+use anyhow::Context;
+use belfry_testkit::Receiver;
+use serde_json::json;
+
+use crate::cli::{BacklogArgs, BurstArgs, IngestArgs, LoadArgs, NodeArgs, ReceiveArgs, SteadyArgs};
+use crate::deliveries::{self, analyze_peer, analyze_workload};
+use crate::load::{self, IngestReport};
+use crate::node::Node;
+use crate::report::{BacklogReport, NodeReport, Report};
+use crate::stats::dir_size;
+use crate::workload::{Workload, now_ms};
+
+/// Events far in the future are due this long after the start of the run.
+const FAR_FUTURE_MS: i64 = 24 * 3600 * 1000;
+
+/// Waited after the last expected delivery, so late duplicates are counted.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// Load settings with the scenario's defaults filled in.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    batch: usize,
+    concurrency: usize,
+    payload_bytes: usize,
+}
+
+impl Load {
+    fn from(args: &LoadArgs) -> Self {
+        let batch = args.batch.unwrap_or(1000).max(1);
+        // One event per request needs many connections to fill the node's
+        // group commit; batches need only a few.
+        let default_concurrency = if batch == 1 { 64 } else { 4 };
+        Load {
+            batch,
+            concurrency: args.concurrency.unwrap_or(default_concurrency).max(1),
+            payload_bytes: args.payload_bytes.unwrap_or(100),
+        }
+    }
+}
+
+/// A node, a receiver registered as a tenant's webhook, and a client.
+struct Session {
+    client: reqwest::Client,
+    node: Node,
+    receiver: Receiver,
+    tenant: String,
+}
+
+impl Session {
+    async fn open(args: &NodeArgs, load: Load) -> anyhow::Result<Self> {
+        let client = load::client(load.concurrency)?;
+        let receiver = Receiver::start_lean().await;
+        let node = Node::open(args, &client).await?;
+        let tenant = args
+            .tenant
+            .clone()
+            .unwrap_or_else(|| format!("bench-{}", now_ms()));
+        node.register_tenant(&client, &tenant, &receiver.url("/hook"))
+            .await
+            .with_context(|| node.logs_tail())?;
+        Ok(Session {
+            client,
+            node,
+            receiver,
+            tenant,
+        })
+    }
+
+    async fn ingest(&self, workload: &Workload, load: Load, label: &str) -> IngestReport {
+        let bodies = workload.request_bodies(load.batch);
+        load::run(
+            &self.client,
+            &self.node.url("/events/schedule"),
+            bodies,
+            load.batch,
+            load.concurrency,
+            label,
+        )
+        .await
+    }
+}
+
+fn load_params(load: Load) -> serde_json::Value {
+    json!({"batch": load.batch, "concurrency": load.concurrency, "payload_bytes": load.payload_bytes})
+}
+
+fn merge(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    if let (Some(base), serde_json::Value::Object(extra)) = (base.as_object_mut(), extra) {
+        base.extend(extra);
+    }
+    base
+}
+
+fn ingest_warnings(ingest: &IngestReport) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if ingest.unacknowledged_events > 0 {
+        warnings.push(format!(
+            "{} events were not acknowledged ({} failed requests; first: {})",
+            ingest.unacknowledged_events,
+            ingest.failed_requests,
+            ingest.first_error.as_deref().unwrap_or("-")
+        ));
+    }
+    warnings
+}
+
+pub async fn ingest(args: IngestArgs) -> anyhow::Result<Report> {
+    let load = Load::from(&args.load);
+    let session = Session::open(&args.node, load).await?;
+    let workload = Workload::uniform(
+        &session.tenant,
+        args.count,
+        now_ms() + FAR_FUTURE_MS,
+        args.spread_ms,
+        load.payload_bytes,
+    );
+    let before = session.node.sample();
+    let ingest = session.ingest(&workload, load, "ingest").await;
+    let after = session.node.sample();
+    Ok(Report {
+        scenario: "ingest",
+        params: merge(
+            load_params(load),
+            json!({"count": args.count, "spread_ms": args.spread_ms, "node": session.node.base_url()}),
+        ),
+        warnings: ingest_warnings(&ingest),
+        ingest: Some(ingest),
+        delivery: None,
+        node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
+        backlog: None,
+    })
+}
+
+/// Default time from scheduling to the first due instant: room to ingest
+/// at 20k events/s, plus 5 s.
+fn default_lead_ms(count: usize) -> u64 {
+    5_000 + count as u64 / 20
+}
+
+/// Schedules `workload`, waits for its deliveries, and reports both.
+async fn schedule_and_deliver(
+    session: &Session,
+    workload: &Workload,
+    load: Load,
+    grace_ms: u64,
+    scenario: &'static str,
+    params: serde_json::Value,
+) -> Report {
+    let before = session.node.sample();
+    let ingest = session.ingest(workload, load, scenario).await;
+    let mut warnings = ingest_warnings(&ingest);
+    let first_due = workload.due_ms.iter().copied().min().unwrap_or(0);
+    let last_due = workload.due_ms.iter().copied().max().unwrap_or(0);
+    if ingest.finished_at_ms > first_due {
+        warnings.push(format!(
+            "ingest finished {} ms after the first due instant: early lateness includes ingest contention (raise --lead-ms)",
+            ingest.finished_at_ms - first_due
+        ));
+    }
+    let deadline = last_due.saturating_add(i64::try_from(grace_ms).unwrap_or(i64::MAX));
+    let records = deliveries::wait_for(
+        &session.receiver,
+        workload.len(),
+        deadline,
+        SETTLE,
+        &format!("{scenario} delivery"),
+    )
+    .await;
+    let delivery = analyze_workload(&records, workload);
+    let after = session.node.sample();
+    Report {
+        scenario,
+        params: merge(
+            merge(load_params(load), params),
+            json!({"node": session.node.base_url()}),
+        ),
+        warnings,
+        ingest: Some(ingest),
+        delivery: Some(delivery),
+        node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
+        backlog: None,
+    }
+}
+
+pub async fn steady(args: SteadyArgs) -> anyhow::Result<Report> {
+    let load = Load::from(&args.load);
+    let session = Session::open(&args.node, load).await?;
+    let duration_ms = u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX);
+    let count = usize::try_from(args.rate.saturating_mul(duration_ms) / 1000).unwrap_or(usize::MAX);
+    let lead_ms = args.lead_ms.unwrap_or_else(|| default_lead_ms(count));
+    let workload = Workload::uniform(
+        &session.tenant,
+        count,
+        now_ms() + lead_ms as i64,
+        duration_ms,
+        load.payload_bytes,
+    );
+    let params = json!({"rate": args.rate, "duration_ms": duration_ms, "count": count, "lead_ms": lead_ms, "grace_ms": args.grace_ms});
+    Ok(schedule_and_deliver(&session, &workload, load, args.grace_ms, "steady", params).await)
+}
+
+pub async fn burst(args: BurstArgs) -> anyhow::Result<Report> {
+    let load = Load::from(&args.load);
+    let session = Session::open(&args.node, load).await?;
+    let lead_ms = args.lead_ms.unwrap_or_else(|| default_lead_ms(args.count));
+    let workload = Workload::uniform(
+        &session.tenant,
+        args.count,
+        now_ms() + lead_ms as i64,
+        0,
+        load.payload_bytes,
+    );
+    let params = json!({"count": args.count, "lead_ms": lead_ms, "grace_ms": args.grace_ms});
+    Ok(schedule_and_deliver(&session, &workload, load, args.grace_ms, "burst", params).await)
+}
+
+pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
+    let load = Load::from(&args.load);
+    let mut session = Session::open(&args.node, load).await?;
+    let workload = Workload::uniform(
+        &session.tenant,
+        args.count,
+        now_ms() + FAR_FUTURE_MS,
+        args.spread_ms,
+        load.payload_bytes,
+    );
+    let before = session.node.sample();
+    let ingest = session.ingest(&workload, load, "backlog").await;
+    let mut warnings = ingest_warnings(&ingest);
+    let loaded = session.node.sample();
+    let (data_dir_bytes, data_dir_allocated_bytes) = match session.node.data_dir() {
+        Some(dir) => dir_size(dir).with_context(|| format!("measure {}", dir.display()))?,
+        None => {
+            warnings.push("--target node: data dir size not measured".into());
+            (0, 0)
+        }
+    };
+    let pending = ingest.acknowledged_events;
+    let restart = if args.no_restart {
+        None
+    } else {
+        session.node.kill_9_and_restart().await?
+    };
+    let mut rss_after_restart = None;
+    if restart.is_some() {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        rss_after_restart = session.node.sample().map(|s| s.rss_bytes);
+        let (found, checked) = spot_check(&session, &workload).await;
+        if found < checked {
+            warnings.push(format!(
+                "after the restart only {found} of {checked} sampled acknowledged events were found"
+            ));
+        }
+    }
+    Ok(Report {
+        scenario: "backlog",
+        params: merge(
+            load_params(load),
+            json!({"count": args.count, "spread_ms": args.spread_ms, "node": session.node.base_url()}),
+        ),
+        warnings,
+        ingest: Some(ingest),
+        delivery: None,
+        node: before.zip(loaded).map(|(b, a)| NodeReport::between(&b, &a)),
+        backlog: Some(BacklogReport {
+            pending_events: pending,
+            data_dir_bytes,
+            data_dir_allocated_bytes,
+            bytes_per_event: data_dir_bytes as f64 / pending.max(1) as f64,
+            rss_before_restart_bytes: loaded.map(|s| s.rss_bytes),
+            restart_to_serving_ms: restart.map(|d| d.as_secs_f64() * 1000.0),
+            rss_after_restart_bytes: rss_after_restart,
+        }),
+    })
+}
+
+/// Looks up a few events spread over the workload with `GET /events/find`;
+/// returns `(found, checked)`.
+async fn spot_check(session: &Session, workload: &Workload) -> (usize, usize) {
+    let samples = 20.min(workload.len());
+    let mut found = 0;
+    for k in 0..samples {
+        let index = k * workload.len() / samples.max(1);
+        let url = format!(
+            "{}?id=e{index}&tenant={}",
+            session.node.url("/events/find"),
+            percent_encode(&session.tenant)
+        );
+        let ok = session
+            .client
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        found += usize::from(ok);
+    }
+    (found, samples)
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986).
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+pub async fn receive(args: ReceiveArgs) -> anyhow::Result<Report> {
+    let receiver = Receiver::start_on_port(args.port, false)
+        .await
+        .with_context(|| format!("listen on 127.0.0.1:{}", args.port))?;
+    eprintln!(
+        "belfry-bench: receiving on {} ; expecting {} deliveries",
+        receiver.url("/hook"),
+        args.expect
+    );
+    let timeout_ms = i64::try_from(args.timeout.as_millis()).unwrap_or(i64::MAX);
+    let records = deliveries::wait_for(
+        &receiver,
+        args.expect,
+        now_ms().saturating_add(timeout_ms),
+        SETTLE,
+        "receive",
+    )
+    .await;
+    Ok(Report {
+        scenario: "receive",
+        params: json!({"port": receiver.addr().port(), "expect": args.expect}),
+        ingest: None,
+        delivery: Some(analyze_peer(&records, args.expect)),
+        node: None,
+        backlog: None,
+        warnings: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenants_are_percent_encoded() {
+        assert_eq!(percent_encode("a/b c-1"), "a%2Fb%20c-1");
+    }
+}

@@ -1,0 +1,175 @@
+//! Percentiles, and the node's resource use read from `/proc`.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+/// Nearest-rank percentiles of a sample, in the sample's unit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// `None` for an empty sample. Sorts `values` in place.
+    pub fn of(values: &mut [i64]) -> Option<Self> {
+        if values.is_empty() {
+            return None;
+        }
+        values.sort_unstable();
+        let rank = |q: f64| {
+            // Nearest rank: the smallest value with at least q of the sample
+            // at or below it.
+            let index = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1;
+            values[index] as f64
+        };
+        Some(Percentiles {
+            p50: rank(0.50),
+            p90: rank(0.90),
+            p99: rank(0.99),
+            p999: rank(0.999),
+            max: values[values.len() - 1] as f64,
+        })
+    }
+
+    /// Every field divided by `divisor` (e.g. µs → ms).
+    pub fn scaled(self, divisor: f64) -> Self {
+        Percentiles {
+            p50: self.p50 / divisor,
+            p90: self.p90 / divisor,
+            p99: self.p99 / divisor,
+            p999: self.p999 / divisor,
+            max: self.max / divisor,
+        }
+    }
+}
+
+/// A process's resource use at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ProcessSample {
+    /// `VmHWM`: the peak resident set size so far.
+    pub peak_rss_bytes: u64,
+    /// `VmRSS`: the resident set size now.
+    pub rss_bytes: u64,
+    /// User CPU seconds so far (`utime`).
+    pub cpu_user_s: f64,
+    /// System CPU seconds so far (`stime`).
+    pub cpu_system_s: f64,
+}
+
+impl ProcessSample {
+    /// Reads `/proc/<pid>/status` and `/proc/<pid>/stat`; `None` when the
+    /// process is gone or /proc is unavailable.
+    pub fn read(pid: u32) -> Option<Self> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (utime, stime) = parse_stat_times(&stat)?;
+        let ticks = clock_ticks_per_second();
+        Some(ProcessSample {
+            peak_rss_bytes: status_kib(&status, "VmHWM:")? * 1024,
+            rss_bytes: status_kib(&status, "VmRSS:")? * 1024,
+            cpu_user_s: utime as f64 / ticks,
+            cpu_system_s: stime as f64 / ticks,
+        })
+    }
+
+    /// CPU seconds spent between `earlier` and `self`.
+    pub fn cpu_since(&self, earlier: &ProcessSample) -> CpuSplit {
+        CpuSplit {
+            user_s: self.cpu_user_s - earlier.cpu_user_s,
+            system_s: self.cpu_system_s - earlier.cpu_system_s,
+        }
+    }
+}
+
+/// CPU seconds over an interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CpuSplit {
+    pub user_s: f64,
+    pub system_s: f64,
+}
+
+/// The value of a `Name:   1234 kB` line of `/proc/<pid>/status`.
+fn status_kib(status: &str, name: &str) -> Option<u64> {
+    let line = status.lines().find(|line| line.starts_with(name))?;
+    line[name.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// `(utime, stime)` in clock ticks from `/proc/<pid>/stat`. The command name
+/// (field 2) may contain spaces and parentheses, so fields are counted from
+/// the last `)`: utime and stime are fields 14 and 15 overall.
+fn parse_stat_times(stat: &str) -> Option<(u64, u64)> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace().skip(11);
+    let utime = fields.next()?.parse().ok()?;
+    let stime = fields.next()?.parse().ok()?;
+    Some((utime, stime))
+}
+
+#[allow(unsafe_code)]
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf reads a constant of the C library; no memory of ours
+    // is touched.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    // USER_HZ is 100 on every Linux architecture when sysconf fails.
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+/// Bytes of the files under `dir`: `(apparent size, allocated on disk)`.
+pub fn dir_size(dir: &Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut apparent = 0;
+    let mut allocated = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(current) = pending.pop() {
+        for entry in std::fs::read_dir(&current)? {
+            let entry = entry?;
+            let metadata = entry.metadata()?;
+            if metadata.is_dir() {
+                pending.push(entry.path());
+            } else {
+                apparent += metadata.len();
+                // st_blocks counts 512-byte units regardless of block size.
+                allocated += metadata.blocks() * 512;
+            }
+        }
+    }
+    Ok((apparent, allocated))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut values: Vec<i64> = (1..=1000).rev().collect();
+        let p = Percentiles::of(&mut values).unwrap();
+        assert_eq!(
+            (p.p50, p.p90, p.p99, p.p999, p.max),
+            (500.0, 900.0, 990.0, 999.0, 1000.0)
+        );
+        assert_eq!(Percentiles::of(&mut [7]).unwrap().p50, 7.0);
+        assert!(Percentiles::of(&mut []).is_none());
+    }
+
+    #[test]
+    fn stat_times_skip_a_command_name_with_spaces() {
+        let stat = "42 (my (odd) cmd) S 1 42 42 0 -1 4194304 100 0 0 0 250 75 0 0 20 0 1 0";
+        assert_eq!(parse_stat_times(stat), Some((250, 75)));
+    }
+
+    #[test]
+    fn reads_its_own_process() {
+        let me = ProcessSample::read(std::process::id()).unwrap();
+        assert!(me.peak_rss_bytes >= me.rss_bytes && me.rss_bytes > 0);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/f"), [0u8; 1000]).unwrap();
+        assert_eq!(dir_size(dir.path()).unwrap().0, 1000);
+    }
+}

@@ -1,0 +1,162 @@
+//! The events of a run and their pre-serialized request bodies.
+//!
+//! Event `n` has the client id `e<n>` and a due instant computed up front,
+//! so the receiver can check each delivery against what was asked for
+//! without any lookup table beyond one `Vec<i64>`.
+
+use std::fmt::Write as _;
+
+use bytes::Bytes;
+
+/// Every event of a run: its due instant, by index.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub tenant: String,
+    /// `due_ms[n]`: when event `e<n>` is due, in ms since the UNIX epoch.
+    pub due_ms: Vec<i64>,
+    pub payload_bytes: usize,
+}
+
+impl Workload {
+    /// `count` events, due uniformly over `[first_due_ms, first_due_ms +
+    /// spread_ms)` in id order.
+    pub fn uniform(
+        tenant: &str,
+        count: usize,
+        first_due_ms: i64,
+        spread_ms: u64,
+        payload_bytes: usize,
+    ) -> Self {
+        let spread = spread_ms as f64;
+        let due_ms = (0..count)
+            .map(|n| first_due_ms + (n as f64 * spread / count.max(1) as f64) as i64)
+            .collect();
+        Workload {
+            tenant: tenant.to_string(),
+            due_ms,
+            payload_bytes,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.due_ms.len()
+    }
+
+    /// The event index of a client id `e<n>` of this workload.
+    pub fn index_of(&self, id: &str) -> Option<usize> {
+        let n: usize = id.strip_prefix('e')?.parse().ok()?;
+        (n < self.len()).then_some(n)
+    }
+
+    /// Request bodies of `batch` events each (the last may be shorter), in
+    /// due order, with how many events each carries. Built before the clock
+    /// starts so the generator spends its CPU on sending only.
+    pub fn request_bodies(&self, batch: usize) -> Vec<(Bytes, usize)> {
+        let batch = batch.max(1);
+        let tenant = serde_json::to_string(&self.tenant).unwrap_or_else(|_| "\"bench\"".into());
+        // The payload is a JSON string of 'x' characters: no escaping needed.
+        let payload = "x".repeat(self.payload_bytes);
+        let mut last_second = i64::MIN;
+        let mut second_text = String::new();
+        self.due_ms
+            .chunks(batch)
+            .enumerate()
+            .map(|(chunk, dues)| {
+                let mut body = String::with_capacity(dues.len() * (90 + self.payload_bytes) + 2);
+                body.push('[');
+                for (offset, &due) in dues.iter().enumerate() {
+                    if offset > 0 {
+                        body.push(',');
+                    }
+                    // Formatting the date is the costly part: reuse it within
+                    // a second.
+                    let second = due.div_euclid(1000);
+                    if second != last_second {
+                        last_second = second;
+                        second_text = rfc3339_second(second);
+                    }
+                    let id = chunk * batch + offset;
+                    // Writing into a String cannot fail.
+                    let _ = write!(
+                        body,
+                        r#"{{"id":"e{id}","tenant":{tenant},"eventTime":"{second_text}.{:03}Z","payload":"{payload}"}}"#,
+                        due.rem_euclid(1000)
+                    );
+                }
+                body.push(']');
+                (Bytes::from(body), dues.len())
+            })
+            .collect()
+    }
+}
+
+/// `2030-01-31T04:00:30` (UTC, no fraction, no zone) for a second since
+/// the epoch.
+fn rfc3339_second(second: i64) -> String {
+    match jiff::Timestamp::from_second(second) {
+        Ok(ts) => ts.strftime("%Y-%m-%dT%H:%M:%S").to_string(),
+        // Out of jiff's range (year ±9999): not a date anyone schedules.
+        Err(_) => "9999-12-31T23:59:59".to_string(),
+    }
+}
+
+/// The current wall-clock time in ms since the UNIX epoch.
+pub fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}
+
+/// Parses a scheduled instant sent by a node or a peer: integer
+/// milliseconds since the epoch, or RFC 3339 with an offset.
+pub fn parse_instant_ms(text: &str) -> Option<i64> {
+    let text = text.trim();
+    if let Ok(ms) = text.parse::<i64>() {
+        return Some(ms);
+    }
+    if let Ok(seconds) = text.parse::<f64>() {
+        // A float is taken as seconds since the epoch (Python's time.time()).
+        return Some((seconds * 1000.0).round() as i64);
+    }
+    text.parse::<jiff::Timestamp>()
+        .ok()
+        .map(|ts| ts.as_millisecond())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_are_valid_bigben_batches_in_due_order() {
+        let workload = Workload::uniform("t/a", 5, 1_900_000_000_123, 1000, 3);
+        let bodies = workload.request_bodies(2);
+        assert_eq!(
+            bodies.iter().map(|(_, n)| *n).collect::<Vec<_>>(),
+            [2, 2, 1]
+        );
+        let second: serde_json::Value = serde_json::from_slice(&bodies[1].0).unwrap();
+        assert_eq!(second[0]["id"], "e2");
+        assert_eq!(second[0]["tenant"], "t/a");
+        assert_eq!(second[0]["payload"], "xxx");
+        let when = second[0]["eventTime"].as_str().unwrap();
+        assert_eq!(parse_instant_ms(when), Some(workload.due_ms[2]));
+        assert_eq!(workload.due_ms[2], 1_900_000_000_123 + 400);
+        assert_eq!(workload.index_of("e4"), Some(4));
+        assert_eq!(workload.index_of("e5"), None);
+        assert_eq!(workload.index_of("x1"), None);
+    }
+
+    #[test]
+    fn instants_parse_in_every_form_a_peer_sends() {
+        assert_eq!(parse_instant_ms("1700000000123"), Some(1_700_000_000_123));
+        assert_eq!(parse_instant_ms("1700000000.5"), Some(1_700_000_000_500));
+        assert_eq!(
+            parse_instant_ms("2023-11-14T22:13:20.123Z"),
+            Some(1_700_000_000_123)
+        );
+        assert_eq!(
+            parse_instant_ms("2023-11-14T23:13:20.123+01:00"),
+            Some(1_700_000_000_123)
+        );
+        assert_eq!(parse_instant_ms("soon"), None);
+    }
+}
