@@ -151,22 +151,33 @@ pub fn analyze_peer(records: &[RecordedRequest], expected: usize) -> DeliveryRep
     summarize(&arrivals, expected, unknown, 0)
 }
 
-/// Waits until `expected` deliveries arrived or `deadline_ms` (wall clock)
-/// passed, printing progress; then waits `settle` more so late duplicates
-/// are counted too, and returns every record.
+/// Waits until `expected` distinct events were delivered (as counted by
+/// `distinct`) or `deadline_ms` (wall clock) passed, printing progress; then
+/// waits `settle` more so late duplicates are counted too, and returns every
+/// record.
 pub async fn wait_for(
     receiver: &Receiver,
     expected: usize,
     deadline_ms: i64,
     settle: Duration,
     label: &str,
+    distinct: impl Fn(&[RecordedRequest]) -> usize,
 ) -> Vec<RecordedRequest> {
     let mut last_print = now_ms();
     loop {
         let count = receiver.count();
         let now = now_ms();
-        if count >= expected || now >= deadline_ms {
+        if now >= deadline_ms {
             break;
+        }
+        // Counting distinct events copies every record: only worth it once
+        // enough requests arrived, and then not too often.
+        if count >= expected {
+            if distinct(&receiver.requests()) >= expected {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
         }
         if now - last_print >= 1000 {
             last_print = now;

@@ -44,10 +44,12 @@ impl NodeReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct BacklogReport {
     pub pending_events: u64,
-    /// Sum of file sizes in the data dir.
+    /// Sum of file sizes in the data dir (includes preallocated, still
+    /// sparse, log space).
     pub data_dir_bytes: u64,
-    /// Blocks allocated on disk for them.
+    /// Blocks allocated on disk for them (what `du` reports).
     pub data_dir_allocated_bytes: u64,
+    /// Allocated bytes per pending event.
     pub bytes_per_event: f64,
     pub rss_before_restart_bytes: Option<u64>,
     /// From spawning the new process after kill -9 to its first `200` on
@@ -131,7 +133,7 @@ impl Report {
             rows.push((
                 "backlog".into(),
                 format!(
-                    "{} pending: {:.1} MiB on disk ({:.1} MiB allocated), {:.0} bytes/event",
+                    "{} pending: {:.1} MiB of files, {:.1} MiB allocated on disk, {:.0} allocated bytes/event",
                     backlog.pending_events,
                     backlog.data_dir_bytes as f64 / MIB,
                     backlog.data_dir_allocated_bytes as f64 / MIB,

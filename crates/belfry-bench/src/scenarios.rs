@@ -169,6 +169,7 @@ async fn schedule_and_deliver(
         deadline,
         SETTLE,
         &format!("{scenario} delivery"),
+        |records| analyze_workload(records, workload).delivered,
     )
     .await;
     let delivery = analyze_workload(&records, workload);
@@ -271,7 +272,7 @@ pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
             pending_events: pending,
             data_dir_bytes,
             data_dir_allocated_bytes,
-            bytes_per_event: data_dir_bytes as f64 / pending.max(1) as f64,
+            bytes_per_event: data_dir_allocated_bytes as f64 / pending.max(1) as f64,
             rss_before_restart_bytes: loaded.map(|s| s.rss_bytes),
             restart_to_serving_ms: restart.map(|d| d.as_secs_f64() * 1000.0),
             rss_after_restart_bytes: rss_after_restart,
@@ -330,6 +331,7 @@ pub async fn receive(args: ReceiveArgs) -> anyhow::Result<Report> {
         now_ms().saturating_add(timeout_ms),
         SETTLE,
         "receive",
+        |records| analyze_peer(records, args.expect).delivered,
     )
     .await;
     Ok(Report {
