@@ -71,6 +71,38 @@ fn event_time(i: u64) -> Timestamp {
     Timestamp::from_millis(BASE + ((i * 7_919) % 3_600_000) as i64)
 }
 
+/// CPU seconds used so far by the whole process and by the store's writer
+/// thread (Linux `/proc`; zeros elsewhere). CPU per event is a steadier
+/// measure than wall time on a shared machine.
+fn cpu_seconds() -> (f64, f64) {
+    fn ticks(stat: &str) -> Option<f64> {
+        // Fields after the parenthesised command name; utime and stime are
+        // the 14th and 15th fields of the whole line.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let utime: f64 = fields.get(11)?.parse().ok()?;
+        let stime: f64 = fields.get(12)?.parse().ok()?;
+        Some((utime + stime) / 100.0)
+    }
+    let process = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| ticks(&s))
+        .unwrap_or(0.0);
+    let mut writer = 0.0;
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if comm.starts_with("belfry-store-wr") {
+                writer = std::fs::read_to_string(task.path().join("stat"))
+                    .ok()
+                    .and_then(|s| ticks(&s))
+                    .unwrap_or(0.0);
+            }
+        }
+    }
+    (process, writer)
+}
+
 /// Runs `callers` tasks that claim batches of indexes until `events` are
 /// done; `make` turns an index into a command. Returns events per second.
 async fn run_phase(
@@ -80,6 +112,7 @@ async fn run_phase(
 ) -> f64 {
     let next = Arc::new(AtomicU64::new(0));
     let tenant = TenantName::new("bench/tenant").expect("valid tenant");
+    let cpu_before = cpu_seconds();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..args.callers {
@@ -108,7 +141,15 @@ async fn run_phase(
     for task in tasks {
         task.await.expect("caller task");
     }
-    args.events as f64 / started.elapsed().as_secs_f64()
+    let rate = args.events as f64 / started.elapsed().as_secs_f64();
+    let (process, writer) = cpu_seconds();
+    let per_event = |cpu: f64| cpu * 1e6 / args.events as f64;
+    println!(
+        "  cpu per event: process {:.1} us, writer thread {:.1} us",
+        per_event(process - cpu_before.0),
+        per_event(writer - cpu_before.1)
+    );
+    rate
 }
 
 fn create(tenant: &TenantName, i: u64) -> KeyedCommand {

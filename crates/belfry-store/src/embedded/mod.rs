@@ -91,10 +91,16 @@ impl EmbeddedStore {
             tenants: db
                 .keyspace("tenants", KeyspaceCreateOptions::default)
                 .map_err(internal)?,
-            events: db.keyspace("events", tuning::events).map_err(internal)?,
-            due: db.keyspace("due", tuning::index).map_err(internal)?,
-            attempts: db.keyspace("attempts", tuning::index).map_err(internal)?,
-            finished: db.keyspace("finished", tuning::index).map_err(internal)?,
+            events: db
+                .keyspace("events", tuning::write_heavy)
+                .map_err(internal)?,
+            due: db.keyspace("due", tuning::write_heavy).map_err(internal)?,
+            attempts: db
+                .keyspace("attempts", tuning::write_heavy)
+                .map_err(internal)?,
+            finished: db
+                .keyspace("finished", tuning::write_heavy)
+                .map_err(internal)?,
             db,
         };
         let partitions = Self::settle_meta(&ks, options.partitions)?;
@@ -215,19 +221,24 @@ impl Drop for EmbeddedStore {
     }
 }
 
-/// fjall options per keyspace, chosen for the ingest path (see the
-/// `ingest` example for the measurements behind them).
+/// fjall options per keyspace, chosen with the `ingest` example.
+///
+/// The write path's cost is the memtable skiplist (lookups and inserts that
+/// miss the CPU cache). A 16 MiB memtable measured ≈ 20 % less writer CPU per
+/// event than the 64 MiB default (11.4 vs 14.4 µs per create) and less CPU
+/// for the whole process too: the flushes it causes run on fjall's worker
+/// threads, off the single writer thread. Smaller (4 MiB) cut the writer
+/// further but raised the total. Turning block compression off changed
+/// nothing measurable, so lz4 stays (smaller files).
 mod tuning {
     use fjall::KeyspaceCreateOptions;
 
-    /// Point reads by key on every write: keep the bloom filters.
-    pub fn events() -> KeyspaceCreateOptions {
-        KeyspaceCreateOptions::default()
-    }
+    const MEMTABLE_BYTES: u64 = 16 * 1024 * 1024;
 
-    /// Only ever scanned in order, never read by point.
-    pub fn index() -> KeyspaceCreateOptions {
-        KeyspaceCreateOptions::default()
+    /// `events` (point reads on every write: keeps its bloom filters) and
+    /// the indexes alike.
+    pub fn write_heavy() -> KeyspaceCreateOptions {
+        KeyspaceCreateOptions::default().max_memtable_size(MEMTABLE_BYTES)
     }
 }
 
