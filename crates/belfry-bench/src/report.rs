@@ -15,6 +15,9 @@ pub struct Report {
     pub delivery: Option<DeliveryReport>,
     pub node: Option<NodeReport>,
     pub backlog: Option<BacklogReport>,
+    /// CPU this tool (generator + receiver) used over the same interval as
+    /// `node.cpu_during_run`: it shares the machine with the node.
+    pub bench_cpu: Option<CpuSplit>,
     /// Things that make the numbers less trustworthy (e.g. ingest still
     /// running when events came due).
     pub warnings: Vec<String>,
@@ -165,6 +168,15 @@ impl Report {
                     node.rss_bytes as f64 / MIB,
                     node.cpu_during_run.user_s,
                     node.cpu_during_run.system_s
+                ),
+            ));
+        }
+        if let Some(cpu) = &self.bench_cpu {
+            rows.push((
+                "bench itself".into(),
+                format!(
+                    "CPU {:.2} s user + {:.2} s system",
+                    cpu.user_s, cpu.system_s
                 ),
             ));
         }

@@ -12,7 +12,7 @@ use crate::deliveries::{self, analyze_peer, analyze_workload};
 use crate::load::{self, IngestReport};
 use crate::node::Node;
 use crate::report::{BacklogReport, NodeReport, Report};
-use crate::stats::dir_size;
+use crate::stats::{CpuSplit, ProcessSample, dir_size};
 use crate::workload::{Workload, now_ms};
 
 /// Events far in the future are due this long after the start of the run.
@@ -120,8 +120,10 @@ pub async fn ingest(args: IngestArgs) -> anyhow::Result<Report> {
         load.payload_bytes,
     );
     let before = session.node.sample();
+    let bench_before = own_sample();
     let ingest = session.ingest(&workload, load, "ingest").await;
     let after = session.node.sample();
+    let bench_cpu = own_cpu_since(bench_before);
     Ok(Report {
         scenario: "ingest",
         params: merge(
@@ -133,7 +135,16 @@ pub async fn ingest(args: IngestArgs) -> anyhow::Result<Report> {
         delivery: None,
         node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
         backlog: None,
+        bench_cpu,
     })
+}
+
+fn own_sample() -> Option<ProcessSample> {
+    ProcessSample::read(std::process::id())
+}
+
+fn own_cpu_since(before: Option<ProcessSample>) -> Option<CpuSplit> {
+    before.zip(own_sample()).map(|(b, a)| a.cpu_since(&b))
 }
 
 /// Default time from scheduling to the first due instant: room to ingest
@@ -152,6 +163,7 @@ async fn schedule_and_deliver(
     params: serde_json::Value,
 ) -> Report {
     let before = session.node.sample();
+    let bench_before = own_sample();
     let ingest = session.ingest(workload, load, scenario).await;
     let mut warnings = ingest_warnings(&ingest);
     let first_due = workload.due_ms.iter().copied().min().unwrap_or(0);
@@ -174,6 +186,7 @@ async fn schedule_and_deliver(
     .await;
     let delivery = analyze_workload(&records, workload);
     let after = session.node.sample();
+    let bench_cpu = own_cpu_since(bench_before);
     Report {
         scenario,
         params: merge(
@@ -185,6 +198,7 @@ async fn schedule_and_deliver(
         delivery: Some(delivery),
         node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
         backlog: None,
+        bench_cpu,
     }
 }
 
@@ -231,9 +245,11 @@ pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
         load.payload_bytes,
     );
     let before = session.node.sample();
+    let bench_before = own_sample();
     let ingest = session.ingest(&workload, load, "backlog").await;
     let mut warnings = ingest_warnings(&ingest);
     let loaded = session.node.sample();
+    let bench_cpu = own_cpu_since(bench_before);
     let (data_dir_bytes, data_dir_allocated_bytes) = match session.node.data_dir() {
         Some(dir) => dir_size(dir).with_context(|| format!("measure {}", dir.display()))?,
         None => {
@@ -277,6 +293,7 @@ pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
             restart_to_serving_ms: restart.map(|d| d.as_secs_f64() * 1000.0),
             rss_after_restart_bytes: rss_after_restart,
         }),
+        bench_cpu,
     })
 }
 
@@ -341,6 +358,7 @@ pub async fn receive(args: ReceiveArgs) -> anyhow::Result<Report> {
         delivery: Some(analyze_peer(&records, args.expect)),
         node: None,
         backlog: None,
+        bench_cpu: None,
         warnings: Vec::new(),
     })
 }
