@@ -6,6 +6,8 @@
 //! and property tests.
 //!
 //! # Layout
+//! - [`cron`]: recurring-schedule expressions (UNIX, Quartz, Spring, cron4j,
+//!   `@every`), next fire across DST, descriptions, occurrence ids.
 //! - [`time`]: [`Timestamp`] (milliseconds since the UNIX epoch) and the
 //!   injected [`Clock`].
 //! - [`ids`]: validated names: [`TenantName`], [`EventId`] (the client's id),
@@ -18,7 +20,10 @@
 //! - [`retry`]: the retry policy and the one delivery classification
 //!   ([`Verdict`]: delivered, retry, permanent).
 //! - [`timer`]: the bounded in-memory window of near-future events.
+//! - [`assignment`]: how the cluster leader spreads partitions over nodes.
 
+pub mod cron;
+pub mod assignment;
 pub mod event;
 pub mod ids;
 pub mod partition;
@@ -27,6 +32,7 @@ pub mod tenant;
 pub mod time;
 pub mod timer;
 
+pub use cron::{CronError, CronKind, CronSpec, OccurrenceId};
 pub use event::{
     Attempt, AttemptReport, CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord,
     EventStatus, Transition, TransitionContext,
