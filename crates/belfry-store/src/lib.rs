@@ -30,6 +30,7 @@ use belfry_core::{
     TenantName, Timestamp,
 };
 
+pub mod cluster;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod embedded;
