@@ -145,9 +145,10 @@ fn describe_time(fields: &Fields) -> (String, bool) {
         (Value(0), Any, Any) => ("every minute".to_owned(), true),
         (Value(0), Every(n), Any) => (format!("every {n} minutes"), true),
         (Value(0), Value(m), Any) => (format!("at minute {m} of every hour"), true),
-        (Value(0), Value(m), Every(n)) => {
-            (format!("at minute {m} past every {} hour", ordinal(*n)), true)
-        },
+        (Value(0), Value(m), Every(n)) => (
+            format!("at minute {m} past every {} hour", ordinal(*n)),
+            true,
+        ),
         (Value(0), Every(n), Value(h)) => (format!("every {n} minutes during hour {h:02}"), false),
         (Value(0), Any, Value(h)) => (format!("every minute during hour {h:02}"), false),
         (Value(s), Value(m), Value(h)) => (format!("at {}", clock(*h, *m, *s)), false),

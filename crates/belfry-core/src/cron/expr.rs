@@ -113,7 +113,7 @@ impl FromStr for CronKind {
 }
 
 /// A parsed, validated recurring schedule: what fires when, in which zone.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct CronSpec {
     /// The expression as given (trimmed, inner whitespace collapsed).
     pub(super) expression: String,
@@ -121,6 +121,17 @@ pub struct CronSpec {
     pub(super) zone_name: String,
     pub(super) zone: TimeZone,
     pub(super) rule: Rule,
+}
+
+impl fmt::Debug for CronSpec {
+    /// The inputs only: croner's parsed bit fields are thousands of lines.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CronSpec")
+            .field("expression", &self.expression)
+            .field("kind", &self.kind)
+            .field("time_zone", &self.zone_name)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -341,6 +352,14 @@ fn parse_calendar(
         expression: clip(original),
         hint,
     };
+    if kind == CronKind::Cron4j && fields_text.contains('|') {
+        // Checked before the field count, which `|` lists would confuse.
+        return Err(CronError::Unsupported {
+            kind,
+            expression: clip(original),
+            feature: "several patterns joined with '|' (create one schedule per pattern)",
+        });
+    }
     let (parser, fields) = match kind {
         CronKind::Unix | CronKind::Cron4j => {
             if parts.len() != 5 {
@@ -379,8 +398,9 @@ fn parse_calendar(
                 return Err(CronError::Invalid {
                     kind,
                     expression: clip(original),
-                    reason: "day-of-month and day-of-week cannot both be set; put '?' in one of them"
-                        .to_owned(),
+                    reason:
+                        "day-of-month and day-of-week cannot both be set; put '?' in one of them"
+                            .to_owned(),
                 });
             }
             let parser = CronParser::builder()
@@ -415,11 +435,13 @@ fn parse_calendar(
         // calendar text under EVERY is simply not an interval.
         CronKind::Every => return Err(CronError::InvalidInterval(clip(original))),
     };
-    let cron = parser.parse(fields_text).map_err(|error| CronError::Invalid {
-        kind,
-        expression: clip(original),
-        reason: error.to_string(),
-    })?;
+    let cron = parser
+        .parse(fields_text)
+        .map_err(|error| CronError::Invalid {
+            kind,
+            expression: clip(original),
+            reason: error.to_string(),
+        })?;
     let (gap, fold) = dst_policies(&cron);
     Ok(CalendarRule {
         cron,
@@ -439,11 +461,6 @@ fn check_cron4j(parts: &[&str], original: &str) -> Result<(), CronError> {
         feature,
     };
     let joined = parts.join(" ");
-    if joined.contains('|') {
-        return Err(unsupported(
-            "several patterns joined with '|' (create one schedule per pattern)",
-        ));
-    }
     // `W` is only allowed inside the day name WED.
     let has_nearest_weekday = joined.to_ascii_uppercase().replace("WED", "").contains('W');
     if joined.contains('?') || joined.contains('#') || has_nearest_weekday {

@@ -125,7 +125,8 @@ fn next_calendar(rule: &CalendarRule, zone: &TimeZone, after: Timestamp) -> Opti
         let found_instant = instant(found, segment.offset)?;
         let inside = segment.end.is_none_or(|end| found_instant < end);
         if inside {
-            if rule.fold == FoldPolicy::FirstInstant && !is_first_instant(zone, found, found_instant)
+            if rule.fold == FoldPolicy::FirstInstant
+                && !is_first_instant(zone, found, found_instant)
             {
                 // Only when transitions crowd closer than a fold's length.
                 from = found_instant + 1;
@@ -140,7 +141,9 @@ fn next_calendar(rule: &CalendarRule, zone: &TimeZone, after: Timestamp) -> Opti
         };
         let naive = found.to_zoned(TimeZone::UTC).ok()?.timestamp().as_second();
         let jump_to = naive - OFFSET_BOUND_SECS;
-        let next_is_fold = zone.to_offset(JiffTimestamp::from_second(end).ok()?).seconds()
+        let next_is_fold = zone
+            .to_offset(JiffTimestamp::from_second(end).ok()?)
+            .seconds()
             < segment.offset.seconds();
         // Everything before `found` in local time has no match, and every
         // segment and gap that ends before `jump_to` lies wholly before
