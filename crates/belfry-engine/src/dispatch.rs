@@ -16,6 +16,7 @@ use belfry_sinks::Delivery;
 use belfry_store::{Fence, KeyedCommand};
 use tokio::sync::Semaphore;
 
+use crate::ownership::PartitionLease;
 use crate::{EngineOptions, Shared};
 
 /// Concurrency limits of deliveries.
@@ -59,14 +60,25 @@ impl Limits {
 }
 
 /// Hands fired entries to delivery tasks.
-pub(crate) fn fire(shared: &Arc<Shared>, partition: PartitionId, entries: Vec<DueCursor>) {
+pub(crate) fn fire(
+    shared: &Arc<Shared>,
+    partition: PartitionId,
+    lease: &Arc<PartitionLease>,
+    entries: Vec<DueCursor>,
+) {
     for entry in entries {
         let shared = shared.clone();
-        tokio::spawn(async move { deliver_one(shared, partition, entry).await });
+        let lease = lease.clone();
+        tokio::spawn(async move { deliver_one(shared, partition, lease, entry).await });
     }
 }
 
-async fn deliver_one(shared: Arc<Shared>, partition: PartitionId, entry: DueCursor) {
+async fn deliver_one(
+    shared: Arc<Shared>,
+    partition: PartitionId,
+    lease: Arc<PartitionLease>,
+    entry: DueCursor,
+) {
     let tenant_slots = shared.limits.tenant(&entry.key.tenant);
     let Ok(_tenant_slot) = tenant_slots.acquire_owned().await else {
         return;
@@ -80,7 +92,7 @@ async fn deliver_one(shared: Arc<Shared>, partition: PartitionId, entry: DueCurs
     }
     let fence = Some(Fence {
         partition,
-        epoch: 0,
+        epoch: lease.epoch,
     });
     // The window is a hint; the store decides whether this is still due.
     let record = match shared.store.get_event(&entry.key).await {
@@ -113,6 +125,15 @@ async fn deliver_one(shared: Arc<Shared>, partition: PartitionId, entry: DueCurs
     }
     let report = match shared.tenants.get(&shared.store, &entry.key.tenant).await {
         Ok(Some(tenant)) => {
+            // Checked last, right before the send: a node paused past its
+            // lease must not deliver for a partition someone else now owns.
+            if !lease.may_fire() {
+                tracing::debug!(partition = %partition, "lease lapsed before delivery; holding the event");
+                // Back into the window if the lease is renewed; dropped
+                // with the worker if the partition went to another node.
+                retry_entry_later(&shared, partition, entry);
+                return;
+            }
             let started = Instant::now();
             let result = shared
                 .sinks
@@ -160,8 +181,8 @@ fn retry_entry_later(shared: &Arc<Shared>, partition: PartitionId, entry: DueCur
     let shared = shared.clone();
     tokio::spawn(async move {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        if let Some(inbox) = shared.partitions.get(usize::from(partition.0)) {
-            let _ = inbox.send(crate::partition::PartitionMsg::Offer(entry));
-        }
+        shared
+            .owned
+            .send(partition, crate::partition::PartitionMsg::Offer(entry));
     });
 }

@@ -4,8 +4,12 @@
 //!
 //! # Layout
 //! - [`options`]: [`EngineOptions`], the knobs and their defaults;
-//! - [`partition`]: one worker per partition: the loader and a
+//! - [`partition`]: one worker per owned partition: the loader and a
 //!   [`belfry_core::TimerWindow`], woken by new, moved or removed events;
+//! - [`membership`]: the cluster loop (heartbeat, leader lease, partition
+//!   assignment, lease renewal) that grants ownership;
+//! - [`ownership`]: which partitions this node fires, under which epoch and
+//!   until when (all of them, forever, on a single node);
 //! - [`dispatch`]: concurrency limits (global and per tenant), the fire-time
 //!   check against the store, the delivery itself;
 //! - [`recorder`]: batches attempt outcomes into the store;
@@ -35,21 +39,24 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 pub mod dispatch;
+pub mod membership;
 pub mod options;
+pub mod ownership;
 pub mod partition;
 pub mod purge;
 pub mod recorder;
 pub mod tenants;
 
 pub use options::EngineOptions;
+pub use ownership::Ownership;
 
+use crate::ownership::OwnedPartitions;
 use crate::partition::PartitionMsg;
 
 /// A running engine. Call [`Engine::shutdown`] to stop it cleanly.
 #[derive(Debug)]
 pub struct Engine {
     handle: EngineHandle,
-    partition_tasks: Vec<JoinHandle<()>>,
     recorder_task: JoinHandle<()>,
     purge_task: JoinHandle<()>,
 }
@@ -68,8 +75,8 @@ pub(crate) struct Shared {
     pub(crate) sinks: Sinks,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) options: EngineOptions,
-    /// One inbox per partition, indexed by partition id.
-    pub(crate) partitions: Vec<mpsc::UnboundedSender<PartitionMsg>>,
+    /// The partitions this node owns, with their workers.
+    pub(crate) owned: OwnedPartitions,
     pub(crate) tenants: tenants::TenantCache,
     pub(crate) limits: dispatch::Limits,
     pub(crate) outcomes: mpsc::UnboundedSender<KeyedCommand>,
@@ -79,54 +86,51 @@ pub(crate) struct Shared {
 }
 
 impl Engine {
-    /// Starts every partition worker and background service. Must be called
-    /// inside a tokio runtime.
+    /// Starts a single node's engine: it owns every partition, forever.
+    /// Must be called inside a tokio runtime.
     pub fn start(
         options: EngineOptions,
         store: SharedStore,
         sinks: Sinks,
         clock: Arc<dyn Clock>,
     ) -> Engine {
-        let partition_count = store.partitions();
+        let all: Vec<Ownership> = store.partitions().all().map(Ownership::forever).collect();
+        let engine = Engine::start_unowned(options, store, sinks, clock);
+        engine.handle.set_ownership(all);
+        engine
+    }
+
+    /// Starts an engine that owns nothing yet: a cluster node, whose
+    /// membership loop grants partitions with [`EngineHandle::set_ownership`].
+    pub fn start_unowned(
+        options: EngineOptions,
+        store: SharedStore,
+        sinks: Sinks,
+        clock: Arc<dyn Clock>,
+    ) -> Engine {
         let (outcome_tx, outcome_rx) = mpsc::unbounded_channel();
         let (stop_signal, _) = watch::channel(false);
-        let mut inboxes = Vec::new();
-        let mut receivers = Vec::new();
-        for _ in partition_count.all() {
-            let (tx, rx) = mpsc::unbounded_channel();
-            inboxes.push(tx);
-            receivers.push(rx);
-        }
         let shared = Arc::new(Shared {
             limits: dispatch::Limits::new(&options),
             store,
             sinks,
             clock,
             options,
-            partitions: inboxes,
+            owned: OwnedPartitions::default(),
             tenants: tenants::TenantCache::default(),
             outcomes: outcome_tx,
             stopping: AtomicBool::new(false),
             stop_signal,
         });
-        let partition_tasks = partition_count
-            .all()
-            .zip(receivers)
-            .map(|(id, inbox)| {
-                let worker = partition::PartitionWorker::new(shared.clone(), id, inbox);
-                tokio::spawn(worker.run())
-            })
-            .collect();
         let recorder_task = tokio::spawn(recorder::run(shared.clone(), outcome_rx));
         let purge_task = tokio::spawn(purge::run(shared.clone()));
         tracing::info!(
-            partitions = partition_count.get(),
+            partitions = shared.store.partitions().get(),
             window_ms = shared.options.window.as_millis() as u64,
             "engine started"
         );
         Engine {
             handle: EngineHandle { inner: shared },
-            partition_tasks,
             recorder_task,
             purge_task,
         }
@@ -143,7 +147,7 @@ impl Engine {
         let shared = self.handle.inner.clone();
         shared.stopping.store(true, Ordering::SeqCst);
         let _ = shared.stop_signal.send(true);
-        for task in self.partition_tasks {
+        for task in shared.owned.stop_all() {
             let _ = task.await;
         }
         self.purge_task.abort();
@@ -242,6 +246,31 @@ impl EngineHandle {
         self.inner.tenants.invalidate(tenant);
     }
 
+    /// Makes this node fire exactly the `grants` partitions (see
+    /// [`ownership`]). Partitions gained load their window from the store;
+    /// partitions lost stop at once.
+    pub fn set_ownership(&self, grants: Vec<Ownership>) {
+        self.inner.owned.apply(&self.inner, grants);
+    }
+
+    /// The partitions owned right now, with their epochs.
+    pub fn owned_partitions(&self) -> Vec<(belfry_core::PartitionId, u64)> {
+        self.inner.owned.owned()
+    }
+
+    /// A timer effect made by another node (e.g. an event created through
+    /// it), pushed here by the database: applied if this node owns the
+    /// partition.
+    pub fn wake(&self, partition: belfry_core::PartitionId, key: EventKey, effect: Effect) {
+        self.inner.send_effect(partition, key, &effect);
+    }
+
+    /// Wake-ups may have been missed (the push channel reconnected): every
+    /// owned partition drops its window and reloads it from the store.
+    pub fn resync(&self) {
+        self.inner.owned.broadcast(|| PartitionMsg::Reload);
+    }
+
     /// Runs one retention sweep now (the background sweep runs every
     /// `purge_interval_ms`). Returns how many finished events went.
     ///
@@ -259,26 +288,23 @@ impl EngineHandle {
 
 impl Shared {
     /// Sends the timer effects of applied commands to their partitions.
+    /// Partitions owned elsewhere learn of them through the store's push
+    /// channel (cluster mode) or their loader.
     pub(crate) fn route_effects(&self, applied: &[Applied]) {
         for item in applied {
-            let Some(inbox) = self.partitions.get(usize::from(item.partition.0)) else {
-                continue;
-            };
             for effect in &item.effects {
-                let msg = match *effect {
-                    Effect::Arm { at } => PartitionMsg::Offer(DueCursor {
-                        due: at,
-                        key: item.key.clone(),
-                    }),
-                    Effect::Disarm { at } => PartitionMsg::Remove(DueCursor {
-                        due: at,
-                        key: item.key.clone(),
-                    }),
-                };
-                // A closed inbox means the engine is stopping; the store
-                // still holds the event and the next start loads it.
-                let _ = inbox.send(msg);
+                self.send_effect(item.partition, item.key.clone(), effect);
             }
         }
+    }
+
+    fn send_effect(&self, partition: belfry_core::PartitionId, key: EventKey, effect: &Effect) {
+        let msg = match *effect {
+            Effect::Arm { at } => PartitionMsg::Offer(DueCursor { due: at, key }),
+            Effect::Disarm { at } => PartitionMsg::Remove(DueCursor { due: at, key }),
+        };
+        // Not owned here, or stopping: the store still holds the event and
+        // its owner's loader finds it.
+        self.owned.send(partition, msg);
     }
 }

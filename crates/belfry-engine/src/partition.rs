@@ -11,13 +11,16 @@ use std::time::Duration;
 
 use belfry_core::{DueCursor, EventKey, PartitionId, TimerWindow, Timestamp};
 use belfry_store::DuePageParams;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::Shared;
+use crate::ownership::PartitionLease;
 
 /// At most this many entries are handed to the dispatcher per wake-up, so
 /// wake-ups keep being served during a large burst.
 const FIRE_BATCH: usize = 2_048;
+/// How often a partition whose lease lapsed checks whether it was renewed.
+const LEASE_RECHECK: Duration = Duration::from_millis(100);
 /// Pause after a failed page read before trying again.
 const LOAD_RETRY: Duration = Duration::from_millis(500);
 
@@ -28,12 +31,17 @@ pub enum PartitionMsg {
     Offer(DueCursor),
     /// An event moved away, was cancelled or finished.
     Remove(DueCursor),
+    /// Wake-ups may have been lost: drop the window, reload from the store.
+    Reload,
 }
 
 pub(crate) struct PartitionWorker {
     shared: Arc<Shared>,
     id: PartitionId,
+    lease: Arc<PartitionLease>,
     inbox: mpsc::UnboundedReceiver<PartitionMsg>,
+    /// Set when this node stops owning the partition.
+    released: watch::Receiver<bool>,
     window: TimerWindow,
     /// This partition's share of `max_events_in_memory`.
     capacity: usize,
@@ -45,14 +53,18 @@ impl PartitionWorker {
     pub(crate) fn new(
         shared: Arc<Shared>,
         id: PartitionId,
+        lease: Arc<PartitionLease>,
         inbox: mpsc::UnboundedReceiver<PartitionMsg>,
+        released: watch::Receiver<bool>,
     ) -> Self {
         let partitions = usize::from(shared.store.partitions().get());
         let capacity = (shared.options.max_events_in_memory / partitions).max(64);
         PartitionWorker {
             shared,
             id,
+            lease,
             inbox,
+            released,
             window: TimerWindow::new(),
             capacity,
             load_failed_at: None,
@@ -61,22 +73,40 @@ impl PartitionWorker {
 
     pub(crate) async fn run(mut self) {
         let mut stop = self.shared.stop_signal.subscribe();
+        let mut released = self.released.clone();
         loop {
-            if *stop.borrow() {
+            if *stop.borrow() || *released.borrow() {
                 break;
             }
             self.load_if_needed().await;
             let now = self.shared.clock.now();
-            let due = self.window.pop_due(now, FIRE_BATCH);
+            // A new owner waits out the previous owner's lease; an owner
+            // whose lease lapsed (no renewal: database or network trouble)
+            // holds its entries until it is renewed or released.
+            let may_fire = self.lease.may_fire();
+            let due = if may_fire {
+                self.window.pop_due(now, FIRE_BATCH)
+            } else {
+                Vec::new()
+            };
             if !due.is_empty() {
-                crate::dispatch::fire(&self.shared, self.id, due);
+                crate::dispatch::fire(&self.shared, self.id, &self.lease, due);
                 self.drain_inbox();
                 continue;
             }
-            let sleep_for = self.sleep_duration(now);
+            let mut sleep_for = self.sleep_duration(now);
+            if !may_fire {
+                let takeover_wait = self.lease.wait_before_firing();
+                sleep_for = sleep_for.min(if takeover_wait.is_zero() {
+                    LEASE_RECHECK
+                } else {
+                    takeover_wait
+                });
+            }
             tokio::select! {
                 biased;
                 _ = stop.changed() => break,
+                _ = released.changed() => break,
                 msg = self.inbox.recv() => match msg {
                     Some(msg) => {
                         self.handle(msg);
@@ -104,6 +134,9 @@ impl PartitionWorker {
             }
             PartitionMsg::Remove(entry) => {
                 self.window.remove(&entry);
+            }
+            PartitionMsg::Reload => {
+                self.window = TimerWindow::new();
             }
         }
     }

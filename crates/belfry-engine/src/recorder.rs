@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use belfry_store::{ApplyParams, KeyedCommand};
+use belfry_store::{ApplyParams, KeyedCommand, StoreError};
 use tokio::sync::mpsc;
 
 use crate::Shared;
@@ -62,8 +62,24 @@ async fn drain_after_stop(
     }
 }
 
-/// Writes one batch, retrying until it lands.
+/// Writes one batch, retrying until it lands. Outcomes of a partition
+/// this node no longer owns are rejected by their epoch: they are dropped
+/// (the new owner re-delivers; that is the at-least-once duplicate window).
 async fn record(shared: &Arc<Shared>, batch: Vec<KeyedCommand>) {
+    let mut groups = vec![batch];
+    while let Some(group) = groups.pop() {
+        match record_group(shared, group).await {
+            Ok(()) => {}
+            Err(Split(parts)) => groups.extend(parts),
+        }
+    }
+}
+
+/// A fenced batch, split by partition to separate stale outcomes from valid
+/// ones.
+struct Split(Vec<Vec<KeyedCommand>>);
+
+async fn record_group(shared: &Arc<Shared>, batch: Vec<KeyedCommand>) -> Result<(), Split> {
     loop {
         let params = ApplyParams {
             commands: batch.clone(),
@@ -73,7 +89,25 @@ async fn record(shared: &Arc<Shared>, batch: Vec<KeyedCommand>) {
         match shared.store.apply(params).await {
             Ok(applied) => {
                 shared.route_effects(&applied);
-                return;
+                return Ok(());
+            }
+            Err(StoreError::Fenced { partition, epoch }) => {
+                let mut by_partition: std::collections::BTreeMap<_, Vec<KeyedCommand>> =
+                    Default::default();
+                for command in batch {
+                    let group = command.fence.map(|f| f.partition);
+                    by_partition.entry(group).or_default().push(command);
+                }
+                if by_partition.len() == 1 {
+                    tracing::warn!(
+                        partition = %partition,
+                        epoch,
+                        outcomes = by_partition.values().map(Vec::len).sum::<usize>(),
+                        "dropping outcomes of a partition now owned elsewhere"
+                    );
+                    return Ok(());
+                }
+                return Err(Split(by_partition.into_values().collect()));
             }
             Err(error) => {
                 tracing::warn!(%error, outcomes = batch.len(), "recording delivery outcomes failed; retrying");

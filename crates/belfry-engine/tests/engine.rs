@@ -30,6 +30,7 @@ impl Node {
             EmbeddedStore::open(EmbeddedOptions {
                 data_dir: dir.path().to_path_buf(),
                 partitions: PartitionCount::new(8).unwrap(),
+                writers: None,
             })
             .unwrap(),
         );

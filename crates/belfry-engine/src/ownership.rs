@@ -1,0 +1,198 @@
+//! Which partitions this node fires, under which epoch, and until when.
+//!
+//! A single node owns every partition forever (epoch 0). In a cluster the
+//! membership loop calls [`crate::EngineHandle::set_ownership`] after each
+//! lease renewal: partitions gained get a worker, partitions lost have theirs
+//! stopped, and every owned partition's firing window moves forward.
+//!
+//! Firing is allowed only inside `[fire_from, fire_until)` on this process's
+//! monotonic clock: `fire_from` waits out the previous owner's lease,
+//! `fire_until` ends a safety margin before this node's own lease can expire.
+//! The dispatcher checks it right before each delivery, so a node that was
+//! paused (SIGSTOP, a long GC-like stall) past its lease delivers nothing for
+//! the partitions it lost.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use belfry_core::PartitionId;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::Shared;
+use crate::partition::{PartitionMsg, PartitionWorker};
+
+/// One owned partition, as the membership loop grants it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ownership {
+    pub partition: PartitionId,
+    pub epoch: u64,
+    /// Not before this instant (the previous owner's lease may run until then).
+    pub fire_from: Instant,
+    /// Not from this instant on (this node's lease may have expired by then).
+    pub fire_until: Instant,
+}
+
+impl Ownership {
+    /// Owned for as long as the process runs (a single node).
+    pub fn forever(partition: PartitionId) -> Self {
+        let now = Instant::now();
+        Ownership {
+            partition,
+            epoch: 0,
+            fire_from: now,
+            // Far enough to never matter, near enough not to overflow.
+            fire_until: now + Duration::from_secs(100 * 365 * 24 * 3600),
+        }
+    }
+}
+
+/// The firing window of one owned partition; shared by its worker and the
+/// delivery tasks it spawns.
+#[derive(Debug)]
+pub(crate) struct PartitionLease {
+    pub(crate) epoch: u64,
+    base: Instant,
+    /// Offsets from `base` in microseconds.
+    fire_from: AtomicU64,
+    fire_until: AtomicU64,
+}
+
+impl PartitionLease {
+    fn new(grant: &Ownership) -> Self {
+        let base = Instant::now();
+        let lease = PartitionLease {
+            epoch: grant.epoch,
+            base,
+            fire_from: AtomicU64::new(0),
+            fire_until: AtomicU64::new(0),
+        };
+        lease.update(grant);
+        lease
+    }
+
+    fn offset(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn update(&self, grant: &Ownership) {
+        self.fire_from
+            .store(self.offset(grant.fire_from), Ordering::SeqCst);
+        self.fire_until
+            .store(self.offset(grant.fire_until), Ordering::SeqCst);
+    }
+
+    /// Whether a delivery may start now.
+    pub(crate) fn may_fire(&self) -> bool {
+        let now = self.offset(Instant::now());
+        now >= self.fire_from.load(Ordering::SeqCst) && now < self.fire_until.load(Ordering::SeqCst)
+    }
+
+    /// How long until firing may start (zero if it may already).
+    pub(crate) fn wait_before_firing(&self) -> Duration {
+        let now = self.offset(Instant::now());
+        Duration::from_micros(self.fire_from.load(Ordering::SeqCst).saturating_sub(now))
+    }
+}
+
+/// A running partition worker.
+#[derive(Debug)]
+struct Slot {
+    lease: Arc<PartitionLease>,
+    inbox: mpsc::UnboundedSender<PartitionMsg>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// The partitions this node owns right now.
+#[derive(Debug, Default)]
+pub(crate) struct OwnedPartitions {
+    slots: Mutex<HashMap<PartitionId, Slot>>,
+}
+
+impl OwnedPartitions {
+    fn lock(&self) -> MutexGuard<'_, HashMap<PartitionId, Slot>> {
+        // Poison means a panic while the map was held; the map itself is
+        // still consistent (every update is a single insert or remove).
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends to a partition's worker; `false` if it is not owned here.
+    pub(crate) fn send(&self, partition: PartitionId, msg: PartitionMsg) -> bool {
+        self.lock()
+            .get(&partition)
+            .is_some_and(|slot| slot.inbox.send(msg).is_ok())
+    }
+
+    /// Sends a message built per partition to every owned worker.
+    pub(crate) fn broadcast(&self, msg: impl Fn() -> PartitionMsg) {
+        for slot in self.lock().values() {
+            let _ = slot.inbox.send(msg());
+        }
+    }
+
+    pub(crate) fn owned(&self) -> Vec<(PartitionId, u64)> {
+        let mut owned: Vec<_> = self
+            .lock()
+            .iter()
+            .map(|(id, slot)| (*id, slot.lease.epoch))
+            .collect();
+        owned.sort();
+        owned
+    }
+
+    /// Makes the running workers match `grants`: starts the new ones,
+    /// stops the lost ones (and those whose epoch changed, which restart
+    /// with a fresh window), and moves the firing windows of the others.
+    pub(crate) fn apply(&self, shared: &Arc<Shared>, grants: Vec<Ownership>) {
+        let mut slots = self.lock();
+        let wanted: HashMap<PartitionId, Ownership> =
+            grants.into_iter().map(|g| (g.partition, g)).collect();
+        let lost: Vec<PartitionId> = slots
+            .iter()
+            .filter(|(id, slot)| wanted.get(id).is_none_or(|g| g.epoch != slot.lease.epoch))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in lost {
+            if let Some(slot) = slots.remove(&id) {
+                let _ = slot.stop.send(true);
+                tracing::info!(partition = %id, epoch = slot.lease.epoch, "partition released");
+            }
+        }
+        for (id, grant) in wanted {
+            if let Some(slot) = slots.get(&id) {
+                slot.lease.update(&grant);
+                continue;
+            }
+            let lease = Arc::new(PartitionLease::new(&grant));
+            let (inbox, receiver) = mpsc::unbounded_channel();
+            let (stop, stop_receiver) = watch::channel(false);
+            let worker =
+                PartitionWorker::new(shared.clone(), id, lease.clone(), receiver, stop_receiver);
+            let task = tokio::spawn(worker.run());
+            tracing::debug!(partition = %id, epoch = grant.epoch, "partition acquired");
+            slots.insert(
+                id,
+                Slot {
+                    lease,
+                    inbox,
+                    stop,
+                    task,
+                },
+            );
+        }
+    }
+
+    /// Stops every worker and returns their tasks to await.
+    pub(crate) fn stop_all(&self) -> Vec<JoinHandle<()>> {
+        self.lock()
+            .drain()
+            .map(|(_, slot)| {
+                let _ = slot.stop.send(true);
+                slot.task
+            })
+            .collect()
+    }
+}
