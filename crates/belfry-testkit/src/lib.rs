@@ -14,9 +14,11 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+pub mod postgres;
 pub mod process;
 pub mod receiver;
 
+pub use postgres::{PgError, PgServer};
 pub use process::{BelfryLaunch, BelfryProcess, HarnessError, free_port};
 pub use receiver::{LEAN_HEADERS, Receiver, RecordedRequest, Response, Rule};
 

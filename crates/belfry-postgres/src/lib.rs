@@ -1,0 +1,480 @@
+//! Belfry's PostgreSQL backend: the [`Store`] of a cluster, its
+//! [`Coordinator`] (membership, leader lease, fenced partition ownership),
+//! and cross-node wake-ups over LISTEN/NOTIFY.
+//!
+//! # Layout
+//! - this file: [`PostgresOptions`], [`PostgresStore`] (connect, pool) and
+//!   the read side of [`Store`];
+//! - [`schema`](crate::schema): versioned migrations applied at connect;
+//! - `apply`: the write path, one transaction per [`Store::apply`];
+//! - `coordinator`: the [`Coordinator`] contract on the database clock;
+//! - [`wakeups`]: NOTIFY payloads and the LISTEN connection;
+//! - `rows`: row ↔ domain conversions and `unnest` column arrays;
+//! - `error`: which failures are `Unavailable` (→ 503) and which are not.
+//!
+//! # Guarantees
+//! - `apply` is durable on `Ok`: each connection runs with
+//!   `synchronous_commit = on`, whatever the server's default.
+//! - A database that is down or restarting gives
+//!   [`StoreError::Unavailable`]; the pool opens new connections by itself
+//!   when it is back.
+//! - Every ordering on names is byte-wise (`COLLATE "C"`), as in Rust.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use belfry_core::event::{Attempt, EventRecord, EventStatus};
+use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName};
+use belfry_store::cluster::Coordinator;
+use belfry_store::{
+    Applied, ApplyParams, DuePageParams, ListEventsParams, PurgeParams, Store, StoreResult,
+    StoreStats,
+};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio::sync::mpsc;
+
+mod apply;
+mod coordinator;
+mod error;
+mod rows;
+pub mod schema;
+pub mod wakeups;
+
+pub use belfry_store::StoreError;
+pub use wakeups::{Wakeup, WakeupKind};
+
+use crate::error::{corrupt, db_error, pool_error};
+use crate::rows::{EVENT_COLUMNS, attempt_from_row, cursor_from_row, record_from_row};
+
+/// How long to wait for a pooled connection, or for a new one, before
+/// answering `Unavailable`: a caller must not hang while the database is
+/// down.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Queued wake-ups per subscriber before the listener waits (the server
+/// buffers meanwhile), so memory stays bounded.
+const WAKEUP_QUEUE: usize = 4_096;
+
+/// How to reach the database and size the node's use of it.
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    /// `postgres://user:password@host:port/database?options`.
+    pub url: String,
+    /// Used only when this connect creates the schema; an existing
+    /// database keeps the count it was created with.
+    pub partitions: PartitionCount,
+    /// Connections in the pool (the LISTEN connection is extra).
+    pub pool_size: usize,
+    /// Client changes of events due before `now + notify_horizon` are
+    /// announced to the partition owner; set it to the engine's window.
+    pub notify_horizon: Duration,
+}
+
+/// The PostgreSQL store; cheap to share behind an `Arc`.
+pub struct PostgresStore {
+    pool: Pool,
+    partitions: PartitionCount,
+    notify_horizon: Duration,
+    /// For the dedicated LISTEN connections.
+    config: tokio_postgres::Config,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The config holds the password: show only where we connect.
+        f.debug_struct("PostgresStore")
+            .field("hosts", &self.config.get_hosts())
+            .field("database", &self.config.get_dbname())
+            .field("partitions", &self.partitions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects, applies the schema migrations (safe when several nodes
+    /// start at once) and reads the partition count.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database cannot be reached;
+    /// [`StoreError::Internal`] for a malformed URL or a failed migration.
+    pub async fn connect(options: PostgresOptions) -> StoreResult<PostgresStore> {
+        let mut config: tokio_postgres::Config = options
+            .url
+            .parse()
+            .map_err(|e| StoreError::Internal(format!("invalid database URL: {e}")))?;
+        // Durability must not depend on the server's defaults.
+        config.options("-c synchronous_commit=on");
+        if config.get_application_name().is_none() {
+            config.application_name("belfry");
+        }
+        config.connect_timeout(CONNECTION_TIMEOUT);
+        // Notice a silently dead peer (cut network) on idle connections.
+        config.keepalives(true);
+        config.keepalives_idle(Duration::from_secs(10));
+        config.keepalives_interval(Duration::from_secs(5));
+        config.keepalives_retries(3);
+
+        let manager = Manager::from_config(
+            config.clone(),
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                // A broken connection is noticed by the driver; checking
+                // each one with a query would cost a round trip per call.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(CONNECTION_TIMEOUT))
+            .create_timeout(Some(CONNECTION_TIMEOUT))
+            .recycle_timeout(Some(CONNECTION_TIMEOUT))
+            .build()
+            .map_err(|e| StoreError::Internal(format!("cannot build the connection pool: {e}")))?;
+        let mut client = pool.get().await.map_err(pool_error)?;
+        let partitions = schema::migrate(&mut client, options.partitions).await?;
+        drop(client);
+        Ok(PostgresStore {
+            pool,
+            partitions,
+            notify_horizon: options.notify_horizon,
+            config,
+        })
+    }
+
+    /// Wake-ups for near-term changes made anywhere in the cluster, from a
+    /// dedicated LISTEN connection that reconnects after errors. The stream
+    /// begins with [`Wakeup::Resync`] and repeats it after every reconnect
+    /// (see [`wakeups`]). Dropping the receiver stops the listener.
+    pub fn subscribe_wakeups(&self) -> mpsc::Receiver<Wakeup> {
+        let (sender, receiver) = mpsc::channel(WAKEUP_QUEUE);
+        tokio::spawn(wakeups::listen(self.config.clone(), sender));
+        receiver
+    }
+
+    async fn client(&self) -> StoreResult<deadpool_postgres::Object> {
+        self.pool.get().await.map_err(pool_error)
+    }
+}
+
+/// A `usize` limit as SQL's `LIMIT` (bigint).
+fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn partitions(&self) -> PartitionCount {
+        self.partitions
+    }
+
+    async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()> {
+        let sink = serde_json::to_string(&tenant.sink)
+            .map_err(|e| StoreError::Internal(format!("cannot encode the tenant's sink: {e}")))?;
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "INSERT INTO tenants (name, sink) VALUES ($1, $2::text::jsonb)
+                 ON CONFLICT (name) DO UPDATE SET sink = EXCLUDED.sink",
+            )
+            .await
+            .map_err(db_error)?;
+        client
+            .execute(&statement, &[&tenant.name.as_str(), &sink])
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
+    async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached("SELECT name, sink::text FROM tenants WHERE name = $1")
+            .await
+            .map_err(db_error)?;
+        client
+            .query_opt(&statement, &[&name.as_str()])
+            .await
+            .map_err(db_error)?
+            .map(|row| tenant_from_row(&row))
+            .transpose()
+    }
+
+    async fn list_tenants(&self) -> StoreResult<Vec<TenantConfig>> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached("SELECT name, sink::text FROM tenants ORDER BY name")
+            .await
+            .map_err(db_error)?;
+        client
+            .query(&statement, &[])
+            .await
+            .map_err(db_error)?
+            .iter()
+            .map(tenant_from_row)
+            .collect()
+    }
+
+    async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached("DELETE FROM tenants WHERE name = $1")
+            .await
+            .map_err(db_error)?;
+        let deleted = client
+            .execute(&statement, &[&name.as_str()])
+            .await
+            .map_err(db_error)?;
+        Ok(deleted > 0)
+    }
+
+    async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
+        apply::apply(self, params).await
+    }
+
+    async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS} FROM events WHERE tenant = $1 AND id = $2"
+            ))
+            .await
+            .map_err(db_error)?;
+        client
+            .query_opt(&statement, &[&key.tenant.as_str(), &key.id.as_str()])
+            .await
+            .map_err(db_error)?
+            .map(|row| record_from_row(&row))
+            .transpose()
+    }
+
+    async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>> {
+        if params.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let partition = i32::from(params.partition.0);
+        let through = params.through.as_millis();
+        let limit = sql_limit(params.limit);
+        let rows = match &params.after {
+            None => {
+                let statement = client
+                    .prepare_cached(
+                        "SELECT next_fire_at, tenant, id FROM events
+                         WHERE partition = $1 AND next_fire_at IS NOT NULL
+                           AND next_fire_at <= $2
+                         ORDER BY next_fire_at, tenant, id LIMIT $3",
+                    )
+                    .await
+                    .map_err(db_error)?;
+                client
+                    .query(&statement, &[&partition, &through, &limit])
+                    .await
+            }
+            Some(after) => {
+                let statement = client
+                    .prepare_cached(
+                        "SELECT next_fire_at, tenant, id FROM events
+                         WHERE partition = $1 AND next_fire_at IS NOT NULL
+                           AND next_fire_at <= $2
+                           AND (next_fire_at, tenant, id) > ($3, $4, $5)
+                         ORDER BY next_fire_at, tenant, id LIMIT $6",
+                    )
+                    .await
+                    .map_err(db_error)?;
+                client
+                    .query(
+                        &statement,
+                        &[
+                            &partition,
+                            &through,
+                            &after.due.as_millis(),
+                            &after.key.tenant.as_str(),
+                            &after.key.id.as_str(),
+                            &limit,
+                        ],
+                    )
+                    .await
+            }
+        }
+        .map_err(db_error)?;
+        rows.iter().map(cursor_from_row).collect()
+    }
+
+    async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>> {
+        if params.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS} FROM events
+                 WHERE tenant = $1
+                   AND ($2::text IS NULL OR status = $2)
+                   AND ($3::bigint IS NULL OR event_time >= $3)
+                   AND ($4::bigint IS NULL OR event_time < $4)
+                   AND ($5::text IS NULL OR id > $5)
+                 ORDER BY id LIMIT $6"
+            ))
+            .await
+            .map_err(db_error)?;
+        let status = params.status.map(EventStatus::as_str);
+        let from = params.from.map(|t| t.as_millis());
+        let to = params.to.map(|t| t.as_millis());
+        let after = params.after.as_ref().map(|id| id.as_str());
+        client
+            .query(
+                &statement,
+                &[
+                    &params.tenant.as_str(),
+                    &status,
+                    &from,
+                    &to,
+                    &after,
+                    &sql_limit(params.limit),
+                ],
+            )
+            .await
+            .map_err(db_error)?
+            .iter()
+            .map(record_from_row)
+            .collect()
+    }
+
+    async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT version, number, started_at, duration_ms, verdict, http_status, error
+                 FROM attempts WHERE tenant = $1 AND id = $2 ORDER BY seq LIMIT $3",
+            )
+            .await
+            .map_err(db_error)?;
+        client
+            .query(
+                &statement,
+                &[&key.tenant.as_str(), &key.id.as_str(), &sql_limit(limit)],
+            )
+            .await
+            .map_err(db_error)?
+            .iter()
+            .map(attempt_from_row)
+            .collect()
+    }
+
+    async fn purge_finished(&self, params: PurgeParams) -> StoreResult<usize> {
+        if params.limit == 0 {
+            return Ok(0);
+        }
+        let client = self.client().await?;
+        // Rows a concurrent apply holds are skipped (it may be reviving
+        // them); the sweep takes them next time if they are still old.
+        let statement = client
+            .prepare_cached(
+                "WITH doomed AS (
+                     SELECT tenant, id FROM events
+                     WHERE finished_at < $1
+                     ORDER BY finished_at LIMIT $2
+                     FOR UPDATE SKIP LOCKED
+                 ), gone AS (
+                     DELETE FROM events e USING doomed d
+                     WHERE e.tenant = d.tenant AND e.id = d.id
+                     RETURNING e.tenant, e.id
+                 ), history AS (
+                     DELETE FROM attempts a USING gone g
+                     WHERE a.tenant = g.tenant AND a.id = g.id
+                 )
+                 SELECT count(*) FROM gone",
+            )
+            .await
+            .map_err(db_error)?;
+        let purged: i64 = client
+            .query_one(
+                &statement,
+                &[
+                    &params.finished_before.as_millis(),
+                    &sql_limit(params.limit),
+                ],
+            )
+            .await
+            .map_err(db_error)?
+            .get(0);
+        usize::try_from(purged).map_err(|_| corrupt(format_args!("purge count {purged}")))
+    }
+
+    async fn stats(&self) -> StoreResult<StoreStats> {
+        let client = self.client().await?;
+        let bytes: i64 = client
+            .query_one("SELECT pg_database_size(current_database())", &[])
+            .await
+            .map_err(db_error)?
+            .get(0);
+        Ok(StoreStats {
+            disk_bytes: u64::try_from(bytes).ok(),
+        })
+    }
+}
+
+fn tenant_from_row(row: &tokio_postgres::Row) -> StoreResult<TenantConfig> {
+    let name: String = row.get(0);
+    let sink: String = row.get(1);
+    Ok(TenantConfig {
+        name: TenantName::new(name).map_err(corrupt)?,
+        sink: serde_json::from_str(&sink).map_err(corrupt)?,
+    })
+}
+
+#[async_trait]
+impl Coordinator for PostgresStore {
+    async fn heartbeat(
+        &self,
+        node: &belfry_store::cluster::NodeInfo,
+        ttl: Duration,
+    ) -> StoreResult<Vec<belfry_store::cluster::NodeStatus>> {
+        coordinator::heartbeat(self, node, ttl).await
+    }
+
+    async fn leave(&self, node: &belfry_store::cluster::NodeId) -> StoreResult<()> {
+        coordinator::leave(self, node).await
+    }
+
+    async fn claim_leadership(
+        &self,
+        node: &belfry_store::cluster::NodeId,
+        ttl: Duration,
+    ) -> StoreResult<belfry_store::cluster::LeaderLease> {
+        coordinator::claim_leadership(self, node, ttl).await
+    }
+
+    async fn release_leadership(&self, node: &belfry_store::cluster::NodeId) -> StoreResult<()> {
+        coordinator::release_leadership(self, node).await
+    }
+
+    async fn assign(
+        &self,
+        leader: &belfry_store::cluster::NodeId,
+        term: u64,
+        owners: Vec<(belfry_core::PartitionId, belfry_store::cluster::NodeId)>,
+    ) -> StoreResult<()> {
+        coordinator::assign(self, leader, term, owners).await
+    }
+
+    async fn renew_ownership(
+        &self,
+        node: &belfry_store::cluster::NodeId,
+        ttl: Duration,
+    ) -> StoreResult<Vec<belfry_store::cluster::OwnedPartition>> {
+        coordinator::renew_ownership(self, node, ttl).await
+    }
+
+    async fn assignments(&self) -> StoreResult<Vec<belfry_store::cluster::PartitionAssignment>> {
+        coordinator::assignments(self).await
+    }
+
+    async fn leader(&self) -> StoreResult<Option<belfry_store::cluster::LeaderLease>> {
+        coordinator::leader(self).await
+    }
+}

@@ -1,0 +1,272 @@
+//! Cross-node wake-ups over LISTEN/NOTIFY.
+//!
+//! Any node accepts any API call, but only a partition's owner holds its
+//! timers. When a client request creates, moves or cancels an event due
+//! before `now + notify_horizon` (the owner's in-memory window), the store
+//! calls `pg_notify` in the same transaction, so the notification is sent
+//! exactly when the change commits. Owners' own writes (fenced commands:
+//! attempt outcomes, expiry) are not announced: the owner already applied
+//! their effects to its window.
+//!
+//! # Payload
+//! One notification carries several effects, one per line (`\n`), each
+//! `KIND \t PARTITION \t DUE_MS \t TENANT \t ID` with KIND `A` (arm) or `D`
+//! (disarm). Names cannot contain control characters (validated at the
+//! edge), so tabs and newlines are safe separators. A notification stays
+//! under [`MAX_PAYLOAD`] bytes (PostgreSQL's limit is 8000).
+//!
+//! # Subscription
+//! [`listen`] keeps a dedicated connection (not from the pool) and re-opens
+//! it after any error with a capped backoff. Every time LISTEN is
+//! (re-)established the stream yields [`Wakeup::Resync`] first: anything
+//! before it may have been missed, so the engine reloads its windows.
+
+use std::time::Duration;
+
+use belfry_core::{EventKey, PartitionId, Timestamp};
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_postgres::AsyncMessage;
+
+use crate::rows::{key_from_parts, partition_from_i32};
+
+/// The notification channel.
+pub const CHANNEL: &str = "belfry_wakeups";
+
+/// Largest payload we send; PostgreSQL refuses 8000 bytes and more.
+pub(crate) const MAX_PAYLOAD: usize = 7_900;
+
+/// What a wake-up asks of the partition owner's timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeupKind {
+    /// Put `(due, key)` into the window if it covers it.
+    Arm,
+    /// Take `(due, key)` out of the window.
+    Disarm,
+}
+
+/// One message of [`crate::PostgresStore::subscribe_wakeups`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wakeup {
+    /// A committed change of a near-term event.
+    Timer {
+        partition: PartitionId,
+        key: EventKey,
+        due: Timestamp,
+        kind: WakeupKind,
+    },
+    /// The subscription was (re-)established: notifications may have been
+    /// missed before this point, reload the windows from the store.
+    Resync,
+}
+
+/// Packs timer effects into as few payloads as fit.
+#[derive(Debug, Default)]
+pub(crate) struct PayloadBuilder {
+    done: Vec<String>,
+    current: String,
+}
+
+impl PayloadBuilder {
+    pub fn push(
+        &mut self,
+        partition: PartitionId,
+        key: &EventKey,
+        due: Timestamp,
+        kind: WakeupKind,
+    ) {
+        let line = format!(
+            "{}\t{}\t{}\t{}\t{}",
+            match kind {
+                WakeupKind::Arm => 'A',
+                WakeupKind::Disarm => 'D',
+            },
+            partition.0,
+            due.as_millis(),
+            key.tenant.as_str(),
+            key.id.as_str()
+        );
+        if !self.current.is_empty() && self.current.len() + 1 + line.len() > MAX_PAYLOAD {
+            self.done.push(std::mem::take(&mut self.current));
+        }
+        if !self.current.is_empty() {
+            self.current.push('\n');
+        }
+        self.current.push_str(&line);
+    }
+
+    pub fn finish(mut self) -> Vec<String> {
+        if !self.current.is_empty() {
+            self.done.push(self.current);
+        }
+        self.done
+    }
+}
+
+/// Decodes one notification payload; malformed lines are skipped (logged).
+pub(crate) fn decode(payload: &str) -> Vec<Wakeup> {
+    payload
+        .lines()
+        .filter_map(|line| {
+            let decoded = decode_line(line);
+            if decoded.is_none() {
+                tracing::warn!(line, "ignoring a malformed wake-up");
+            }
+            decoded
+        })
+        .collect()
+}
+
+fn decode_line(line: &str) -> Option<Wakeup> {
+    let mut fields = line.splitn(5, '\t');
+    let kind = match fields.next()? {
+        "A" => WakeupKind::Arm,
+        "D" => WakeupKind::Disarm,
+        _ => return None,
+    };
+    let partition = partition_from_i32(fields.next()?.parse().ok()?).ok()?;
+    let due = Timestamp::from_millis(fields.next()?.parse().ok()?);
+    let tenant = fields.next()?.to_owned();
+    let id = fields.next()?.to_owned();
+    Some(Wakeup::Timer {
+        partition,
+        key: key_from_parts(tenant, id).ok()?,
+        due,
+        kind,
+    })
+}
+
+/// Backoff between reconnect attempts of the listener.
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+/// Runs the LISTEN connection until `out` is closed (see the module docs).
+pub(crate) async fn listen(config: tokio_postgres::Config, out: mpsc::Sender<Wakeup>) {
+    let mut backoff = RECONNECT_MIN;
+    while !out.is_closed() {
+        match listen_once(&config, &out, &mut backoff).await {
+            Ok(()) => return,
+            Err(error) => {
+                tracing::warn!(%error, "wake-up listener lost its connection; reconnecting");
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = out.closed() => return,
+        }
+        backoff = (backoff * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// One connection's life. `Ok` only when the subscriber went away.
+async fn listen_once(
+    config: &tokio_postgres::Config,
+    out: &mpsc::Sender<Wakeup>,
+    backoff: &mut Duration,
+) -> Result<(), ListenError> {
+    let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
+    let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+    let listen_sql = format!("LISTEN {CHANNEL}");
+    let listen = client.batch_execute(&listen_sql);
+    tokio::pin!(listen);
+    // The connection must be polled for LISTEN to complete; nothing can
+    // arrive before it does.
+    loop {
+        tokio::select! {
+            result = &mut listen => {
+                result?;
+                break;
+            }
+            message = messages.next() => match message {
+                Some(Err(error)) => return Err(error.into()),
+                Some(Ok(_)) => {}
+                None => return Err(ListenError::Closed),
+            }
+        }
+    }
+    *backoff = RECONNECT_MIN;
+    if out.send(Wakeup::Resync).await.is_err() {
+        return Ok(());
+    }
+    while let Some(message) = messages.next().await {
+        match message? {
+            AsyncMessage::Notification(note) if note.channel() == CHANNEL => {
+                for wakeup in decode(note.payload()) {
+                    if out.send(wakeup).await.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+            AsyncMessage::Notice(notice) => {
+                tracing::debug!(
+                    message = notice.message(),
+                    "notice on the wake-up connection"
+                );
+            }
+            _ => {}
+        }
+    }
+    // `client` lives until here (the pinned LISTEN borrows it), so our side
+    // never closes the connection while we listen.
+    Err(ListenError::Closed)
+}
+
+/// Why a LISTEN connection ended.
+#[derive(Debug, thiserror::Error)]
+enum ListenError {
+    #[error(transparent)]
+    Database(#[from] tokio_postgres::Error),
+    #[error("the server closed the connection")]
+    Closed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use belfry_core::{EventId, TenantName};
+
+    fn key(tenant: &str, id: &str) -> EventKey {
+        EventKey::new(TenantName::new(tenant).unwrap(), EventId::new(id).unwrap())
+    }
+
+    #[test]
+    fn payloads_round_trip_and_stay_small() {
+        let mut builder = PayloadBuilder::default();
+        let long_id = "é".repeat(240);
+        for i in 0..100 {
+            builder.push(
+                PartitionId(i),
+                &key("t/x y", &format!("{long_id}{i}")),
+                Timestamp::from_millis(1_000 + i64::from(i)),
+                if i % 2 == 0 {
+                    WakeupKind::Arm
+                } else {
+                    WakeupKind::Disarm
+                },
+            );
+        }
+        let payloads = builder.finish();
+        assert!(
+            payloads.len() > 1,
+            "100 long entries need several notifications"
+        );
+        assert!(payloads.iter().all(|p| p.len() < MAX_PAYLOAD));
+        let decoded: Vec<Wakeup> = payloads.iter().flat_map(|p| decode(p)).collect();
+        assert_eq!(decoded.len(), 100);
+        assert_eq!(
+            decoded[3],
+            Wakeup::Timer {
+                partition: PartitionId(3),
+                key: key("t/x y", &format!("{long_id}3")),
+                due: Timestamp::from_millis(1_003),
+                kind: WakeupKind::Disarm,
+            }
+        );
+    }
+
+    #[test]
+    fn malformed_lines_are_skipped() {
+        let decoded = decode("X\t1\t2\tt\te\nA\t1\tnope\tt\te\nA\t1\t5\tt\te");
+        assert_eq!(decoded.len(), 1);
+    }
+}

@@ -1,0 +1,630 @@
+//! A throwaway PostgreSQL server for tests.
+//!
+//! [`PgServer::shared`] starts one server per test binary (the first caller
+//! pays ≈ 2 s for `initdb`); every test then takes a fresh database from it
+//! with [`PgServer::fresh_database`] (≈ 0.2 s), so suites stay fast and
+//! cases never see each other's rows. [`PgServer::launch`] starts a private
+//! server for tests that stop and restart it ([`PgServer::stop_immediate`],
+//! [`PgServer::start`]).
+//!
+//! # How the server runs
+//! - Binaries come from `pg_config --bindir`, else `/usr/lib/postgresql/*/bin`.
+//!   When they are missing the error says to run `scripts/test.sh`, which
+//!   installs them.
+//! - PostgreSQL refuses to run as root. As root, `initdb`, `postgres` and
+//!   `pg_ctl` run as the `postgres` user: the switch is done by
+//!   [`std::os::unix::process::CommandExt::uid`] (what `runuser -u postgres`
+//!   does), so the postmaster is our direct child and its pid is known.
+//! - `postgres -D DIR/data -k DIR -p PORT -c listen_addresses=127.0.0.1
+//!   -c fsync=off`: loopback only; no fsync because test data need not
+//!   survive a machine crash.
+//! - The postmaster gets a parent-death signal (fast shutdown), so a test
+//!   binary that exits (statics are never dropped) or crashes leaves no
+//!   server behind. Directories of servers whose test process is gone are
+//!   swept at the next launch.
+//! - With `BELFRY_TEST_DATABASE_URL` set, [`PgServer::shared`] uses that
+//!   existing server instead of starting one (databases are created on it).
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, mpsc};
+use std::time::{Duration, Instant};
+
+/// Environment variable naming an existing server to use instead of a
+/// throwaway one (`postgres://user@host:port/db`).
+pub const DATABASE_URL_ENV: &str = "BELFRY_TEST_DATABASE_URL";
+
+/// How long `initdb`, a start or a stop may take. Generous: a loaded 2-core
+/// machine runs several test binaries at once.
+pub const SERVER_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Prefix of the temporary directories of launched servers.
+const DIR_PREFIX: &str = "belfry-pg-";
+
+/// Why a test server could not be provided.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error(
+        "PostgreSQL binaries not found (no `pg_config` on PATH, nothing in \
+         /usr/lib/postgresql/*/bin): run scripts/test.sh, which installs them, \
+         or set {DATABASE_URL_ENV} to an existing server"
+    )]
+    BinariesMissing,
+    #[error("running as root, but there is no `postgres` user to run the server as")]
+    NoPostgresUser,
+    #[error("cannot prepare {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what} failed: {detail}")]
+    Command { what: String, detail: String },
+    #[error("PostgreSQL did not accept connections within {deadline:?}\n{log}")]
+    NotReady { deadline: Duration, log: String },
+    #[error("database request failed: {0}")]
+    Database(#[from] tokio_postgres::Error),
+    #[error("this server was given by {DATABASE_URL_ENV}; it cannot be stopped or started")]
+    External,
+}
+
+/// A PostgreSQL server for tests: launched here, or an existing one.
+#[derive(Debug)]
+pub struct PgServer {
+    /// `postgres://postgres@127.0.0.1:PORT` without a database, or the
+    /// external URL with its database part cut off.
+    base_url: String,
+    /// A database that exists, to connect to for `CREATE DATABASE`.
+    admin_database: String,
+    /// Connection options of an external URL (`?sslmode=...`), or empty.
+    query: String,
+    /// `None` for an external server.
+    local: Option<LocalServer>,
+}
+
+#[derive(Debug)]
+struct LocalServer {
+    bindir: PathBuf,
+    /// Parent of `data/`, socket directory and log file.
+    root: PathBuf,
+    port: u16,
+    /// `Some((uid, gid))` when running as root.
+    run_as: Option<(u32, u32)>,
+    postmaster: Mutex<Option<Child>>,
+    /// Spawns postmasters from one long-lived thread: the parent-death
+    /// signal fires when the *thread* that forked exits, and test threads
+    /// end with their test.
+    spawner: Mutex<mpsc::Sender<SpawnRequest>>,
+}
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+impl PgServer {
+    /// The server shared by every test of this binary: the one named by
+    /// `BELFRY_TEST_DATABASE_URL`, else a throwaway one started on first use.
+    ///
+    /// # Panics
+    /// When no server can be provided; the message says why and what to do.
+    pub fn shared() -> &'static PgServer {
+        static SHARED: OnceLock<Result<PgServer, String>> = OnceLock::new();
+        let server = SHARED.get_or_init(|| {
+            let result = match std::env::var(DATABASE_URL_ENV) {
+                Ok(url) if !url.trim().is_empty() => Ok(PgServer::external(url.trim())),
+                _ => PgServer::launch(),
+            };
+            result.map_err(|e| e.to_string())
+        });
+        match server {
+            Ok(server) => server,
+            Err(message) => panic!("no PostgreSQL server for tests: {message}"),
+        }
+    }
+
+    /// Uses an existing server; databases are created on it.
+    pub fn external(url: &str) -> PgServer {
+        let (base_url, admin_database, query) = split_url(url);
+        PgServer {
+            base_url,
+            admin_database,
+            query,
+            local: None,
+        }
+    }
+
+    /// Starts a private server in a new temporary directory, waiting until
+    /// it accepts connections. Killed (and its directory removed) on drop.
+    ///
+    /// # Errors
+    /// Missing binaries, `initdb` failure, or a server that does not start.
+    pub fn launch() -> Result<PgServer, PgError> {
+        let bindir = find_bindir().ok_or(PgError::BinariesMissing)?;
+        let run_as = if running_as_root() {
+            Some(postgres_user().ok_or(PgError::NoPostgresUser)?)
+        } else {
+            None
+        };
+        sweep_abandoned_dirs();
+        let root = new_root_dir()?;
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(&root, Some(uid), Some(gid)).map_err(|source| {
+                PgError::Io {
+                    path: root.clone(),
+                    source,
+                }
+            })?;
+        }
+        let (spawner, requests) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("pg-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in requests {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .map_err(|source| PgError::Io {
+                path: root.clone(),
+                source,
+            })?;
+        let port = crate::free_port();
+        // Built before the server runs, so that a failed start still
+        // cleans up through `Drop`.
+        let server = PgServer {
+            base_url: format!("postgres://postgres@127.0.0.1:{port}"),
+            admin_database: "postgres".into(),
+            query: String::new(),
+            local: Some(LocalServer {
+                bindir,
+                root,
+                port,
+                run_as,
+                postmaster: Mutex::new(None),
+                spawner: Mutex::new(spawner),
+            }),
+        };
+        let local = server.local()?;
+        local.initdb()?;
+        local.start()?;
+        Ok(server)
+    }
+
+    /// The URL of database `name` on this server.
+    pub fn url(&self, name: &str) -> String {
+        format!("{}/{name}{}", self.base_url, self.query)
+    }
+
+    /// Creates database `name` and returns its URL.
+    ///
+    /// # Errors
+    /// The server refused (bad name, already exists, server down).
+    pub async fn create_database(&self, name: &str) -> Result<String, PgError> {
+        let admin_url = self.url(&self.admin_database);
+        let (client, connection) =
+            tokio_postgres::connect(&admin_url, tokio_postgres::NoTls).await?;
+        let driver = tokio::spawn(connection);
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        let result = client
+            .batch_execute(&format!("CREATE DATABASE {quoted}"))
+            .await;
+        drop(client);
+        let _ = driver.await;
+        result?;
+        Ok(self.url(name))
+    }
+
+    /// Creates a database with a name unique to this process and returns
+    /// its URL.
+    ///
+    /// # Panics
+    /// When the database cannot be created (a test cannot go on).
+    pub async fn fresh_database(&self) -> String {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "belfry_test_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        self.create_database(&name)
+            .await
+            .unwrap_or_else(|e| panic!("create test database {name}: {e}"))
+    }
+
+    /// The port of a launched server (`None` for an external one).
+    pub fn port(&self) -> Option<u16> {
+        self.local.as_ref().map(|local| local.port)
+    }
+
+    /// `pg_ctl stop -m immediate`: the server dies without a checkpoint, as
+    /// in a crash, and connections break at once.
+    ///
+    /// # Errors
+    /// An external server, or `pg_ctl` failing.
+    pub fn stop_immediate(&self) -> Result<(), PgError> {
+        self.local()?.stop_immediate()
+    }
+
+    /// Starts the server again on the same directory and port (after
+    /// [`PgServer::stop_immediate`]); waits until it accepts connections.
+    ///
+    /// # Errors
+    /// An external server, or one that does not come up.
+    pub fn start(&self) -> Result<(), PgError> {
+        self.local()?.start()
+    }
+
+    fn local(&self) -> Result<&LocalServer, PgError> {
+        self.local.as_ref().ok_or(PgError::External)
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        if let Some(local) = &self.local {
+            local.shut_down();
+            let _ = std::fs::remove_dir_all(&local.root);
+        }
+    }
+}
+
+impl LocalServer {
+    fn data_dir(&self) -> PathBuf {
+        self.root.join("data")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.root.join("postgres.log")
+    }
+
+    /// A command for one of the server binaries, as the `postgres` user
+    /// when we are root, run from the server's directory (the caller's
+    /// directory may not be readable by that user).
+    fn command(&self, binary: &str) -> Command {
+        let mut command = Command::new(self.bindir.join(binary));
+        command.current_dir(&self.root).env("LC_ALL", "C");
+        if let Some((uid, gid)) = self.run_as {
+            command.uid(uid).gid(gid);
+        }
+        command
+    }
+
+    /// Creates the cluster with a linguistic (ICU `en-US`) default
+    /// collation when the build supports it: code that forgets `COLLATE
+    /// "C"` then orders differently from Rust and tests catch it. Falls
+    /// back to the plain C locale.
+    fn initdb(&self) -> Result<(), PgError> {
+        let icu = [
+            "--locale=C.UTF-8",
+            "--locale-provider=icu",
+            "--icu-locale=en-US",
+        ];
+        match self.run_initdb(&icu) {
+            Ok(()) => Ok(()),
+            Err(_) => {
+                let _ = std::fs::remove_dir_all(self.data_dir());
+                self.run_initdb(&[])
+            }
+        }
+    }
+
+    fn run_initdb(&self, locale: &[&str]) -> Result<(), PgError> {
+        let output = self
+            .command("initdb")
+            .arg("-D")
+            .arg(self.data_dir())
+            .args(["-U", "postgres", "--auth=trust", "-N", "-E", "UTF8"])
+            .args(locale)
+            .output()
+            .map_err(|source| PgError::Io {
+                path: self.bindir.join("initdb"),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(PgError::Command {
+                what: "initdb".into(),
+                detail: format!(
+                    "{}\n{}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn start(&self) -> Result<(), PgError> {
+        let log_path = self.log_path();
+        let io_error = |source| PgError::Io {
+            path: log_path.clone(),
+            source,
+        };
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io_error)?;
+        let log_err = log.try_clone().map_err(io_error)?;
+        let mut command = self.command("postgres");
+        command
+            .arg("-D")
+            .arg(self.data_dir())
+            .arg("-k")
+            .arg(&self.root)
+            .args(["-p", &self.port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", "fsync=off"])
+            .args(["-c", "max_connections=200"])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        set_parent_death_signal(&mut command);
+        let (reply, answer) = mpsc::channel();
+        self.spawner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .send((command, reply))
+            .map_err(|_| PgError::Command {
+                what: "spawn postgres".into(),
+                detail: "the spawner thread is gone".into(),
+            })?;
+        let child = answer
+            .recv()
+            .map_err(|_| PgError::Command {
+                what: "spawn postgres".into(),
+                detail: "the spawner thread is gone".into(),
+            })?
+            .map_err(|source| PgError::Io {
+                path: self.bindir.join("postgres"),
+                source,
+            })?;
+        *self.postmaster.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&self) -> Result<(), PgError> {
+        let deadline = Instant::now() + SERVER_DEADLINE;
+        loop {
+            let ready = Command::new(self.bindir.join("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .args(["-U", "postgres", "-d", "postgres"])
+                .status()
+                .is_ok_and(|status| status.success());
+            if ready {
+                return Ok(());
+            }
+            let exited = self
+                .postmaster
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_mut()
+                .is_none_or(|child| !matches!(child.try_wait(), Ok(None)));
+            if exited || Instant::now() > deadline {
+                return Err(PgError::NotReady {
+                    deadline: SERVER_DEADLINE,
+                    log: std::fs::read_to_string(self.log_path()).unwrap_or_default(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn stop_immediate(&self) -> Result<(), PgError> {
+        let output = self
+            .command("pg_ctl")
+            .args(["stop", "-m", "immediate", "-w", "-D"])
+            .arg(self.data_dir())
+            .output()
+            .map_err(|source| PgError::Io {
+                path: self.bindir.join("pg_ctl"),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(PgError::Command {
+                what: "pg_ctl stop -m immediate".into(),
+                detail: String::from_utf8_lossy(&output.stderr).into_owned(),
+            });
+        }
+        // Reap the postmaster so a later start owns a fresh child.
+        if let Some(mut child) = self
+            .postmaster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = child.wait();
+        }
+        Ok(())
+    }
+
+    /// Fast shutdown (SIGINT: disconnect clients, exit cleanly, free shared
+    /// memory), then SIGKILL if it hangs.
+    fn shut_down(&self) {
+        let Some(mut child) = self
+            .postmaster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return;
+        };
+        signal(child.id(), libc::SIGINT);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+#[allow(unsafe_code)]
+fn set_parent_death_signal(command: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes the async-signal-safe prctl(2) system call. It runs after the
+    // uid switch, which would otherwise clear the setting.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[allow(unsafe_code)]
+fn signal(pid: u32, signal: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) touches no memory of ours; `pid` is our own child,
+    // not yet reaped, so it cannot name an unrelated process.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+/// `pg_config --bindir`, else the newest `/usr/lib/postgresql/*/bin`; only
+/// a directory that holds `initdb` counts.
+fn find_bindir() -> Option<PathBuf> {
+    let from_pg_config = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .ok()
+        .filter(|output| output.status.success())
+        .map(|output| PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()));
+    let mut candidates: Vec<PathBuf> = from_pg_config.into_iter().collect();
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("bin"))
+        .collect();
+    // Newest first: version directories are numbers ("15", "16").
+    versions.sort_by_key(|path| {
+        std::cmp::Reverse(
+            path.parent()
+                .and_then(|p| p.file_name())
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.parse::<u32>().ok())
+                .unwrap_or(0),
+        )
+    });
+    candidates.extend(versions);
+    candidates
+        .into_iter()
+        .find(|dir| dir.join("initdb").is_file() && dir.join("postgres").is_file())
+}
+
+/// The owner of `/proc/self` is our effective uid; no unsafe call needed.
+fn running_as_root() -> bool {
+    std::fs::metadata("/proc/self").is_ok_and(|meta| meta.uid() == 0)
+}
+
+/// `(uid, gid)` of the `postgres` user, from `/etc/passwd`.
+fn postgres_user() -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        match fields.as_slice() {
+            ["postgres", _, uid, gid, ..] => Some((uid.parse().ok()?, gid.parse().ok()?)),
+            _ => None,
+        }
+    })
+}
+
+fn new_root_dir() -> Result<PathBuf, PgError> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let root = std::env::temp_dir().join(format!(
+        "{DIR_PREFIX}{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).map_err(|source| PgError::Io {
+        path: root.clone(),
+        source,
+    })?;
+    Ok(root)
+}
+
+/// Removes directories of servers whose test process no longer exists (a
+/// shared server's directory outlives its process: statics never drop).
+fn sweep_abandoned_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Splits `postgres://user@host:port/db?opts` into the part before the
+/// database, the database (`postgres` when none is named) and the options
+/// (`?opts`, or empty), so other databases on the same server can be named.
+fn split_url(url: &str) -> (String, String, String) {
+    let authority_start = url.find("://").map_or(0, |i| i + 3);
+    let (before_query, query) = match url[authority_start..].find('?') {
+        Some(offset) => url.split_at(authority_start + offset),
+        None => (url, ""),
+    };
+    let (base, database) = match before_query[authority_start..].find('/') {
+        Some(offset) => {
+            let (base, path) = before_query.split_at(authority_start + offset);
+            (base, path.trim_start_matches('/'))
+        }
+        None => (before_query, ""),
+    };
+    let database = if database.is_empty() {
+        "postgres"
+    } else {
+        database
+    };
+    (base.to_string(), database.to_string(), query.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_url;
+
+    #[test]
+    fn urls_split_before_the_database() {
+        let split = |url| {
+            let (base, database, query) = split_url(url);
+            (base, database, query)
+        };
+        assert_eq!(
+            split("postgres://u@h:5432/db?sslmode=disable"),
+            (
+                "postgres://u@h:5432".into(),
+                "db".into(),
+                "?sslmode=disable".into()
+            )
+        );
+        assert_eq!(
+            split("postgres://u@h:5432"),
+            (
+                "postgres://u@h:5432".into(),
+                "postgres".into(),
+                String::new()
+            )
+        );
+        assert_eq!(
+            split("postgres://u@h?x=1"),
+            ("postgres://u@h".into(), "postgres".into(), "?x=1".into())
+        );
+    }
+}
