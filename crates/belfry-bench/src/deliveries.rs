@@ -201,7 +201,7 @@ mod tests {
         RecordedRequest {
             arrived_at_ms: arrived_ms,
             arrived_at: std::time::Instant::now(),
-            method: belfry_testkit_method(),
+            method: reqwest::Method::POST,
             path: String::new(),
             headers: vec![
                 ("x-belfry-event-id".into(), id.into()),
@@ -209,10 +209,6 @@ mod tests {
             ],
             body: bytes::Bytes::new(),
         }
-    }
-
-    fn belfry_testkit_method() -> reqwest::Method {
-        reqwest::Method::POST
     }
 
     #[test]
