@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p belfry-store --example ingest -- \
-//!     --events 1000000 --batch 1000 --callers 4 [--partitions 64] [--dir PATH]
+//!     --events 1000000 --batch 1000 --callers 4 [--partitions 64] [--writers N] [--dir PATH]
 //! ```
 //!
 //! Phase 1 creates `--events` events in `apply` calls of `--batch` commands
@@ -25,6 +25,8 @@ struct Args {
     batch: u64,
     callers: u64,
     partitions: u16,
+    /// Writer shards; `None`: the store's default.
+    writers: Option<std::num::NonZeroUsize>,
     dir: Option<std::path::PathBuf>,
 }
 
@@ -34,6 +36,7 @@ fn parse_args() -> Result<Args, String> {
         batch: 1_000,
         callers: 4,
         partitions: 64,
+        writers: None,
         dir: None,
     };
     let mut it = std::env::args().skip(1);
@@ -46,6 +49,11 @@ fn parse_args() -> Result<Args, String> {
             "--callers" => args.callers = number()?.max(1),
             "--partitions" => {
                 args.partitions = u16::try_from(number()?).map_err(|e| format!("{flag}: {e}"))?
+            }
+            "--writers" => {
+                args.writers = std::num::NonZeroUsize::new(
+                    usize::try_from(number()?).map_err(|e| format!("{flag}: {e}"))?,
+                )
             }
             "--dir" => args.dir = Some(value.into()),
             other => return Err(format!("unknown flag {other}")),
@@ -72,7 +80,7 @@ fn event_time(i: u64) -> Timestamp {
 }
 
 /// CPU seconds used so far by the whole process and by the store's writer
-/// thread (Linux `/proc`; zeros elsewhere). CPU per event is a steadier
+/// threads (all shards together) (Linux `/proc`; zeros elsewhere). CPU per event is a steadier
 /// measure than wall time on a shared machine.
 fn cpu_seconds() -> (f64, f64) {
     fn ticks(stat: &str) -> Option<f64> {
@@ -93,7 +101,7 @@ fn cpu_seconds() -> (f64, f64) {
         for task in tasks.flatten() {
             let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
             if comm.starts_with("belfry-store-wr") {
-                writer = std::fs::read_to_string(task.path().join("stat"))
+                writer += std::fs::read_to_string(task.path().join("stat"))
                     .ok()
                     .and_then(|s| ticks(&s))
                     .unwrap_or(0.0);
@@ -145,7 +153,7 @@ async fn run_phase(
     let (process, writer) = cpu_seconds();
     let per_event = |cpu: f64| cpu * 1e6 / args.events as f64;
     println!(
-        "  cpu per event: process {:.1} us, writer thread {:.1} us",
+        "  cpu per event: process {:.1} us, writer threads {:.1} us",
         per_event(process - cpu_before.0),
         per_event(writer - cpu_before.1)
     );
@@ -203,6 +211,7 @@ async fn main() {
         EmbeddedStore::open(EmbeddedOptions {
             data_dir: dir.clone(),
             partitions: PartitionCount::new(args.partitions).expect("--partitions > 0"),
+            writers: args.writers,
         })
         .expect("open the store"),
     );

@@ -55,6 +55,9 @@ pub async fn embedded_factory(partitions: PartitionCount) -> StoreUnderTest {
     let store = EmbeddedStore::open(EmbeddedOptions {
         data_dir: dir.path().to_path_buf(),
         partitions,
+        // Three shards over (mostly) four partitions: one shard owns two,
+        // so both the spread and the sharing of a shard are exercised.
+        writers: std::num::NonZeroUsize::new(3),
     })
     .expect("open the embedded store");
     StoreUnderTest::new(Arc::new(store), dir)

@@ -21,6 +21,7 @@ fn open(dir: &std::path::Path, partitions: u16) -> SharedStore {
         EmbeddedStore::open(EmbeddedOptions {
             data_dir: dir.to_path_buf(),
             partitions: PartitionCount::new(partitions).unwrap(),
+            writers: None,
         })
         .unwrap(),
     )
@@ -142,6 +143,7 @@ fn a_second_open_of_the_same_directory_is_refused() {
     let second = EmbeddedStore::open(EmbeddedOptions {
         data_dir: dir.path().to_path_buf(),
         partitions: PartitionCount::new(2).unwrap(),
+        writers: None,
     });
     assert!(matches!(second, Err(belfry_store::StoreError::Internal(_))));
 }

@@ -24,9 +24,20 @@ const VALUE_FORMAT_V1: u8 = 1;
 
 pub const META_PARTITIONS: &[u8] = b"partitions";
 pub const META_SCHEMA: &[u8] = b"schema_version";
-/// The highest attempt sequence number handed out (see [`attempt_key`]).
-pub const META_ATTEMPT_SEQ: &[u8] = b"attempt_seq";
-pub const SCHEMA_VERSION: u32 = 1;
+/// Prefix of the per-writer counters of attempt sequence numbers (see
+/// [`attempt_key_raw`] and [`meta_attempt_seq`]).
+pub const META_ATTEMPT_SEQ_PREFIX: &[u8] = b"attempt_seq/";
+/// 2: the finished index starts with the partition; one attempt counter per
+/// writer shard.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The meta key holding the highest attempt sequence number handed out by
+/// writer shard `shard`.
+pub fn meta_attempt_seq(shard: usize) -> Vec<u8> {
+    let mut out = META_ATTEMPT_SEQ_PREFIX.to_vec();
+    out.extend_from_slice(&(shard as u64).to_be_bytes());
+    out
+}
 
 pub fn corrupt(what: impl std::fmt::Display) -> StoreError {
     StoreError::Internal(format!("undecodable stored data: {what}"))
@@ -118,21 +129,32 @@ pub fn decode_due_key(bytes: &[u8]) -> StoreResult<DueCursor> {
     })
 }
 
-/// `instant ++ event key` (already encoded): the retention index.
-pub fn finished_key_raw(at: Timestamp, encoded_key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + encoded_key.len());
+/// `partition (u16 BE) ++ instant ++ event key` (already encoded): the
+/// retention index. The partition comes first so that each writer shard
+/// purges only the partitions it owns.
+pub fn finished_key_raw(partition: PartitionId, at: Timestamp, encoded_key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(10 + encoded_key.len());
+    out.extend_from_slice(&partition.0.to_be_bytes());
     out.extend_from_slice(&instant_bytes(at));
     out.extend_from_slice(encoded_key);
     out
 }
 
+/// `partition ++ instant`: every finished key of `partition` that sorts
+/// below this finished before `at` (an exclusive bound).
+pub fn finished_before(partition: PartitionId, at: Timestamp) -> Vec<u8> {
+    let mut out = partition.0.to_be_bytes().to_vec();
+    out.extend_from_slice(&instant_bytes(at));
+    out
+}
+
 pub fn decode_finished_key(bytes: &[u8]) -> StoreResult<(Timestamp, EventKey)> {
-    if bytes.len() < 8 {
+    if bytes.len() < 10 {
         return Err(corrupt("finished key too short"));
     }
     Ok((
-        instant_from_bytes(&bytes[..8])?,
-        decode_event_key(&bytes[8..])?,
+        instant_from_bytes(&bytes[2..10])?,
+        decode_event_key(&bytes[10..])?,
     ))
 }
 

@@ -28,6 +28,7 @@
 pub mod keys;
 pub mod writer;
 
+use std::num::NonZeroUsize;
 use std::ops::Bound;
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -35,14 +36,14 @@ use std::thread::JoinHandle;
 
 use async_trait::async_trait;
 use belfry_core::event::{Attempt, EventRecord};
-use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName};
+use belfry_core::{DueCursor, EventKey, PartitionCount, PartitionId, TenantConfig, TenantName};
 use fjall::{Database, KeyspaceCreateOptions, PersistMode};
 use tokio::sync::oneshot;
 
 use self::writer::{Job, Keyspaces, Writer, internal};
 use crate::{
-    Applied, ApplyParams, DuePageParams, ListEventsParams, PurgeParams, Store, StoreError,
-    StoreResult, StoreStats,
+    Applied, ApplyParams, DuePageParams, KeyedCommand, ListEventsParams, PurgeParams, Store,
+    StoreError, StoreResult, StoreStats,
 };
 
 /// Options of the embedded store.
@@ -51,6 +52,34 @@ pub struct EmbeddedOptions {
     pub data_dir: PathBuf,
     /// Used when the store is created; an existing store keeps its own.
     pub partitions: PartitionCount,
+    /// How many writer threads share the partitions (each owns
+    /// `p % writers == its index`). `None`: the available parallelism, at
+    /// least 2. Never more than the partition count. May change between
+    /// runs.
+    pub writers: Option<NonZeroUsize>,
+}
+
+impl EmbeddedOptions {
+    /// Options with every tuning knob at its default.
+    pub fn new(data_dir: impl Into<PathBuf>, partitions: PartitionCount) -> Self {
+        EmbeddedOptions {
+            data_dir: data_dir.into(),
+            partitions,
+            writers: None,
+        }
+    }
+
+    fn writer_count(&self, partitions: PartitionCount) -> usize {
+        let wanted = self.writers.map_or_else(
+            || {
+                std::thread::available_parallelism()
+                    .map_or(2, NonZeroUsize::get)
+                    .max(2)
+            },
+            NonZeroUsize::get,
+        );
+        wanted.min(usize::from(partitions.get()))
+    }
 }
 
 /// The embedded store. Cheap to share behind an `Arc`; dropping it stops
@@ -58,9 +87,11 @@ pub struct EmbeddedOptions {
 pub struct EmbeddedStore {
     ks: Keyspaces,
     partitions: PartitionCount,
-    /// `None` only while dropping.
-    jobs: Option<mpsc::Sender<Job>>,
-    writer: Option<JoinHandle<()>>,
+    /// One job queue per writer shard; shard `i` owns the partitions
+    /// `p % shards.len() == i`, and shard 0 also writes tenants. Emptied
+    /// only while dropping.
+    shards: Vec<mpsc::Sender<Job>>,
+    writers: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -104,27 +135,43 @@ impl EmbeddedStore {
             db,
         };
         let partitions = Self::settle_meta(&ks, options.partitions)?;
-        let attempt_seq = match ks.meta.get(keys::META_ATTEMPT_SEQ).map_err(internal)? {
-            Some(bytes) => u64::from_be_bytes(
-                bytes
-                    .as_ref()
-                    .try_into()
-                    .map_err(|_| keys::corrupt("attempt_seq"))?,
-            ),
-            None => 0,
-        };
-        let (jobs, receiver) = mpsc::channel();
-        let writer = Writer::new(ks.clone(), partitions, attempt_seq, receiver);
-        let writer = std::thread::Builder::new()
-            .name("belfry-store-writer".into())
-            .spawn(move || writer.run())
-            .map_err(|e| StoreError::Internal(format!("cannot start the writer thread: {e}")))?;
-        Ok(EmbeddedStore {
+        // Every shard starts above the highest number any shard of any
+        // earlier run handed out (the shard count may have changed).
+        let mut attempt_seq = 0;
+        for item in ks.meta.prefix(keys::META_ATTEMPT_SEQ_PREFIX) {
+            let (_, bytes) = item.into_inner().map_err(internal)?;
+            let seq = bytes
+                .as_ref()
+                .try_into()
+                .map(u64::from_be_bytes)
+                .map_err(|_| keys::corrupt("attempt_seq"))?;
+            attempt_seq = attempt_seq.max(seq);
+        }
+        let count = options.writer_count(partitions);
+        let mut store = EmbeddedStore {
             ks,
             partitions,
-            jobs: Some(jobs),
-            writer: Some(writer),
-        })
+            shards: Vec::with_capacity(count),
+            writers: Vec::with_capacity(count),
+        };
+        for shard in 0..count {
+            let (jobs, receiver) = mpsc::channel();
+            let writer = Writer::new(
+                store.ks.clone(),
+                partitions,
+                (shard, count),
+                attempt_seq,
+                receiver,
+            );
+            // On failure `store` drops, stopping the writers started so far.
+            let handle = std::thread::Builder::new()
+                .name(format!("belfry-store-writer-{shard}"))
+                .spawn(move || writer.run())
+                .map_err(|e| StoreError::Internal(format!("cannot start a writer thread: {e}")))?;
+            store.shards.push(jobs);
+            store.writers.push(handle);
+        }
+        Ok(store)
     }
 
     /// Writes the partition count and schema of a new store, or reads and
@@ -137,9 +184,10 @@ impl EmbeddedStore {
                     .try_into()
                     .map_err(|_| keys::corrupt("schema_version"))?,
             );
-            if schema > keys::SCHEMA_VERSION {
+            // No release has shipped, so older layouts are not migrated.
+            if schema != keys::SCHEMA_VERSION {
                 return Err(StoreError::Internal(format!(
-                    "the data directory has schema version {schema}; this build reads up to {}",
+                    "the data directory has schema version {schema}; this build reads only {}",
                     keys::SCHEMA_VERSION
                 )));
             }
@@ -181,14 +229,85 @@ impl EmbeddedStore {
         }
     }
 
+    /// Sends a job to writer shard `shard` and waits for its answer.
     async fn submit<T>(
         &self,
+        shard: usize,
         job: impl FnOnce(oneshot::Sender<StoreResult<T>>) -> Job,
     ) -> StoreResult<T> {
+        self.send(shard, job)?.await.map_err(|_| writer_gone())?
+    }
+
+    /// Sends a job without waiting, so several shards can work at once.
+    fn send<T>(
+        &self,
+        shard: usize,
+        job: impl FnOnce(oneshot::Sender<StoreResult<T>>) -> Job,
+    ) -> StoreResult<oneshot::Receiver<StoreResult<T>>> {
         let (reply, answer) = oneshot::channel();
-        let jobs = self.jobs.as_ref().ok_or_else(writer_gone)?;
+        let jobs = self.shards.get(shard).ok_or_else(writer_gone)?;
         jobs.send(job(reply)).map_err(|_| writer_gone())?;
-        answer.await.map_err(|_| writer_gone())?
+        Ok(answer)
+    }
+
+    fn shard_of(&self, partition: PartitionId) -> usize {
+        usize::from(partition.0) % self.shards.len().max(1)
+    }
+
+    /// Splits an apply by shard, keeping each shard's commands in input
+    /// order (all commands of one key go to one shard, so per-key order is
+    /// kept), runs the parts concurrently, and puts the results back in
+    /// input order. `Ok` only once every part is durable.
+    async fn apply_sharded(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
+        let total = params.commands.len();
+        let mut parts: Vec<(Vec<usize>, Vec<KeyedCommand>)> =
+            (0..self.shards.len()).map(|_| Default::default()).collect();
+        for (index, command) in params.commands.into_iter().enumerate() {
+            let shard = self.shard_of(self.partitions.partition_of(&command.key));
+            parts[shard].0.push(index);
+            parts[shard].1.push(command);
+        }
+        let mut pending = Vec::new();
+        for (shard, (indexes, commands)) in parts.into_iter().enumerate() {
+            if commands.is_empty() {
+                continue;
+            }
+            let part = ApplyParams {
+                commands,
+                now: params.now,
+                retry: params.retry.clone(),
+            };
+            let answer = self.send(shard, |reply| Job::Apply {
+                params: part,
+                reply,
+            })?;
+            pending.push((indexes, answer));
+        }
+        let mut results: Vec<Option<Applied>> = (0..total).map(|_| None).collect();
+        // Every part is awaited even after a failure, so that an error is
+        // returned only once no part is still in flight.
+        let mut failure = None;
+        for (indexes, answer) in pending {
+            match answer.await.map_err(|_| writer_gone()) {
+                Ok(Ok(applied)) => {
+                    for (index, applied) in indexes.into_iter().zip(applied) {
+                        results[index] = Some(applied);
+                    }
+                }
+                Ok(Err(error)) | Err(error) => {
+                    failure.get_or_insert(error);
+                }
+            }
+        }
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        results
+            .into_iter()
+            .map(|applied| {
+                applied.ok_or_else(|| StoreError::Internal("a writer shard lost a result".into()))
+            })
+            .collect()
     }
 
     /// Runs a read that may scan many entries off the async threads.
@@ -203,6 +322,10 @@ impl EmbeddedStore {
     }
 }
 
+/// The shard that writes tenants: they are few, and one writer keeps their
+/// updates in order.
+const TENANT_SHARD: usize = 0;
+
 fn writer_gone() -> StoreError {
     StoreError::Unavailable("the embedded store's writer has stopped".into())
 }
@@ -212,11 +335,11 @@ impl Drop for EmbeddedStore {
         // Closing the channel lets the writer finish its group and return;
         // joining it releases its database handles before ours go, so the
         // directory can be reopened as soon as this returns.
-        drop(self.jobs.take());
-        if let Some(writer) = self.writer.take()
-            && writer.join().is_err()
-        {
-            tracing::error!("the embedded store's writer thread panicked");
+        self.shards.clear();
+        for writer in self.writers.drain(..) {
+            if writer.join().is_err() {
+                tracing::error!("an embedded store writer thread panicked");
+            }
         }
     }
 }
@@ -249,7 +372,8 @@ impl Store for EmbeddedStore {
     }
 
     async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()> {
-        self.submit(|reply| Job::PutTenant { tenant, reply }).await
+        self.submit(TENANT_SHARD, |reply| Job::PutTenant { tenant, reply })
+            .await
     }
 
     async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
@@ -274,14 +398,15 @@ impl Store for EmbeddedStore {
 
     async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool> {
         let name = name.clone();
-        self.submit(|reply| Job::DeleteTenant { name, reply }).await
+        self.submit(TENANT_SHARD, |reply| Job::DeleteTenant { name, reply })
+            .await
     }
 
     async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
         if params.commands.is_empty() {
             return Ok(Vec::new());
         }
-        self.submit(|reply| Job::Apply { params, reply }).await
+        self.apply_sharded(params).await
     }
 
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
@@ -372,7 +497,26 @@ impl Store for EmbeddedStore {
         if params.limit == 0 {
             return Ok(0);
         }
-        self.submit(|reply| Job::Purge { params, reply }).await
+        // Shard by shard, each taking what the limit leaves, so the total
+        // stays within it and falls short only when every shard ran out.
+        let mut purged = 0;
+        for shard in 0..self.shards.len() {
+            let limit = params.limit - purged;
+            if limit == 0 {
+                break;
+            }
+            let part = PurgeParams {
+                finished_before: params.finished_before,
+                limit,
+            };
+            purged += self
+                .submit(shard, |reply| Job::Purge {
+                    params: part,
+                    reply,
+                })
+                .await?;
+        }
+        Ok(purged)
     }
 
     async fn stats(&self) -> StoreResult<StoreStats> {

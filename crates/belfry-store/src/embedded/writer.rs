@@ -108,7 +108,7 @@ struct Slot {
     /// Where the stored record (before this group) sits in the due index.
     stored_due: Option<(PartitionId, Timestamp)>,
     /// Where the stored record sits in the finished index.
-    stored_finished: Option<Timestamp>,
+    stored_finished: Option<(PartitionId, Timestamp)>,
     /// The state after the commands applied so far.
     current: Option<EventRecord>,
     /// Whether `current` differs from what is stored.
@@ -131,21 +131,31 @@ struct Group {
 pub struct Writer {
     ks: Keyspaces,
     partitions: PartitionCount,
+    /// This writer owns the partitions `p` with `p % shards == shard`.
+    shard: usize,
+    shards: usize,
     /// The last attempt sequence number handed out; persisted in `meta`.
     attempt_seq: u64,
     jobs: Receiver<Job>,
 }
 
 impl Writer {
+    /// A writer for shard `shard` of `shards`. `attempt_seq` must be at
+    /// least every sequence number any shard ever handed out, so that keys
+    /// moving between shards (after a change of the shard count) never
+    /// reuse one.
     pub fn new(
         ks: Keyspaces,
         partitions: PartitionCount,
+        (shard, shards): (usize, usize),
         attempt_seq: u64,
         jobs: Receiver<Job>,
     ) -> Self {
         Writer {
             ks,
             partitions,
+            shard,
+            shards,
             attempt_seq,
             jobs,
         }
@@ -301,7 +311,9 @@ impl Writer {
             stored_due: stored
                 .as_ref()
                 .and_then(|r| r.next_fire_at.map(|at| (r.partition, at))),
-            stored_finished: stored.as_ref().and_then(|r| r.finished_at),
+            stored_finished: stored
+                .as_ref()
+                .and_then(|r| r.finished_at.map(|at| (r.partition, at))),
             current: stored,
             dirty: false,
         })
@@ -347,12 +359,13 @@ impl Writer {
                     due.push((keys::due_key_raw(partition, at, encoded), true));
                 }
             }
-            if record.finished_at != slot.stored_finished {
-                if let Some(at) = slot.stored_finished {
-                    finished.push((keys::finished_key_raw(at, encoded), false));
+            let now_finished = record.finished_at.map(|at| (record.partition, at));
+            if now_finished != slot.stored_finished {
+                if let Some((partition, at)) = slot.stored_finished {
+                    finished.push((keys::finished_key_raw(partition, at, encoded), false));
                 }
-                if let Some(at) = record.finished_at {
-                    finished.push((keys::finished_key_raw(at, encoded), true));
+                if let Some((partition, at)) = now_finished {
+                    finished.push((keys::finished_key_raw(partition, at, encoded), true));
                 }
             }
         }
@@ -374,7 +387,7 @@ impl Writer {
         if !group.attempts.is_empty() {
             batch.insert(
                 &ks.meta,
-                keys::META_ATTEMPT_SEQ,
+                keys::meta_attempt_seq(self.shard),
                 self.attempt_seq.to_be_bytes(),
             );
         }
@@ -395,12 +408,26 @@ impl Writer {
 
     /// Deletes up to `limit` events that finished before the cut-off, with
     /// their history and index entries. Durable when it returns.
+    ///
+    /// Only this shard's partitions: their events are written by no other
+    /// thread, so the read-then-delete cannot race with a concurrent update.
+    /// `limit` bounds the index entries visited, stale ones included.
     fn purge(&self, params: &PurgeParams) -> StoreResult<usize> {
         let ks = &self.ks;
-        let end = keys::instant_bytes(params.finished_before);
         let mut batch = ks.db.batch();
         let mut purged = 0;
-        for item in ks.finished.range(..end.as_slice()).take(params.limit) {
+        let mut visited = 0;
+        let owned = self.partitions.all().skip(self.shard).step_by(self.shards);
+        let entries = owned.flat_map(|partition| {
+            let start = keys::finished_before(partition, Timestamp::from_millis(i64::MIN));
+            let end = keys::finished_before(partition, params.finished_before);
+            ks.finished.range(start..end)
+        });
+        for item in entries {
+            if visited == params.limit {
+                break;
+            }
+            visited += 1;
             let index_key = item.key().map_err(internal)?;
             let (finished_at, key) = keys::decode_finished_key(&index_key)?;
             batch.remove(&ks.finished, index_key);
