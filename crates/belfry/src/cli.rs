@@ -47,6 +47,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub partitions: Option<u16>,
 
+    /// Run as a node of the cluster this PostgreSQL database defines,
+    /// instead of on the embedded store [env: BELFRY_DATABASE_URL]
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+
+    /// The HTTP address other nodes and clients use to reach this node, as
+    /// HOST:PORT [default: the listen address] [env: BELFRY_ADVERTISE]
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise: Option<String>,
+
     /// Log format: "text" or "json" [default: text] [env: BELFRY_LOG_FORMAT].
     /// The level is set with RUST_LOG (default "info").
     #[arg(long, value_name = "FORMAT")]

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use belfry_api::ApiOptions;
 use belfry_engine::EngineOptions;
+use belfry_engine::membership::MembershipOptions;
 use belfry_sinks::http::HttpSinkOptions;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -25,6 +26,16 @@ pub struct Config {
     pub partitions: u16,
     /// "text" or "json".
     pub log_format: String,
+    /// PostgreSQL URL: run as a cluster node on it instead of the embedded
+    /// store.
+    pub database_url: Option<String>,
+    /// HOST:PORT other nodes and clients use for this node (default: the
+    /// listen address).
+    pub advertise: Option<String>,
+    /// Connections to PostgreSQL per node.
+    pub database_pool_size: usize,
+    /// Membership and lease timing (cluster mode).
+    pub cluster: MembershipOptions,
     /// HTTP API limits and BigBen knobs.
     pub api: ApiOptions,
     /// Firing, concurrency, retries, retention.
@@ -40,6 +51,10 @@ impl Default for Config {
             data_dir: PathBuf::from("./belfry-data"),
             partitions: 64,
             log_format: "text".to_string(),
+            database_url: None,
+            advertise: None,
+            database_pool_size: 16,
+            cluster: MembershipOptions::default(),
             api: ApiOptions::default(),
             engine: EngineOptions::default(),
             http: HttpSinkOptions::default(),
@@ -58,6 +73,10 @@ struct FlagOverrides {
     partitions: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
     log_format: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    database_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    advertise: Option<String>,
 }
 
 impl Config {
@@ -79,10 +98,16 @@ impl Config {
                 data_dir: args.data_dir.clone(),
                 partitions: args.partitions,
                 log_format: args.log_format.clone(),
+                database_url: args.database_url.clone(),
+                advertise: args.advertise.clone(),
             }));
         let config: Config = figment.extract().map_err(|e| e.to_string())?;
         if config.partitions == 0 {
             return Err("partitions must be at least 1".to_string());
+        }
+        let cluster = &config.cluster;
+        if cluster.lease_ttl <= cluster.safety_margin + cluster.tick {
+            return Err("cluster.lease_ttl_ms must exceed safety_margin_ms + tick_ms".to_string());
         }
         if !matches!(config.log_format.as_str(), "text" | "json") {
             return Err(format!(

@@ -4,6 +4,7 @@
 //! - configuration: [`config`] (defaults → TOML file → `BELFRY_*` env → flags).
 
 mod cli;
+mod cluster;
 mod config;
 mod serve;
 

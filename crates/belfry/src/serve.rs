@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use belfry_api::{ApiState, SingleNode};
+use belfry_api::{ApiState, ClusterView, SingleNode};
 use belfry_core::{PartitionCount, SystemClock};
 use belfry_engine::Engine;
 use belfry_sinks::Sinks;
@@ -52,38 +52,62 @@ fn init_logs(format: &str) {
 async fn serve(config: Config) -> anyhow::Result<()> {
     let partitions = PartitionCount::new(config.partitions)
         .ok_or_else(|| anyhow::anyhow!("partitions must be at least 1"))?;
-    let store = EmbeddedStore::open(EmbeddedOptions {
-        data_dir: config.data_dir.clone(),
-        partitions,
-    })
-    .map_err(|e| {
-        anyhow::anyhow!(
-            "cannot open the store in {}: {e}",
-            config.data_dir.display()
-        )
-    })?;
-    let store: SharedStore = Arc::new(store);
     let sinks = Sinks::new(config.http.clone())
         .map_err(|e| anyhow::anyhow!("cannot build the webhook client: {e}"))?;
-    let engine = Engine::start(config.engine.clone(), store, sinks, Arc::new(SystemClock));
-
+    // Bind before joining a cluster, so the advertised address works as soon
+    // as other nodes can see this one.
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
-    let address = listener.local_addr()?.to_string();
+    let address = config
+        .advertise
+        .clone()
+        .unwrap_or(listener.local_addr()?.to_string());
+
+    let (stop_cluster, cluster_stopped) = tokio::sync::oneshot::channel::<()>();
+    let (engine, cluster_view, membership_task) = match &config.database_url {
+        None => {
+            let store =
+                EmbeddedStore::open(EmbeddedOptions::new(config.data_dir.clone(), partitions))
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "cannot open the store in {}: {e}",
+                            config.data_dir.display()
+                        )
+                    })?;
+            let store: SharedStore = Arc::new(store);
+            let engine = Engine::start(config.engine.clone(), store, sinks, Arc::new(SystemClock));
+            let view: Arc<dyn ClusterView> = Arc::new(SingleNode {
+                address: address.clone(),
+            });
+            tracing::info!(data_dir = %config.data_dir.display(), "single node on the embedded store");
+            (engine, view, None)
+        }
+        Some(url) => {
+            let (engine, view, task) =
+                crate::cluster::start(&config, url, partitions, sinks, &address, async {
+                    let _ = cluster_stopped.await;
+                })
+                .await?;
+            (engine, view, Some(task))
+        }
+    };
+
     let state = ApiState {
         engine: engine.handle(),
         options: config.api.clone(),
-        cluster: Arc::new(SingleNode {
-            address: address.clone(),
-        }),
+        cluster: cluster_view,
     };
     let app = belfry_api::router(state);
-    tracing::info!(%address, data_dir = %config.data_dir.display(), "belfry is serving");
+    tracing::info!(%address, "belfry is serving");
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     tracing::info!("stopped accepting requests; stopping the engine");
+    let _ = stop_cluster.send(());
+    if let Some(task) = membership_task {
+        let _ = task.await;
+    }
     engine.shutdown().await;
     tracing::info!("belfry stopped");
     Ok(())

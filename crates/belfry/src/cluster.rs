@@ -1,0 +1,120 @@
+//! Cluster mode: a node of the cluster a PostgreSQL database defines.
+//!
+//! The node joins with a fresh id, runs the membership loop (heartbeat,
+//! leader lease, partition assignment, lease renewal; see
+//! `belfry_engine::membership`), and pumps the database's wake-ups (events
+//! created or moved through other nodes) into its engine.
+
+use std::sync::Arc;
+
+use belfry_api::{ClusterMember, ClusterView, Role};
+use belfry_core::event::Effect;
+use belfry_core::{PartitionCount, SystemClock};
+use belfry_engine::membership::Membership;
+use belfry_engine::{Engine, EngineHandle};
+use belfry_sinks::Sinks;
+use belfry_store::SharedStore;
+use belfry_store::cluster::{Coordinator, NodeId, NodeInfo};
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+
+#[cfg(feature = "postgres")]
+pub async fn start(
+    config: &Config,
+    url: &str,
+    partitions: PartitionCount,
+    sinks: Sinks,
+    address: &str,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(Engine, Arc<dyn ClusterView>, JoinHandle<()>)> {
+    use belfry_postgres::{PostgresOptions, PostgresStore, Wakeup, WakeupKind};
+
+    let store = PostgresStore::connect(PostgresOptions {
+        url: url.to_string(),
+        partitions,
+        pool_size: config.database_pool_size,
+        notify_horizon: config.engine.window,
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {e}"))?;
+    let store = Arc::new(store);
+    let mut wakeups = store.subscribe_wakeups();
+    let shared: SharedStore = store.clone();
+    let coordinator: Arc<dyn Coordinator> = store;
+    let engine = Engine::start_unowned(config.engine.clone(), shared, sinks, Arc::new(SystemClock));
+
+    let node = NodeInfo {
+        id: NodeId(uuid::Uuid::now_v7().to_string()),
+        address: address.to_string(),
+    };
+    tracing::info!(node = %node.id, %address, "joining the cluster");
+    let membership = Membership::new(node, config.cluster.clone(), coordinator, engine.handle());
+
+    let handle: EngineHandle = engine.handle();
+    tokio::spawn(async move {
+        while let Some(wakeup) = wakeups.recv().await {
+            match wakeup {
+                Wakeup::Timer {
+                    partition,
+                    key,
+                    due,
+                    kind,
+                } => {
+                    let effect = match kind {
+                        WakeupKind::Arm => Effect::Arm { at: due },
+                        WakeupKind::Disarm => Effect::Disarm { at: due },
+                    };
+                    handle.wake(partition, key, effect);
+                }
+                Wakeup::Resync => handle.resync(),
+            }
+        }
+    });
+    let task = tokio::spawn(membership.clone().run(stop));
+    Ok((engine, Arc::new(MembershipView(membership)), task))
+}
+
+#[cfg(not(feature = "postgres"))]
+pub async fn start(
+    _config: &Config,
+    _url: &str,
+    _partitions: PartitionCount,
+    _sinks: Sinks,
+    _address: &str,
+    _stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(Engine, Arc<dyn ClusterView>, JoinHandle<()>)> {
+    anyhow::bail!("this build of belfry has no PostgreSQL support (cargo feature `postgres`)")
+}
+
+/// `/events/cluster` from the membership loop's last snapshot: every live
+/// node by its advertised address, the leader as `Master`.
+#[derive(Debug)]
+pub struct MembershipView(pub Arc<Membership>);
+
+impl ClusterView for MembershipView {
+    fn members(&self) -> Vec<ClusterMember> {
+        let snapshot = self.0.snapshot();
+        let leader = snapshot.leader.as_ref().map(|l| &l.holder);
+        let mut members: Vec<ClusterMember> = snapshot
+            .nodes
+            .iter()
+            .map(|n| ClusterMember {
+                address: n.info.address.clone(),
+                role: if Some(&n.info.id) == leader {
+                    Role::Master
+                } else {
+                    Role::Slave
+                },
+            })
+            .collect();
+        if members.is_empty() {
+            // Before the first round: at least show this node.
+            members.push(ClusterMember {
+                address: self.0.node().address.clone(),
+                role: Role::Slave,
+            });
+        }
+        members
+    }
+}
