@@ -136,7 +136,8 @@ impl fmt::Debug for CronSpec {
 
 #[derive(Debug, Clone)]
 pub(super) enum Rule {
-    Calendar(CalendarRule),
+    // Boxed: a parsed croner pattern is large, an interval two words.
+    Calendar(Box<CalendarRule>),
     Interval(IntervalRule),
 }
 
@@ -323,9 +324,10 @@ fn parse_rule(expression: &str, kind: CronKind) -> Result<Rule, CronError> {
     if expression.starts_with('@') {
         let fields = macro_fields(expression)?;
         // Macros mean the same in every kind; parse them as UNIX.
-        return parse_calendar(fields, CronKind::Unix, expression).map(Rule::Calendar);
+        return parse_calendar(fields, CronKind::Unix, expression)
+            .map(|rule| Rule::Calendar(Box::new(rule)));
     }
-    parse_calendar(expression, kind, expression).map(Rule::Calendar)
+    parse_calendar(expression, kind, expression).map(|rule| Rule::Calendar(Box::new(rule)))
 }
 
 fn macro_fields(expression: &str) -> Result<&'static str, CronError> {

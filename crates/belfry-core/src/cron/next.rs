@@ -136,9 +136,7 @@ fn next_calendar(rule: &CalendarRule, zone: &TimeZone, after: Timestamp) -> Opti
         }
 
         // 3. The match lies in a later segment.
-        let Some(end) = segment.end else {
-            return None;
-        };
+        let end = segment.end?;
         let naive = found.to_zoned(TimeZone::UTC).ok()?.timestamp().as_second();
         let jump_to = naive - OFFSET_BOUND_SECS;
         let next_is_fold = zone
