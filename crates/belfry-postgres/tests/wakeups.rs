@@ -1,0 +1,176 @@
+//! LISTEN/NOTIFY wake-ups: client changes of near-term events reach every
+//! subscriber at commit; far-away events and owners' own writes do not.
+
+mod support;
+
+use belfry_core::event::{AttemptReport, EventCommand};
+use belfry_core::{EventKey, EventVersion, PartitionCount, Timestamp, Verdict};
+use belfry_postgres::{PostgresStore, Wakeup, WakeupKind};
+use belfry_store::{KeyedCommand, Store};
+use belfry_testkit::PgServer;
+use support::{DEADLINE, fenced, fresh_store, key, options, params, upsert};
+use tokio::sync::mpsc::Receiver;
+
+/// `now` of every apply; the horizon is 60 s.
+const NOW: i64 = 1_000_000;
+
+async fn next(wakeups: &mut Receiver<Wakeup>) -> Wakeup {
+    tokio::time::timeout(DEADLINE, wakeups.recv())
+        .await
+        .expect("a wake-up within the deadline")
+        .expect("the subscription stays open")
+}
+
+fn timer(key: &EventKey, due: i64, kind: WakeupKind) -> Wakeup {
+    Wakeup::Timer {
+        partition: PartitionCount::new(4).unwrap().partition_of(key),
+        key: key.clone(),
+        due: Timestamp::from_millis(due),
+        kind,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_changes_are_announced_and_far_ones_are_not() {
+    let store = fresh_store(4).await;
+    let mut wakeups = store.subscribe_wakeups();
+    assert_eq!(
+        next(&mut wakeups).await,
+        Wakeup::Resync,
+        "a subscription starts with a resync"
+    );
+
+    // Notifications come in commit order: once the near one arrives, an
+    // announcement of the far one (committed first) would have come before.
+    let far = key("far");
+    let near = key("near");
+    store
+        .apply(params(NOW, vec![upsert(&far, NOW + 3_600_000, "f1")]))
+        .await
+        .unwrap();
+    store
+        .apply(params(NOW, vec![upsert(&near, NOW + 5_000, "n1")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut wakeups).await,
+        timer(&near, NOW + 5_000, WakeupKind::Arm)
+    );
+
+    // Moving the far event close announces only its arrival in the window.
+    store
+        .apply(params(NOW, vec![upsert(&far, NOW + 2_000, "f2")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut wakeups).await,
+        timer(&far, NOW + 2_000, WakeupKind::Arm)
+    );
+
+    // A cancel takes it out again.
+    store
+        .apply(params(
+            NOW,
+            vec![KeyedCommand {
+                key: near.clone(),
+                command: EventCommand::Cancel,
+                fence: None,
+            }],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut wakeups).await,
+        timer(&near, NOW + 5_000, WakeupKind::Disarm)
+    );
+
+    // The owner's own outcome (fenced) is not announced; the marker after
+    // it is the next thing to arrive.
+    let retry = KeyedCommand {
+        key: far.clone(),
+        command: EventCommand::RecordAttempt {
+            version: EventVersion::from_string("f2".into()),
+            report: AttemptReport {
+                started_at: Timestamp::from_millis(NOW + 2_000),
+                duration_ms: 1,
+                verdict: Verdict::Retry,
+                http_status: Some(503),
+                error: None,
+            },
+        },
+        fence: None,
+    };
+    let partition = PartitionCount::new(4).unwrap().partition_of(&far).0;
+    store
+        .apply(params(NOW + 2_001, vec![fenced(retry, partition, 0)]))
+        .await
+        .unwrap();
+    let marker = key("marker");
+    store
+        .apply(params(NOW, vec![upsert(&marker, NOW + 1, "m")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut wakeups).await,
+        timer(&marker, NOW + 1, WakeupKind::Arm)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_batch_spans_several_notifications_and_all_arrive() {
+    let store = fresh_store(4).await;
+    let mut wakeups = store.subscribe_wakeups();
+    assert_eq!(next(&mut wakeups).await, Wakeup::Resync);
+    // Long ids: 500 entries need dozens of 8 kB notifications.
+    let keys: Vec<EventKey> = (0..500)
+        .map(|i| key(&format!("{}-{i}", "x".repeat(200))))
+        .collect();
+    let commands = keys.iter().map(|k| upsert(k, NOW + 10_000, "v")).collect();
+    store.apply(params(NOW, commands)).await.unwrap();
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < keys.len() {
+        match next(&mut wakeups).await {
+            Wakeup::Timer {
+                key,
+                kind: WakeupKind::Arm,
+                ..
+            } => {
+                seen.insert(key);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(keys.iter().all(|k| seen.contains(k)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subscriber_hears_every_change() {
+    let url = PgServer::shared().fresh_database().await;
+    let store = PostgresStore::connect(options(url.clone(), 4))
+        .await
+        .unwrap();
+    let other_node = PostgresStore::connect(options(url, 4)).await.unwrap();
+    let mut here = store.subscribe_wakeups();
+    let mut there = other_node.subscribe_wakeups();
+    assert_eq!(next(&mut here).await, Wakeup::Resync);
+    assert_eq!(next(&mut there).await, Wakeup::Resync);
+    let k = key("shared");
+    other_node
+        .apply(params(NOW, vec![upsert(&k, NOW + 100, "v")]))
+        .await
+        .unwrap();
+    let expected = timer(&k, NOW + 100, WakeupKind::Arm);
+    assert_eq!(next(&mut here).await, expected);
+    assert_eq!(next(&mut there).await, expected);
+    // Dropping a subscription leaves the others working.
+    drop(there);
+    store
+        .apply(params(NOW, vec![upsert(&k, NOW + 200, "w")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut here).await,
+        timer(&k, NOW + 100, WakeupKind::Disarm)
+    );
+    assert_eq!(next(&mut here).await, timer(&k, NOW + 200, WakeupKind::Arm));
+}
