@@ -25,6 +25,11 @@ pub enum Command {
     /// keys joined by "__", e.g. BELFRY_ENGINE__WINDOW_MS=30000), and these
     /// flags. See the README's configuration reference for every key.
     Serve(ServeArgs),
+
+    /// Inspect recurring-schedule (cron) expressions offline, e.g.
+    /// `belfry cron next '30 2 * * *' --tz Europe/Berlin --count 3`.
+    #[command(subcommand)]
+    Cron(crate::cron_cmd::CronCommand),
 }
 
 #[derive(Debug, Args)]

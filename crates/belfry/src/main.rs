@@ -6,6 +6,7 @@
 mod cli;
 mod cluster;
 mod config;
+mod cron_cmd;
 mod serve;
 
 use std::process::ExitCode;
@@ -22,5 +23,6 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        cli::Command::Cron(command) => cron_cmd::run(command),
     }
 }
