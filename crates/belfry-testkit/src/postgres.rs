@@ -45,6 +45,10 @@ pub const SERVER_DEADLINE: Duration = Duration::from_secs(60);
 /// Prefix of the temporary directories of launched servers.
 const DIR_PREFIX: &str = "belfry-pg-";
 
+/// Prefix of the databases made by [`PgServer::fresh_database`], followed
+/// by the test process id.
+const DATABASE_PREFIX: &str = "belfry_test_";
+
 /// Why a test server could not be provided.
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
@@ -221,14 +225,59 @@ impl PgServer {
     /// When the database cannot be created (a test cannot go on).
     pub async fn fresh_database(&self) -> String {
         static NEXT: AtomicU64 = AtomicU64::new(0);
+        if self.local.is_none() {
+            self.sweep_abandoned_databases().await;
+        }
         let name = format!(
-            "belfry_test_{}_{}",
+            "{DATABASE_PREFIX}{}_{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         self.create_database(&name)
             .await
             .unwrap_or_else(|e| panic!("create test database {name}: {e}"))
+    }
+
+    /// On an external server, drops (once per process) the test databases
+    /// of earlier runs whose process is gone. A database still in use (a
+    /// run on another machine) cannot be dropped without FORCE, so it stays.
+    async fn sweep_abandoned_databases(&self) {
+        static SWEPT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        SWEPT
+            .get_or_init(|| async {
+                let admin_url = self.url(&self.admin_database);
+                let Ok((client, connection)) =
+                    tokio_postgres::connect(&admin_url, tokio_postgres::NoTls).await
+                else {
+                    return;
+                };
+                let driver = tokio::spawn(connection);
+                let names: Vec<String> = client
+                    .query(
+                        "SELECT datname FROM pg_database WHERE starts_with(datname, $1)",
+                        &[&DATABASE_PREFIX],
+                    )
+                    .await
+                    .map(|rows| rows.iter().map(|row| row.get(0)).collect())
+                    .unwrap_or_default();
+                for name in names {
+                    let pid = name
+                        .strip_prefix(DATABASE_PREFIX)
+                        .and_then(|rest| rest.split('_').next())
+                        .and_then(|pid| pid.parse::<u32>().ok());
+                    let abandoned =
+                        pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+                    if abandoned {
+                        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+                        let _ = client
+                            .batch_execute(&format!("DROP DATABASE IF EXISTS {quoted}"))
+                            .await;
+                    }
+                }
+                drop(client);
+                let _ = driver.await;
+            })
+            .await;
     }
 
     /// The port of a launched server (`None` for an external one).
