@@ -61,13 +61,14 @@
 //!   zones and DST altogether.
 //!
 //! croner 4 (used here to parse expressions and to search local calendar
-//! time) has DST rules of its own that differ: it calls a job fixed-time only
-//! when second, minute and hour are single values, so `30 2,14 * * *` loses
-//! its spring-forward run and `*/15 0-5 * * *` is handled like a fixed-time
-//! job nowhere; and its gap run is checked against the day after the gap.
-//! Belfry therefore only asks croner for matches in *local civil time* (no
-//! zone) and maps them to instants itself, one constant-offset stretch of
-//! the zone's timeline at a time (see `next`).
+//! time) has DST rules of its own, and they differ: it calls a job
+//! fixed-time only when second, minute and hour are each a single value, so
+//! on a spring-forward day `30 2,14 * * *` loses its 02:30 run and
+//! `*/15 2 * * *` loses the whole day (both tested in `tests`). Belfry
+//! therefore asks croner only for matches in *local civil time* (where no
+//! DST exists) and maps them to instants itself, one constant-offset stretch
+//! of the zone's timeline at a time (see `next`). On ordinary days the two
+//! agree (a property test checks it).
 //!
 //! # Occurrence ids
 //! See [`OccurrenceId`]: `"{schedule_id}@{instant}"` with the instant in
