@@ -22,8 +22,8 @@
 //! - [`timer`]: the bounded in-memory window of near-future events.
 //! - [`assignment`]: how the cluster leader spreads partitions over nodes.
 
-pub mod cron;
 pub mod assignment;
+pub mod cron;
 pub mod event;
 pub mod ids;
 pub mod partition;
