@@ -85,7 +85,9 @@ fn field(
     });
     let step = (2..=(max - min + 1).clamp(2, 30)).prop_map(move |n| Field {
         text: format!("*/{n}"),
-        values: (min..=max).filter(|v| (v - min).is_multiple_of(n)).collect(),
+        values: (min..=max)
+            .filter(|v| (v - min).is_multiple_of(n))
+            .collect(),
         is_star: false,
     });
     let stepped_range = (value.clone(), 0..=max - min, 2u32..=7).prop_map(move |(a, len, n)| {
