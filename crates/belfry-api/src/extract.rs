@@ -135,19 +135,32 @@ async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Result<T,
             ));
         }
     };
-    serde_json::from_slice(&bytes).map_err(|error| {
-        let code = if error.is_data() {
-            code::INVALID_REQUEST
-        } else {
-            code::INVALID_JSON
-        };
-        let prefix = if error.is_data() {
-            "request body has the wrong shape"
-        } else {
-            "request body is not valid JSON"
-        };
-        ApiError::bad_request(code, format!("{prefix}: {error}"))
-    })
+    let error = match serde_json::from_slice(&bytes) {
+        Ok(value) => return Ok(value),
+        Err(error) => error,
+    };
+    let wrong_shape = |message: String| {
+        ApiError::bad_request(
+            code::INVALID_REQUEST,
+            format!("request body has the wrong shape: {message}"),
+        )
+    };
+    if error.is_data() {
+        return Err(wrong_shape(error.to_string()));
+    }
+    // serde_json reports some type mismatches (a number where an enum's
+    // string belongs) as syntax errors; if the body is valid JSON, it is
+    // a shape problem, and the tree-based parse names it better.
+    match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(tree) => Err(wrong_shape(match serde_json::from_value::<T>(tree) {
+            Err(better) => better.to_string(),
+            Ok(_) => error.to_string(),
+        })),
+        Err(_) => Err(ApiError::bad_request(
+            code::INVALID_JSON,
+            format!("request body is not valid JSON: {error}"),
+        )),
+    }
 }
 
 fn check_content_type(req: &Request) -> Result<(), ApiError> {

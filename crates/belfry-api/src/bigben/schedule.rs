@@ -19,7 +19,8 @@ use belfry_core::{
 };
 use belfry_sinks::body::{BigBenStatus, EventResponse, Mode};
 use belfry_store::{KeyedCommand, StoreError};
-use serde::Deserialize;
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
 
 use crate::ApiState;
 use crate::error::{ApiError, BigBenError, code};
@@ -29,14 +30,44 @@ use crate::extract::BigBenJson;
 /// becomes a per-item rejection rather than a failed request; unknown
 /// fields (e.g. an `eventId` echoed back by a client) are ignored.
 #[derive(Debug, Deserialize)]
-#[serde(rename = "EventRequest", rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", expecting = "an EventRequest object")]
 pub(crate) struct EventRequest {
     id: Option<String>,
     event_time: Option<String>,
     tenant: Option<String>,
     payload: Option<String>,
+    #[serde(default, deserialize_with = "mode_field")]
     mode: Option<Mode>,
+    #[serde(default, deserialize_with = "delivery_option_field")]
     delivery_option: Option<DeliveryOption>,
+}
+
+/// Reads `mode` with a message that names the accepted values (serde's
+/// own would name a Rust type).
+fn mode_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Mode>, D::Error> {
+    Option::<String>::deserialize(deserializer)?
+        .map(|text| match text.as_str() {
+            "UPSERT" => Ok(Mode::Upsert),
+            "REMOVE" => Ok(Mode::Remove),
+            other => Err(D::Error::custom(format!(
+                "unknown mode {other:?}; expected UPSERT or REMOVE"
+            ))),
+        })
+        .transpose()
+}
+
+fn delivery_option_field<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<DeliveryOption>, D::Error> {
+    Option::<String>::deserialize(deserializer)?
+        .map(|text| match text.as_str() {
+            "FULL_EVENT" => Ok(DeliveryOption::FullEvent),
+            "PAYLOAD_ONLY" => Ok(DeliveryOption::PayloadOnly),
+            other => Err(D::Error::custom(format!(
+                "unknown deliveryOption {other:?}; expected FULL_EVENT or PAYLOAD_ONLY"
+            ))),
+        })
+        .transpose()
 }
 
 /// BigBen's validation messages, verbatim.
@@ -88,8 +119,12 @@ pub(crate) async fn schedule(
     let mut plans = Vec::with_capacity(total);
     let mut store_failure: Option<StoreError> = None;
     for request in requests {
-        let plan = match plan_item(request, &state, &mut registered, lapse_limit).await {
-            Ok(Ok((response, command, lapsed))) => {
+        let plan = match check_item(request, &state, &mut registered, lapse_limit).await {
+            Checked::Valid {
+                response,
+                command,
+                lapsed,
+            } => {
                 commands.push(command);
                 Plan::Apply {
                     response,
@@ -97,8 +132,8 @@ pub(crate) async fn schedule(
                     lapsed,
                 }
             }
-            Ok(Err(answered)) => Plan::Answered(answered),
-            Err((response, error)) => {
+            Checked::Answered(answered) => Plan::Answered(answered),
+            Checked::StoreFailed(response, error) => {
                 store_failure.get_or_insert(error);
                 Plan::Answered(store_error_item(response))
             }
@@ -138,15 +173,27 @@ pub(crate) async fn schedule(
     Ok((status, Json(responses)).into_response())
 }
 
-/// Validates one item. `Ok(Ok(..))`: the command to apply; `Ok(Err(..))`:
-/// the item's final answer; `Err(..)`: the store failed while checking.
-async fn plan_item(
+/// The result of validating one item.
+enum Checked {
+    /// Valid: apply `command`; `lapsed` items are answered `TRIGGERED`.
+    Valid {
+        response: EventResponse,
+        command: KeyedCommand,
+        lapsed: bool,
+    },
+    /// The item's final answer (rejected, or nothing to do).
+    Answered(EventResponse),
+    /// The store failed while checking the tenant.
+    StoreFailed(EventResponse, StoreError),
+}
+
+/// Validates one item: BigBen's checks in BigBen's order, then Belfry's.
+async fn check_item(
     request: EventRequest,
     state: &ApiState,
     registered: &mut Registered,
     lapse_limit: Timestamp,
-) -> Result<Result<(EventResponse, KeyedCommand, bool), EventResponse>, (EventResponse, StoreError)>
-{
+) -> Checked {
     let mode = request.mode.unwrap_or_default();
     let response = EventResponse {
         id: request.id.clone(),
@@ -158,9 +205,11 @@ async fn plan_item(
         ..EventResponse::default()
     };
     let reject = |response: EventResponse, message: &str| {
-        Ok(Err(response
-            .with_status(BigBenStatus::Rejected)
-            .with_error(400, message)))
+        Checked::Answered(
+            response
+                .with_status(BigBenStatus::Rejected)
+                .with_error(400, message),
+        )
     };
     let Some(tenant_text) = request.tenant.as_deref().filter(|t| !t.is_empty()) else {
         return reject(response, message::TENANT_MISSING);
@@ -173,17 +222,17 @@ async fn plan_item(
             return reject(response, message::ID_MISSING);
         };
         return match (TenantName::new(tenant_text), EventId::new(id_text)) {
-            (Ok(tenant), Ok(id)) => Ok(Ok((
+            (Ok(tenant), Ok(id)) => Checked::Valid {
                 response,
-                KeyedCommand {
+                command: KeyedCommand {
                     key: EventKey::new(tenant, id),
                     command: EventCommand::Cancel,
                     fence: None,
                 },
-                false,
-            ))),
+                lapsed: false,
+            },
             // A name that cannot be stored names no event: like an unknown id.
-            _ => Ok(Err(response)),
+            _ => Checked::Answered(response),
         };
     }
 
@@ -207,7 +256,7 @@ async fn plan_item(
                 &format!("{}: {tenant_text}", message::TENANT_UNKNOWN),
             );
         }
-        Err(error) => return Err((response, error)),
+        Err(error) => return Checked::StoreFailed(response, error),
     }
     let delivery = request.delivery_option.unwrap_or_default();
     if delivery == DeliveryOption::PayloadOnly && request.payload.is_none() {
@@ -233,7 +282,11 @@ async fn plan_item(
         },
         fence: None,
     };
-    Ok(Ok((response, command, event_time < lapse_limit)))
+    Checked::Valid {
+        response,
+        command,
+        lapsed: event_time < lapse_limit,
+    }
 }
 
 /// Which tenants are registered, looked up once per request.

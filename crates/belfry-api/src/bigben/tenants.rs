@@ -19,7 +19,7 @@ use crate::extract::BigBenJson;
 /// BigBen's `ProcessorConfig`; fields optional so that a missing one gets
 /// BigBen's message instead of a parser error.
 #[derive(Debug, Deserialize)]
-#[serde(rename = "ProcessorConfig")]
+#[serde(expecting = "a ProcessorConfig object")]
 pub(crate) struct ProcessorConfig {
     tenant: Option<String>,
     #[serde(rename = "type")]

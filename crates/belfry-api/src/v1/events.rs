@@ -28,7 +28,7 @@ const MAX_ATTEMPTS_LISTED: usize = 10_000;
 
 /// Body of `PUT /v1/tenants/{tenant}/events/{id}`.
 #[derive(Debug, Deserialize)]
-#[serde(rename = "event", deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an event object")]
 pub(crate) struct PutEvent {
     /// RFC 3339 with an offset or `Z`.
     deliver_at: String,
@@ -38,7 +38,7 @@ pub(crate) struct PutEvent {
 
 /// One item of a batch: the same as [`PutEvent`] plus its id.
 #[derive(Debug, Deserialize)]
-#[serde(rename = "event", deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an event object")]
 struct BatchItem {
     id: String,
     deliver_at: String,
@@ -49,7 +49,7 @@ struct BatchItem {
 /// Body of `POST /v1/tenants/{tenant}/events`. Items are parsed one by one
 /// so that one malformed item does not sink the others.
 #[derive(Debug, Deserialize)]
-#[serde(rename = "batch", deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an object with an events array")]
 pub(crate) struct Batch {
     events: Vec<Value>,
 }
@@ -380,7 +380,7 @@ fn encode_cursor(id: &EventId) -> String {
 }
 
 fn decode_cursor(text: &str) -> Option<EventId> {
-    if text.len() % 2 != 0 || !text.is_ascii() {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..text.len())

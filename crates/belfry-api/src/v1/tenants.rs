@@ -19,7 +19,7 @@ use crate::v1::views::TenantView;
 
 /// Body of `PUT /v1/tenants/{tenant}`.
 #[derive(Debug, Deserialize)]
-#[serde(rename = "tenant", deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a tenant object")]
 pub(crate) struct PutTenant {
     sink: SinkSpec,
 }
@@ -28,7 +28,7 @@ pub(crate) struct PutTenant {
 /// {...}, "timeout_ms": ...}` or `{"type": "builtin", "processor": "log"}`
 /// (or `{"type": "kafka", "topic": ..., "props": {...}}` where supported).
 #[derive(Debug, Deserialize)]
-#[serde(rename = "sink", deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a sink object")]
 struct SinkSpec {
     #[serde(rename = "type")]
     kind: String,

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// `delivery` on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", expecting = "full_event or payload_only")]
 pub(crate) enum Delivery {
     /// The whole event as JSON (BigBen's `FULL_EVENT`).
     #[default]

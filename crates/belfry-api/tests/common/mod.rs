@@ -1,0 +1,262 @@
+//! Shared setup: the real router over a real embedded store (in a temp dir)
+//! and a real engine, driven with `tower::ServiceExt::oneshot`.
+
+#![allow(dead_code)] // Each test binary uses a different part of this.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use belfry_api::{ApiOptions, ApiState, SingleNode};
+use belfry_core::{EventId, EventKey, EventRecord, PartitionCount, SystemClock, TenantName};
+use belfry_engine::{Engine, EngineOptions};
+use belfry_sinks::Sinks;
+use belfry_store::{EmbeddedOptions, EmbeddedStore, ListEventsParams, SharedStore};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tower::ServiceExt;
+
+/// Generous deadline for anything that waits on a delivery.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+pub struct Harness {
+    pub app: Router,
+    pub state: ApiState,
+    pub engine: Option<Engine>,
+    pub store: SharedStore,
+    _dir: TempDir,
+}
+
+/// An answer: status and body (JSON, `Null` when empty, a string when not JSON).
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Value,
+    pub content_type: Option<String>,
+}
+
+impl Harness {
+    pub async fn start() -> Harness {
+        Harness::with_options(ApiOptions::default()).await
+    }
+
+    pub async fn with_options(options: ApiOptions) -> Harness {
+        belfry_testkit::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(EmbeddedOptions {
+            data_dir: dir.path().join("data"),
+            partitions: PartitionCount::new(4).unwrap(),
+            writers: None,
+        })
+        .unwrap();
+        let store: SharedStore = Arc::new(store);
+        let sinks = Sinks::new(Default::default()).unwrap();
+        // A short grace: at shutdown the engine waits up to this long for
+        // its background tasks, and tests need not wait out the default.
+        let engine_options = EngineOptions {
+            shutdown_grace: Duration::from_millis(500),
+            ..EngineOptions::default()
+        };
+        let engine = Engine::start(engine_options, store.clone(), sinks, Arc::new(SystemClock));
+        let state = ApiState {
+            engine: engine.handle(),
+            options,
+            cluster: Arc::new(SingleNode {
+                address: "127.0.0.1:8080".into(),
+            }),
+        };
+        Harness {
+            app: belfry_api::router(state.clone()),
+            state,
+            engine: Some(engine),
+            store,
+            _dir: dir,
+        }
+    }
+
+    /// Stops the engine cleanly. The router and state hold engine handles,
+    /// which the engine waits for: they go first.
+    pub async fn shutdown(self) {
+        let Harness {
+            app,
+            state,
+            engine,
+            store,
+            _dir,
+        } = self;
+        drop(app);
+        drop(state);
+        drop(store);
+        if let Some(engine) = engine {
+            engine.shutdown().await;
+        }
+    }
+
+    /// Sends a request with a raw body and an optional content type.
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: Option<&str>,
+        body: impl Into<Body>,
+    ) -> Answer {
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let response = self
+            .app
+            .clone()
+            .oneshot(request.body(body.into()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string());
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        Answer {
+            status,
+            body,
+            content_type,
+        }
+    }
+
+    pub async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> Answer {
+        match body {
+            Some(body) => {
+                self.raw(
+                    method,
+                    path,
+                    Some("application/json"),
+                    serde_json::to_vec(body).unwrap(),
+                )
+                .await
+            }
+            None => self.raw(method, path, None, Body::empty()).await,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Answer {
+        self.send(Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Answer {
+        self.send(Method::POST, path, Some(body)).await
+    }
+
+    pub async fn put(&self, path: &str, body: &Value) -> Answer {
+        self.send(Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Answer {
+        self.send(Method::DELETE, path, None).await
+    }
+
+    /// Registers `tenant` through BigBen's API with an HTTP sink.
+    pub async fn register_http(&self, tenant: &str, url: &str) {
+        let answer = self
+            .post(
+                "/events/tenant/register",
+                &json!({ "tenant": tenant, "type": "HTTP", "props": { "url": url } }),
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    }
+
+    /// Registers `tenant` with the built-in `log` processor.
+    pub async fn register_log(&self, tenant: &str) {
+        let answer = self
+            .post(
+                "/events/tenant/register",
+                &json!({ "tenant": tenant, "type": "CUSTOM_CLASS",
+                         "props": { "eventProcessorClass": "log" } }),
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    }
+
+    pub async fn event(&self, tenant: &str, id: &str) -> Option<EventRecord> {
+        let key = EventKey::new(TenantName::new(tenant).unwrap(), EventId::new(id).unwrap());
+        self.store.get_event(&key).await.unwrap()
+    }
+
+    /// Everything stored: every tenant, and the events of every tenant and
+    /// of `extra` tenants. Compared before and after a bad request.
+    pub async fn snapshot(&self, extra: &[&str]) -> Value {
+        let tenants = self.store.list_tenants().await.unwrap();
+        let mut names: Vec<String> = tenants.iter().map(|t| t.name.to_string()).collect();
+        names.extend(extra.iter().map(|s| s.to_string()));
+        names.sort();
+        names.dedup();
+        let mut events = Vec::new();
+        for name in names {
+            let records = self
+                .store
+                .list_events(ListEventsParams {
+                    tenant: TenantName::new(name).unwrap(),
+                    status: None,
+                    from: None,
+                    to: None,
+                    after: None,
+                    limit: 100_000,
+                })
+                .await
+                .unwrap();
+            events.extend(records);
+        }
+        json!({
+            "tenants": serde_json::to_value(&tenants).unwrap(),
+            "events": serde_json::to_value(&events).unwrap(),
+        })
+    }
+
+    /// Polls `find` until `eventStatus` is `status`; returns the last body.
+    pub async fn wait_for_find_status(&self, tenant: &str, id: &str, status: &str) -> Value {
+        let path = format!("/events/find?tenant={}&id={}", encode(tenant), encode(id));
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let answer = self.get(&path).await;
+            if answer.body["eventStatus"] == status {
+                return answer.body;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{tenant}/{id} never reached {status}: last {answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Percent-encodes one path segment or query value (everything but
+/// unreserved characters, so `/` becomes `%2F`).
+pub fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// An instant far in the future, so scheduled events stay pending.
+pub const FUTURE: &str = "2099-01-31T04:00:30Z";
+
+/// An RFC 3339 instant `offset_ms` from now (negative: in the past).
+pub fn from_now(offset_ms: i64) -> String {
+    use belfry_core::Clock;
+    belfry_core::Timestamp::from_millis(SystemClock.now().as_millis() + offset_ms).to_rfc3339()
+}
