@@ -171,8 +171,7 @@ pub(crate) async fn put(
     Ok((status, Json(TenantView::from(&tenant))).into_response())
 }
 
-/// Removes a tenant's registration; its events stay (and fail delivery
-/// until the tenant is registered again).
+/// Removes a tenant's registration. Its events stay in the store.
 pub(crate) async fn delete(
     State(state): State<ApiState>,
     V1Path(tenant): V1Path<String>,

@@ -3,17 +3,26 @@
 
 #![allow(dead_code)] // Each test binary uses a different part of this.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use async_trait::async_trait;
 
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use belfry_api::{ApiOptions, ApiState, SingleNode};
-use belfry_core::{EventId, EventKey, EventRecord, PartitionCount, SystemClock, TenantName};
+use belfry_core::event::Attempt;
+use belfry_core::{
+    DueCursor, EventId, EventKey, EventRecord, PartitionCount, SystemClock, TenantConfig,
+    TenantName,
+};
 use belfry_engine::{Engine, EngineOptions};
 use belfry_sinks::Sinks;
-use belfry_store::{EmbeddedOptions, EmbeddedStore, ListEventsParams, SharedStore};
+use belfry_store::{
+    Applied, ApplyParams, DuePageParams, EmbeddedOptions, EmbeddedStore, ListEventsParams,
+    PurgeParams, SharedStore, Store, StoreError, StoreResult, StoreStats,
+};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -26,8 +35,102 @@ pub struct Harness {
     pub app: Router,
     pub state: ApiState,
     pub engine: Option<Engine>,
+    /// The real store, read directly by assertions (never faulty).
     pub store: SharedStore,
+    /// Injects failures into what the API sees of the store.
+    pub faults: Arc<Faults>,
     _dir: TempDir,
+}
+
+/// Which store calls fail, and how. Off by default.
+#[derive(Debug, Default)]
+pub struct Faults(Mutex<Option<(FaultScope, StoreError)>>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultScope {
+    /// Only writes of events (`apply`).
+    Apply,
+    /// Every call the API makes (tenant and event reads and writes).
+    ClientCalls,
+}
+
+impl Faults {
+    pub fn set(&self, scope: FaultScope, error: StoreError) {
+        *self.0.lock().unwrap() = Some((scope, error));
+    }
+
+    pub fn clear(&self) {
+        *self.0.lock().unwrap() = None;
+    }
+
+    fn check(&self, call: FaultScope) -> StoreResult<()> {
+        match &*self.0.lock().unwrap() {
+            Some((FaultScope::ClientCalls, error)) => Err(error.clone()),
+            Some((FaultScope::Apply, error)) if call == FaultScope::Apply => Err(error.clone()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The real embedded store behind a fault switch: every call goes to it
+/// unless a fault is set for that call. The engine's own calls (due pages,
+/// purges, stats) are never failed.
+#[derive(Debug)]
+struct FaultyStore {
+    inner: SharedStore,
+    faults: Arc<Faults>,
+}
+
+#[async_trait]
+impl Store for FaultyStore {
+    fn partitions(&self) -> PartitionCount {
+        self.inner.partitions()
+    }
+    async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.put_tenant(tenant).await
+    }
+    async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.get_tenant(name).await
+    }
+    async fn list_tenants(&self) -> StoreResult<Vec<TenantConfig>> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.list_tenants().await
+    }
+    async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.delete_tenant(name).await
+    }
+    async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
+        // Outcomes recorded by the engine carry a fence; only client
+        // commands (no fence) are failed.
+        if params.commands.iter().all(|c| c.fence.is_none()) {
+            self.faults.check(FaultScope::Apply)?;
+        }
+        self.inner.apply(params).await
+    }
+    async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.get_event(key).await
+    }
+    async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>> {
+        self.inner.due_page(params).await
+    }
+    async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.list_events(params).await
+    }
+    async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.attempts(key, limit).await
+    }
+    async fn purge_finished(&self, params: PurgeParams) -> StoreResult<usize> {
+        self.inner.purge_finished(params).await
+    }
+    async fn stats(&self) -> StoreResult<StoreStats> {
+        self.inner.stats().await
+    }
 }
 
 /// An answer: status and body (JSON, `Null` when empty, a string when not JSON).
@@ -53,6 +156,11 @@ impl Harness {
         })
         .unwrap();
         let store: SharedStore = Arc::new(store);
+        let faults = Arc::new(Faults::default());
+        let faulty: SharedStore = Arc::new(FaultyStore {
+            inner: store.clone(),
+            faults: faults.clone(),
+        });
         let sinks = Sinks::new(Default::default()).unwrap();
         // A short grace: at shutdown the engine waits up to this long for
         // its background tasks, and tests need not wait out the default.
@@ -60,7 +168,7 @@ impl Harness {
             shutdown_grace: Duration::from_millis(500),
             ..EngineOptions::default()
         };
-        let engine = Engine::start(engine_options, store.clone(), sinks, Arc::new(SystemClock));
+        let engine = Engine::start(engine_options, faulty, sinks, Arc::new(SystemClock));
         let state = ApiState {
             engine: engine.handle(),
             options,
@@ -73,6 +181,7 @@ impl Harness {
             state,
             engine: Some(engine),
             store,
+            faults,
             _dir: dir,
         }
     }
@@ -85,6 +194,7 @@ impl Harness {
             state,
             engine,
             store,
+            faults: _,
             _dir,
         } = self;
         drop(app);
