@@ -6,7 +6,7 @@
 //! invalidate at once.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use belfry_core::{TenantConfig, TenantName};
@@ -14,9 +14,12 @@ use belfry_store::{SharedStore, StoreResult};
 
 const TTL: Duration = Duration::from_secs(5);
 
+/// When an entry was read, and what the store said (`None`: no such tenant).
+type Entry = (Instant, Option<Arc<TenantConfig>>);
+
 #[derive(Debug, Default)]
 pub struct TenantCache {
-    entries: Mutex<HashMap<TenantName, (Instant, Option<TenantConfig>)>>,
+    entries: Mutex<HashMap<TenantName, Entry>>,
 }
 
 impl TenantCache {
@@ -28,13 +31,13 @@ impl TenantCache {
         &self,
         store: &SharedStore,
         name: &TenantName,
-    ) -> StoreResult<Option<TenantConfig>> {
+    ) -> StoreResult<Option<Arc<TenantConfig>>> {
         if let Some((at, config)) = self.lock().get(name)
             && at.elapsed() < TTL
         {
             return Ok(config.clone());
         }
-        let config = store.get_tenant(name).await?;
+        let config = store.get_tenant(name).await?.map(Arc::new);
         self.lock()
             .insert(name.clone(), (Instant::now(), config.clone()));
         Ok(config)
@@ -44,9 +47,7 @@ impl TenantCache {
         self.lock().remove(name);
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<TenantName, (Instant, Option<TenantConfig>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TenantName, Entry>> {
         // A poisoned cache only means a panic elsewhere mid-insert; the map
         // itself is still valid, so keep using it.
         self.entries.lock().unwrap_or_else(|e| e.into_inner())

@@ -1,9 +1,12 @@
 //! The webhook sink: one `POST` per attempt on a shared keep-alive client.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use belfry_core::{SinkConfig, Verdict};
+use belfry_core::tenant::HttpTarget;
+use belfry_core::{SinkConfig, TenantName, Verdict};
 use bytes::Bytes;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
@@ -41,6 +44,29 @@ pub struct HttpSink {
     /// One client for every tenant: its pool keeps connections alive per host.
     client: reqwest::Client,
     options: HttpSinkOptions,
+    /// Parsed URL and header map per tenant target, so a delivery does not
+    /// re-parse them (URL parsing with IDNA showed up in profiles).
+    prepared: Arc<Mutex<HashMap<TenantName, Arc<PreparedTarget>>>>,
+}
+
+/// A tenant's webhook, parsed once.
+#[derive(Debug)]
+struct PreparedTarget {
+    /// What it was built from; a changed config rebuilds it.
+    source: HttpTarget,
+    url: Result<reqwest::Url, String>,
+    headers: Result<HeaderMap, String>,
+}
+
+impl PreparedTarget {
+    fn new(target: &HttpTarget) -> Self {
+        PreparedTarget {
+            source: target.clone(),
+            url: reqwest::Url::parse(&target.url)
+                .map_err(|e| format!("tenant url is not a valid URL: {e}")),
+            headers: tenant_headers(&target.headers),
+        }
+    }
 }
 
 impl HttpSink {
@@ -64,7 +90,25 @@ impl HttpSink {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(HttpSinkError::Client)?;
-        Ok(HttpSink { client, options })
+        Ok(HttpSink {
+            client,
+            options,
+            prepared: Arc::default(),
+        })
+    }
+
+    /// The parsed form of `target`, cached per tenant.
+    fn prepared(&self, tenant: &TenantName, target: &HttpTarget) -> Arc<PreparedTarget> {
+        // Poison means a panic mid-insert elsewhere; the map is still valid.
+        let mut cache = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+        match cache.get(tenant) {
+            Some(entry) if entry.source == *target => entry.clone(),
+            _ => {
+                let entry = Arc::new(PreparedTarget::new(target));
+                cache.insert(tenant.clone(), entry.clone());
+                entry
+            }
+        }
     }
 
     pub fn options(&self) -> &HttpSinkOptions {
@@ -73,7 +117,7 @@ impl HttpSink {
 
     async fn post(
         &self,
-        url: &str,
+        url: reqwest::Url,
         headers: HeaderMap,
         body: Vec<u8>,
         timeout: Duration,
@@ -125,28 +169,26 @@ impl Sink for HttpSink {
                 "tenant is not configured for HTTP delivery",
             );
         };
-        let headers = match request_headers(&delivery, &target.headers) {
-            Ok(headers) => headers,
-            Err(reason) => return DeliveryResult::failed(Verdict::Permanent, None, reason),
+        let prepared = self.prepared(&delivery.tenant.name, target);
+        let (url, tenant_headers) = match (&prepared.url, &prepared.headers) {
+            (Ok(url), Ok(headers)) => (url.clone(), headers),
+            (Err(reason), _) | (_, Err(reason)) => {
+                return DeliveryResult::failed(Verdict::Permanent, None, reason.clone());
+            }
         };
+        let headers = request_headers(&delivery, tenant_headers);
         let body = render_delivery_body(delivery.event, delivery.triggered_at);
         let timeout = self.options.request_timeout(target.timeout_ms);
-        self.post(&target.url, headers, body, timeout).await
+        self.post(url, headers, body, timeout).await
     }
 }
 
-/// The tenant's headers, then Belfry's (which win on a clash).
-///
-/// Belfry's header values are percent-encoded (UTF-8, see
-/// [`HEADER_ENCODE`]): ids and tenant names may hold any non-control
-/// character, header values only printable ASCII. Plain ASCII ids without
-/// `%` or spaces arrive unchanged; receivers should percent-decode.
+/// The tenant's own headers as a header map.
 ///
 /// # Errors
 /// A tenant header that is not a valid HTTP header (the API validates them,
 /// so only a config stored by an older version could get here).
-fn request_headers(
-    delivery: &Delivery<'_>,
+fn tenant_headers(
     tenant_headers: &std::collections::BTreeMap<String, String>,
 ) -> Result<HeaderMap, String> {
     let mut headers = HeaderMap::with_capacity(tenant_headers.len() + 6);
@@ -157,6 +199,17 @@ fn request_headers(
             .map_err(|_| format!("tenant header {name} has an invalid value"))?;
         headers.append(name, value);
     }
+    Ok(headers)
+}
+
+/// The tenant's headers, then Belfry's (which win on a clash).
+///
+/// Belfry's header values are percent-encoded (UTF-8, see
+/// [`HEADER_ENCODE`]): ids and tenant names may hold any non-control
+/// character, header values only printable ASCII. Plain ASCII ids without
+/// `%` or spaces arrive unchanged; receivers should percent-decode.
+fn request_headers(delivery: &Delivery<'_>, tenant_headers: &HeaderMap) -> HeaderMap {
+    let mut headers = tenant_headers.clone();
     let event = delivery.event;
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(HEADER_EVENT_ID, encoded(event.key.id.as_str()));
@@ -164,7 +217,7 @@ fn request_headers(
     headers.insert(HEADER_SCHEDULED_AT, encoded(&event.event_time.to_rfc3339()));
     headers.insert(HEADER_ATTEMPT, HeaderValue::from(delivery.attempt));
     headers.insert(HEADER_IDEMPOTENCY_KEY, encoded(event.version.as_str()));
-    Ok(headers)
+    headers
 }
 
 /// `text` percent-encoded into a header value.
