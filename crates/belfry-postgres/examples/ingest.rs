@@ -3,8 +3,11 @@
 //!
 //! ```text
 //! cargo run --release -p belfry-postgres --example ingest -- \
-//!     postgres://postgres@127.0.0.1:5432/belfry_ingest [events] [batch] [callers]
+//!     postgres://postgres@127.0.0.1:5432/belfry_ingest [events] [batch] [callers] [near]
 //! ```
+//! With `near`, events fall inside the notify horizon, so every commit also
+//! sends wake-ups (PostgreSQL serializes the commits of notifying
+//! transactions).
 //! The database is created if missing and emptied first. Durable commits
 //! (`synchronous_commit = on`): the numbers include the server's fsyncs.
 
@@ -27,6 +30,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let events: usize = args.next().map_or(Ok(200_000), |a| a.parse())?;
     let batch: usize = args.next().map_or(Ok(1_000), |a| a.parse())?;
     let callers: usize = args.next().map_or(Ok(8), |a| a.parse())?;
+    let near = args.next().as_deref() == Some("near");
+    let offset = if near { 10 } else { 3_600 };
 
     let store = Arc::new(
         PostgresStore::connect(PostgresOptions {
@@ -62,8 +67,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             EventId::new(format!("e{i:09}")).expect("valid id"),
                         ),
                         command: EventCommand::Upsert {
-                            // Far away: no wake-ups, like a bulk schedule.
-                            event_time: now.plus(Duration::from_secs(3_600 + (i % 3_600) as u64)),
+                            event_time: now.plus(Duration::from_secs(offset + (i % 40) as u64)),
                             payload: Some(format!("{{\"n\":{i}}}")),
                             delivery: DeliveryOption::PayloadOnly,
                             new_version: EventVersion::generate(),
@@ -86,7 +90,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let elapsed = started.elapsed();
     println!(
-        "{events} events in batches of {batch} from {callers} callers: {:.2} s, {:.0} events/s",
+        "{events} {} events in batches of {batch} from {callers} callers: {:.2} s, {:.0} events/s",
+        if near { "near" } else { "far" },
         elapsed.as_secs_f64(),
         events as f64 / elapsed.as_secs_f64()
     );
