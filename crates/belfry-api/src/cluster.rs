@@ -29,6 +29,46 @@ pub struct ClusterMember {
 /// The API's view of the cluster. Exactly one member should be the Master.
 pub trait ClusterView: Send + Sync + std::fmt::Debug + 'static {
     fn members(&self) -> Vec<ClusterMember>;
+
+    /// The detailed view of `GET /v1/cluster`; `None` for a single node,
+    /// whose view the API builds from its own engine.
+    fn status(&self) -> Option<ClusterStatus> {
+        None
+    }
+}
+
+/// `GET /v1/cluster`: nodes, leader and term, partitions per node with
+/// epochs, heartbeat ages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClusterStatus {
+    /// `"single"` (embedded store) or `"cluster"` (PostgreSQL).
+    pub mode: &'static str,
+    pub leader: Option<LeaderStatus>,
+    pub nodes: Vec<NodeView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaderStatus {
+    pub node: String,
+    pub address: Option<String>,
+    pub term: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeView {
+    pub id: String,
+    pub address: String,
+    pub role: Role,
+    /// Time since its last heartbeat (by the database's clock).
+    pub heartbeat_age_ms: Option<u64>,
+    /// Partitions it owns, ordered.
+    pub partitions: Vec<PartitionView>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PartitionView {
+    pub partition: u16,
+    pub epoch: u64,
 }
 
 /// A node running alone: it is its own Master.

@@ -35,7 +35,10 @@ pub mod extract;
 pub mod options;
 mod v1;
 
-pub use cluster::{ClusterMember, ClusterView, Role, SingleNode};
+pub use cluster::{
+    ClusterMember, ClusterStatus, ClusterView, LeaderStatus, NodeView, PartitionView, Role,
+    SingleNode,
+};
 pub use options::ApiOptions;
 
 use crate::error::{ApiError, BigBenError, V1Error, code};
@@ -55,10 +58,45 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .merge(bigben::routes())
         .merge(v1::routes())
+        .route("/v1/cluster", axum::routing::get(cluster_status))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(CatchPanicLayer::custom(panic_response))
         .with_state(state)
+}
+
+/// `GET /v1/cluster`.
+async fn cluster_status(
+    axum::extract::State(state): axum::extract::State<ApiState>,
+) -> axum::Json<ClusterStatus> {
+    let status = state.cluster.status().unwrap_or_else(|| {
+        let me = state.cluster.members().into_iter().next();
+        let address = me.map(|m| m.address).unwrap_or_default();
+        ClusterStatus {
+            mode: "single",
+            leader: Some(LeaderStatus {
+                node: address.clone(),
+                address: Some(address.clone()),
+                term: 0,
+            }),
+            nodes: vec![NodeView {
+                id: address.clone(),
+                address,
+                role: Role::Master,
+                heartbeat_age_ms: None,
+                partitions: state
+                    .engine
+                    .owned_partitions()
+                    .into_iter()
+                    .map(|(p, epoch)| PartitionView {
+                        partition: p.0,
+                        epoch,
+                    })
+                    .collect(),
+            }],
+        }
+    });
+    axum::Json(status)
 }
 
 fn is_v1(uri: &Uri) -> bool {

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use belfry_api::{ClusterMember, ClusterView, Role};
+use belfry_api::{
+    ClusterMember, ClusterStatus, ClusterView, LeaderStatus, NodeView, PartitionView, Role,
+};
 use belfry_core::event::Effect;
 use belfry_core::{PartitionCount, SystemClock};
 use belfry_engine::membership::Membership;
@@ -116,5 +118,46 @@ impl ClusterView for MembershipView {
             });
         }
         members
+    }
+
+    fn status(&self) -> Option<ClusterStatus> {
+        let snapshot = self.0.snapshot();
+        let leader = snapshot.leader.as_ref();
+        let nodes = snapshot
+            .nodes
+            .iter()
+            .map(|n| NodeView {
+                id: n.info.id.0.clone(),
+                address: n.info.address.clone(),
+                role: if leader.is_some_and(|l| l.holder == n.info.id) {
+                    Role::Master
+                } else {
+                    Role::Slave
+                },
+                heartbeat_age_ms: Some(n.heartbeat_age.as_millis() as u64),
+                partitions: snapshot
+                    .assignments
+                    .iter()
+                    .filter(|a| a.owner.as_ref() == Some(&n.info.id))
+                    .map(|a| PartitionView {
+                        partition: a.partition.0,
+                        epoch: a.epoch,
+                    })
+                    .collect(),
+            })
+            .collect();
+        Some(ClusterStatus {
+            mode: "cluster",
+            leader: leader.map(|l| LeaderStatus {
+                node: l.holder.0.clone(),
+                address: snapshot
+                    .nodes
+                    .iter()
+                    .find(|n| n.info.id == l.holder)
+                    .map(|n| n.info.address.clone()),
+                term: l.term,
+            }),
+            nodes,
+        })
     }
 }

@@ -1,0 +1,362 @@
+//! Cluster mode end to end: real `belfry` processes sharing a real
+//! PostgreSQL that the test harness starts itself.
+//!
+//! Timing uses the default lease TTL (5 s); bounds are generous because
+//! several processes share two cores here. These tests assert behaviour;
+//! `belfry-bench cluster` measures it.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use belfry_testkit::postgres::PgServer;
+use belfry_testkit::{BelfryLaunch, BelfryProcess, Receiver, get_json, post_json};
+use serde_json::{Value, json};
+
+mod common;
+use common::{now_ms, rfc3339};
+
+const SETTLE: Duration = Duration::from_secs(60);
+
+struct Cluster {
+    nodes: Vec<BelfryProcess>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+async fn start_node(url: &str) -> (BelfryProcess, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let launch = BelfryLaunch::new(env!("CARGO_BIN_EXE_belfry"), dir.path().join("unused"))
+        .arg("--database-url")
+        .arg(url);
+    (
+        BelfryProcess::start(launch).await.expect("node starts"),
+        dir,
+    )
+}
+
+impl Cluster {
+    async fn start(url: &str, size: usize) -> Cluster {
+        let mut nodes = Vec::new();
+        let mut dirs = Vec::new();
+        for _ in 0..size {
+            let (node, dir) = start_node(url).await;
+            nodes.push(node);
+            dirs.push(dir);
+        }
+        let cluster = Cluster { nodes, _dirs: dirs };
+        cluster.wait_for_members(size).await;
+        cluster
+    }
+
+    fn alive(&self) -> impl Iterator<Item = &BelfryProcess> {
+        self.nodes.iter().filter(|n| n.pid().is_some())
+    }
+
+    /// Polls until every live node reports `size` members, exactly one
+    /// Master, and every partition owned.
+    async fn wait_for_members(&self, size: usize) {
+        let deadline = Instant::now() + SETTLE;
+        'poll: loop {
+            assert!(
+                Instant::now() < deadline,
+                "cluster never settled at {size} nodes"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            for node in self.alive() {
+                let (_, view) = get_json(&node.url("/events/cluster")).await;
+                let Some(members) = view.as_object() else {
+                    continue 'poll;
+                };
+                let masters = members.values().filter(|r| *r == "Master").count();
+                if members.len() != size || masters != 1 {
+                    continue 'poll;
+                }
+                let (_, detail) = get_json(&node.url("/v1/cluster")).await;
+                let owned: usize = detail["nodes"]
+                    .as_array()
+                    .map(|nodes| {
+                        nodes
+                            .iter()
+                            .map(|n| n["partitions"].as_array().map_or(0, Vec::len))
+                            .sum()
+                    })
+                    .unwrap_or(0);
+                if owned != 64 {
+                    continue 'poll;
+                }
+            }
+            return;
+        }
+    }
+
+    async fn master_index(&self) -> usize {
+        let (_, view) = get_json(&self.nodes[0].url("/events/cluster")).await;
+        let master = view
+            .as_object()
+            .unwrap()
+            .iter()
+            .find(|(_, role)| *role == "Master")
+            .map(|(address, _)| address.clone())
+            .expect("a Master");
+        self.nodes
+            .iter()
+            .position(|n| n.base_url().ends_with(&master))
+            .expect("the Master is one of ours")
+    }
+}
+
+async fn register(node: &BelfryProcess, receiver: &Receiver) {
+    let (status, body) = post_json(
+        &node.url("/events/tenant/register"),
+        &json!({"tenant": "c", "type": "HTTP", "props": {"url": receiver.url("/hook")}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Schedules `count` events due from `first_ms` every `step_ms`, spreading
+/// requests over the live nodes; returns id → due.
+async fn schedule_spread(
+    cluster: &Cluster,
+    prefix: &str,
+    count: usize,
+    first_ms: i64,
+    step_ms: i64,
+) -> HashMap<String, i64> {
+    let mut due = HashMap::new();
+    let nodes: Vec<&BelfryProcess> = cluster.alive().collect();
+    for (chunk_index, chunk) in (0..count).collect::<Vec<_>>().chunks(250).enumerate() {
+        let body: Vec<Value> = chunk
+            .iter()
+            .map(|i| {
+                let id = format!("{prefix}{i}");
+                let at = first_ms + *i as i64 * step_ms;
+                due.insert(id.clone(), at);
+                json!({"id": id, "tenant": "c", "eventTime": rfc3339(at)})
+            })
+            .collect();
+        let node = nodes[chunk_index % nodes.len()];
+        let (status, answer) = post_json(&node.url("/events/schedule"), &Value::Array(body)).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    due
+}
+
+/// Waits until every id in `due` arrived; returns (arrivals per id).
+async fn wait_all(
+    receiver: &Receiver,
+    due: &HashMap<String, i64>,
+    within: Duration,
+) -> HashMap<String, Vec<i64>> {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut arrivals: HashMap<String, Vec<i64>> = HashMap::new();
+        for r in receiver.requests() {
+            if let Some(id) = r.header("x-belfry-event-id") {
+                arrivals
+                    .entry(id.to_string())
+                    .or_default()
+                    .push(r.arrived_at_ms);
+            }
+        }
+        if due.keys().all(|id| arrivals.contains_key(id)) {
+            return arrivals;
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<_> = due
+                .keys()
+                .filter(|id| !arrivals.contains_key(*id))
+                .take(10)
+                .collect();
+            panic!(
+                "{} of {} never delivered, e.g. {missing:?}",
+                due.len() - arrivals.len().min(due.len()),
+                due.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn assert_on_time(
+    due: &HashMap<String, i64>,
+    arrivals: &HashMap<String, Vec<i64>>,
+    worst_ms: i64,
+) -> usize {
+    let mut duplicates = 0;
+    for (id, at) in due {
+        let got = &arrivals[id];
+        duplicates += got.len() - 1;
+        for arrived in got {
+            assert!(arrived >= at, "{id} delivered {} ms early", at - arrived);
+            assert!(
+                arrived - at <= worst_ms,
+                "{id} delivered {} ms late",
+                arrived - at
+            );
+        }
+    }
+    duplicates
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_one_master_and_events_through_any_node_arrive_on_time() {
+    let url = PgServer::shared().fresh_database().await;
+    let cluster = Cluster::start(&url, 3).await;
+    let receiver = Receiver::start_lean().await;
+    register(&cluster.nodes[1], &receiver).await;
+    let due = schedule_spread(&cluster, "e", 600, now_ms() + 3_000, 5).await;
+    let arrivals = wait_all(&receiver, &due, SETTLE).await;
+    let duplicates = assert_on_time(&due, &arrivals, 5_000);
+    assert_eq!(duplicates, 0, "no failure, so no duplicate");
+    // Any node answers reads for any event.
+    let (status, found) = get_json(&cluster.nodes[2].url("/events/find?tenant=c&id=e7")).await;
+    assert_eq!(status, 200);
+    assert_eq!(found["eventStatus"], "PROCESSED", "{found}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_master_mid_load_loses_nothing_and_fails_over_within_the_lease() {
+    let url = PgServer::shared().fresh_database().await;
+    let mut cluster = Cluster::start(&url, 3).await;
+    let receiver = Receiver::start_lean().await;
+    register(&cluster.nodes[0], &receiver).await;
+    let start = now_ms() + 2_000;
+    let due = schedule_spread(&cluster, "m", 3_000, start, 4).await; // 12 s of events
+    tokio::time::sleep(Duration::from_millis(
+        (start - now_ms() + 3_000).max(0) as u64
+    ))
+    .await;
+    let master = cluster.master_index().await;
+    cluster.nodes[master].kill_9();
+    let arrivals = wait_all(&receiver, &due, SETTLE).await;
+    // Lease TTL 5 s + takeover + renew ticks; generous for a loaded machine.
+    let duplicates = assert_on_time(&due, &arrivals, 5_000 + 8_000);
+    assert!(
+        duplicates <= 256,
+        "{duplicates} duplicates: more than were in flight"
+    );
+    cluster.wait_for_members(2).await;
+    // The killed node rejoins.
+    cluster.nodes[master].restart().await.unwrap();
+    cluster.wait_for_members(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_an_owner_moves_its_partitions_and_a_joining_node_gets_its_share() {
+    let url = PgServer::shared().fresh_database().await;
+    let mut cluster = Cluster::start(&url, 2).await;
+    let receiver = Receiver::start_lean().await;
+    register(&cluster.nodes[0], &receiver).await;
+    let master = cluster.master_index().await;
+    let owner = 1 - master;
+    let start = now_ms() + 2_000;
+    let due = schedule_spread(&cluster, "o", 2_000, start, 5).await;
+    tokio::time::sleep(Duration::from_millis(
+        (start - now_ms() + 2_000).max(0) as u64
+    ))
+    .await;
+    cluster.nodes[owner].kill_9();
+    let arrivals = wait_all(&receiver, &due, SETTLE).await;
+    assert_on_time(&due, &arrivals, 13_000);
+    cluster.wait_for_members(1).await;
+
+    // Join: a new node takes its even share.
+    let (node, dir) = start_node(&url).await;
+    cluster.nodes.push(node);
+    cluster._dirs.push(dir);
+    cluster.wait_for_members(2).await;
+    let (_, detail) = get_json(&cluster.nodes[master].url("/v1/cluster")).await;
+    let shares: Vec<usize> = detail["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["partitions"].as_array().map_or(0, Vec::len))
+        .collect();
+    assert_eq!(shares, vec![32, 32], "{detail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigstopped_node_that_lost_its_lease_delivers_nothing_after_sigcont() {
+    let url = PgServer::shared().fresh_database().await;
+    let cluster = Cluster::start(&url, 2).await;
+    let receiver = Receiver::start_lean().await;
+    register(&cluster.nodes[0], &receiver).await;
+    let victim = &cluster.nodes[0];
+    // Events due while the victim is frozen (from 2 s after the stop to 9 s
+    // after), none around the stop itself, so nothing is in flight then.
+    let stop_at = now_ms() + 3_000;
+    let due = schedule_spread(&cluster, "s", 1_400, stop_at + 2_000, 5).await;
+    tokio::time::sleep(Duration::from_millis((stop_at - now_ms()).max(0) as u64)).await;
+    let pid = victim.pid().unwrap().to_string();
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {name} {pid}");
+    };
+    signal("-STOP");
+    // Longer than the lease TTL (5 s): the other node takes over.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    signal("-CONT");
+    let arrivals = wait_all(&receiver, &due, SETTLE).await;
+    // Give the resumed node every chance to (wrongly) fire what it held.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut seen = HashMap::<String, usize>::new();
+    for r in receiver.requests() {
+        *seen
+            .entry(
+                r.header("x-belfry-event-id")
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+            .or_default() += 1;
+    }
+    let doubled: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(10).collect();
+    assert!(
+        doubled.is_empty(),
+        "delivered twice (the stale owner fired): {doubled:?}"
+    );
+    for (id, at) in &due {
+        assert!(arrivals[id][0] >= *at, "{id} early");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_postgres_is_down_writes_answer_503_and_everything_fires_after_it_returns() {
+    // A private server: this test stops it.
+    let server = PgServer::launch().expect("a private PostgreSQL");
+    let url = server.create_database("outage").await.unwrap();
+    let cluster = Cluster::start(&url, 2).await;
+    let receiver = Receiver::start_lean().await;
+    register(&cluster.nodes[0], &receiver).await;
+    let before = schedule_spread(&cluster, "before", 100, now_ms() + 6_000, 10).await;
+
+    server.stop_immediate().unwrap();
+    let (status, body) = post_json(
+        &cluster.nodes[1].url("/events/schedule"),
+        &json!([{"id": "during", "tenant": "c", "eventTime": rfc3339(now_ms() + 1_000)}]),
+    )
+    .await;
+    assert!(
+        status == 503 || (status == 500 && body[0]["eventStatus"] == "ERROR"),
+        "a write while the database is down must not be acknowledged: {status} {body}"
+    );
+    let (status, _) = get_json(&cluster.nodes[0].url("/ping")).await;
+    assert_eq!(status, 200, "nodes keep running");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    server.start().unwrap();
+
+    let arrivals = wait_all(&receiver, &before, SETTLE).await;
+    for (id, at) in &before {
+        assert!(arrivals[id][0] >= *at, "{id} early");
+    }
+    assert!(
+        receiver
+            .requests()
+            .iter()
+            .all(|r| r.header("x-belfry-event-id") != Some("during"))
+    );
+    let after = schedule_spread(&cluster, "after", 50, now_ms() + 2_000, 10).await;
+    wait_all(&receiver, &after, SETTLE).await;
+}
