@@ -147,3 +147,68 @@ fn a_second_open_of_the_same_directory_is_refused() {
     });
     assert!(matches!(second, Err(belfry_store::StoreError::Internal(_))));
 }
+
+fn open_with_writers(dir: &std::path::Path, writers: usize) -> SharedStore {
+    Arc::new(
+        EmbeddedStore::open(EmbeddedOptions {
+            data_dir: dir.to_path_buf(),
+            partitions: PartitionCount::new(8).unwrap(),
+            writers: std::num::NonZeroUsize::new(writers),
+        })
+        .unwrap(),
+    )
+}
+
+/// Same `started_at` every time, so only the sequence number keeps the
+/// entries apart: a reused number would overwrite an older entry.
+async fn record_stale_attempt(store: &SharedStore, id: &str) {
+    store
+        .apply(ApplyParams {
+            commands: vec![KeyedCommand {
+                key: key(id),
+                command: EventCommand::RecordAttempt {
+                    version: EventVersion::from_string("an-old-version".into()),
+                    report: AttemptReport {
+                        started_at: Timestamp::from_millis(50),
+                        duration_ms: 1,
+                        verdict: Verdict::Retry,
+                        http_status: Some(503),
+                        error: None,
+                    },
+                },
+                fence: None,
+            }],
+            now: Timestamp::from_millis(60),
+            retry: RetryPolicy::default(),
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_writer_count_keeps_every_key_and_history_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<String> = (0..64).map(|i| format!("e{i:02}")).collect();
+    {
+        let store = open_with_writers(dir.path(), 1);
+        apply(&store, ids.iter().map(|id| upsert(id, 1_000)).collect()).await;
+        for _ in 0..2 {
+            for id in &ids {
+                record_stale_attempt(&store, id).await;
+            }
+        }
+    }
+    let store = open_with_writers(dir.path(), 3);
+    for id in &ids {
+        record_stale_attempt(&store, id).await;
+    }
+    for id in &ids {
+        assert_eq!(store.attempts(&key(id), 10).await.unwrap().len(), 3, "{id}");
+        assert!(store.get_event(&key(id)).await.unwrap().is_some());
+    }
+    let mut due = Vec::new();
+    for partition in store.partitions().all() {
+        due.extend(due_of(&store, partition).await);
+    }
+    assert_eq!(due.len(), ids.len());
+}

@@ -284,6 +284,21 @@ mod tests {
     }
 
     #[test]
+    fn finished_keys_round_trip_and_stay_in_their_partition() {
+        let k = key("t", "e");
+        let at = Timestamp::from_millis(1_000);
+        let bytes = finished_key_raw(PartitionId(2), at, &event_key(&k));
+        assert_eq!(decode_finished_key(&bytes).unwrap(), (at, k));
+        let later = Timestamp::from_millis(1_001);
+        assert!(bytes < finished_before(PartitionId(2), later));
+        assert!(bytes >= finished_before(PartitionId(2), at));
+        assert!(bytes >= finished_before(PartitionId(2), Timestamp::from_millis(i64::MIN)));
+        let max = Timestamp::from_millis(i64::MAX);
+        assert!(bytes < finished_before(PartitionId(3), Timestamp::from_millis(i64::MIN)));
+        assert!(finished_key_raw(PartitionId(1), max, &event_key(&key("z", "z"))) < bytes);
+    }
+
+    #[test]
     fn garbage_is_an_internal_error() {
         assert!(decode_record(b"").is_err());
         assert!(decode_record(&[9, 1, 2]).is_err());

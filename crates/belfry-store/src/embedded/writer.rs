@@ -1,4 +1,6 @@
-//! The group-commit writer: the only thread that writes to the database.
+//! A group-commit writer: one per shard, the only thread that writes the
+//! events of its shard's partitions (see the sharding notes in the parent
+//! module). Shard 0 also writes tenants.
 //!
 //! Callers send [`Job`]s over a channel and await a oneshot answer. The
 //! writer blocks for the first job, then drains whatever else is already
@@ -416,18 +418,13 @@ impl Writer {
         let ks = &self.ks;
         let mut batch = ks.db.batch();
         let mut purged = 0;
-        let mut visited = 0;
         let owned = self.partitions.all().skip(self.shard).step_by(self.shards);
         let entries = owned.flat_map(|partition| {
             let start = keys::finished_before(partition, Timestamp::from_millis(i64::MIN));
             let end = keys::finished_before(partition, params.finished_before);
             ks.finished.range(start..end)
         });
-        for item in entries {
-            if visited == params.limit {
-                break;
-            }
-            visited += 1;
+        for item in entries.take(params.limit) {
             let index_key = item.key().map_err(internal)?;
             let (finished_at, key) = keys::decode_finished_key(&index_key)?;
             batch.remove(&ks.finished, index_key);
