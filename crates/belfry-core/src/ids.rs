@@ -53,13 +53,6 @@ macro_rules! name_type {
             }
         }
 
-        impl TryFrom<String> for $name {
-            type Error = IdError;
-            fn try_from(value: String) -> Result<Self, IdError> {
-                $name::new(value)
-            }
-        }
-
         impl From<$name> for String {
             fn from(value: $name) -> String {
                 value.0
@@ -92,6 +85,76 @@ name_type!(
     "event id",
     500
 );
+
+impl TryFrom<String> for TenantName {
+    type Error = IdError;
+    fn try_from(value: String) -> Result<Self, IdError> {
+        TenantName::new(value)
+    }
+}
+
+/// Accepts what [`EventId::new`] accepts and, unlike it, the engine's
+/// internal ids: this is the path stores and serde read stored ids through.
+impl TryFrom<String> for EventId {
+    type Error = IdError;
+    fn try_from(value: String) -> Result<Self, IdError> {
+        EventId::from_stored(value)
+    }
+}
+
+/// The first character of every id the engine reserves for itself (e.g. a
+/// recurring schedule's control event). Client ids can never contain it:
+/// [`EventId::new`] rejects control characters.
+pub const INTERNAL_ID_MARK: char = '\u{1}';
+
+impl EventId {
+    /// An engine-internal id: [`INTERNAL_ID_MARK`] followed by `rest`, which
+    /// must itself be a valid id (so the only control character is the
+    /// mark).
+    ///
+    /// # Errors
+    /// `rest` is not a valid id, or the whole is too long.
+    pub fn internal(rest: &str) -> Result<EventId, IdError> {
+        EventId::new(rest)?;
+        let value = format!("{INTERNAL_ID_MARK}{rest}");
+        if value.len() > Self::MAX_LEN {
+            return Err(IdError::TooLong {
+                what: "event id",
+                max: Self::MAX_LEN,
+            });
+        }
+        Ok(EventId(value))
+    }
+
+    /// Whether this id is engine-internal (see [`EventId::internal`]);
+    /// client-facing listings hide such ids.
+    pub fn is_internal(&self) -> bool {
+        self.0.starts_with(INTERNAL_ID_MARK)
+    }
+
+    /// An internal id's text after the mark; `None` for client ids.
+    pub fn internal_rest(&self) -> Option<&str> {
+        self.0.strip_prefix(INTERNAL_ID_MARK)
+    }
+
+    /// Reads back a stored id: a client id or an internal one.
+    ///
+    /// # Errors
+    /// Neither a valid client id nor a valid internal id.
+    pub fn from_stored(value: String) -> Result<EventId, IdError> {
+        match value.strip_prefix(INTERNAL_ID_MARK) {
+            Some(rest) => EventId::internal(rest),
+            None => EventId::new(value),
+        }
+    }
+
+    /// A cursor that sorts right before every internal id starting with
+    /// `INTERNAL_ID_MARK` + `prefix` (an exclusive `after` bound for
+    /// listing them). Never stored as an event.
+    pub fn internal_cursor(prefix: &str) -> EventId {
+        EventId(format!("{INTERNAL_ID_MARK}{prefix}"))
+    }
+}
 
 /// The identity of an event: `(tenant, id)`.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -174,6 +237,20 @@ mod tests {
             TenantName::new("x".repeat(201)),
             Err(IdError::TooLong { .. })
         ));
+    }
+
+    #[test]
+    fn internal_ids_round_trip_through_serde_but_not_through_new() {
+        let id = EventId::internal("schedule/nightly").unwrap();
+        assert!(id.is_internal());
+        assert_eq!(id.internal_rest(), Some("schedule/nightly"));
+        assert!(EventId::new(id.as_str()).is_err());
+        let json = serde_json::to_string(&id).unwrap();
+        let back: EventId = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, id);
+        assert!(EventId::internal("a\u{1}b").is_err());
+        assert!(!EventId::new("plain").unwrap().is_internal());
+        assert!(EventId::internal_cursor("schedule/") < id);
     }
 
     #[test]

@@ -20,6 +20,8 @@
 //! - [`retry`]: the retry policy and the one delivery classification
 //!   ([`Verdict`]: delivered, retry, permanent).
 //! - [`timer`]: the bounded in-memory window of near-future events.
+//! - [`schedule`]: recurring schedules as control events, and the pure
+//!   planner of their occurrences and misfires.
 //! - [`assignment`]: how the cluster leader spreads partitions over nodes.
 
 pub mod assignment;
@@ -28,6 +30,7 @@ pub mod event;
 pub mod ids;
 pub mod partition;
 pub mod retry;
+pub mod schedule;
 pub mod tenant;
 pub mod time;
 pub mod timer;
@@ -40,6 +43,7 @@ pub use event::{
 pub use ids::{EventId, EventKey, EventVersion, IdError, TenantName};
 pub use partition::{PartitionCount, PartitionId};
 pub use retry::{RetryPolicy, Verdict};
+pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};
 pub use tenant::{SinkConfig, TenantConfig};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use timer::{DueCursor, TimerWindow};

@@ -53,7 +53,7 @@ fn verdict_from_str(text: &str) -> Result<Verdict, StoreError> {
 
 pub(crate) fn key_from_parts(tenant: String, id: String) -> Result<EventKey, StoreError> {
     let tenant = TenantName::new(tenant).map_err(corrupt)?;
-    let id = EventId::new(id).map_err(corrupt)?;
+    let id = EventId::from_stored(id).map_err(corrupt)?;
     Ok(EventKey::new(tenant, id))
 }
 

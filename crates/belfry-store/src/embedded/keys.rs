@@ -86,7 +86,7 @@ pub fn decode_event_key(bytes: &[u8]) -> StoreResult<EventKey> {
     let id = std::str::from_utf8(&bytes[split + 1..]).map_err(corrupt)?;
     Ok(EventKey::new(
         TenantName::new(tenant).map_err(corrupt)?,
-        EventId::new(id).map_err(corrupt)?,
+        EventId::from_stored(id.to_string()).map_err(corrupt)?,
     ))
 }
 
