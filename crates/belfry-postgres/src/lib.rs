@@ -51,6 +51,9 @@ use crate::rows::{EVENT_COLUMNS, attempt_from_row, cursor_from_row, record_from_
 /// down.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The longest one `apply` may take before it answers `Unavailable`.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Queued wake-ups per subscriber before the listener waits (the server
 /// buffers meanwhile), so memory stays bounded.
 const WAKEUP_QUEUE: usize = 4_096;
@@ -146,6 +149,9 @@ impl PostgresStore {
     /// dedicated LISTEN connection that reconnects after errors. The stream
     /// begins with [`Wakeup::Resync`] and repeats it after every reconnect
     /// (see [`wakeups`]). Dropping the receiver stops the listener.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime (the listener is a spawned task).
     pub fn subscribe_wakeups(&self) -> mpsc::Receiver<Wakeup> {
         let (sender, receiver) = mpsc::channel(WAKEUP_QUEUE);
         tokio::spawn(wakeups::listen(self.config.clone(), sender));
@@ -229,7 +235,15 @@ impl Store for PostgresStore {
     }
 
     async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
-        apply::apply(self, params).await
+        // A hung server (stopped, cut off) must not hold callers forever;
+        // the outcome is then unknown, which `Unavailable` (503) conveys.
+        tokio::time::timeout(APPLY_TIMEOUT, apply::apply(self, params))
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(format!(
+                    "the database did not answer within {APPLY_TIMEOUT:?}"
+                )))
+            })
     }
 
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
