@@ -2,7 +2,7 @@
 //! each apply batches of `batch` new events until `events` are stored.
 //!
 //! ```text
-//! cargo run --release -p belfry-postgres --example ingest -- \
+//! cargo run --release -p belfry-postgres --example pg_ingest -- \
 //!     postgres://postgres@127.0.0.1:5432/belfry_ingest [events] [batch] [callers] [near]
 //! ```
 //! With `near`, events fall inside the notify horizon, so every commit also
@@ -26,7 +26,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let url = args
         .next()
-        .ok_or("usage: ingest URL [events] [batch] [callers]")?;
+        .ok_or("usage: pg_ingest URL [events] [batch] [callers]")?;
     let events: usize = args.next().map_or(Ok(200_000), |a| a.parse())?;
     let batch: usize = args.next().map_or(Ok(1_000), |a| a.parse())?;
     let callers: usize = args.next().map_or(Ok(8), |a| a.parse())?;
