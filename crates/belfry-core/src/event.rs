@@ -143,6 +143,18 @@ pub enum EventCommand {
     },
     /// End a pending event that is too far past due to fire.
     Expire { reason: String },
+    /// Compare-and-set for the engine's own control events (recurring
+    /// schedules): an [`EventCommand::Upsert`] that applies only while the
+    /// event is pending with version `expected`; otherwise nothing changes
+    /// ([`CommandOutcome::VersionChanged`]), so a client's change made in
+    /// between wins.
+    UpsertIfCurrent {
+        expected: EventVersion,
+        event_time: Timestamp,
+        payload: Option<String>,
+        delivery: DeliveryOption,
+        new_version: EventVersion,
+    },
 }
 
 /// What a command did, as the client-facing answer needs it.
@@ -167,6 +179,9 @@ pub enum CommandOutcome {
     Expired,
     /// `Expire` of an event that is no longer pending: nothing changed.
     NotPending,
+    /// `UpsertIfCurrent` of an event that changed version or is no longer
+    /// pending: nothing changed.
+    VersionChanged,
 }
 
 /// What the runtime must do after a transition.
@@ -377,6 +392,24 @@ pub fn transition(
                 attempt: Some(attempt),
             }
         }
+        EventCommand::UpsertIfCurrent {
+            expected,
+            event_time,
+            payload,
+            delivery,
+            new_version,
+        } => match current {
+            Some(existing) if existing.status.is_pending() && existing.version == expected => {
+                let upsert = EventCommand::Upsert {
+                    event_time,
+                    payload,
+                    delivery,
+                    new_version,
+                };
+                transition(key, current, upsert, ctx)
+            }
+            _ => Transition::unchanged(CommandOutcome::VersionChanged),
+        },
         EventCommand::Expire { reason } => match current {
             Some(existing) if existing.status.is_pending() => {
                 let mut next = existing.clone();
@@ -578,6 +611,35 @@ mod tests {
         assert_eq!(
             failed.outcome,
             CommandOutcome::AttemptRecorded(EventStatus::Failed)
+        );
+    }
+
+    #[test]
+    fn upsert_if_current_applies_only_to_the_expected_pending_version() {
+        let rec = apply(None, upsert(5_000, "v1"), 0).next.unwrap();
+        let cas = |expected: &str| EventCommand::UpsertIfCurrent {
+            expected: EventVersion::from_string(expected.into()),
+            event_time: ts(9_000),
+            payload: Some("new".into()),
+            delivery: DeliveryOption::FullEvent,
+            new_version: EventVersion::from_string("v2".into()),
+        };
+        let stale = apply(Some(&rec), cas("v0"), 1);
+        assert_eq!(stale.outcome, CommandOutcome::VersionChanged);
+        assert!(stale.next.is_none());
+        let moved = apply(Some(&rec), cas("v1"), 1);
+        assert_eq!(moved.outcome, CommandOutcome::Updated { moved: true });
+        let moved = moved.next.unwrap();
+        assert_eq!(moved.version.as_str(), "v2");
+        assert_eq!(moved.payload.as_deref(), Some("new"));
+        let cancelled = apply(Some(&rec), EventCommand::Cancel, 2).next.unwrap();
+        assert_eq!(
+            apply(Some(&cancelled), cas("v1"), 3).outcome,
+            CommandOutcome::VersionChanged
+        );
+        assert_eq!(
+            apply(None, cas("v1"), 3).outcome,
+            CommandOutcome::VersionChanged
         );
     }
 

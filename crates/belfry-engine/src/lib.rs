@@ -13,6 +13,8 @@
 //! - [`dispatch`]: concurrency limits (global and per tenant), the fire-time
 //!   check against the store, the delivery itself;
 //! - [`recorder`]: batches attempt outcomes into the store;
+//! - [`schedules`]: recurring schedules: the control-event firing (plan,
+//!   store occurrences, move the control event) and their management;
 //! - [`purge`]: the background retention sweep;
 //! - [`tenants`]: a short-lived cache of tenant configs.
 //!
@@ -38,6 +40,7 @@ use belfry_store::{Applied, ApplyParams, KeyedCommand, SharedStore, StoreResult}
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+mod claims;
 pub mod dispatch;
 pub mod membership;
 pub mod options;
@@ -45,6 +48,7 @@ pub mod ownership;
 pub mod partition;
 pub mod purge;
 pub mod recorder;
+pub mod schedules;
 pub mod tenants;
 
 pub use options::EngineOptions;
@@ -79,6 +83,8 @@ pub(crate) struct Shared {
     pub(crate) owned: OwnedPartitions,
     pub(crate) tenants: tenants::TenantCache,
     pub(crate) limits: dispatch::Limits,
+    /// Events whose delivery is in progress (fired, outcome not recorded).
+    pub(crate) claims: Arc<claims::Claims>,
     pub(crate) outcomes: mpsc::UnboundedSender<KeyedCommand>,
     /// Set once shutdown starts: no new delivery begins after it.
     pub(crate) stopping: AtomicBool,
@@ -112,6 +118,7 @@ impl Engine {
         let (stop_signal, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             limits: dispatch::Limits::new(&options),
+            claims: Arc::default(),
             store,
             sinks,
             clock,

@@ -37,6 +37,33 @@ pub struct EngineOptions {
     /// How long shutdown waits for in-flight deliveries.
     #[serde(with = "belfry_core::time::serde_millis", rename = "shutdown_grace_ms")]
     pub shutdown_grace: Duration,
+    /// Recurring schedules create each occurrence this long before it is
+    /// due, so it fires with the lateness of a one-off event.
+    #[serde(with = "belfry_core::time::serde_millis", rename = "schedule_lead_ms")]
+    pub schedule_lead: Duration,
+    /// An occurrence a schedule reaches more than this late (e.g. after
+    /// downtime) is *missed* and handled by its misfire policy; one less
+    /// late is simply delivered late.
+    #[serde(
+        with = "belfry_core::time::serde_millis",
+        rename = "schedule_misfire_threshold_ms"
+    )]
+    pub schedule_misfire_threshold: Duration,
+    /// Most missed occurrences stored one by one per schedule firing; the
+    /// rest are counted in the schedule's missed summary.
+    pub schedule_max_missed_recorded: usize,
+}
+
+impl EngineOptions {
+    /// The schedule planner's limits.
+    pub fn plan_limits(&self) -> belfry_core::schedule::PlanLimits {
+        belfry_core::schedule::PlanLimits {
+            lead: self.schedule_lead,
+            misfire_threshold: self.schedule_misfire_threshold,
+            max_missed_recorded: self.schedule_max_missed_recorded,
+            ..Default::default()
+        }
+    }
 }
 
 impl Default for EngineOptions {
@@ -51,6 +78,9 @@ impl Default for EngineOptions {
             history_retention: Duration::from_secs(7 * 24 * 3600),
             purge_interval: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
+            schedule_lead: Duration::from_secs(5),
+            schedule_misfire_threshold: Duration::from_secs(60),
+            schedule_max_missed_recorded: 100,
         }
     }
 }

@@ -88,6 +88,9 @@ async fn record_group(shared: &Arc<Shared>, batch: Vec<KeyedCommand>) -> Result<
         };
         match shared.store.apply(params).await {
             Ok(applied) => {
+                // Before the effects: a retry armed by this outcome may
+                // claim the event again.
+                shared.claims.release(batch.iter().map(|c| &c.key));
                 shared.route_effects(&applied);
                 return Ok(());
             }
@@ -99,6 +102,9 @@ async fn record_group(shared: &Arc<Shared>, batch: Vec<KeyedCommand>) -> Result<
                     by_partition.entry(group).or_default().push(command);
                 }
                 if by_partition.len() == 1 {
+                    shared
+                        .claims
+                        .release(by_partition.values().flatten().map(|c| &c.key));
                     tracing::warn!(
                         partition = %partition,
                         epoch,

@@ -1,0 +1,664 @@
+//! Recurring schedules on the durable event path.
+//!
+//! A schedule is one *control event* in its tenant (see
+//! [`belfry_core::schedule`]): its payload is the definition, its instant the
+//! next materialization time. The control event rides the ordinary machinery
+//! (partitioned, windowed, fenced, failed over) and when it fires,
+//! [`fire`] runs the pure planner and stores the result:
+//!
+//! 1. the occurrences (deterministic ids `"{schedule}@{instant}"`, the
+//!    same text as their idempotency key), missed ones expired in the same
+//!    batch. These writes are unfenced, like a client's, so that other
+//!    partitions' owners are woken in a cluster; storing them twice is a
+//!    no-op (an upsert at the same instant never re-fires).
+//! 2. then, fenced by the control event's partition epoch and conditional
+//!    on its fired version ([`EventCommand::UpsertIfCurrent`]), the control
+//!    event moved to its next time with its progress (or parked when the
+//!    schedule is complete). A crash between 1 and 2 re-runs the same plan.
+//!
+//! Management ([`EngineHandle::put_schedule`] and friends) writes the
+//! control event like a client writes an event, so any node may serve it.
+//! Every change gives the control event a new version (cancel, then
+//! upsert), so a firing in progress stands down at step 2 and the new
+//! version plans with the new definition (its step 1 may have created the
+//! old definition's occurrences due within the lead: the only trace a race
+//! leaves). Already-created future occurrences are cancelled on update,
+//! pause and delete.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_core::event::{DeliveryOption, EventCommand};
+use belfry_core::schedule::{
+    self, Fate, NextStep, PARKED_AT, Plan, Progress, Schedule, ScheduleError, ScheduleId,
+    ScheduleStatus, control_event_id,
+};
+use belfry_core::{
+    DueCursor, EventId, EventKey, EventRecord, EventStatus, EventVersion, OccurrenceId,
+    PartitionId, TenantName, Timestamp,
+};
+use belfry_store::{ApplyParams, Fence, KeyedCommand, ListEventsParams, StoreError, StoreResult};
+
+use crate::ownership::PartitionLease;
+use crate::{EngineHandle, Shared};
+
+/// Page size when scanning a schedule's occurrences or a tenant's
+/// schedules.
+const SCAN_PAGE: usize = 1_000;
+/// Pause before re-running a firing that failed on a store error.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// Why a schedule operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleOpError {
+    /// The definition is not valid; the message is safe for clients.
+    #[error(transparent)]
+    Invalid(#[from] ScheduleError),
+    #[error("no schedule {0:?}")]
+    NotFound(ScheduleId),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A stored schedule as clients see it.
+#[derive(Debug, Clone)]
+pub struct ScheduleState {
+    pub tenant: TenantName,
+    pub schedule: Schedule,
+    /// The next occurrence not created yet; `None` when paused or complete.
+    pub next_occurrence: Option<Timestamp>,
+    /// Set when the control event itself failed (an unreadable definition).
+    pub error: Option<String>,
+}
+
+/// What a put did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    Created,
+    Updated,
+}
+
+/// Handles one fired control event (see the module doc).
+pub(crate) async fn fire(
+    shared: Arc<Shared>,
+    partition: PartitionId,
+    lease: Arc<PartitionLease>,
+    entry: DueCursor,
+) {
+    if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) || !lease.may_fire() {
+        // Stays pending in the store; the next start (or owner) fires it.
+        return;
+    }
+    let fence = Fence {
+        partition,
+        epoch: lease.epoch,
+    };
+    match fire_once(&shared, fence, &entry).await {
+        Ok(()) => {}
+        Err(StoreError::Fenced { .. }) => {
+            tracing::debug!(key = ?entry.key, "schedule firing fenced: the partition moved");
+        }
+        Err(error) => {
+            tracing::warn!(key = ?entry.key, %error, "schedule firing failed; retrying it shortly");
+            retry_later(&shared, partition, entry);
+        }
+    }
+}
+
+/// Offers the control event to its partition again after a pause (a store
+/// hiccup); the plan is re-run from the stored state then.
+fn retry_later(shared: &Arc<Shared>, partition: PartitionId, entry: DueCursor) {
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(RETRY_PAUSE).await;
+        shared
+            .owned
+            .send(partition, crate::partition::PartitionMsg::Offer(entry));
+    });
+}
+
+async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> StoreResult<()> {
+    let Some(record) = shared.store.get_event(&entry.key).await? else {
+        return Ok(());
+    };
+    if !record.status.is_pending() || record.next_fire_at != Some(entry.due) {
+        return Ok(());
+    }
+    let now = shared.clock.now();
+    let definition = record
+        .payload
+        .as_deref()
+        .ok_or_else(|| ScheduleError::Corrupt("no definition".into()))
+        .and_then(Schedule::from_json)
+        .and_then(|s| s.spec().map(|spec| (s, spec)).map_err(ScheduleError::from));
+    let (definition, spec) = match definition {
+        Ok(found) => found,
+        Err(error) => {
+            // Never dropped silently: the control event ends as missed with
+            // the reason, which GET shows.
+            tracing::error!(key = ?entry.key, %error, "schedule definition unusable");
+            let expire = KeyedCommand {
+                key: entry.key.clone(),
+                command: EventCommand::Expire {
+                    reason: format!("schedule stopped: {error}"),
+                },
+                fence: Some(fence),
+            };
+            return apply(shared, vec![expire]).await;
+        }
+    };
+    if definition.status != ScheduleStatus::Active {
+        // Paused (or ended) definitions never plan; park the control event.
+        let park = control_move(&entry.key, &record, PARKED_AT, &definition, fence);
+        return apply(shared, vec![park]).await;
+    }
+
+    let plan = schedule::plan(&definition, &spec, now, shared.options.plan_limits());
+    let occurrences = occurrence_commands(&entry.key.tenant, &plan, &shared.options);
+    if !occurrences.is_empty() {
+        apply(shared, occurrences).await?;
+    }
+
+    // Conditional on the fired version: a client's change made meanwhile
+    // (a new version) wins, and its control event plans with the new
+    // definition. A complete schedule parks, so it stays visible.
+    let at = match plan.next {
+        NextStep::At(at) => at,
+        NextStep::Complete => PARKED_AT,
+    };
+    // An upsert at the same instant would not re-arm the event.
+    let at = if at == record.event_time {
+        at.plus(Duration::from_millis(1))
+    } else {
+        at
+    };
+    let control = control_move(&entry.key, &record, at, &plan.schedule, fence);
+    apply(shared, vec![control]).await
+}
+
+/// Moves the fired control event `record` to `at` with `schedule`, unless
+/// it changed version meanwhile.
+fn control_move(
+    key: &EventKey,
+    record: &EventRecord,
+    at: Timestamp,
+    schedule: &Schedule,
+    fence: Fence,
+) -> KeyedCommand {
+    KeyedCommand {
+        key: key.clone(),
+        command: EventCommand::UpsertIfCurrent {
+            expected: record.version.clone(),
+            event_time: at,
+            payload: Some(schedule.to_json()),
+            delivery: DeliveryOption::FullEvent,
+            new_version: EventVersion::generate(),
+        },
+        fence: Some(fence),
+    }
+}
+
+/// The upserts (and expiries) of a plan's occurrences.
+fn occurrence_commands(
+    tenant: &TenantName,
+    plan: &Plan,
+    options: &crate::EngineOptions,
+) -> Vec<KeyedCommand> {
+    let schedule = &plan.schedule;
+    let mut commands = Vec::with_capacity(plan.occurrences.len());
+    for occurrence in &plan.occurrences {
+        let id = OccurrenceId::new(
+            tenant.clone(),
+            schedule.id.as_event_id().clone(),
+            occurrence.at,
+        );
+        let Ok(key) = id.event_key() else {
+            // Schedule ids leave room for the suffix (MAX_SCHEDULE_ID_LEN).
+            tracing::error!(occurrence = ?id, "occurrence id too long; skipped");
+            continue;
+        };
+        commands.push(KeyedCommand {
+            key: key.clone(),
+            command: EventCommand::Upsert {
+                event_time: occurrence.at,
+                payload: schedule.payload.clone(),
+                delivery: schedule.delivery,
+                new_version: id.event_version(),
+            },
+            fence: None,
+        });
+        if occurrence.fate == Fate::Missed {
+            commands.push(KeyedCommand {
+                key,
+                command: EventCommand::Expire {
+                    reason: format!(
+                        "missed: the schedule reached this occurrence more than {} s late \
+                         (misfire policy {})",
+                        options.schedule_misfire_threshold.as_secs(),
+                        misfire_name(schedule)
+                    ),
+                },
+                fence: None,
+            });
+        }
+    }
+    commands
+}
+
+fn misfire_name(schedule: &Schedule) -> &'static str {
+    match schedule.misfire {
+        belfry_core::MisfirePolicy::FireOnce => "fire_once",
+        belfry_core::MisfirePolicy::FireAll { .. } => "fire_all",
+        belfry_core::MisfirePolicy::Skip => "skip",
+    }
+}
+
+fn control_upsert(
+    key: &EventKey,
+    at: Timestamp,
+    schedule: &Schedule,
+    fence: Option<Fence>,
+) -> KeyedCommand {
+    KeyedCommand {
+        key: key.clone(),
+        command: EventCommand::Upsert {
+            event_time: at,
+            payload: Some(schedule.to_json()),
+            delivery: DeliveryOption::FullEvent,
+            new_version: EventVersion::generate(),
+        },
+        fence,
+    }
+}
+
+async fn apply(shared: &Arc<Shared>, commands: Vec<KeyedCommand>) -> StoreResult<()> {
+    let applied = shared
+        .store
+        .apply(ApplyParams {
+            commands,
+            now: shared.clock.now(),
+            retry: shared.options.retry.clone(),
+        })
+        .await?;
+    shared.route_effects(&applied);
+    Ok(())
+}
+
+impl EngineHandle {
+    /// Creates or replaces a schedule; takes effect at once. `schedule`'s
+    /// `status`, `progress` and timestamps are set here (an update keeps
+    /// the progress and a paused status).
+    ///
+    /// # Errors
+    /// An invalid definition (nothing is written), or a store failure.
+    pub async fn put_schedule(
+        &self,
+        tenant: &TenantName,
+        mut schedule: Schedule,
+    ) -> Result<(PutOutcome, ScheduleState), ScheduleOpError> {
+        let spec = schedule.validate()?;
+        let now = self.now();
+        let existing = self.read_schedule(tenant, &schedule.id).await?;
+        let outcome = match existing.and_then(|(_, s)| live(s)) {
+            Some(old) => {
+                schedule.created_at = old.created_at;
+                // A completed schedule whose new definition has occurrences
+                // left (a later end, a higher maximum) runs again.
+                schedule.status = match old.status {
+                    ScheduleStatus::Paused => ScheduleStatus::Paused,
+                    _ => ScheduleStatus::Active,
+                };
+                // Occurrences up to the old cursor were handled; future ones
+                // are cancelled below and planned again from now.
+                schedule.progress = Progress {
+                    cursor: old.progress.cursor.min(now),
+                    ..old.progress
+                };
+                PutOutcome::Updated
+            }
+            None => {
+                schedule.created_at = now;
+                schedule.status = ScheduleStatus::Active;
+                schedule.progress = Progress::starting_after(now);
+                PutOutcome::Created
+            }
+        };
+        schedule.updated_at = now;
+        let mut commands = self
+            .cancel_future_occurrences(tenant, &schedule.id, now)
+            .await?;
+        commands.extend(self.control_commands(tenant, &mut schedule, &spec));
+        self.apply(commands).await?;
+        Ok((outcome, self.state(tenant, schedule, None)))
+    }
+
+    /// Pauses a schedule: no occurrence is created until it is resumed;
+    /// future occurrences already created are cancelled.
+    ///
+    /// # Errors
+    /// Unknown schedule, or a store failure.
+    pub async fn pause_schedule(
+        &self,
+        tenant: &TenantName,
+        id: &ScheduleId,
+    ) -> Result<ScheduleState, ScheduleOpError> {
+        self.change_status(tenant, id, ScheduleStatus::Paused).await
+    }
+
+    /// Resumes a paused schedule from now on (occurrences that fell in the
+    /// pause are not created, nor counted as missed).
+    ///
+    /// # Errors
+    /// Unknown schedule, or a store failure.
+    pub async fn resume_schedule(
+        &self,
+        tenant: &TenantName,
+        id: &ScheduleId,
+    ) -> Result<ScheduleState, ScheduleOpError> {
+        self.change_status(tenant, id, ScheduleStatus::Active).await
+    }
+
+    async fn change_status(
+        &self,
+        tenant: &TenantName,
+        id: &ScheduleId,
+        status: ScheduleStatus,
+    ) -> Result<ScheduleState, ScheduleOpError> {
+        let now = self.now();
+        let Some(mut schedule) = self
+            .read_schedule(tenant, id)
+            .await?
+            .and_then(|(_, s)| live(s))
+        else {
+            return Err(ScheduleOpError::NotFound(id.clone()));
+        };
+        if schedule.status == ScheduleStatus::Completed || schedule.status == status {
+            return Ok(self.state(tenant, schedule, None));
+        }
+        let spec = schedule.spec().map_err(ScheduleError::from)?;
+        if status == ScheduleStatus::Active {
+            schedule.progress.cursor = schedule.progress.cursor.max(now);
+        }
+        schedule.status = status;
+        schedule.updated_at = now;
+        let mut commands = self.cancel_future_occurrences(tenant, id, now).await?;
+        commands.extend(self.control_commands(tenant, &mut schedule, &spec));
+        self.apply(commands).await?;
+        Ok(self.state(tenant, schedule, None))
+    }
+
+    /// Deletes a schedule and cancels its future occurrences; its
+    /// occurrence history stays until retention. Returns the schedule as
+    /// it was.
+    ///
+    /// # Errors
+    /// Unknown schedule, or a store failure.
+    pub async fn delete_schedule(
+        &self,
+        tenant: &TenantName,
+        id: &ScheduleId,
+    ) -> Result<Schedule, ScheduleOpError> {
+        let now = self.now();
+        let Some((record, found)) = self.read_schedule(tenant, id).await? else {
+            return Err(ScheduleOpError::NotFound(id.clone()));
+        };
+        let Some(mut schedule) = live(found) else {
+            return Err(ScheduleOpError::NotFound(id.clone()));
+        };
+        let before = schedule.clone();
+        schedule.status = ScheduleStatus::Deleted;
+        schedule.updated_at = now;
+        let key = EventKey::new(tenant.clone(), control_event_id(id));
+        let mut commands = self.cancel_future_occurrences(tenant, id, now).await?;
+        commands.push(control_upsert(&key, record.event_time, &schedule, None));
+        commands.push(KeyedCommand {
+            key,
+            command: EventCommand::Cancel,
+            fence: None,
+        });
+        self.apply(commands).await?;
+        Ok(before)
+    }
+
+    /// A schedule, unless unknown or deleted.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn get_schedule(
+        &self,
+        tenant: &TenantName,
+        id: &ScheduleId,
+    ) -> Result<Option<ScheduleState>, ScheduleOpError> {
+        Ok(self
+            .read_schedule(tenant, id)
+            .await?
+            .and_then(|(record, schedule)| {
+                let error = control_error(&record);
+                live(schedule).map(|s| self.state(tenant, s, error))
+            }))
+    }
+
+    /// A tenant's schedules by id, after `after` (exclusive), at most
+    /// `limit`.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn list_schedules(
+        &self,
+        tenant: &TenantName,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<Vec<ScheduleState>, ScheduleOpError> {
+        let mut cursor = match after {
+            Some(id) => control_event_id(id),
+            None => EventId::internal_cursor(schedule::CONTROL_PREFIX),
+        };
+        let mut found = Vec::new();
+        'pages: loop {
+            let page = self
+                .store()
+                .list_events(ListEventsParams {
+                    tenant: tenant.clone(),
+                    status: None,
+                    from: None,
+                    to: None,
+                    after: Some(cursor.clone()),
+                    limit: SCAN_PAGE,
+                })
+                .await?;
+            let full = page.len() == SCAN_PAGE;
+            for record in page {
+                if schedule::schedule_of_control(&record.key.id).is_none() {
+                    break 'pages;
+                }
+                cursor = record.key.id.clone();
+                let error = control_error(&record);
+                if let Some(schedule) = record
+                    .payload
+                    .as_deref()
+                    .and_then(|p| Schedule::from_json(p).ok())
+                    .and_then(live)
+                {
+                    found.push(self.state(tenant, schedule, error));
+                    if found.len() >= limit {
+                        break 'pages;
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(found)
+    }
+
+    /// A schedule's occurrences (its history and what is already created),
+    /// in id order (the instant's order), after `after` (exclusive), at
+    /// most `limit`.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn schedule_occurrences(
+        &self,
+        tenant: &TenantName,
+        id: &ScheduleId,
+        after: Option<&EventId>,
+        limit: usize,
+    ) -> Result<Vec<EventRecord>, ScheduleOpError> {
+        let prefix = id.occurrence_prefix();
+        let start = match after {
+            Some(after) => after.clone(),
+            None => EventId::new(prefix.clone()).map_err(ScheduleError::from)?,
+        };
+        let page = self
+            .store()
+            .list_events(ListEventsParams {
+                tenant: tenant.clone(),
+                status: None,
+                from: None,
+                to: None,
+                after: Some(start),
+                limit,
+            })
+            .await?;
+        Ok(page
+            .into_iter()
+            .take_while(|r| r.key.id.as_str().starts_with(&prefix))
+            .collect())
+    }
+
+    /// The control event and its definition, whatever its status.
+    async fn read_schedule(
+        &self,
+        tenant: &TenantName,
+        id: &ScheduleId,
+    ) -> StoreResult<Option<(EventRecord, Schedule)>> {
+        let key = EventKey::new(tenant.clone(), control_event_id(id));
+        let Some(record) = self.store().get_event(&key).await? else {
+            return Ok(None);
+        };
+        let Some(schedule) = record
+            .payload
+            .as_deref()
+            .and_then(|p| Schedule::from_json(p).ok())
+        else {
+            tracing::error!(?key, "schedule control event without a readable definition");
+            return Ok(None);
+        };
+        Ok(Some((record, schedule)))
+    }
+
+    /// Cancels of the schedule's pending occurrences due after `now`.
+    async fn cancel_future_occurrences(
+        &self,
+        tenant: &TenantName,
+        id: &ScheduleId,
+        now: Timestamp,
+    ) -> Result<Vec<KeyedCommand>, ScheduleOpError> {
+        let prefix = id.occurrence_prefix();
+        // Ids sort by instant (same text form for one schedule); start a
+        // second early because "…:00.5Z" sorts before "…:00Z".
+        let from_second = Timestamp::from_millis(now.as_millis().div_euclid(1_000) * 1_000 - 1_000);
+        let mut cursor = EventId::new(format!("{prefix}{}", from_second.to_rfc3339()))
+            .map_err(ScheduleError::from)?;
+        let mut commands = Vec::new();
+        loop {
+            let page = self
+                .store()
+                .list_events(ListEventsParams {
+                    tenant: tenant.clone(),
+                    status: None,
+                    from: None,
+                    to: None,
+                    after: Some(cursor.clone()),
+                    limit: SCAN_PAGE,
+                })
+                .await?;
+            let full = page.len() == SCAN_PAGE;
+            let mut ended = false;
+            for record in page {
+                if !record.key.id.as_str().starts_with(&prefix) {
+                    ended = true;
+                    break;
+                }
+                cursor = record.key.id.clone();
+                if record.status == EventStatus::Scheduled && record.event_time > now {
+                    commands.push(KeyedCommand {
+                        key: record.key,
+                        command: EventCommand::Cancel,
+                        fence: None,
+                    });
+                }
+            }
+            if ended || !full {
+                return Ok(commands);
+            }
+        }
+    }
+
+    /// Cancel, then upsert: the control event always gets a new version, so
+    /// a firing in progress stands down (see the module doc).
+    fn control_commands(
+        &self,
+        tenant: &TenantName,
+        schedule: &mut Schedule,
+        spec: &belfry_core::CronSpec,
+    ) -> Vec<KeyedCommand> {
+        let key = EventKey::new(tenant.clone(), control_event_id(&schedule.id));
+        let cancel = KeyedCommand {
+            key: key.clone(),
+            command: EventCommand::Cancel,
+            fence: None,
+        };
+        let at = match (schedule.status, schedule.next_occurrence(spec)) {
+            (ScheduleStatus::Active, Some(next)) => {
+                Schedule::materialize_at(next, self.options().schedule_lead)
+            }
+            (ScheduleStatus::Active, None) => {
+                schedule.status = ScheduleStatus::Completed;
+                PARKED_AT
+            }
+            _ => PARKED_AT,
+        };
+        vec![cancel, control_upsert(&key, at, schedule, None)]
+    }
+
+    fn state(
+        &self,
+        tenant: &TenantName,
+        schedule: Schedule,
+        error: Option<String>,
+    ) -> ScheduleState {
+        let now = self.now();
+        let next_occurrence = match (schedule.status, schedule.spec()) {
+            // Created ahead of time (within the lead): the next one after
+            // now exists already.
+            (ScheduleStatus::Active, Ok(spec)) if schedule.progress.cursor > now => {
+                let after = schedule
+                    .start_at
+                    .map_or(now, |start| now.max(start.minus(Duration::from_millis(1))));
+                spec.next_after(after)
+            }
+            (ScheduleStatus::Active, Ok(spec)) => schedule.next_occurrence(&spec),
+            _ => None,
+        };
+        ScheduleState {
+            tenant: tenant.clone(),
+            schedule,
+            next_occurrence,
+            error,
+        }
+    }
+}
+
+/// The definition unless deleted.
+fn live(schedule: Schedule) -> Option<Schedule> {
+    (schedule.status != ScheduleStatus::Deleted).then_some(schedule)
+}
+
+/// The reason a control event ended abnormally (expired as unusable).
+fn control_error(record: &EventRecord) -> Option<String> {
+    (record.status == EventStatus::Missed)
+        .then(|| record.last_error.clone())
+        .flatten()
+}
