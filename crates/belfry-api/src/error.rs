@@ -27,6 +27,9 @@ pub mod code {
     pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported_media_type";
     pub const TENANT_NOT_FOUND: &str = "tenant_not_found";
     pub const EVENT_NOT_FOUND: &str = "event_not_found";
+    pub const SCHEDULE_NOT_FOUND: &str = "schedule_not_found";
+    pub const INVALID_CRON: &str = "invalid_cron";
+    pub const INVALID_SCHEDULE: &str = "invalid_schedule";
     pub const NOT_FOUND: &str = "not_found";
     pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
     pub const ALREADY_FINISHED: &str = "already_finished";

@@ -623,27 +623,8 @@ async fn malformed_schedule_requests_are_400_and_change_nothing() {
 }
 
 #[tokio::test]
-async fn cron_is_501_and_unknown_routes_are_json() {
+async fn unknown_routes_are_json() {
     let h = Harness::start().await;
-    let cron = h
-        .post(
-            "/cron",
-            &json!({ "tenant": "t", "id": "c", "expression": "*/5 * * * * ? *", "type": "QUARTZ" }),
-        )
-        .await;
-    assert_eq!(cron.status, StatusCode::NOT_IMPLEMENTED);
-    assert_eq!(
-        cron.body,
-        json!({ "message": "cron schedules are not supported yet" })
-    );
-    assert_eq!(
-        h.get("/cron/t/c?describe=true").await.status,
-        StatusCode::NOT_IMPLEMENTED
-    );
-    assert_eq!(
-        h.delete("/cron/t/c/*").await.status,
-        StatusCode::NOT_IMPLEMENTED
-    );
     let unknown = h.get("/events/nope").await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     assert!(unknown.body["message"].is_string());

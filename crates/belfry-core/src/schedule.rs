@@ -363,6 +363,15 @@ impl Schedule {
     }
 }
 
+/// `at` in the spec's zone, RFC 3339 with the offset and the zone name
+/// (`2027-03-28T03:00:00+02:00[Europe/Berlin]`), for previews.
+pub fn local_time(spec: &CronSpec, at: Timestamp) -> String {
+    match jiff::Timestamp::from_millisecond(at.as_millis()) {
+        Ok(instant) => instant.to_zoned(spec.time_zone().clone()).to_string(),
+        Err(_) => at.to_rfc3339(),
+    }
+}
+
 /// The planner's knobs (engine options).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanLimits {

@@ -4,8 +4,9 @@
 //! - `schedule`: `POST /events/schedule`, per-item validation and outcomes;
 //! - `lookup`: `GET /events/find`, `POST /events/dryrun`;
 //! - `tenants`: `POST /events/tenant/register`, `GET /events/tenants`;
-//! - this file: the routes, `/ping`, `/events/cluster` and the `/cron`
-//!   placeholders.
+//! - `cron`: `POST /cron`, `GET /cron/{tenant}/{id}`, `DELETE
+//!   /cron/{tenant}/{id}/{type}` over recurring schedules;
+//! - this file: the routes, `/ping` and `/events/cluster`.
 
 use std::collections::BTreeMap;
 
@@ -14,12 +15,12 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use serde_json::json;
 
 use crate::ApiState;
-use crate::error::{ApiError, BigBenError, code};
 
+mod cron;
 mod lookup;
 mod schedule;
 mod tenants;
@@ -33,11 +34,9 @@ pub(crate) fn routes() -> Router<ApiState> {
         .route("/events/schedule", post(schedule::schedule))
         .route("/events/find", get(lookup::find))
         .route("/events/dryrun", post(lookup::dry_run))
-        .route("/cron", post(cron_not_supported))
-        .route(
-            "/cron/{*rest}",
-            get(cron_not_supported).delete(cron_not_supported),
-        )
+        .route("/cron", post(cron::create))
+        .route("/cron/{tenant}/{id}", get(cron::get))
+        .route("/cron/{tenant}/{id}/{type}", delete(cron::delete))
 }
 
 async fn ping() -> Json<serde_json::Value> {
@@ -54,17 +53,6 @@ async fn cluster(State(state): State<ApiState>) -> Json<BTreeMap<String, &'stati
             .map(|member| (member.address, member.role.as_str()))
             .collect(),
     )
-}
-
-/// Cron schedules arrive with a later issue; until then the routes exist
-/// and say so, instead of a bare 404.
-async fn cron_not_supported() -> Response {
-    BigBenError(ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        code::NOT_IMPLEMENTED,
-        "cron schedules are not supported yet",
-    ))
-    .into_response()
 }
 
 /// BigBen's 404 body for `find` and `dryrun`.

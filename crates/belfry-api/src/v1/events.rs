@@ -354,7 +354,13 @@ pub(crate) async fn list(
     } else {
         None
     };
-    let events: Vec<EventView> = records.iter().map(EventView::from).collect();
+    // Schedules' control events are the engine's, not the client's (the
+    // cursor above still moves past them).
+    let events: Vec<EventView> = records
+        .iter()
+        .filter(|r| !r.key.id.is_internal())
+        .map(EventView::from)
+        .collect();
     Ok(Json(json!({ "events": events, "next_cursor": next_cursor })).into_response())
 }
 
@@ -375,11 +381,11 @@ pub(crate) async fn attempts(
 
 /// Cursors are the last id of a page, hex-encoded: opaque to clients, safe
 /// in a query string without further escaping.
-fn encode_cursor(id: &EventId) -> String {
+pub(crate) fn encode_cursor(id: &EventId) -> String {
     id.as_str().bytes().map(|b| format!("{b:02x}")).collect()
 }
 
-fn decode_cursor(text: &str) -> Option<EventId> {
+pub(crate) fn decode_cursor(text: &str) -> Option<EventId> {
     if !text.len().is_multiple_of(2) || !text.is_ascii() {
         return None;
     }

@@ -7,14 +7,17 @@
 //!
 //! - `tenants`: `/v1/tenants[/{tenant}]`;
 //! - `events`: `/v1/tenants/{tenant}/events[/{id}[/attempts]]`;
+//! - `schedules`: `/v1/tenants/{tenant}/schedules[/{id}[/pause|/resume|/occurrences]]`
+//!   and `/v1/cron/preview`;
 //! - `views`: the JSON shapes answered.
 
 use axum::Router;
-use axum::routing::get;
+use axum::routing::{get, post};
 
 use crate::ApiState;
 
 mod events;
+pub(crate) mod schedules;
 mod tenants;
 mod views;
 
@@ -37,4 +40,24 @@ pub(crate) fn routes() -> Router<ApiState> {
             "/v1/tenants/{tenant}/events/{id}/attempts",
             get(events::attempts),
         )
+        .route("/v1/tenants/{tenant}/schedules", get(schedules::list))
+        .route(
+            "/v1/tenants/{tenant}/schedules/{id}",
+            get(schedules::get)
+                .put(schedules::put)
+                .delete(schedules::delete),
+        )
+        .route(
+            "/v1/tenants/{tenant}/schedules/{id}/pause",
+            post(schedules::pause),
+        )
+        .route(
+            "/v1/tenants/{tenant}/schedules/{id}/resume",
+            post(schedules::resume),
+        )
+        .route(
+            "/v1/tenants/{tenant}/schedules/{id}/occurrences",
+            get(schedules::occurrences),
+        )
+        .route("/v1/cron/preview", get(schedules::preview))
 }

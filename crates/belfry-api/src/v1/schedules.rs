@@ -1,0 +1,574 @@
+//! `/v1/tenants/{tenant}/schedules`: recurring schedules, and
+//! `/v1/cron/preview`.
+//!
+//! A schedule's occurrences are ordinary events of its tenant named
+//! `"{schedule}@{instant}"`; `.../occurrences` lists them with their status.
+//! The engine does the work ([`belfry_engine::schedules`]); this file
+//! validates input and shapes answers. Bad expressions and zones are `400
+//! invalid_cron` with the parser's message.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use belfry_core::schedule::{
+    DEFAULT_CATCH_UP_WINDOW, MissedSummary, Progress, ScheduleError, local_time,
+};
+use belfry_core::{
+    CronKind, CronSpec, DeliveryOption, EventId, MisfirePolicy, Schedule, ScheduleId,
+    ScheduleStatus, TenantName, Timestamp,
+};
+use belfry_engine::schedules::{PutOutcome, ScheduleOpError, ScheduleState};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::ApiState;
+use crate::error::{ApiError, V1Error, code};
+use crate::extract::{V1Json, V1Path, query_pairs};
+use crate::v1::events::{decode_cursor, encode_cursor};
+use crate::v1::tenants::{tenant_name, tenant_not_found};
+use crate::v1::views::Delivery;
+
+/// Most occurrences a preview computes.
+const MAX_PREVIEW: usize = 1_000;
+/// Occurrences a preview computes when `count` is not given.
+const DEFAULT_PREVIEW: usize = 10;
+
+/// The misfire policy on the wire: `{"policy": "fire_once"}`,
+/// `{"policy": "fire_all", "cap": 10}`, `{"policy": "skip"}`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(
+    rename_all = "snake_case",
+    tag = "policy",
+    deny_unknown_fields,
+    expecting = "a misfire object: {\"policy\": \"fire_once\" | \"fire_all\" | \"skip\"}"
+)]
+pub(crate) enum Misfire {
+    FireOnce,
+    FireAll { cap: u32 },
+    Skip,
+}
+
+impl From<Misfire> for MisfirePolicy {
+    fn from(value: Misfire) -> Self {
+        match value {
+            Misfire::FireOnce => MisfirePolicy::FireOnce,
+            Misfire::FireAll { cap } => MisfirePolicy::FireAll { cap },
+            Misfire::Skip => MisfirePolicy::Skip,
+        }
+    }
+}
+
+impl From<MisfirePolicy> for Misfire {
+    fn from(value: MisfirePolicy) -> Self {
+        match value {
+            MisfirePolicy::FireOnce => Misfire::FireOnce,
+            MisfirePolicy::FireAll { cap } => Misfire::FireAll { cap },
+            MisfirePolicy::Skip => Misfire::Skip,
+        }
+    }
+}
+
+/// Body of `PUT /v1/tenants/{tenant}/schedules/{id}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a schedule object")]
+pub(crate) struct PutSchedule {
+    expression: String,
+    /// `unix` (default), `quartz`, `spring`, `cron4j` or `every`.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    time_zone: Option<String>,
+    payload: Option<String>,
+    delivery: Option<Delivery>,
+    start_at: Option<String>,
+    end_at: Option<String>,
+    max_occurrences: Option<u64>,
+    misfire: Option<Misfire>,
+    catch_up_window_ms: Option<u64>,
+}
+
+/// Everything a schedule definition is built from, whichever API it came
+/// through.
+pub(crate) struct Definition {
+    pub expression: String,
+    pub kind: Option<String>,
+    pub time_zone: Option<String>,
+    pub payload: Option<String>,
+    pub delivery: DeliveryOption,
+    pub start_at: Option<String>,
+    pub end_at: Option<String>,
+    pub max_occurrences: Option<u64>,
+    pub misfire: MisfirePolicy,
+    pub catch_up_window: Duration,
+}
+
+impl Definition {
+    /// The schedule to hand to the engine (status and progress are set
+    /// there).
+    ///
+    /// # Errors
+    /// An unparseable instant or an unknown type (400).
+    pub(crate) fn into_schedule(self, id: ScheduleId) -> Result<Schedule, ApiError> {
+        let kind: CronKind = self
+            .kind
+            .as_deref()
+            .unwrap_or("UNIX")
+            .parse()
+            .map_err(cron_error)?;
+        let start_at = instant("start_at", self.start_at.as_deref())?;
+        let end_at = instant("end_at", self.end_at.as_deref())?;
+        let zero = Timestamp::from_millis(0);
+        Ok(Schedule {
+            id,
+            expression: self.expression,
+            kind: kind.as_str().to_string(),
+            time_zone: self
+                .time_zone
+                .filter(|zone| !zone.trim().is_empty())
+                .unwrap_or_else(|| "UTC".to_string()),
+            payload: self.payload,
+            delivery: self.delivery,
+            start_at,
+            end_at,
+            max_occurrences: self.max_occurrences,
+            misfire: self.misfire,
+            catch_up_window: self.catch_up_window,
+            status: ScheduleStatus::Active,
+            created_at: zero,
+            updated_at: zero,
+            progress: Progress::starting_after(zero),
+        })
+    }
+}
+
+fn instant(name: &str, text: Option<&str>) -> Result<Option<Timestamp>, ApiError> {
+    text.map(|value| {
+        Timestamp::parse_rfc3339(value).ok_or_else(|| {
+            ApiError::bad_request(
+                code::INVALID_TIME,
+                format!("{name} {value:?} is not an RFC 3339 instant with an offset"),
+            )
+        })
+    })
+    .transpose()
+}
+
+pub(crate) fn cron_error(error: impl std::fmt::Display) -> ApiError {
+    ApiError::bad_request(code::INVALID_CRON, error.to_string())
+}
+
+/// Maps an engine error: invalid definitions are 400, unknown schedules
+/// 404, store failures 503/500.
+pub(crate) fn op_error(error: ScheduleOpError) -> ApiError {
+    match error {
+        ScheduleOpError::Invalid(ScheduleError::Cron(cron)) => cron_error(cron),
+        ScheduleOpError::Invalid(other) => {
+            ApiError::bad_request(code::INVALID_SCHEDULE, other.to_string())
+        }
+        ScheduleOpError::NotFound(id) => schedule_not_found(id.as_str()),
+        ScheduleOpError::Store(store) => ApiError::from_store(&store),
+    }
+}
+
+pub(crate) fn schedule_not_found(id: &str) -> ApiError {
+    ApiError::not_found(code::SCHEDULE_NOT_FOUND, format!("no schedule {id:?}"))
+}
+
+pub(crate) fn schedule_id(text: String) -> Result<ScheduleId, ApiError> {
+    ScheduleId::new(text).map_err(|e| ApiError::bad_request(code::INVALID_NAME, e.to_string()))
+}
+
+/// Missed occurrences beyond the per-firing recording cap.
+#[derive(Debug, Serialize)]
+pub(crate) struct MissedView {
+    /// Stored one by one as occurrences in status `missed`.
+    recorded: u64,
+    /// Only counted here.
+    summarized: u64,
+    first_summarized: Option<String>,
+    last_summarized: Option<String>,
+}
+
+impl From<MissedSummary> for MissedView {
+    fn from(value: MissedSummary) -> Self {
+        MissedView {
+            recorded: value.recorded,
+            summarized: value.summarized,
+            first_summarized: value.first_summarized.map(Timestamp::to_rfc3339),
+            last_summarized: value.last_summarized.map(Timestamp::to_rfc3339),
+        }
+    }
+}
+
+/// A schedule as `/v1` shows it.
+#[derive(Debug, Serialize)]
+pub(crate) struct ScheduleView {
+    pub tenant: String,
+    pub id: String,
+    pub expression: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub time_zone: String,
+    pub description: Option<String>,
+    pub status: &'static str,
+    pub next_occurrence: Option<String>,
+    pub next_occurrence_local: Option<String>,
+    pub payload: Option<String>,
+    pub delivery: Delivery,
+    pub start_at: Option<String>,
+    pub end_at: Option<String>,
+    pub max_occurrences: Option<u64>,
+    pub misfire: Misfire,
+    pub catch_up_window_ms: u64,
+    /// Occurrences handled so far (created or recorded as missed).
+    pub occurrences: u64,
+    pub last_occurrence: Option<String>,
+    pub missed: MissedView,
+    pub created_at: String,
+    pub updated_at: String,
+    /// Why the schedule stopped, if it stopped abnormally.
+    pub error: Option<String>,
+}
+
+impl From<&ScheduleState> for ScheduleView {
+    fn from(state: &ScheduleState) -> Self {
+        let schedule = &state.schedule;
+        let spec = schedule.spec().ok();
+        ScheduleView {
+            tenant: state.tenant.as_str().to_string(),
+            id: schedule.id.as_str().to_string(),
+            expression: schedule.expression.clone(),
+            kind: schedule.kind.clone(),
+            time_zone: schedule.time_zone.clone(),
+            description: spec.as_ref().map(CronSpec::describe),
+            status: schedule.status.as_str(),
+            next_occurrence: state.next_occurrence.map(Timestamp::to_rfc3339),
+            next_occurrence_local: spec
+                .as_ref()
+                .zip(state.next_occurrence)
+                .map(|(spec, at)| local_time(spec, at)),
+            payload: schedule.payload.clone(),
+            delivery: schedule.delivery.into(),
+            start_at: schedule.start_at.map(Timestamp::to_rfc3339),
+            end_at: schedule.end_at.map(Timestamp::to_rfc3339),
+            max_occurrences: schedule.max_occurrences,
+            misfire: schedule.misfire.into(),
+            catch_up_window_ms: u64::try_from(schedule.catch_up_window.as_millis())
+                .unwrap_or(u64::MAX),
+            occurrences: schedule.progress.occurrences,
+            last_occurrence: schedule.progress.last_occurrence.map(Timestamp::to_rfc3339),
+            missed: schedule.progress.missed.into(),
+            created_at: schedule.created_at.to_rfc3339(),
+            updated_at: schedule.updated_at.to_rfc3339(),
+            error: state.error.clone(),
+        }
+    }
+}
+
+pub(crate) async fn require_tenant(state: &ApiState, name: &TenantName) -> Result<bool, ApiError> {
+    Ok(state.engine.store().get_tenant(name).await?.is_some())
+}
+
+/// Creates (201) or replaces (200) a schedule; takes effect at once.
+pub(crate) async fn put(
+    State(state): State<ApiState>,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+    V1Json(body): V1Json<PutSchedule>,
+) -> Result<Response, V1Error> {
+    let tenant = tenant_name(tenant)?;
+    let id = schedule_id(id)?;
+    let schedule = Definition {
+        expression: body.expression,
+        kind: body.kind,
+        time_zone: body.time_zone,
+        payload: body.payload,
+        delivery: body.delivery.unwrap_or_default().into(),
+        start_at: body.start_at,
+        end_at: body.end_at,
+        max_occurrences: body.max_occurrences,
+        misfire: body.misfire.map_or(MisfirePolicy::FireOnce, Into::into),
+        catch_up_window: body
+            .catch_up_window_ms
+            .map_or(DEFAULT_CATCH_UP_WINDOW, Duration::from_millis),
+    }
+    .into_schedule(id)?;
+    // Validated before the tenant lookup: a bad expression is a 400
+    // whatever the tenant.
+    schedule
+        .validate()
+        .map_err(|e| op_error(ScheduleOpError::Invalid(e)))?;
+    if !require_tenant(&state, &tenant).await? {
+        return Err(tenant_not_found(&tenant));
+    }
+    let (outcome, saved) = state
+        .engine
+        .put_schedule(&tenant, schedule)
+        .await
+        .map_err(op_error)?;
+    let status = match outcome {
+        PutOutcome::Created => StatusCode::CREATED,
+        PutOutcome::Updated => StatusCode::OK,
+    };
+    Ok((status, Json(ScheduleView::from(&saved))).into_response())
+}
+
+pub(crate) async fn get(
+    State(state): State<ApiState>,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+) -> Result<Response, V1Error> {
+    let tenant = tenant_name(tenant)?;
+    let id = schedule_id(id)?;
+    match state
+        .engine
+        .get_schedule(&tenant, &id)
+        .await
+        .map_err(op_error)?
+    {
+        Some(found) => Ok(Json(ScheduleView::from(&found)).into_response()),
+        None => Err(V1Error(schedule_not_found(id.as_str()))),
+    }
+}
+
+/// Deletes a schedule: 200 with what it was; its occurrence history stays
+/// until retention.
+pub(crate) async fn delete(
+    State(state): State<ApiState>,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+) -> Result<Response, V1Error> {
+    let tenant = tenant_name(tenant)?;
+    let id = schedule_id(id)?;
+    let before = state
+        .engine
+        .delete_schedule(&tenant, &id)
+        .await
+        .map_err(op_error)?;
+    let view = ScheduleView::from(&ScheduleState {
+        tenant,
+        schedule: Schedule {
+            status: ScheduleStatus::Deleted,
+            ..before
+        },
+        next_occurrence: None,
+        error: None,
+    });
+    Ok(Json(view).into_response())
+}
+
+pub(crate) async fn pause(
+    State(state): State<ApiState>,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+) -> Result<Response, V1Error> {
+    let tenant = tenant_name(tenant)?;
+    let id = schedule_id(id)?;
+    let paused = state
+        .engine
+        .pause_schedule(&tenant, &id)
+        .await
+        .map_err(op_error)?;
+    Ok(Json(ScheduleView::from(&paused)).into_response())
+}
+
+pub(crate) async fn resume(
+    State(state): State<ApiState>,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+) -> Result<Response, V1Error> {
+    let tenant = tenant_name(tenant)?;
+    let id = schedule_id(id)?;
+    let resumed = state
+        .engine
+        .resume_schedule(&tenant, &id)
+        .await
+        .map_err(op_error)?;
+    Ok(Json(ScheduleView::from(&resumed)).into_response())
+}
+
+/// `limit` and `cursor` of a listing.
+fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), ApiError> {
+    let mut limit = state.options.default_list_limit;
+    let mut cursor = None;
+    for (name, value) in query_pairs(uri)? {
+        match name.as_str() {
+            "limit" => {
+                limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=state.options.max_list_limit).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(
+                            code::INVALID_QUERY,
+                            format!(
+                                "limit must be a whole number from 1 to {}",
+                                state.options.max_list_limit
+                            ),
+                        )
+                    })?;
+            }
+            "cursor" => {
+                cursor = Some(decode_cursor(&value).ok_or_else(|| {
+                    ApiError::bad_request(
+                        code::INVALID_CURSOR,
+                        "cursor is not one this server issued",
+                    )
+                })?);
+            }
+            other => {
+                return Err(ApiError::bad_request(
+                    code::INVALID_QUERY,
+                    format!("unknown query parameter {other:?}; expected limit or cursor"),
+                ));
+            }
+        }
+    }
+    Ok((limit, cursor))
+}
+
+/// A tenant's schedules by id: `{"schedules": [...], "next_cursor": ...}`.
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+    V1Path(tenant): V1Path<String>,
+    uri: Uri,
+) -> Result<Response, V1Error> {
+    let tenant = tenant_name(tenant)?;
+    let (limit, cursor) = page_query(&uri, &state)?;
+    let after = cursor
+        .map(|id| ScheduleId::new(id.as_str()))
+        .transpose()
+        .map_err(|_| {
+            ApiError::bad_request(code::INVALID_CURSOR, "cursor is not one this server issued")
+        })?;
+    let mut found = state
+        .engine
+        .list_schedules(&tenant, after.as_ref(), limit + 1)
+        .await
+        .map_err(op_error)?;
+    let more = found.len() > limit;
+    found.truncate(limit);
+    let next_cursor = more
+        .then(|| found.last())
+        .flatten()
+        .map(|s| encode_cursor(s.schedule.id.as_event_id()));
+    let schedules: Vec<ScheduleView> = found.iter().map(ScheduleView::from).collect();
+    Ok(Json(json!({ "schedules": schedules, "next_cursor": next_cursor })).into_response())
+}
+
+/// One occurrence in a schedule's history.
+#[derive(Debug, Serialize)]
+struct OccurrenceView {
+    /// The occurrence's event id, also its deliveries' idempotency key.
+    id: String,
+    scheduled_at: String,
+    status: &'static str,
+    attempts: u32,
+    last_error: Option<String>,
+    triggered_at: Option<String>,
+    finished_at: Option<String>,
+}
+
+/// A schedule's occurrences in instant order, with their status:
+/// `{"occurrences": [...], "next_cursor": ...}`. Answers for deleted
+/// schedules too, while their history is kept.
+pub(crate) async fn occurrences(
+    State(state): State<ApiState>,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+    uri: Uri,
+) -> Result<Response, V1Error> {
+    let tenant = tenant_name(tenant)?;
+    let id = schedule_id(id)?;
+    let (limit, cursor) = page_query(&uri, &state)?;
+    let mut records = state
+        .engine
+        .schedule_occurrences(&tenant, &id, cursor.as_ref(), limit + 1)
+        .await
+        .map_err(op_error)?;
+    if records.is_empty()
+        && cursor.is_none()
+        && state
+            .engine
+            .get_schedule(&tenant, &id)
+            .await
+            .map_err(op_error)?
+            .is_none()
+    {
+        return Err(V1Error(schedule_not_found(id.as_str())));
+    }
+    let more = records.len() > limit;
+    records.truncate(limit);
+    let next_cursor = more
+        .then(|| records.last())
+        .flatten()
+        .map(|r| encode_cursor(&r.key.id));
+    let occurrences: Vec<OccurrenceView> = records
+        .iter()
+        .map(|r| OccurrenceView {
+            id: r.key.id.as_str().to_string(),
+            scheduled_at: r.event_time.to_rfc3339(),
+            status: r.status.as_str(),
+            attempts: r.attempts,
+            last_error: r.last_error.clone(),
+            triggered_at: r.triggered_at.map(Timestamp::to_rfc3339),
+            finished_at: r.finished_at.map(Timestamp::to_rfc3339),
+        })
+        .collect();
+    Ok(Json(json!({ "occurrences": occurrences, "next_cursor": next_cursor })).into_response())
+}
+
+/// `GET /v1/cron/preview?expression=&type=&timezone=&from=&count=`: the
+/// next `count` occurrences strictly after `from` (default now).
+pub(crate) async fn preview(State(state): State<ApiState>, uri: Uri) -> Result<Response, V1Error> {
+    let invalid = |message: String| ApiError::bad_request(code::INVALID_QUERY, message);
+    let mut expression = None;
+    let mut kind = None;
+    let mut zone = None;
+    let mut from = None;
+    let mut count = DEFAULT_PREVIEW;
+    for (name, value) in query_pairs(&uri)? {
+        match name.as_str() {
+            "expression" => expression = Some(value),
+            "type" => kind = Some(value),
+            "timezone" | "time_zone" => zone = Some(value),
+            "from" => from = instant("from", Some(&value))?,
+            "count" => {
+                count = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_PREVIEW).contains(n))
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "count must be a whole number from 1 to {MAX_PREVIEW}"
+                        ))
+                    })?;
+            }
+            other => {
+                return Err(V1Error(invalid(format!(
+                    "unknown query parameter {other:?}; expected expression, type, timezone, \
+                     from or count"
+                ))));
+            }
+        }
+    }
+    let expression =
+        expression.ok_or_else(|| invalid("query parameter expression is required".into()))?;
+    let kind: CronKind = kind
+        .as_deref()
+        .unwrap_or("UNIX")
+        .parse()
+        .map_err(cron_error)?;
+    let spec = CronSpec::parse(&expression, kind, zone.as_deref()).map_err(cron_error)?;
+    let from = from.unwrap_or_else(|| state.engine.now());
+    let occurrences: Vec<_> = spec
+        .occurrences_after(from)
+        .take(count)
+        .map(|at| json!({ "utc": at.to_rfc3339(), "local": local_time(&spec, at) }))
+        .collect();
+    Ok(Json(json!({
+        "expression": spec.expression(),
+        "type": spec.kind().as_str(),
+        "time_zone": spec.time_zone_name(),
+        "description": spec.describe(),
+        "from": from.to_rfc3339(),
+        "occurrences": occurrences,
+    }))
+    .into_response())
+}
