@@ -36,6 +36,11 @@ pub enum Scenario {
     /// Only the receiver, for an external peer scheduler: prints the same
     /// lateness statistics for deliveries it sends.
     Receive(ReceiveArgs),
+    /// `--nodes` `belfry serve --database-url ...` processes on one
+    /// PostgreSQL database (a throwaway server, or `--database-url`): ingest
+    /// spread round-robin over the nodes, delivery rate and lateness, and
+    /// with `--kill-leader-after-ms` a kill -9 of the Master mid-delivery.
+    Cluster(ClusterArgs),
 }
 
 /// Which node to measure and how to start it.
@@ -184,6 +189,61 @@ pub struct ReceiveArgs {
     /// Give up waiting after this long (the missing ones are reported).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub timeout: Duration,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// Nodes to start.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub nodes: u16,
+    /// Events to schedule.
+    #[arg(long, default_value_t = 100_000)]
+    pub count: usize,
+    /// Due instants spread uniformly over this many milliseconds (0: all at
+    /// one instant).
+    #[arg(long, default_value_t = 10_000)]
+    pub spread_ms: u64,
+    /// Time from the start of scheduling to the first due instant
+    /// [default: 5 s + 100 µs per event, room for ingest at 10k events/s].
+    #[arg(long)]
+    pub lead_ms: Option<u64>,
+    /// How long after the last due instant to wait for deliveries.
+    #[arg(long, default_value_t = 60_000)]
+    pub grace_ms: u64,
+    /// Partitions of the cluster's store (the nodes' `--partitions`): the
+    /// run starts once all of them are owned.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub partitions: u16,
+    /// Measure ingest only: the events are due a day from now and nothing
+    /// is delivered.
+    #[arg(long, conflicts_with = "kill_leader_after_ms")]
+    pub ingest_only: bool,
+    /// kill -9 the Master this many ms after the first event is due, and
+    /// report the failover (longest gap in arrivals, worst lateness,
+    /// duplicates).
+    #[arg(long, value_name = "MS")]
+    pub kill_leader_after_ms: Option<u64>,
+    /// A PostgreSQL server to use (`postgres://user@host:port/db`); a fresh
+    /// database is created on it for the run and dropped afterwards
+    /// [default: a throwaway server started for the run, with fsync=off].
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// The belfry binary to start [default: `belfry` next to this binary].
+    #[arg(long, value_name = "PATH")]
+    pub belfry_bin: Option<PathBuf>,
+    /// An environment variable for every node (repeatable).
+    #[arg(long = "node-env", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub node_env: Vec<(String, String)>,
+    /// An extra argument after `belfry serve ...` for every node (repeatable).
+    #[arg(long = "node-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub node_args: Vec<String>,
+    /// Tenant to register and schedule for [default: bench-<unix ms>].
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[command(flatten)]
+    pub load: LoadArgs,
     #[command(flatten)]
     pub output: OutputArgs,
 }

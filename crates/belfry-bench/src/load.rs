@@ -60,10 +60,11 @@ pub fn client(concurrency: usize) -> anyhow::Result<reqwest::Client> {
         .build()?)
 }
 
-/// Sends every body to `url` with `concurrency` requests in flight.
+/// Sends every body with `concurrency` requests in flight; request `n`
+/// goes to `urls[n % urls.len()]` (round-robin over a cluster's nodes).
 pub async fn run(
     client: &reqwest::Client,
-    url: &str,
+    urls: &[String],
     bodies: Vec<(Bytes, usize)>,
     batch: usize,
     concurrency: usize,
@@ -85,7 +86,7 @@ pub async fn run(
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency.max(1) {
         let client = client.clone();
-        let url = url.to_string();
+        let urls = urls.to_vec();
         let bodies = Arc::clone(&bodies);
         let progress = Arc::clone(&progress);
         let first_error = Arc::clone(&first_error);
@@ -96,8 +97,9 @@ pub async fn run(
                 let Some((body, count)) = bodies.get(index) else {
                     break;
                 };
+                let url = &urls[index % urls.len().max(1)];
                 let sent = Instant::now();
-                let outcome = send_one(&client, &url, body.clone(), *count).await;
+                let outcome = send_one(&client, url, body.clone(), *count).await;
                 latencies_us.push(sent.elapsed().as_micros() as i64);
                 match outcome {
                     Ok(acked) => {

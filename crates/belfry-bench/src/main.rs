@@ -2,8 +2,11 @@
 //!
 //! # Layout
 //! - [`cli`]: the subcommands (`ingest`, `steady`, `burst`, `backlog`,
-//!   `receive`) and their options;
+//!   `receive`, `cluster`) and their options;
 //! - [`scenarios`]: what each one does, start to end;
+//! - [`cluster`]: the `cluster` scenario: N nodes on one PostgreSQL
+//!   database, ingest over every node, a kill -9 of the Master;
+//! - [`failover`]: what a kill -9 of the Master did to the deliveries;
 //! - [`node`]: the node under test (started from the `belfry` binary, or
 //!   `--target`), tenant registration, kill -9 + restart;
 //! - [`workload`]: event ids `e<n>`, due instants, pre-serialized bodies;
@@ -18,7 +21,9 @@
 //! only the arrival time (wall clock, ms) and the `X-Belfry-*` headers.
 
 mod cli;
+mod cluster;
 mod deliveries;
+mod failover;
 mod load;
 mod node;
 mod report;
@@ -40,6 +45,7 @@ fn main() -> ExitCode {
         Scenario::Burst(args) => args.output.clone(),
         Scenario::Backlog(args) => args.output.clone(),
         Scenario::Receive(args) => args.output.clone(),
+        Scenario::Cluster(args) => args.output.clone(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(output.threads.max(1))
@@ -59,6 +65,7 @@ fn main() -> ExitCode {
             Scenario::Burst(args) => scenarios::burst(args).await,
             Scenario::Backlog(args) => scenarios::backlog(args).await,
             Scenario::Receive(args) => scenarios::receive(args).await,
+            Scenario::Cluster(args) => cluster::run(args).await,
         }
     });
     match result {

@@ -158,7 +158,7 @@ impl Node {
 }
 
 /// `belfry` next to this executable (both live in `target/<profile>/`).
-fn default_binary() -> anyhow::Result<PathBuf> {
+pub(crate) fn default_binary() -> anyhow::Result<PathBuf> {
     let me = std::env::current_exe().context("locate belfry-bench's own executable")?;
     let dir = me
         .parent()

@@ -15,6 +15,8 @@ pub struct Report {
     pub delivery: Option<DeliveryReport>,
     pub node: Option<NodeReport>,
     pub backlog: Option<BacklogReport>,
+    /// The `cluster` scenario: nodes, PostgreSQL, the machine, failover.
+    pub cluster: Option<ClusterReport>,
     /// CPU this tool (generator + receiver) used over the same interval as
     /// `node.cpu_during_run`: it shares the machine with the node.
     pub bench_cpu: Option<CpuSplit>,
@@ -60,6 +62,81 @@ pub struct BacklogReport {
     pub restart_to_serving_ms: Option<f64>,
     /// `VmRSS` two seconds after the restart.
     pub rss_after_restart_bytes: Option<u64>,
+}
+
+/// What the `cluster` scenario measured beyond ingest and delivery.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterReport {
+    pub nodes: usize,
+    /// `"launched (fsync=off)"` or `"external"` (`--database-url`).
+    pub database: String,
+    /// From the first node's start until every node showed all members, one
+    /// Master and every partition owned.
+    pub settle_ms: f64,
+    /// `/proc/loadavg` (1, 5, 15 min) before the run and at its end.
+    pub load_average_before: Option<[f64; 3]>,
+    pub load_average_after: Option<[f64; 3]>,
+    /// Every node's CPU while the events were scheduled / while they were
+    /// delivered (a killed node counts up to its kill).
+    pub node_cpu_ingest: CpuSplit,
+    pub node_cpu_delivery: CpuSplit,
+    /// Node CPU per acknowledged event while scheduling, in µs.
+    pub node_cpu_per_event_ingest_us: f64,
+    /// Node CPU per delivered event while delivering, in µs.
+    pub node_cpu_per_event_delivery_us: Option<f64>,
+    /// PostgreSQL's CPU over the same phases: the backends of the run's
+    /// database plus the server's WAL writer, checkpointer and background
+    /// writer (sampled every 500 ms; shared with other databases on an
+    /// external server).
+    pub postgres_cpu_ingest: Option<CpuSplit>,
+    pub postgres_cpu_delivery: Option<CpuSplit>,
+    /// Share of the whole machine's CPU that was busy (all processes, other
+    /// users' included), per phase, in percent.
+    pub machine_busy_ingest_percent: Option<f64>,
+    pub machine_busy_delivery_percent: Option<f64>,
+    pub per_node: Vec<ClusterNodeReport>,
+    pub failover: Option<FailoverReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterNodeReport {
+    pub address: String,
+    pub partitions_at_start: usize,
+    pub peak_rss_bytes: Option<u64>,
+    pub cpu: CpuSplit,
+    pub killed: bool,
+}
+
+/// A kill -9 of the Master while events came due.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailoverReport {
+    pub killed_address: String,
+    /// The kill, in ms after the first due instant.
+    pub killed_after_first_due_ms: i64,
+    /// Partitions the killed node owned (they had to move).
+    pub partitions_moved: usize,
+    /// Until a survivor was shown as Master (`/events/cluster`).
+    pub new_master_after_ms: Option<f64>,
+    /// Until the survivors showed N − 1 members, one Master and every
+    /// partition owned by a survivor (`/v1/cluster`).
+    pub partitions_owned_after_ms: Option<f64>,
+    /// The longest gap between two consecutive arrivals (any event) while
+    /// events came due.
+    pub longest_gap_ms: i64,
+    /// The same over the events of the moved partitions: the time those
+    /// partitions were silent.
+    pub longest_gap_moved_ms: i64,
+    /// From the kill to the first arrival of an event of a moved partition.
+    pub first_moved_delivery_after_kill_ms: Option<i64>,
+    /// Worst lateness of any event / of an event of a moved partition.
+    pub worst_lateness_ms: Option<i64>,
+    pub worst_lateness_moved_ms: Option<i64>,
+    /// Lateness of the moved partitions' events that were due after the
+    /// kill.
+    pub lateness_moved_after_kill_ms: Option<Percentiles>,
+    /// Deliveries beyond the first (all events / moved partitions).
+    pub duplicates: usize,
+    pub duplicates_moved: usize,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -159,6 +236,9 @@ impl Report {
                 ));
             }
         }
+        if let Some(cluster) = &self.cluster {
+            cluster_rows(cluster, &mut rows);
+        }
         if let Some(node) = &self.node {
             rows.push((
                 "node".into(),
@@ -187,6 +267,132 @@ impl Report {
         rows.iter()
             .map(|(key, value)| format!("{key:<width$}  {value}\n"))
             .collect()
+    }
+}
+
+fn cpu(split: CpuSplit) -> String {
+    format!(
+        "{:.2} s user + {:.2} s system",
+        split.user_s, split.system_s
+    )
+}
+
+fn cluster_rows(cluster: &ClusterReport, rows: &mut Vec<(String, String)>) {
+    let load = |l: Option<[f64; 3]>| {
+        l.map_or("-".to_string(), |[a, b, c]| format!("{a:.2} {b:.2} {c:.2}"))
+    };
+    rows.push((
+        "cluster".into(),
+        format!(
+            "{} nodes on a {} PostgreSQL, settled in {:.0} ms",
+            cluster.nodes, cluster.database, cluster.settle_ms
+        ),
+    ));
+    rows.push((
+        "  load average".into(),
+        format!(
+            "before {}, after {}",
+            load(cluster.load_average_before),
+            load(cluster.load_average_after)
+        ),
+    ));
+    rows.push((
+        "  nodes CPU ingest".into(),
+        format!(
+            "{} ({:.1} µs/event)",
+            cpu(cluster.node_cpu_ingest),
+            cluster.node_cpu_per_event_ingest_us
+        ),
+    ));
+    if let Some(per_event) = cluster.node_cpu_per_event_delivery_us {
+        rows.push((
+            "  nodes CPU delivery".into(),
+            format!(
+                "{} ({per_event:.1} µs/event)",
+                cpu(cluster.node_cpu_delivery)
+            ),
+        ));
+    }
+    if let Some(pg) = cluster.postgres_cpu_ingest {
+        rows.push(("  PostgreSQL CPU ingest".into(), cpu(pg)));
+    }
+    if let Some(pg) = cluster.postgres_cpu_delivery {
+        rows.push(("  PostgreSQL CPU delivery".into(), cpu(pg)));
+    }
+    let busy = |b: Option<f64>| b.map_or("-".to_string(), |b| format!("{b:.0} %"));
+    rows.push((
+        "  machine busy".into(),
+        format!(
+            "ingest {}, delivery {}",
+            busy(cluster.machine_busy_ingest_percent),
+            busy(cluster.machine_busy_delivery_percent)
+        ),
+    ));
+    for node in &cluster.per_node {
+        rows.push((
+            format!("  node {}", node.address),
+            format!(
+                "{} partitions, CPU {}, peak RSS {}{}",
+                node.partitions_at_start,
+                cpu(node.cpu),
+                node.peak_rss_bytes
+                    .map_or("-".to_string(), |b| format!("{:.1} MiB", b as f64 / MIB)),
+                if node.killed { ", KILLED" } else { "" }
+            ),
+        ));
+    }
+    if let Some(failover) = &cluster.failover {
+        let ms = |v: Option<f64>| v.map_or("never".to_string(), |v| format!("{v:.0} ms"));
+        let ms_i = |v: Option<i64>| v.map_or("-".to_string(), |v| format!("{v} ms"));
+        rows.push((
+            "failover".into(),
+            format!(
+                "kill -9 of the Master {} at first due + {} ms ({} partitions moved)",
+                failover.killed_address,
+                failover.killed_after_first_due_ms,
+                failover.partitions_moved
+            ),
+        ));
+        rows.push((
+            "  new Master after".into(),
+            ms(failover.new_master_after_ms),
+        ));
+        rows.push((
+            "  partitions owned after".into(),
+            ms(failover.partitions_owned_after_ms),
+        ));
+        rows.push((
+            "  first moved delivery".into(),
+            format!(
+                "{} after the kill",
+                ms_i(failover.first_moved_delivery_after_kill_ms)
+            ),
+        ));
+        rows.push((
+            "  longest arrival gap".into(),
+            format!(
+                "{} ms (all events), {} ms (moved partitions)",
+                failover.longest_gap_ms, failover.longest_gap_moved_ms
+            ),
+        ));
+        rows.push((
+            "  worst lateness".into(),
+            format!(
+                "{} (all), {} (moved partitions)",
+                ms_i(failover.worst_lateness_ms),
+                ms_i(failover.worst_lateness_moved_ms)
+            ),
+        ));
+        if let Some(lateness) = failover.lateness_moved_after_kill_ms {
+            rows.push(("  moved, due after kill".into(), percentiles(lateness)));
+        }
+        rows.push((
+            "  duplicates".into(),
+            format!(
+                "{} (all), {} (moved partitions)",
+                failover.duplicates, failover.duplicates_moved
+            ),
+        ));
     }
 }
 

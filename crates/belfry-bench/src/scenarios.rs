@@ -16,21 +16,21 @@ use crate::stats::{CpuSplit, ProcessSample, dir_size};
 use crate::workload::{Workload, now_ms};
 
 /// Events far in the future are due this long after the start of the run.
-const FAR_FUTURE_MS: i64 = 24 * 3600 * 1000;
+pub(crate) const FAR_FUTURE_MS: i64 = 24 * 3600 * 1000;
 
 /// Waited after the last expected delivery, so late duplicates are counted.
-const SETTLE: Duration = Duration::from_secs(1);
+pub(crate) const SETTLE: Duration = Duration::from_secs(1);
 
 /// Load settings with the scenario's defaults filled in.
 #[derive(Debug, Clone, Copy)]
-struct Load {
-    batch: usize,
-    concurrency: usize,
-    payload_bytes: usize,
+pub(crate) struct Load {
+    pub(crate) batch: usize,
+    pub(crate) concurrency: usize,
+    pub(crate) payload_bytes: usize,
 }
 
 impl Load {
-    fn from(args: &LoadArgs) -> Self {
+    pub(crate) fn from(args: &LoadArgs) -> Self {
         let batch = args.batch.unwrap_or(1000).max(1);
         // One event per request needs many connections to fill the node's
         // group commit; batches need only a few.
@@ -75,7 +75,7 @@ impl Session {
         let bodies = workload.request_bodies(load.batch);
         load::run(
             &self.client,
-            &self.node.url("/events/schedule"),
+            &[self.node.url("/events/schedule")],
             bodies,
             load.batch,
             load.concurrency,
@@ -85,18 +85,18 @@ impl Session {
     }
 }
 
-fn load_params(load: Load) -> serde_json::Value {
+pub(crate) fn load_params(load: Load) -> serde_json::Value {
     json!({"batch": load.batch, "concurrency": load.concurrency, "payload_bytes": load.payload_bytes})
 }
 
-fn merge(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+pub(crate) fn merge(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
     if let (Some(base), serde_json::Value::Object(extra)) = (base.as_object_mut(), extra) {
         base.extend(extra);
     }
     base
 }
 
-fn ingest_warnings(ingest: &IngestReport) -> Vec<String> {
+pub(crate) fn ingest_warnings(ingest: &IngestReport) -> Vec<String> {
     let mut warnings = Vec::new();
     if ingest.unacknowledged_events > 0 {
         warnings.push(format!(
@@ -135,15 +135,16 @@ pub async fn ingest(args: IngestArgs) -> anyhow::Result<Report> {
         delivery: None,
         node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
         backlog: None,
+        cluster: None,
         bench_cpu,
     })
 }
 
-fn own_sample() -> Option<ProcessSample> {
+pub(crate) fn own_sample() -> Option<ProcessSample> {
     ProcessSample::read(std::process::id())
 }
 
-fn own_cpu_since(before: Option<ProcessSample>) -> Option<CpuSplit> {
+pub(crate) fn own_cpu_since(before: Option<ProcessSample>) -> Option<CpuSplit> {
     before.zip(own_sample()).map(|(b, a)| a.cpu_since(&b))
 }
 
@@ -198,6 +199,7 @@ async fn schedule_and_deliver(
         delivery: Some(delivery),
         node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
         backlog: None,
+        cluster: None,
         bench_cpu,
     }
 }
@@ -293,6 +295,7 @@ pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
             restart_to_serving_ms: restart.map(|d| d.as_secs_f64() * 1000.0),
             rss_after_restart_bytes: rss_after_restart,
         }),
+        cluster: None,
         bench_cpu,
     })
 }
@@ -358,6 +361,7 @@ pub async fn receive(args: ReceiveArgs) -> anyhow::Result<Report> {
         delivery: Some(analyze_peer(&records, args.expect)),
         node: None,
         backlog: None,
+        cluster: None,
         bench_cpu: None,
         warnings: Vec::new(),
     })

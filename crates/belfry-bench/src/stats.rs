@@ -93,6 +93,74 @@ pub struct CpuSplit {
     pub system_s: f64,
 }
 
+impl std::ops::Add for CpuSplit {
+    type Output = CpuSplit;
+    fn add(self, other: CpuSplit) -> CpuSplit {
+        CpuSplit {
+            user_s: self.user_s + other.user_s,
+            system_s: self.system_s + other.system_s,
+        }
+    }
+}
+
+impl CpuSplit {
+    pub fn total_s(self) -> f64 {
+        self.user_s + self.system_s
+    }
+}
+
+/// The 1, 5 and 15 minute load averages (`/proc/loadavg`).
+pub fn load_average() -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let mut fields = text.split_whitespace().map(|f| f.parse::<f64>().ok());
+    Some([fields.next()??, fields.next()??, fields.next()??])
+}
+
+/// Busy and total CPU time of the whole machine so far (`/proc/stat`, all
+/// CPUs), in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MachineSample {
+    pub busy_s: f64,
+    pub total_s: f64,
+}
+
+impl MachineSample {
+    pub fn read() -> Option<Self> {
+        let text = std::fs::read_to_string("/proc/stat").ok()?;
+        parse_machine_line(text.lines().next()?)
+    }
+
+    /// The share of the machine's CPU time that was busy since `earlier`,
+    /// in percent (100 = every core busy the whole time).
+    pub fn busy_percent_since(&self, earlier: &MachineSample) -> f64 {
+        let total = self.total_s - earlier.total_s;
+        if total <= 0.0 {
+            return 0.0;
+        }
+        100.0 * (self.busy_s - earlier.busy_s) / total
+    }
+}
+
+/// `cpu  user nice system idle iowait irq softirq steal ...` (ticks):
+/// idle and iowait are not busy.
+fn parse_machine_line(line: &str) -> Option<MachineSample> {
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    let ticks: Vec<u64> = fields
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let total: u64 = ticks.iter().sum();
+    let idle = ticks.get(3)? + ticks.get(4)?;
+    let per_second = clock_ticks_per_second();
+    Some(MachineSample {
+        busy_s: (total - idle) as f64 / per_second,
+        total_s: total as f64 / per_second,
+    })
+}
+
 /// The value of a `Name:   1234 kB` line of `/proc/<pid>/status`.
 fn status_kib(status: &str, name: &str) -> Option<u64> {
     let line = status.lines().find(|line| line.starts_with(name))?;
@@ -161,6 +229,16 @@ mod tests {
     fn stat_times_skip_a_command_name_with_spaces() {
         let stat = "42 (my (odd) cmd) S 1 42 42 0 -1 4194304 100 0 0 0 250 75 0 0 20 0 1 0";
         assert_eq!(parse_stat_times(stat), Some((250, 75)));
+    }
+
+    #[test]
+    fn machine_line_counts_idle_and_iowait_as_not_busy() {
+        let sample = parse_machine_line("cpu  100 0 50 800 50 0 0 0 0 0").unwrap();
+        let ticks = clock_ticks_per_second();
+        assert_eq!(sample.busy_s, 150.0 / ticks);
+        assert_eq!(sample.total_s, 1000.0 / ticks);
+        assert!(parse_machine_line("cpu0 1 2 3 4 5 6 7 8").is_none());
+        assert!(load_average().is_some());
     }
 
     #[test]
