@@ -24,7 +24,9 @@ fn belfry_binary() -> PathBuf {
     belfry
 }
 
-/// Runs `belfry-bench <args> --json` against the debug node; returns its
+/// Runs `belfry-bench <args> --json` against the debug node (the `cluster`
+/// case also launches a throwaway PostgreSQL: its binaries must be
+/// installed, as `scripts/test.sh` does); returns its
 /// JSON report.
 fn bench(args: &[&str]) -> Value {
     let output = Command::new(env!("CARGO_BIN_EXE_belfry-bench"))
@@ -123,6 +125,37 @@ fn backlog_survives_kill_9_and_restart() {
     assert!(backlog["restart_to_serving_ms"].is_number(), "{report:#}");
     // The spot check after the restart found every sampled event.
     assert_eq!(report["warnings"], Value::Array(vec![]), "{report:#}");
+}
+
+#[test]
+fn cluster_of_two_nodes_delivers_everything_never_early() {
+    // A throwaway PostgreSQL (the test harness's), two debug nodes.
+    let report = bench(&[
+        "cluster",
+        "--nodes",
+        "2",
+        "--count",
+        "200",
+        "--spread-ms",
+        "1000",
+        "--lead-ms",
+        "4000",
+        "--batch",
+        "50",
+    ]);
+    assert_eq!(report["scenario"], "cluster");
+    assert_all_acknowledged(&report, 200);
+    assert_all_delivered_never_early(&report, 200);
+    let cluster = &report["cluster"];
+    assert_eq!(cluster["nodes"], 2, "{report:#}");
+    let shares: Vec<u64> = cluster["per_node"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["partitions_at_start"].as_u64().unwrap())
+        .collect();
+    assert_eq!(shares.iter().sum::<u64>(), 64, "{report:#}");
+    assert!(cluster["failover"].is_null(), "{report:#}");
 }
 
 #[test]
