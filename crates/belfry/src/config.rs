@@ -92,7 +92,15 @@ impl Config {
             figment = figment.merge(Toml::file(path));
         }
         figment = figment
-            .merge(Env::prefixed("BELFRY_").ignore(&["CONFIG"]).split("__"))
+            .merge(
+                Env::prefixed("BELFRY_")
+                    .ignore(&["CONFIG"])
+                    // `BELFRY_TEST_*` belongs to the test suite (e.g.
+                    // BELFRY_TEST_DATABASE_URL); every other BELFRY_* must be
+                    // a known key, so a typo is an error, not a silent no-op.
+                    .filter(|key| !key.as_str().to_ascii_lowercase().starts_with("test_"))
+                    .split("__"),
+            )
             .merge(Serialized::defaults(FlagOverrides {
                 listen: args.listen,
                 data_dir: args.data_dir.clone(),
