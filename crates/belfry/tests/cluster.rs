@@ -360,3 +360,105 @@ async fn while_postgres_is_down_writes_answer_503_and_everything_fires_after_it_
     let after = schedule_spread(&cluster, "after", 50, now_ms() + 2_000, 10).await;
     wait_all(&receiver, &after, SETTLE).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_node_that_fires_a_schedule_loses_no_occurrence_and_doubles_none() {
+    use belfry_core::schedule::{ScheduleId, control_event_id};
+    use belfry_core::{EventKey, PartitionCount, TenantName};
+
+    let url = PgServer::shared().fresh_database().await;
+    let mut cluster = Cluster::start(&url, 3).await;
+    let receiver = Receiver::start_lean().await;
+    register(&cluster.nodes[0], &receiver).await;
+    let (status, body) = belfry_testkit::put_json(
+        &cluster.nodes[1].url("/v1/tenants/c/schedules/tick"),
+        &json!({"expression": "@every 2s", "type": "every"}),
+    )
+    .await;
+    assert!(status == 200 || status == 201, "{status} {body}");
+
+    // The node owning the control event's partition fires the schedule.
+    let control = EventKey::new(
+        TenantName::new("c").unwrap(),
+        control_event_id(&ScheduleId::new("tick").unwrap()),
+    );
+    let partition = PartitionCount::DEFAULT.partition_of(&control).0;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (_, detail) = get_json(&cluster.nodes[0].url("/v1/cluster")).await;
+    let owner_address = detail["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| {
+            n["partitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["partition"] == partition)
+        })
+        .and_then(|n| n["address"].as_str())
+        .expect("an owner")
+        .to_string();
+    let owner = cluster
+        .nodes
+        .iter()
+        .position(|n| n.base_url().ends_with(&owner_address))
+        .unwrap();
+    let killed_at = now_ms();
+    cluster.nodes[owner].kill_9();
+    // Through failover (≤ TTL + a few s) and several occurrences after it.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let survivor = cluster.alive().next().unwrap();
+    let (status, history) =
+        get_json(&survivor.url("/v1/tenants/c/schedules/tick/occurrences?limit=1000")).await;
+    assert_eq!(status, 200, "{history}");
+
+    let mut deliveries = HashMap::<String, usize>::new();
+    for r in receiver.requests() {
+        *deliveries
+            .entry(
+                r.header("x-belfry-event-id")
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+            .or_default() += 1;
+    }
+    let occurrences = history["occurrences"].as_array().unwrap();
+    let settled: Vec<&Value> = occurrences
+        .iter()
+        .filter(|o| o["status"] != "scheduled" && o["status"] != "retrying")
+        .collect();
+    assert!(settled.len() >= 10, "too few occurrences: {history}");
+    for occurrence in &settled {
+        let id = occurrence["id"].as_str().unwrap();
+        match occurrence["status"].as_str().unwrap() {
+            "delivered" => {
+                let n = deliveries.get(id).copied().unwrap_or(0);
+                assert!(n >= 1, "{id} recorded delivered but never arrived");
+            }
+            // Recorded by the misfire policy: allowed, never silent.
+            "missed" => {}
+            other => panic!("{id} ended {other}: {occurrence}"),
+        }
+    }
+    // Exactly once, except an occurrence in flight at the kill.
+    let doubled: Vec<_> = deliveries.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        doubled.len() <= 1,
+        "occurrences delivered twice: {doubled:?}"
+    );
+    // No gap: every 2 s slot from before the kill to the end has a record.
+    let instants: Vec<i64> = occurrences
+        .iter()
+        .filter_map(|o| belfry_core::Timestamp::parse_rfc3339(o["scheduled_at"].as_str()?))
+        .map(|t| t.as_millis())
+        .collect();
+    let around_kill: Vec<_> = instants
+        .iter()
+        .filter(|t| **t > killed_at - 4_000 && **t < killed_at + 12_000)
+        .collect();
+    assert!(
+        around_kill.len() >= 7,
+        "occurrences missing around the kill: {instants:?}"
+    );
+}
