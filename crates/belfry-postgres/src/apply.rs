@@ -195,7 +195,10 @@ async fn apply_once(store: &PostgresStore, params: &ApplyParams) -> Result<Vec<A
         // window has them); anything else does — client writes, and writes a
         // partition owner makes into other partitions (a schedule's control
         // event creating an occurrence that another node owns).
-        if command.fence.is_none_or(|fence| fence.partition != partition) {
+        if command
+            .fence
+            .is_none_or(|fence| fence.partition != partition)
+        {
             for effect in &result.effects {
                 let (due, kind) = match *effect {
                     Effect::Arm { at } => (at, WakeupKind::Arm),
