@@ -1,5 +1,8 @@
 //! Helpers shared by the process-level tests.
 
+// Each test binary compiles this module and uses a subset of it.
+#![allow(dead_code)]
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Wall-clock milliseconds since the UNIX epoch.
