@@ -85,6 +85,9 @@ pub(crate) struct Shared {
     pub(crate) limits: dispatch::Limits,
     /// Events whose delivery is in progress (fired, outcome not recorded).
     pub(crate) claims: Arc<claims::Claims>,
+    /// Bounds schedule firings in progress (each holds a plan and store
+    /// writes); the others wait as small tasks.
+    pub(crate) schedule_firings: Arc<tokio::sync::Semaphore>,
     pub(crate) outcomes: mpsc::UnboundedSender<KeyedCommand>,
     /// Set once shutdown starts: no new delivery begins after it.
     pub(crate) stopping: AtomicBool,
@@ -119,6 +122,9 @@ impl Engine {
         let shared = Arc::new(Shared {
             limits: dispatch::Limits::new(&options),
             claims: Arc::default(),
+            schedule_firings: Arc::new(tokio::sync::Semaphore::new(
+                schedules::MAX_CONCURRENT_FIRINGS,
+            )),
             store,
             sinks,
             clock,

@@ -45,6 +45,8 @@ use crate::{EngineHandle, Shared};
 /// Page size when scanning a schedule's occurrences or a tenant's
 /// schedules.
 const SCAN_PAGE: usize = 1_000;
+/// Schedule firings in progress at once; enough to keep group commit busy.
+pub(crate) const MAX_CONCURRENT_FIRINGS: usize = 128;
 /// Pause before re-running a firing that failed on a store error.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
@@ -80,6 +82,20 @@ pub enum PutOutcome {
 
 /// Handles one fired control event (see the module doc).
 pub(crate) async fn fire(
+    shared: Arc<Shared>,
+    partition: PartitionId,
+    lease: Arc<PartitionLease>,
+    entry: DueCursor,
+) {
+    let Ok(_permit) = shared.schedule_firings.clone().acquire_owned().await else {
+        return;
+    };
+    // Boxed: a waiting firing is then a task of a few dozen bytes, not one
+    // the size of the whole firing's state (a window may hold a million).
+    Box::pin(fire_with_permit(shared, partition, lease, entry)).await;
+}
+
+async fn fire_with_permit(
     shared: Arc<Shared>,
     partition: PartitionId,
     lease: Arc<PartitionLease>,

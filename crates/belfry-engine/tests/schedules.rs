@@ -178,18 +178,30 @@ async fn a_schedule_delivers_each_occurrence_once_in_order_and_is_managed_live()
     let resumed = wait_for(&receiver, "tick", at_pause + 2).await;
     assert_once_in_order(&resumed);
 
-    // History: every delivered occurrence is there, delivered.
-    let history = handle
-        .schedule_occurrences(&tenant, &id, None, 1_000)
-        .await
-        .unwrap();
-    let delivered: HashSet<String> = history
-        .iter()
-        .filter(|r| r.status == EventStatus::Delivered)
-        .map(|r| r.key.id.as_str().to_string())
-        .collect();
-    for request in &resumed {
-        assert!(delivered.contains(request.header("x-belfry-event-id").unwrap()));
+    // History: every delivered occurrence is there, delivered (its
+    // outcome is recorded just after the receiver saw it).
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let history = handle
+            .schedule_occurrences(&tenant, &id, None, 1_000)
+            .await
+            .unwrap();
+        let delivered: HashSet<String> = history
+            .iter()
+            .filter(|r| r.status == EventStatus::Delivered)
+            .map(|r| r.key.id.as_str().to_string())
+            .collect();
+        if resumed
+            .iter()
+            .all(|r| delivered.contains(r.header("x-belfry-event-id").unwrap()))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "deliveries missing from the history"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let listed = handle.list_schedules(&tenant, None, 10).await.unwrap();
     assert_eq!(listed.len(), 1);
