@@ -41,6 +41,12 @@ pub enum Scenario {
     /// spread round-robin over the nodes, delivery rate and lateness, and
     /// with `--kill-leader-after-ms` a kill -9 of the Master mid-delivery.
     Cluster(ClusterArgs),
+    /// `--count` recurring schedules created with `PUT
+    /// /v1/tenants/{tenant}/schedules/{id}` (Quartz `"{i % 60} * * * * ?"`:
+    /// every minute, spread over the seconds of the minute), then their
+    /// occurrences for `--duration`: delivery rate, lateness, early,
+    /// missing and duplicate occurrences.
+    Schedules(SchedulesArgs),
 }
 
 /// Which node to measure and how to start it.
@@ -244,6 +250,32 @@ pub struct ClusterArgs {
     pub tenant: Option<String>,
     #[command(flatten)]
     pub load: LoadArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SchedulesArgs {
+    /// Schedules to create.
+    #[arg(long, default_value_t = 10_000)]
+    pub count: usize,
+    /// How long occurrences are measured once every schedule exists:
+    /// `120s`, `2m` or seconds.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// `PUT` requests in flight while creating the schedules.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Every schedule fires every second (Quartz `"* * * * * ?"`) instead
+    /// of once a minute: many occurrences from few schedules, for short
+    /// runs.
+    #[arg(long)]
+    pub every_second: bool,
+    /// How long after the measured span to wait for its occurrences.
+    #[arg(long, default_value_t = 30_000)]
+    pub grace_ms: u64,
+    #[command(flatten)]
+    pub node: NodeArgs,
     #[command(flatten)]
     pub output: OutputArgs,
 }

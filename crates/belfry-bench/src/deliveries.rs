@@ -38,13 +38,13 @@ pub struct DeliveryReport {
 }
 
 /// One delivery reduced to what the statistics need.
-struct Arrival {
-    arrived_ms: i64,
-    scheduled_ms: i64,
-    first_of_event: bool,
+pub(crate) struct Arrival {
+    pub(crate) arrived_ms: i64,
+    pub(crate) scheduled_ms: i64,
+    pub(crate) first_of_event: bool,
 }
 
-fn summarize(
+pub(crate) fn summarize(
     arrivals: &[Arrival],
     expected: usize,
     unknown: usize,

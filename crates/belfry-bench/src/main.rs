@@ -2,10 +2,12 @@
 //!
 //! # Layout
 //! - [`cli`]: the subcommands (`ingest`, `steady`, `burst`, `backlog`,
-//!   `receive`, `cluster`) and their options;
+//!   `receive`, `cluster`, `schedules`) and their options;
 //! - [`scenarios`]: what each one does, start to end;
 //! - [`cluster`]: the `cluster` scenario: N nodes on one PostgreSQL
 //!   database, ingest over every node, a kill -9 of the Master;
+//! - [`schedules`]: the `schedules` scenario: N recurring schedules
+//!   created over `/v1`, their occurrences measured like events;
 //! - [`failover`]: what a kill -9 of the Master did to the deliveries;
 //! - [`node`]: the node under test (started from the `belfry` binary, or
 //!   `--target`), tenant registration, kill -9 + restart;
@@ -28,6 +30,7 @@ mod load;
 mod node;
 mod report;
 mod scenarios;
+mod schedules;
 mod stats;
 mod workload;
 
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         Scenario::Backlog(args) => args.output.clone(),
         Scenario::Receive(args) => args.output.clone(),
         Scenario::Cluster(args) => args.output.clone(),
+        Scenario::Schedules(args) => args.output.clone(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(output.threads.max(1))
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
             Scenario::Backlog(args) => scenarios::backlog(args).await,
             Scenario::Receive(args) => scenarios::receive(args).await,
             Scenario::Cluster(args) => cluster::run(args).await,
+            Scenario::Schedules(args) => schedules::run(args).await,
         }
     });
     match result {

@@ -145,11 +145,17 @@ impl Report {
     /// The human-readable table.
     pub fn table(&self) -> String {
         let mut rows: Vec<(String, String)> = vec![("scenario".into(), self.scenario.into())];
+        // The schedules scenario creates schedules and receives occurrences.
+        let (written, delivered) = if self.scenario == "schedules" {
+            ("schedules", "occurrences")
+        } else {
+            ("events", "events")
+        };
         if let Some(ingest) = &self.ingest {
             rows.push((
                 "ingest".into(),
                 format!(
-                    "{} events in {} requests (batch {}, {} in flight)",
+                    "{} {written} in {} requests (batch {}, {} in flight)",
                     ingest.events, ingest.requests, ingest.batch, ingest.concurrency
                 ),
             ));
@@ -165,7 +171,7 @@ impl Report {
             rows.push((
                 "  rate".into(),
                 format!(
-                    "{:.0} events/s, {:.0} requests/s over {:.2} s",
+                    "{:.0} {written}/s, {:.0} requests/s over {:.2} s",
                     ingest.events_per_s, ingest.requests_per_s, ingest.seconds
                 ),
             ));
@@ -192,7 +198,7 @@ impl Report {
             rows.push((
                 "  rate".into(),
                 format!(
-                    "{:.0} events/s over {:.2} s (first to last arrival)",
+                    "{:.0} {delivered}/s over {:.2} s (first to last arrival)",
                     delivery.events_per_s, delivery.span_s
                 ),
             ));

@@ -44,15 +44,15 @@ impl Load {
 }
 
 /// A node, a receiver registered as a tenant's webhook, and a client.
-struct Session {
-    client: reqwest::Client,
-    node: Node,
-    receiver: Receiver,
-    tenant: String,
+pub(crate) struct Session {
+    pub(crate) client: reqwest::Client,
+    pub(crate) node: Node,
+    pub(crate) receiver: Receiver,
+    pub(crate) tenant: String,
 }
 
 impl Session {
-    async fn open(args: &NodeArgs, load: Load) -> anyhow::Result<Self> {
+    pub(crate) async fn open(args: &NodeArgs, load: Load) -> anyhow::Result<Self> {
         let client = load::client(load.concurrency)?;
         let receiver = Receiver::start_lean().await;
         let node = Node::open(args, &client).await?;
@@ -324,7 +324,7 @@ async fn spot_check(session: &Session, workload: &Workload) -> (usize, usize) {
 }
 
 /// Percent-encodes everything but unreserved characters (RFC 3986).
-fn percent_encode(text: &str) -> String {
+pub(crate) fn percent_encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {

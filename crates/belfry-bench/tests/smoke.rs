@@ -233,3 +233,26 @@ fn receive_measures_an_external_peer() {
     assert_eq!(delivery["missing"], 0, "{report:#}");
     assert_eq!(delivery["early"], 0, "{report:#}");
 }
+
+#[test]
+fn schedules_fire_their_occurrences_never_early() {
+    // Every second rather than every minute, so a few seconds see several
+    // occurrences of each schedule.
+    let report = bench(&[
+        "schedules",
+        "--count",
+        "20",
+        "--every-second",
+        "--duration",
+        "4s",
+        "--grace-ms",
+        "20000",
+    ]);
+    assert_eq!(report["scenario"], "schedules");
+    assert_all_acknowledged(&report, 20);
+    let delivery = &report["delivery"];
+    assert!(delivery["delivered"].as_u64().unwrap() >= 1, "{report:#}");
+    assert_eq!(delivery["early"], 0, "{report:#}");
+    assert_eq!(delivery["unknown"], 0, "{report:#}");
+    assert_eq!(delivery["scheduled_header_mismatch"], 0, "{report:#}");
+}
