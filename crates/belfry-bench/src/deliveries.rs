@@ -193,23 +193,27 @@ pub async fn wait_for(
     receiver.take_requests()
 }
 
+/// A delivery as the lean receiver records it (test fixture shared by the
+/// scenarios' tests).
+#[cfg(test)]
+pub(crate) fn recorded(id: &str, scheduled: &str, arrived_ms: i64) -> RecordedRequest {
+    RecordedRequest {
+        arrived_at_ms: arrived_ms,
+        arrived_at: std::time::Instant::now(),
+        method: reqwest::Method::POST,
+        path: String::new(),
+        headers: vec![
+            ("x-belfry-event-id".into(), id.into()),
+            ("x-belfry-scheduled-at".into(), scheduled.into()),
+        ],
+        body: bytes::Bytes::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::recorded as record;
     use super::*;
-
-    fn record(id: &str, scheduled: &str, arrived_ms: i64) -> RecordedRequest {
-        RecordedRequest {
-            arrived_at_ms: arrived_ms,
-            arrived_at: std::time::Instant::now(),
-            method: reqwest::Method::POST,
-            path: String::new(),
-            headers: vec![
-                ("x-belfry-event-id".into(), id.into()),
-                ("x-belfry-scheduled-at".into(), scheduled.into()),
-            ],
-            body: bytes::Bytes::new(),
-        }
-    }
 
     #[test]
     fn counts_late_early_duplicate_missing_and_unknown() {

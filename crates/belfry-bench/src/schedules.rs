@@ -324,19 +324,7 @@ fn analyze(
 mod tests {
     use super::*;
 
-    fn record(id: &str, scheduled: &str, arrived_ms: i64) -> RecordedRequest {
-        RecordedRequest {
-            arrived_at_ms: arrived_ms,
-            arrived_at: std::time::Instant::now(),
-            method: reqwest::Method::POST,
-            path: String::new(),
-            headers: vec![
-                ("x-belfry-event-id".into(), id.into()),
-                ("x-belfry-scheduled-at".into(), scheduled.into()),
-            ],
-            body: bytes::Bytes::new(),
-        }
-    }
+    use crate::deliveries::recorded as record;
 
     #[test]
     fn minute_grid_spreads_schedules_over_the_seconds() {

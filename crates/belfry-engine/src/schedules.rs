@@ -471,17 +471,7 @@ impl EngineHandle {
         };
         let mut found = Vec::new();
         'pages: loop {
-            let page = self
-                .store()
-                .list_events(ListEventsParams {
-                    tenant: tenant.clone(),
-                    status: None,
-                    from: None,
-                    to: None,
-                    after: Some(cursor.clone()),
-                    limit: SCAN_PAGE,
-                })
-                .await?;
+            let page = self.events_after(tenant, cursor.clone(), SCAN_PAGE).await?;
             let full = page.len() == SCAN_PAGE;
             for record in page {
                 if schedule::schedule_of_control(&record.key.id).is_none() {
@@ -526,21 +516,31 @@ impl EngineHandle {
             Some(after) => after.clone(),
             None => EventId::new(prefix.clone()).map_err(ScheduleError::from)?,
         };
-        let page = self
-            .store()
+        let page = self.events_after(tenant, start, limit).await?;
+        Ok(page
+            .into_iter()
+            .take_while(|r| r.key.id.as_str().starts_with(&prefix))
+            .collect())
+    }
+
+    /// A tenant's events in id order after `after` (exclusive): control
+    /// events and occurrences are found by id prefix this way.
+    async fn events_after(
+        &self,
+        tenant: &TenantName,
+        after: EventId,
+        limit: usize,
+    ) -> StoreResult<Vec<EventRecord>> {
+        self.store()
             .list_events(ListEventsParams {
                 tenant: tenant.clone(),
                 status: None,
                 from: None,
                 to: None,
-                after: Some(start),
+                after: Some(after),
                 limit,
             })
-            .await?;
-        Ok(page
-            .into_iter()
-            .take_while(|r| r.key.id.as_str().starts_with(&prefix))
-            .collect())
+            .await
     }
 
     /// The control event and its definition, whatever its status.
@@ -579,17 +579,7 @@ impl EngineHandle {
             .map_err(ScheduleError::from)?;
         let mut commands = Vec::new();
         loop {
-            let page = self
-                .store()
-                .list_events(ListEventsParams {
-                    tenant: tenant.clone(),
-                    status: None,
-                    from: None,
-                    to: None,
-                    after: Some(cursor.clone()),
-                    limit: SCAN_PAGE,
-                })
-                .await?;
+            let page = self.events_after(tenant, cursor.clone(), SCAN_PAGE).await?;
             let full = page.len() == SCAN_PAGE;
             let mut ended = false;
             for record in page {
