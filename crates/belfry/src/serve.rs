@@ -40,7 +40,10 @@ pub fn run(config: Config) -> ExitCode {
 }
 
 fn init_logs(format: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // The storage engine logs its internal housekeeping at info; by default
+    // keep only its warnings so Belfry's own events stay readable.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     if format == "json" {
         builder.json().init();
