@@ -105,7 +105,23 @@ pub fn analyze_workload(records: &[RecordedRequest], workload: &Workload) -> Del
             first_of_event: !std::mem::replace(&mut seen[index], true),
         });
     }
+    write_arrivals_csv(&arrivals);
     summarize(&arrivals, workload.len(), unknown, mismatch)
+}
+
+/// With `BENCH_ARRIVALS_CSV=<path>`, writes `scheduled_ms,arrived_ms`
+/// of every first delivery, for looking at lateness over time.
+fn write_arrivals_csv(arrivals: &[Arrival]) {
+    let Some(path) = std::env::var_os("BENCH_ARRIVALS_CSV") else {
+        return;
+    };
+    let mut text = String::from("scheduled_ms,arrived_ms\n");
+    for arrival in arrivals.iter().filter(|a| a.first_of_event) {
+        text.push_str(&format!("{},{}\n", arrival.scheduled_ms, arrival.arrived_ms));
+    }
+    if let Err(error) = std::fs::write(&path, text) {
+        eprintln!("cannot write {}: {error}", path.to_string_lossy());
+    }
 }
 
 /// Checks deliveries from an external peer: the id comes from

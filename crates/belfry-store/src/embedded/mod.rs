@@ -140,6 +140,7 @@ impl EmbeddedStore {
         })?;
         let db = Database::builder(&options.data_dir)
             .cache_size(tuning::BLOCK_CACHE_BYTES)
+            .worker_threads(tuning::WORKER_THREADS)
             .open()
             .map_err(|e| {
                 StoreError::Internal(format!("cannot open {}: {e}", options.data_dir.display()))
@@ -393,6 +394,14 @@ mod tuning {
     use fjall::KeyspaceCreateOptions;
 
     pub const BLOCK_CACHE_BYTES: u64 = 128 * 1024 * 1024;
+
+    /// fjall's flush and compaction threads. One, not fjall's default of
+    /// min(cores, 4): with two or more, worker 0 hands every compaction
+    /// request back to the queue for the others and picks it up again
+    /// (fjall 3.1 `worker_pool.rs`), a busy loop that burned ≈ 8 % of the
+    /// node's CPU during ingest and a whole core while a compaction ran,
+    /// delaying deliveries by 100+ ms on a 2-core machine.
+    pub const WORKER_THREADS: usize = 1;
 
     const MEMTABLE_BYTES: u64 = 16 * 1024 * 1024;
 
