@@ -8,10 +8,18 @@
 //!    ([`Receiver::push_rule`]), in the order they were pushed;
 //! 3. otherwise the default response ([`Receiver::set_default`], `200`).
 //!
-//! The server is hyper 1 used directly (no framework) and records into one
-//! `Mutex<Vec<_>>`, so it keeps up with the benchmark tool. The lean mode
-//! ([`Receiver::start_lean`]) keeps only the arrival time and the few
-//! headers a benchmark needs, no bodies, so a million requests stay small.
+//! Two modes, both recording into one `Mutex<Vec<_>>`:
+//!
+//! - full ([`Receiver::start`]): hyper 1 used directly (no framework),
+//!   recording everything, for tests;
+//! - lean ([`Receiver::start_lean`], the benchmark's sink): a hand-rolled
+//!   HTTP/1.1 loop (`lean.rs`) that keeps only the arrival time, the method
+//!   and [`LEAN_HEADERS`], no path and no body, so a million requests stay
+//!   small, and spends as little CPU per request as it can, since it shares
+//!   the machine with the node under test. It parses every request one
+//!   read brings (pipelining), records them under one lock and answers
+//!   them in one write (unless an answer is delayed). Paths are not kept,
+//!   so rules with a path never match in lean mode.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -28,6 +36,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
+mod lean;
+
 /// The headers the lean mode keeps (lowercase). Spelled out here rather than
 /// imported because this crate must not depend on any belfry crate.
 pub const LEAN_HEADERS: &[&str] = &[
@@ -40,7 +50,8 @@ pub const LEAN_HEADERS: &[&str] = &[
 #[derive(Debug, Clone)]
 pub struct RecordedRequest {
     /// When the request head arrived, in wall-clock milliseconds since the
-    /// UNIX epoch (read once per request).
+    /// UNIX epoch (read once per request; in lean mode once per socket read,
+    /// shared by the requests whose heads that read completed).
     pub arrived_at_ms: i64,
     /// The same instant on the monotonic clock, for measuring within a test.
     pub arrived_at: Instant,
@@ -403,6 +414,10 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>) {
                 shared.accepted_connections.fetch_add(1, Ordering::AcqRel);
                 // Latency matters more than packet count for a receiver.
                 let _ = stream.set_nodelay(true);
+                if shared.lean {
+                    connections.spawn(lean::serve_connection(stream, Arc::clone(&shared)));
+                    continue;
+                }
                 let shared = Arc::clone(&shared);
                 let connection = http.serve_connection(
                     TokioIo::new(stream),
@@ -419,6 +434,7 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// Full mode's hyper service: records everything.
 async fn handle(
     request: hyper::Request<Incoming>,
     shared: Arc<Shared>,
@@ -430,48 +446,27 @@ async fn handle(
         .unwrap_or_default();
     let arrived_at = Instant::now();
     let (parts, body) = request.into_parts();
-    // Read the whole body even in lean mode, so the connection stays usable
-    // for the next request.
     let body = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(_) => Bytes::new(),
     };
     let header_text =
         |value: &hyper::header::HeaderValue| String::from_utf8_lossy(value.as_bytes()).into_owned();
-    let record = if shared.lean {
-        RecordedRequest {
-            arrived_at_ms,
-            arrived_at,
-            method: parts.method,
-            path: String::new(),
-            headers: LEAN_HEADERS
-                .iter()
-                .filter_map(|name| {
-                    parts
-                        .headers
-                        .get(*name)
-                        .map(|v| ((*name).to_string(), header_text(v)))
-                })
-                .collect(),
-            body: Bytes::new(),
-        }
-    } else {
-        RecordedRequest {
-            arrived_at_ms,
-            arrived_at,
-            method: parts.method,
-            path: parts
-                .uri
-                .path_and_query()
-                .map(|pq| pq.as_str().to_string())
-                .unwrap_or_else(|| "/".to_string()),
-            headers: parts
-                .headers
-                .iter()
-                .map(|(name, value)| (name.as_str().to_string(), header_text(value)))
-                .collect(),
-            body,
-        }
+    let record = RecordedRequest {
+        arrived_at_ms,
+        arrived_at,
+        method: parts.method,
+        path: parts
+            .uri
+            .path_and_query()
+            .map(|pq| pq.as_str().to_string())
+            .unwrap_or_else(|| "/".to_string()),
+        headers: parts
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str().to_string(), header_text(value)))
+            .collect(),
+        body,
     };
     let response = lock(&shared.behaviour).decide(&record);
     lock(&shared.records).push(record);
