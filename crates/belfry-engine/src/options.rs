@@ -34,6 +34,13 @@ pub struct EngineOptions {
     /// How often the retention sweep runs.
     #[serde(with = "belfry_core::time::serde_millis", rename = "purge_interval_ms")]
     pub purge_interval: Duration,
+    /// How long the recorder collects delivery outcomes before writing
+    /// them as one batch. Longer means fewer fsyncs per delivery (they
+    /// dominated the CPU at steady rates); it is also the extra window in
+    /// which a crash causes a duplicate delivery. Delivery itself never
+    /// waits for it.
+    #[serde(with = "belfry_core::time::serde_millis", rename = "record_linger_ms")]
+    pub record_linger: Duration,
     /// How long shutdown waits for in-flight deliveries.
     #[serde(with = "belfry_core::time::serde_millis", rename = "shutdown_grace_ms")]
     pub shutdown_grace: Duration,
@@ -77,6 +84,7 @@ impl Default for EngineOptions {
             retry: RetryPolicy::default(),
             history_retention: Duration::from_secs(7 * 24 * 3600),
             purge_interval: Duration::from_secs(60),
+            record_linger: Duration::from_millis(10),
             shutdown_grace: Duration::from_secs(10),
             schedule_lead: Duration::from_secs(5),
             schedule_misfire_threshold: Duration::from_secs(60),
