@@ -1,0 +1,741 @@
+//! Belfry's own HTTP/1.1 client for plain `http://` webhooks.
+//!
+//! A delivery is one `POST` whose request the sink has already rendered
+//! into one buffer, so the client only has to: take an idle keep-alive
+//! connection to the target's authority (or connect), write the buffer with
+//! one `write_all`, read and parse the response head ([`httparse`]), drain a
+//! bounded amount of the body and put the connection back. Everything runs
+//! in the delivering task: no connection task, no channel, no per-request
+//! header map. (reqwest, still used for `https://`, showed up as the
+//! largest CPU consumer per delivery after the kernel.)
+//!
+//! Limits: a response head above [`MAX_HEAD`] is invalid; at most
+//! [`DRAIN_LIMIT`] bytes of a body are read (the connection is closed
+//! instead of draining more); at most [`ERROR_BODY_LIMIT`] bytes of a
+//! non-2xx body are kept for the message. A connection goes back to the
+//! pool only after a complete response that allows keep-alive.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::pool::Pool;
+use super::sink::{DRAIN_LIMIT, ERROR_BODY_LIMIT};
+
+/// The largest response head accepted (status line and headers, all
+/// informational heads before it included).
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Headers per response head.
+const MAX_HEADERS: usize = 100;
+/// A chunk-size line or a trailer line.
+const MAX_LINE: usize = 4 * 1024;
+/// A connection's read buffer starts at this size and grows (up to
+/// [`MAX_HEAD`]) only for a large head; it shrinks back before the
+/// connection is pooled.
+const INITIAL_BUFFER: usize = 4 * 1024;
+
+/// Where a plain-http target is, parsed once per tenant target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `host:port` to resolve and connect to; also the pool key.
+    pub authority: Arc<str>,
+    /// The `Host` header: `host`, or `host:port` for a non-default port.
+    pub host: String,
+    /// The request-target: path and query (`/` when empty), no fragment.
+    pub target: String,
+}
+
+impl Endpoint {
+    /// The endpoint of an `http://` URL.
+    ///
+    /// # Errors
+    /// Not `http`, no host, or a host or path that would not fit in a
+    /// request head as is.
+    pub fn from_url(url: &reqwest::Url) -> Result<Self, String> {
+        if url.scheme() != "http" {
+            return Err(format!("tenant url scheme {:?} is not http", url.scheme()));
+        }
+        // IPv6 hosts come bracketed, as both a Host header and a
+        // `lookup_host` authority need them.
+        let host = url
+            .host_str()
+            .filter(|host| !host.is_empty())
+            .ok_or_else(|| "tenant url has no host".to_string())?;
+        // `port()` is `None` for the scheme's default.
+        let port = url.port().unwrap_or(80);
+        let mut target = url.path().to_string();
+        if target.is_empty() {
+            target.push('/');
+        }
+        if let Some(query) = url.query() {
+            target.push('?');
+            target.push_str(query);
+        }
+        // The URL parser percent-encodes everything else; checked anyway,
+        // since these bytes go into the request head verbatim.
+        let visible = |text: &str| text.bytes().all(|b| b.is_ascii_graphic());
+        if !visible(host) || !visible(&target) {
+            return Err("tenant url has characters not allowed in a request".to_string());
+        }
+        Ok(Endpoint {
+            authority: Arc::from(format!("{host}:{port}")),
+            host: match url.port() {
+                Some(port) => format!("{host}:{port}"),
+                None => host.to_string(),
+            },
+            target,
+        })
+    }
+}
+
+/// A response as far as a delivery needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    /// The first [`ERROR_BODY_LIMIT`] bytes of a non-2xx body (empty for a
+    /// 2xx).
+    pub body: Vec<u8>,
+}
+
+/// Why an attempt got no response.
+#[derive(Debug)]
+pub enum ClientError {
+    /// Resolving and connecting took longer than the connect timeout.
+    ConnectTimeout,
+    /// The attempt took longer than the request timeout before a response
+    /// head arrived.
+    Timeout,
+    /// Resolving or connecting failed.
+    Connect(io::Error),
+    /// Writing the request or reading the response failed.
+    Io(io::Error),
+    /// The response head was unparsable, too large, or a `101`.
+    InvalidResponse(String),
+}
+
+/// The plain-http client: a keep-alive pool and the connect timeout.
+#[derive(Debug)]
+pub struct Client {
+    pool: Pool,
+    connect_timeout: Duration,
+}
+
+/// What an attempt learnt before its timeout could cut it off.
+#[derive(Debug, Default)]
+struct Partial {
+    status: Option<u16>,
+    body: Vec<u8>,
+}
+
+/// How one request on one connection failed.
+enum Failure {
+    /// The connection failed before any byte of a response arrived, in a way
+    /// a server's close of an idle connection looks like.
+    Stale(io::Error),
+    Other(ClientError),
+}
+
+impl From<ClientError> for Failure {
+    fn from(error: ClientError) -> Self {
+        Failure::Other(error)
+    }
+}
+
+impl Client {
+    pub fn new(
+        connect_timeout: Duration,
+        max_idle_per_host: usize,
+        idle_timeout: Duration,
+    ) -> Self {
+        Client {
+            pool: Pool::new(max_idle_per_host, idle_timeout),
+            connect_timeout,
+        }
+    }
+
+    /// Sends `request` (a complete HTTP/1.1 request: head and body) to
+    /// `endpoint` and reads the response, all within `timeout`.
+    ///
+    /// A timeout after the response head arrived still returns the
+    /// response (with what arrived of the body): the receiver has answered.
+    ///
+    /// # Errors
+    /// No response: see [`ClientError`].
+    pub async fn send(
+        &self,
+        endpoint: &Endpoint,
+        request: &[u8],
+        timeout: Duration,
+    ) -> Result<Response, ClientError> {
+        let mut partial = Partial::default();
+        match tokio::time::timeout(timeout, self.attempt(endpoint, request, &mut partial)).await {
+            Ok(result) => result,
+            Err(_elapsed) => match partial.status {
+                Some(status) => Ok(Response {
+                    status,
+                    body: partial.body,
+                }),
+                None => Err(ClientError::Timeout),
+            },
+        }
+    }
+
+    async fn attempt(
+        &self,
+        endpoint: &Endpoint,
+        request: &[u8],
+        partial: &mut Partial,
+    ) -> Result<Response, ClientError> {
+        if let Some(conn) = self.pool.checkout(&endpoint.authority) {
+            match self.exchange(endpoint, conn, request, partial).await {
+                Ok(response) => return Ok(response),
+                Err(Failure::Other(error)) => return Err(error),
+                // The server closed the idle connection before it read the
+                // request (a race with the checkout's check): it did not
+                // process it, so send it once more on a fresh connection,
+                // as hyper does. Should the server have processed it after
+                // all, the receiver sees a duplicate with the same
+                // idempotency key: at-least-once is the contract anyway.
+                Err(Failure::Stale(_)) => {}
+            }
+        }
+        let conn = self.connect(endpoint).await?;
+        // Never retried on a fresh connection.
+        match self.exchange(endpoint, conn, request, partial).await {
+            Ok(response) => Ok(response),
+            Err(Failure::Stale(error)) => Err(ClientError::Io(error)),
+            Err(Failure::Other(error)) => Err(error),
+        }
+    }
+
+    async fn connect(&self, endpoint: &Endpoint) -> Result<Conn, ClientError> {
+        match tokio::time::timeout(self.connect_timeout, connect_any(&endpoint.authority)).await {
+            Ok(Ok(stream)) => {
+                // Latency over packet count; a failure only costs latency.
+                let _ = stream.set_nodelay(true);
+                Ok(Conn::new(stream))
+            }
+            Ok(Err(error)) => Err(ClientError::Connect(error)),
+            Err(_elapsed) => Err(ClientError::ConnectTimeout),
+        }
+    }
+
+    /// One request on `conn`; the connection goes back to the pool when the
+    /// response allows it.
+    async fn exchange(
+        &self,
+        endpoint: &Endpoint,
+        mut conn: Conn,
+        request: &[u8],
+        partial: &mut Partial,
+    ) -> Result<Response, Failure> {
+        if let Err(error) = conn.stream.write_all(request).await {
+            return Err(stale_or_io(error));
+        }
+        let reusable = conn.read_response(partial).await?;
+        let response = Response {
+            status: partial.status.unwrap_or_default(),
+            body: std::mem::take(&mut partial.body),
+        };
+        if reusable {
+            conn.shrink_buffer();
+            self.pool.put(&endpoint.authority, conn);
+        }
+        Ok(response)
+    }
+}
+
+/// Resolves `authority` and connects to the first address that accepts.
+async fn connect_any(authority: &str) -> io::Result<TcpStream> {
+    let mut last_error = None;
+    for address in tokio::net::lookup_host(authority).await? {
+        match TcpStream::connect(address).await {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error
+        .unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "host resolved to no address")))
+}
+
+/// An I/O error as a [`Failure`]: [`Failure::Stale`] for the kinds a
+/// closed connection gives.
+fn stale_or_io(error: io::Error) -> Failure {
+    match error.kind() {
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe => Failure::Stale(error),
+        _ => Failure::Other(ClientError::Io(error)),
+    }
+}
+
+fn invalid(reason: impl Into<String>) -> Failure {
+    Failure::Other(ClientError::InvalidResponse(reason.into()))
+}
+
+/// One open connection and its read buffer: `buffer[start..end]` has been
+/// received and not consumed yet.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+/// How a response's body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Empty,
+    Length(u64),
+    Chunked,
+    UntilClose,
+}
+
+/// What the client needs of a response head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Head {
+    status: u16,
+    framing: Framing,
+    /// The server allows another request on this connection (after this
+    /// response's body has been read completely).
+    keep_alive: bool,
+}
+
+/// The body ended early or its framing was broken: the response stands,
+/// the connection is not reused.
+struct Incomplete;
+
+/// Where body bytes go: counted against [`DRAIN_LIMIT`], the first `keep`
+/// kept.
+struct Budget<'a> {
+    kept: &'a mut Vec<u8>,
+    keep: usize,
+    drained: usize,
+}
+
+impl Budget<'_> {
+    /// Takes `bytes`; `false` once more than [`DRAIN_LIMIT`] bytes went by.
+    fn take(&mut self, bytes: &[u8]) -> bool {
+        let room = self.keep.saturating_sub(self.kept.len());
+        if room > 0 {
+            self.kept
+                .extend_from_slice(bytes.get(..room).unwrap_or(bytes));
+        }
+        self.drained = self.drained.saturating_add(bytes.len());
+        self.drained <= DRAIN_LIMIT
+    }
+}
+
+impl Conn {
+    pub(crate) fn new(stream: TcpStream) -> Self {
+        Conn {
+            stream,
+            buffer: vec![0; INITIAL_BUFFER],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// Whether an idle connection can carry a request: the server has
+    /// neither closed it nor sent anything unasked. Costs no syscall when
+    /// the socket has not become readable since the last read.
+    pub(crate) fn is_reusable(&self) -> bool {
+        let mut probe = [0u8; 1];
+        matches!(
+            self.stream.try_read(&mut probe),
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock
+        )
+    }
+
+    fn pending(&self) -> &[u8] {
+        self.buffer.get(self.start..self.end).unwrap_or_default()
+    }
+
+    fn consume(&mut self, count: usize) {
+        self.start = self.start.saturating_add(count).min(self.end);
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Reads more into the buffer (`Ok(0)` at EOF). Makes room by moving
+    /// the pending bytes to the front, then by growing up to [`MAX_HEAD`];
+    /// callers keep what they leave pending below that.
+    async fn fill(&mut self) -> io::Result<usize> {
+        if self.end == self.buffer.len() && self.start > 0 {
+            self.buffer.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.buffer.len() {
+            let grown = (self.buffer.len() * 2).clamp(INITIAL_BUFFER, MAX_HEAD);
+            if grown <= self.buffer.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "response read buffer full",
+                ));
+            }
+            self.buffer.resize(grown, 0);
+        }
+        let read = self.stream.read(&mut self.buffer[self.end..]).await?;
+        self.end += read;
+        Ok(read)
+    }
+
+    /// [`Self::fill`] for a body: EOF or an error ends the body.
+    async fn more(&mut self) -> Result<(), Incomplete> {
+        match self.fill().await {
+            Ok(0) | Err(_) => Err(Incomplete),
+            Ok(_) => Ok(()),
+        }
+    }
+
+    /// Back to the initial buffer size after a large head, so an idle
+    /// connection holds little memory.
+    fn shrink_buffer(&mut self) {
+        if self.buffer.len() > INITIAL_BUFFER && self.start == self.end {
+            self.buffer = vec![0; INITIAL_BUFFER];
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Reads one response into `partial` (status as soon as the head is
+    /// parsed, kept body bytes as they arrive). `Ok(true)`: the connection
+    /// can carry another request.
+    async fn read_response(&mut self, partial: &mut Partial) -> Result<bool, Failure> {
+        let head = self.read_head().await?;
+        partial.status = Some(head.status);
+        let keep = if (200..300).contains(&head.status) {
+            0
+        } else {
+            ERROR_BODY_LIMIT
+        };
+        let mut budget = Budget {
+            kept: &mut partial.body,
+            keep,
+            drained: 0,
+        };
+        let complete = self.read_body(head.framing, &mut budget).await.is_ok();
+        // Bytes after the response were not asked for: do not reuse.
+        Ok(complete && head.keep_alive && self.start == self.end)
+    }
+
+    /// The final response head, after any informational (`1xx`) ones.
+    async fn read_head(&mut self) -> Result<Head, Failure> {
+        // Whether any byte of a response arrived: before that, a closed
+        // connection is `Stale`.
+        let mut received = !self.pending().is_empty();
+        let mut head_bytes = 0usize;
+        loop {
+            match parse_head(self.pending()) {
+                Err(reason) => return Err(invalid(reason)),
+                Ok(Some((length, head))) => {
+                    self.consume(length);
+                    head_bytes = head_bytes.saturating_add(length);
+                    match head.status {
+                        101 => return Err(invalid("unexpected 101 Switching Protocols")),
+                        100..=199 if head_bytes < MAX_HEAD => {}
+                        100..=199 => return Err(invalid("response head larger than 64 KiB")),
+                        _ => return Ok(head),
+                    }
+                }
+                Ok(None) => {
+                    if self.pending().len().saturating_add(head_bytes) >= MAX_HEAD {
+                        return Err(invalid("response head larger than 64 KiB"));
+                    }
+                    let error = match self.fill().await {
+                        Ok(0) => io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "connection closed before the response head was complete",
+                        ),
+                        Ok(_) => {
+                            received = true;
+                            continue;
+                        }
+                        Err(error) => error,
+                    };
+                    return Err(if received {
+                        Failure::Other(ClientError::Io(error))
+                    } else {
+                        stale_or_io(error)
+                    });
+                }
+            }
+        }
+    }
+
+    async fn read_body(
+        &mut self,
+        framing: Framing,
+        budget: &mut Budget<'_>,
+    ) -> Result<(), Incomplete> {
+        match framing {
+            Framing::Empty => Ok(()),
+            Framing::Length(length) => match usize::try_from(length) {
+                Ok(length) if length <= DRAIN_LIMIT => self.read_exact(length, budget).await,
+                // Too long to drain: read only what the message keeps,
+                // then the connection is closed.
+                _ => {
+                    let keep = budget.keep;
+                    self.read_exact(keep, budget).await?;
+                    Err(Incomplete)
+                }
+            },
+            Framing::Chunked => self.read_chunked(budget).await,
+            Framing::UntilClose => {
+                loop {
+                    let pending = self.end - self.start;
+                    let within = budget.take(self.pending());
+                    self.consume(pending);
+                    if !within {
+                        break;
+                    }
+                    self.more().await?;
+                }
+                Err(Incomplete)
+            }
+        }
+    }
+
+    /// Reads `length` body bytes into `budget`.
+    async fn read_exact(
+        &mut self,
+        length: usize,
+        budget: &mut Budget<'_>,
+    ) -> Result<(), Incomplete> {
+        let mut remaining = length;
+        while remaining > 0 {
+            if self.start == self.end {
+                self.more().await?;
+            }
+            let count = (self.end - self.start).min(remaining);
+            let within = budget.take(&self.buffer[self.start..self.start + count]);
+            self.consume(count);
+            remaining -= count;
+            if !within {
+                return Err(Incomplete);
+            }
+        }
+        Ok(())
+    }
+
+    /// A chunked body: sizes (extensions skipped), data, then trailers
+    /// (skipped).
+    async fn read_chunked(&mut self, budget: &mut Budget<'_>) -> Result<(), Incomplete> {
+        loop {
+            let size = loop {
+                match httparse::parse_chunk_size(self.pending()) {
+                    Ok(httparse::Status::Complete((length, size))) => {
+                        self.consume(length);
+                        break size;
+                    }
+                    Ok(httparse::Status::Partial) if self.end - self.start <= MAX_LINE => {
+                        self.more().await?;
+                    }
+                    Ok(httparse::Status::Partial) | Err(_) => return Err(Incomplete),
+                }
+            };
+            if size == 0 {
+                break;
+            }
+            let size = usize::try_from(size).map_err(|_| Incomplete)?;
+            self.read_exact(size, budget).await?;
+            while self.end - self.start < 2 {
+                self.more().await?;
+            }
+            if self.pending().get(..2) != Some(b"\r\n".as_slice()) {
+                return Err(Incomplete);
+            }
+            self.consume(2);
+        }
+        // Trailer fields, then the empty line.
+        let mut trailers = 0usize;
+        loop {
+            match self.pending().windows(2).position(|pair| pair == b"\r\n") {
+                Some(0) => {
+                    self.consume(2);
+                    return Ok(());
+                }
+                Some(line) => {
+                    trailers = trailers.saturating_add(line + 2);
+                    if trailers > MAX_HEAD {
+                        return Err(Incomplete);
+                    }
+                    self.consume(line + 2);
+                }
+                None if self.end - self.start <= MAX_LINE => self.more().await?,
+                None => return Err(Incomplete),
+            }
+        }
+    }
+}
+
+/// Parses a complete response head at the start of `bytes`: its length and
+/// what matters of it; `Ok(None)` when more bytes are needed.
+fn parse_head(bytes: &[u8]) -> Result<Option<(usize, Head)>, String> {
+    let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut []);
+    let length = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut response,
+        bytes,
+        &mut headers,
+    ) {
+        Ok(httparse::Status::Complete(length)) => length,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(error) => return Err(error.to_string()),
+    };
+    let status = response.code.ok_or_else(|| "no status code".to_string())?;
+    let http11 = response.version == Some(1);
+
+    let mut content_length: Option<u64> = None;
+    let mut transfer_encoding = false;
+    let mut chunked = false;
+    let mut close = false;
+    let mut keep_alive = false;
+    for header in response.headers.iter() {
+        let name = header.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            for part in header.value.split(|&b| b == b',') {
+                let length = parse_decimal(part.trim_ascii())
+                    .ok_or_else(|| "invalid content-length".to_string())?;
+                if content_length.is_some_and(|seen| seen != length) {
+                    return Err("conflicting content-length headers".to_string());
+                }
+                content_length = Some(length);
+            }
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            transfer_encoding = true;
+            // Chunked only when it is the last coding applied.
+            chunked = header
+                .value
+                .rsplit(|&b| b == b',')
+                .next()
+                .is_some_and(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in header.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                close |= token.eq_ignore_ascii_case(b"close");
+                keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        }
+    }
+
+    let framing = if matches!(status, 100..=199 | 204 | 304) {
+        Framing::Empty
+    } else if transfer_encoding {
+        if chunked {
+            Framing::Chunked
+        } else {
+            Framing::UntilClose
+        }
+    } else if let Some(length) = content_length {
+        Framing::Length(length)
+    } else {
+        Framing::UntilClose
+    };
+    let keep_alive = !close
+        && (http11 || keep_alive)
+        && framing != Framing::UntilClose
+        // Both framings at once: a confused (or smuggling) server.
+        && !(transfer_encoding && content_length.is_some());
+    Ok(Some((
+        length,
+        Head {
+            status,
+            framing,
+            keep_alive,
+        },
+    )))
+}
+
+/// A non-empty run of ASCII digits.
+fn parse_decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |value, &digit| {
+        if !digit.is_ascii_digit() {
+            return None;
+        }
+        value.checked_mul(10)?.checked_add(u64::from(digit - b'0'))
+    })
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::*;
+
+    fn head(bytes: &[u8]) -> Head {
+        parse_head(bytes).unwrap().unwrap().1
+    }
+
+    #[test]
+    fn framing_and_keep_alive() {
+        let h = head(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n");
+        assert_eq!(h.framing, Framing::Length(5));
+        assert!(h.keep_alive);
+        let h = head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
+        assert_eq!(h.framing, Framing::Chunked);
+        assert!(h.keep_alive);
+        let h = head(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n");
+        assert_eq!(h.framing, Framing::UntilClose);
+        assert!(!h.keep_alive);
+        let h = head(b"HTTP/1.1 200 OK\r\n\r\n");
+        assert_eq!(h.framing, Framing::UntilClose);
+        let h = head(b"HTTP/1.1 204 No Content\r\n\r\n");
+        assert_eq!(h.framing, Framing::Empty);
+        assert!(h.keep_alive);
+        let h = head(b"HTTP/1.1 200 OK\r\nConnection: Close\r\ncontent-length: 0\r\n\r\n");
+        assert!(!h.keep_alive);
+        let h = head(b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n");
+        assert!(!h.keep_alive);
+        let h = head(b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n");
+        assert!(h.keep_alive);
+        let h = head(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n");
+        assert_eq!(h.framing, Framing::Chunked);
+        assert!(!h.keep_alive);
+        let h = head(b"HTTP/1.1 200 OK\r\ncontent-length: 3, 3\r\n\r\n");
+        assert_eq!(h.framing, Framing::Length(3));
+    }
+
+    #[test]
+    fn partial_and_invalid_heads() {
+        assert_eq!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-le").unwrap(), None);
+        assert!(parse_head(b"garbage\r\n\r\n").is_err());
+        assert!(
+            parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n")
+                .is_err()
+        );
+        assert!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n").is_err());
+        assert!(
+            parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999999999\r\n\r\n")
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn endpoints() {
+        let endpoint = |url: &str| Endpoint::from_url(&reqwest::Url::parse(url).unwrap());
+        let e = endpoint("http://Example.COM/hook?a=1#frag").unwrap();
+        assert_eq!(&*e.authority, "example.com:80");
+        assert_eq!(e.host, "example.com");
+        assert_eq!(e.target, "/hook?a=1");
+        let e = endpoint("http://127.0.0.1:9000").unwrap();
+        assert_eq!(&*e.authority, "127.0.0.1:9000");
+        assert_eq!(e.host, "127.0.0.1:9000");
+        assert_eq!(e.target, "/");
+        let e = endpoint("http://[::1]:80/a b").unwrap();
+        assert_eq!(&*e.authority, "[::1]:80");
+        assert_eq!(e.host, "[::1]");
+        assert_eq!(e.target, "/a%20b");
+        assert!(endpoint("https://example.com/").is_err());
+    }
+}
