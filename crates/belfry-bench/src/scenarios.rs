@@ -163,6 +163,7 @@ async fn schedule_and_deliver(
     scenario: &'static str,
     params: serde_json::Value,
 ) -> Report {
+    session.receiver.reserve(workload.len());
     let before = session.node.sample();
     let bench_before = own_sample();
     let ingest = session.ingest(workload, load, scenario).await;

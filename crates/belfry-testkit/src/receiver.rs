@@ -305,6 +305,14 @@ impl Receiver {
         }
     }
 
+    /// Makes room for `additional` more records up front, so a benchmark's
+    /// receiver never reallocates its record list mid-run (a copy of
+    /// hundreds of thousands of records under the lock stalls every
+    /// connection and shows up as lateness that is not the node's).
+    pub fn reserve(&self, additional: usize) {
+        lock(&self.shared.records).reserve(additional);
+    }
+
     /// A copy of every recorded request, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared.records).clone()
