@@ -252,10 +252,16 @@ pub fn transition(
                 next.delivery = delivery;
                 next.updated_at = now;
                 if existing.event_time == event_time {
+                    // Same place in the timer, new content: re-arming it
+                    // tells the owner to drop a record it read ahead.
+                    let effects = existing
+                        .next_fire_at
+                        .map(|at| vec![Effect::Arm { at }])
+                        .unwrap_or_default();
                     return Transition {
                         next: Some(next),
                         outcome: CommandOutcome::Updated { moved: false },
-                        effects: Vec::new(),
+                        effects,
                         attempt: None,
                     };
                 }
@@ -495,6 +501,15 @@ mod tests {
         assert_eq!(rec.status, EventStatus::Scheduled);
         assert_eq!(rec.next_fire_at, Some(ts(5_000)));
         assert_eq!(rec.partition, PartitionId(3));
+    }
+
+    #[test]
+    fn same_instant_update_of_a_pending_event_rearms_it_in_place() {
+        let created = apply(None, upsert(5_000, "v1"), 1_000).next.unwrap();
+        let updated = apply(Some(&created), upsert(5_000, "v2"), 2_000);
+        assert_eq!(updated.outcome, CommandOutcome::Updated { moved: false });
+        assert_eq!(updated.effects, vec![Effect::Arm { at: ts(5_000) }]);
+        assert_eq!(updated.next.unwrap().version.as_str(), "v1");
     }
 
     #[test]

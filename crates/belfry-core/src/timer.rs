@@ -10,8 +10,9 @@
 //! - [`TimerWindow::offer`] (a new or moved event) only inserts entries the
 //!   window covers; others will be paged in later, so memory stays bounded by
 //!   the page size, not by what clients send.
-//! - The window is a hint, not the truth: whoever fires an entry re-reads the
-//!   event and checks it is still pending at that instant.
+//! - The window is a hint, not the truth: whoever fires an entry reads the
+//!   event (at its instant, or shortly before with every later change
+//!   invalidating that read) and checks it is still pending for that instant.
 
 use std::collections::BTreeSet;
 
@@ -103,6 +104,23 @@ impl TimerWindow {
         self.covered_through = self.entries.last().cloned();
     }
 
+    /// The entries after `after` (exclusive; `None`: from the start) due at
+    /// or before `through`, in due order.
+    pub fn due_between<'a>(
+        &'a self,
+        after: Option<&DueCursor>,
+        through: Timestamp,
+    ) -> impl Iterator<Item = &'a DueCursor> + 'a {
+        use std::ops::Bound;
+        let start = match after {
+            Some(after) => Bound::Excluded(after.clone()),
+            None => Bound::Unbounded,
+        };
+        self.entries
+            .range((start, Bound::Unbounded))
+            .take_while(move |entry| entry.due <= through)
+    }
+
     /// The earliest due instant held.
     pub fn next_due(&self) -> Option<Timestamp> {
         self.entries.first().map(|e| e.due)
@@ -136,6 +154,27 @@ mod tests {
             due: Timestamp::from_millis(due),
             key: EventKey::new(TenantName::new("t").unwrap(), EventId::new(id).unwrap()),
         }
+    }
+
+    #[test]
+    fn due_between_is_exclusive_after_and_inclusive_through() {
+        let mut window = TimerWindow::new();
+        window.extend(
+            [entry(1, "a"), entry(2, "a"), entry(2, "b"), entry(5, "a")],
+            entry(10, "z"),
+        );
+        let ids = |after: Option<&DueCursor>, through: i64| -> Vec<(i64, String)> {
+            window
+                .due_between(after, Timestamp::from_millis(through))
+                .map(|e| (e.due.as_millis(), e.key.id.as_str().to_string()))
+                .collect()
+        };
+        assert_eq!(ids(None, 2).len(), 3);
+        assert_eq!(
+            ids(Some(&entry(2, "a")), 5),
+            vec![(2, "b".to_string()), (5, "a".to_string())]
+        );
+        assert!(ids(Some(&entry(5, "a")), 100).is_empty());
     }
 
     #[test]

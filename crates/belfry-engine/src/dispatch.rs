@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use belfry_core::event::{AttemptReport, EventCommand};
-use belfry_core::{DueCursor, EventStatus, PartitionId, TenantName, Verdict};
+use belfry_core::{DueCursor, EventRecord, EventStatus, PartitionId, TenantName, Verdict};
 use belfry_sinks::Delivery;
 use belfry_store::{Fence, KeyedCommand};
 use tokio::sync::Notify;
@@ -27,6 +27,9 @@ pub(crate) struct Job {
     partition: PartitionId,
     lease: Arc<PartitionLease>,
     entry: DueCursor,
+    /// The record read ahead by the partition worker, if any; otherwise it
+    /// is read when the delivery starts.
+    record: Option<EventRecord>,
 }
 
 #[derive(Debug, Default)]
@@ -161,10 +164,10 @@ pub(crate) fn fire(
     shared: &Arc<Shared>,
     partition: PartitionId,
     lease: &Arc<PartitionLease>,
-    entries: Vec<DueCursor>,
+    entries: Vec<(DueCursor, Option<EventRecord>)>,
 ) {
     let mut jobs = Vec::with_capacity(entries.len());
-    for entry in entries {
+    for (entry, record) in entries {
         // A schedule's control event plans occurrences instead of
         // delivering; it takes no delivery slot, so a slow tenant cannot
         // delay it.
@@ -179,6 +182,7 @@ pub(crate) fn fire(
             partition,
             lease: lease.clone(),
             entry,
+            record,
         });
     }
     let starting = shared.limits.submit(jobs);
@@ -224,6 +228,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
         partition,
         lease,
         entry,
+        record: read_ahead,
     } = job;
     if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
         // Not started: it stays pending in the store for the next start.
@@ -238,8 +243,12 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
         partition,
         epoch: lease.epoch,
     });
-    // The window is a hint; the store decides whether this is still due.
-    let record = match shared.store.get_event(&entry.key).await {
+    // The window is a hint; the record decides whether this is still due.
+    let read = match read_ahead {
+        Some(record) => Ok(Some(record)),
+        None => shared.store.get_event(&entry.key).await,
+    };
+    let record = match read {
         Ok(Some(record)) => record,
         Ok(None) => return,
         Err(error) => {

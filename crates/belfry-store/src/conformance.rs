@@ -73,6 +73,7 @@ macro_rules! store_conformance_tests {
             partitions_are_reported,
             tenants_put_get_list_replace_delete,
             create_then_get,
+            get_events_in_input_order,
             same_instant_update_keeps_version,
             move_starts_a_new_version,
             cancel_and_cancel_unknown,
@@ -310,6 +311,32 @@ where
     assert_eq!(all_due(store).await, vec![(partition, cursor(5_000, &k))]);
 }
 
+pub async fn get_events_in_input_order<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(8)).await;
+    let store = &under_test.store;
+    let (a, b, missing) = (key("t", "a"), key("u", "b"), key("t", "zz"));
+    apply_one(store, 1_000, &a, upsert(5_000, "va")).await;
+    apply_one(store, 1_000, &b, upsert(6_000, "vb")).await;
+    let records = store
+        .get_events(&[b.clone(), missing.clone(), a.clone()])
+        .await
+        .expect("get_events");
+    let versions: Vec<Option<String>> = records
+        .iter()
+        .map(|r| r.as_ref().map(|r| r.version.as_str().to_string()))
+        .collect();
+    assert_eq!(
+        versions,
+        vec![Some("vb".to_string()), None, Some("va".to_string())]
+    );
+    assert_eq!(records[2], get(store, &a).await);
+    assert!(store.get_events(&[]).await.expect("empty").is_empty());
+}
+
 pub async fn same_instant_update_keeps_version<F, Fut>(factory: F)
 where
     F: Fn(PartitionCount) -> Fut,
@@ -321,7 +348,8 @@ where
     apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
     let applied = apply_one(store, 2_000, &k, upsert(5_000, "v2")).await;
     assert_eq!(applied.outcome, CommandOutcome::Updated { moved: false });
-    assert!(applied.effects.is_empty());
+    // Re-armed in place: the owner drops what it read ahead for the event.
+    assert_eq!(applied.effects, vec![Effect::Arm { at: ts(5_000) }]);
     let record = get(store, &k).await.unwrap();
     assert_eq!(record.version.as_str(), "v1");
     assert_eq!(record.payload.as_deref(), Some("payload-v2"));

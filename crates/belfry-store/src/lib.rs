@@ -156,6 +156,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>>;
 
+    /// The records of `keys`, in the same order (`None`: no such event).
+    /// For reading ahead many events at once; backends may do it in one
+    /// round trip.
+    async fn get_events(&self, keys: &[EventKey]) -> StoreResult<Vec<Option<EventRecord>>> {
+        let mut records = Vec::with_capacity(keys.len());
+        for key in keys {
+            records.push(self.get_event(key).await?);
+        }
+        Ok(records)
+    }
+
     /// Pending events of a partition in `(next_fire_at, key)` order.
     async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>>;
 

@@ -466,6 +466,22 @@ impl Store for EmbeddedStore {
         }
     }
 
+    /// On a blocking thread: a read can wait on fjall's version lock, which
+    /// a flush holds while it fsyncs.
+    async fn get_events(&self, keys: &[EventKey]) -> StoreResult<Vec<Option<EventRecord>>> {
+        let encoded: Vec<Vec<u8>> = keys.iter().map(keys::event_key).collect();
+        self.scan(move |ks| {
+            encoded
+                .iter()
+                .map(|key| match ks.events.get(key).map_err(internal)? {
+                    Some(bytes) => Ok(Some(keys::decode_record(&bytes)?)),
+                    None => Ok(None),
+                })
+                .collect()
+        })
+        .await
+    }
+
     async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>> {
         if params.limit == 0
             || params
