@@ -262,6 +262,33 @@ impl Store for PostgresStore {
             .transpose()
     }
 
+    /// One query for all keys (the engine reads ahead whole rounds).
+    async fn get_events(&self, keys: &[EventKey]) -> StoreResult<Vec<Option<EventRecord>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS} FROM events \
+                 WHERE (tenant, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+            ))
+            .await
+            .map_err(db_error)?;
+        let tenants: Vec<&str> = keys.iter().map(|k| k.tenant.as_str()).collect();
+        let ids: Vec<&str> = keys.iter().map(|k| k.id.as_str()).collect();
+        let rows = client
+            .query(&statement, &[&tenants, &ids])
+            .await
+            .map_err(db_error)?;
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let record = record_from_row(row)?;
+            found.insert(record.key.clone(), record);
+        }
+        Ok(keys.iter().map(|key| found.get(key).cloned()).collect())
+    }
+
     async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>> {
         if params.limit == 0 {
             return Ok(Vec::new());
