@@ -175,23 +175,31 @@ async fn kill_9_during_ingest_loses_no_acknowledged_event() {
     );
 
     node.restart().await.expect("restart after kill -9");
-    receiver
-        .wait_for_count(acknowledged.len(), DELIVERY_DEADLINE)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", node.logs_tail(40)));
+    // Wait for every acknowledged id itself: events stored but not yet
+    // acknowledged at the kill are delivered too, so a count alone could be
+    // reached while acknowledged ones are still on their way.
+    let deadline = tokio::time::Instant::now() + DELIVERY_DEADLINE;
+    let missing = loop {
+        let delivered: HashSet<String> =
+            arrivals(&receiver).into_iter().map(|(id, ..)| id).collect();
+        let missing: Vec<&String> = acknowledged
+            .iter()
+            .filter(|id| !delivered.contains(*id))
+            .collect();
+        if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+            break missing.into_iter().take(10).cloned().collect::<Vec<_>>();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        missing.is_empty(),
+        "acknowledged but never delivered: {missing:?}\n{}",
+        node.logs_tail(40)
+    );
     // Give stragglers a moment to show up as duplicates, if any.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let delivered: Vec<String> = arrivals(&receiver).into_iter().map(|(id, ..)| id).collect();
     let unique: HashSet<&String> = delivered.iter().collect();
-    let missing: Vec<_> = acknowledged
-        .iter()
-        .filter(|id| !unique.contains(id))
-        .take(10)
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "acknowledged but never delivered: {missing:?}"
-    );
     assert_eq!(
         unique.len(),
         delivered.len(),
