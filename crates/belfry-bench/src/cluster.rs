@@ -137,29 +137,20 @@ impl View {
     }
 }
 
+/// `GET url` as JSON; `None` on any failure (the node may be down).
+async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
+    client.get(url).send().await.ok()?.json().await.ok()
+}
+
 async fn read_view(client: &reqwest::Client, base_url: &str) -> Option<View> {
-    let members: Value = client
-        .get(format!("{base_url}/events/cluster"))
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
+    let members = get_json(client, &format!("{base_url}/events/cluster")).await?;
     let members = members.as_object()?;
     let master = members
         .iter()
         .filter(|(_, role)| *role == "Master")
         .map(|(address, _)| address.clone())
         .collect::<Vec<_>>();
-    let detail: Value = client
-        .get(format!("{base_url}/v1/cluster"))
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
+    let detail = get_json(client, &format!("{base_url}/v1/cluster")).await?;
     let partitions = detail["nodes"]
         .as_array()?
         .iter()

@@ -82,22 +82,11 @@ struct ReadAhead {
     /// Keys that got a wake-up while their read was in flight: its result is
     /// stale.
     stale: HashSet<EventKey>,
-    results: Option<mpsc::UnboundedReceiver<ReadAheadResult>>,
-    results_tx: Option<mpsc::UnboundedSender<ReadAheadResult>>,
 }
 
 type ReadAheadResult = Vec<(EventKey, Option<EventRecord>)>;
 
 impl ReadAhead {
-    fn new() -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        ReadAhead {
-            results: Some(rx),
-            results_tx: Some(tx),
-            ..Default::default()
-        }
-    }
-
     /// A wake-up for `key`: what was read for it may be outdated.
     fn invalidate(&mut self, key: &EventKey) {
         if let Some(record) = self.records.remove(key) {
@@ -168,14 +157,15 @@ impl PartitionWorker {
             window: TimerWindow::new(),
             capacity,
             load_failed_at: None,
-            read_ahead: ReadAhead::new(),
+            read_ahead: ReadAhead::default(),
         }
     }
 
     pub(crate) async fn run(mut self) {
         let mut stop = self.shared.stop_signal.subscribe();
         let mut released = self.released.clone();
-        let mut read_ahead_results = self.read_ahead.results.take();
+        // Results of read-ahead rounds, each read on its own task.
+        let (read_ahead_tx, mut read_ahead_results) = mpsc::unbounded_channel();
         loop {
             if *stop.borrow() || *released.borrow() {
                 break;
@@ -206,7 +196,7 @@ impl PartitionWorker {
                 continue;
             }
             if may_fire {
-                self.start_read_ahead(now);
+                self.start_read_ahead(now, &read_ahead_tx);
             }
             let mut sleep_for = self.sleep_duration(now);
             if !may_fire {
@@ -228,7 +218,7 @@ impl PartitionWorker {
                     }
                     None => break,
                 },
-                Some(results) = recv_results(&mut read_ahead_results) => {
+                Some(results) = read_ahead_results.recv() => {
                     self.read_ahead.accept(results);
                 }
                 _ = tokio::time::sleep(sleep_for) => {}
@@ -273,7 +263,11 @@ impl PartitionWorker {
 
     /// Starts reading the records of entries due within [`READ_AHEAD`] that
     /// have none yet, unless a read is in flight or the budget is spent.
-    fn start_read_ahead(&mut self, now: Timestamp) {
+    fn start_read_ahead(
+        &mut self,
+        now: Timestamp,
+        results: &mpsc::UnboundedSender<ReadAheadResult>,
+    ) {
         let read_ahead = &mut self.read_ahead;
         if read_ahead.in_flight.is_some()
             || read_ahead.records.len() >= READ_AHEAD_MAX_RECORDS
@@ -313,10 +307,7 @@ impl PartitionWorker {
             return;
         }
         read_ahead.in_flight = Some(keys.iter().cloned().collect());
-        let (Some(results), store) = (read_ahead.results_tx.clone(), self.shared.store.clone())
-        else {
-            return;
-        };
+        let (results, store) = (results.clone(), self.shared.store.clone());
         tokio::spawn(async move {
             // A failed read only means those entries are read at fire time.
             let records = store.get_events(&keys).await.unwrap_or_default();
@@ -417,15 +408,5 @@ impl PartitionWorker {
         // wall clock may jump; re-reading it often keeps lateness bounded).
         now.until(wake_at)
             .clamp(Duration::from_millis(1), Duration::from_secs(1))
-    }
-}
-
-/// The next read-ahead result; pending forever once the channel is gone.
-async fn recv_results(
-    results: &mut Option<mpsc::UnboundedReceiver<ReadAheadResult>>,
-) -> Option<ReadAheadResult> {
-    match results {
-        Some(results) => results.recv().await,
-        None => std::future::pending().await,
     }
 }

@@ -352,6 +352,14 @@ impl EmbeddedStore {
     }
 }
 
+/// The stored record under an encoded event key.
+fn read_event(ks: &Keyspaces, encoded: &[u8]) -> StoreResult<Option<EventRecord>> {
+    match ks.events.get(encoded).map_err(internal)? {
+        Some(bytes) => Ok(Some(keys::decode_record(&bytes)?)),
+        None => Ok(None),
+    }
+}
+
 /// The shard that writes tenants: they are few, and one writer keeps their
 /// updates in order.
 const TENANT_SHARD: usize = 0;
@@ -460,26 +468,15 @@ impl Store for EmbeddedStore {
     }
 
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
-        match self.ks.events.get(keys::event_key(key)).map_err(internal)? {
-            Some(bytes) => Ok(Some(keys::decode_record(&bytes)?)),
-            None => Ok(None),
-        }
+        read_event(&self.ks, &keys::event_key(key))
     }
 
     /// On a blocking thread: a read can wait on fjall's version lock, which
     /// a flush holds while it fsyncs.
     async fn get_events(&self, keys: &[EventKey]) -> StoreResult<Vec<Option<EventRecord>>> {
         let encoded: Vec<Vec<u8>> = keys.iter().map(keys::event_key).collect();
-        self.scan(move |ks| {
-            encoded
-                .iter()
-                .map(|key| match ks.events.get(key).map_err(internal)? {
-                    Some(bytes) => Ok(Some(keys::decode_record(&bytes)?)),
-                    None => Ok(None),
-                })
-                .collect()
-        })
-        .await
+        self.scan(move |ks| encoded.iter().map(|key| read_event(ks, key)).collect())
+            .await
     }
 
     async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>> {

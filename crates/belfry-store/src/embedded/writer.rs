@@ -305,10 +305,7 @@ impl Writer {
     }
 
     fn load(&self, encoded: &[u8]) -> StoreResult<Slot> {
-        let stored = match self.ks.events.get(encoded).map_err(internal)? {
-            Some(bytes) => Some(keys::decode_record(&bytes)?),
-            None => None,
-        };
+        let stored = super::read_event(&self.ks, encoded)?;
         Ok(Slot {
             stored_due: stored
                 .as_ref()
