@@ -346,10 +346,20 @@ pub fn transition(
                 error: report.error.clone(),
             };
             if !current_version {
+                // The event changed (moved, or cancelled and re-created)
+                // while this attempt was in flight. Its current version, if
+                // pending, is re-armed: the wake-up its change sent may have
+                // found the old delivery still holding the event, and it
+                // must not wait for a reload to fire.
+                let effects = existing
+                    .next_fire_at
+                    .filter(|_| existing.status.is_pending())
+                    .map(|at| vec![Effect::Arm { at }])
+                    .unwrap_or_default();
                 return Transition {
                     next: None,
                     outcome: CommandOutcome::StaleAttempt,
-                    effects: Vec::new(),
+                    effects,
                     attempt: Some(attempt),
                 };
             }
@@ -615,6 +625,11 @@ mod tests {
         assert_eq!(stale.outcome, CommandOutcome::StaleAttempt);
         assert!(stale.next.is_none());
         assert!(stale.attempt.is_some());
+        assert_eq!(
+            stale.effects,
+            vec![Effect::Arm { at: ts(0) }],
+            "the current pending version is re-armed"
+        );
         let failed = apply(
             Some(&rec),
             EventCommand::RecordAttempt {

@@ -19,6 +19,7 @@ use belfry_store::{Fence, KeyedCommand};
 use tokio::sync::Notify;
 
 use crate::ownership::PartitionLease;
+use crate::recorder::Outcome;
 use crate::{EngineOptions, Shared};
 
 /// One fired entry waiting for, or holding, a delivery slot.
@@ -234,11 +235,6 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
         // Not started: it stays pending in the store for the next start.
         return;
     }
-    // A second copy of an entry whose delivery is in progress (see
-    // `claims`); released on any early return below.
-    let Some(claim) = shared.claims.claim(&entry.key) else {
-        return;
-    };
     let fence = Some(Fence {
         partition,
         epoch: lease.epoch,
@@ -260,9 +256,22 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
     if !record.status.is_pending() || record.next_fire_at != Some(entry.due) {
         return;
     }
+    // A second copy of a version whose delivery is in progress (see
+    // `claims`); released on any early return below.
+    let Some(claim) = shared
+        .claims
+        .claim(partition, &entry.key, record.version.clone())
+    else {
+        return;
+    };
     let now = shared.clock.now();
+    // The look-back is for downtime: lateness counts from when this node
+    // could first have fired the version, which for one submitted (or
+    // moved) past-due is its last change, not its instant. Such an event
+    // fires at once, as BigBen does.
+    let firable_since = entry.due.max(record.updated_at);
     if record.status == EventStatus::Scheduled
-        && now.as_millis() - entry.due.as_millis() > shared.options.lookback.as_millis() as i64
+        && now.as_millis() - firable_since.as_millis() > shared.options.lookback.as_millis() as i64
     {
         let reason = format!(
             "missed: came due at {} while the node was down, more than the look-back of {} s ago",
@@ -270,10 +279,13 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
             shared.options.lookback.as_secs()
         );
         claim.hand_over();
-        let _ = shared.outcomes.send(KeyedCommand {
-            key: entry.key,
-            command: EventCommand::Expire { reason },
-            fence,
+        let _ = shared.outcomes.send(Outcome {
+            command: KeyedCommand {
+                key: entry.key,
+                command: EventCommand::Expire { reason },
+                fence,
+            },
+            version: record.version,
         });
         return;
     }
@@ -320,13 +332,16 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
         }
     };
     claim.hand_over();
-    let _ = shared.outcomes.send(KeyedCommand {
-        key: entry.key,
-        command: EventCommand::RecordAttempt {
-            version: record.version,
-            report,
+    let _ = shared.outcomes.send(Outcome {
+        command: KeyedCommand {
+            key: entry.key,
+            command: EventCommand::RecordAttempt {
+                version: record.version.clone(),
+                report,
+            },
+            fence,
         },
-        fence,
+        version: record.version,
     });
 }
 

@@ -88,7 +88,7 @@ pub(crate) struct Shared {
     /// Bounds schedule firings in progress (each holds a plan and store
     /// writes); the others wait as small tasks.
     pub(crate) schedule_firings: Arc<tokio::sync::Semaphore>,
-    pub(crate) outcomes: mpsc::UnboundedSender<KeyedCommand>,
+    pub(crate) outcomes: mpsc::UnboundedSender<recorder::Outcome>,
     /// Set once shutdown starts: no new delivery begins after it.
     pub(crate) stopping: AtomicBool,
     pub(crate) stop_signal: watch::Sender<bool>,
@@ -296,6 +296,25 @@ impl EngineHandle {
     /// Deliveries running right now (for metrics and tests).
     pub fn in_flight(&self) -> usize {
         self.inner.limits.in_flight()
+    }
+
+    /// Hands `partitions` over cleanly: they stop firing at once (no new
+    /// delivery starts), and this resolves once every delivery of theirs
+    /// that was in flight has its outcome recorded, or after `grace`.
+    /// Returns whether everything was recorded in time. The caller then
+    /// releases their leases, so the next owner can fire at once without
+    /// re-delivering anything.
+    pub async fn release_partitions(
+        &self,
+        partitions: &[belfry_core::PartitionId],
+        grace: std::time::Duration,
+    ) -> bool {
+        for task in self.inner.owned.release(partitions) {
+            let _ = task.await;
+        }
+        tokio::time::timeout(grace, self.inner.claims.wait_released(Some(partitions)))
+            .await
+            .is_ok()
     }
 }
 

@@ -185,6 +185,20 @@ impl OwnedPartitions {
         }
     }
 
+    /// Stops the workers of `partitions` and returns their tasks to await.
+    pub(crate) fn release(&self, partitions: &[PartitionId]) -> Vec<JoinHandle<()>> {
+        let mut slots = self.lock();
+        partitions
+            .iter()
+            .filter_map(|id| slots.remove(id).map(|slot| (id, slot)))
+            .map(|(id, slot)| {
+                let _ = slot.stop.send(true);
+                tracing::info!(partition = %id, epoch = slot.lease.epoch, "partition handed over");
+                slot.task
+            })
+            .collect()
+    }
+
     /// Stops every worker and returns their tasks to await.
     pub(crate) fn stop_all(&self) -> Vec<JoinHandle<()>> {
         self.lock()

@@ -11,15 +11,30 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use belfry_core::EventVersion;
 use belfry_store::{ApplyParams, KeyedCommand, StoreError};
 use tokio::sync::mpsc;
 
 use crate::Shared;
+use crate::claims::ClaimKey;
+
+/// One delivery's outcome, with the version its claim is on.
+#[derive(Debug, Clone)]
+pub(crate) struct Outcome {
+    pub(crate) command: KeyedCommand,
+    pub(crate) version: EventVersion,
+}
+
+impl Outcome {
+    fn claim_key(&self) -> ClaimKey {
+        (self.command.key.clone(), self.version.clone())
+    }
+}
 
 const MAX_BATCH: usize = 10_000;
 const WRITE_RETRY: Duration = Duration::from_millis(200);
 
-pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedReceiver<KeyedCommand>) {
+pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedReceiver<Outcome>) {
     let mut stop = shared.stop_signal.subscribe();
     let mut stopping = false;
     loop {
@@ -55,13 +70,14 @@ pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedReceiv
     }
 }
 
-async fn drain_after_stop(
-    shared: &Arc<Shared>,
-    outcomes: &mut mpsc::UnboundedReceiver<KeyedCommand>,
-) {
+async fn drain_after_stop(shared: &Arc<Shared>, outcomes: &mut mpsc::UnboundedReceiver<Outcome>) {
     loop {
-        // In-flight deliveries finish within the shutdown grace; their
-        // outcomes arrive while any delivery still holds a slot.
+        // Checked before draining: a claim is taken before its delivery
+        // starts and released only once its outcome is recorded, so "no
+        // claim" seen here means every outcome sent so far is in the channel
+        // or stored. (Checking in-flight deliveries *after* draining lost
+        // an outcome sent in between.)
+        let all_released = shared.claims.held(None) == 0;
         let mut batch = Vec::new();
         while let Ok(item) = outcomes.try_recv() {
             batch.push(item);
@@ -70,17 +86,26 @@ async fn drain_after_stop(
             record(shared, batch).await;
             continue;
         }
-        if shared.limits.in_flight() == 0 {
+        if all_released {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // In-flight deliveries finish within the shutdown grace (the
+        // engine stops waiting for this task after it).
+        tokio::select! {
+            _ = shared.claims.wait_released(None) => {}
+            item = outcomes.recv() => {
+                if let Some(item) = item {
+                    record(shared, vec![item]).await;
+                }
+            }
+        }
     }
 }
 
 /// Writes one batch, retrying until it lands. Outcomes of a partition
 /// this node no longer owns are rejected by their epoch: they are dropped
 /// (the new owner re-delivers; that is the at-least-once duplicate window).
-async fn record(shared: &Arc<Shared>, batch: Vec<KeyedCommand>) {
+async fn record(shared: &Arc<Shared>, batch: Vec<Outcome>) {
     let mut groups = vec![batch];
     while let Some(group) = groups.pop() {
         match record_group(shared, group).await {
@@ -92,12 +117,12 @@ async fn record(shared: &Arc<Shared>, batch: Vec<KeyedCommand>) {
 
 /// A fenced batch, split by partition to separate stale outcomes from valid
 /// ones.
-struct Split(Vec<Vec<KeyedCommand>>);
+struct Split(Vec<Vec<Outcome>>);
 
-async fn record_group(shared: &Arc<Shared>, batch: Vec<KeyedCommand>) -> Result<(), Split> {
+async fn record_group(shared: &Arc<Shared>, batch: Vec<Outcome>) -> Result<(), Split> {
     loop {
         let params = ApplyParams {
-            commands: batch.clone(),
+            commands: batch.iter().map(|o| o.command.clone()).collect(),
             now: shared.clock.now(),
             retry: shared.options.retry.clone(),
         };
@@ -105,21 +130,25 @@ async fn record_group(shared: &Arc<Shared>, batch: Vec<KeyedCommand>) -> Result<
             Ok(applied) => {
                 // Before the effects: a retry armed by this outcome may
                 // claim the event again.
-                shared.claims.release(batch.iter().map(|c| &c.key));
+                let released: Vec<ClaimKey> = batch.iter().map(Outcome::claim_key).collect();
+                shared.claims.release(&released);
                 shared.route_effects(&applied);
                 return Ok(());
             }
             Err(StoreError::Fenced { partition, epoch }) => {
-                let mut by_partition: std::collections::BTreeMap<_, Vec<KeyedCommand>> =
+                let mut by_partition: std::collections::BTreeMap<_, Vec<Outcome>> =
                     Default::default();
-                for command in batch {
-                    let group = command.fence.map(|f| f.partition);
-                    by_partition.entry(group).or_default().push(command);
+                for outcome in batch {
+                    let group = outcome.command.fence.map(|f| f.partition);
+                    by_partition.entry(group).or_default().push(outcome);
                 }
                 if by_partition.len() == 1 {
-                    shared
-                        .claims
-                        .release(by_partition.values().flatten().map(|c| &c.key));
+                    let released: Vec<ClaimKey> = by_partition
+                        .values()
+                        .flatten()
+                        .map(Outcome::claim_key)
+                        .collect();
+                    shared.claims.release(&released);
                     tracing::warn!(
                         partition = %partition,
                         epoch,

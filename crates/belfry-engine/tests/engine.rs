@@ -412,3 +412,82 @@ async fn the_retention_sweep_purges_old_finished_events_with_their_history() {
     );
     node.stop().await;
 }
+
+/// Issue 9, defect 1: the "schedule the next timeout from inside the
+/// callback" pattern. While version 1 is being delivered (the webhook takes
+/// 1 s), the client moves the event to 200 ms from now; the new version must
+/// be delivered once, at its new instant — not stranded until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_moved_while_its_delivery_is_in_flight_fires_at_its_new_instant() {
+    let receiver = Receiver::start().await;
+    receiver.set_default(Response::status(200).with_delay(Duration::from_secs(1)));
+    let node = Node::start(EngineOptions::default()).await;
+    node.tenant("t", &receiver).await;
+    node.schedule("t", "timeout", in_ms(100)).await;
+    receiver
+        .wait_for_count(1, DEADLINE)
+        .await
+        .expect("first version arrives");
+    // Version 1 is in flight now (its webhook answers after 1 s).
+    let moved_to = in_ms(200);
+    node.schedule("t", "timeout", moved_to).await;
+    let record = node.wait_status("t", "timeout", EventStatus::Delivered).await;
+    assert_eq!(record.event_time, moved_to, "the moved version was delivered");
+    let arrivals = arrival_of(&receiver, "timeout");
+    assert_eq!(arrivals.len(), 2, "each version delivered once: {arrivals:?}");
+    assert!(
+        arrivals[1] >= moved_to.as_millis(),
+        "never early: {arrivals:?}"
+    );
+    assert!(
+        arrivals[1] - moved_to.as_millis() < 500,
+        "the new version waited for the old delivery: {arrivals:?} vs {moved_to:?}"
+    );
+    node.stop().await;
+}
+
+/// Issue 9, defect 1, second form: cancelled and re-created (a new version)
+/// while the previous version is being delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_cancelled_and_recreated_during_its_delivery_is_delivered_again() {
+    let receiver = Receiver::start().await;
+    receiver.set_default(Response::status(200).with_delay(Duration::from_secs(1)));
+    let node = Node::start(EngineOptions::default()).await;
+    node.tenant("t", &receiver).await;
+    node.schedule("t", "job", in_ms(100)).await;
+    receiver.wait_for_count(1, DEADLINE).await.unwrap();
+    let cancel = KeyedCommand {
+        key: key("t", "job"),
+        command: EventCommand::Cancel,
+        fence: None,
+    };
+    node.handle.apply(vec![cancel]).await.unwrap();
+    let again = in_ms(200);
+    node.schedule("t", "job", again).await;
+    let record = node.wait_status("t", "job", EventStatus::Delivered).await;
+    assert_eq!(record.event_time, again);
+    let arrivals = arrival_of(&receiver, "job");
+    assert_eq!(arrivals.len(), 2, "{arrivals:?}");
+    assert!(arrivals[1] >= again.as_millis());
+    node.stop().await;
+}
+
+/// Issue 9, defect 5: the look-back is for downtime. An event submitted
+/// with an instant far in the past (beyond the look-back) while the node is
+/// up fires at once, as BigBen's contract says, instead of ending `missed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_submitted_past_due_beyond_the_look_back_fires_at_once() {
+    let receiver = Receiver::start().await;
+    let options = EngineOptions {
+        lookback: Duration::from_secs(60),
+        ..EngineOptions::default()
+    };
+    let node = Node::start(options).await;
+    node.tenant("t", &receiver).await;
+    let two_hours_ago = now().minus(Duration::from_secs(7_200));
+    node.schedule("t", "late", two_hours_ago).await;
+    let record = node.wait_status("t", "late", EventStatus::Delivered).await;
+    assert_eq!(record.attempts, 1);
+    assert_eq!(arrival_of(&receiver, "late").len(), 1);
+    node.stop().await;
+}

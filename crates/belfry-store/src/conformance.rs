@@ -511,7 +511,13 @@ where
     let before = get(store, &k).await.unwrap();
     let applied = apply_one(store, 5_010, &k, attempt("v1", Verdict::Delivered, 5_001)).await;
     assert_eq!(applied.outcome, CommandOutcome::StaleAttempt);
-    assert!(applied.effects.is_empty());
+    // The current version (moved meanwhile) is re-armed, nothing else.
+    assert_eq!(
+        applied.effects,
+        vec![Effect::Arm {
+            at: Timestamp::from_millis(9_000)
+        }]
+    );
     assert_eq!(applied.record.as_ref(), Some(&before));
     assert_eq!(get(store, &k).await, Some(before));
     let history = store.attempts(&k, 10).await.unwrap();
