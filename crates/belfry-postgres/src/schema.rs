@@ -34,10 +34,11 @@ struct Migration {
 }
 
 /// Every migration, in version order.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial schema",
-    sql: r#"
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial schema",
+        sql: r#"
 CREATE TABLE belfry_settings (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     -- Fixed when the database is created: the key → partition mapping is
@@ -121,7 +122,17 @@ CREATE TABLE leader (
 
 INSERT INTO leader (singleton, holder, term, expires_at) VALUES (true, NULL, 0, NULL);
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        name: "partition hand-over: pending owner",
+        sql: r#"
+-- Set while the leader moves a partition away from a live owner: the owner
+-- stops firing it, records its outcomes, then releases it to this node.
+ALTER TABLE partitions ADD COLUMN pending_owner text COLLATE "C";
+"#,
+    },
+];
 
 /// Applies the missing migrations and returns the database's partition
 /// count: `requested` when this call created the schema, else the count
