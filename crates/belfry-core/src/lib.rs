@@ -19,7 +19,10 @@
 //!   (`(state, command, now) → (state, effects)`).
 //! - [`retry`]: the retry policy and the one delivery classification
 //!   ([`Verdict`]: delivered, retry, permanent).
-//! - [`timer`]: the bounded in-memory window of near-future events.
+//! - [`timer`]: the due order ([`DueCursor`]) and the simple bounded window.
+//! - [`fire`]: the fire path of one partition as a pure state machine
+//!   ([`fire::PartitionCore`]: window, read-ahead, claims, retry timers,
+//!   repairs) and the delivery slot policy ([`fire::DeliverySlots`]).
 //! - [`schedule`]: recurring schedules as control events, and the pure
 //!   planner of their occurrences and misfires.
 //! - [`assignment`]: how the cluster leader spreads partitions over nodes.
@@ -27,6 +30,7 @@
 pub mod assignment;
 pub mod cron;
 pub mod event;
+pub mod fire;
 pub mod ids;
 pub mod partition;
 pub mod retry;

@@ -1,0 +1,741 @@
+//! The fire path of one partition as a pure state machine.
+//!
+//! [`PartitionCore::handle`] takes an [`Input`] and the current instant and
+//! returns [`Action`]s; the runtime (the engine's partition worker) performs
+//! them — page the due index, read records ahead, hand fired entries to the
+//! dispatcher — and feeds their results back as inputs. Nothing else holds
+//! fire-path state, so a test loop with a manual clock *is* a runtime (see
+//! the simulation in `tests/simulation.rs`).
+//!
+//! # What the core holds, all bounded by [`CoreConfig`]
+//! - the [`FairWindow`]: entries due within `window`, one lane per tenant;
+//! - the loader state: one page read in flight at a time (window page,
+//!   per-tenant page after an eviction, or a repair page), with the wake-ups
+//!   that arrived meanwhile for the range being read;
+//! - the read-ahead: records of entries due within `read_ahead`;
+//! - *outstanding* entries: fired and not yet finished (queued for a
+//!   delivery slot, being delivered, or waiting for their outcome to be
+//!   recorded), with the version each one claimed;
+//! - retry timers: entries to put back after a pause (a failed read);
+//! - the repair cursor: the window is reconciled with the store page by
+//!   page, so a lost wake-up strands nothing for longer than a few rounds.
+//!
+//! # Guarantees (checked by the simulation's oracle)
+//! - Never early: an entry is fired only when `now >= due`.
+//! - Bounded: held + outstanding + retry timers never exceed `capacity` by
+//!   more than one page in flight; a tenant has at most
+//!   `max_outstanding_per_tenant` outstanding entries in this partition.
+//! - One delivery per version at a time: a second fired copy of an entry
+//!   whose version is claimed is dropped.
+
+mod slots;
+mod window;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+pub use slots::{DeliverySlots, SlotPolicy};
+pub use window::FairWindow;
+
+use crate::event::EventRecord;
+use crate::ids::{EventId, EventKey, EventVersion, TenantName};
+use crate::time::Timestamp;
+use crate::timer::DueCursor;
+
+/// The core's knobs.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// How far ahead entries are paged in.
+    pub window: Duration,
+    /// Most entries held (window, outstanding and retry timers together).
+    pub capacity: usize,
+    /// How long before their instant entries' records are read ahead; zero
+    /// turns read-ahead off (records are then read when the entry fires).
+    pub read_ahead: Duration,
+    pub read_ahead_max_records: usize,
+    pub read_ahead_max_bytes: usize,
+    /// Most entries handed over per [`Action::Deliver`].
+    pub fire_batch: usize,
+    /// Most entries of one tenant outstanding at once in this partition:
+    /// a tenant whose deliveries hang stops taking entries here and its
+    /// backlog stays in the store.
+    pub max_outstanding_per_tenant: usize,
+    /// How often a repair page is read; zero disables repairs.
+    pub repair_interval: Duration,
+    /// Entries per repair page.
+    pub repair_page: usize,
+    /// Pause after a failed page read.
+    pub load_retry: Duration,
+}
+
+impl CoreConfig {
+    /// Defaults for a partition holding at most `capacity` entries.
+    pub fn with_capacity(capacity: usize) -> Self {
+        CoreConfig {
+            window: Duration::from_secs(60),
+            capacity: capacity.max(64),
+            read_ahead: Duration::from_millis(500),
+            read_ahead_max_records: 4_096,
+            read_ahead_max_bytes: 2 * 1024 * 1024,
+            fire_batch: 2_048,
+            max_outstanding_per_tenant: 256,
+            repair_interval: Duration::from_secs(5),
+            repair_page: 1_024,
+            load_retry: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Which kind of page a [`LoadRequest`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadKind {
+    /// The next page after the window's cursor.
+    Window,
+    /// A tenant's entries that were evicted or skipped (its overflow).
+    Tenant(TenantName),
+    /// A page of the covered range, to find entries a lost wake-up left out.
+    Repair,
+}
+
+/// A due-index page to read: entries after `after` (exclusive) due at or
+/// before `through`, of `tenant` only if it is set, at most `limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadRequest {
+    pub kind: LoadKind,
+    pub after: Option<DueCursor>,
+    pub through: Timestamp,
+    pub limit: usize,
+    /// The window's cursor when the request was made: a per-tenant or
+    /// repair page never adds entries beyond it.
+    upto: Option<DueCursor>,
+}
+
+impl LoadRequest {
+    pub fn tenant(&self) -> Option<&TenantName> {
+        match &self.kind {
+            LoadKind::Tenant(tenant) => Some(tenant),
+            _ => None,
+        }
+    }
+}
+
+/// An entry handed to the dispatcher, with its record if it was read ahead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fired {
+    pub entry: DueCursor,
+    pub record: Option<EventRecord>,
+}
+
+/// How a fired entry ended, as far as this partition is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// Its outcome is recorded (or it was stale and dropped): forget it.
+    Done,
+    /// Not delivered (the store could not be read): fire it again at this
+    /// instant.
+    RetryAt(Timestamp),
+}
+
+/// What happened, fed to [`PartitionCore::handle`].
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// Time passed, or something changed: re-evaluate. `may_fire` is the
+    /// partition lease's verdict right now.
+    Tick { may_fire: bool },
+    /// A new, moved or retried event: kept if the window covers it.
+    Offer(DueCursor),
+    /// An event moved away, was cancelled or finished.
+    Remove(DueCursor),
+    /// Wake-ups may have been lost (a push channel reconnected): drop the
+    /// window and page it in again.
+    Reload,
+    /// The answer to [`Action::Load`]; `None` if the read failed.
+    Loaded {
+        request: LoadRequest,
+        page: Option<Vec<DueCursor>>,
+    },
+    /// The answer to [`Action::ReadAhead`]; `None` if the read failed.
+    ReadAhead {
+        records: Option<Vec<(EventKey, Option<EventRecord>)>>,
+    },
+    /// A fired entry's delivery is about to start with this record version:
+    /// answered by [`Action::Claimed`].
+    Claim {
+        entry: DueCursor,
+        version: EventVersion,
+    },
+    /// A fired entry is finished (see [`Finish`]).
+    Finished { entry: DueCursor, finish: Finish },
+}
+
+/// What the runtime must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Read a due-index page; answer with [`Input::Loaded`].
+    Load(LoadRequest),
+    /// Read these records; answer with [`Input::ReadAhead`].
+    ReadAhead(Vec<EventKey>),
+    /// Deliver these entries (each one is outstanding until
+    /// [`Input::Finished`]).
+    Deliver(Vec<Fired>),
+    /// The answer to [`Input::Claim`]: `false` means another delivery of
+    /// the same version is in progress, and this copy must be dropped
+    /// (finish it with [`Finish::Done`]).
+    Claimed { entry: DueCursor, granted: bool },
+}
+
+/// Counters for metrics and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CoreStats {
+    /// Entries a repair page found missing from the window and armed.
+    pub repaired: u64,
+    /// Entries evicted for capacity (paged in again later).
+    pub evicted: u64,
+    pub fired: u64,
+    /// Fired copies dropped because their version was being delivered.
+    pub duplicate_claims: u64,
+    pub load_failures: u64,
+}
+
+#[derive(Debug, Default)]
+struct ReadAhead {
+    records: HashMap<EventKey, EventRecord>,
+    payload_bytes: usize,
+    /// Per tenant: entries up to here were requested (or skipped).
+    requested_through: HashMap<TenantName, (Timestamp, EventId)>,
+    /// Keys of the read in flight, if one is.
+    in_flight: Option<HashSet<EventKey>>,
+    /// Keys that got a wake-up while their read was in flight.
+    stale: HashSet<EventKey>,
+}
+
+impl ReadAhead {
+    fn invalidate(&mut self, entry: &DueCursor) {
+        if let Some(record) = self.records.remove(&entry.key) {
+            self.payload_bytes -= payload_len(&record);
+        }
+        if self
+            .in_flight
+            .as_ref()
+            .is_some_and(|keys| keys.contains(&entry.key))
+        {
+            self.stale.insert(entry.key.clone());
+        }
+        // An entry at or before what was requested is read in the next round.
+        if let Some(mark) = self.requested_through.get(&entry.key.tenant) {
+            if (entry.due, &entry.key.id) <= (mark.0, &mark.1) {
+                self.requested_through.remove(&entry.key.tenant);
+            }
+        }
+    }
+
+    fn reset(&mut self) {
+        self.records.clear();
+        self.payload_bytes = 0;
+        self.requested_through.clear();
+        if let Some(keys) = &self.in_flight {
+            self.stale.extend(keys.iter().cloned());
+        }
+    }
+
+    fn take(&mut self, entry: &DueCursor) -> Option<EventRecord> {
+        let record = self.records.remove(&entry.key)?;
+        self.payload_bytes -= payload_len(&record);
+        (record.next_fire_at == Some(entry.due)).then_some(record)
+    }
+
+    fn has_room(&self, config: &CoreConfig) -> bool {
+        self.records.len() < config.read_ahead_max_records
+            && self.payload_bytes < config.read_ahead_max_bytes
+    }
+}
+
+fn payload_len(record: &EventRecord) -> usize {
+    record.payload.as_ref().map_or(0, String::len)
+}
+
+/// A page read in flight, and the wake-ups that arrived for its range.
+#[derive(Debug)]
+struct PendingLoad {
+    request: LoadRequest,
+    /// Offers inside the range being read: applied after the page, so an
+    /// offer sent after a commit the read missed is not lost.
+    offers: Vec<DueCursor>,
+    /// Removals meanwhile: a repair page must not re-add them.
+    removed: HashSet<DueCursor>,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct PartitionCore {
+    config: CoreConfig,
+    window: FairWindow,
+    loading: Option<PendingLoad>,
+    /// When the last page read failed.
+    load_failed_at: Option<Timestamp>,
+    read_ahead: ReadAhead,
+    /// Fired, not finished: the claimed version once the delivery started.
+    outstanding: HashMap<DueCursor, Option<EventVersion>>,
+    outstanding_by_tenant: HashMap<TenantName, usize>,
+    /// Claimed versions, to drop a second copy of one.
+    claimed: HashSet<(EventKey, EventVersion)>,
+    retry_timers: BTreeSet<(Timestamp, DueCursor)>,
+    /// Where the next repair page starts (exclusive); `None`: the start.
+    repair_after: Option<DueCursor>,
+    next_repair_at: Option<Timestamp>,
+    stats: CoreStats,
+}
+
+impl PartitionCore {
+    pub fn new(config: CoreConfig) -> Self {
+        PartitionCore {
+            config,
+            window: FairWindow::new(),
+            loading: None,
+            load_failed_at: None,
+            read_ahead: ReadAhead::default(),
+            outstanding: HashMap::new(),
+            outstanding_by_tenant: HashMap::new(),
+            claimed: HashSet::new(),
+            retry_timers: BTreeSet::new(),
+            repair_after: None,
+            next_repair_at: None,
+            stats: CoreStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &CoreConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> &CoreStats {
+        &self.stats
+    }
+
+    pub fn window(&self) -> &FairWindow {
+        &self.window
+    }
+
+    /// Entries fired and not finished.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// Everything held in memory: window, outstanding, retry timers, and
+    /// records read ahead.
+    pub fn held(&self) -> usize {
+        self.window.len() + self.outstanding.len() + self.retry_timers.len()
+    }
+
+    pub fn read_ahead_records(&self) -> usize {
+        self.read_ahead.records.len()
+    }
+
+    /// Handles one input at `now`; returns what the runtime must do.
+    pub fn handle(&mut self, input: Input, now: Timestamp) -> Vec<Action> {
+        let mut actions = Vec::new();
+        match input {
+            Input::Tick { may_fire } => self.tick(now, may_fire, &mut actions),
+            Input::Offer(entry) => self.offer(entry),
+            Input::Remove(entry) => {
+                self.read_ahead.invalidate(&entry);
+                self.window.remove(&entry);
+                if let Some(pending) = &mut self.loading {
+                    pending.removed.insert(entry);
+                }
+            }
+            Input::Reload => {
+                self.window.clear();
+                self.read_ahead.reset();
+                self.repair_after = None;
+                // A page in flight answers for the old window: ignored.
+                self.loading = None;
+            }
+            Input::Loaded { request, page } => self.loaded(request, page, now),
+            Input::ReadAhead { records } => self.read_ahead_done(records),
+            Input::Claim { entry, version } => {
+                let granted = self.outstanding.contains_key(&entry)
+                    && self.claimed.insert((entry.key.clone(), version.clone()));
+                if granted {
+                    self.outstanding.insert(entry.clone(), Some(version));
+                } else {
+                    self.stats.duplicate_claims += 1;
+                }
+                actions.push(Action::Claimed { entry, granted });
+            }
+            Input::Finished { entry, finish } => self.finished(entry, finish),
+        }
+        actions
+    }
+
+    /// When the runtime should call [`Input::Tick`] next at the latest
+    /// (it also ticks after every other input).
+    pub fn next_wake(&self, now: Timestamp) -> Timestamp {
+        let half_window = self.config.window / 2;
+        let mut wake = now.plus(Duration::from_secs(1));
+        if let Some(due) = self.window.next_ready() {
+            wake = wake.min(due);
+        }
+        if self.loading.is_none() {
+            match (self.load_failed_at, self.window.cursor()) {
+                (Some(failed), _) => wake = wake.min(failed.plus(self.config.load_retry)),
+                (None, None) => wake = now,
+                (None, Some(cursor)) => wake = wake.min(cursor.due.minus(half_window)),
+            }
+        }
+        if let Some((at, _)) = self.retry_timers.first() {
+            wake = wake.min(*at);
+        }
+        if let Some(at) = self.next_repair_at {
+            wake = wake.min(at);
+        }
+        if !self.config.read_ahead.is_zero()
+            && self.read_ahead.in_flight.is_none()
+            && self.read_ahead.has_room(&self.config)
+        {
+            let first_unread = self.window.due_through(
+                Timestamp::from_millis(i64::MAX),
+                |tenant| self.read_ahead.requested_through.get(tenant).cloned(),
+                1,
+            );
+            if let Some(next) = first_unread.first() {
+                wake = wake.min(next.due.minus(self.config.read_ahead / 2));
+            }
+        }
+        wake.max(now)
+    }
+
+    fn offer(&mut self, entry: DueCursor) {
+        self.read_ahead.invalidate(&entry);
+        if let Some(pending) = &mut self.loading {
+            pending.removed.remove(&entry);
+            let in_range = pending.request.after.as_ref().is_none_or(|a| &entry > a)
+                && entry.due <= pending.request.through
+                && pending
+                    .request
+                    .tenant()
+                    .is_none_or(|t| *t == entry.key.tenant);
+            if in_range && !self.window.covers(&entry) {
+                // Bounded: beyond the capacity, the repair finds it.
+                if pending.offers.len() < self.config.capacity {
+                    pending.offers.push(entry);
+                }
+                return;
+            }
+        }
+        if self.outstanding.contains_key(&entry) {
+            // Fired already; its delivery checks the record, and the
+            // recorded outcome re-arms what is still pending.
+            return;
+        }
+        if self.window.insert(entry, false) {
+            self.enforce_capacity();
+        }
+    }
+
+    fn tick(&mut self, now: Timestamp, may_fire: bool, actions: &mut Vec<Action>) {
+        while let Some((at, _)) = self.retry_timers.first() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, entry)) = self.retry_timers.pop_first() {
+                self.window.insert(entry, true);
+            }
+        }
+        if may_fire {
+            self.fire_due(now, actions);
+        }
+        self.start_load(now, actions);
+        if may_fire {
+            self.start_read_ahead(now, actions);
+        }
+    }
+
+    fn fire_due(&mut self, now: Timestamp, actions: &mut Vec<Action>) {
+        // Outstanding entries are bounded to half the capacity, so the
+        // window always has room to page in what comes due next.
+        let max_outstanding = (self.config.capacity / 2).max(1);
+        let mut fired = Vec::new();
+        while fired.len() < self.config.fire_batch && self.outstanding.len() < max_outstanding {
+            let Some(entry) = self.window.pop_ready(now) else {
+                break;
+            };
+            debug_assert!(entry.due <= now, "never early");
+            let record = self.read_ahead.take(&entry);
+            let tenant = entry.key.tenant.clone();
+            let count = self.outstanding_by_tenant.entry(tenant.clone()).or_default();
+            *count += 1;
+            if *count >= self.config.max_outstanding_per_tenant {
+                self.window.set_blocked(&tenant, true);
+            }
+            self.outstanding.insert(entry.clone(), None);
+            fired.push(Fired { entry, record });
+        }
+        if !fired.is_empty() {
+            self.stats.fired += fired.len() as u64;
+            actions.push(Action::Deliver(fired));
+        }
+    }
+
+    fn finished(&mut self, entry: DueCursor, finish: Finish) {
+        let Some(claimed) = self.outstanding.remove(&entry) else {
+            return;
+        };
+        if let Some(version) = claimed {
+            self.claimed.remove(&(entry.key.clone(), version));
+        }
+        let tenant = entry.key.tenant.clone();
+        if let Some(count) = self.outstanding_by_tenant.get_mut(&tenant) {
+            *count -= 1;
+            if *count < self.config.max_outstanding_per_tenant {
+                self.window.set_blocked(&tenant, false);
+            }
+            if *count == 0 {
+                self.outstanding_by_tenant.remove(&tenant);
+            }
+        }
+        if let Finish::RetryAt(at) = finish {
+            self.retry_timers.insert((at, entry));
+        }
+    }
+
+    /// Keeps held entries within the capacity by evicting the largest
+    /// tenant's latest entries.
+    fn enforce_capacity(&mut self) {
+        let others = self.outstanding.len() + self.retry_timers.len();
+        let max = self.config.capacity.saturating_sub(others);
+        let evicted = self.window.evict_to(max);
+        self.stats.evicted += evicted.len() as u64;
+        for entry in &evicted {
+            self.read_ahead.invalidate(entry);
+        }
+    }
+
+    fn start_load(&mut self, now: Timestamp, actions: &mut Vec<Action>) {
+        if self.loading.is_some() {
+            return;
+        }
+        if let Some(failed) = self.load_failed_at {
+            if now < failed.plus(self.config.load_retry) {
+                return;
+            }
+            self.load_failed_at = None;
+        }
+        let page = (self.config.capacity / 4).max(16);
+        let upto = self.window.cursor().cloned();
+        let needs_window = upto
+            .as_ref()
+            .is_none_or(|c| c.due < now.plus(self.config.window / 2));
+        let request = if needs_window {
+            Some(LoadRequest {
+                kind: LoadKind::Window,
+                after: upto.clone(),
+                through: now.plus(self.config.window),
+                limit: page,
+                upto: None,
+            })
+        } else {
+            self.tenant_reload(page, upto.clone())
+                .or_else(|| self.repair(now, upto))
+        };
+        if let Some(request) = request {
+            self.loading = Some(PendingLoad {
+                request: request.clone(),
+                offers: Vec::new(),
+                removed: HashSet::new(),
+            });
+            actions.push(Action::Load(request));
+        }
+    }
+
+    /// A page of a tenant's overflow, once its lane runs low and it can fire.
+    fn tenant_reload(&self, page: usize, upto: Option<DueCursor>) -> Option<LoadRequest> {
+        let upto = upto?;
+        let low_water = (page / 4).max(8);
+        let (tenant, mark) = self
+            .window
+            .overflows()
+            .filter(|(tenant, _)| {
+                !self.window.is_blocked(tenant) && self.window.held_by(tenant) < low_water
+            })
+            .min_by(|a, b| a.1.cmp(b.1))?;
+        Some(LoadRequest {
+            kind: LoadKind::Tenant(tenant.clone()),
+            after: Some(mark.clone()),
+            through: upto.due,
+            limit: page,
+            upto: Some(upto),
+        })
+    }
+
+    fn repair(&mut self, now: Timestamp, upto: Option<DueCursor>) -> Option<LoadRequest> {
+        if self.config.repair_interval.is_zero() {
+            return None;
+        }
+        let upto = upto?;
+        match self.next_repair_at {
+            None => {
+                self.next_repair_at = Some(now.plus(self.config.repair_interval));
+                return None;
+            }
+            Some(at) if now < at => return None,
+            Some(_) => {}
+        }
+        self.next_repair_at = Some(now.plus(self.config.repair_interval));
+        Some(LoadRequest {
+            kind: LoadKind::Repair,
+            after: self.repair_after.clone(),
+            through: upto.due,
+            limit: self.config.repair_page,
+            upto: Some(upto),
+        })
+    }
+
+    fn loaded(&mut self, request: LoadRequest, page: Option<Vec<DueCursor>>, now: Timestamp) {
+        let Some(pending) = self.loading.take_if(|p| p.request == request) else {
+            return; // An answer for a window that was dropped since.
+        };
+        let Some(page) = page else {
+            self.stats.load_failures += 1;
+            self.load_failed_at = Some(now);
+            // Offers buffered for the range stay armed where covered.
+            for entry in pending.offers {
+                self.offer(entry);
+            }
+            return;
+        };
+        let full = page.len() >= request.limit;
+        let last = page.last().cloned();
+        match &request.kind {
+            LoadKind::Window => {
+                for entry in page {
+                    if !self.outstanding.contains_key(&entry) {
+                        self.window_page_entry(entry);
+                    }
+                }
+                let through = match last {
+                    Some(last) if full => last,
+                    // Everything due up to `through` is now covered.
+                    _ => DueCursor {
+                        due: request.through.plus(Duration::from_millis(1)),
+                        key: EventKey::before_all(),
+                    },
+                };
+                self.window.advance_cursor(through);
+            }
+            LoadKind::Tenant(tenant) => {
+                let upto = request.upto.clone();
+                let beyond = |e: &DueCursor| upto.as_ref().is_some_and(|u| e > u);
+                let mut mark = None;
+                for entry in page {
+                    if beyond(&entry) {
+                        break;
+                    }
+                    mark = Some(entry.clone());
+                    if !self.outstanding.contains_key(&entry) {
+                        self.window.insert(entry, true);
+                    }
+                }
+                let overflow = if full {
+                    mark.or(request.after.clone())
+                } else if upto.as_ref() == self.window.cursor() {
+                    None // Caught up with the window.
+                } else {
+                    upto // The window moved on meanwhile: continue from there.
+                };
+                self.window.set_overflow(tenant, overflow);
+            }
+            LoadKind::Repair => {
+                for entry in page {
+                    let missing = self.window.covers(&entry)
+                        && !self.window.contains(&entry)
+                        && !self.outstanding.contains_key(&entry)
+                        && !pending.removed.contains(&entry)
+                        && !self.retry_timers.iter().any(|(_, e)| *e == entry);
+                    if missing {
+                        self.stats.repaired += 1;
+                        self.window.insert(entry, true);
+                    }
+                }
+                self.repair_after = if full { last } else { None };
+            }
+        }
+        for entry in pending.offers {
+            self.offer(entry);
+        }
+        self.enforce_capacity();
+    }
+
+    /// A window page's entry: held unless its tenant overflows (then it
+    /// stays the tenant reload's), evicting for capacity as needed.
+    fn window_page_entry(&mut self, entry: DueCursor) {
+        if self.window.overflow_of(&entry.key.tenant).is_some() {
+            return;
+        }
+        self.window.insert(entry, true);
+        let others = self.outstanding.len() + self.retry_timers.len();
+        if self.window.len() + others > self.config.capacity {
+            self.enforce_capacity();
+        }
+    }
+
+    fn start_read_ahead(&mut self, now: Timestamp, actions: &mut Vec<Action>) {
+        let config = &self.config;
+        if config.read_ahead.is_zero()
+            || self.read_ahead.in_flight.is_some()
+            || !self.read_ahead.has_room(config)
+        {
+            return;
+        }
+        let marks = &self.read_ahead.requested_through;
+        let starts_round = !self
+            .window
+            .due_through(
+                now.plus(config.read_ahead / 2),
+                |t| marks.get(t).cloned(),
+                1,
+            )
+            .is_empty();
+        if !starts_round {
+            return;
+        }
+        let room = config.read_ahead_max_records - self.read_ahead.records.len();
+        let entries = self
+            .window
+            .due_through(now.plus(config.read_ahead), |t| marks.get(t).cloned(), room);
+        let mut keys = Vec::new();
+        for entry in entries {
+            self.read_ahead
+                .requested_through
+                .insert(entry.key.tenant.clone(), (entry.due, entry.key.id.clone()));
+            if !self.read_ahead.records.contains_key(&entry.key) {
+                keys.push(entry.key);
+            }
+        }
+        if keys.is_empty() {
+            return;
+        }
+        self.read_ahead.in_flight = Some(keys.iter().cloned().collect());
+        actions.push(Action::ReadAhead(keys));
+    }
+
+    fn read_ahead_done(&mut self, records: Option<Vec<(EventKey, Option<EventRecord>)>>) {
+        let read_ahead = &mut self.read_ahead;
+        // A failed read only means those entries are read when they fire.
+        for (key, record) in records.unwrap_or_default() {
+            let Some(record) = record else { continue };
+            if read_ahead.stale.contains(&key) {
+                continue;
+            }
+            read_ahead.payload_bytes += payload_len(&record);
+            if let Some(old) = read_ahead.records.insert(key, record) {
+                read_ahead.payload_bytes -= payload_len(&old);
+            }
+        }
+        read_ahead.in_flight = None;
+        read_ahead.stale.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests;

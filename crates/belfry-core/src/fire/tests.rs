@@ -1,0 +1,213 @@
+//! Unit tests of the partition core; the randomized simulation against an
+//! oracle is in `tests/simulation.rs`.
+
+use super::*;
+
+fn ts(ms: i64) -> Timestamp {
+    Timestamp::from_millis(ms)
+}
+
+fn entry(due: i64, tenant: &str, id: &str) -> DueCursor {
+    DueCursor {
+        due: ts(due),
+        key: EventKey::new(TenantName::new(tenant).unwrap(), EventId::new(id).unwrap()),
+    }
+}
+
+fn config() -> CoreConfig {
+    CoreConfig {
+        read_ahead: Duration::ZERO,
+        repair_interval: Duration::ZERO,
+        ..CoreConfig::with_capacity(100)
+    }
+}
+
+fn only_load(actions: &[Action]) -> LoadRequest {
+    match actions {
+        [Action::Load(request)] => request.clone(),
+        other => panic!("expected one load, got {other:?}"),
+    }
+}
+
+fn delivered(actions: &[Action]) -> Vec<DueCursor> {
+    actions
+        .iter()
+        .flat_map(|a| match a {
+            Action::Deliver(fired) => fired.iter().map(|f| f.entry.clone()).collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+#[test]
+fn loads_then_fires_at_the_instant_never_before() {
+    let mut core = PartitionCore::new(config());
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    assert_eq!(request.kind, LoadKind::Window);
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(vec![entry(10, "t", "a"), entry(20, "t", "b")]),
+        },
+        ts(1),
+    );
+    assert_eq!(core.next_wake(ts(1)), ts(10));
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(9))).is_empty());
+    assert_eq!(
+        delivered(&core.handle(Input::Tick { may_fire: true }, ts(10))),
+        [entry(10, "t", "a")]
+    );
+    assert!(
+        delivered(&core.handle(Input::Tick { may_fire: false }, ts(30))).is_empty(),
+        "no firing without the lease"
+    );
+}
+
+#[test]
+fn an_offer_during_a_page_read_is_not_lost() {
+    let mut core = PartitionCore::new(config());
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    // Committed after the read saw the index: the page misses it, the
+    // wake-up arrives while the read is in flight.
+    core.handle(Input::Offer(entry(5, "t", "late")), ts(1));
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(vec![]),
+        },
+        ts(2),
+    );
+    assert_eq!(
+        delivered(&core.handle(Input::Tick { may_fire: true }, ts(5))),
+        [entry(5, "t", "late")]
+    );
+}
+
+#[test]
+fn a_second_copy_of_a_claimed_version_is_refused_a_new_version_is_not() {
+    let mut core = PartitionCore::new(config());
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(vec![entry(1, "t", "a")]),
+        },
+        ts(0),
+    );
+    let fired = delivered(&core.handle(Input::Tick { may_fire: true }, ts(1)));
+    let v1 = EventVersion::from_string("v1".into());
+    let claim = |core: &mut PartitionCore, e: &DueCursor, v: &EventVersion| {
+        core.handle(
+            Input::Claim {
+                entry: e.clone(),
+                version: v.clone(),
+            },
+            ts(1),
+        )
+    };
+    assert!(matches!(
+        claim(&mut core, &fired[0], &v1)[..],
+        [Action::Claimed { granted: true, .. }]
+    ));
+    // The event moved during the delivery: its new entry fires and claims
+    // its own version.
+    core.handle(Input::Offer(entry(2, "t", "a")), ts(1));
+    let moved = delivered(&core.handle(Input::Tick { may_fire: true }, ts(2)));
+    assert_eq!(moved, [entry(2, "t", "a")]);
+    let v2 = EventVersion::from_string("v2".into());
+    assert!(matches!(
+        claim(&mut core, &moved[0], &v2)[..],
+        [Action::Claimed { granted: true, .. }]
+    ));
+    // A same-instant re-offer of the moved entry while it is delivered is
+    // ignored: it is outstanding.
+    core.handle(Input::Offer(entry(2, "t", "a")), ts(2));
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(3))).is_empty());
+    core.handle(
+        Input::Finished {
+            entry: moved[0].clone(),
+            finish: Finish::Done,
+        },
+        ts(3),
+    );
+    core.handle(
+        Input::Finished {
+            entry: fired[0].clone(),
+            finish: Finish::Done,
+        },
+        ts(3),
+    );
+    assert_eq!(core.outstanding(), 0);
+}
+
+#[test]
+fn a_tenant_at_its_outstanding_limit_does_not_hold_back_another() {
+    let mut core = PartitionCore::new(CoreConfig {
+        max_outstanding_per_tenant: 2,
+        ..config()
+    });
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    let mut page: Vec<_> = (0..20).map(|i| entry(1, "hung", &format!("e{i:02}"))).collect();
+    page.push(entry(5, "ok", "x"));
+    page.sort();
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(page),
+        },
+        ts(0),
+    );
+    let first = delivered(&core.handle(Input::Tick { may_fire: true }, ts(5)));
+    assert_eq!(first.len(), 3, "two of the hung tenant, then the other: {first:?}");
+    assert_eq!(first[2], entry(5, "ok", "x"));
+}
+
+#[test]
+fn a_backlog_beyond_the_capacity_is_evicted_per_tenant_and_paged_back() {
+    let mut core = PartitionCore::new(CoreConfig {
+        capacity: 64,
+        ..config()
+    });
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    assert_eq!(request.limit, 16);
+    // The big tenant's backlog comes first in due order; the small
+    // tenant's event is later.
+    let page: Vec<_> = (0..16).map(|i| entry(1, "big", &format!("e{i:03}"))).collect();
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(page),
+        },
+        ts(0),
+    );
+    // Pages until the window is covered; the big tenant overflows.
+    let mut now = 0;
+    let mut served = 0;
+    while let [Action::Load(request)] = &core.handle(Input::Tick { may_fire: false }, ts(now))[..]
+    {
+        let page: Vec<_> = match request.kind {
+            LoadKind::Window if served < 10 => {
+                served += 1;
+                (0..16)
+                    .map(|i| entry(1, "big", &format!("e{:03}", 16 * served + i)))
+                    .collect()
+            }
+            LoadKind::Window => vec![entry(30, "small", "s")],
+            _ => vec![],
+        };
+        core.handle(
+            Input::Loaded {
+                request: request.clone(),
+                page: Some(page),
+            },
+            ts(now),
+        );
+        now += 1;
+        assert!(core.held() <= 64);
+        if now > 100 {
+            break;
+        }
+    }
+    assert!(core.window().overflow_of(&TenantName::new("big").unwrap()).is_some());
+    assert_eq!(core.window().held_by(&TenantName::new("small").unwrap()), 1);
+}

@@ -1,0 +1,442 @@
+//! The bounded, tenant-fair window of near-future events of one partition.
+//!
+//! # Contract
+//! - Entries are ordered by `(due, key)`; ties fire in key order.
+//! - The window *covers* every entry up to and including its cursor, except
+//!   for a tenant with an *overflow* mark: that tenant's entries after the
+//!   mark are in the store but not held (they were evicted for capacity, or
+//!   skipped while paging), and a per-tenant page brings them back. Every
+//!   covered entry the store holds has been offered to the window.
+//! - Entries live in one lane per tenant, so a tenant that cannot fire (its
+//!   deliveries are stuck) is skipped in O(log n), never scanned, and the
+//!   tenant holding the most entries is the one evicted when the window is
+//!   over capacity: a backlog of one tenant cannot push another's events out.
+//! - The window is a hint: whoever fires an entry checks the event's record.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Bound;
+
+use crate::ids::{EventId, EventKey, TenantName};
+use crate::time::Timestamp;
+use crate::timer::DueCursor;
+
+#[derive(Debug, Default)]
+struct Lane {
+    entries: BTreeSet<(Timestamp, EventId)>,
+    /// Entries of this tenant after this cursor (exclusive) and up to the
+    /// window's cursor are not held.
+    overflow: Option<DueCursor>,
+    /// The tenant may not fire more right now (see [`FairWindow::set_blocked`]).
+    blocked: bool,
+}
+
+impl Lane {
+    fn first(&self) -> Option<Timestamp> {
+        self.entries.first().map(|(due, _)| *due)
+    }
+}
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct FairWindow {
+    lanes: HashMap<TenantName, Lane>,
+    /// `(earliest due, tenant)` of every lane that holds entries.
+    heads: BTreeSet<(Timestamp, TenantName)>,
+    /// The subset of `heads` whose tenant is not blocked.
+    ready: BTreeSet<(Timestamp, TenantName)>,
+    held: usize,
+    covered_through: Option<DueCursor>,
+}
+
+fn cursor_of(tenant: &TenantName, due: Timestamp, id: &EventId) -> DueCursor {
+    DueCursor {
+        due,
+        key: EventKey::new(tenant.clone(), id.clone()),
+    }
+}
+
+impl FairWindow {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.held
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held == 0
+    }
+
+    /// The cursor the loader continues from (exclusive).
+    pub fn cursor(&self) -> Option<&DueCursor> {
+        self.covered_through.as_ref()
+    }
+
+    /// Whether `entry` is covered: at or before the cursor, and not in its
+    /// tenant's overflow.
+    pub fn covers(&self, entry: &DueCursor) -> bool {
+        let within = self.covered_through.as_ref().is_some_and(|c| entry <= c);
+        within
+            && self
+                .lanes
+                .get(&entry.key.tenant)
+                .and_then(|lane| lane.overflow.as_ref())
+                .is_none_or(|overflow| entry <= overflow)
+    }
+
+    pub fn contains(&self, entry: &DueCursor) -> bool {
+        self.lanes
+            .get(&entry.key.tenant)
+            .is_some_and(|lane| lane.entries.contains(&(entry.due, entry.key.id.clone())))
+    }
+
+    /// Tenants with an overflow mark, with it.
+    pub fn overflows(&self) -> impl Iterator<Item = (&TenantName, &DueCursor)> {
+        self.lanes
+            .iter()
+            .filter_map(|(tenant, lane)| lane.overflow.as_ref().map(|o| (tenant, o)))
+    }
+
+    /// A tenant's overflow mark, if it has one.
+    pub fn overflow_of(&self, tenant: &TenantName) -> Option<&DueCursor> {
+        self.lanes.get(tenant).and_then(|lane| lane.overflow.as_ref())
+    }
+
+    /// Entries held for `tenant`.
+    pub fn held_by(&self, tenant: &TenantName) -> usize {
+        self.lanes.get(tenant).map_or(0, |lane| lane.entries.len())
+    }
+
+    pub fn is_blocked(&self, tenant: &TenantName) -> bool {
+        self.lanes.get(tenant).is_some_and(|lane| lane.blocked)
+    }
+
+    /// Moves the cursor forward to `through` (never back).
+    pub fn advance_cursor(&mut self, through: DueCursor) {
+        if self.covered_through.as_ref().is_none_or(|c| &through > c) {
+            self.covered_through = Some(through);
+        }
+    }
+
+    /// Sets or clears a tenant's overflow mark.
+    pub fn set_overflow(&mut self, tenant: &TenantName, overflow: Option<DueCursor>) {
+        match overflow {
+            Some(mark) => self.lane_mut(tenant).overflow = Some(mark),
+            None => {
+                if let Some(lane) = self.lanes.get_mut(tenant) {
+                    lane.overflow = None;
+                }
+                self.drop_lane_if_idle(tenant);
+            }
+        }
+    }
+
+    /// Inserts a covered entry (or any entry when `force`: an entry the
+    /// engine itself must retry). Returns whether it was inserted.
+    pub fn insert(&mut self, entry: DueCursor, force: bool) -> bool {
+        if !force && !self.covers(&entry) {
+            return false;
+        }
+        let DueCursor { due, key } = entry;
+        let old_head = self.lanes.get(&key.tenant).and_then(Lane::first);
+        let lane = self.lane_mut(&key.tenant);
+        if !lane.entries.insert((due, key.id)) {
+            return false;
+        }
+        self.held += 1;
+        self.head_changed(&key.tenant, old_head);
+        true
+    }
+
+    /// Removes an entry; returns whether it was held.
+    pub fn remove(&mut self, entry: &DueCursor) -> bool {
+        let Some(lane) = self.lanes.get_mut(&entry.key.tenant) else {
+            return false;
+        };
+        let old_head = lane.first();
+        if !lane.entries.remove(&(entry.due, entry.key.id.clone())) {
+            return false;
+        }
+        self.held -= 1;
+        self.head_changed(&entry.key.tenant, old_head);
+        self.drop_lane_if_idle(&entry.key.tenant);
+        true
+    }
+
+    /// Marks a tenant as (not) able to fire now; blocked tenants keep their
+    /// entries but are skipped by [`FairWindow::pop_ready`].
+    pub fn set_blocked(&mut self, tenant: &TenantName, blocked: bool) {
+        let Some(lane) = self.lanes.get_mut(tenant) else {
+            if blocked {
+                self.lane_mut(tenant).blocked = true;
+            }
+            return;
+        };
+        if lane.blocked == blocked {
+            return;
+        }
+        lane.blocked = blocked;
+        if let Some(head) = lane.first() {
+            if blocked {
+                self.ready.remove(&(head, tenant.clone()));
+            } else {
+                self.ready.insert((head, tenant.clone()));
+            }
+        }
+        if !blocked {
+            self.drop_lane_if_idle(tenant);
+        }
+    }
+
+    /// The earliest held entry of a tenant that may fire.
+    pub fn next_ready(&self) -> Option<Timestamp> {
+        self.ready.first().map(|(due, _)| *due)
+    }
+
+    /// The earliest held entry of any tenant.
+    pub fn next_due(&self) -> Option<Timestamp> {
+        self.heads.first().map(|(due, _)| *due)
+    }
+
+    /// Removes and returns the earliest entry due at or before `now` among
+    /// tenants that may fire.
+    pub fn pop_ready(&mut self, now: Timestamp) -> Option<DueCursor> {
+        let (due, tenant) = self.ready.first().cloned()?;
+        if due > now {
+            return None;
+        }
+        let lane = self.lanes.get_mut(&tenant)?;
+        let (due, id) = lane.entries.pop_first()?;
+        self.held -= 1;
+        self.head_changed(&tenant, Some(due));
+        let entry = cursor_of(&tenant, due, &id);
+        self.drop_lane_if_idle(&tenant);
+        Some(entry)
+    }
+
+    /// Entries due at or before `through`, after the per-tenant marks given
+    /// by `after` (exclusive), in due order per tenant, tenants in head
+    /// order; at most `max`.
+    pub fn due_through(
+        &self,
+        through: Timestamp,
+        after: impl Fn(&TenantName) -> Option<(Timestamp, EventId)>,
+        max: usize,
+    ) -> Vec<DueCursor> {
+        let mut found = Vec::new();
+        for (head, tenant) in &self.heads {
+            if *head > through || found.len() >= max {
+                break;
+            }
+            let Some(lane) = self.lanes.get(tenant) else {
+                continue;
+            };
+            let start = match after(tenant) {
+                Some(mark) => Bound::Excluded(mark),
+                None => Bound::Unbounded,
+            };
+            for (due, id) in lane.entries.range((start, Bound::Unbounded)) {
+                if *due > through || found.len() >= max {
+                    break;
+                }
+                found.push(cursor_of(tenant, *due, id));
+            }
+        }
+        found
+    }
+
+    /// Evicts entries until at most `max` are held: always the latest
+    /// entries of the tenant holding the most, whose overflow mark moves
+    /// back so a per-tenant page brings them in again later.
+    pub fn evict_to(&mut self, max: usize) -> Vec<DueCursor> {
+        let mut evicted = Vec::new();
+        while self.held > max {
+            // The two largest lanes: evict the largest down to the second's
+            // size (at least one entry), so a loop of few rounds suffices.
+            let mut largest: Option<(&TenantName, usize)> = None;
+            let mut second = 0;
+            for (tenant, lane) in &self.lanes {
+                let n = lane.entries.len();
+                match largest {
+                    Some((_, top)) if n <= top => second = second.max(n),
+                    _ => {
+                        if let Some((_, top)) = largest {
+                            second = second.max(top);
+                        }
+                        largest = Some((tenant, n));
+                    }
+                }
+            }
+            let Some((tenant, top)) = largest else { break };
+            let tenant = tenant.clone();
+            let count = (top - second).max(1).min(self.held - max);
+            let before = evicted.len();
+            self.evict_latest(&tenant, count, &mut evicted);
+            if evicted.len() == before {
+                break;
+            }
+        }
+        evicted
+    }
+
+    fn evict_latest(&mut self, tenant: &TenantName, count: usize, evicted: &mut Vec<DueCursor>) {
+        let Some(lane) = self.lanes.get_mut(tenant) else {
+            return;
+        };
+        let old_head = lane.first();
+        let mut earliest_evicted = None;
+        let mut n = 0;
+        while n < count {
+            let Some((due, id)) = lane.entries.pop_last() else {
+                break;
+            };
+            evicted.push(cursor_of(tenant, due, &id));
+            earliest_evicted = Some(due);
+            n += 1;
+        }
+        let Some(due) = earliest_evicted else {
+            return;
+        };
+        // Everything of this tenant after the last entry kept is the
+        // per-tenant loader's again. With nothing kept, the mark goes just
+        // before the earliest evicted instant (a reload may then re-read a
+        // few entries at the instant before it: inserting is idempotent).
+        let mark = match lane.entries.last() {
+            Some((kept_due, kept_id)) => cursor_of(tenant, *kept_due, kept_id),
+            None => DueCursor {
+                due: due.minus(std::time::Duration::from_millis(1)),
+                key: EventKey::before_all(),
+            },
+        };
+        lane.overflow = Some(match lane.overflow.take() {
+            Some(existing) if existing < mark => existing,
+            _ => mark,
+        });
+        self.held -= n;
+        self.head_changed(tenant, old_head);
+    }
+
+    /// Drops everything, the cursor and every mark included.
+    pub fn clear(&mut self) {
+        *self = FairWindow::default();
+    }
+
+    fn lane_mut(&mut self, tenant: &TenantName) -> &mut Lane {
+        self.lanes.entry(tenant.clone()).or_default()
+    }
+
+    fn head_changed(&mut self, tenant: &TenantName, old: Option<Timestamp>) {
+        let Some(lane) = self.lanes.get(tenant) else {
+            return;
+        };
+        let new = lane.first();
+        if new == old {
+            return;
+        }
+        if let Some(old) = old {
+            self.heads.remove(&(old, tenant.clone()));
+            self.ready.remove(&(old, tenant.clone()));
+        }
+        if let Some(new) = new {
+            self.heads.insert((new, tenant.clone()));
+            if !lane.blocked {
+                self.ready.insert((new, tenant.clone()));
+            }
+        }
+    }
+
+    fn drop_lane_if_idle(&mut self, tenant: &TenantName) {
+        if self
+            .lanes
+            .get(tenant)
+            .is_some_and(|lane| lane.entries.is_empty() && lane.overflow.is_none() && !lane.blocked)
+        {
+            self.lanes.remove(tenant);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(due: i64, tenant: &str, id: &str) -> DueCursor {
+        DueCursor {
+            due: Timestamp::from_millis(due),
+            key: EventKey::new(TenantName::new(tenant).unwrap(), EventId::new(id).unwrap()),
+        }
+    }
+
+    fn tenant(name: &str) -> TenantName {
+        TenantName::new(name).unwrap()
+    }
+
+    #[test]
+    fn pops_in_due_order_across_tenants_and_never_early() {
+        let mut window = FairWindow::new();
+        window.advance_cursor(entry(100, "~", "~"));
+        for e in [entry(3, "b", "x"), entry(1, "a", "y"), entry(2, "a", "z")] {
+            assert!(window.insert(e, false));
+        }
+        assert_eq!(window.pop_ready(Timestamp::from_millis(0)), None);
+        let order: Vec<_> =
+            std::iter::from_fn(|| window.pop_ready(Timestamp::from_millis(3))).collect();
+        assert_eq!(order, [entry(1, "a", "y"), entry(2, "a", "z"), entry(3, "b", "x")]);
+        assert!(window.is_empty());
+    }
+
+    #[test]
+    fn a_blocked_tenant_is_skipped_not_scanned() {
+        let mut window = FairWindow::new();
+        window.advance_cursor(entry(100, "~", "~"));
+        for i in 0..1_000 {
+            window.insert(entry(1, "hung", &format!("e{i}")), false);
+        }
+        window.insert(entry(5, "ok", "e"), false);
+        window.set_blocked(&tenant("hung"), true);
+        assert_eq!(window.next_ready(), Some(Timestamp::from_millis(5)));
+        assert_eq!(
+            window.pop_ready(Timestamp::from_millis(5)),
+            Some(entry(5, "ok", "e"))
+        );
+        assert_eq!(window.pop_ready(Timestamp::from_millis(5)), None);
+        window.set_blocked(&tenant("hung"), false);
+        assert_eq!(
+            window.pop_ready(Timestamp::from_millis(5)).map(|e| e.due),
+            Some(Timestamp::from_millis(1))
+        );
+    }
+
+    #[test]
+    fn eviction_takes_the_largest_tenant_and_marks_its_overflow() {
+        let mut window = FairWindow::new();
+        window.advance_cursor(entry(100, "~", "~"));
+        for i in 0..10 {
+            window.insert(entry(i, "big", &format!("e{i:02}")), false);
+        }
+        window.insert(entry(50, "small", "s"), false);
+        assert_eq!(window.evict_to(6).len(), 5);
+        assert_eq!(window.held_by(&tenant("big")), 5);
+        assert_eq!(window.held_by(&tenant("small")), 1);
+        // The evicted entries are no longer covered; earlier ones are.
+        assert!(!window.covers(&entry(7, "big", "e07")));
+        assert!(window.covers(&entry(3, "big", "e03")));
+        assert!(!window.insert(entry(9, "big", "e09"), false));
+        // Other tenants are unaffected.
+        assert!(window.insert(entry(60, "small", "t"), false));
+    }
+
+    #[test]
+    fn cursor_never_moves_back_and_offers_beyond_it_are_left_to_the_loader() {
+        let mut window = FairWindow::new();
+        assert!(!window.insert(entry(5, "t", "a"), false));
+        window.advance_cursor(entry(10, "t", "m"));
+        window.advance_cursor(entry(5, "t", "a"));
+        assert_eq!(window.cursor(), Some(&entry(10, "t", "m")));
+        assert!(window.insert(entry(10, "t", "a"), false));
+        assert!(!window.insert(entry(10, "t", "z"), false));
+        assert!(window.insert(entry(11, "t", "z"), true), "forced");
+    }
+}
