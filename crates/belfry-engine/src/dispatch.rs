@@ -1,61 +1,48 @@
-//! From a fired timer entry to a recorded attempt.
+//! From a fired entry to a recorded attempt.
 //!
-//! Fired entries go into a FIFO queue per tenant. A delivery starts when its
-//! tenant has a free slot (`max_in_flight_per_tenant`) and a global slot is
-//! free (`max_in_flight`); tenants waiting for a global slot take turns
-//! (round robin), so a slow or busy tenant cannot stall the others. Only
-//! deliveries in flight are tasks; a queued entry costs a few dozen bytes,
-//! and the queues are bounded by the timer windows' capacity
-//! (`max_events_in_memory`), never by what is pending in the store.
+//! Fired entries queue for a delivery slot in
+//! [`belfry_core::fire::DeliverySlots`] (one FIFO per tenant, tenants in
+//! turn, a global and a per-tenant limit, and a reserve that hung tenants
+//! cannot drain). Only deliveries in flight are tasks. The queues are
+//! bounded: every queued entry is an outstanding entry of its partition's
+//! core, and a core bounds those per tenant and in total.
+//!
+//! A delivery checks the event's record (read ahead by its partition, or
+//! read now): the window is a hint, the store is the truth. It then claims
+//! the record's version with its partition's core (a second copy of a
+//! version being delivered is dropped), delivers, and hands the outcome to
+//! the recorder, which tells the core the entry is finished once the
+//! outcome is stored.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use belfry_core::event::{AttemptReport, EventCommand};
-use belfry_core::{DueCursor, EventRecord, EventStatus, PartitionId, TenantName, Verdict};
+use belfry_core::fire::{Action, DeliverySlots, Finish, Fired, Input, SlotPolicy};
+use belfry_core::{EventStatus, TenantName, Verdict};
 use belfry_sinks::Delivery;
 use belfry_store::{Fence, KeyedCommand};
 use tokio::sync::Notify;
 
-use crate::ownership::PartitionLease;
+use crate::partition::PartitionRuntime;
 use crate::recorder::Outcome;
 use crate::{EngineOptions, Shared};
+
+/// Pause before firing again an entry whose record or tenant could not be
+/// read, or whose lease lapsed right before the send.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// One fired entry waiting for, or holding, a delivery slot.
 #[derive(Debug)]
 pub(crate) struct Job {
-    partition: PartitionId,
-    lease: Arc<PartitionLease>,
-    entry: DueCursor,
-    /// The record read ahead by the partition worker, if any; otherwise it
-    /// is read when the delivery starts.
-    record: Option<EventRecord>,
+    partition: Arc<PartitionRuntime>,
+    fired: Fired,
 }
 
-#[derive(Debug, Default)]
-struct TenantQueue {
-    in_flight: usize,
-    waiting: VecDeque<Job>,
-    /// Whether the tenant is in `ready` (has waiting jobs and a free slot).
-    is_ready: bool,
-}
-
-#[derive(Debug, Default)]
-struct DispatchState {
-    tenants: HashMap<TenantName, TenantQueue>,
-    /// Tenants that could start a delivery if a global slot were free, in
-    /// turn order.
-    ready: VecDeque<TenantName>,
-    in_flight: usize,
-}
-
-/// Concurrency limits and per-tenant queues of deliveries.
+/// The delivery slots, shared by every partition.
 #[derive(Debug)]
 pub(crate) struct Limits {
-    global: usize,
-    per_tenant: usize,
-    state: Mutex<DispatchState>,
+    slots: Mutex<DeliverySlots<Job>>,
     /// Signalled whenever the last in-flight delivery finishes.
     idle: Notify,
 }
@@ -63,27 +50,30 @@ pub(crate) struct Limits {
 impl Limits {
     pub(crate) fn new(options: &EngineOptions) -> Self {
         Limits {
-            global: options.max_in_flight.max(1),
-            per_tenant: options.max_in_flight_per_tenant.max(1),
-            state: Mutex::new(DispatchState::default()),
+            slots: Mutex::new(DeliverySlots::new(SlotPolicy::new(
+                options.max_in_flight,
+                options.max_in_flight_per_tenant,
+            ))),
             idle: Notify::new(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, DispatchState> {
-        // Poison means a panic while held; every update below leaves the
+    fn lock(&self) -> MutexGuard<'_, DeliverySlots<Job>> {
+        // Poison means a panic while held; `DeliverySlots` keeps its
         // counters consistent before anything can panic.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn in_flight(&self) -> usize {
-        self.lock().in_flight
+        self.lock().in_flight()
     }
 
     /// Resolves once no delivery is in flight.
     pub(crate) async fn wait_idle(&self) {
         loop {
             let notified = self.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             if self.in_flight() == 0 {
                 return;
             }
@@ -91,110 +81,71 @@ impl Limits {
         }
     }
 
-    /// Queues `jobs`; returns those that may start now.
-    fn submit(&self, jobs: Vec<Job>) -> Vec<Job> {
-        let mut state = self.lock();
-        for job in jobs {
-            let tenant = job.entry.key.tenant.clone();
-            let queue = state.tenants.entry(tenant.clone()).or_default();
-            queue.waiting.push_back(job);
-            if !queue.is_ready && queue.in_flight < self.per_tenant {
-                queue.is_ready = true;
-                state.ready.push_back(tenant);
-            }
+    /// Drops every queued job (shutdown): they stay pending in the store.
+    pub(crate) fn drop_queued(&self, shared: &Shared) {
+        let dropped = self.lock().clear_queued();
+        for job in dropped {
+            finish(shared, &job.partition, job.fired.entry, Finish::Done);
         }
-        self.start_ready(&mut state)
-    }
-
-    /// A delivery of `tenant` finished; returns the jobs that may start now.
-    fn finish(&self, tenant: &TenantName, stopping: bool) -> Vec<Job> {
-        let mut state = self.lock();
-        state.in_flight = state.in_flight.saturating_sub(1);
-        if let Some(queue) = state.tenants.get_mut(tenant) {
-            queue.in_flight = queue.in_flight.saturating_sub(1);
-            if !queue.is_ready && !queue.waiting.is_empty() {
-                queue.is_ready = true;
-                state.ready.push_back(tenant.clone());
-            }
-        }
-        if state.in_flight == 0 {
-            self.idle.notify_waiters();
-        }
-        if stopping {
-            // Queued entries stay pending in the store for the next start.
-            state.tenants.clear();
-            state.ready.clear();
-            return Vec::new();
-        }
-        self.start_ready(&mut state)
-    }
-
-    /// Takes jobs from ready tenants, in turn, while global slots are free.
-    fn start_ready(&self, state: &mut DispatchState) -> Vec<Job> {
-        let mut starting = Vec::new();
-        while state.in_flight < self.global {
-            let Some(tenant) = state.ready.pop_front() else {
-                break;
-            };
-            let Some(queue) = state.tenants.get_mut(&tenant) else {
-                continue;
-            };
-            queue.is_ready = false;
-            let Some(job) = queue.waiting.pop_front() else {
-                continue;
-            };
-            queue.in_flight += 1;
-            let still_ready = !queue.waiting.is_empty() && queue.in_flight < self.per_tenant;
-            if still_ready {
-                queue.is_ready = true;
-            } else if queue.waiting.is_empty() && queue.in_flight == 0 {
-                state.tenants.remove(&tenant);
-            }
-            state.in_flight += 1;
-            starting.push(job);
-            if still_ready {
-                state.ready.push_back(tenant);
-            }
-        }
-        starting
     }
 }
 
-/// Hands fired entries to the dispatcher.
-pub(crate) fn fire(
-    shared: &Arc<Shared>,
-    partition: PartitionId,
-    lease: &Arc<PartitionLease>,
-    entries: Vec<(DueCursor, Option<EventRecord>)>,
+/// Tells a partition's core that a fired entry is finished.
+pub(crate) fn finish(
+    shared: &Shared,
+    partition: &PartitionRuntime,
+    entry: belfry_core::DueCursor,
+    finish: Finish,
 ) {
-    let mut jobs = Vec::with_capacity(entries.len());
-    for (entry, record) in entries {
+    partition.input(Input::Finished { entry, finish }, shared.clock.now());
+    shared.finished.notify_waiters();
+}
+
+/// Hands fired entries of `partition` to the dispatcher.
+pub(crate) fn submit(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, fired: Vec<Fired>) {
+    let mut jobs = Vec::with_capacity(fired.len());
+    for fired in fired {
         // A schedule's control event plans occurrences instead of
         // delivering; it takes no delivery slot, so a slow tenant cannot
         // delay it.
-        if belfry_core::schedule::schedule_of_control(&entry.key.id).is_some() {
-            let (shared, lease) = (shared.clone(), lease.clone());
+        if belfry_core::schedule::schedule_of_control(&fired.entry.key.id).is_some() {
+            let (shared, partition) = (shared.clone(), partition.clone());
             tokio::spawn(async move {
-                crate::schedules::fire(shared, partition, lease, entry).await;
+                let entry = fired.entry;
+                crate::schedules::fire(
+                    shared.clone(),
+                    partition.id,
+                    partition.lease.clone(),
+                    entry.clone(),
+                )
+                .await;
+                finish(&shared, &partition, entry, Finish::Done);
             });
             continue;
         }
         jobs.push(Job {
-            partition,
-            lease: lease.clone(),
-            entry,
-            record,
+            partition: partition.clone(),
+            fired,
         });
     }
-    let starting = shared.limits.submit(jobs);
+    if jobs.is_empty() {
+        return;
+    }
+    let starting = {
+        let mut slots = shared.limits.lock();
+        for job in jobs {
+            slots.submit(job.fired.entry.key.tenant.clone(), job);
+        }
+        slots.start_ready()
+    };
     start(shared, starting);
 }
 
-fn start(shared: &Arc<Shared>, jobs: Vec<Job>) {
-    for job in jobs {
+fn start(shared: &Arc<Shared>, jobs: Vec<(TenantName, Job)>) {
+    for (tenant, job) in jobs {
         let slot = Slot {
             shared: shared.clone(),
-            tenant: job.entry.key.tenant.clone(),
+            tenant,
         };
         tokio::spawn(async move {
             deliver_one(&slot.shared, job).await;
@@ -212,33 +163,47 @@ struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let stopping = self
-            .shared
-            .stopping
-            .load(std::sync::atomic::Ordering::SeqCst);
-        let next = self.shared.limits.finish(&self.tenant, stopping);
+        let next = {
+            let mut slots = self.shared.limits.lock();
+            slots.finish(&self.tenant);
+            if slots.in_flight() == 0 {
+                self.shared.limits.idle.notify_waiters();
+            }
+            if self
+                .shared
+                .stopping
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                Vec::new()
+            } else {
+                slots.start_ready()
+            }
+        };
         start(&self.shared, next);
     }
 }
 
 /// One delivery, holding a tenant slot and a global slot. The outcome is
-/// sent to the recorder before the slots are released, so "no delivery in
-/// flight" implies "every outcome handed over".
+/// handed to the recorder before the slot is released.
 async fn deliver_one(shared: &Arc<Shared>, job: Job) {
     let Job {
         partition,
-        lease,
-        entry,
-        record: read_ahead,
+        fired: Fired {
+            entry,
+            record: read_ahead,
+        },
     } = job;
+    let done = |finish_as: Finish| finish(shared, &partition, entry.clone(), finish_as);
+    let retry_later = || Finish::RetryAt(shared.clock.now().plus(RETRY_PAUSE));
     if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
         // Not started: it stays pending in the store for the next start.
-        return;
+        return done(Finish::Done);
     }
-    let fence = Some(Fence {
-        partition,
-        epoch: lease.epoch,
-    });
+    if !partition.lease.may_fire() {
+        // Released or lapsed while queued: the next owner (or this one,
+        // once renewed) fires it.
+        return done(retry_later());
+    }
     // The window is a hint; the record decides whether this is still due.
     let read = match read_ahead {
         Some(record) => Ok(Some(record)),
@@ -246,24 +211,30 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
     };
     let record = match read {
         Ok(Some(record)) => record,
-        Ok(None) => return,
+        Ok(None) => return done(Finish::Done),
         Err(error) => {
             tracing::warn!(key = ?entry.key, %error, "reading a due event failed; retrying it shortly");
-            retry_entry_later(shared, partition, entry);
-            return;
+            return done(retry_later());
         }
     };
     if !record.status.is_pending() || record.next_fire_at != Some(entry.due) {
-        return;
+        return done(Finish::Done);
     }
-    // A second copy of a version whose delivery is in progress (see
-    // `claims`); released on any early return below.
-    let Some(claim) = shared
-        .claims
-        .claim(partition, &entry.key, record.version.clone())
-    else {
-        return;
-    };
+    // A second copy of a version whose delivery is in progress is dropped.
+    let claim = partition.input(
+        Input::Claim {
+            entry: entry.clone(),
+            version: record.version.clone(),
+        },
+        shared.clock.now(),
+    );
+    if !matches!(claim[..], [Action::Claimed { granted: true, .. }]) {
+        return done(Finish::Done);
+    }
+    let fence = Some(Fence {
+        partition: partition.id,
+        epoch: partition.lease.epoch,
+    });
     let now = shared.clock.now();
     // The look-back is for downtime: lateness counts from when this node
     // could first have fired the version, which for one submitted (or
@@ -278,27 +249,20 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
             entry.due,
             shared.options.lookback.as_secs()
         );
-        claim.hand_over();
-        let _ = shared.outcomes.send(Outcome {
-            command: KeyedCommand {
-                key: entry.key,
-                command: EventCommand::Expire { reason },
-                fence,
-            },
-            version: record.version,
-        });
-        return;
+        let command = KeyedCommand {
+            key: entry.key.clone(),
+            command: EventCommand::Expire { reason },
+            fence,
+        };
+        return send_outcome(shared, &partition, entry, command).await;
     }
     let report = match shared.tenants.get(&shared.store, &entry.key.tenant).await {
         Ok(Some(tenant)) => {
             // Checked last, right before the send: a node paused past its
             // lease must not deliver for a partition someone else now owns.
-            if !lease.may_fire() {
-                tracing::debug!(partition = %partition, "lease lapsed before delivery; holding the event");
-                // Back into the window if the lease is renewed; dropped
-                // with the worker if the partition went to another node.
-                retry_entry_later(shared, partition, entry);
-                return;
+            if !partition.lease.may_fire() {
+                tracing::debug!(partition = %partition.id, "lease lapsed before delivery; holding the event");
+                return done(retry_later());
             }
             let started = Instant::now();
             let result = shared
@@ -327,32 +291,38 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
         },
         Err(error) => {
             tracing::warn!(tenant = %entry.key.tenant, %error, "reading the tenant failed; retrying shortly");
-            retry_entry_later(shared, partition, entry);
-            return;
+            return done(retry_later());
         }
     };
-    claim.hand_over();
-    let _ = shared.outcomes.send(Outcome {
-        command: KeyedCommand {
-            key: entry.key,
-            command: EventCommand::RecordAttempt {
-                version: record.version.clone(),
-                report,
-            },
-            fence,
+    let command = KeyedCommand {
+        key: entry.key.clone(),
+        command: EventCommand::RecordAttempt {
+            version: record.version.clone(),
+            report,
         },
-        version: record.version,
-    });
+        fence,
+    };
+    send_outcome(shared, &partition, entry, command).await;
 }
 
-/// Puts an entry back in its partition's window after a pause, for a store
-/// hiccup that prevented even reading it.
-pub(crate) fn retry_entry_later(shared: &Arc<Shared>, partition: PartitionId, entry: DueCursor) {
-    let shared = shared.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        shared
-            .owned
-            .send(partition, crate::partition::PartitionMsg::Offer(entry));
-    });
+/// Hands an outcome to the recorder, which finishes the entry once it is
+/// stored. The channel is bounded: a slow store holds deliveries here,
+/// keeping their slots, so nothing piles up in memory.
+async fn send_outcome(
+    shared: &Arc<Shared>,
+    partition: &Arc<PartitionRuntime>,
+    entry: belfry_core::DueCursor,
+    command: KeyedCommand,
+) {
+    let outcome = Outcome {
+        command,
+        partition: partition.clone(),
+        entry,
+    };
+    if let Err(unsent) = shared.outcomes.send(outcome).await {
+        // The recorder is gone (the engine stopped): the event stays
+        // pending in the store and fires again after the next start.
+        let outcome = unsent.0;
+        finish(shared, &outcome.partition, outcome.entry, Finish::Done);
+    }
 }

@@ -34,13 +34,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use belfry_core::event::Effect;
+use belfry_core::fire::Input;
 use belfry_core::{Clock, DueCursor, EventKey, EventRecord, TenantName, Timestamp};
 use belfry_sinks::{Delivery, DeliveryResult, Sinks};
 use belfry_store::{Applied, ApplyParams, KeyedCommand, SharedStore, StoreResult};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-mod claims;
 pub mod dispatch;
 pub mod membership;
 pub mod options;
@@ -55,7 +55,6 @@ pub use options::EngineOptions;
 pub use ownership::Ownership;
 
 use crate::ownership::OwnedPartitions;
-use crate::partition::PartitionMsg;
 
 /// A running engine. Call [`Engine::shutdown`] to stop it cleanly.
 #[derive(Debug)]
@@ -83,12 +82,13 @@ pub(crate) struct Shared {
     pub(crate) owned: OwnedPartitions,
     pub(crate) tenants: tenants::TenantCache,
     pub(crate) limits: dispatch::Limits,
-    /// Events whose delivery is in progress (fired, outcome not recorded).
-    pub(crate) claims: Arc<claims::Claims>,
+    /// Signalled whenever a fired entry is finished (its outcome stored,
+    /// or dropped): hand-overs and shutdown wait on it.
+    pub(crate) finished: tokio::sync::Notify,
     /// Bounds schedule firings in progress (each holds a plan and store
     /// writes); the others wait as small tasks.
     pub(crate) schedule_firings: Arc<tokio::sync::Semaphore>,
-    pub(crate) outcomes: mpsc::UnboundedSender<recorder::Outcome>,
+    pub(crate) outcomes: mpsc::Sender<recorder::Outcome>,
     /// Set once shutdown starts: no new delivery begins after it.
     pub(crate) stopping: AtomicBool,
     pub(crate) stop_signal: watch::Sender<bool>,
@@ -117,11 +117,13 @@ impl Engine {
         sinks: Sinks,
         clock: Arc<dyn Clock>,
     ) -> Engine {
-        let (outcome_tx, outcome_rx) = mpsc::unbounded_channel();
+        // Bounded: a delivery waits (holding its slot) while the recorder
+        // is behind, so outcomes never pile up in memory.
+        let (outcome_tx, outcome_rx) = mpsc::channel(options.max_in_flight.max(64));
         let (stop_signal, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             limits: dispatch::Limits::new(&options),
-            claims: Arc::default(),
+            finished: tokio::sync::Notify::new(),
             schedule_firings: Arc::new(tokio::sync::Semaphore::new(
                 schedules::MAX_CONCURRENT_FIRINGS,
             )),
@@ -163,6 +165,8 @@ impl Engine {
         for task in shared.owned.stop_all() {
             let _ = task.await;
         }
+        // Entries queued for a slot stay pending in the store.
+        shared.limits.drop_queued(&shared);
         self.purge_task.abort();
         let grace = shared.options.shutdown_grace;
         if tokio::time::timeout(grace, shared.limits.wait_idle())
@@ -204,9 +208,13 @@ impl EngineHandle {
     /// once.
     ///
     /// # Errors
-    /// Store failures; nothing is acknowledged then.
+    /// Store failures; nothing is acknowledged then (though a command may
+    /// have taken effect). [`belfry_store::StoreError::Partial`] when some
+    /// commands were applied and others failed: the effects of those
+    /// applied are routed like those of an `Ok`, and the error carries every
+    /// command's result for the caller to answer per item.
     pub async fn apply(&self, commands: Vec<KeyedCommand>) -> StoreResult<Vec<Applied>> {
-        let applied = self
+        let result = self
             .inner
             .store
             .apply(ApplyParams {
@@ -214,9 +222,17 @@ impl EngineHandle {
                 now: self.inner.clock.now(),
                 retry: self.inner.options.retry.clone(),
             })
-            .await?;
-        self.inner.route_effects(&applied);
-        Ok(applied)
+            .await;
+        match &result {
+            Ok(applied) => self.inner.route_effects(applied),
+            Err(belfry_store::StoreError::Partial(partial)) => {
+                for applied in partial.applied() {
+                    self.inner.route_effects(std::slice::from_ref(applied));
+                }
+            }
+            Err(_) => {}
+        }
+        result
     }
 
     /// Delivers `key` to its tenant now, without changing its stored state
@@ -281,7 +297,9 @@ impl EngineHandle {
     /// Wake-ups may have been missed (the push channel reconnected): every
     /// owned partition drops its window and reloads it from the store.
     pub fn resync(&self) {
-        self.inner.owned.broadcast(|| PartitionMsg::Reload);
+        self.inner
+            .owned
+            .broadcast(|| belfry_core::fire::Input::Reload, self.inner.clock.now());
     }
 
     /// Runs one retention sweep now (the background sweep runs every
@@ -298,6 +316,22 @@ impl EngineHandle {
         self.inner.limits.in_flight()
     }
 
+    /// The fire-path counters of the owned partitions, summed: repairs
+    /// (entries a lost wake-up left out, armed by a repair page),
+    /// evictions, duplicate claims (for metrics and tests).
+    pub fn fire_stats(&self) -> belfry_core::fire::CoreStats {
+        let mut total = belfry_core::fire::CoreStats::default();
+        for runtime in self.inner.owned.runtimes() {
+            let stats = runtime.stats();
+            total.repaired += stats.repaired;
+            total.evicted += stats.evicted;
+            total.fired += stats.fired;
+            total.duplicate_claims += stats.duplicate_claims;
+            total.load_failures += stats.load_failures;
+        }
+        total
+    }
+
     /// Hands `partitions` over cleanly: they stop firing at once (no new
     /// delivery starts), and this resolves once every delivery of theirs
     /// that was in flight has its outcome recorded, or after `grace`.
@@ -309,12 +343,22 @@ impl EngineHandle {
         partitions: &[belfry_core::PartitionId],
         grace: std::time::Duration,
     ) -> bool {
-        for task in self.inner.owned.release(partitions) {
+        let (tasks, runtimes) = self.inner.owned.release(partitions);
+        for task in tasks {
             let _ = task.await;
         }
-        tokio::time::timeout(grace, self.inner.claims.wait_released(Some(partitions)))
-            .await
-            .is_ok()
+        let drained = async {
+            loop {
+                let notified = self.inner.finished.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if runtimes.iter().all(|r| r.outstanding() == 0) {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(grace, drained).await.is_ok()
     }
 }
 
@@ -331,12 +375,12 @@ impl Shared {
     }
 
     fn send_effect(&self, partition: belfry_core::PartitionId, key: EventKey, effect: &Effect) {
-        let msg = match *effect {
-            Effect::Arm { at } => PartitionMsg::Offer(DueCursor { due: at, key }),
-            Effect::Disarm { at } => PartitionMsg::Remove(DueCursor { due: at, key }),
+        let input = match *effect {
+            Effect::Arm { at } => Input::Offer(DueCursor { due: at, key }),
+            Effect::Disarm { at } => Input::Remove(DueCursor { due: at, key }),
         };
         // Not owned here, or stopping: the store still holds the event and
         // its owner's loader finds it.
-        self.owned.send(partition, msg);
+        self.owned.input(partition, input, self.clock.now());
     }
 }

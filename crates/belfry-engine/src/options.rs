@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// The engine's knobs. Defaults follow BigBen where BigBen had one.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct EngineOptions {
     /// How far ahead each partition loads events into memory.
     #[serde(with = "belfry_core::time::serde_millis", rename = "window_ms")]
@@ -59,6 +59,19 @@ pub struct EngineOptions {
     /// Most missed occurrences stored one by one per schedule firing; the
     /// rest are counted in the schedule's missed summary.
     pub schedule_max_missed_recorded: usize,
+    /// How long before their instant the records of due entries are read
+    /// (in one batch, off the delivery path). Zero reads each record when
+    /// its entry fires, which a cluster needs: a cancel acknowledged by
+    /// another node is then seen however late its wake-up arrives.
+    #[serde(with = "belfry_core::time::serde_millis", rename = "read_ahead_ms")]
+    pub read_ahead: Duration,
+    /// How often each partition reconciles a page of its window with the
+    /// store, arming what a lost wake-up left out. Zero disables it.
+    #[serde(
+        with = "belfry_core::time::serde_millis",
+        rename = "repair_interval_ms"
+    )]
+    pub repair_interval: Duration,
 }
 
 impl EngineOptions {
@@ -89,6 +102,8 @@ impl Default for EngineOptions {
             schedule_lead: Duration::from_secs(5),
             schedule_misfire_threshold: Duration::from_secs(60),
             schedule_max_missed_recorded: 100,
+            read_ahead: Duration::from_millis(500),
+            repair_interval: Duration::from_secs(5),
         }
     }
 }

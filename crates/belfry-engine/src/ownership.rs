@@ -17,12 +17,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use belfry_core::PartitionId;
-use tokio::sync::{mpsc, watch};
+use belfry_core::fire::Input;
+use belfry_core::{PartitionId, Timestamp};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::Shared;
-use crate::partition::{PartitionMsg, PartitionWorker};
+use crate::partition::PartitionRuntime;
 
 /// One owned partition, as the membership loop grants it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +85,13 @@ impl PartitionLease {
             .store(self.offset(grant.fire_until), Ordering::SeqCst);
     }
 
+    /// Closes the window for good: the partition was released or lost, so
+    /// entries already handed to the dispatcher (queued for a slot, or not
+    /// yet claimed) must not be delivered under this lease any more.
+    fn revoke(&self) {
+        self.fire_until.store(0, Ordering::SeqCst);
+    }
+
     /// Whether a delivery may start now.
     pub(crate) fn may_fire(&self) -> bool {
         let now = self.offset(Instant::now());
@@ -100,8 +108,7 @@ impl PartitionLease {
 /// A running partition worker.
 #[derive(Debug)]
 struct Slot {
-    lease: Arc<PartitionLease>,
-    inbox: mpsc::UnboundedSender<PartitionMsg>,
+    runtime: Arc<PartitionRuntime>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -119,25 +126,37 @@ impl OwnedPartitions {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sends to a partition's worker; `false` if it is not owned here.
-    pub(crate) fn send(&self, partition: PartitionId, msg: PartitionMsg) -> bool {
-        self.lock()
-            .get(&partition)
-            .is_some_and(|slot| slot.inbox.send(msg).is_ok())
+    /// Applies an input to a partition's core; `false` if it is not owned
+    /// here (its owner's loader or repair finds what the input was about).
+    pub(crate) fn input(&self, partition: PartitionId, input: Input, now: Timestamp) -> bool {
+        let runtime = self.lock().get(&partition).map(|slot| slot.runtime.clone());
+        match runtime {
+            Some(runtime) => {
+                runtime.input(input, now);
+                true
+            }
+            None => false,
+        }
     }
 
-    /// Sends a message built per partition to every owned worker.
-    pub(crate) fn broadcast(&self, msg: impl Fn() -> PartitionMsg) {
-        for slot in self.lock().values() {
-            let _ = slot.inbox.send(msg());
+    /// Applies an input built per partition to every owned core.
+    pub(crate) fn broadcast(&self, input: impl Fn() -> Input, now: Timestamp) {
+        let runtimes: Vec<_> = self.lock().values().map(|s| s.runtime.clone()).collect();
+        for runtime in runtimes {
+            runtime.input(input(), now);
         }
+    }
+
+    /// The owned partitions' runtimes (metrics, tests).
+    pub(crate) fn runtimes(&self) -> Vec<Arc<PartitionRuntime>> {
+        self.lock().values().map(|s| s.runtime.clone()).collect()
     }
 
     pub(crate) fn owned(&self) -> Vec<(PartitionId, u64)> {
         let mut owned: Vec<_> = self
             .lock()
             .iter()
-            .map(|(id, slot)| (*id, slot.lease.epoch))
+            .map(|(id, slot)| (*id, slot.runtime.lease.epoch))
             .collect();
         owned.sort();
         owned
@@ -152,32 +171,42 @@ impl OwnedPartitions {
             grants.into_iter().map(|g| (g.partition, g)).collect();
         let lost: Vec<PartitionId> = slots
             .iter()
-            .filter(|(id, slot)| wanted.get(id).is_none_or(|g| g.epoch != slot.lease.epoch))
+            .filter(|(id, slot)| {
+                wanted
+                    .get(id)
+                    .is_none_or(|g| g.epoch != slot.runtime.lease.epoch)
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in lost {
             if let Some(slot) = slots.remove(&id) {
+                slot.runtime.lease.revoke();
                 let _ = slot.stop.send(true);
-                tracing::info!(partition = %id, epoch = slot.lease.epoch, "partition released");
+                tracing::info!(partition = %id, epoch = slot.runtime.lease.epoch, "partition released");
             }
         }
         for (id, grant) in wanted {
             if let Some(slot) = slots.get(&id) {
-                slot.lease.update(&grant);
+                slot.runtime.lease.update(&grant);
                 continue;
             }
             let lease = Arc::new(PartitionLease::new(&grant));
-            let (inbox, receiver) = mpsc::unbounded_channel();
+            let runtime = Arc::new(PartitionRuntime::new(
+                id,
+                lease,
+                crate::partition::core_config(shared),
+            ));
             let (stop, stop_receiver) = watch::channel(false);
-            let worker =
-                PartitionWorker::new(shared.clone(), id, lease.clone(), receiver, stop_receiver);
-            let task = tokio::spawn(worker.run());
+            let task = tokio::spawn(crate::partition::run(
+                shared.clone(),
+                runtime.clone(),
+                stop_receiver,
+            ));
             tracing::debug!(partition = %id, epoch = grant.epoch, "partition acquired");
             slots.insert(
                 id,
                 Slot {
-                    lease,
-                    inbox,
+                    runtime,
                     stop,
                     task,
                 },
@@ -185,18 +214,25 @@ impl OwnedPartitions {
         }
     }
 
-    /// Stops the workers of `partitions` and returns their tasks to await.
-    pub(crate) fn release(&self, partitions: &[PartitionId]) -> Vec<JoinHandle<()>> {
+    /// Stops the workers of `partitions`; returns their tasks to await and
+    /// their runtimes, whose outstanding entries finish later.
+    pub(crate) fn release(
+        &self,
+        partitions: &[PartitionId],
+    ) -> (Vec<JoinHandle<()>>, Vec<Arc<PartitionRuntime>>) {
         let mut slots = self.lock();
-        partitions
-            .iter()
-            .filter_map(|id| slots.remove(id).map(|slot| (id, slot)))
-            .map(|(id, slot)| {
+        let mut tasks = Vec::new();
+        let mut runtimes = Vec::new();
+        for id in partitions {
+            if let Some(slot) = slots.remove(id) {
+                slot.runtime.lease.revoke();
                 let _ = slot.stop.send(true);
-                tracing::info!(partition = %id, epoch = slot.lease.epoch, "partition handed over");
-                slot.task
-            })
-            .collect()
+                tracing::info!(partition = %id, epoch = slot.runtime.lease.epoch, "partition handed over");
+                tasks.push(slot.task);
+                runtimes.push(slot.runtime);
+            }
+        }
+        (tasks, runtimes)
     }
 
     /// Stops every worker and returns their tasks to await.

@@ -11,30 +11,35 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use belfry_core::EventVersion;
+use belfry_core::DueCursor;
+use belfry_core::fire::Finish;
 use belfry_store::{ApplyParams, KeyedCommand, StoreError};
 use tokio::sync::mpsc;
 
 use crate::Shared;
-use crate::claims::ClaimKey;
+use crate::dispatch::finish;
+use crate::partition::PartitionRuntime;
 
-/// One delivery's outcome, with the version its claim is on.
+/// One delivery's outcome, with the fired entry it finishes.
 #[derive(Debug, Clone)]
 pub(crate) struct Outcome {
     pub(crate) command: KeyedCommand,
-    pub(crate) version: EventVersion,
+    pub(crate) partition: Arc<PartitionRuntime>,
+    pub(crate) entry: DueCursor,
 }
 
-impl Outcome {
-    fn claim_key(&self) -> ClaimKey {
-        (self.command.key.clone(), self.version.clone())
+/// Tells the partitions their entries are finished (the outcome is stored,
+/// or dropped as stale).
+fn finish_all<'a>(shared: &Shared, outcomes: impl IntoIterator<Item = &'a Outcome>) {
+    for outcome in outcomes {
+        finish(shared, &outcome.partition, outcome.entry.clone(), Finish::Done);
     }
 }
 
 const MAX_BATCH: usize = 10_000;
 const WRITE_RETRY: Duration = Duration::from_millis(200);
 
-pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedReceiver<Outcome>) {
+pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcome>) {
     let mut stop = shared.stop_signal.subscribe();
     let mut stopping = false;
     loop {
@@ -70,14 +75,13 @@ pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedReceiv
     }
 }
 
-async fn drain_after_stop(shared: &Arc<Shared>, outcomes: &mut mpsc::UnboundedReceiver<Outcome>) {
+async fn drain_after_stop(shared: &Arc<Shared>, outcomes: &mut mpsc::Receiver<Outcome>) {
     loop {
-        // Checked before draining: a claim is taken before its delivery
-        // starts and released only once its outcome is recorded, so "no
-        // claim" seen here means every outcome sent so far is in the channel
-        // or stored. (Checking in-flight deliveries *after* draining lost
+        // Checked before draining: a delivery hands its outcome over before
+        // it releases its slot, so "nothing in flight" seen here means every
+        // outcome is in the channel already. (Checking after draining lost
         // an outcome sent in between.)
-        let all_released = shared.claims.held(None) == 0;
+        let idle = shared.limits.in_flight() == 0;
         let mut batch = Vec::new();
         while let Ok(item) = outcomes.try_recv() {
             batch.push(item);
@@ -86,13 +90,13 @@ async fn drain_after_stop(shared: &Arc<Shared>, outcomes: &mut mpsc::UnboundedRe
             record(shared, batch).await;
             continue;
         }
-        if all_released {
+        if idle {
             return;
         }
         // In-flight deliveries finish within the shutdown grace (the
         // engine stops waiting for this task after it).
         tokio::select! {
-            _ = shared.claims.wait_released(None) => {}
+            _ = shared.limits.wait_idle() => {}
             item = outcomes.recv() => {
                 if let Some(item) = item {
                     record(shared, vec![item]).await;
@@ -130,8 +134,7 @@ async fn record_group(shared: &Arc<Shared>, batch: Vec<Outcome>) -> Result<(), S
             Ok(applied) => {
                 // Before the effects: a retry armed by this outcome may
                 // claim the event again.
-                let released: Vec<ClaimKey> = batch.iter().map(Outcome::claim_key).collect();
-                shared.claims.release(&released);
+                finish_all(shared, &batch);
                 shared.route_effects(&applied);
                 return Ok(());
             }
@@ -143,12 +146,7 @@ async fn record_group(shared: &Arc<Shared>, batch: Vec<Outcome>) -> Result<(), S
                     by_partition.entry(group).or_default().push(outcome);
                 }
                 if by_partition.len() == 1 {
-                    let released: Vec<ClaimKey> = by_partition
-                        .values()
-                        .flatten()
-                        .map(Outcome::claim_key)
-                        .collect();
-                    shared.claims.release(&released);
+                    finish_all(shared, by_partition.values().flatten());
                     tracing::warn!(
                         partition = %partition,
                         epoch,

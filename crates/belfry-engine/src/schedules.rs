@@ -127,9 +127,11 @@ fn retry_later(shared: &Arc<Shared>, partition: PartitionId, entry: DueCursor) {
     let shared = shared.clone();
     tokio::spawn(async move {
         tokio::time::sleep(RETRY_PAUSE).await;
-        shared
-            .owned
-            .send(partition, crate::partition::PartitionMsg::Offer(entry));
+        shared.owned.input(
+            partition,
+            belfry_core::fire::Input::Offer(entry),
+            shared.clock.now(),
+        );
     });
 }
 
