@@ -297,48 +297,42 @@ impl Store for PostgresStore {
         let partition = i32::from(params.partition.0);
         let through = params.through.as_millis();
         let limit = sql_limit(params.limit);
-        let rows = match &params.after {
-            None => {
-                let statement = client
-                    .prepare_cached(
-                        "SELECT next_fire_at, tenant, id FROM events
-                         WHERE partition = $1 AND next_fire_at IS NOT NULL
-                           AND next_fire_at <= $2
-                         ORDER BY next_fire_at, tenant, id LIMIT $3",
-                    )
-                    .await
-                    .map_err(db_error)?;
-                client
-                    .query(&statement, &[&partition, &through, &limit])
-                    .await
-            }
-            Some(after) => {
-                let statement = client
-                    .prepare_cached(
-                        "SELECT next_fire_at, tenant, id FROM events
-                         WHERE partition = $1 AND next_fire_at IS NOT NULL
-                           AND next_fire_at <= $2
-                           AND (next_fire_at, tenant, id) > ($3, $4, $5)
-                         ORDER BY next_fire_at, tenant, id LIMIT $6",
-                    )
-                    .await
-                    .map_err(db_error)?;
-                client
-                    .query(
-                        &statement,
-                        &[
-                            &partition,
-                            &through,
-                            &after.due.as_millis(),
-                            &after.key.tenant.as_str(),
-                            &after.key.id.as_str(),
-                            &limit,
-                        ],
-                    )
-                    .await
-            }
-        }
-        .map_err(db_error)?;
+        let tenant = params.tenant.as_ref().map(|t| t.as_str());
+        // `after` as a row value; none sorts before every real one.
+        let (after_due, after_tenant, after_id) = match &params.after {
+            Some(after) => (
+                after.due.as_millis(),
+                after.key.tenant.as_str(),
+                after.key.id.as_str(),
+            ),
+            None => (i64::MIN, "", ""),
+        };
+        let statement = client
+            .prepare_cached(
+                "SELECT next_fire_at, tenant, id FROM events
+                 WHERE partition = $1 AND next_fire_at IS NOT NULL
+                   AND next_fire_at <= $2
+                   AND (next_fire_at, tenant, id) > ($3, $4, $5)
+                   AND ($7::text IS NULL OR tenant = $7)
+                 ORDER BY next_fire_at, tenant, id LIMIT $6",
+            )
+            .await
+            .map_err(db_error)?;
+        let rows = client
+            .query(
+                &statement,
+                &[
+                    &partition,
+                    &through,
+                    &after_due,
+                    &after_tenant,
+                    &after_id,
+                    &limit,
+                    &tenant,
+                ],
+            )
+            .await
+            .map_err(db_error)?;
         rows.iter().map(cursor_from_row).collect()
     }
 

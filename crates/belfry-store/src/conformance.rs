@@ -202,6 +202,7 @@ async fn due(
             after,
             through: ts(through),
             limit,
+            tenant: None,
         })
         .await
         .expect("due_page")
@@ -859,6 +860,7 @@ where
             to: to.map(ts),
             after: after.map(|a| EventId::new(a).unwrap()),
             limit,
+            tenant: None,
         })
     };
     let ids = |records: Vec<EventRecord>| -> Vec<String> {

@@ -103,6 +103,9 @@ pub struct DuePageParams {
     /// Inclusive upper bound on `next_fire_at`.
     pub through: Timestamp,
     pub limit: usize,
+    /// Only this tenant's events (a partition pages a tenant's backlog back
+    /// in after evicting it). The scan may pass other tenants' entries.
+    pub tenant: Option<TenantName>,
 }
 
 /// Parameters of [`Store::list_events`]. Order: by event id, ascending.

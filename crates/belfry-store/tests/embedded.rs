@@ -131,6 +131,7 @@ async fn due_of(store: &SharedStore, partition: PartitionId) -> Vec<belfry_core:
             after: None,
             through: Timestamp::from_millis(i64::MAX),
             limit: usize::MAX,
+            tenant: None,
         })
         .await
         .unwrap()

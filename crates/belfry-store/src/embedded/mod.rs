@@ -496,10 +496,15 @@ impl Store for EmbeddedStore {
                 None => Bound::Included(keys::due_partition_start(params.partition)),
             };
             let end = Bound::Included(keys::due_through_last(params.partition, params.through));
+            let tenant = params.tenant.as_ref();
             ks.due
                 .range::<Vec<u8>, _>((start, end))
-                .take(params.limit)
                 .map(|item| keys::decode_due_key(&item.key().map_err(internal)?))
+                .filter(|entry| match (entry, tenant) {
+                    (Ok(entry), Some(tenant)) => entry.key.tenant == *tenant,
+                    _ => true,
+                })
+                .take(params.limit)
                 .collect()
         })
         .await
