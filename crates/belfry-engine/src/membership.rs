@@ -8,24 +8,45 @@
 //! *sent* its last successful renewal, so it stops before the database can
 //! consider its lease expired. When a node dies, the others stop seeing its
 //! heartbeat after `lease_ttl`; the leader (or a new one, once the dead
-//! leader's lease expired) reassigns its partitions, and the new owners start
-//! firing once the dead node's partition leases have expired: failover takes
-//! at most about `lease_ttl + 2 × tick`.
+//! leader's lease expired) reassigns its partitions once their leases have
+//! expired, and the new owners start firing at once: failover takes at most
+//! about `lease_ttl + 2 × tick`.
+//!
+//! # Hand-overs between live nodes
+//! Moves are revoke-then-grant (see [`belfry_store::cluster`]): when the
+//! leader moves a partition away from this node, the next renewal reports
+//! it revoked. The node stops firing it at once
+//! ([`EngineHandle::release_partitions`]), waits (at most
+//! `lease_ttl - tick - safety_margin`) until every delivery of it that was in
+//! flight has its outcome recorded, then releases it in the database, which
+//! grants it to the new owner with a new epoch and no takeover wait. A clean
+//! shutdown ([`Membership::run`] once `stop` resolves) does the same for
+//! every partition, then leaves. Nothing is delivered twice unless an
+//! outcome could not be recorded within the wait.
+//!
+//! Rounds run every tick and also whenever the coordinator announces a
+//! change ([`Membership::poke`]), so a hand-over takes a few database round
+//! trips rather than ticks.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use belfry_core::PartitionId;
 use belfry_store::StoreResult;
-use belfry_store::cluster::{Coordinator, LeaderLease, NodeInfo, NodeStatus, PartitionAssignment};
+use belfry_store::cluster::{
+    Coordinator, LeaderLease, NodeId, NodeInfo, NodeStatus, PartitionAssignment,
+};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 use crate::{EngineHandle, Ownership};
 
 /// Membership knobs (the `cluster` section of the configuration).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct MembershipOptions {
     /// How long a heartbeat, the leader lease and a partition lease last.
     #[serde(with = "belfry_core::time::serde_millis", rename = "lease_ttl_ms")]
@@ -67,6 +88,17 @@ pub struct Membership {
     coordinator: Arc<dyn Coordinator>,
     engine: EngineHandle,
     snapshot: Mutex<ClusterSnapshot>,
+    /// Run a round now (the coordinator announced a change).
+    poke: Notify,
+    /// Revoked partitions being handed over: never granted to the engine
+    /// again until their release is done.
+    hand_overs: Mutex<HandOvers>,
+}
+
+#[derive(Debug, Default)]
+struct HandOvers {
+    partitions: HashSet<PartitionId>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Membership {
@@ -82,7 +114,29 @@ impl Membership {
             coordinator,
             engine,
             snapshot: Mutex::new(ClusterSnapshot::default()),
+            poke: Notify::new(),
+            hand_overs: Mutex::default(),
         })
+    }
+
+    /// Asks for a round now instead of at the next tick (a cluster change
+    /// was announced). Pokes during a round coalesce into one more round.
+    pub fn poke(&self) {
+        self.poke.notify_one();
+    }
+
+    fn hand_overs(&self) -> MutexGuard<'_, HandOvers> {
+        // Poison means a panic while held; the set stays usable.
+        self.hand_overs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long a revoked partition may wait for its in-flight outcomes:
+    /// its lease, no longer extended, has at least `lease_ttl - tick` left
+    /// when the revocation is seen.
+    fn revocation_grace(&self) -> Duration {
+        self.options
+            .lease_ttl
+            .saturating_sub(self.options.tick + self.options.safety_margin)
     }
 
     pub fn node(&self) -> &NodeInfo {
@@ -96,34 +150,35 @@ impl Membership {
             .clone()
     }
 
-    /// Runs [`Self::run_once`] every tick until `stop` resolves; then leaves
-    /// the cluster cleanly.
+    /// Runs [`Self::run_once`] every tick (and when poked) until `stop`
+    /// resolves; then hands every partition over and leaves the cluster
+    /// (see [`Self::hand_over_and_leave`]).
     pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
         let mut tick = tokio::time::interval(self.options.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(stop);
         loop {
             tokio::select! {
+                biased;
                 _ = &mut stop => break,
-                _ = tick.tick() => {
-                    if let Err(error) = self.run_once().await {
-                        // Not renewing means this node's firing windows run
-                        // out on their own: it stops firing in time.
-                        tracing::warn!(%error, "cluster membership round failed");
-                    }
-                }
+                _ = tick.tick() => {}
+                _ = self.poke.notified() => tick.reset(),
+            }
+            if let Err(error) = self.run_once().await {
+                // Not renewing means this node's firing windows run
+                // out on their own: it stops firing in time.
+                tracing::warn!(%error, "cluster membership round failed");
             }
         }
-        self.engine.set_ownership(Vec::new());
-        let _ = self.coordinator.release_leadership(&self.node.id).await;
-        let _ = self.coordinator.leave(&self.node.id).await;
+        self.hand_over_and_leave().await;
     }
 
-    /// One round: heartbeat, leadership, (leader) assignment, renewal.
+    /// One round: heartbeat, leadership, (leader) assignment, renewal, and
+    /// the hand-over of partitions the leader revoked.
     ///
     /// # Errors
     /// Any coordinator failure; the round is abandoned and retried next tick.
-    pub async fn run_once(&self) -> StoreResult<()> {
+    pub async fn run_once(self: &Arc<Self>) -> StoreResult<()> {
         let ttl = self.options.lease_ttl;
         let nodes = self.coordinator.heartbeat(&self.node, ttl).await?;
         let lease = self
@@ -132,13 +187,15 @@ impl Membership {
             .await?;
         let mut assignments = self.coordinator.assignments().await?;
         if lease.holder == self.node.id {
-            let changed = self.rebalance(&nodes, &assignments);
+            let (changed, new) = self.rebalance(&nodes, &assignments);
             if !changed.is_empty() {
-                tracing::info!(
-                    moved = changed.len(),
-                    term = lease.term,
-                    "leader reassigns partitions"
-                );
+                if new > 0 {
+                    tracing::info!(
+                        moved = new,
+                        term = lease.term,
+                        "leader reassigns partitions"
+                    );
+                }
                 self.coordinator
                     .assign(&self.node.id, lease.term, changed)
                     .await?;
@@ -149,15 +206,25 @@ impl Membership {
         let owned = self.coordinator.renew_ownership(&self.node.id, ttl).await?;
         let answered = Instant::now();
         let fire_until = renewal_sent + ttl.saturating_sub(self.options.safety_margin);
-        let grants = owned
-            .into_iter()
-            .map(|o| Ownership {
-                partition: o.partition,
-                epoch: o.epoch,
-                fire_from: answered + o.takeover_after,
-                fire_until,
-            })
+        let revoked: Vec<(PartitionId, u64)> = owned
+            .iter()
+            .filter(|o| o.revoked)
+            .map(|o| (o.partition, o.epoch))
             .collect();
+        self.start_hand_over(revoked).await;
+        let grants = {
+            let hand_overs = self.hand_overs();
+            owned
+                .into_iter()
+                .filter(|o| !o.revoked && !hand_overs.partitions.contains(&o.partition))
+                .map(|o| Ownership {
+                    partition: o.partition,
+                    epoch: o.epoch,
+                    fire_from: answered + o.takeover_after,
+                    fire_until,
+                })
+                .collect()
+        };
         self.engine.set_ownership(grants);
         *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = ClusterSnapshot {
             nodes,
@@ -168,22 +235,194 @@ impl Membership {
         Ok(())
     }
 
-    /// The partitions whose owner must change for an even spread.
+    /// Stops firing the newly revoked partitions now (the engine lets go of
+    /// them before this returns), then waits for their in-flight outcomes
+    /// and releases them on a task of its own, so renewals of the other
+    /// partitions go on meanwhile.
+    async fn start_hand_over(self: &Arc<Self>, revoked: Vec<(PartitionId, u64)>) {
+        let fresh: Vec<(PartitionId, u64)> = {
+            let mut hand_overs = self.hand_overs();
+            revoked
+                .into_iter()
+                .filter(|(p, _)| hand_overs.partitions.insert(*p))
+                .collect()
+        };
+        if fresh.is_empty() {
+            return;
+        }
+        let ids: Vec<PartitionId> = fresh.iter().map(|(p, _)| *p).collect();
+        tracing::info!(partitions = ?ids, "partitions revoked by the leader; handing them over");
+        let grace = self.revocation_grace();
+        let engine = self.engine.clone();
+        let releasing = ids.clone();
+        let mut release =
+            Box::pin(async move { engine.release_partitions(&releasing, grace).await });
+        // Polled once here: its first step takes the partitions' workers out
+        // of the engine, before `set_ownership` (after this) could stop them
+        // without waiting for their deliveries. Should the engine not have
+        // let go of them yet, the wait happens inline instead.
+        let first = std::future::poll_fn(|cx| Poll::Ready(release.as_mut().poll(cx))).await;
+        let still_owned = {
+            let owned = self.engine.owned_partitions();
+            ids.iter().any(|id| owned.iter().any(|(p, _)| p == id))
+        };
+        let first = match first {
+            Poll::Pending if still_owned => Poll::Ready(release.as_mut().await),
+            other => other,
+        };
+        let this = self.clone();
+        let task = tokio::spawn(async move {
+            let recorded = match first {
+                Poll::Ready(recorded) => recorded,
+                Poll::Pending => release.await,
+            };
+            if !recorded {
+                tracing::warn!(
+                    partitions = ?ids,
+                    grace_ms = grace.as_millis() as u64,
+                    "outcomes of revoked partitions not recorded in time; the new owner may deliver those events again"
+                );
+            }
+            match this
+                .coordinator
+                .release_partitions(&this.node.id, &fresh)
+                .await
+            {
+                Ok(released) => {
+                    tracing::info!(partitions = ?released, "partitions handed over");
+                }
+                // Retried next round while still revoked; otherwise the
+                // lease runs out and the leader grants them anyway.
+                Err(error) => tracing::warn!(%error, "releasing revoked partitions failed"),
+            }
+            let mut hand_overs = this.hand_overs();
+            for id in &ids {
+                hand_overs.partitions.remove(id);
+            }
+        });
+        let mut hand_overs = self.hand_overs();
+        hand_overs.tasks.retain(|t| !t.is_finished());
+        hand_overs.tasks.push(task);
+    }
+
+    /// A clean exit: give up the leader lease, stop firing every partition,
+    /// wait (up to the engine's `shutdown_grace`, renewing meanwhile) until
+    /// the outcomes of their deliveries in flight are recorded, leave, and
+    /// release the partitions in the database, so their next owners fire at
+    /// once instead of after the leases expired.
+    pub async fn hand_over_and_leave(&self) {
+        let id = &self.node.id;
+        if let Err(error) = self.coordinator.release_leadership(id).await {
+            tracing::warn!(%error, "releasing the leader lease failed");
+        }
+        let tasks = std::mem::take(&mut self.hand_overs().tasks);
+        for task in tasks {
+            let _ = task.await;
+        }
+        let mut partitions: BTreeSet<PartitionId> = self
+            .engine
+            .owned_partitions()
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        partitions.extend(self.owned_in_snapshot());
+        let partitions: Vec<PartitionId> = partitions.into_iter().collect();
+        let grace = self.engine.options().shutdown_grace;
+        tracing::info!(
+            partitions = partitions.len(),
+            "handing over every partition"
+        );
+        let release = self.engine.release_partitions(&partitions, grace);
+        tokio::pin!(release);
+        let mut tick = tokio::time::interval(self.options.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.reset();
+        // Keep the heartbeat and the leases alive while deliveries finish:
+        // nobody takes over (and re-delivers) before their outcomes are in.
+        let recorded = loop {
+            tokio::select! {
+                recorded = &mut release => break recorded,
+                _ = tick.tick() => {
+                    let ttl = self.options.lease_ttl;
+                    let _ = self.coordinator.heartbeat(&self.node, ttl).await;
+                    let _ = self.coordinator.renew_ownership(id, ttl).await;
+                }
+            }
+        };
+        if !recorded {
+            tracing::warn!(
+                grace_ms = grace.as_millis() as u64,
+                "deliveries still in flight at the end of the shutdown grace; the next owners may deliver them again"
+            );
+        }
+        self.engine.set_ownership(Vec::new());
+        // What the database says this node owns now, at which epochs.
+        let owned: Vec<(PartitionId, u64)> = match self.coordinator.assignments().await {
+            Ok(map) => map
+                .into_iter()
+                .filter(|a| a.owner.as_ref() == Some(id))
+                .map(|a| (a.partition, a.epoch))
+                .collect(),
+            Err(error) => {
+                tracing::warn!(%error, "reading the partition map failed; the leases will expire instead");
+                Vec::new()
+            }
+        };
+        // Leave first: a leader acting in between revokes (it cannot grant
+        // back to this node), and the release below hands those over.
+        if let Err(error) = self.coordinator.leave(id).await {
+            tracing::warn!(%error, "leaving the cluster failed");
+        }
+        match self.coordinator.release_partitions(id, &owned).await {
+            Ok(released) => tracing::info!(released = released.len(), "partitions released"),
+            Err(error) => {
+                tracing::warn!(%error, "releasing the partitions failed; the leases will expire instead");
+            }
+        }
+    }
+
+    fn owned_in_snapshot(&self) -> Vec<PartitionId> {
+        self.snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .assignments
+            .iter()
+            .filter(|a| a.owner.as_ref() == Some(&self.node.id))
+            .map(|a| a.partition)
+            .collect()
+    }
+
+    /// The moves to (re-)issue for an even spread, and how many of them are
+    /// new. Moves already pending are repeated: the owner's lease may have
+    /// run out meanwhile, and then `assign` grants them. A pending move the
+    /// spread no longer wants is cancelled by naming the current owner.
     fn rebalance(
         &self,
         nodes: &[NodeStatus],
         assignments: &[PartitionAssignment],
-    ) -> Vec<(PartitionId, belfry_store::cluster::NodeId)> {
+    ) -> (Vec<(PartitionId, NodeId)>, usize) {
         let live: Vec<&str> = nodes.iter().map(|n| n.info.id.0.as_str()).collect();
         let current: BTreeMap<PartitionId, &str> = assignments
             .iter()
             .filter_map(|a| Some((a.partition, a.owner.as_ref()?.0.as_str())))
             .collect();
+        let pending: BTreeMap<PartitionId, &str> = assignments
+            .iter()
+            .filter_map(|a| Some((a.partition, a.pending_owner.as_ref()?.0.as_str())))
+            .collect();
         let partitions = self.engine.store().partitions().get();
-        belfry_core::assignment::balance(partitions, &live, &current)
+        let mut new = 0;
+        let moves = belfry_core::assignment::balance(partitions, &live, &current)
             .into_iter()
-            .filter(|(p, owner)| current.get(p) != Some(owner))
-            .map(|(p, owner)| (p, belfry_store::cluster::NodeId(owner.to_string())))
-            .collect()
+            .filter(|(p, owner)| {
+                let moving = current.get(p) != Some(owner);
+                if moving && pending.get(p) != Some(owner) {
+                    new += 1;
+                }
+                moving || pending.contains_key(p)
+            })
+            .map(|(p, owner)| (p, NodeId(owner.to_string())))
+            .collect();
+        (moves, new)
     }
 }

@@ -6,17 +6,27 @@
 //!   (`FOR UPDATE`), so two claimants are serialized and at most one wins a
 //!   term. `assign` share-locks it for its whole transaction, so no new term
 //!   can begin while an old leader's assignment is being written.
-//! - A partition whose owner changes gets `epoch + 1` and
-//!   `takeover_at = lease_expires_at` (the old owner's lease end). The lease
-//!   end stays in the row until the new owner renews, so a quick second
-//!   reassignment still waits for the first owner's lease.
+//! - Moves are revoke-then-grant. `assign` grants at once (`epoch + 1`, no
+//!   takeover wait) only a partition that is unowned or whose owner's lease
+//!   has expired; otherwise it sets `pending_owner`. `renew_ownership` does
+//!   not extend a lease with a pending owner and reports it revoked; the
+//!   owner's `release_partitions` (matching owner and epoch) then hands it to
+//!   the pending owner (`epoch + 1`) or leaves it unowned, lease cleared. A
+//!   revoked owner that never releases loses the partition once its lease
+//!   expired: the leader repeats its move every round, and then it is a
+//!   direct grant. Row locks serialize a release against a concurrent
+//!   `assign` or renewal of the same partition.
+//! - Changes are announced with `pg_notify` on
+//!   [`CHANGE_CHANNEL`](belfry_store::cluster::CHANGE_CHANNEL) inside the
+//!   changing transaction (so they arrive only once committed): every node
+//!   runs a membership round at once instead of at its next tick.
 
 use std::time::Duration;
 
 use belfry_core::PartitionId;
 use belfry_store::StoreResult;
 use belfry_store::cluster::{
-    LeaderLease, NodeId, NodeInfo, NodeStatus, OwnedPartition, PartitionAssignment,
+    CHANGE_CHANNEL, LeaderLease, NodeId, NodeInfo, NodeStatus, OwnedPartition, PartitionAssignment,
 };
 
 use crate::PostgresStore;
@@ -37,6 +47,14 @@ fn term_from_i64(value: i64) -> StoreResult<u64> {
     u64::try_from(value).map_err(|_| corrupt(format_args!("term {value}")))
 }
 
+fn epoch_from_i64(value: i64) -> StoreResult<u64> {
+    u64::try_from(value).map_err(|_| corrupt(format_args!("epoch {value}")))
+}
+
+/// Announces a cluster change (`$1`: what changed); inside a transaction
+/// it is sent at commit.
+const ANNOUNCE: &str = "SELECT pg_notify($1, $2)";
+
 pub(crate) async fn heartbeat(
     store: &PostgresStore,
     node: &NodeInfo,
@@ -47,7 +65,8 @@ pub(crate) async fn heartbeat(
         .prepare_cached(
             "INSERT INTO nodes (id, address, heartbeat_at) VALUES ($1, $2, clock_timestamp())
              ON CONFLICT (id) DO UPDATE
-             SET address = EXCLUDED.address, heartbeat_at = EXCLUDED.heartbeat_at",
+             SET address = EXCLUDED.address, heartbeat_at = EXCLUDED.heartbeat_at
+             RETURNING xmax = 0",
         )
         .await
         .map_err(db_error)?;
@@ -62,10 +81,18 @@ pub(crate) async fn heartbeat(
         .await
         .map_err(db_error)?;
     // Autocommit, in this order on one connection: the node sees itself.
-    client
-        .execute(&upsert, &[&node.id.0, &node.address])
+    let joined: bool = client
+        .query_one(&upsert, &[&node.id.0, &node.address])
         .await
-        .map_err(db_error)?;
+        .map_err(db_error)?
+        .get(0);
+    if joined {
+        // A new node: the leader gives it its share without waiting a tick.
+        client
+            .execute(ANNOUNCE, &[&CHANGE_CHANNEL, &"join"])
+            .await
+            .map_err(db_error)?;
+    }
     client
         .query(&live, &[&millis(ttl)])
         .await
@@ -84,12 +111,18 @@ pub(crate) async fn heartbeat(
 }
 
 pub(crate) async fn leave(store: &PostgresStore, node: &NodeId) -> StoreResult<()> {
-    let client = store.client().await?;
-    client
+    let mut client = store.client().await?;
+    let tx = client.transaction().await.map_err(db_error)?;
+    let left = tx
         .execute("DELETE FROM nodes WHERE id = $1", &[&node.0])
         .await
         .map_err(db_error)?;
-    Ok(())
+    if left > 0 {
+        tx.execute(ANNOUNCE, &[&CHANGE_CHANNEL, &"leave"])
+            .await
+            .map_err(db_error)?;
+    }
+    tx.commit().await.map_err(db_error)
 }
 
 pub(crate) async fn claim_leadership(
@@ -155,15 +188,22 @@ pub(crate) async fn claim_leadership(
 }
 
 pub(crate) async fn release_leadership(store: &PostgresStore, node: &NodeId) -> StoreResult<()> {
-    let client = store.client().await?;
-    client
+    let mut client = store.client().await?;
+    let tx = client.transaction().await.map_err(db_error)?;
+    let released = tx
         .execute(
             "UPDATE leader SET holder = NULL, expires_at = NULL WHERE holder = $1",
             &[&node.0],
         )
         .await
         .map_err(db_error)?;
-    Ok(())
+    if released > 0 {
+        // Someone else claims it now rather than at its next tick.
+        tx.execute(ANNOUNCE, &[&CHANGE_CHANNEL, &"leader"])
+            .await
+            .map_err(db_error)?;
+    }
+    tx.commit().await.map_err(db_error)
 }
 
 pub(crate) async fn assign(
@@ -199,20 +239,47 @@ pub(crate) async fn assign(
     }
     let partitions: Vec<i32> = owners.iter().map(|(p, _)| i32::from(p.0)).collect();
     let nodes: Vec<&str> = owners.iter().map(|(_, n)| n.0.as_str()).collect();
-    tx.execute(
-        "UPDATE partitions AS p
-         SET owner = u.owner,
-             epoch = p.epoch + 1,
-             takeover_at = CASE WHEN p.lease_expires_at > clock_timestamp()
-                                THEN p.lease_expires_at END
-         FROM (SELECT DISTINCT ON (partition) partition, owner
-               FROM unnest($1::int4[], $2::text[]) WITH ORDINALITY AS u(partition, owner, n)
-               ORDER BY partition, n DESC) AS u
-         WHERE p.partition = u.partition AND p.owner IS DISTINCT FROM u.owner",
-        &[&partitions, &nodes],
-    )
-    .await
-    .map_err(db_error)?;
+    // The last entry per partition wins.
+    const MOVES: &str = "SELECT DISTINCT ON (partition) partition, owner
+         FROM unnest($1::int4[], $2::text[]) WITH ORDINALITY AS u(partition, owner, n)
+         ORDER BY partition, n DESC";
+    // Unowned, or the owner's lease has expired (it stopped firing, by the
+    // renewal contract): granted now, nothing to wait for.
+    let granted = tx
+        .execute(
+            &format!(
+                "UPDATE partitions AS p
+                 SET owner = u.owner, epoch = p.epoch + 1, takeover_at = NULL,
+                     pending_owner = NULL
+                 FROM ({MOVES}) AS u
+                 WHERE p.partition = u.partition AND p.owner IS DISTINCT FROM u.owner
+                   AND (p.owner IS NULL OR p.lease_expires_at IS NULL
+                        OR p.lease_expires_at <= clock_timestamp())"
+            ),
+            &[&partitions, &nodes],
+        )
+        .await
+        .map_err(db_error)?;
+    // The owner holds a live lease: revoke (it releases, then the pending
+    // owner gets it). Naming the owner itself cancels a pending move.
+    let revoked = tx
+        .execute(
+            &format!(
+                "UPDATE partitions AS p
+                 SET pending_owner = NULLIF(u.owner, p.owner)
+                 FROM ({MOVES}) AS u
+                 WHERE p.partition = u.partition
+                   AND p.pending_owner IS DISTINCT FROM NULLIF(u.owner, p.owner)"
+            ),
+            &[&partitions, &nodes],
+        )
+        .await
+        .map_err(db_error)?;
+    if granted + revoked > 0 {
+        tx.execute(ANNOUNCE, &[&CHANGE_CHANNEL, &"assign"])
+            .await
+            .map_err(db_error)?;
+    }
     tx.commit().await.map_err(db_error)
 }
 
@@ -225,10 +292,13 @@ pub(crate) async fn renew_ownership(
     let statement = client
         .prepare_cached(
             "UPDATE partitions
-             SET lease_expires_at = clock_timestamp() + $2::float8 * interval '1 millisecond'
+             SET lease_expires_at = CASE WHEN pending_owner IS NULL
+                 THEN clock_timestamp() + $2::float8 * interval '1 millisecond'
+                 ELSE lease_expires_at END
              WHERE owner = $1
              RETURNING partition, epoch,
-                 coalesce(ceil(extract(epoch FROM takeover_at - clock_timestamp()) * 1000), 0)::bigint",
+                 coalesce(ceil(extract(epoch FROM takeover_at - clock_timestamp()) * 1000), 0)::bigint,
+                 pending_owner IS NOT NULL",
         )
         .await
         .map_err(db_error)?;
@@ -238,11 +308,11 @@ pub(crate) async fn renew_ownership(
         .map_err(db_error)?
         .iter()
         .map(|row| {
-            let epoch: i64 = row.get(1);
             Ok(OwnedPartition {
                 partition: partition_from_i32(row.get(0))?,
-                epoch: u64::try_from(epoch).map_err(|_| corrupt(format_args!("epoch {epoch}")))?,
+                epoch: epoch_from_i64(row.get(1))?,
                 takeover_after: duration_from_millis(row.get(2)),
+                revoked: row.get(3),
             })
         })
         .collect::<StoreResult<Vec<_>>>()?;
@@ -250,22 +320,66 @@ pub(crate) async fn renew_ownership(
     Ok(owned)
 }
 
+pub(crate) async fn release_partitions(
+    store: &PostgresStore,
+    node: &NodeId,
+    partitions: &[(PartitionId, u64)],
+) -> StoreResult<Vec<PartitionId>> {
+    if partitions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<i32> = partitions.iter().map(|(p, _)| i32::from(p.0)).collect();
+    let epochs: Vec<i64> = partitions
+        .iter()
+        .map(|(_, e)| i64::try_from(*e).unwrap_or(-1))
+        .collect();
+    let mut client = store.client().await?;
+    let tx = client.transaction().await.map_err(db_error)?;
+    // Handed to the pending owner (a new epoch: whatever the releasing node
+    // might still write is fenced from now on) or left unowned (same epoch:
+    // nobody fires it until the leader grants it, which bumps the epoch).
+    let mut released = tx
+        .query(
+            "UPDATE partitions AS p
+             SET owner = p.pending_owner,
+                 epoch = CASE WHEN p.pending_owner IS NULL THEN p.epoch ELSE p.epoch + 1 END,
+                 pending_owner = NULL, lease_expires_at = NULL, takeover_at = NULL
+             FROM unnest($2::int4[], $3::int8[]) AS r(partition, epoch)
+             WHERE p.partition = r.partition AND p.epoch = r.epoch AND p.owner = $1
+             RETURNING p.partition",
+            &[&node.0, &ids, &epochs],
+        )
+        .await
+        .map_err(db_error)?
+        .iter()
+        .map(|row| partition_from_i32(row.get(0)))
+        .collect::<StoreResult<Vec<_>>>()?;
+    if !released.is_empty() {
+        tx.execute(ANNOUNCE, &[&CHANGE_CHANNEL, &"release"])
+            .await
+            .map_err(db_error)?;
+    }
+    tx.commit().await.map_err(db_error)?;
+    released.sort();
+    Ok(released)
+}
+
 pub(crate) async fn assignments(store: &PostgresStore) -> StoreResult<Vec<PartitionAssignment>> {
     let client = store.client().await?;
     client
         .query(
-            "SELECT partition, owner, epoch FROM partitions ORDER BY partition",
+            "SELECT partition, owner, epoch, pending_owner FROM partitions ORDER BY partition",
             &[],
         )
         .await
         .map_err(db_error)?
         .iter()
         .map(|row| {
-            let epoch: i64 = row.get(2);
             Ok(PartitionAssignment {
                 partition: partition_from_i32(row.get(0))?,
                 owner: row.get::<_, Option<String>>(1).map(NodeId),
-                epoch: u64::try_from(epoch).map_err(|_| corrupt(format_args!("epoch {epoch}")))?,
+                epoch: epoch_from_i64(row.get(2))?,
+                pending_owner: row.get::<_, Option<String>>(3).map(NodeId),
             })
         })
         .collect()

@@ -13,13 +13,29 @@
 //!   partition's owner increments its epoch. Writes made on behalf of a
 //!   partition carry [`crate::Fence`]`{partition, epoch}` and the store
 //!   rejects a stale epoch ([`crate::StoreError::Fenced`]).
-//! - **Ownership leases and safe hand-over.** An owner renews its partition
-//!   leases with [`Coordinator::renew_ownership`]; it must stop firing a
-//!   safety margin before `lease_ttl` has passed since it *sent* its last
-//!   successful renewal. When a partition is reassigned, the new owner gets
-//!   `takeover_after`: how long until the previous owner's lease has expired
-//!   for certain. It must not fire before then, so a paused or cut-off old
-//!   owner and the new one never fire the same partition at the same time.
+//! - **Ownership leases.** An owner renews its partition leases with
+//!   [`Coordinator::renew_ownership`]; it must stop firing a safety margin
+//!   before `lease_ttl` has passed since it *sent* its last successful
+//!   renewal.
+//! - **Hand-over: revoke, then grant.** The leader moves a partition whose
+//!   owner holds a live lease by *revoking* it ([`Coordinator::assign`] marks
+//!   the new owner as pending; the epoch does not change). The owner sees
+//!   [`OwnedPartition::revoked`] at its next renewal, which no longer extends
+//!   that lease; it stops firing the partition, records the outcomes of its
+//!   deliveries in flight, then confirms with
+//!   [`Coordinator::release_partitions`], which grants the partition to the
+//!   pending owner (epoch + 1, takeover now). A partition that is unowned, or
+//!   whose owner's lease has expired (a crashed or stuck owner), is granted
+//!   directly by `assign`. So a new owner never waits for a live lease, and
+//!   a revoked owner that never confirms holds the partition at most until
+//!   its lease runs out.
+//! - **Clean shutdown.** A node that stops releases its partitions the same
+//!   way: unowned (or granted to a pending owner) with no lease, so the
+//!   leader reassigns them at once and the next owner fires at once.
+//! - **Change notifications.** Backends may tell nodes that the map or the
+//!   membership changed (PostgreSQL: `NOTIFY` on
+//!   [`CHANGE_CHANNEL`]), so nodes react without waiting for their next tick.
+//!   They are only hints: every node still runs its round each tick.
 
 use std::time::Duration;
 
@@ -27,6 +43,11 @@ use async_trait::async_trait;
 use belfry_core::PartitionId;
 
 use crate::StoreResult;
+
+/// The notification channel on which backends announce cluster changes
+/// (a partition revoked, released or granted; a node joined or left; the
+/// leader lease released).
+pub const CHANGE_CHANNEL: &str = "belfry_cluster";
 
 /// A node's identity in the cluster: unique per process start.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -69,6 +90,10 @@ pub struct OwnedPartition {
     /// Wait this long before firing: the previous owner's lease may still
     /// run until then. Zero once it has expired.
     pub takeover_after: Duration,
+    /// The leader moves it to another node: stop firing it, record the
+    /// outcomes in flight, then [`Coordinator::release_partitions`] it. Its
+    /// lease was not extended by this renewal.
+    pub revoked: bool,
 }
 
 /// One row of the partition map.
@@ -77,6 +102,8 @@ pub struct PartitionAssignment {
     pub partition: PartitionId,
     pub owner: Option<NodeId>,
     pub epoch: u64,
+    /// Where the leader is moving it: the owner has been asked to release it.
+    pub pending_owner: Option<NodeId>,
 }
 
 #[async_trait]
@@ -95,9 +122,13 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug + 'static {
     /// Gives up the lease if `node` holds it (clean shutdown).
     async fn release_leadership(&self, node: &NodeId) -> StoreResult<()>;
 
-    /// Sets the owner of each listed partition. Partitions whose owner
-    /// changes get a new epoch and a takeover time at the end of the old
-    /// owner's lease.
+    /// Moves each listed partition to the given node. A partition that is
+    /// unowned, or whose owner's lease has expired, changes owner at once
+    /// (epoch + 1, takeover now). One whose owner holds a live lease is
+    /// revoked instead: the node becomes its pending owner, and it changes
+    /// hands when the owner releases it (or, once its lease expired, at the
+    /// next `assign`). Naming the current owner cancels a pending move.
+    /// Idempotent: the leader repeats its moves every round.
     ///
     /// # Errors
     /// [`crate::StoreError::Fenced`]-like rejection (as `Unavailable`) when
@@ -109,13 +140,24 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug + 'static {
         owners: Vec<(PartitionId, NodeId)>,
     ) -> StoreResult<()>;
 
-    /// Extends the leases of every partition `node` owns by `ttl` and returns
-    /// them.
+    /// Extends by `ttl` the leases of every partition `node` owns, except
+    /// revoked ones, and returns them all (revoked ones flagged).
     async fn renew_ownership(
         &self,
         node: &NodeId,
         ttl: Duration,
     ) -> StoreResult<Vec<OwnedPartition>>;
+
+    /// Gives up partitions `node` owns at the given epochs, after it stopped
+    /// firing them and recorded their deliveries' outcomes: each goes to its
+    /// pending owner (epoch + 1) or becomes unowned, with no lease left, so
+    /// the next owner fires at once. Entries whose owner or epoch changed
+    /// meanwhile are left alone (fencing). Returns the partitions released.
+    async fn release_partitions(
+        &self,
+        node: &NodeId,
+        partitions: &[(PartitionId, u64)],
+    ) -> StoreResult<Vec<PartitionId>>;
 
     /// The whole partition map, ordered by partition.
     async fn assignments(&self) -> StoreResult<Vec<PartitionAssignment>>;

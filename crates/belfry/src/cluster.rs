@@ -1,9 +1,13 @@
 //! Cluster mode: a node of the cluster a PostgreSQL database defines.
 //!
 //! The node joins with a fresh id, runs the membership loop (heartbeat,
-//! leader lease, partition assignment, lease renewal; see
-//! `belfry_engine::membership`), and pumps the database's wake-ups (events
-//! created or moved through other nodes) into its engine.
+//! leader lease, partition assignment, lease renewal, hand-overs; see
+//! `belfry_engine::membership`), and pumps the database's wake-ups into it:
+//! timer wake-ups (events created or moved through other nodes) go to the
+//! engine, cluster changes (a partition revoked or released, a node joined
+//! or left) make the membership loop run a round at once. When `stop`
+//! resolves, the loop hands every partition over and leaves (the returned
+//! task ends then).
 
 use std::sync::Arc;
 
@@ -37,6 +41,7 @@ pub async fn start(
         partitions,
         pool_size: config.database_pool_size,
         notify_horizon: config.engine.window,
+        clock_skew_margin: config.clock_skew_margin,
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {e}"))?;
@@ -54,6 +59,7 @@ pub async fn start(
     let membership = Membership::new(node, config.cluster.clone(), coordinator, engine.handle());
 
     let handle: EngineHandle = engine.handle();
+    let poked = membership.clone();
     tokio::spawn(async move {
         while let Some(wakeup) = wakeups.recv().await {
             match wakeup {
@@ -69,7 +75,12 @@ pub async fn start(
                     };
                     handle.wake(partition, key, effect);
                 }
-                Wakeup::Resync => handle.resync(),
+                Wakeup::Resync => {
+                    handle.resync();
+                    // Cluster changes may have been missed too.
+                    poked.poke();
+                }
+                Wakeup::Cluster => poked.poke(),
             }
         }
     });

@@ -3,8 +3,11 @@
 //! Start order: logs → store (open, recover) → sinks → engine (partitions
 //! load their windows; what came due while down fires at once) → HTTP.
 //! Shutdown on SIGINT/SIGTERM runs it backwards: stop accepting requests,
-//! finish in-flight ones, stop firing, let in-flight deliveries finish and
-//! record them, close the store (flush), exit 0.
+//! finish in-flight ones; in cluster mode hand every partition over (stop
+//! firing it, record the outcomes of its deliveries in flight, release its
+//! lease in the database and leave, so the next owners fire at once); stop
+//! the engine (let remaining deliveries finish and record them), close the
+//! store (flush), exit 0.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -106,11 +109,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
-    tracing::info!("stopped accepting requests; stopping the engine");
-    let _ = stop_cluster.send(());
+    tracing::info!("stopped accepting requests");
     if let Some(task) = membership_task {
+        // The membership loop stops renewing, hands its partitions over
+        // (engine release, then lease release) and leaves; only then does
+        // the engine stop.
+        tracing::info!("handing partitions over");
+        let _ = stop_cluster.send(());
         let _ = task.await;
     }
+    tracing::info!("stopping the engine");
     engine.shutdown().await;
     tracing::info!("belfry stopped");
     Ok(())

@@ -2,14 +2,16 @@
 //! PostgreSQL that the test harness starts itself.
 //!
 //! Timing uses the default lease TTL (5 s); bounds are generous because
-//! several processes share two cores here. These tests assert behaviour;
-//! `belfry-bench cluster` measures it.
+//! several processes share two cores here, except for clean hand-overs
+//! (SIGTERM, a node joining), which must cost no duplicate and at most 1 s
+//! of lateness. These tests assert behaviour; `belfry-bench cluster`
+//! measures it.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use belfry_testkit::postgres::PgServer;
-use belfry_testkit::{BelfryLaunch, BelfryProcess, Receiver, get_json, post_json};
+use belfry_testkit::{BelfryLaunch, BelfryProcess, Receiver, Response, get_json, post_json};
 use serde_json::{Value, json};
 
 mod common;
@@ -88,6 +90,37 @@ impl Cluster {
         }
     }
 
+    /// Polls until every live node reports `size` nodes, each owning its
+    /// even share of the 64 partitions (⌊64/size⌋ or ⌈64/size⌉).
+    async fn wait_for_balance(&self, size: usize) {
+        let (low, high) = (64 / size, 64_usize.div_ceil(size));
+        let deadline = Instant::now() + SETTLE;
+        'poll: loop {
+            assert!(
+                Instant::now() < deadline,
+                "the partitions never spread evenly over {size} nodes"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            for node in self.alive() {
+                let (_, detail) = get_json(&node.url("/v1/cluster")).await;
+                let Some(nodes) = detail["nodes"].as_array() else {
+                    continue 'poll;
+                };
+                let shares: Vec<usize> = nodes
+                    .iter()
+                    .map(|n| n["partitions"].as_array().map_or(0, Vec::len))
+                    .collect();
+                if nodes.len() != size
+                    || shares.iter().sum::<usize>() != 64
+                    || shares.iter().any(|s| *s < low || *s > high)
+                {
+                    continue 'poll;
+                }
+            }
+            return;
+        }
+    }
+
     async fn master_index(&self) -> usize {
         let (_, view) = get_json(&self.nodes[0].url("/events/cluster")).await;
         let master = view
@@ -139,6 +172,111 @@ async fn schedule_spread(
         assert_eq!(status, 200, "{answer}");
     }
     due
+}
+
+/// Like [`schedule_spread`], with several requests in flight at once (a
+/// lane per node, twice), so thousands of events are stored in seconds.
+async fn schedule_fast(
+    cluster: &Cluster,
+    prefix: &str,
+    count: usize,
+    first_ms: i64,
+    step_ms: i64,
+) -> HashMap<String, i64> {
+    let nodes: Vec<String> = cluster.alive().map(|n| n.url("/events/schedule")).collect();
+    let lanes = nodes.len() * 2;
+    let mut due = HashMap::new();
+    let mut bodies: Vec<Vec<Value>> = vec![Vec::new(); lanes];
+    for (chunk_index, chunk) in (0..count).collect::<Vec<_>>().chunks(250).enumerate() {
+        let body: Vec<Value> = chunk
+            .iter()
+            .map(|i| {
+                let id = format!("{prefix}{i}");
+                let at = first_ms + *i as i64 * step_ms;
+                due.insert(id.clone(), at);
+                json!({"id": id, "tenant": "c", "eventTime": rfc3339(at)})
+            })
+            .collect();
+        bodies[chunk_index % lanes].push(Value::Array(body));
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (lane, chunks) in bodies.into_iter().enumerate() {
+        let url = nodes[lane % nodes.len()].clone();
+        tasks.spawn(async move {
+            for body in chunks {
+                let (status, answer) = post_json(&url, &body).await;
+                assert_eq!(status, 200, "{answer}");
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a scheduling lane");
+    }
+    due
+}
+
+/// Every arrival per event id so far.
+fn arrivals_of(receiver: &Receiver) -> HashMap<String, Vec<i64>> {
+    let mut arrivals: HashMap<String, Vec<i64>> = HashMap::new();
+    for r in receiver.requests() {
+        if let Some(id) = r.header("x-belfry-event-id") {
+            arrivals
+                .entry(id.to_string())
+                .or_default()
+                .push(r.arrived_at_ms);
+        }
+    }
+    arrivals
+}
+
+/// Duplicates and lateness of a run in which every event arrived.
+#[derive(Debug)]
+struct Punctuality {
+    events: usize,
+    duplicates: usize,
+    /// Ids delivered more than once (up to 10).
+    doubled: Vec<String>,
+    /// Deliveries before their instant.
+    early: usize,
+    p99_late_ms: i64,
+    worst_late_ms: i64,
+    worst_id: String,
+}
+
+fn punctuality(due: &HashMap<String, i64>, arrivals: &HashMap<String, Vec<i64>>) -> Punctuality {
+    let mut lateness = Vec::with_capacity(due.len());
+    let mut report = Punctuality {
+        events: due.len(),
+        duplicates: 0,
+        doubled: Vec::new(),
+        early: 0,
+        p99_late_ms: 0,
+        worst_late_ms: 0,
+        worst_id: String::new(),
+    };
+    for (id, at) in due {
+        let got = &arrivals[id];
+        if got.len() > 1 {
+            report.duplicates += got.len() - 1;
+            if report.doubled.len() < 10 {
+                report.doubled.push(id.clone());
+            }
+        }
+        for arrived in got {
+            let late = arrived - at;
+            if late < 0 {
+                report.early += 1;
+            }
+            if late > report.worst_late_ms {
+                report.worst_late_ms = late;
+                report.worst_id = id.clone();
+            }
+            lateness.push(late);
+        }
+    }
+    lateness.sort_unstable();
+    report.p99_late_ms = lateness[lateness.len() * 99 / 100];
+    report
 }
 
 /// Waits until every id in `due` arrived; returns (arrivals per id).
@@ -461,4 +599,102 @@ async fn killing_the_node_that_fires_a_schedule_loses_no_occurrence_and_doubles_
         around_kill.len() >= 7,
         "occurrences missing around the kill: {instants:?}"
     );
+}
+
+/// Sleeps until the wall-clock instant `at_ms`.
+async fn sleep_until_ms(at_ms: i64) {
+    tokio::time::sleep(Duration::from_millis((at_ms - now_ms()).max(0) as u64)).await;
+}
+
+/// Asserts the acceptance bounds of a clean hand-over: nothing missing
+/// (checked by `wait_all`), nothing early, no duplicate, at most 1 s late.
+fn assert_clean(what: &str, report: &Punctuality) {
+    eprintln!("{what}, {} events: {report:?}", report.events);
+    assert_eq!(report.early, 0, "{what}: delivered early: {report:?}");
+    assert_eq!(report.duplicates, 0, "{what}: delivered twice: {report:?}");
+    assert!(
+        report.worst_late_ms <= 1_000,
+        "{what}: an event was {} ms late: {report:?}",
+        report.worst_late_ms
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_under_load_delivers_every_event_once_and_within_a_second() {
+    let url = PgServer::shared().fresh_database().await;
+    let mut cluster = Cluster::start(&url, 3).await;
+    cluster.wait_for_balance(3).await;
+    let receiver = Receiver::start_lean().await;
+    receiver.reserve(12_000);
+    // Answers take a while, so deliveries are in flight at every hand-over.
+    receiver.set_default(Response::status(200).with_delay(Duration::from_millis(50)));
+    register(&cluster.nodes[0], &receiver).await;
+    // 10,000 events due over 40 s.
+    let first = now_ms() + 12_000;
+    let due = schedule_fast(&cluster, "r", 10_000, first, 4).await;
+    assert!(
+        now_ms() < first - 1_000,
+        "scheduling took too long to measure lateness"
+    );
+
+    // SIGTERM each node in turn, restart it, wait until it has its share
+    // again; spread over the 40 s of events.
+    for k in 0..3 {
+        sleep_until_ms(first + 3_000 + k as i64 * 12_000).await;
+        let signalled = Instant::now();
+        let status = cluster.nodes[k].terminate().await.expect("the node ran");
+        assert!(status.success(), "node {k} exited with {status}");
+        let stopped_in = signalled.elapsed();
+        cluster.nodes[k].restart().await.expect("the node restarts");
+        cluster.wait_for_balance(3).await;
+        eprintln!(
+            "node {k}: exited {stopped_in:?} after SIGTERM, owns its share again after {:?}",
+            signalled.elapsed()
+        );
+    }
+
+    wait_all(&receiver, &due, SETTLE).await;
+    // Room for a (wrong) second delivery to show up.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_clean(
+        "rolling restart",
+        &punctuality(&due, &arrivals_of(&receiver)),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joining_a_busy_cluster_takes_its_share_without_duplicates_or_lateness() {
+    let url = PgServer::shared().fresh_database().await;
+    let mut cluster = Cluster::start(&url, 3).await;
+    cluster.wait_for_balance(3).await;
+    let receiver = Receiver::start_lean().await;
+    receiver.reserve(8_000);
+    receiver.set_default(Response::status(200).with_delay(Duration::from_millis(50)));
+    register(&cluster.nodes[0], &receiver).await;
+    // 6,000 events due over 24 s.
+    let first = now_ms() + 8_000;
+    let due = schedule_fast(&cluster, "j", 6_000, first, 4).await;
+    assert!(
+        now_ms() < first - 1_000,
+        "scheduling took too long to measure lateness"
+    );
+
+    sleep_until_ms(first + 6_000).await;
+    let joined = Instant::now();
+    let (node, dir) = start_node(&url).await;
+    cluster.nodes.push(node);
+    cluster._dirs.push(dir);
+    cluster.wait_for_balance(4).await;
+    eprintln!(
+        "the fourth node has its share {:?} after it was started",
+        joined.elapsed()
+    );
+    assert!(
+        now_ms() < first + 24_000,
+        "the hand-over must happen while events come due"
+    );
+
+    wait_all(&receiver, &due, SETTLE).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_clean("join", &punctuality(&due, &arrivals_of(&receiver)));
 }
