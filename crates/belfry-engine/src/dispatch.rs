@@ -143,22 +143,28 @@ pub(crate) fn submit(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, fi
 
 fn start(shared: &Arc<Shared>, jobs: Vec<(TenantName, Job)>) {
     for (tenant, job) in jobs {
-        let slot = Slot {
+        let mut slot = Slot {
             shared: shared.clone(),
             tenant,
+            completed: false,
         };
         tokio::spawn(async move {
             deliver_one(&slot.shared, job).await;
-            drop(slot);
+            slot.completed = true;
         });
     }
 }
 
-/// A held delivery slot; released (and the next jobs started) on drop, so
-/// even a panicking delivery cannot leak it.
+/// A held delivery slot; released on drop, so even a panicking delivery
+/// cannot leak it.
 struct Slot {
     shared: Arc<Shared>,
     tenant: TenantName,
+    /// Whether the delivery ran to its end. Only then are the next jobs
+    /// started from here: a task dropped unfinished (the runtime shutting
+    /// down cancels every task) must not spawn more, which would be
+    /// cancelled and dropped in turn, recursively.
+    completed: bool,
 }
 
 impl Drop for Slot {
@@ -169,11 +175,11 @@ impl Drop for Slot {
             if slots.in_flight() == 0 {
                 self.shared.limits.idle.notify_waiters();
             }
-            if self
+            let stopping = self
                 .shared
                 .stopping
-                .load(std::sync::atomic::Ordering::SeqCst)
-            {
+                .load(std::sync::atomic::Ordering::SeqCst);
+            if stopping || !self.completed {
                 Vec::new()
             } else {
                 slots.start_ready()

@@ -104,14 +104,29 @@ impl Engine {
         clock: Arc<dyn Clock>,
     ) -> Engine {
         let all: Vec<Ownership> = store.partitions().all().map(Ownership::forever).collect();
-        let engine = Engine::start_unowned(options, store, sinks, clock);
+        let engine = Engine::launch(options, store, sinks, clock);
         engine.handle.set_ownership(all);
         engine
     }
 
     /// Starts an engine that owns nothing yet: a cluster node, whose
     /// membership loop grants partitions with [`EngineHandle::set_ownership`].
+    ///
+    /// Records are not read ahead here (`engine.read_ahead_ms` is ignored):
+    /// other nodes write too, and a record read ahead could miss a cancel
+    /// another node acknowledged whose wake-up has not arrived yet. Each
+    /// delivery reads its record when it fires instead.
     pub fn start_unowned(
+        mut options: EngineOptions,
+        store: SharedStore,
+        sinks: Sinks,
+        clock: Arc<dyn Clock>,
+    ) -> Engine {
+        options.read_ahead = std::time::Duration::ZERO;
+        Engine::launch(options, store, sinks, clock)
+    }
+
+    fn launch(
         options: EngineOptions,
         store: SharedStore,
         sinks: Sinks,
@@ -330,6 +345,15 @@ impl EngineHandle {
             total.load_failures += stats.load_failures;
         }
         total
+    }
+
+    /// Entries held in memory by the owned partitions (windows,
+    /// outstanding entries, retry timers), and the most they may hold.
+    pub fn held_in_memory(&self) -> (usize, usize) {
+        let runtimes = self.inner.owned.runtimes();
+        let held = runtimes.iter().map(|r| r.held()).sum();
+        let capacity = runtimes.iter().map(|r| r.capacity()).sum();
+        (held, capacity)
     }
 
     /// Hands `partitions` over cleanly: they stop firing at once (no new

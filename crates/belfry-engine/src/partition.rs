@@ -74,6 +74,15 @@ impl PartitionRuntime {
         self.lock().outstanding()
     }
 
+    /// Entries the core holds, and the most it may.
+    pub(crate) fn held(&self) -> usize {
+        self.lock().held()
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.lock().config().capacity
+    }
+
     /// Counters of the core (repairs, evictions, …).
     pub(crate) fn stats(&self) -> belfry_core::fire::CoreStats {
         self.lock().stats().clone()

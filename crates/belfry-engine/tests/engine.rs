@@ -61,6 +61,23 @@ impl Node {
         self.handle.tenant_changed(&tenant);
     }
 
+    async fn tenant_with_timeout(&self, name: &str, receiver: &Receiver, timeout_ms: u64) {
+        let tenant = TenantName::new(name).unwrap();
+        self.handle
+            .store()
+            .put_tenant(TenantConfig {
+                name: tenant.clone(),
+                sink: SinkConfig::Http(HttpTarget {
+                    url: receiver.url("/hook"),
+                    headers: Default::default(),
+                    timeout_ms: Some(timeout_ms),
+                }),
+            })
+            .await
+            .unwrap();
+        self.handle.tenant_changed(&tenant);
+    }
+
     async fn schedule(&self, tenant: &str, id: &str, at: Timestamp) {
         self.handle
             .apply(vec![upsert(tenant, id, at)])
@@ -489,5 +506,164 @@ async fn an_event_submitted_past_due_beyond_the_look_back_fires_at_once() {
     let record = node.wait_status("t", "late", EventStatus::Delivered).await;
     assert_eq!(record.attempts, 1);
     assert_eq!(arrival_of(&receiver, "late").len(), 1);
+    node.stop().await;
+}
+
+/// Issue 9, defects 2 and 6: tenants whose webhooks hang (an hour-long
+/// `timeout_ms`) with a large due backlog neither take every delivery slot
+/// nor fill memory: another tenant's events still arrive on time, and the
+/// partitions hold no more than their configured capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_tenants_hold_back_neither_memory_nor_another_tenant() {
+    let hung = Receiver::start().await;
+    hung.set_default(Response::status(200).with_delay(Duration::from_secs(3_600)));
+    let healthy = Receiver::start().await;
+    let options = EngineOptions {
+        // 8 partitions × 512 entries in memory at most.
+        max_events_in_memory: 4_096,
+        ..EngineOptions::default()
+    };
+    let node = Node::start(options).await;
+    let hung_tenants: Vec<String> = (0..10).map(|i| format!("hung{i}")).collect();
+    for name in &hung_tenants {
+        node.tenant_with_timeout(name, &hung, 3_600_000).await;
+    }
+    node.tenant("healthy", &healthy).await;
+    let due = now();
+    for name in &hung_tenants {
+        let commands: Vec<_> = (0..3_000)
+            .map(|i| upsert(name, &format!("e{i}"), due))
+            .collect();
+        node.handle.apply(commands).await.unwrap();
+    }
+    // The hung tenants now hold what slots they can get (576 of 1,024 with
+    // these limits: each partition hands out at most half its capacity).
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while hung.count() < 500 {
+        assert!(tokio::time::Instant::now() < deadline, "hung deliveries never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (held, capacity) = node.handle.held_in_memory();
+    assert!(held <= capacity, "{held} entries held, capacity {capacity}");
+    // The healthy tenant's events, due one after the other, arrive on time.
+    let mut instants = Vec::new();
+    for i in 0..20 {
+        let at = in_ms(300 + 50 * i);
+        node.schedule("healthy", &format!("h{i}"), at).await;
+        instants.push(at);
+    }
+    let got = healthy.wait_for_count(20, DEADLINE).await.unwrap();
+    for (i, at) in instants.iter().enumerate() {
+        let arrived = arrival_of(&healthy, &format!("h{i}"));
+        assert_eq!(arrived.len(), 1, "h{i}: {got:?}");
+        let late = arrived[0] - at.as_millis();
+        assert!((0..500).contains(&late), "h{i} arrived {late} ms after its instant");
+    }
+    let (held, capacity) = node.handle.held_in_memory();
+    assert!(held <= capacity, "{held} entries held, capacity {capacity}");
+    assert!(node.handle.in_flight() <= 1_024);
+    // No graceful wait for the hung deliveries: dropped with the runtime.
+}
+
+/// Issue 9, defect 3: a committed event whose wake-up was lost (here: a
+/// write straight to the store, as a partially committed batch or a lost
+/// NOTIFY leaves it) inside the loaded window is found by the partition's
+/// repair page and fires, instead of waiting for a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_wake_up_was_lost_is_repaired_and_fires() {
+    let receiver = Receiver::start().await;
+    let options = EngineOptions {
+        repair_interval: Duration::from_millis(200),
+        ..EngineOptions::default()
+    };
+    let node = Node::start(options).await;
+    node.tenant("t", &receiver).await;
+    // Let every partition load its window first.
+    node.schedule("t", "warm-up", now()).await;
+    receiver.wait_for_count(1, DEADLINE).await.unwrap();
+    let at = in_ms(300);
+    node.handle
+        .store()
+        .apply(belfry_store::ApplyParams {
+            commands: vec![upsert("t", "stranded", at)],
+            now: now(),
+            retry: Default::default(),
+        })
+        .await
+        .unwrap();
+    let record = node.wait_status("t", "stranded", EventStatus::Delivered).await;
+    assert!(arrival_of(&receiver, "stranded")[0] >= at.as_millis());
+    assert_eq!(record.attempts, 1);
+    assert!(node.handle.fire_stats().repaired >= 1);
+    node.stop().await;
+}
+
+/// Issue 9, defect 8: in a cluster another node may acknowledge a cancel
+/// whose wake-up reaches the owner late (or never). The owner reads each
+/// record when its entry fires, so a cancel committed before the instant
+/// is honoured. Here the cancel is written straight to the store (no
+/// wake-up at all) 200 ms before the instant, after a read-ahead would have
+/// read the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_acknowledged_elsewhere_without_a_wake_up_is_honoured_in_a_cluster() {
+    belfry_testkit::install_crypto_provider();
+    let receiver = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store: SharedStore = Arc::new(
+        EmbeddedStore::open(EmbeddedOptions {
+            data_dir: dir.path().to_path_buf(),
+            partitions: PartitionCount::new(8).unwrap(),
+            writers: None,
+        })
+        .unwrap(),
+    );
+    let options = EngineOptions {
+        repair_interval: Duration::ZERO,
+        ..EngineOptions::default()
+    };
+    let sinks = Sinks::new(Default::default()).unwrap();
+    let engine = Engine::start_unowned(options, store.clone(), sinks, Arc::new(SystemClock));
+    let handle = engine.handle();
+    handle.set_ownership(
+        store
+            .partitions()
+            .all()
+            .map(belfry_engine::Ownership::forever)
+            .collect(),
+    );
+    let node = Node {
+        engine: Some(engine),
+        handle,
+        _dir: dir,
+    };
+    node.tenant("t", &receiver).await;
+    let at = in_ms(700);
+    node.schedule("t", "cancelled-elsewhere", at).await;
+    tokio::time::sleep_until(tokio::time::Instant::now() + Duration::from_millis(500)).await;
+    let cancel = KeyedCommand {
+        key: key("t", "cancelled-elsewhere"),
+        command: EventCommand::Cancel,
+        fence: None,
+    };
+    store
+        .apply(belfry_store::ApplyParams {
+            commands: vec![cancel],
+            now: now(),
+            retry: Default::default(),
+        })
+        .await
+        .unwrap();
+    // Wait until the entry fired (was popped and checked) and nothing is
+    // outstanding, then check nothing was delivered.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while node.handle.fire_stats().fired == 0 || node.handle.held_in_memory().0 > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the entry never fired");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(receiver.count(), 0, "a cancelled event was delivered");
+    assert_eq!(
+        node.status("t", "cancelled-elsewhere").await.status,
+        EventStatus::Cancelled
+    );
     node.stop().await;
 }

@@ -277,6 +277,8 @@ pub struct PartitionCore {
     /// Fired, not finished: the claimed version once the delivery started.
     outstanding: HashMap<DueCursor, Option<EventVersion>>,
     outstanding_by_tenant: HashMap<TenantName, usize>,
+    /// Tenants blocked because the outstanding budget is spent.
+    budget_blocked: HashSet<TenantName>,
     /// Claimed versions, to drop a second copy of one.
     claimed: HashSet<(EventKey, EventVersion)>,
     retry_timers: BTreeSet<(Timestamp, DueCursor)>,
@@ -296,6 +298,7 @@ impl PartitionCore {
             read_ahead: ReadAhead::default(),
             outstanding: HashMap::new(),
             outstanding_by_tenant: HashMap::new(),
+            budget_blocked: HashSet::new(),
             claimed: HashSet::new(),
             retry_timers: BTreeSet::new(),
             repair_after: None,
@@ -451,19 +454,33 @@ impl PartitionCore {
         }
     }
 
+    /// Outstanding entries beyond which only tenants with none outstanding
+    /// here may fire: half the capacity, so the window keeps room to page
+    /// in what comes due next, and tenants whose deliveries hang cannot
+    /// use it all up.
+    fn outstanding_budget(&self) -> usize {
+        (self.config.capacity / 2).max(1)
+    }
+
     fn fire_due(&mut self, now: Timestamp, actions: &mut Vec<Action>) {
-        // Outstanding entries are bounded to half the capacity, so the
-        // window always has room to page in what comes due next.
-        let max_outstanding = (self.config.capacity / 2).max(1);
+        let budget = self.outstanding_budget();
         let mut fired = Vec::new();
-        while fired.len() < self.config.fire_batch && self.outstanding.len() < max_outstanding {
+        while fired.len() < self.config.fire_batch {
             let Some(entry) = self.window.pop_ready(now) else {
                 break;
             };
             debug_assert!(entry.due <= now, "never early");
-            let record = self.read_ahead.take(&entry);
             let tenant = entry.key.tenant.clone();
             let count = self.outstanding_by_tenant.entry(tenant.clone()).or_default();
+            if self.outstanding.len() >= budget && *count > 0 {
+                // Over budget: this tenant waits until something finishes;
+                // a tenant with nothing outstanding here may still fire one.
+                self.window.insert(entry, true);
+                self.window.set_blocked(&tenant, true);
+                self.budget_blocked.insert(tenant);
+                continue;
+            }
+            let record = self.read_ahead.take(&entry);
             *count += 1;
             if *count >= self.config.max_outstanding_per_tenant {
                 self.window.set_blocked(&tenant, true);
@@ -487,11 +504,21 @@ impl PartitionCore {
         let tenant = entry.key.tenant.clone();
         if let Some(count) = self.outstanding_by_tenant.get_mut(&tenant) {
             *count -= 1;
-            if *count < self.config.max_outstanding_per_tenant {
+            if *count < self.config.max_outstanding_per_tenant
+                && !self.budget_blocked.contains(&tenant)
+            {
                 self.window.set_blocked(&tenant, false);
             }
             if *count == 0 {
                 self.outstanding_by_tenant.remove(&tenant);
+            }
+        }
+        if self.outstanding.len() < self.outstanding_budget() {
+            for tenant in std::mem::take(&mut self.budget_blocked) {
+                let count = self.outstanding_by_tenant.get(&tenant).copied();
+                if count.unwrap_or(0) < self.config.max_outstanding_per_tenant {
+                    self.window.set_blocked(&tenant, false);
+                }
             }
         }
         if let Finish::RetryAt(at) = finish {

@@ -12,8 +12,13 @@ pub struct HttpSinkOptions {
     /// Limit for opening a connection (TCP and TLS), in milliseconds.
     pub connect_timeout_ms: u64,
     /// Limit for one attempt, from connecting until the response is read,
-    /// in milliseconds. A tenant's `timeout_ms` overrides it.
+    /// in milliseconds. A tenant's `timeout_ms` overrides it, up to
+    /// `max_tenant_timeout_ms`.
     pub request_timeout_ms: u64,
+    /// The longest a tenant's own `timeout_ms` may hold a delivery slot, in
+    /// milliseconds: a tenant asking for an hour gets this. Hung webhooks
+    /// then free their slots within it.
+    pub max_tenant_timeout_ms: u64,
     /// Idle keep-alive connections kept per receiver host. Match it to the
     /// engine's in-flight limit so a busy receiver never pays for reconnects.
     pub pool_max_idle_per_host: usize,
@@ -28,6 +33,7 @@ impl Default for HttpSinkOptions {
         HttpSinkOptions {
             connect_timeout_ms: 2_000,
             request_timeout_ms: 10_000,
+            max_tenant_timeout_ms: 30_000,
             pool_max_idle_per_host: 1_024,
             pool_idle_timeout_ms: 90_000,
             user_agent: concat!("belfry/", env!("CARGO_PKG_VERSION")).to_string(),
@@ -41,16 +47,39 @@ impl HttpSinkOptions {
     }
 
     /// The attempt limit for a tenant: its own `timeout_ms` when set and
-    /// non-zero, else the node's.
+    /// non-zero, capped at `max_tenant_timeout_ms`; else the node's.
     pub fn request_timeout(&self, tenant_timeout_ms: Option<u64>) -> Duration {
         Duration::from_millis(
             tenant_timeout_ms
                 .filter(|ms| *ms > 0)
+                .map(|ms| ms.min(self.max_tenant_timeout_ms.max(1)))
                 .unwrap_or(self.request_timeout_ms),
         )
     }
 
     pub fn pool_idle_timeout(&self) -> Duration {
         Duration::from_millis(self.pool_idle_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_timeouts_are_capped() {
+        let options = HttpSinkOptions::default();
+        let hour = 3_600_000;
+        assert_eq!(
+            options.request_timeout(Some(hour)),
+            Duration::from_secs(30),
+            "an hour-long tenant timeout is capped"
+        );
+        assert_eq!(
+            options.request_timeout(Some(5_000)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(options.request_timeout(None), Duration::from_secs(10));
+        assert_eq!(options.request_timeout(Some(0)), Duration::from_secs(10));
     }
 }
