@@ -143,14 +143,14 @@ pub(crate) fn submit(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, fi
 
 fn start(shared: &Arc<Shared>, jobs: Vec<(TenantName, Job)>) {
     for (tenant, job) in jobs {
-        let mut slot = Slot {
+        let slot = Slot {
             shared: shared.clone(),
             tenant,
             completed: false,
         };
         tokio::spawn(async move {
             deliver_one(&slot.shared, job).await;
-            slot.completed = true;
+            slot.complete();
         });
     }
 }
@@ -165,6 +165,13 @@ struct Slot {
     /// down cancels every task) must not spawn more, which would be
     /// cancelled and dropped in turn, recursively.
     completed: bool,
+}
+
+impl Slot {
+    /// The delivery ran to its end: release the slot and start the next.
+    fn complete(mut self) {
+        self.completed = true;
+    }
 }
 
 impl Drop for Slot {

@@ -347,6 +347,26 @@ impl EngineHandle {
         total
     }
 
+    /// Wakes every partition worker to re-evaluate now: for a test that
+    /// moved a manual clock (workers otherwise re-read the clock at least
+    /// once a second).
+    pub fn poke(&self) {
+        self.inner
+            .owned
+            .broadcast(|| belfry_core::fire::Input::Tick { may_fire: false }, self.inner.clock.now());
+    }
+
+    /// Fired entries not finished yet (queued, in delivery, or waiting for
+    /// their outcome to be stored), over the owned partitions.
+    pub fn outstanding(&self) -> usize {
+        self.inner
+            .owned
+            .runtimes()
+            .iter()
+            .map(|r| r.outstanding())
+            .sum()
+    }
+
     /// Entries held in memory by the owned partitions (windows,
     /// outstanding entries, retry timers), and the most they may hold.
     pub fn held_in_memory(&self) -> (usize, usize) {
