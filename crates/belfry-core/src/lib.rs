@@ -19,7 +19,7 @@
 //!   (`(state, command, now) → (state, effects)`).
 //! - [`retry`]: the retry policy and the one delivery classification
 //!   ([`Verdict`]: delivered, retry, permanent).
-//! - [`timer`]: the due order ([`DueCursor`]) and the simple bounded window.
+//! - [`timer`]: the due order ([`DueCursor`]).
 //! - [`fire`]: the fire path of one partition as a pure state machine
 //!   ([`fire::PartitionCore`]: window, read-ahead, claims, retry timers,
 //!   repairs) and the delivery slot policy ([`fire::DeliverySlots`]).
@@ -50,4 +50,4 @@ pub use retry::{RetryPolicy, Verdict};
 pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};
 pub use tenant::{SinkConfig, TenantConfig};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
-pub use timer::{DueCursor, TimerWindow};
+pub use timer::DueCursor;

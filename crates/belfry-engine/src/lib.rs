@@ -4,29 +4,29 @@
 //!
 //! # Layout
 //! - [`options`]: [`EngineOptions`], the knobs and their defaults;
-//! - [`partition`]: one worker per owned partition: the loader and a
-//!   [`belfry_core::TimerWindow`], woken by new, moved or removed events;
+//! - [`partition`]: one worker per owned partition, the runtime of its
+//!   [`belfry_core::fire::PartitionCore`] (which makes every fire-path
+//!   decision);
 //! - [`membership`]: the cluster loop (heartbeat, leader lease, partition
-//!   assignment, lease renewal) that grants ownership;
+//!   assignment, lease renewal, hand-overs) that grants ownership;
 //! - [`ownership`]: which partitions this node fires, under which epoch and
 //!   until when (all of them, forever, on a single node);
-//! - [`dispatch`]: concurrency limits (global and per tenant), the fire-time
-//!   check against the store, the delivery itself;
-//! - [`recorder`]: batches attempt outcomes into the store;
+//! - [`dispatch`]: delivery slots ([`belfry_core::fire::DeliverySlots`]),
+//!   the fire-time check against the store, the claim, the delivery;
+//! - [`recorder`]: batches attempt outcomes into the store and finishes
+//!   their entries;
 //! - [`schedules`]: recurring schedules: the control-event firing (plan,
 //!   store occurrences, move the control event) and their management;
 //! - [`purge`]: the background retention sweep;
 //! - [`tenants`]: a short-lived cache of tenant configs.
 //!
 //! # The fire path
-//! A partition worker pages `(next_fire_at, key)` entries of pending events
-//! due within `window` from the store into its timer window, sleeps until the
-//! earliest, pops what is due (`now >= due`, never earlier) and hands each to
-//! the dispatcher. The dispatcher waits for a tenant slot and a global slot,
-//! re-reads the event (the window is a hint, the store is the truth), delivers
-//! through the tenant's sink and sends the outcome to the recorder, which
-//! applies outcomes in batches and routes the resulting timer effects (a retry
-//! to arm) back to the partitions.
+//! See `docs/ARCHITECTURE.md`. In short: each partition core pages due
+//! entries into a bounded window, fires them at their instant (never
+//! before), the dispatcher gives them delivery slots, a delivery checks the
+//! record, claims its version and delivers, and the recorder stores the
+//! outcome in batches, finishes the entry and routes the resulting timer
+//! effects back to the cores.
 //!
 //! Components are built `Options → Engine → cheap-clone EngineHandle`.
 
