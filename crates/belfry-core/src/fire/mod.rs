@@ -22,8 +22,9 @@
 //!
 //! # Guarantees (checked by the simulation's oracle)
 //! - Never early: an entry is fired only when `now >= due`.
-//! - Bounded: held + outstanding + retry timers never exceed `capacity` by
-//!   more than one page in flight; a tenant has at most
+//! - Bounded: whenever `handle` returns, [`PartitionCore::held`] (window +
+//!   outstanding + retry timers) is at most `capacity` (a page may exceed
+//!   it only while it is being applied); a tenant has at most
 //!   `max_outstanding_per_tenant` outstanding entries in this partition.
 //! - One delivery per version at a time: a second fired copy of an entry
 //!   whose version is claimed is dropped.
@@ -694,16 +695,13 @@ impl PartitionCore {
     }
 
     /// A window page's entry: held unless its tenant overflows (then it
-    /// stays the tenant reload's), evicting for capacity as needed.
+    /// stays the tenant reload's). The caller enforces the capacity once
+    /// per page, so a page may exceed it until then.
     fn window_page_entry(&mut self, entry: DueCursor) {
         if self.window.overflow_of(&entry.key.tenant).is_some() {
             return;
         }
         self.window.insert(entry, true);
-        let others = self.outstanding.len() + self.retry_timers.len();
-        if self.window.len() + others > self.config.capacity {
-            self.enforce_capacity();
-        }
     }
 
     fn start_read_ahead(&mut self, now: Timestamp, actions: &mut Vec<Action>) {
