@@ -351,9 +351,10 @@ impl EngineHandle {
     /// moved a manual clock (workers otherwise re-read the clock at least
     /// once a second).
     pub fn poke(&self) {
-        self.inner
-            .owned
-            .broadcast(|| belfry_core::fire::Input::Tick { may_fire: false }, self.inner.clock.now());
+        self.inner.owned.broadcast(
+            || belfry_core::fire::Input::Tick { may_fire: false },
+            self.inner.clock.now(),
+        );
     }
 
     /// Fired entries not finished yet (queued, in delivery, or waiting for

@@ -158,7 +158,9 @@ fn perform(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, actions: Vec
                 let (shared, partition) = (shared.clone(), partition.clone());
                 tokio::spawn(async move {
                     let read = shared.store.get_events(&keys).await;
-                    let records = read.ok().map(|records| keys.into_iter().zip(records).collect());
+                    let records = read
+                        .ok()
+                        .map(|records| keys.into_iter().zip(records).collect());
                     partition.input(Input::ReadAhead { records }, shared.clock.now());
                 });
             }

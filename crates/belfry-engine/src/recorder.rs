@@ -32,7 +32,12 @@ pub(crate) struct Outcome {
 /// or dropped as stale).
 fn finish_all<'a>(shared: &Shared, outcomes: impl IntoIterator<Item = &'a Outcome>) {
     for outcome in outcomes {
-        finish(shared, &outcome.partition, outcome.entry.clone(), Finish::Done);
+        finish(
+            shared,
+            &outcome.partition,
+            outcome.entry.clone(),
+            Finish::Done,
+        );
     }
 }
 

@@ -448,10 +448,19 @@ async fn an_event_moved_while_its_delivery_is_in_flight_fires_at_its_new_instant
     // Version 1 is in flight now (its webhook answers after 1 s).
     let moved_to = in_ms(200);
     node.schedule("t", "timeout", moved_to).await;
-    let record = node.wait_status("t", "timeout", EventStatus::Delivered).await;
-    assert_eq!(record.event_time, moved_to, "the moved version was delivered");
+    let record = node
+        .wait_status("t", "timeout", EventStatus::Delivered)
+        .await;
+    assert_eq!(
+        record.event_time, moved_to,
+        "the moved version was delivered"
+    );
     let arrivals = arrival_of(&receiver, "timeout");
-    assert_eq!(arrivals.len(), 2, "each version delivered once: {arrivals:?}");
+    assert_eq!(
+        arrivals.len(),
+        2,
+        "each version delivered once: {arrivals:?}"
+    );
     assert!(
         arrivals[1] >= moved_to.as_millis(),
         "never early: {arrivals:?}"
@@ -540,7 +549,10 @@ async fn hung_tenants_hold_back_neither_memory_nor_another_tenant() {
     // these limits: each partition hands out at most half its capacity).
     let deadline = tokio::time::Instant::now() + DEADLINE;
     while hung.count() < 500 {
-        assert!(tokio::time::Instant::now() < deadline, "hung deliveries never started");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "hung deliveries never started"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (held, capacity) = node.handle.held_in_memory();
@@ -557,7 +569,10 @@ async fn hung_tenants_hold_back_neither_memory_nor_another_tenant() {
         let arrived = arrival_of(&healthy, &format!("h{i}"));
         assert_eq!(arrived.len(), 1, "h{i}: {got:?}");
         let late = arrived[0] - at.as_millis();
-        assert!((0..500).contains(&late), "h{i} arrived {late} ms after its instant");
+        assert!(
+            (0..500).contains(&late),
+            "h{i} arrived {late} ms after its instant"
+        );
     }
     let (held, capacity) = node.handle.held_in_memory();
     assert!(held <= capacity, "{held} entries held, capacity {capacity}");
@@ -591,7 +606,9 @@ async fn an_event_whose_wake_up_was_lost_is_repaired_and_fires() {
         })
         .await
         .unwrap();
-    let record = node.wait_status("t", "stranded", EventStatus::Delivered).await;
+    let record = node
+        .wait_status("t", "stranded", EventStatus::Delivered)
+        .await;
     assert!(arrival_of(&receiver, "stranded")[0] >= at.as_millis());
     assert_eq!(record.attempts, 1);
     assert!(node.handle.fire_stats().repaired >= 1);
@@ -657,7 +674,10 @@ async fn a_cancel_acknowledged_elsewhere_without_a_wake_up_is_honoured_in_a_clus
     // outstanding, then check nothing was delivered.
     let deadline = tokio::time::Instant::now() + DEADLINE;
     while node.handle.fire_stats().fired == 0 || node.handle.held_in_memory().0 > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the entry never fired");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the entry never fired"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(receiver.count(), 0, "a cancelled event was delivered");

@@ -223,10 +223,10 @@ impl ReadAhead {
             self.stale.insert(entry.key.clone());
         }
         // An entry at or before what was requested is read in the next round.
-        if let Some(mark) = self.requested_through.get(&entry.key.tenant) {
-            if (entry.due, &entry.key.id) <= (mark.0, &mark.1) {
-                self.requested_through.remove(&entry.key.tenant);
-            }
+        if let Some(mark) = self.requested_through.get(&entry.key.tenant)
+            && (entry.due, &entry.key.id) <= (mark.0, &mark.1)
+        {
+            self.requested_through.remove(&entry.key.tenant);
         }
     }
 
@@ -472,7 +472,10 @@ impl PartitionCore {
             };
             debug_assert!(entry.due <= now, "never early");
             let tenant = entry.key.tenant.clone();
-            let count = self.outstanding_by_tenant.entry(tenant.clone()).or_default();
+            let count = self
+                .outstanding_by_tenant
+                .entry(tenant.clone())
+                .or_default();
             if self.outstanding.len() >= budget && *count > 0 {
                 // Over budget: this tenant waits until something finishes;
                 // a tenant with nothing outstanding here may still fire one.
@@ -725,9 +728,9 @@ impl PartitionCore {
             return;
         }
         let room = config.read_ahead_max_records - self.read_ahead.records.len();
-        let entries = self
-            .window
-            .due_through(now.plus(config.read_ahead), |t| marks.get(t).cloned(), room);
+        let entries =
+            self.window
+                .due_through(now.plus(config.read_ahead), |t| marks.get(t).cloned(), room);
         let mut keys = Vec::new();
         for entry in entries {
             self.read_ahead

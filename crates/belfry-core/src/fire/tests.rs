@@ -147,7 +147,9 @@ fn a_tenant_at_its_outstanding_limit_does_not_hold_back_another() {
         ..config()
     });
     let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
-    let mut page: Vec<_> = (0..20).map(|i| entry(1, "hung", &format!("e{i:02}"))).collect();
+    let mut page: Vec<_> = (0..20)
+        .map(|i| entry(1, "hung", &format!("e{i:02}")))
+        .collect();
     page.push(entry(5, "ok", "x"));
     page.sort();
     core.handle(
@@ -158,7 +160,11 @@ fn a_tenant_at_its_outstanding_limit_does_not_hold_back_another() {
         ts(0),
     );
     let first = delivered(&core.handle(Input::Tick { may_fire: true }, ts(5)));
-    assert_eq!(first.len(), 3, "two of the hung tenant, then the other: {first:?}");
+    assert_eq!(
+        first.len(),
+        3,
+        "two of the hung tenant, then the other: {first:?}"
+    );
     assert_eq!(first[2], entry(5, "ok", "x"));
 }
 
@@ -172,7 +178,9 @@ fn a_backlog_beyond_the_capacity_is_evicted_per_tenant_and_paged_back() {
     assert_eq!(request.limit, 16);
     // The big tenant's backlog comes first in due order; the small
     // tenant's event is later.
-    let page: Vec<_> = (0..16).map(|i| entry(1, "big", &format!("e{i:03}"))).collect();
+    let page: Vec<_> = (0..16)
+        .map(|i| entry(1, "big", &format!("e{i:03}")))
+        .collect();
     core.handle(
         Input::Loaded {
             request,
@@ -183,8 +191,7 @@ fn a_backlog_beyond_the_capacity_is_evicted_per_tenant_and_paged_back() {
     // Pages until the window is covered; the big tenant overflows.
     let mut now = 0;
     let mut served = 0;
-    while let [Action::Load(request)] = &core.handle(Input::Tick { may_fire: false }, ts(now))[..]
-    {
+    while let [Action::Load(request)] = &core.handle(Input::Tick { may_fire: false }, ts(now))[..] {
         let page: Vec<_> = match request.kind {
             LoadKind::Window if served < 10 => {
                 served += 1;
@@ -208,6 +215,10 @@ fn a_backlog_beyond_the_capacity_is_evicted_per_tenant_and_paged_back() {
             break;
         }
     }
-    assert!(core.window().overflow_of(&TenantName::new("big").unwrap()).is_some());
+    assert!(
+        core.window()
+            .overflow_of(&TenantName::new("big").unwrap())
+            .is_some()
+    );
     assert_eq!(core.window().held_by(&TenantName::new("small").unwrap()), 1);
 }

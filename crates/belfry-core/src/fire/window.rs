@@ -101,7 +101,9 @@ impl FairWindow {
 
     /// A tenant's overflow mark, if it has one.
     pub fn overflow_of(&self, tenant: &TenantName) -> Option<&DueCursor> {
-        self.lanes.get(tenant).and_then(|lane| lane.overflow.as_ref())
+        self.lanes
+            .get(tenant)
+            .and_then(|lane| lane.overflow.as_ref())
     }
 
     /// Entries held for `tenant`.
@@ -383,7 +385,10 @@ mod tests {
         assert_eq!(window.pop_ready(Timestamp::from_millis(0)), None);
         let order: Vec<_> =
             std::iter::from_fn(|| window.pop_ready(Timestamp::from_millis(3))).collect();
-        assert_eq!(order, [entry(1, "a", "y"), entry(2, "a", "z"), entry(3, "b", "x")]);
+        assert_eq!(
+            order,
+            [entry(1, "a", "y"), entry(2, "a", "z"), entry(3, "b", "x")]
+        );
         assert!(window.is_empty());
     }
 

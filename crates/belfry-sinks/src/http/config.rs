@@ -75,10 +75,7 @@ mod tests {
             Duration::from_secs(30),
             "an hour-long tenant timeout is capped"
         );
-        assert_eq!(
-            options.request_timeout(Some(5_000)),
-            Duration::from_secs(5)
-        );
+        assert_eq!(options.request_timeout(Some(5_000)), Duration::from_secs(5));
         assert_eq!(options.request_timeout(None), Duration::from_secs(10));
         assert_eq!(options.request_timeout(Some(0)), Duration::from_secs(10));
     }
