@@ -28,6 +28,12 @@ pub enum Scenario {
     /// ahead (spread uniformly), then delivery rate and lateness are measured
     /// as they come due.
     Steady(SteadyArgs),
+    /// `--rate` events/s coming due for `--duration`, measured as `steady`
+    /// does, while a second client ingests new events at `--ingest-rate`
+    /// (in batches, due after the run so none fires during it) from the end
+    /// of the scheduling until the last due instant: lateness under ingest,
+    /// and the ingest rate achieved beside the firing.
+    Mixed(MixedArgs),
     /// `--count` events due at the same instant.
     Burst(BurstArgs),
     /// `--count` events far in the future (100-byte payloads): data dir size,
@@ -41,6 +47,14 @@ pub enum Scenario {
     /// spread round-robin over the nodes, delivery rate and lateness, and
     /// with `--kill-leader-after-ms` a kill -9 of the Master mid-delivery.
     Cluster(ClusterArgs),
+    /// `--hung-tenants` tenants whose webhook accepts the connection and
+    /// never answers (`timeout_ms` asked: `--hung-timeout-ms`; the node caps
+    /// it at `http.max_tenant_timeout_ms`), `--hung-events` events each, all
+    /// due at one instant, next to a healthy tenant receiving
+    /// `--healthy-rate` events/s for `--duration` from that instant: the
+    /// healthy tenant's lateness, early and missing, the node's peak RSS
+    /// and CPU, and the connections the hung endpoint held.
+    Hung(HungArgs),
     /// `--count` recurring schedules created with `PUT
     /// /v1/tenants/{tenant}/schedules/{id}` (Quartz `"{i % 60} * * * * ?"`:
     /// every minute, spread over the seconds of the minute), then their
@@ -76,6 +90,12 @@ pub struct NodeArgs {
     /// Tenant to register and schedule for [default: bench-<unix ms>].
     #[arg(long)]
     pub tenant: Option<String>,
+    /// Start the node on PostgreSQL (`belfry serve --database-url`): a fresh
+    /// database is created on this server (`postgres://user@host:port/db`)
+    /// for the run and dropped at the end; the run starts once the node
+    /// owns every partition, and PostgreSQL's CPU is reported.
+    #[arg(long, value_name = "URL", conflicts_with = "target")]
+    pub database_url: Option<String>,
 }
 
 /// How the events are sent.
@@ -135,6 +155,78 @@ pub struct SteadyArgs {
     pub lead_ms: Option<u64>,
     /// How long after the last due instant to wait for deliveries.
     #[arg(long, default_value_t = 60_000)]
+    pub grace_ms: u64,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct MixedArgs {
+    /// Events per second coming due (measured for lateness).
+    #[arg(long, default_value_t = 10_000)]
+    pub rate: u64,
+    /// How long events keep coming due: `30s`, `500ms`, `2m` or seconds.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Time from the start of scheduling to the first due instant
+    /// [default: 5 s + 50 µs per event, as `steady`].
+    #[arg(long)]
+    pub lead_ms: Option<u64>,
+    /// How long after the last due instant to wait for deliveries.
+    #[arg(long, default_value_t = 60_000)]
+    pub grace_ms: u64,
+    /// New events per second ingested while the others fire.
+    #[arg(long, default_value_t = 20_000)]
+    pub ingest_rate: u64,
+    /// Events per request of the ingest stream.
+    #[arg(long, default_value_t = 1_000)]
+    pub ingest_batch: usize,
+    /// Requests of the ingest stream in flight at most.
+    #[arg(long, default_value_t = 4)]
+    pub ingest_concurrency: usize,
+    /// The ingested events are due this long after the last firing instant
+    /// (one per ms from then on): outside the timer window, none fires
+    /// during the run.
+    #[arg(long, default_value_t = 600_000)]
+    pub ingest_due_after_ms: u64,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct HungArgs {
+    /// Tenants whose webhook never answers.
+    #[arg(long, default_value_t = 1)]
+    pub hung_tenants: usize,
+    /// Events of each hung tenant, all due at one instant.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub hung_events: usize,
+    /// The hung tenants' `timeout_ms` (the node caps it at
+    /// `http.max_tenant_timeout_ms`, 30 s by default).
+    #[arg(long, default_value_t = 3_600_000)]
+    pub hung_timeout_ms: u64,
+    /// Events per second of the healthy tenant, due from the hung events'
+    /// instant on.
+    #[arg(long, default_value_t = 200)]
+    pub healthy_rate: u64,
+    /// How long the healthy tenant's events keep coming due.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Time from the start of scheduling to the hung events' instant
+    /// [default: 10 s + 20 µs per event, room for ingest at 50k events/s].
+    #[arg(long)]
+    pub lead_ms: Option<u64>,
+    /// How long after the healthy tenant's last due instant to wait for its
+    /// deliveries.
+    #[arg(long, default_value_t = 30_000)]
     pub grace_ms: u64,
     #[command(flatten)]
     pub load: LoadArgs,

@@ -60,19 +60,62 @@ pub fn client(concurrency: usize) -> anyhow::Result<reqwest::Client> {
         .build()?)
 }
 
+/// Request `n`'s body and how many events it carries, or `None` past the
+/// last request.
+type BodyFn = dyn Fn(usize) -> Option<(Bytes, usize)> + Send + Sync;
+
+/// The requests of an ingest: built up front, or made on demand (millions
+/// of events whose bodies would not fit in memory at once).
+#[derive(Clone)]
+pub struct Bodies {
+    pub events: usize,
+    pub requests: usize,
+    get: Arc<BodyFn>,
+}
+
+impl Bodies {
+    pub fn prebuilt(bodies: Vec<(Bytes, usize)>) -> Self {
+        let events = bodies.iter().map(|(_, n)| n).sum();
+        let requests = bodies.len();
+        let bodies = Arc::new(bodies);
+        Bodies {
+            events,
+            requests,
+            get: Arc::new(move |n| bodies.get(n).cloned()),
+        }
+    }
+
+    /// `requests` requests carrying `events` events in all, request `n`
+    /// made by `make(n)` when it is sent.
+    pub fn on_demand(
+        events: usize,
+        requests: usize,
+        make: impl Fn(usize) -> (Bytes, usize) + Send + Sync + 'static,
+    ) -> Self {
+        Bodies {
+            events,
+            requests,
+            get: Arc::new(move |n| (n < requests).then(|| make(n))),
+        }
+    }
+
+    fn get(&self, n: usize) -> Option<(Bytes, usize)> {
+        (self.get)(n)
+    }
+}
+
 /// Sends every body with `concurrency` requests in flight; request `n`
 /// goes to `urls[n % urls.len()]` (round-robin over a cluster's nodes).
 pub async fn run(
     client: &reqwest::Client,
     urls: &[String],
-    bodies: Vec<(Bytes, usize)>,
+    bodies: Bodies,
     batch: usize,
     concurrency: usize,
     label: &str,
 ) -> IngestReport {
-    let events: usize = bodies.iter().map(|(_, n)| n).sum();
-    let requests = bodies.len();
-    let bodies = Arc::new(bodies);
+    let events = bodies.events;
+    let requests = bodies.requests;
     let progress = Arc::new(Progress::default());
     let first_error = Arc::new(std::sync::Mutex::new(None::<String>));
     let started = Instant::now();
@@ -87,7 +130,7 @@ pub async fn run(
     for _ in 0..concurrency.max(1) {
         let client = client.clone();
         let urls = urls.to_vec();
-        let bodies = Arc::clone(&bodies);
+        let bodies = bodies.clone();
         let progress = Arc::clone(&progress);
         let first_error = Arc::clone(&first_error);
         workers.spawn(async move {
@@ -99,20 +142,20 @@ pub async fn run(
                 };
                 let url = &urls[index % urls.len().max(1)];
                 let sent = Instant::now();
-                let outcome = send_one(&client, url, body.clone(), *count).await;
+                let outcome = send_one(&client, url, body, count).await;
                 latencies_us.push(sent.elapsed().as_micros() as i64);
                 match outcome {
                     Ok(acked) => {
                         progress.acknowledged.fetch_add(acked, Ordering::Relaxed);
                         progress
                             .unacknowledged
-                            .fetch_add(*count as u64 - acked, Ordering::Relaxed);
+                            .fetch_add(count as u64 - acked, Ordering::Relaxed);
                     }
                     Err(error) => {
                         progress.failed_requests.fetch_add(1, Ordering::Relaxed);
                         progress
                             .unacknowledged
-                            .fetch_add(*count as u64, Ordering::Relaxed);
+                            .fetch_add(count as u64, Ordering::Relaxed);
                         let mut first = first_error
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -151,6 +194,153 @@ pub async fn run(
         requests_per_s: requests as f64 / elapsed,
         latency_ms: Percentiles::of(&mut latencies_us).map(|p| p.scaled(1000.0)),
         finished_at_ms: crate::workload::now_ms(),
+    }
+}
+
+/// An ingest stream at a steady rate beside another measurement (the
+/// `mixed` scenario): request `n` is sent at `start + n × batch / rate`,
+/// with at most `concurrency` in flight; when the node answers slower than
+/// that the stream falls behind (reported as its lag) instead of queueing
+/// without bound.
+pub struct PacedStream {
+    acknowledged: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<PacedReport>,
+}
+
+/// What a paced stream achieved.
+#[derive(Debug, Clone, Serialize)]
+pub struct PacedReport {
+    pub ingest: IngestReport,
+    /// The rate asked for.
+    pub offered_events_per_s: f64,
+    /// The most a request was sent after its slot (all `concurrency`
+    /// requests were still in flight), in ms.
+    pub max_lag_ms: f64,
+}
+
+impl PacedStream {
+    /// Starts sending now; the last request is sent before `stop_at_ms`
+    /// (wall clock). `make(n)` builds request `n`.
+    pub fn start(
+        client: reqwest::Client,
+        url: String,
+        make: impl Fn(usize) -> (Bytes, usize) + Send + Sync + 'static,
+        rate: u64,
+        batch: usize,
+        concurrency: usize,
+        stop_at_ms: i64,
+    ) -> PacedStream {
+        let acknowledged = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(paced(
+            client,
+            url,
+            make,
+            rate.max(1),
+            batch.max(1),
+            concurrency.max(1),
+            stop_at_ms,
+            Arc::clone(&acknowledged),
+        ));
+        PacedStream { acknowledged, task }
+    }
+
+    /// Events acknowledged so far.
+    pub fn acknowledged(&self) -> u64 {
+        self.acknowledged.load(Ordering::Relaxed)
+    }
+
+    /// Waits for the last answers.
+    ///
+    /// # Errors
+    /// When the stream's task panicked.
+    pub async fn finish(self) -> anyhow::Result<PacedReport> {
+        Ok(self.task.await?)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn paced(
+    client: reqwest::Client,
+    url: String,
+    make: impl Fn(usize) -> (Bytes, usize) + Send + Sync + 'static,
+    rate: u64,
+    batch: usize,
+    concurrency: usize,
+    stop_at_ms: i64,
+    acknowledged: Arc<AtomicU64>,
+) -> PacedReport {
+    let started = tokio::time::Instant::now();
+    let stop = started
+        + Duration::from_millis(u64::try_from(stop_at_ms - crate::workload::now_ms()).unwrap_or(0));
+    let slot = Duration::from_secs_f64(batch as f64 / rate as f64);
+    let permits = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let url = Arc::new(url);
+    let mut in_flight = tokio::task::JoinSet::new();
+    let mut outcomes: Vec<(i64, usize, Result<u64, String>)> = Vec::new();
+    let mut max_lag = Duration::ZERO;
+    let mut sent_events = 0;
+    let mut n: u32 = 0;
+    loop {
+        let at = started + slot * n;
+        if at >= stop {
+            break;
+        }
+        tokio::time::sleep_until(at).await;
+        // The semaphore is never closed.
+        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+            break;
+        };
+        max_lag = max_lag.max(tokio::time::Instant::now() - at);
+        let (body, count) = make(n as usize);
+        sent_events += count;
+        let (client, url, acknowledged) =
+            (client.clone(), Arc::clone(&url), Arc::clone(&acknowledged));
+        in_flight.spawn(async move {
+            let sent = Instant::now();
+            let outcome = send_one(&client, &url, body, count).await;
+            if let Ok(acked) = outcome {
+                acknowledged.fetch_add(acked, Ordering::Relaxed);
+            }
+            drop(permit);
+            (sent.elapsed().as_micros() as i64, count, outcome)
+        });
+        while let Some(done) = in_flight.try_join_next() {
+            // A request task only panics on a bug of this tool.
+            outcomes.push(done.expect("paced request panicked"));
+        }
+        n += 1;
+    }
+    while let Some(done) = in_flight.join_next().await {
+        outcomes.push(done.expect("paced request panicked"));
+    }
+    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+    let mut latencies_us: Vec<i64> = outcomes.iter().map(|(us, _, _)| *us).collect();
+    let acked: u64 = outcomes
+        .iter()
+        .filter_map(|(_, _, o)| o.as_ref().ok())
+        .sum();
+    let failed = outcomes.iter().filter(|(_, _, o)| o.is_err()).count() as u64;
+    let first_error = outcomes
+        .iter()
+        .find_map(|(_, _, o)| o.as_ref().err().cloned());
+    PacedReport {
+        ingest: IngestReport {
+            events: sent_events,
+            requests: outcomes.len(),
+            batch,
+            concurrency,
+            acknowledged_events: acked,
+            unacknowledged_events: sent_events as u64 - acked,
+            failed_requests: failed,
+            first_error,
+            seconds: elapsed,
+            events_per_s: acked as f64 / elapsed,
+            requests_per_s: outcomes.len() as f64 / elapsed,
+            latency_ms: Percentiles::of(&mut latencies_us).map(|p| p.scaled(1000.0)),
+            finished_at_ms: crate::workload::now_ms(),
+        },
+        offered_events_per_s: rate as f64,
+        max_lag_ms: max_lag.as_secs_f64() * 1000.0,
     }
 }
 

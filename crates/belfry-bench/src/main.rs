@@ -1,16 +1,23 @@
 //! `belfry-bench`: measures a Belfry node through its BigBen HTTP API.
 //!
 //! # Layout
-//! - [`cli`]: the subcommands (`ingest`, `steady`, `burst`, `backlog`,
-//!   `receive`, `cluster`, `schedules`) and their options;
+//! - [`cli`]: the subcommands (`ingest`, `steady`, `mixed`, `burst`,
+//!   `backlog`, `receive`, `cluster`, `hung`, `schedules`) and their
+//!   options;
 //! - [`scenarios`]: what each one does, start to end;
+//! - [`mixed`]: the `mixed` scenario: a steady firing rate measured while
+//!   a second client ingests at a steady rate;
+//! - [`hung`]: the `hung` scenario: tenants whose webhook never answers,
+//!   millions of their events due, and a healthy tenant's lateness;
 //! - [`cluster`]: the `cluster` scenario: N nodes on one PostgreSQL
 //!   database, ingest over every node, a kill -9 of the Master;
 //! - [`schedules`]: the `schedules` scenario: N recurring schedules
 //!   created over `/v1`, their occurrences measured like events;
 //! - [`failover`]: what a kill -9 of the Master did to the deliveries;
-//! - [`node`]: the node under test (started from the `belfry` binary, or
-//!   `--target`), tenant registration, kill -9 + restart;
+//! - [`node`]: the node under test (started from the `belfry` binary, on
+//!   the embedded store or `--database-url`, or `--target`), tenant
+//!   registration, kill -9 + restart;
+//! - [`database`]: a fresh PostgreSQL database per run, PostgreSQL's CPU;
 //! - [`workload`]: event ids `e<n>`, due instants, pre-serialized bodies;
 //! - [`load`]: the generator (N requests in flight on keep-alive
 //!   connections) and the progress line;
@@ -24,9 +31,12 @@
 
 mod cli;
 mod cluster;
+mod database;
 mod deliveries;
 mod failover;
+mod hung;
 mod load;
+mod mixed;
 mod node;
 mod report;
 mod scenarios;
@@ -45,6 +55,8 @@ fn main() -> ExitCode {
     let output = match &cli.scenario {
         Scenario::Ingest(args) => args.output.clone(),
         Scenario::Steady(args) => args.output.clone(),
+        Scenario::Mixed(args) => args.output.clone(),
+        Scenario::Hung(args) => args.output.clone(),
         Scenario::Burst(args) => args.output.clone(),
         Scenario::Backlog(args) => args.output.clone(),
         Scenario::Receive(args) => args.output.clone(),
@@ -62,10 +74,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let load_before = stats::load_average();
     let result = runtime.block_on(async {
         match cli.scenario {
             Scenario::Ingest(args) => scenarios::ingest(args).await,
             Scenario::Steady(args) => scenarios::steady(args).await,
+            Scenario::Mixed(args) => mixed::run(args).await,
+            Scenario::Hung(args) => hung::run(args).await,
             Scenario::Burst(args) => scenarios::burst(args).await,
             Scenario::Backlog(args) => scenarios::backlog(args).await,
             Scenario::Receive(args) => scenarios::receive(args).await,
@@ -74,7 +89,11 @@ fn main() -> ExitCode {
         }
     });
     match result {
-        Ok(report) => print(&report, &output),
+        Ok(mut report) => {
+            report.load_average_before = load_before;
+            report.load_average_after = stats::load_average();
+            print(&report, &output)
+        }
         Err(error) => {
             eprintln!("belfry-bench: {error:#}");
             ExitCode::FAILURE

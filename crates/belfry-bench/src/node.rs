@@ -1,5 +1,6 @@
 //! The node under test: one the bench started (a real `belfry serve` on a
-//! fresh temp data dir) or one already running at `--target`.
+//! fresh temp data dir, or with `--database-url` on a fresh PostgreSQL
+//! database) or one already running at `--target`.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -9,13 +10,20 @@ use belfry_testkit::{BelfryLaunch, BelfryProcess};
 use tempfile::TempDir;
 
 use crate::cli::NodeArgs;
-use crate::stats::ProcessSample;
+use crate::database::{Database, PostgresCpu};
+use crate::stats::{CpuSplit, ProcessSample};
+
+/// How long a node on PostgreSQL may take to own every partition.
+const OWNED_DEADLINE: Duration = Duration::from_secs(90);
 
 pub enum Node {
     Started {
         process: BelfryProcess,
         /// Deleted when the node is dropped.
         _data: TempDir,
+        /// `--database-url`: the node's fresh database (dropped by
+        /// [`Node::close`]) and PostgreSQL's CPU.
+        postgres: Option<Box<(Database, Option<PostgresCpu>)>>,
     },
     Running {
         base_url: String,
@@ -61,19 +69,74 @@ impl Node {
             .tempdir_in(&parent)
             .with_context(|| format!("create a data dir under {}", parent.display()))?;
         let mut launch = BelfryLaunch::new(&binary, data.path().join("data"));
+        let database = match &args.database_url {
+            Some(url) => Some(Database::create(Some(url)).await?),
+            None => None,
+        };
+        if let Some(database) = &database {
+            launch = launch.arg("--database-url").arg(&database.url);
+        }
         for arg in &args.node_args {
             launch = launch.arg(arg);
         }
         for (key, value) in &args.node_env {
             launch = launch.env(key, value);
         }
-        let process = BelfryProcess::start(launch)
-            .await
-            .with_context(|| format!("start {}", binary.display()))?;
+        let process = match BelfryProcess::start(launch).await {
+            Ok(process) => process,
+            Err(error) => {
+                if let Some(database) = &database {
+                    database.drop_external().await;
+                }
+                return Err(error).with_context(|| format!("start {}", binary.display()));
+            }
+        };
+        let postgres = match database {
+            Some(database) => {
+                let partitions = partitions_arg(&args.node_args);
+                if let Err(error) = wait_owned(client, &process.base_url(), partitions).await {
+                    database.drop_external().await;
+                    return Err(error.context(process.logs_tail(20)));
+                }
+                let cpu = PostgresCpu::start(&database.url).await;
+                Some(Box::new((database, cpu)))
+            }
+            None => None,
+        };
         Ok(Node::Started {
             process,
             _data: data,
+            postgres,
         })
+    }
+
+    /// Stops a started node and drops its PostgreSQL database, if any.
+    pub async fn close(self) {
+        if let Node::Started {
+            mut process,
+            postgres,
+            ..
+        } = self
+        {
+            process.kill_9();
+            if let Some(postgres) = postgres {
+                let (database, cpu) = *postgres;
+                drop(cpu);
+                database.drop_external().await;
+            }
+        }
+    }
+
+    /// PostgreSQL's CPU so far (its backends of the node's database and its
+    /// writers), for a node started with `--database-url`.
+    pub async fn postgres_cpu(&self) -> Option<CpuSplit> {
+        match self {
+            Node::Started {
+                postgres: Some(postgres),
+                ..
+            } => Some(postgres.1.as_ref()?.total().await),
+            _ => None,
+        }
     }
 
     pub fn base_url(&self) -> String {
@@ -141,7 +204,22 @@ impl Node {
         tenant: &str,
         url: &str,
     ) -> anyhow::Result<()> {
-        let config = serde_json::json!({"tenant": tenant, "type": "HTTP", "props": {"url": url}});
+        self.register_tenant_props(client, tenant, serde_json::json!({"url": url}))
+            .await
+    }
+
+    /// Registers `tenant` with an HTTP sink of the given BigBen `props`
+    /// (`url`, optionally `timeout_ms`).
+    ///
+    /// # Errors
+    /// When the node does not answer 200.
+    pub async fn register_tenant_props(
+        &self,
+        client: &reqwest::Client,
+        tenant: &str,
+        props: serde_json::Value,
+    ) -> anyhow::Result<()> {
+        let config = serde_json::json!({"tenant": tenant, "type": "HTTP", "props": props});
         let response = client
             .post(self.url("/events/tenant/register"))
             .json(&config)
@@ -154,6 +232,51 @@ impl Node {
             bail!("registering tenant {tenant} answered {status}: {body}");
         }
         Ok(())
+    }
+}
+
+/// The value of `--partitions N` among the node's extra arguments, else
+/// the node's default (64).
+fn partitions_arg(args: &[String]) -> usize {
+    let mut value = None;
+    for (i, arg) in args.iter().enumerate() {
+        if arg == "--partitions" {
+            value = args.get(i + 1).map(String::as_str);
+        } else if let Some(v) = arg.strip_prefix("--partitions=") {
+            value = Some(v);
+        }
+    }
+    value.and_then(|v| v.parse().ok()).unwrap_or(64)
+}
+
+/// Polls `/v1/cluster` until the node owns `partitions` partitions (a node
+/// on PostgreSQL acquires its leases after it answers `/ping`).
+async fn wait_owned(
+    client: &reqwest::Client,
+    base_url: &str,
+    partitions: usize,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + OWNED_DEADLINE;
+    loop {
+        let owned = crate::cluster::get_json(client, &format!("{base_url}/v1/cluster"))
+            .await
+            .and_then(|view| {
+                let nodes = view["nodes"].as_array()?.clone();
+                Some(
+                    nodes
+                        .iter()
+                        .filter_map(|n| n["partitions"].as_array().map(Vec::len))
+                        .sum::<usize>(),
+                )
+            })
+            .unwrap_or(0);
+        if owned >= partitions {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the node owned {owned} of {partitions} partitions after {OWNED_DEADLINE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::deliveries::DeliveryReport;
-use crate::load::IngestReport;
+use crate::load::{IngestReport, PacedReport};
 use crate::stats::{CpuSplit, Percentiles, ProcessSample};
 
 #[derive(Debug, Clone, Serialize)]
@@ -17,6 +17,18 @@ pub struct Report {
     pub backlog: Option<BacklogReport>,
     /// The `cluster` scenario: nodes, PostgreSQL, the machine, failover.
     pub cluster: Option<ClusterReport>,
+    /// The `mixed` scenario: the ingest stream beside the firing.
+    pub mixed: Option<MixedReport>,
+    /// The `hung` scenario: the hung tenants and the node's memory.
+    pub hung: Option<HungReport>,
+    /// A node started with `--database-url`: PostgreSQL's CPU over the
+    /// same interval as `node.cpu_during_run` (its backends of the run's
+    /// database and its WAL writer, checkpointer and background writer).
+    pub postgres_cpu: Option<CpuSplit>,
+    /// `/proc/loadavg` (1, 5, 15 min) when the scenario started and ended:
+    /// the machine is shared with other work.
+    pub load_average_before: Option<[f64; 3]>,
+    pub load_average_after: Option<[f64; 3]>,
     /// CPU this tool (generator + receiver) used over the same interval as
     /// `node.cpu_during_run`: it shares the machine with the node.
     pub bench_cpu: Option<CpuSplit>,
@@ -62,6 +74,50 @@ pub struct BacklogReport {
     pub restart_to_serving_ms: Option<f64>,
     /// `VmRSS` two seconds after the restart.
     pub rss_after_restart_bytes: Option<u64>,
+}
+
+/// The `mixed` scenario's ingest stream, beside the firing measured in
+/// `delivery`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MixedReport {
+    /// The whole stream: from the end of the scheduling to the last due
+    /// instant.
+    pub stream: PacedReport,
+    /// Events of the stream acknowledged between the first and the last
+    /// due instant, and that as a rate.
+    pub acknowledged_while_firing: u64,
+    pub events_per_s_while_firing: f64,
+    /// The node's CPU between the first and the last due instant
+    /// (deliveries and the stream's ingest together).
+    pub node_cpu_while_firing: Option<CpuSplit>,
+    pub postgres_cpu_while_firing: Option<CpuSplit>,
+}
+
+/// The `hung` scenario beyond the healthy tenant's deliveries.
+#[derive(Debug, Clone, Serialize)]
+pub struct HungReport {
+    pub hung_tenants: usize,
+    pub events_per_hung_tenant: usize,
+    /// The `timeout_ms` the hung tenants asked for.
+    pub hung_timeout_ms: u64,
+    /// Wall-clock ms of the hung events' instant.
+    pub hung_due_at_ms: i64,
+    pub healthy_rate: u64,
+    /// The healthy tenant's events (scheduled before the hung ones).
+    pub healthy_ingest: IngestReport,
+    /// The node's CPU from the hung events' instant to the end.
+    pub node_cpu_while_due: Option<CpuSplit>,
+    /// The node's largest `VmRSS` seen from the hung events' instant to the
+    /// end (read every 500 ms).
+    pub node_rss_max_while_due_bytes: Option<u64>,
+    /// What the hung endpoint saw: connections accepted, those that sent a
+    /// request (each holds one: no answer ever comes), the most open at
+    /// once, still open at the end, bytes received.
+    pub connections_accepted: u64,
+    pub connections_with_request: u64,
+    pub connections_open_max: u64,
+    pub connections_open_at_end: u64,
+    pub bytes_received: u64,
 }
 
 /// What the `cluster` scenario measured beyond ingest and delivery.
@@ -245,6 +301,12 @@ impl Report {
         if let Some(cluster) = &self.cluster {
             cluster_rows(cluster, &mut rows);
         }
+        if let Some(mixed) = &self.mixed {
+            mixed_rows(mixed, &mut rows);
+        }
+        if let Some(hung) = &self.hung {
+            hung_rows(hung, &mut rows);
+        }
         if let Some(node) = &self.node {
             rows.push((
                 "node".into(),
@@ -257,12 +319,25 @@ impl Report {
                 ),
             ));
         }
+        if let Some(pg) = self.postgres_cpu {
+            rows.push(("PostgreSQL".into(), format!("CPU {}", cpu(pg))));
+        }
         if let Some(cpu) = &self.bench_cpu {
             rows.push((
                 "bench itself".into(),
                 format!(
                     "CPU {:.2} s user + {:.2} s system",
                     cpu.user_s, cpu.system_s
+                ),
+            ));
+        }
+        if self.load_average_before.is_some() || self.load_average_after.is_some() {
+            rows.push((
+                "load average".into(),
+                format!(
+                    "before {}, after {}",
+                    load(self.load_average_before),
+                    load(self.load_average_after)
                 ),
             ));
         }
@@ -283,10 +358,87 @@ fn cpu(split: CpuSplit) -> String {
     )
 }
 
+fn load(average: Option<[f64; 3]>) -> String {
+    average.map_or("-".to_string(), |[a, b, c]| format!("{a:.2} {b:.2} {c:.2}"))
+}
+
+fn mixed_rows(mixed: &MixedReport, rows: &mut Vec<(String, String)>) {
+    let ingest = &mixed.stream.ingest;
+    rows.push((
+        "ingest stream".into(),
+        format!(
+            "{:.0} events/s offered: {} acknowledged of {} sent ({} failed requests), {:.0} events/s over {:.2} s",
+            mixed.stream.offered_events_per_s,
+            ingest.acknowledged_events,
+            ingest.events,
+            ingest.failed_requests,
+            ingest.events_per_s,
+            ingest.seconds
+        ),
+    ));
+    rows.push((
+        "  while firing".into(),
+        format!(
+            "{} acknowledged, {:.0} events/s; generator lag max {:.0} ms",
+            mixed.acknowledged_while_firing,
+            mixed.events_per_s_while_firing,
+            mixed.stream.max_lag_ms
+        ),
+    ));
+    if let Some(latency) = ingest.latency_ms {
+        rows.push(("  request latency ms".into(), percentiles(latency)));
+    }
+    if let Some(error) = &ingest.first_error {
+        rows.push(("  first error".into(), error.clone()));
+    }
+    if let Some(split) = mixed.node_cpu_while_firing {
+        rows.push(("  node CPU while firing".into(), cpu(split)));
+    }
+    if let Some(split) = mixed.postgres_cpu_while_firing {
+        rows.push(("  PostgreSQL CPU firing".into(), cpu(split)));
+    }
+}
+
+fn hung_rows(hung: &HungReport, rows: &mut Vec<(String, String)>) {
+    rows.push((
+        "hung tenants".into(),
+        format!(
+            "{} × {} events due at one instant, timeout_ms {} asked",
+            hung.hung_tenants, hung.events_per_hung_tenant, hung.hung_timeout_ms
+        ),
+    ));
+    rows.push((
+        "  hung endpoint".into(),
+        format!(
+            "{} connections ({} with a request), at most {} open, {} open at the end, {} bytes",
+            hung.connections_accepted,
+            hung.connections_with_request,
+            hung.connections_open_max,
+            hung.connections_open_at_end,
+            hung.bytes_received
+        ),
+    ));
+    rows.push((
+        "healthy tenant".into(),
+        format!(
+            "{} events/s; {} acknowledged ({} not)",
+            hung.healthy_rate,
+            hung.healthy_ingest.acknowledged_events,
+            hung.healthy_ingest.unacknowledged_events
+        ),
+    ));
+    if let Some(split) = hung.node_cpu_while_due {
+        rows.push(("  node CPU while due".into(), cpu(split)));
+    }
+    if let Some(rss) = hung.node_rss_max_while_due_bytes {
+        rows.push((
+            "  node RSS while due".into(),
+            format!("max {:.1} MiB", rss as f64 / MIB),
+        ));
+    }
+}
+
 fn cluster_rows(cluster: &ClusterReport, rows: &mut Vec<(String, String)>) {
-    let load = |l: Option<[f64; 3]>| {
-        l.map_or("-".to_string(), |[a, b, c]| format!("{a:.2} {b:.2} {c:.2}"))
-    };
     rows.push((
         "cluster".into(),
         format!(

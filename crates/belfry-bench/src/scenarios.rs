@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::cli::{BacklogArgs, BurstArgs, IngestArgs, LoadArgs, NodeArgs, ReceiveArgs, SteadyArgs};
 use crate::deliveries::{self, analyze_peer, analyze_workload};
-use crate::load::{self, IngestReport};
+use crate::load::{self, Bodies, IngestReport};
 use crate::node::Node;
 use crate::report::{BacklogReport, NodeReport, Report};
 use crate::stats::{CpuSplit, ProcessSample, dir_size};
@@ -71,8 +71,18 @@ impl Session {
         })
     }
 
-    async fn ingest(&self, workload: &Workload, load: Load, label: &str) -> IngestReport {
-        let bodies = workload.request_bodies(load.batch);
+    /// Stops the node and drops its PostgreSQL database, if any.
+    pub(crate) async fn close(self) {
+        self.node.close().await;
+    }
+
+    pub(crate) async fn ingest(
+        &self,
+        workload: &Workload,
+        load: Load,
+        label: &str,
+    ) -> IngestReport {
+        let bodies = Bodies::prebuilt(workload.request_bodies(load.batch));
         load::run(
             &self.client,
             &[self.node.url("/events/schedule")],
@@ -82,6 +92,15 @@ impl Session {
             label,
         )
         .await
+    }
+}
+
+/// `"embedded"`, or `"postgres"` for a node on `--database-url`.
+pub(crate) fn database_param(node: &NodeArgs) -> &'static str {
+    if node.database_url.is_some() {
+        "postgres"
+    } else {
+        "embedded"
     }
 }
 
@@ -120,11 +139,13 @@ pub async fn ingest(args: IngestArgs) -> anyhow::Result<Report> {
         load.payload_bytes,
     );
     let before = session.node.sample();
+    let pg_before = session.node.postgres_cpu().await;
     let bench_before = own_sample();
     let ingest = session.ingest(&workload, load, "ingest").await;
     let after = session.node.sample();
+    let postgres_cpu = pg_since(&session, pg_before).await;
     let bench_cpu = own_cpu_since(bench_before);
-    Ok(Report {
+    let report = Report {
         scenario: "ingest",
         params: merge(
             load_params(load),
@@ -136,8 +157,21 @@ pub async fn ingest(args: IngestArgs) -> anyhow::Result<Report> {
         node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
         backlog: None,
         cluster: None,
+        mixed: None,
+        hung: None,
+        postgres_cpu,
+        load_average_before: None,
+        load_average_after: None,
         bench_cpu,
-    })
+    };
+    session.close().await;
+    Ok(report)
+}
+
+/// PostgreSQL's CPU since `before`, for a node on `--database-url`.
+pub(crate) async fn pg_since(session: &Session, before: Option<CpuSplit>) -> Option<CpuSplit> {
+    let after = session.node.postgres_cpu().await?;
+    Some(crate::database::minus(after, before?))
 }
 
 pub(crate) fn own_sample() -> Option<ProcessSample> {
@@ -150,7 +184,7 @@ pub(crate) fn own_cpu_since(before: Option<ProcessSample>) -> Option<CpuSplit> {
 
 /// Default time from scheduling to the first due instant: room to ingest
 /// at 20k events/s, plus 5 s.
-fn default_lead_ms(count: usize) -> u64 {
+pub(crate) fn default_lead_ms(count: usize) -> u64 {
     5_000 + count as u64 / 20
 }
 
@@ -165,6 +199,7 @@ async fn schedule_and_deliver(
 ) -> Report {
     session.receiver.reserve(workload.len());
     let before = session.node.sample();
+    let pg_before = session.node.postgres_cpu().await;
     let bench_before = own_sample();
     let ingest = session.ingest(workload, load, scenario).await;
     let mut warnings = ingest_warnings(&ingest);
@@ -188,6 +223,7 @@ async fn schedule_and_deliver(
     .await;
     let delivery = analyze_workload(&records, workload);
     let after = session.node.sample();
+    let postgres_cpu = pg_since(session, pg_before).await;
     let bench_cpu = own_cpu_since(bench_before);
     Report {
         scenario,
@@ -201,6 +237,11 @@ async fn schedule_and_deliver(
         node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
         backlog: None,
         cluster: None,
+        mixed: None,
+        hung: None,
+        postgres_cpu,
+        load_average_before: None,
+        load_average_after: None,
         bench_cpu,
     }
 }
@@ -218,8 +259,11 @@ pub async fn steady(args: SteadyArgs) -> anyhow::Result<Report> {
         duration_ms,
         load.payload_bytes,
     );
-    let params = json!({"rate": args.rate, "duration_ms": duration_ms, "count": count, "lead_ms": lead_ms, "grace_ms": args.grace_ms});
-    Ok(schedule_and_deliver(&session, &workload, load, args.grace_ms, "steady", params).await)
+    let params = json!({"rate": args.rate, "duration_ms": duration_ms, "count": count, "lead_ms": lead_ms, "grace_ms": args.grace_ms, "database": database_param(&args.node)});
+    let report =
+        schedule_and_deliver(&session, &workload, load, args.grace_ms, "steady", params).await;
+    session.close().await;
+    Ok(report)
 }
 
 pub async fn burst(args: BurstArgs) -> anyhow::Result<Report> {
@@ -233,8 +277,11 @@ pub async fn burst(args: BurstArgs) -> anyhow::Result<Report> {
         0,
         load.payload_bytes,
     );
-    let params = json!({"count": args.count, "lead_ms": lead_ms, "grace_ms": args.grace_ms});
-    Ok(schedule_and_deliver(&session, &workload, load, args.grace_ms, "burst", params).await)
+    let params = json!({"count": args.count, "lead_ms": lead_ms, "grace_ms": args.grace_ms, "database": database_param(&args.node)});
+    let report =
+        schedule_and_deliver(&session, &workload, load, args.grace_ms, "burst", params).await;
+    session.close().await;
+    Ok(report)
 }
 
 pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
@@ -253,10 +300,14 @@ pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
     let mut warnings = ingest_warnings(&ingest);
     let loaded = session.node.sample();
     let bench_cpu = own_cpu_since(bench_before);
-    let (data_dir_bytes, data_dir_allocated_bytes) = match session.node.data_dir() {
+    let data_dir = session
+        .node
+        .data_dir()
+        .filter(|_| args.node.database_url.is_none());
+    let (data_dir_bytes, data_dir_allocated_bytes) = match data_dir {
         Some(dir) => dir_size(dir).with_context(|| format!("measure {}", dir.display()))?,
         None => {
-            warnings.push("--target node: data dir size not measured".into());
+            warnings.push("--target or --database-url node: data dir size not measured".into());
             (0, 0)
         }
     };
@@ -277,11 +328,11 @@ pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
             ));
         }
     }
-    Ok(Report {
+    let report = Report {
         scenario: "backlog",
         params: merge(
             load_params(load),
-            json!({"count": args.count, "spread_ms": args.spread_ms, "node": session.node.base_url()}),
+            json!({"count": args.count, "spread_ms": args.spread_ms, "node": session.node.base_url(), "database": database_param(&args.node)}),
         ),
         warnings,
         ingest: Some(ingest),
@@ -297,8 +348,15 @@ pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
             rss_after_restart_bytes: rss_after_restart,
         }),
         cluster: None,
+        mixed: None,
+        hung: None,
+        postgres_cpu: None,
+        load_average_before: None,
+        load_average_after: None,
         bench_cpu,
-    })
+    };
+    session.close().await;
+    Ok(report)
 }
 
 /// Looks up a few events spread over the workload with `GET /events/find`;
@@ -363,6 +421,11 @@ pub async fn receive(args: ReceiveArgs) -> anyhow::Result<Report> {
         node: None,
         backlog: None,
         cluster: None,
+        mixed: None,
+        hung: None,
+        postgres_cpu: None,
+        load_average_before: None,
+        load_average_after: None,
         bench_cpu: None,
         warnings: Vec::new(),
     })

@@ -121,7 +121,7 @@ pub async fn run(args: SchedulesArgs) -> anyhow::Result<Report> {
     let after = session.node.sample();
     let bench_cpu = own_cpu_since(bench_before);
     let load_after = load_average();
-    Ok(Report {
+    let report = Report {
         scenario: "schedules",
         params: json!({
             "count": args.count,
@@ -142,8 +142,15 @@ pub async fn run(args: SchedulesArgs) -> anyhow::Result<Report> {
         node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
         backlog: None,
         cluster: None,
+        mixed: None,
+        hung: None,
+        postgres_cpu: None,
+        load_average_before: None,
+        load_average_after: None,
         bench_cpu,
-    })
+    };
+    session.close().await;
+    Ok(report)
 }
 
 /// Occurrences due in `(span_from, span_to]`. Which schedules failed to be

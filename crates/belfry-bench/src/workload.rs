@@ -53,40 +53,70 @@ impl Workload {
     /// starts so the generator spends its CPU on sending only.
     pub fn request_bodies(&self, batch: usize) -> Vec<(Bytes, usize)> {
         let batch = batch.max(1);
-        let tenant = serde_json::to_string(&self.tenant).unwrap_or_else(|_| "\"bench\"".into());
-        // The payload is a JSON string of 'x' characters: no escaping needed.
-        let payload = "x".repeat(self.payload_bytes);
-        let mut last_second = i64::MIN;
-        let mut second_text = String::new();
+        let writer = BodyWriter::new(&self.tenant, self.payload_bytes);
         self.due_ms
             .chunks(batch)
             .enumerate()
             .map(|(chunk, dues)| {
-                let mut body = String::with_capacity(dues.len() * (90 + self.payload_bytes) + 2);
-                body.push('[');
-                for (offset, &due) in dues.iter().enumerate() {
-                    if offset > 0 {
-                        body.push(',');
-                    }
-                    // Formatting the date is the costly part: reuse it within
-                    // a second.
-                    let second = due.div_euclid(1000);
-                    if second != last_second {
-                        last_second = second;
-                        second_text = rfc3339_second(second);
-                    }
-                    let id = chunk * batch + offset;
-                    // Writing into a String cannot fail.
-                    let _ = write!(
-                        body,
-                        r#"{{"id":"e{id}","tenant":{tenant},"eventTime":"{second_text}.{:03}Z","payload":"{payload}"}}"#,
-                        due.rem_euclid(1000)
-                    );
-                }
-                body.push(']');
-                (Bytes::from(body), dues.len())
+                let events = dues
+                    .iter()
+                    .enumerate()
+                    .map(|(o, &due)| (chunk * batch + o, due));
+                (writer.body("e", events), dues.len())
             })
             .collect()
+    }
+}
+
+/// Writes `POST /events/schedule` bodies for one tenant, for workloads
+/// built up front ([`Workload::request_bodies`]) or request by request
+/// (the `mixed` ingest stream and the `hung` tenants' millions).
+#[derive(Debug, Clone)]
+pub struct BodyWriter {
+    /// The tenant as a JSON string, quotes included.
+    tenant_json: String,
+    /// A JSON string's content of 'x' characters: no escaping needed.
+    payload: String,
+}
+
+impl BodyWriter {
+    pub fn new(tenant: &str, payload_bytes: usize) -> Self {
+        BodyWriter {
+            tenant_json: serde_json::to_string(tenant).unwrap_or_else(|_| "\"bench\"".into()),
+            payload: "x".repeat(payload_bytes),
+        }
+    }
+
+    /// One request body: events `(n, due_ms)` with client ids
+    /// `<prefix><n>`.
+    pub fn body(&self, prefix: &str, events: impl Iterator<Item = (usize, i64)>) -> Bytes {
+        let (lower, _) = events.size_hint();
+        let mut body = String::with_capacity(lower.max(1) * (90 + self.payload.len()) + 2);
+        body.push('[');
+        let mut last_second = i64::MIN;
+        let mut second_text = String::new();
+        for (offset, (id, due)) in events.enumerate() {
+            if offset > 0 {
+                body.push(',');
+            }
+            // Formatting the date is the costly part: reuse it within a
+            // second.
+            let second = due.div_euclid(1000);
+            if second != last_second {
+                last_second = second;
+                second_text = rfc3339_second(second);
+            }
+            // Writing into a String cannot fail.
+            let _ = write!(
+                body,
+                r#"{{"id":"{prefix}{id}","tenant":{},"eventTime":"{second_text}.{:03}Z","payload":"{}"}}"#,
+                self.tenant_json,
+                due.rem_euclid(1000),
+                self.payload
+            );
+        }
+        body.push(']');
+        Bytes::from(body)
     }
 }
 

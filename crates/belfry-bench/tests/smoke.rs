@@ -106,6 +106,107 @@ fn steady_delivers_everything_never_early() {
 }
 
 #[test]
+fn mixed_fires_while_a_stream_ingests() {
+    let report = bench(&[
+        "mixed",
+        "--rate",
+        "50",
+        "--duration",
+        "2s",
+        "--lead-ms",
+        "3000",
+        "--batch",
+        "25",
+        "--ingest-rate",
+        "500",
+        "--ingest-batch",
+        "50",
+    ]);
+    assert_eq!(report["scenario"], "mixed");
+    assert_all_acknowledged(&report, 100);
+    // `unknown` 0: none of the streamed events fired.
+    assert_all_delivered_never_early(&report, 100);
+    let stream = &report["mixed"]["stream"]["ingest"];
+    assert!(
+        stream["acknowledged_events"].as_u64().unwrap() >= 500,
+        "{report:#}"
+    );
+    assert_eq!(stream["unacknowledged_events"], 0, "{report:#}");
+    assert!(
+        report["mixed"]["acknowledged_while_firing"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{report:#}"
+    );
+}
+
+#[test]
+fn hung_tenants_do_not_stop_a_healthy_one() {
+    let report = bench(&[
+        "hung",
+        "--hung-tenants",
+        "2",
+        "--hung-events",
+        "500",
+        "--healthy-rate",
+        "50",
+        "--duration",
+        "2s",
+        "--lead-ms",
+        "3000",
+        "--batch",
+        "100",
+    ]);
+    assert_eq!(report["scenario"], "hung");
+    assert_all_acknowledged(&report, 1000);
+    assert_all_delivered_never_early(&report, 100);
+    let hung = &report["hung"];
+    assert_eq!(
+        hung["healthy_ingest"]["acknowledged_events"], 100,
+        "{report:#}"
+    );
+    // Deliveries to the hung tenants reached the endpoint and hang there.
+    assert!(
+        hung["connections_with_request"].as_u64().unwrap() > 0,
+        "{report:#}"
+    );
+    assert!(
+        hung["node_rss_max_while_due_bytes"].as_u64().unwrap() > 0,
+        "{report:#}"
+    );
+}
+
+#[test]
+fn steady_on_postgres_when_a_server_is_given() {
+    // Only with an existing server (`BELFRY_TEST_DATABASE_URL`): the node
+    // gets a fresh database on it, dropped at the end.
+    let Some(url) = std::env::var("BELFRY_TEST_DATABASE_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+    else {
+        eprintln!("skipped: BELFRY_TEST_DATABASE_URL is not set");
+        return;
+    };
+    let report = bench(&[
+        "steady",
+        "--rate",
+        "50",
+        "--duration",
+        "2s",
+        "--lead-ms",
+        "3000",
+        "--batch",
+        "25",
+        "--database-url",
+        url.trim(),
+    ]);
+    assert_eq!(report["params"]["database"], "postgres", "{report:#}");
+    assert_all_acknowledged(&report, 100);
+    assert_all_delivered_never_early(&report, 100);
+}
+
+#[test]
 fn burst_delivers_everything_never_early() {
     let report = bench(&["burst", "--count", "200", "--lead-ms", "3000"]);
     assert_all_acknowledged(&report, 200);
