@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// Limits and BigBen compatibility settings of the HTTP API.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ApiOptions {
     /// Largest accepted request body, in bytes; larger bodies are refused
     /// with `413` before they are parsed. Default 1 MiB.

@@ -20,21 +20,35 @@ pub enum Verdict {
 
 /// When to retry a failed delivery.
 ///
-/// Delays start at `initial_delay` and grow by `multiplier` per failed
-/// attempt, capped at `max_delay`. With BigBen's defaults the first
-/// `fast_retries` (3) come after 1 s, 2 s and 4 s; after those the schedule
-/// keeps growing (8 s, 16 s, ... up to `max_delay`) until `backlog_limit`
-/// after the event's instant, when the event fails for good. Every retry is
-/// persisted, so none is lost to a restart.
+/// Two phases, as in BigBen. The *quick phase* is the first `fast_retries`
+/// retries: each comes `initial_delay` after the failed attempt, to ride
+/// over a blip (a receiver restarting, a dropped connection). Then the
+/// *back-off*: each further retry waits `multiplier` times as long as the
+/// one before, capped at `max_delay`, until `backlog_limit` after the
+/// event's instant, when the event fails for good. With the defaults
+/// (3, 1 s, ×2, 1 h) the retries come after 1 s, 1 s, 1 s, 2 s, 4 s, 8 s …
+/// at most 1 h apart. The first retry always waits `initial_delay`, so
+/// `fast_retries` 0 and 1 are the same: pure exponential back-off (1 s,
+/// 2 s, 4 s …).
+///
+/// BigBen's `max.retries` (3) counted its in-memory retries, which already
+/// grew (1 s, 2 s, 4 s); after them it marked the event `ERROR` and tried
+/// again only at its next bucket scans, until the backlog limit. Belfry
+/// persists every retry, so its back-off phase replaces those scans; the
+/// quick phase keeps the early retries close together instead of growing.
+/// Every retry is persisted, so none is lost to a restart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct RetryPolicy {
-    /// Retries in the quick phase (BigBen's `max.retries`); documentation
-    /// and metrics distinguish the phases, the arithmetic does not.
+    /// Retries in the quick phase, each `initial_delay` after the failed
+    /// attempt; the back-off starts after them (BigBen's `max.retries`).
     pub fast_retries: u32,
+    /// Delay of the first retry and of every retry in the quick phase.
     #[serde(with = "crate::time::serde_millis", rename = "initial_delay_ms")]
     pub initial_delay: Duration,
+    /// Growth of the delay per failed attempt after the quick phase (≥ 1).
     pub multiplier: f64,
+    /// Longest delay between two attempts.
     #[serde(with = "crate::time::serde_millis", rename = "max_delay_ms")]
     pub max_delay: Duration,
     /// After this long past the event's instant, stop retrying.
@@ -70,10 +84,24 @@ impl RetryPolicy {
         if now >= deadline || failed_attempts == 0 {
             return None;
         }
-        let exponent = i32::try_from(failed_attempts - 1).unwrap_or(i32::MAX);
-        let grown = self.initial_delay.as_secs_f64() * self.multiplier.powi(exponent);
-        let delay = Duration::from_secs_f64(grown.min(self.max_delay.as_secs_f64()).max(0.0));
+        let delay = self.delay_after(failed_attempts);
         Some(delay.min(now.until(deadline)))
+    }
+
+    /// The delay after `failed_attempts` failures (at least 1), before the
+    /// backlog deadline is applied: `initial_delay` through the quick
+    /// phase, then growing by `multiplier` per failure, at most `max_delay`.
+    fn delay_after(&self, failed_attempts: u32) -> Duration {
+        // The first retry waits `initial_delay` whatever `fast_retries` is.
+        let growth_steps = failed_attempts.saturating_sub(self.fast_retries.max(1));
+        let base = self.initial_delay.min(self.max_delay);
+        if growth_steps == 0 {
+            return base;
+        }
+        let exponent = i32::try_from(growth_steps).unwrap_or(i32::MAX);
+        let grown = base.as_secs_f64() * self.multiplier.powi(exponent);
+        // `min` also maps a NaN (0 × ∞) to the cap.
+        Duration::from_secs_f64(grown.min(self.max_delay.as_secs_f64()).max(0.0))
     }
 }
 
@@ -81,14 +109,32 @@ impl RetryPolicy {
 mod tests {
     use super::*;
 
+    /// The delays (in ms) of retries 1..=n, far from any deadline.
+    fn delays_ms(policy: &RetryPolicy, n: u32) -> Vec<u128> {
+        let t0 = Timestamp::from_millis(0);
+        (1..=n)
+            .map(|attempt| policy.next_delay(attempt, t0, t0).unwrap().as_millis())
+            .collect()
+    }
+
+    fn policy(fast_retries: u32, initial_ms: u64, multiplier: f64, max_ms: u64) -> RetryPolicy {
+        RetryPolicy {
+            fast_retries,
+            initial_delay: Duration::from_millis(initial_ms),
+            multiplier,
+            max_delay: Duration::from_millis(max_ms),
+            backlog_limit: Duration::from_secs(365 * 24 * 3600),
+        }
+    }
+
     #[test]
-    fn bigben_defaults_then_growth_then_deadline() {
+    fn defaults_quick_phase_then_growth_then_deadline() {
         let policy = RetryPolicy::default();
         let t0 = Timestamp::from_millis(0);
-        let delays: Vec<u64> = (1..=6)
+        let delays: Vec<u64> = (1..=7)
             .map(|n| policy.next_delay(n, t0, t0).unwrap().as_secs())
             .collect();
-        assert_eq!(delays, [1, 2, 4, 8, 16, 32]);
+        assert_eq!(delays, [1, 1, 1, 2, 4, 8, 16]);
         assert_eq!(
             policy.next_delay(40, t0, t0),
             Some(Duration::from_secs(3600))
@@ -100,5 +146,68 @@ mod tests {
         );
         let past = t0.plus(Duration::from_secs(24 * 3600));
         assert_eq!(policy.next_delay(20, t0, past), None);
+        assert_eq!(policy.next_delay(0, t0, t0), None);
+    }
+
+    #[test]
+    fn fast_retries_is_the_length_of_the_quick_phase() {
+        assert_eq!(
+            delays_ms(&policy(5, 500, 3.0, 60_000), 8),
+            [500, 500, 500, 500, 500, 1_500, 4_500, 13_500]
+        );
+        assert_eq!(
+            delays_ms(&policy(2, 1_000, 2.0, 3_600_000), 5),
+            [1_000, 1_000, 2_000, 4_000, 8_000]
+        );
+    }
+
+    #[test]
+    fn changing_fast_retries_changes_the_delays() {
+        let three = delays_ms(&policy(3, 1_000, 2.0, 3_600_000), 6);
+        let six = delays_ms(&policy(6, 1_000, 2.0, 3_600_000), 6);
+        assert_ne!(three, six);
+        assert_eq!(six, [1_000; 6]);
+    }
+
+    #[test]
+    fn zero_or_one_fast_retries_is_pure_exponential_back_off() {
+        let expected = [1_000, 2_000, 4_000, 8_000, 16_000];
+        assert_eq!(delays_ms(&policy(0, 1_000, 2.0, 3_600_000), 5), expected);
+        assert_eq!(delays_ms(&policy(1, 1_000, 2.0, 3_600_000), 5), expected);
+    }
+
+    #[test]
+    fn back_off_is_capped_and_extreme_counts_do_not_overflow() {
+        let capped = policy(3, 1_000, 10.0, 50_000);
+        assert_eq!(
+            delays_ms(&capped, 7),
+            [1_000, 1_000, 1_000, 10_000, 50_000, 50_000, 50_000]
+        );
+        let t0 = Timestamp::from_millis(0);
+        assert_eq!(
+            capped.next_delay(u32::MAX, t0, t0),
+            Some(Duration::from_millis(50_000))
+        );
+        let endless_quick = policy(u32::MAX, 1_000, 2.0, 50_000);
+        assert_eq!(
+            endless_quick.next_delay(u32::MAX, t0, t0),
+            Some(Duration::from_millis(1_000))
+        );
+        // An initial delay above the cap is capped too.
+        assert_eq!(delays_ms(&policy(2, 9_000, 2.0, 5_000), 3), [5_000; 3]);
+        // Multiplier 1: a constant delay throughout.
+        assert_eq!(delays_ms(&policy(1, 700, 1.0, 5_000), 4), [700; 4]);
+    }
+
+    #[test]
+    fn quick_phase_retries_are_pulled_in_to_the_deadline_too() {
+        let mut policy = policy(3, 1_000, 2.0, 3_600_000);
+        policy.backlog_limit = Duration::from_millis(10_500);
+        let t0 = Timestamp::from_millis(0);
+        let at_10s = t0.plus(Duration::from_secs(10));
+        assert_eq!(
+            policy.next_delay(1, t0, at_10s),
+            Some(Duration::from_millis(500))
+        );
     }
 }

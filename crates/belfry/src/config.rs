@@ -62,6 +62,11 @@ impl Default for Config {
     }
 }
 
+/// Environment variables `BELFRY_*` set keys; `__` separates nested keys
+/// (`BELFRY_ENGINE__RETRY__MAX_DELAY_MS`).
+const ENV_PREFIX: &str = "BELFRY_";
+const ENV_SPLIT: &str = "__";
+
 /// The flags that were given, as a partial config layered last.
 #[derive(Debug, Default, Serialize)]
 struct FlagOverrides {
@@ -81,25 +86,35 @@ struct FlagOverrides {
 
 impl Config {
     /// # Errors
-    /// An unreadable file, an unknown key, or a value of the wrong type, with
-    /// where it came from.
+    /// An unreadable file, an unknown key (also in a nested section such as
+    /// `engine.retry`, and in `BELFRY_*` variables), a value of the wrong
+    /// type, or a value [`Config::validate`] refuses, each naming the key
+    /// and where it came from.
+    ///
+    /// One adjustment is made rather than refused: when
+    /// `engine.max_in_flight` is lowered below the *default* per-tenant
+    /// limit and `engine.max_in_flight_per_tenant` was not given, the
+    /// per-tenant limit follows it down. Given explicitly above
+    /// `engine.max_in_flight`, it is refused.
     pub fn load(args: &ServeArgs) -> Result<Config, String> {
-        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        // Everything the user gave (file, environment, flags), without the
+        // defaults, to tell an explicit setting from a default one.
+        let mut given = Figment::new();
         if let Some(path) = &args.config {
             if !path.exists() {
                 return Err(format!("config file {} does not exist", path.display()));
             }
-            figment = figment.merge(Toml::file(path));
+            given = given.merge(Toml::file(path));
         }
-        figment = figment
+        given = given
             .merge(
-                Env::prefixed("BELFRY_")
+                Env::prefixed(ENV_PREFIX)
                     .ignore(&["CONFIG"])
                     // `BELFRY_TEST_*` belongs to the test suite (e.g.
                     // BELFRY_TEST_DATABASE_URL); every other BELFRY_* must be
                     // a known key, so a typo is an error, not a silent no-op.
                     .filter(|key| !key.as_str().to_ascii_lowercase().starts_with("test_"))
-                    .split("__"),
+                    .split(ENV_SPLIT),
             )
             .merge(Serialized::defaults(FlagOverrides {
                 listen: args.listen,
@@ -109,20 +124,483 @@ impl Config {
                 database_url: args.database_url.clone(),
                 advertise: args.advertise.clone(),
             }));
-        let config: Config = figment.extract().map_err(|e| e.to_string())?;
-        if config.partitions == 0 {
-            return Err("partitions must be at least 1".to_string());
+        let figment = Figment::from(Serialized::defaults(Config::default())).merge(given.clone());
+        let mut config: Config = figment.extract().map_err(describe_errors)?;
+        let engine = &mut config.engine;
+        if !given.contains("engine.max_in_flight_per_tenant") {
+            engine.max_in_flight_per_tenant =
+                engine.max_in_flight_per_tenant.min(engine.max_in_flight);
         }
-        let cluster = &config.cluster;
-        if cluster.lease_ttl <= cluster.safety_margin + cluster.tick {
-            return Err("cluster.lease_ttl_ms must exceed safety_margin_ms + tick_ms".to_string());
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Refuses values a node cannot run with: zero intervals, periods,
+    /// timeouts, windows and limits (a zero `engine.purge_interval_ms` or
+    /// `cluster.tick_ms` would panic a background task; a zero in-flight
+    /// limit would stall every delivery), and contradictory combinations.
+    /// Every problem is reported, each naming its key.
+    ///
+    /// Zero stays valid where it means something: `engine.lookback_ms`
+    /// (nothing late fires at start), `engine.record_linger_ms` (write each
+    /// outcome at once), `engine.shutdown_grace_ms` (do not wait for
+    /// in-flight deliveries; they are retried after the restart),
+    /// `engine.history_retention_ms` (purge finished events at the next
+    /// sweep), `engine.read_ahead_ms` (read each record when it fires),
+    /// `engine.repair_interval_ms` (no repair pages),
+    /// `engine.retry.backlog_limit_ms` (never retry),
+    /// `engine.retry.fast_retries`, `engine.schedule_lead_ms` or
+    /// `engine.schedule_misfire_threshold_ms` (not both),
+    /// `engine.schedule_max_missed_recorded`, `api.lapse_offset_ms`,
+    /// `http.pool_max_idle_per_host` (no keep-alive) and
+    /// `cluster.safety_margin_ms`.
+    ///
+    /// # Errors
+    /// The problems found, separated by `; `.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut problems = Vec::new();
+        let mut at_least_one = |key: &str, value: u128| {
+            if value == 0 {
+                problems.push(format!("{key} must be at least 1, not 0"));
+            }
+        };
+        at_least_one("partitions", u128::from(self.partitions));
+        at_least_one("database_pool_size", self.database_pool_size as u128);
+
+        let cluster = &self.cluster;
+        at_least_one("cluster.lease_ttl_ms", cluster.lease_ttl.as_millis());
+        at_least_one("cluster.tick_ms", cluster.tick.as_millis());
+
+        let api = &self.api;
+        at_least_one("api.max_body_bytes", api.max_body_bytes as u128);
+        at_least_one("api.max_batch", api.max_batch as u128);
+        at_least_one("api.default_list_limit", api.default_list_limit as u128);
+        at_least_one("api.max_list_limit", api.max_list_limit as u128);
+
+        let engine = &self.engine;
+        at_least_one("engine.window_ms", engine.window.as_millis());
+        at_least_one(
+            "engine.max_events_in_memory",
+            engine.max_events_in_memory as u128,
+        );
+        at_least_one("engine.max_in_flight", engine.max_in_flight as u128);
+        at_least_one(
+            "engine.max_in_flight_per_tenant",
+            engine.max_in_flight_per_tenant as u128,
+        );
+        at_least_one(
+            "engine.purge_interval_ms",
+            engine.purge_interval.as_millis(),
+        );
+        let retry = &engine.retry;
+        at_least_one(
+            "engine.retry.initial_delay_ms",
+            retry.initial_delay.as_millis(),
+        );
+        at_least_one("engine.retry.max_delay_ms", retry.max_delay.as_millis());
+
+        let http = &self.http;
+        at_least_one(
+            "http.connect_timeout_ms",
+            u128::from(http.connect_timeout_ms),
+        );
+        at_least_one(
+            "http.request_timeout_ms",
+            u128::from(http.request_timeout_ms),
+        );
+        if http.pool_idle_timeout_ms == 0 {
+            problems.push(
+                "http.pool_idle_timeout_ms must be at least 1, not 0 (to keep no idle \
+                 connections, set http.pool_max_idle_per_host = 0)"
+                    .to_string(),
+            );
         }
-        if !matches!(config.log_format.as_str(), "text" | "json") {
-            return Err(format!(
-                "log_format must be \"text\" or \"json\", not {:?}",
-                config.log_format
+
+        if !cluster.tick.is_zero()
+            && !cluster.lease_ttl.is_zero()
+            && cluster.lease_ttl <= cluster.safety_margin + cluster.tick
+        {
+            problems.push(format!(
+                "cluster.lease_ttl_ms ({}) must exceed cluster.safety_margin_ms ({}) + \
+                 cluster.tick_ms ({})",
+                cluster.lease_ttl.as_millis(),
+                cluster.safety_margin.as_millis(),
+                cluster.tick.as_millis()
             ));
         }
-        Ok(config)
+        if api.default_list_limit > api.max_list_limit {
+            problems.push(format!(
+                "api.default_list_limit ({}) must not exceed api.max_list_limit ({})",
+                api.default_list_limit, api.max_list_limit
+            ));
+        }
+        if engine.max_in_flight_per_tenant > engine.max_in_flight {
+            problems.push(format!(
+                "engine.max_in_flight_per_tenant ({}) must not exceed engine.max_in_flight ({})",
+                engine.max_in_flight_per_tenant, engine.max_in_flight
+            ));
+        }
+        if engine.schedule_lead.is_zero() && engine.schedule_misfire_threshold.is_zero() {
+            problems.push(
+                "engine.schedule_lead_ms and engine.schedule_misfire_threshold_ms must not \
+                 both be 0 (every occurrence would be reached late, and so missed)"
+                    .to_string(),
+            );
+        }
+        if !retry.initial_delay.is_zero() && retry.max_delay < retry.initial_delay {
+            problems.push(format!(
+                "engine.retry.max_delay_ms ({}) must not be less than \
+                 engine.retry.initial_delay_ms ({})",
+                retry.max_delay.as_millis(),
+                retry.initial_delay.as_millis()
+            ));
+        }
+        if !(retry.multiplier.is_finite() && retry.multiplier >= 1.0) {
+            problems.push(format!(
+                "engine.retry.multiplier must be a finite number of at least 1.0, not {}",
+                retry.multiplier
+            ));
+        }
+        if !matches!(self.log_format.as_str(), "text" | "json") {
+            problems.push(format!(
+                "log_format must be \"text\" or \"json\", not {:?}",
+                self.log_format
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
+
+/// Figment's errors, one per problem, each naming the dotted config key and
+/// where the value came from (the file, or the environment variable).
+fn describe_errors(errors: figment::Error) -> String {
+    errors
+        .into_iter()
+        .map(|error| describe_error(&error))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn describe_error(error: &figment::Error) -> String {
+    use figment::error::{Actual, Kind};
+
+    let key = error.path.join(".");
+    let origin = origin(error);
+    match &error.kind {
+        Kind::UnknownField(_, known) => {
+            let section = match error.path.split_last() {
+                Some((_, parents)) if !parents.is_empty() => parents.join("."),
+                _ => "the top level".to_string(),
+            };
+            format!(
+                "unknown key {key}{origin} (the keys of {section} are: {})",
+                known.join(", ")
+            )
+        }
+        Kind::InvalidValue(Actual::Signed(n), _) | Kind::InvalidType(Actual::Signed(n), _)
+            if *n < 0 =>
+        {
+            format!("{key} must not be negative, not {n}{origin}")
+        }
+        Kind::InvalidType(Actual::Float(x), expected)
+            if matches!(
+                expected.as_str(),
+                "u8" | "u16" | "u32" | "u64" | "u128" | "usize"
+            ) =>
+        {
+            format!("{key} must be a whole number, not {x}{origin}")
+        }
+        other if key.is_empty() => format!("{other}{origin}"),
+        other => format!("{key}: {other}{origin}"),
+    }
+}
+
+/// ` in FILE` or ` in environment variable NAME`, when known.
+fn origin(error: &figment::Error) -> String {
+    let Some(metadata) = &error.metadata else {
+        return String::new();
+    };
+    if let Some(source) = &metadata.source {
+        return format!(" in {source}");
+    }
+    if metadata.name.contains("environment variable") && !error.path.is_empty() {
+        // Figment's own rendering joins the keys with `.` and drops the
+        // prefix; the variable's real name uses `ENV_SPLIT`.
+        let keys: Vec<String> = error.path.iter().map(|k| k.to_ascii_uppercase()).collect();
+        return format!(
+            " in environment variable {ENV_PREFIX}{}",
+            keys.join(ENV_SPLIT)
+        );
+    }
+    String::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(config: Option<PathBuf>) -> ServeArgs {
+        ServeArgs {
+            listen: None,
+            data_dir: None,
+            config,
+            partitions: None,
+            database_url: None,
+            advertise: None,
+            log_format: None,
+        }
+    }
+
+    /// Loads a config from `toml` written to a temporary file.
+    fn load_toml(toml: &str) -> Result<Config, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("belfry.toml");
+        std::fs::write(&path, toml).unwrap();
+        Config::load(&args(Some(path)))
+    }
+
+    fn load_error(toml: &str) -> String {
+        match load_toml(toml) {
+            Ok(_) => panic!("accepted:\n{toml}"),
+            Err(error) => error,
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(Config::default().validate(), Ok(()));
+        let config = load_toml("").unwrap();
+        assert_eq!(config.engine.max_in_flight_per_tenant, 256);
+    }
+
+    #[test]
+    fn unknown_keys_in_every_section_are_refused_naming_the_key() {
+        for (toml, key, known) in [
+            ("typo = 1", "typo", "listen"),
+            ("[engine]\nwindow_mss = 5", "engine.window_mss", "window_ms"),
+            (
+                "[engine.retry]\nfast_retry = 5",
+                "engine.retry.fast_retry",
+                "fast_retries",
+            ),
+            ("[cluster]\ntick = 5", "cluster.tick", "tick_ms"),
+            ("[api]\nmax_batches = 5", "api.max_batches", "max_batch"),
+            ("[http]\ntimeout = 5", "http.timeout", "request_timeout_ms"),
+        ] {
+            let error = load_error(toml);
+            assert!(
+                error.starts_with(&format!("unknown key {key} in ")),
+                "{toml:?}: {error}"
+            );
+            assert!(error.contains("belfry.toml"), "names the file: {error}");
+            assert!(error.contains(known), "lists the known keys: {error}");
+        }
+    }
+
+    #[test]
+    fn every_zero_interval_timeout_window_and_limit_is_refused_naming_its_key() {
+        for (section, field) in [
+            ("", "partitions"),
+            ("", "database_pool_size"),
+            ("cluster", "lease_ttl_ms"),
+            ("cluster", "tick_ms"),
+            ("api", "max_body_bytes"),
+            ("api", "max_batch"),
+            ("api", "default_list_limit"),
+            ("api", "max_list_limit"),
+            ("engine", "window_ms"),
+            ("engine", "max_events_in_memory"),
+            ("engine", "max_in_flight"),
+            ("engine", "max_in_flight_per_tenant"),
+            ("engine", "purge_interval_ms"),
+            ("engine.retry", "initial_delay_ms"),
+            ("engine.retry", "max_delay_ms"),
+            ("http", "connect_timeout_ms"),
+            ("http", "request_timeout_ms"),
+            ("http", "pool_idle_timeout_ms"),
+        ] {
+            let (toml, key) = if section.is_empty() {
+                (format!("{field} = 0"), field.to_string())
+            } else {
+                (
+                    format!("[{section}]\n{field} = 0"),
+                    format!("{section}.{field}"),
+                )
+            };
+            let error = load_error(&toml);
+            assert!(
+                error.contains(&format!("{key} must be at least 1, not 0")),
+                "{toml:?}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn zero_is_accepted_where_it_means_something() {
+        let config = load_toml(
+            "[cluster]\nsafety_margin_ms = 0\n\
+             [api]\nlapse_offset_ms = 0\n\
+             [engine]\nlookback_ms = 0\nrecord_linger_ms = 0\nshutdown_grace_ms = 0\n\
+             history_retention_ms = 0\nschedule_lead_ms = 0\nschedule_max_missed_recorded = 0\n\
+             [engine.retry]\nfast_retries = 0\nbacklog_limit_ms = 0\n\
+             [http]\npool_max_idle_per_host = 0\n",
+        )
+        .unwrap();
+        assert!(config.engine.shutdown_grace.is_zero());
+        assert!(config.engine.retry.backlog_limit.is_zero());
+        load_toml("[engine]\nschedule_misfire_threshold_ms = 0").unwrap();
+    }
+
+    #[test]
+    fn contradictory_values_are_refused() {
+        for (toml, expected) in [
+            (
+                "[engine.retry]\ninitial_delay_ms = 5000\nmax_delay_ms = 1000",
+                "engine.retry.max_delay_ms (1000) must not be less than \
+                 engine.retry.initial_delay_ms (5000)",
+            ),
+            (
+                "[engine.retry]\nmultiplier = 0.5",
+                "engine.retry.multiplier must be a finite number of at least 1.0, not 0.5",
+            ),
+            (
+                "[engine.retry]\nmultiplier = -2.0",
+                "engine.retry.multiplier must be a finite number of at least 1.0, not -2",
+            ),
+            (
+                "[engine.retry]\nmultiplier = nan",
+                "engine.retry.multiplier must be a finite number of at least 1.0, not NaN",
+            ),
+            (
+                "[engine.retry]\nmultiplier = inf",
+                "engine.retry.multiplier must be a finite number of at least 1.0, not inf",
+            ),
+            (
+                "[engine]\nmax_in_flight = 10\nmax_in_flight_per_tenant = 20",
+                "engine.max_in_flight_per_tenant (20) must not exceed engine.max_in_flight (10)",
+            ),
+            (
+                "[engine]\nmax_in_flight = 100\nmax_in_flight_per_tenant = 256",
+                "engine.max_in_flight_per_tenant (256) must not exceed engine.max_in_flight (100)",
+            ),
+            (
+                "[api]\ndefault_list_limit = 500\nmax_list_limit = 100",
+                "api.default_list_limit (500) must not exceed api.max_list_limit (100)",
+            ),
+            (
+                "[cluster]\nlease_ttl_ms = 2000\ntick_ms = 1000\nsafety_margin_ms = 1000",
+                "cluster.lease_ttl_ms (2000) must exceed cluster.safety_margin_ms (1000) + \
+                 cluster.tick_ms (1000)",
+            ),
+            (
+                "[engine]\nschedule_lead_ms = 0\nschedule_misfire_threshold_ms = 0",
+                "engine.schedule_lead_ms and engine.schedule_misfire_threshold_ms must not \
+                 both be 0",
+            ),
+            (
+                "log_format = \"xml\"",
+                "log_format must be \"text\" or \"json\", not \"xml\"",
+            ),
+        ] {
+            let error = load_error(toml);
+            assert!(error.contains(expected), "{toml:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_lowered_max_in_flight_takes_the_default_per_tenant_limit_along() {
+        let config = load_toml("[engine]\nmax_in_flight = 64").unwrap();
+        assert_eq!(config.engine.max_in_flight, 64);
+        assert_eq!(config.engine.max_in_flight_per_tenant, 64);
+        let config =
+            load_toml("[engine]\nmax_in_flight = 64\nmax_in_flight_per_tenant = 8").unwrap();
+        assert_eq!(config.engine.max_in_flight_per_tenant, 8);
+        let config = load_toml("[engine]\nmax_in_flight = 4096").unwrap();
+        assert_eq!(config.engine.max_in_flight_per_tenant, 256);
+    }
+
+    #[test]
+    fn negative_and_fractional_numbers_get_a_clear_message() {
+        let error = load_error("[engine]\npurge_interval_ms = -5");
+        assert!(
+            error.starts_with("engine.purge_interval_ms must not be negative, not -5 in "),
+            "{error}"
+        );
+        let error = load_error("[engine]\nmax_in_flight = -1");
+        assert!(
+            error.starts_with("engine.max_in_flight must not be negative, not -1 in "),
+            "{error}"
+        );
+        let error = load_error("partitions = -3");
+        assert!(
+            error.starts_with("partitions must not be negative, not -3 in "),
+            "{error}"
+        );
+        let error = load_error("[http]\nconnect_timeout_ms = 1.5");
+        assert!(
+            error.starts_with("http.connect_timeout_ms must be a whole number, not 1.5 in "),
+            "{error}"
+        );
+        let error = load_error("[engine]\nwindow_ms = \"soon\"");
+        assert!(
+            error.starts_with("engine.window_ms: invalid type"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let error = load_error("[engine]\npurge_interval_ms = 0\n[cluster]\ntick_ms = 0");
+        assert!(
+            error.contains("cluster.tick_ms must be at least 1"),
+            "{error}"
+        );
+        assert!(
+            error.contains("engine.purge_interval_ms must be at least 1"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn flags_are_validated_too() {
+        let mut flags = args(None);
+        flags.partitions = Some(0);
+        assert_eq!(
+            Config::load(&flags).unwrap_err(),
+            "partitions must be at least 1, not 0"
+        );
+        let mut flags = args(None);
+        flags.log_format = Some("yaml".to_string());
+        assert!(Config::load(&flags).unwrap_err().contains("log_format"));
+    }
+
+    #[test]
+    fn validate_checks_a_config_built_in_code() {
+        let mut config = Config::default();
+        config.engine.purge_interval = std::time::Duration::ZERO;
+        config.cluster.tick = std::time::Duration::ZERO;
+        config.engine.retry.multiplier = f64::NAN;
+        let error = config.validate().unwrap_err();
+        assert_eq!(error.matches("; ").count(), 2, "{error}");
+        // In code, a per-tenant limit above the global one is not adjusted.
+        let mut config = Config::default();
+        config.engine.max_in_flight = 10;
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .contains("max_in_flight_per_tenant")
+        );
+    }
+
+    #[test]
+    fn a_missing_config_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = Config::load(&args(Some(dir.path().join("nope.toml")))).unwrap_err();
+        assert!(error.contains("does not exist"), "{error}");
     }
 }
