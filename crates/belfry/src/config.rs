@@ -208,6 +208,10 @@ impl Config {
             "http.request_timeout_ms",
             u128::from(http.request_timeout_ms),
         );
+        at_least_one(
+            "http.max_tenant_timeout_ms",
+            u128::from(http.max_tenant_timeout_ms),
+        );
         if http.pool_idle_timeout_ms == 0 {
             problems.push(
                 "http.pool_idle_timeout_ms must be at least 1, not 0 (to keep no idle \
@@ -421,6 +425,7 @@ mod tests {
             ("engine.retry", "max_delay_ms"),
             ("http", "connect_timeout_ms"),
             ("http", "request_timeout_ms"),
+            ("http", "max_tenant_timeout_ms"),
             ("http", "pool_idle_timeout_ms"),
         ] {
             let (toml, key) = if section.is_empty() {
