@@ -658,8 +658,12 @@ impl PartitionCore {
                 let upto = request.upto.clone();
                 let beyond = |e: &DueCursor| upto.as_ref().is_some_and(|u| e > u);
                 let mut mark = None;
+                // Entries past `upto` (same instant, later key) mean the
+                // tenant caught up with where the window stood.
+                let mut reached_upto = false;
                 for entry in page {
                     if beyond(&entry) {
+                        reached_upto = true;
                         break;
                     }
                     mark = Some(entry.clone());
@@ -667,7 +671,7 @@ impl PartitionCore {
                         self.window.insert(entry, true);
                     }
                 }
-                let overflow = if full {
+                let overflow = if full && !reached_upto {
                     mark.or(request.after.clone())
                 } else if upto.as_ref() == self.window.cursor() {
                     None // Caught up with the window.
