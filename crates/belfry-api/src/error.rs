@@ -64,22 +64,36 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, code, message)
     }
 
-    /// Maps a store failure: `Unavailable` is a 503 the client may retry;
-    /// anything else is a 500 whose details only reach the log.
+    /// Maps a store failure and logs it: `Unavailable` is a 503 the client
+    /// may retry; anything else is a 500 whose details only reach the log.
     pub fn from_store(error: &StoreError) -> Self {
         match error {
             StoreError::Unavailable(detail) => {
                 tracing::warn!(error = %detail, "store unavailable");
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    code::STORE_UNAVAILABLE,
-                    "the store is unavailable; nothing was changed, retry later",
-                )
             }
-            other => {
-                tracing::error!(error = %other, "store failure");
-                ApiError::internal()
-            }
+            other => tracing::error!(error = %other, "store failure"),
+        }
+        ApiError::for_store(error)
+    }
+
+    /// [`ApiError::from_store`] without the log line, for answering many
+    /// items of one logged failure. A write that failed is never said to
+    /// have changed nothing: its commit may have happened with only the
+    /// confirmation lost, so the message says "may or may not".
+    pub fn for_store(error: &StoreError) -> Self {
+        match error {
+            StoreError::Unavailable(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                code::STORE_UNAVAILABLE,
+                "the store is unavailable; a change requested may or may not have been made, \
+                 retry later",
+            ),
+            // Answered per item where the caller can; as a whole, the
+            // failure that made it partial.
+            StoreError::Partial(partial) => partial
+                .first_error()
+                .map_or_else(ApiError::internal, ApiError::for_store),
+            StoreError::Fenced { .. } | StoreError::Internal(_) => ApiError::internal(),
         }
     }
 

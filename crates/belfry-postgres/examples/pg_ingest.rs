@@ -39,6 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             partitions: PartitionCount::DEFAULT,
             pool_size: callers,
             notify_horizon: Duration::from_secs(60),
+            clock_skew_margin: belfry_postgres::DEFAULT_CLOCK_SKEW_MARGIN,
         })
         .await?,
     );

@@ -1,5 +1,8 @@
 //! [`Store::apply`](belfry_store::Store::apply) on PostgreSQL: one
-//! transaction per call.
+//! transaction per call, so a call is all-or-nothing: it never answers
+//! [`StoreError::Partial`](belfry_store::StoreError::Partial). An error
+//! after COMMIT was sent (a timeout, a connection lost) leaves the outcome
+//! unknown: the whole call committed or none of it did.
 //!
 //! 1. Fences: the `partitions` rows of every fenced command are read
 //!    `FOR SHARE`, so no reassignment can commit between the check and our
@@ -162,7 +165,8 @@ async fn apply_once(store: &PostgresStore, params: &ApplyParams) -> Result<Vec<A
         );
     }
 
-    // 3. Transitions, in order, with read-your-writes.
+    // 3. Transitions, in order, with read-your-writes. The horizon covers
+    // the owner's window plus the clock-skew margin (see `wakeups`).
     let horizon = params.now.plus(store.notify_horizon);
     let mut wakeups = PayloadBuilder::default();
     let mut history = AttemptColumns::default();
@@ -204,7 +208,8 @@ async fn apply_once(store: &PostgresStore, params: &ApplyParams) -> Result<Vec<A
                     Effect::Arm { at } => (at, WakeupKind::Arm),
                     Effect::Disarm { at } => (at, WakeupKind::Disarm),
                 };
-                if due < horizon {
+                // Inclusive: a window loaded at `now` covers `now + window`.
+                if due <= horizon {
                     wakeups.push(partition, &command.key, due, kind);
                 }
             }

@@ -68,15 +68,30 @@ pub struct PostgresOptions {
     pub partitions: PartitionCount,
     /// Connections in the pool (the LISTEN connection is extra).
     pub pool_size: usize,
-    /// Client changes of events due before `now + notify_horizon` are
-    /// announced to the partition owner; set it to the engine's window.
+    /// Client changes of events due up to `now + notify_horizon +
+    /// clock_skew_margin` are announced to the partition owner; set it to
+    /// the engine's window.
     pub notify_horizon: Duration,
+    /// How far the nodes' clocks may disagree. The writer measures the
+    /// horizon on its clock, the owner its window on its own: a writer
+    /// whose clock lags the owner's by up to this margin still announces
+    /// an event at the far edge of the owner's window, which the owner
+    /// already paged past and would otherwise not see until a repair page
+    /// reaches it ([`wakeups`] has the numbers behind this choice).
+    /// [`DEFAULT_CLOCK_SKEW_MARGIN`] unless configured.
+    pub clock_skew_margin: Duration,
 }
+
+/// The default [`PostgresOptions::clock_skew_margin`]: far more than the
+/// skew of NTP-synchronised nodes, little enough that few extra changes are
+/// announced (those due within 5 s past the window).
+pub const DEFAULT_CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(5);
 
 /// The PostgreSQL store; cheap to share behind an `Arc`.
 pub struct PostgresStore {
     pool: Pool,
     partitions: PartitionCount,
+    /// `notify_horizon + clock_skew_margin` of the options.
     notify_horizon: Duration,
     /// For the dedicated LISTEN connections.
     config: tokio_postgres::Config,
@@ -140,7 +155,9 @@ impl PostgresStore {
         Ok(PostgresStore {
             pool,
             partitions,
-            notify_horizon: options.notify_horizon,
+            notify_horizon: options
+                .notify_horizon
+                .saturating_add(options.clock_skew_margin),
             config,
         })
     }

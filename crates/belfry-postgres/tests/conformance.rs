@@ -16,6 +16,7 @@ async fn postgres_factory(partitions: PartitionCount) -> StoreUnderTest {
         partitions,
         pool_size: 8,
         notify_horizon: Duration::from_secs(60),
+        clock_skew_margin: belfry_postgres::DEFAULT_CLOCK_SKEW_MARGIN,
     })
     .await
     .expect("connect to the test database");

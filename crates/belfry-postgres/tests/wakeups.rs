@@ -174,3 +174,89 @@ async fn every_subscriber_hears_every_change() {
     );
     assert_eq!(next(&mut here).await, timer(&k, NOW + 200, WakeupKind::Arm));
 }
+
+/// The horizon is measured on the writer's clock, the owner's window on its
+/// own. An owner whose clock reads `NOW` has paged in everything due up to
+/// `NOW + 60 s` and learns of a later change inside that range only from a
+/// wake-up. A writer whose clock lags by 3 s (within the 5 s margin) must
+/// still announce an event at that far edge; without the margin it did not,
+/// and the event waited for a repair page instead of firing on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_writer_announces_events_at_the_edge_of_the_owners_window() {
+    let store = fresh_store(4).await;
+    let mut wakeups = store.subscribe_wakeups();
+    assert_eq!(next(&mut wakeups).await, Wakeup::Resync);
+    let (window, lag) = (60_000, 3_000);
+    let owner_edge = NOW + window;
+
+    let edge = key("edge");
+    store
+        .apply(params(NOW - lag, vec![upsert(&edge, owner_edge, "e1")]))
+        .await
+        .unwrap();
+    // Commit order: had the edge event not been announced, the marker's
+    // wake-up would come first.
+    let marker = key("marker");
+    store
+        .apply(params(NOW, vec![upsert(&marker, NOW + 1, "m")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut wakeups).await,
+        timer(&edge, owner_edge, WakeupKind::Arm),
+        "the edge of the owner's window is announced despite the lag"
+    );
+    assert_eq!(
+        next(&mut wakeups).await,
+        timer(&marker, NOW + 1, WakeupKind::Arm)
+    );
+
+    // Moving it away from the edge, by the lagging writer, takes it out.
+    store
+        .apply(params(
+            NOW - lag,
+            vec![upsert(&edge, NOW + 3_600_000, "e2")],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut wakeups).await,
+        timer(&edge, owner_edge, WakeupKind::Disarm)
+    );
+
+    // The horizon is inclusive: `now + window + margin` itself is announced.
+    let last = key("last");
+    store
+        .apply(params(NOW, vec![upsert(&last, NOW + window + 5_000, "l")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut wakeups).await,
+        timer(&last, NOW + window + 5_000, WakeupKind::Arm)
+    );
+}
+
+/// Beyond the margin nothing is announced (a lag that large is left to the
+/// owner's repair pages); announcing every change would serialize every
+/// client commit (see the `wakeups` module docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_lagging_beyond_the_margin_announces_nothing_past_its_horizon() {
+    let store = fresh_store(4).await;
+    let mut wakeups = store.subscribe_wakeups();
+    assert_eq!(next(&mut wakeups).await, Wakeup::Resync);
+    let far = key("far");
+    // Lags by 6 s: its horizon ends 1 s before the owner's window does.
+    store
+        .apply(params(NOW - 6_000, vec![upsert(&far, NOW + 60_000, "f")]))
+        .await
+        .unwrap();
+    let marker = key("marker");
+    store
+        .apply(params(NOW, vec![upsert(&marker, NOW + 1, "m")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut wakeups).await,
+        timer(&marker, NOW + 1, WakeupKind::Arm)
+    );
+}

@@ -13,6 +13,14 @@
 //!   commit). Each command is a read-modify-write through
 //!   [`belfry_core::event::transition`], so the state machine lives in one
 //!   place and backends only persist its result.
+//! - A call is all-or-nothing on PostgreSQL (one transaction), but not on
+//!   the embedded store, which commits a call's commands in independent
+//!   parts (one per writer shard). When some parts commit and others fail,
+//!   `apply` answers [`StoreError::Partial`] with every command's own
+//!   result, so callers route the effects of what did commit and answer
+//!   each item truthfully. Any other error acknowledges nothing, but a
+//!   failed command may still have taken effect (a commit whose
+//!   confirmation was lost): callers must not say "nothing was changed".
 //! - The due index holds exactly the pending events, keyed by
 //!   `(partition, next_fire_at, key)`; [`Store::due_page`] reads it in that
 //!   order with an exclusive cursor.
@@ -54,7 +62,53 @@ pub enum StoreError {
     /// Stored bytes could not be decoded, or an I/O error.
     #[error("store failure: {0}")]
     Internal(String),
+    /// Only from [`Store::apply`]: some commands were applied (durably)
+    /// and the others failed; the results of both are inside, per command.
+    /// Never returned by an all-or-nothing backend.
+    #[error(transparent)]
+    Partial(PartialApply),
 }
+
+/// The per-command answer of an [`Store::apply`] that partly failed
+/// ([`StoreError::Partial`]).
+#[derive(Debug, Clone)]
+pub struct PartialApply {
+    /// In input order: what the command did (durable, as in an `Ok` of
+    /// `apply`), or why it failed. A failed command is not acknowledged but
+    /// may have taken effect (e.g. its part was written and the fsync
+    /// failed). These errors are never `Partial` themselves.
+    pub results: Vec<StoreResult<Applied>>,
+}
+
+impl PartialApply {
+    /// The commands that were applied, in input order.
+    pub fn applied(&self) -> impl Iterator<Item = &Applied> {
+        self.results.iter().filter_map(|r| r.as_ref().ok())
+    }
+
+    /// The first failure (every part that failed has at least one command).
+    pub fn first_error(&self) -> Option<&StoreError> {
+        self.results.iter().find_map(|r| r.as_ref().err())
+    }
+}
+
+impl std::fmt::Display for PartialApply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let failed = self.results.iter().filter(|r| r.is_err()).count();
+        write!(
+            f,
+            "{} of {} commands applied, {failed} failed",
+            self.results.len() - failed,
+            self.results.len()
+        )?;
+        if let Some(error) = self.first_error() {
+            write!(f, ": {error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PartialApply {}
 
 /// Proof of ownership of a partition, carried by the owner's writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,7 +208,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// # Errors
     /// [`StoreError::Fenced`] if any command's fence is stale (then nothing
-    /// of the batch is applied); otherwise backend failures.
+    /// of the batch is applied). [`StoreError::Partial`] if some commands
+    /// were applied and others failed (backends that commit a call in
+    /// parts; see the crate docs). Otherwise backend failures: nothing is
+    /// acknowledged, though a command may have taken effect.
     async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>>;
 
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>>;

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use belfry_core::event::{AttemptReport, DeliveryOption, EventCommand, EventStatus};
+use belfry_core::event::{
+    AttemptReport, CommandOutcome, DeliveryOption, EventCommand, EventStatus,
+};
 use belfry_core::tenant::HttpTarget;
 use belfry_core::{
     EventId, EventKey, EventVersion, PartitionCount, PartitionId, RetryPolicy, SinkConfig,
@@ -12,6 +14,7 @@ use belfry_core::{
 use belfry_store::conformance::embedded_factory;
 use belfry_store::{
     ApplyParams, DuePageParams, EmbeddedOptions, EmbeddedStore, KeyedCommand, SharedStore,
+    StoreError,
 };
 
 belfry_store::store_conformance_tests!(embedded_factory);
@@ -212,4 +215,89 @@ async fn a_changed_writer_count_keeps_every_key_and_history_entry() {
         due.extend(due_of(&store, partition).await);
     }
     assert_eq!(due.len(), ids.len());
+}
+
+/// A batch spread over two writer shards, one of which fails its commit:
+/// the other shard's commands are applied and durable, and the answer says
+/// so per command (`Partial`), not one error for the whole batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_writer_shard_fails_answers_each_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        EmbeddedStore::open(EmbeddedOptions {
+            data_dir: dir.path().to_path_buf(),
+            partitions: PartitionCount::new(8).unwrap(),
+            writers: std::num::NonZeroUsize::new(2),
+        })
+        .unwrap(),
+    );
+    let shared: SharedStore = store.clone();
+    let of_shard = |shard: usize, prefix: &str| {
+        (0..)
+            .map(|i| format!("{prefix}-{i}"))
+            .find(|id| store.writer_shard(&key(id)) == shard)
+            .unwrap()
+    };
+    let (kept_1, failed, kept_2) = (
+        of_shard(0, "kept"),
+        of_shard(1, "lost"),
+        of_shard(0, "also"),
+    );
+    let params = |commands| ApplyParams {
+        commands,
+        now: Timestamp::from_millis(100),
+        retry: RetryPolicy::default(),
+    };
+
+    store.fail_commits_of(&key(&failed), 1);
+    let answer = shared
+        .apply(params(vec![
+            upsert(&kept_1, 5_000),
+            upsert(&failed, 5_000),
+            upsert(&kept_2, 6_000),
+        ]))
+        .await;
+    let Err(StoreError::Partial(partial)) = answer else {
+        panic!("expected a partial failure, got {answer:?}");
+    };
+    assert_eq!(partial.results.len(), 3);
+    for index in [0, 2] {
+        let applied = partial.results[index].as_ref().unwrap();
+        assert_eq!(applied.outcome, CommandOutcome::Created);
+        assert_eq!(
+            applied.effects.len(),
+            1,
+            "its timer effect is there to route"
+        );
+    }
+    assert!(matches!(partial.results[1], Err(StoreError::Internal(_))));
+    assert_eq!(partial.applied().count(), 2);
+    assert!(
+        partial
+            .to_string()
+            .starts_with("2 of 3 commands applied, 1 failed"),
+        "{partial}"
+    );
+
+    // What the answer says is what the store holds, indexes included.
+    assert!(shared.get_event(&key(&kept_1)).await.unwrap().is_some());
+    assert!(shared.get_event(&key(&kept_2)).await.unwrap().is_some());
+    assert!(shared.get_event(&key(&failed)).await.unwrap().is_none());
+    let mut due = Vec::new();
+    for partition in shared.partitions().all() {
+        due.extend(due_of(&shared, partition).await.into_iter().map(|c| c.key));
+    }
+    due.sort();
+    let mut expected = vec![key(&kept_1), key(&kept_2)];
+    expected.sort();
+    assert_eq!(due, expected);
+
+    // A call that touches only the failing shard fails as a whole: a plain
+    // error, not `Partial`.
+    store.fail_commits_of(&key(&failed), 1);
+    let alone = shared.apply(params(vec![upsert(&failed, 5_000)])).await;
+    assert!(matches!(alone, Err(StoreError::Internal(_))), "{alone:?}");
+    // The failpoint is spent: the same command now lands.
+    apply(&shared, vec![upsert(&failed, 5_000)]).await;
+    assert!(shared.get_event(&key(&failed)).await.unwrap().is_some());
 }

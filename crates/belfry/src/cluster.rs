@@ -41,6 +41,7 @@ pub async fn start(
         partitions,
         pool_size: config.database_pool_size,
         notify_horizon: config.engine.window,
+        clock_skew_margin: config.clock_skew_margin,
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {e}"))?;

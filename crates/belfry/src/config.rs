@@ -34,6 +34,17 @@ pub struct Config {
     pub advertise: Option<String>,
     /// Connections to PostgreSQL per node.
     pub database_pool_size: usize,
+    /// Cluster mode: how far the nodes' clocks may disagree. A change made
+    /// through any node is announced to the partition's owner when the
+    /// event is due within `engine.window_ms` plus this margin (on the
+    /// writer's clock), so a writer whose clock lags the owner's by up to
+    /// this still reaches the far edge of the owner's window. Zero: the
+    /// clocks agree exactly.
+    #[serde(
+        with = "belfry_core::time::serde_millis",
+        rename = "clock_skew_margin_ms"
+    )]
+    pub clock_skew_margin: std::time::Duration,
     /// Membership and lease timing (cluster mode).
     pub cluster: MembershipOptions,
     /// HTTP API limits and BigBen knobs.
@@ -54,6 +65,8 @@ impl Default for Config {
             database_url: None,
             advertise: None,
             database_pool_size: 16,
+            // `belfry_postgres::DEFAULT_CLOCK_SKEW_MARGIN`.
+            clock_skew_margin: std::time::Duration::from_secs(5),
             cluster: MembershipOptions::default(),
             api: ApiOptions::default(),
             engine: EngineOptions::default(),

@@ -3,8 +3,11 @@
 //!
 //! Each item is first validated (BigBen's checks, in BigBen's order, with its
 //! messages); the valid ones are then applied in one durable batch through
-//! the engine. A store failure turns every item that reached the store into
-//! `ERROR` (code 500); nothing is claimed stored that was not.
+//! the engine. A store failure turns every item it hit into `ERROR` (code
+//! 500); when only part of the batch failed (the embedded store commits a
+//! batch in independent parts), the items that were stored get their real
+//! answer and only the others are `ERROR`. Nothing is claimed stored that
+//! was not, and nothing is claimed unchanged that may have been stored.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -18,7 +21,7 @@ use belfry_core::{
     TenantName, Timestamp,
 };
 use belfry_sinks::body::{BigBenStatus, EventResponse, Mode};
-use belfry_store::{KeyedCommand, StoreError};
+use belfry_store::{Applied, KeyedCommand, StoreError};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 
@@ -141,15 +144,20 @@ pub(crate) async fn schedule(
         plans.push(plan);
     }
 
-    let applied = match (&store_failure, commands.is_empty()) {
+    // Per command: what the store did, or `None` if it failed.
+    let applied: Vec<Option<Applied>> = match (&store_failure, commands.is_empty()) {
         (None, false) => match state.engine.apply(commands).await {
-            Ok(applied) => Some(applied),
+            Ok(applied) => applied.into_iter().map(Some).collect(),
+            Err(StoreError::Partial(partial)) => {
+                store_failure = partial.first_error().cloned();
+                partial.results.into_iter().map(Result::ok).collect()
+            }
             Err(error) => {
                 store_failure = Some(error);
-                None
+                Vec::new()
             }
         },
-        _ => None,
+        _ => Vec::new(),
     };
     let responses: Vec<EventResponse> = plans
         .into_iter()
@@ -159,7 +167,7 @@ pub(crate) async fn schedule(
                 response,
                 index,
                 lapsed,
-            } => match applied.as_ref().and_then(|all| all.get(index)) {
+            } => match applied.get(index).and_then(Option::as_ref) {
                 Some(item) => answer(response, &item.outcome, item.record.as_ref(), lapsed, now),
                 None => store_error_item(response),
             },
@@ -352,14 +360,19 @@ fn answer(
     }
 }
 
+/// An item the store failed on. It may have been stored all the same (a
+/// commit whose confirmation was lost); sending it again is safe.
 fn store_error_item(response: EventResponse) -> EventResponse {
-    response
-        .with_status(BigBenStatus::Error)
-        .with_error(500, "the event could not be stored; retry later")
+    response.with_status(BigBenStatus::Error).with_error(
+        500,
+        "the event may or may not have been stored; retry later",
+    )
 }
 
-/// `400` if every item was rejected, `206` if some were, `200` otherwise;
-/// `500`/`503` only when every item failed in the store.
+/// `400` if every item was rejected; `500`/`503` if every item failed in
+/// the store; `206` if some items were rejected or failed (BigBen answers
+/// 206 for rejections only; a client that reads only the status must not
+/// take a partly failed batch for a success); `200` otherwise.
 fn overall_status(responses: &[EventResponse], store_failure: Option<&StoreError>) -> StatusCode {
     let count = |status: BigBenStatus| {
         responses
@@ -377,7 +390,7 @@ fn overall_status(responses: &[EventResponse], store_failure: Option<&StoreError
     }
     if !responses.is_empty() && rejected == responses.len() {
         StatusCode::BAD_REQUEST
-    } else if rejected > 0 {
+    } else if rejected > 0 || errored > 0 {
         StatusCode::PARTIAL_CONTENT
     } else {
         StatusCode::OK

@@ -12,7 +12,7 @@ use belfry_core::{
     CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus, EventVersion,
     TenantName, Timestamp,
 };
-use belfry_store::{KeyedCommand, ListEventsParams};
+use belfry_store::{Applied, KeyedCommand, ListEventsParams, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -179,7 +179,10 @@ pub(crate) async fn cancel(
 }
 
 /// Schedules many events of one tenant. Invalid items are rejected one by
-/// one; the valid ones are applied in one durable batch.
+/// one; the valid ones are applied in one durable batch. When the store
+/// fails only part of the batch (the embedded store commits it in
+/// independent parts), the stored items are answered as such and the others
+/// as `error`; when it fails all of it, the request fails as a whole.
 pub(crate) async fn batch(
     State(state): State<ApiState>,
     V1Path(tenant): V1Path<String>,
@@ -220,17 +223,31 @@ pub(crate) async fn batch(
         });
         items.push((id_text, slot));
     }
-    let applied = if commands.is_empty() {
+    // Per command: what the store did, or why it failed.
+    let applied: Vec<Result<Applied, ApiError>> = if commands.is_empty() {
         Vec::new()
     } else {
-        state.engine.apply(commands).await?
+        match state.engine.apply(commands).await {
+            Ok(applied) => applied.into_iter().map(Ok).collect(),
+            Err(StoreError::Partial(partial)) => {
+                // Logged once here, not once per failed item.
+                tracing::error!(error = %partial, "part of a batch failed in the store");
+                partial
+                    .results
+                    .into_iter()
+                    .map(|result| result.map_err(|error| ApiError::for_store(&error)))
+                    .collect()
+            }
+            Err(error) => return Err(error.into()),
+        }
     };
 
     let mut rejected = 0usize;
+    let mut failed = 0usize;
     let results: Vec<Value> = items
         .into_iter()
         .map(|(id, slot)| match slot.map(|index| applied.get(index)) {
-            Ok(Some(done)) => {
+            Ok(Some(Ok(done))) => {
                 let outcome = match done.outcome {
                     CommandOutcome::Created => "created",
                     _ => "updated",
@@ -242,7 +259,13 @@ pub(crate) async fn batch(
                     "error": null,
                 })
             }
+            Ok(Some(Err(error))) => {
+                failed += 1;
+                json!({ "id": id, "outcome": "error", "version": null,
+                        "error": { "code": error.code, "message": error.message } })
+            }
             Ok(None) => {
+                failed += 1;
                 tracing::error!("store returned fewer results than commands");
                 json!({ "id": id, "outcome": "error", "version": null,
                         "error": { "code": code::INTERNAL, "message": "internal error; see the server log" } })
@@ -254,7 +277,7 @@ pub(crate) async fn batch(
             }
         })
         .collect();
-    Ok(Json(json!({ "results": results, "rejected": rejected })).into_response())
+    Ok(Json(json!({ "results": results, "rejected": rejected, "failed": failed })).into_response())
 }
 
 /// Query of the event list.

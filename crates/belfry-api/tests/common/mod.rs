@@ -37,6 +37,9 @@ pub struct Harness {
     pub engine: Option<Engine>,
     /// The real store, read directly by assertions (never faulty).
     pub store: SharedStore,
+    /// The same store, for its test failpoints (a writer shard's commits
+    /// failing: partly applied batches).
+    pub embedded: Arc<EmbeddedStore>,
     /// Injects failures into what the API sees of the store.
     pub faults: Arc<Faults>,
     _dir: TempDir,
@@ -155,7 +158,8 @@ impl Harness {
             writers: None,
         })
         .unwrap();
-        let store: SharedStore = Arc::new(store);
+        let embedded = Arc::new(store);
+        let store: SharedStore = embedded.clone();
         let faults = Arc::new(Faults::default());
         let faulty: SharedStore = Arc::new(FaultyStore {
             inner: store.clone(),
@@ -181,6 +185,7 @@ impl Harness {
             state,
             engine: Some(engine),
             store,
+            embedded,
             faults,
             _dir: dir,
         }
@@ -194,12 +199,14 @@ impl Harness {
             state,
             engine,
             store,
+            embedded,
             faults: _,
             _dir,
         } = self;
         drop(app);
         drop(state);
         drop(store);
+        drop(embedded);
         if let Some(engine) = engine {
             engine.shutdown().await;
         }

@@ -23,6 +23,7 @@ pub fn options(url: String, partitions: u16) -> PostgresOptions {
         partitions: PartitionCount::new(partitions).unwrap(),
         pool_size: 4,
         notify_horizon: Duration::from_secs(60),
+        clock_skew_margin: belfry_postgres::DEFAULT_CLOCK_SKEW_MARGIN,
     }
 }
 

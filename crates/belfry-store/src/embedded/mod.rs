@@ -35,9 +35,11 @@
 //! - [`Store::apply`] splits its commands by shard, keeping each shard's
 //!   commands in input order (so all commands of one key stay in order),
 //!   sends every part before awaiting any, and answers — results back in
-//!   input order — only when every part is durable. Each command is atomic;
-//!   if one part fails, the other parts may still have been applied (the
-//!   error is returned all the same).
+//!   input order — only when every part is durable. Each command is atomic,
+//!   each part is all-or-nothing (one group commit), but the parts are
+//!   independent: when some parts fail and others commit, the answer is
+//!   [`StoreError::Partial`], carrying every command's own result, so the
+//!   caller can route what committed and answer each item truthfully.
 //! - Tenants are written by shard 0 only.
 //! - A purge visits the shards one after the other, each deleting only
 //!   its own partitions' events, with what is left of the limit.
@@ -68,8 +70,8 @@ use tokio::sync::oneshot;
 
 use self::writer::{Job, Keyspaces, Writer, internal};
 use crate::{
-    Applied, ApplyParams, DuePageParams, KeyedCommand, ListEventsParams, PurgeParams, Store,
-    StoreError, StoreResult, StoreStats,
+    Applied, ApplyParams, DuePageParams, KeyedCommand, ListEventsParams, PartialApply, PurgeParams,
+    Store, StoreError, StoreResult, StoreStats,
 };
 
 /// Options of the embedded store.
@@ -118,6 +120,9 @@ pub struct EmbeddedStore {
     /// only while dropping.
     shards: Vec<mpsc::Sender<Job>>,
     writers: Vec<JoinHandle<()>>,
+    /// Per shard, the test switch that fails its commits.
+    #[cfg(any(test, feature = "failpoints"))]
+    failpoints: Vec<std::sync::Arc<writer::Failpoint>>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -183,6 +188,8 @@ impl EmbeddedStore {
             partitions,
             shards: Vec::with_capacity(count),
             writers: Vec::with_capacity(count),
+            #[cfg(any(test, feature = "failpoints"))]
+            failpoints: Vec::with_capacity(count),
         };
         for shard in 0..count {
             let (jobs, receiver) = mpsc::channel();
@@ -193,6 +200,8 @@ impl EmbeddedStore {
                 attempt_seq,
                 receiver,
             );
+            #[cfg(any(test, feature = "failpoints"))]
+            store.failpoints.push(writer.failpoint.clone());
             // On failure `store` drops, stopping the writers started so far.
             let handle = std::thread::Builder::new()
                 .name(format!("belfry-store-writer-{shard}"))
@@ -287,7 +296,8 @@ impl EmbeddedStore {
     /// Splits an apply by shard, keeping each shard's commands in input
     /// order (all commands of one key go to one shard, so per-key order is
     /// kept), runs the parts concurrently, and puts the results back in
-    /// input order. `Ok` only once every part is durable.
+    /// input order. `Ok` only once every part is durable; when some parts
+    /// failed and others committed, [`StoreError::Partial`].
     async fn apply_sharded(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
         let total = params.commands.len();
         let mut parts: Vec<(Vec<usize>, Vec<KeyedCommand>)> =
@@ -307,37 +317,54 @@ impl EmbeddedStore {
                 now: params.now,
                 retry: params.retry.clone(),
             };
+            // A part that cannot be sent fails alone: the others are
+            // already on their way.
             let answer = self.send(shard, |reply| Job::Apply {
                 params: part,
                 reply,
-            })?;
+            });
             pending.push((indexes, answer));
         }
-        let mut results: Vec<Option<Applied>> = (0..total).map(|_| None).collect();
-        // Every part is awaited even after a failure, so that an error is
-        // returned only once no part is still in flight.
-        let mut failure = None;
+        // Every part sent is awaited, even after a failure, so that the
+        // answer comes only once no part is still in flight.
+        let mut results: Vec<Option<StoreResult<Applied>>> = (0..total).map(|_| None).collect();
         for (indexes, answer) in pending {
-            match answer.await.map_err(|_| writer_gone()) {
-                Ok(Ok(applied)) => {
+            let answer = match answer {
+                Ok(receiver) => receiver.await.unwrap_or_else(|_| Err(writer_gone())),
+                Err(error) => Err(error),
+            };
+            match answer {
+                Ok(applied) if applied.len() == indexes.len() => {
                     for (index, applied) in indexes.into_iter().zip(applied) {
-                        results[index] = Some(applied);
+                        results[index] = Some(Ok(applied));
                     }
                 }
-                Ok(Err(error)) | Err(error) => {
-                    failure.get_or_insert(error);
+                Ok(_) => {
+                    let error = StoreError::Internal("a writer shard lost a result".into());
+                    for index in indexes {
+                        results[index] = Some(Err(error.clone()));
+                    }
+                }
+                Err(error) => {
+                    for index in indexes {
+                        results[index] = Some(Err(error.clone()));
+                    }
                 }
             }
         }
-        if let Some(error) = failure {
-            return Err(error);
-        }
-        results
+        let results: Vec<StoreResult<Applied>> = results
             .into_iter()
-            .map(|applied| {
-                applied.ok_or_else(|| StoreError::Internal("a writer shard lost a result".into()))
+            .map(|result| {
+                // Every index went to exactly one part.
+                result.unwrap_or_else(|| Err(StoreError::Internal("a command was lost".into())))
             })
-            .collect()
+            .collect();
+        let applied = results.iter().filter(|result| result.is_ok()).count();
+        if applied == 0 || applied == total {
+            // All or nothing: a plain answer (the first error, if any).
+            return results.into_iter().collect();
+        }
+        Err(StoreError::Partial(PartialApply { results }))
     }
 
     /// Runs a read that may scan many entries off the async threads.
@@ -349,6 +376,23 @@ impl EmbeddedStore {
         tokio::task::spawn_blocking(move || read(&ks))
             .await
             .map_err(|e| StoreError::Internal(format!("read task failed: {e}")))?
+    }
+}
+
+#[cfg(any(test, feature = "failpoints"))]
+impl EmbeddedStore {
+    /// Test-only (feature `failpoints`): the next `commits` group commits
+    /// of the writer shard that writes `key` fail before writing anything.
+    pub fn fail_commits_of(&self, key: &EventKey, commits: usize) {
+        if let Some(failpoint) = self.failpoints.get(self.writer_shard(key)) {
+            failpoint.fail_next(commits);
+        }
+    }
+
+    /// The writer shard that writes `key` (tests pick keys of different
+    /// shards with it).
+    pub fn writer_shard(&self, key: &EventKey) -> usize {
+        self.shard_of(self.partitions.partition_of(key))
     }
 }
 

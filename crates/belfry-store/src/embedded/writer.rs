@@ -139,6 +139,31 @@ pub struct Writer {
     /// The last attempt sequence number handed out; persisted in `meta`.
     attempt_seq: u64,
     jobs: Receiver<Job>,
+    /// Tests make this shard's next commits fail (see [`Failpoint`]).
+    #[cfg(any(test, feature = "failpoints"))]
+    pub failpoint: std::sync::Arc<Failpoint>,
+}
+
+/// Test-only fault injection (feature `failpoints`): the next `n` group
+/// commits of one shard fail before anything is written, as an I/O error
+/// of fjall would; every job of such a group is answered with the error.
+#[cfg(any(test, feature = "failpoints"))]
+#[derive(Debug, Default)]
+pub struct Failpoint(std::sync::atomic::AtomicUsize);
+
+#[cfg(any(test, feature = "failpoints"))]
+impl Failpoint {
+    pub fn fail_next(&self, commits: usize) {
+        self.0.store(commits, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether this commit fails (and counts it).
+    fn trip(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.0
+            .fetch_update(SeqCst, SeqCst, |left| left.checked_sub(1))
+            .is_ok()
+    }
 }
 
 impl Writer {
@@ -160,6 +185,8 @@ impl Writer {
             shards,
             attempt_seq,
             jobs,
+            #[cfg(any(test, feature = "failpoints"))]
+            failpoint: std::sync::Arc::default(),
         }
     }
 
@@ -330,6 +357,10 @@ impl Writer {
     }
 
     fn write_group(&self, group: &Group) -> StoreResult<()> {
+        #[cfg(any(test, feature = "failpoints"))]
+        if self.failpoint.trip() {
+            return Err(StoreError::Internal("injected commit failure".into()));
+        }
         let ks = &self.ks;
         let mut events: Vec<(&Vec<u8>, &EventRecord)> = group
             .events
