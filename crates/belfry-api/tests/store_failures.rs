@@ -4,8 +4,12 @@
 
 mod common;
 
+use std::time::Duration;
+
 use axum::http::StatusCode;
+use belfry_api::ApiOptions;
 use belfry_core::{EventId, EventKey, TenantName};
+use belfry_engine::EngineOptions;
 use belfry_store::StoreError;
 use common::{FUTURE, FaultScope, Harness, from_now};
 use serde_json::{Value, json};
@@ -148,7 +152,17 @@ fn ids_across_shards(h: &Harness) -> (String, Vec<String>) {
 /// 206 (not 200, not a blanket 503).
 #[tokio::test]
 async fn bigben_schedule_answers_a_partly_failed_batch_per_item() {
-    let h = Harness::start().await;
+    // No repair pages: the near event below can reach its window only
+    // through the effects of its own apply.
+    let h = Harness::with_engine_options(
+        ApiOptions::default(),
+        EngineOptions {
+            shutdown_grace: Duration::from_millis(500),
+            repair_interval: Duration::ZERO,
+            ..EngineOptions::default()
+        },
+    )
+    .await;
     h.register_log("acme").await;
     // The windows are loaded once something has fired: a near event stored
     // later reaches its window only through the effects of its apply.

@@ -150,6 +150,19 @@ impl Harness {
     }
 
     pub async fn with_options(options: ApiOptions) -> Harness {
+        // A short grace: at shutdown the engine waits up to this long for
+        // its background tasks, and tests need not wait out the default.
+        let engine_options = EngineOptions {
+            shutdown_grace: Duration::from_millis(500),
+            ..EngineOptions::default()
+        };
+        Harness::with_engine_options(options, engine_options).await
+    }
+
+    pub async fn with_engine_options(
+        options: ApiOptions,
+        engine_options: EngineOptions,
+    ) -> Harness {
         belfry_testkit::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(EmbeddedOptions {
@@ -166,12 +179,6 @@ impl Harness {
             faults: faults.clone(),
         });
         let sinks = Sinks::new(Default::default()).unwrap();
-        // A short grace: at shutdown the engine waits up to this long for
-        // its background tasks, and tests need not wait out the default.
-        let engine_options = EngineOptions {
-            shutdown_grace: Duration::from_millis(500),
-            ..EngineOptions::default()
-        };
         let engine = Engine::start(engine_options, faulty, sinks, Arc::new(SystemClock));
         let state = ApiState {
             engine: engine.handle(),
