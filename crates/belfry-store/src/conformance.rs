@@ -860,7 +860,6 @@ where
             to: to.map(ts),
             after: after.map(|a| EventId::new(a).unwrap()),
             limit,
-            tenant: None,
         })
     };
     let ids = |records: Vec<EventRecord>| -> Vec<String> {
