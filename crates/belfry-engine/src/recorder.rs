@@ -128,7 +128,7 @@ async fn record(shared: &Arc<Shared>, batch: Vec<Outcome>) {
 /// ones.
 struct Split(Vec<Vec<Outcome>>);
 
-async fn record_group(shared: &Arc<Shared>, batch: Vec<Outcome>) -> Result<(), Split> {
+async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(), Split> {
     loop {
         let params = ApplyParams {
             commands: batch.iter().map(|o| o.command.clone()).collect(),
@@ -142,6 +142,32 @@ async fn record_group(shared: &Arc<Shared>, batch: Vec<Outcome>) -> Result<(), S
                 finish_all(shared, &batch);
                 shared.route_effects(&applied);
                 return Ok(());
+            }
+            Err(StoreError::Partial(partial)) => {
+                // Some writer shards committed: finish those outcomes and
+                // route their effects; only the rest is written again (a
+                // second write of a committed attempt would count it twice).
+                let mut failed = Vec::new();
+                let mut applied = Vec::new();
+                for (outcome, result) in batch.into_iter().zip(partial.results) {
+                    match result {
+                        Ok(done) => {
+                            finish_all(shared, [&outcome]);
+                            applied.push(done);
+                        }
+                        Err(_) => failed.push(outcome),
+                    }
+                }
+                shared.route_effects(&applied);
+                tracing::warn!(
+                    failed = failed.len(),
+                    "recording delivery outcomes failed in part; retrying the rest"
+                );
+                batch = failed;
+                if batch.is_empty() {
+                    return Ok(());
+                }
+                tokio::time::sleep(WRITE_RETRY).await;
             }
             Err(StoreError::Fenced { partition, epoch }) => {
                 let mut by_partition: std::collections::BTreeMap<_, Vec<Outcome>> =
