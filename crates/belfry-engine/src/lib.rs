@@ -377,33 +377,38 @@ impl EngineHandle {
         (held, capacity)
     }
 
-    /// Hands `partitions` over cleanly: they stop firing at once (no new
-    /// delivery starts), and this resolves once every delivery of theirs
-    /// that was in flight has its outcome recorded, or after `grace`.
-    /// Returns whether everything was recorded in time. The caller then
-    /// releases their leases, so the next owner can fire at once without
+    /// Hands `partitions` over cleanly: they stop firing at once, when this
+    /// is *called* (their workers are taken out of the engine and their
+    /// leases revoked, so nothing queued for them is delivered any more),
+    /// and the returned future resolves once every delivery of theirs that
+    /// was in flight has its outcome recorded, or after `grace`. It yields
+    /// whether everything was recorded in time. The caller then releases
+    /// their leases, so the next owner can fire at once without
     /// re-delivering anything.
-    pub async fn release_partitions(
+    pub fn release_partitions(
         &self,
         partitions: &[belfry_core::PartitionId],
         grace: std::time::Duration,
-    ) -> bool {
+    ) -> impl std::future::Future<Output = bool> + Send + 'static {
         let (tasks, runtimes) = self.inner.owned.release(partitions);
-        for task in tasks {
-            let _ = task.await;
-        }
-        let drained = async {
-            loop {
-                let notified = self.inner.finished.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if runtimes.iter().all(|r| r.outstanding() == 0) {
-                    return;
-                }
-                notified.await;
+        let shared = self.inner.clone();
+        async move {
+            for task in tasks {
+                let _ = task.await;
             }
-        };
-        tokio::time::timeout(grace, drained).await.is_ok()
+            let drained = async {
+                loop {
+                    let notified = shared.finished.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    if runtimes.iter().all(|r| r.outstanding() == 0) {
+                        return;
+                    }
+                    notified.await;
+                }
+            };
+            tokio::time::timeout(grace, drained).await.is_ok()
+        }
     }
 }
 

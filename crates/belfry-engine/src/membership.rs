@@ -30,7 +30,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use belfry_core::PartitionId;
@@ -253,29 +252,13 @@ impl Membership {
         let ids: Vec<PartitionId> = fresh.iter().map(|(p, _)| *p).collect();
         tracing::info!(partitions = ?ids, "partitions revoked by the leader; handing them over");
         let grace = self.revocation_grace();
-        let engine = self.engine.clone();
-        let releasing = ids.clone();
-        let mut release =
-            Box::pin(async move { engine.release_partitions(&releasing, grace).await });
-        // Polled once here: its first step takes the partitions' workers out
-        // of the engine, before `set_ownership` (after this) could stop them
-        // without waiting for their deliveries. Should the engine not have
-        // let go of them yet, the wait happens inline instead.
-        let first = std::future::poll_fn(|cx| Poll::Ready(release.as_mut().poll(cx))).await;
-        let still_owned = {
-            let owned = self.engine.owned_partitions();
-            ids.iter().any(|id| owned.iter().any(|(p, _)| p == id))
-        };
-        let first = match first {
-            Poll::Pending if still_owned => Poll::Ready(release.as_mut().await),
-            other => other,
-        };
+        // Takes the partitions' workers out of the engine now, before the
+        // round's `set_ownership` could stop them without waiting for their
+        // deliveries; the returned future waits for their outcomes.
+        let release = self.engine.release_partitions(&ids, grace);
         let this = self.clone();
         let task = tokio::spawn(async move {
-            let recorded = match first {
-                Poll::Ready(recorded) => recorded,
-                Poll::Pending => release.await,
-            };
+            let recorded = release.await;
             if !recorded {
                 tracing::warn!(
                     partitions = ?ids,
