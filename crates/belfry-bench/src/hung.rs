@@ -245,6 +245,9 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
         healthy_rate: args.healthy_rate,
         healthy_ingest,
         node_cpu_while_due: at_due.zip(after).map(|(a, b)| b.cpu_since(&a)),
+        node_run_queue_wait_while_due_s: at_due
+            .zip(after)
+            .map(|(a, b)| b.run_queue_wait_s - a.run_queue_wait_s),
         node_rss_max_while_due_bytes: after
             .map(|s| rss_max.load(Ordering::Relaxed).max(s.rss_bytes)),
         connections_accepted: counters.accepted.load(Ordering::Relaxed),

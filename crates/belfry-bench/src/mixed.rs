@@ -125,6 +125,9 @@ pub async fn run(args: MixedArgs) -> anyhow::Result<Report> {
         node_cpu_while_firing: node_at_first
             .zip(node_at_last)
             .map(|(a, b)| b.cpu_since(&a)),
+        node_run_queue_wait_while_firing_s: node_at_first
+            .zip(node_at_last)
+            .map(|(a, b)| b.run_queue_wait_s - a.run_queue_wait_s),
         postgres_cpu_while_firing: pg_at_first
             .zip(pg_at_last)
             .map(|(a, b)| crate::database::minus(b, a)),

@@ -46,6 +46,9 @@ pub struct NodeReport {
     pub rss_bytes: u64,
     /// CPU the node used from the start of the scenario to its end.
     pub cpu_during_run: CpuSplit,
+    /// Seconds the node's threads waited for a CPU over the same interval
+    /// (see [`ProcessSample::run_queue_wait_s`]).
+    pub run_queue_wait_s: f64,
 }
 
 impl NodeReport {
@@ -54,6 +57,7 @@ impl NodeReport {
             peak_rss_bytes: after.peak_rss_bytes,
             rss_bytes: after.rss_bytes,
             cpu_during_run: after.cpu_since(before),
+            run_queue_wait_s: after.run_queue_wait_s - before.run_queue_wait_s,
         }
     }
 }
@@ -90,6 +94,8 @@ pub struct MixedReport {
     /// The node's CPU between the first and the last due instant
     /// (deliveries and the stream's ingest together).
     pub node_cpu_while_firing: Option<CpuSplit>,
+    /// Seconds the node's threads waited for a CPU over that span.
+    pub node_run_queue_wait_while_firing_s: Option<f64>,
     pub postgres_cpu_while_firing: Option<CpuSplit>,
 }
 
@@ -107,6 +113,8 @@ pub struct HungReport {
     pub healthy_ingest: IngestReport,
     /// The node's CPU from the hung events' instant to the end.
     pub node_cpu_while_due: Option<CpuSplit>,
+    /// Seconds the node's threads waited for a CPU over that span.
+    pub node_run_queue_wait_while_due_s: Option<f64>,
     /// The node's largest `VmRSS` seen from the hung events' instant to the
     /// end (read every 500 ms).
     pub node_rss_max_while_due_bytes: Option<u64>,
@@ -311,11 +319,12 @@ impl Report {
             rows.push((
                 "node".into(),
                 format!(
-                    "peak RSS {:.1} MiB, RSS {:.1} MiB, CPU {:.2} s user + {:.2} s system",
+                    "peak RSS {:.1} MiB, RSS {:.1} MiB, CPU {:.2} s user + {:.2} s system, {:.2} s waiting for a CPU",
                     node.peak_rss_bytes as f64 / MIB,
                     node.rss_bytes as f64 / MIB,
                     node.cpu_during_run.user_s,
-                    node.cpu_during_run.system_s
+                    node.cpu_during_run.system_s,
+                    node.run_queue_wait_s
                 ),
             ));
         }
@@ -392,7 +401,14 @@ fn mixed_rows(mixed: &MixedReport, rows: &mut Vec<(String, String)>) {
         rows.push(("  first error".into(), error.clone()));
     }
     if let Some(split) = mixed.node_cpu_while_firing {
-        rows.push(("  node CPU while firing".into(), cpu(split)));
+        rows.push((
+            "  node CPU while firing".into(),
+            format!(
+                "{}, {:.2} s waiting for a CPU",
+                cpu(split),
+                mixed.node_run_queue_wait_while_firing_s.unwrap_or(0.0)
+            ),
+        ));
     }
     if let Some(split) = mixed.postgres_cpu_while_firing {
         rows.push(("  PostgreSQL CPU firing".into(), cpu(split)));
@@ -428,7 +444,14 @@ fn hung_rows(hung: &HungReport, rows: &mut Vec<(String, String)>) {
         ),
     ));
     if let Some(split) = hung.node_cpu_while_due {
-        rows.push(("  node CPU while due".into(), cpu(split)));
+        rows.push((
+            "  node CPU while due".into(),
+            format!(
+                "{}, {:.2} s waiting for a CPU",
+                cpu(split),
+                hung.node_run_queue_wait_while_due_s.unwrap_or(0.0)
+            ),
+        ));
     }
     if let Some(rss) = hung.node_rss_max_while_due_bytes {
         rows.push((

@@ -59,6 +59,11 @@ pub struct ProcessSample {
     pub cpu_user_s: f64,
     /// System CPU seconds so far (`stime`).
     pub cpu_system_s: f64,
+    /// Seconds its live threads spent runnable but waiting for a CPU so far
+    /// (`/proc/<pid>/task/*/schedstat`, second field; threads that exited
+    /// are not counted). Waiting much longer than running means the
+    /// machine's other work held the CPUs, not that the process was slow.
+    pub run_queue_wait_s: f64,
 }
 
 impl ProcessSample {
@@ -74,6 +79,7 @@ impl ProcessSample {
             rss_bytes: status_kib(&status, "VmRSS:")? * 1024,
             cpu_user_s: utime as f64 / ticks,
             cpu_system_s: stime as f64 / ticks,
+            run_queue_wait_s: run_queue_wait_ns(pid) as f64 / 1e9,
         })
     }
 
@@ -84,6 +90,20 @@ impl ProcessSample {
             system_s: self.cpu_system_s - earlier.cpu_system_s,
         }
     }
+}
+
+/// Nanoseconds the threads of `pid` waited on a run queue (0 when
+/// schedstats are not available).
+fn run_queue_wait_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|task| {
+            let text = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            text.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .sum()
 }
 
 /// CPU seconds over an interval.
