@@ -90,12 +90,14 @@
 //! - `BELFRY_SIM_SEEDS=N` seeds from `BELFRY_SIM_FIRST_SEED` (0), of
 //!   `BELFRY_SIM_STEPS` steps each (200), on `BELFRY_SIM_THREADS` threads
 //!   (all cores); `BELFRY_SIM_FAIR_SEED`/`BELFRY_SIM_FAIR_SEEDS` and
-//!   `BELFRY_SIM_REPLAY_SEEDS` for the other two tests.
+//!   `BELFRY_SIM_REPLAY_SEEDS` for the other two tests;
+//!   `BELFRY_SIM_KEEP_GOING=1` lists every failing seed instead of stopping
+//!   at the first.
 //! - Soak (about 10 minutes on two cores):
-//!   `BELFRY_SIM_SEEDS=150000 BELFRY_SIM_FIRST_SEED=1000000 BELFRY_SIM_STEPS=300
-//!   cargo test --release -p belfry-core --test simulation -- --nocapture
-//!   simulation`; vary `BELFRY_SIM_FIRST_SEED` between soaks, and add
-//!   `BELFRY_SIM_STRICT=1` to see the known bugs fail.
+//!   `BELFRY_SIM_SEEDS=45000 BELFRY_SIM_FIRST_SEED=1000000 BELFRY_SIM_STEPS=300
+//!   BELFRY_SIM_KEEP_GOING=1 cargo test --release -p belfry-core --test
+//!   simulation -- --nocapture simulation`; vary `BELFRY_SIM_FIRST_SEED` between soaks, and add
+//!   known bugs fail by default (`BELFRY_SIM_STRICT=0` counts them instead).
 //!
 //! A failure prints its seed, step and simulated instant, and the command
 //! that replays it.
@@ -556,7 +558,8 @@ struct Core {
     reloaded_while_blocked: bool,
     /// Entries finished with `RetryAt` (their timers are in the core).
     retried: HashSet<DueCursor>,
-    /// Entries offered while they were outstanding (the core ignores those).
+    /// Entries offered, or listed by a page, while they were outstanding
+    /// (the core ignores those).
     offered_while_outstanding: HashSet<DueCursor>,
     /// The page read in flight, and the offers buffered for it.
     loading: Option<(LoadRequest, usize)>,
@@ -676,11 +679,12 @@ enum Known {
     /// repair page finds it (never, with repairs off).
     RefusedRetryDropped,
     /// An `Offer` of an entry that is outstanding is ignored ("its outcome
-    /// re-arms what is still pending"), but that re-arm is itself routed
-    /// before the attempt's `Finished`, so it is ignored too: an event
-    /// cancelled and re-created (or moved back) to the same instant while
-    /// its old version is being delivered is stranded until a repair page
-    /// finds it (never, with repairs off).
+    /// re-arms what is still pending"), and so is a page entry (`loaded`
+    /// skips outstanding ones), but that re-arm is itself routed before the
+    /// attempt's `Finished`, so it is ignored too: an event cancelled and
+    /// re-created (or moved back) to the same instant while its old version
+    /// is being delivered is stranded until a repair page finds it (never,
+    /// with repairs off).
     OfferWhileOutstandingLost,
     /// A read-ahead answer that arrives after its entry fired (without the
     /// record) is cached all the same, and nothing invalidates it unless a
@@ -866,7 +870,7 @@ impl Sim {
             stats: Stats::default(),
             log: trace.then(Vec::new),
             digest: 0xcbf2_9ce4_8422_2325,
-            strict: env_u64("BELFRY_SIM_STRICT").unwrap_or(0) != 0,
+            strict: env_u64("BELFRY_SIM_STRICT").unwrap_or(1) != 0,
             known_seen: 0,
             spin_failure: None,
             knobs,
@@ -1127,10 +1131,17 @@ impl Sim {
                         }
                     }
                 }
-                Input::Loaded { request, .. } => {
+                Input::Loaded { request, page } => {
                     let core = &mut self.cores[p];
                     if core.loading.as_ref().is_some_and(|(r, _)| r == request) {
                         core.loading = None;
+                    }
+                    // A page lists the event's current entry; if it is the
+                    // one being delivered, the core skips it.
+                    for entry in page.iter().flatten() {
+                        if core.outstanding.contains_key(entry) {
+                            core.offered_while_outstanding.insert(entry.clone());
+                        }
                     }
                 }
                 Input::Reload => {
@@ -1260,8 +1271,8 @@ impl Sim {
                         }
                     }
                 }
-                Action::Claimed { entry, .. } => {
-                    return self.fail(format!("unasked Claimed for {entry:?}"));
+                Action::Claimed { entry, .. } | Action::Reread { entry } => {
+                    return self.fail(format!("unasked claim answer for {entry:?}"));
                 }
             }
         }
@@ -1296,31 +1307,29 @@ impl Sim {
         self.cores[p].idle_tick_at = None;
         let granted = match answer.as_slice() {
             [Action::Claimed { granted, .. }] => *granted,
+            [Action::Reread { .. }] => {
+                // The event changed after the entry fired: read it again.
+                self.stats.record_reads += 1;
+                let delay = self.latency(10);
+                let at = self.at(delay);
+                let epoch = self.cores[p].epoch;
+                self.schedule(at, Task::RecordRead { p, epoch, entry });
+                return Ok(());
+            }
             other => return self.fail(format!("claim answered with {other:?}")),
         };
         self.trace(|| format!("p{p} claim {entry:?} {:?}: {granted}", record.version));
         self.inbox.push_back((p, Input::Tick { may_fire: true }));
-        if !granted && self.store.is_current(&entry, &record.version) && !self.strict {
-            self.saw(Known::RefusedRetryDropped);
-            self.cores[p].refused.push(entry.clone());
-        } else if !granted && self.store.is_current(&entry, &record.version) {
-            return self.known(
-                Known::RefusedRetryDropped,
-                format!(
-                    "p{p} refused the claim of {entry:?} {:?}, the event's current entry \
-                     (an earlier attempt of the version is still outstanding): dropped",
-                    record.version
-                ),
-            );
-        }
         if !granted {
-            self.inbox.push_back((
-                p,
-                Input::Finished {
-                    entry,
-                    finish: Finish::Done,
-                },
-            ));
+            // The core finished the refused copy itself (a retry timer when
+            // another attempt of the version is outstanding): the runtime
+            // only lets go of it, without a `Finished`.
+            let t = self.tenant_index[&entry.key.tenant];
+            let core = &mut self.cores[p];
+            if core.outstanding.remove(&entry).is_some() {
+                core.per_tenant[t] -= 1;
+                core.retried.insert(entry.clone());
+            }
             return Ok(());
         }
         self.next_job += 1;
@@ -2548,6 +2557,8 @@ fn simulation() {
     let threads = env_u64("BELFRY_SIM_THREADS")
         .map(|n| n.max(1) as usize)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // A soak lists every failing seed instead of stopping at the first.
+    let keep_going = env_u64("BELFRY_SIM_KEEP_GOING").unwrap_or(0) != 0;
     let started = Instant::now();
     let stop = AtomicBool::new(false);
     let failures = Mutex::new(Vec::new());
@@ -2562,7 +2573,9 @@ fn simulation() {
                     match run_caught(seed, steps, false).0 {
                         Ok((stats, _)) => mine.add(&stats),
                         Err(failure) => {
-                            stop.store(true, Ordering::Relaxed);
+                            if !keep_going {
+                                stop.store(true, Ordering::Relaxed);
+                            }
                             failures.lock().expect("no poisoning").push((seed, failure));
                         }
                     }
@@ -2580,6 +2593,11 @@ fn simulation() {
         started.elapsed()
     );
     failures.sort();
+    if failures.len() > 1 {
+        for (seed, failure) in &failures {
+            println!("FAILED {failure}\n  {}", replay_hint(*seed, steps));
+        }
+    }
     if let Some((seed, failure)) = failures.first() {
         panic!(
             "simulation failed: {failure}\n{}",
@@ -2628,7 +2646,7 @@ fn simulation() {
 /// strict mode the differences are counted, not failed.
 #[test]
 fn a_seed_replays_identically() {
-    let strict = env_u64("BELFRY_SIM_STRICT").unwrap_or(0) != 0;
+    let strict = env_u64("BELFRY_SIM_STRICT").unwrap_or(1) != 0;
     let seeds = env_u64("BELFRY_SIM_REPLAY_SEEDS").unwrap_or(20);
     let mut differ = Vec::new();
     for seed in 0..seeds {
@@ -2793,4 +2811,304 @@ fn fairness_steps(sim: &mut Sim, hung: usize) -> Result<i64, String> {
         worst = worst.max(lag);
     }
     Ok(worst)
+}
+
+/// The bugs in [`Known`], each as the shortest input sequence that shows
+/// it. They assert what the core should do, so they fail until the bug is
+/// fixed: run them with `cargo test -p belfry-core --test simulation --
+/// --ignored`, and remove the `ignore` with the fix.
+mod known_core_bugs {
+    use belfry_core::fire::{FairWindow, Fired};
+
+    use super::*;
+
+    fn ts(millis: i64) -> Timestamp {
+        Timestamp::from_millis(millis)
+    }
+
+    fn entry(due: i64, tenant_name: &str, id: &str) -> DueCursor {
+        DueCursor {
+            due: ts(due),
+            key: EventKey::new(tenant(tenant_name), EventId::new(id).expect("valid id")),
+        }
+    }
+
+    fn config() -> CoreConfig {
+        CoreConfig {
+            read_ahead: Duration::ZERO,
+            repair_interval: Duration::ZERO,
+            ..CoreConfig::with_capacity(64)
+        }
+    }
+
+    fn tick(core: &mut PartitionCore, now: i64) -> Vec<Action> {
+        core.handle(Input::Tick { may_fire: true }, ts(now))
+    }
+
+    fn load(actions: &[Action]) -> LoadRequest {
+        actions
+            .iter()
+            .find_map(|a| match a {
+                Action::Load(request) => Some(request.clone()),
+                _ => None,
+            })
+            .expect("a page read")
+    }
+
+    fn fired(actions: &[Action]) -> Vec<Fired> {
+        actions
+            .iter()
+            .flat_map(|a| match a {
+                Action::Deliver(fired) => fired.clone(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    fn claim(core: &mut PartitionCore, entry: &DueCursor, version: &str, now: i64) -> bool {
+        let claim = Input::Claim {
+            entry: entry.clone(),
+            version: EventVersion::from_string(version.into()),
+        };
+        matches!(
+            core.handle(claim, ts(now))[..],
+            [Action::Claimed { granted: true, .. }]
+        )
+    }
+
+    fn finish(core: &mut PartitionCore, entry: &DueCursor, finish: Finish, now: i64) {
+        let input = Input::Finished {
+            entry: entry.clone(),
+            finish,
+        };
+        core.handle(input, ts(now));
+    }
+
+    /// A core whose window holds `page` (the first page read).
+    fn loaded(config: CoreConfig, page: Vec<DueCursor>) -> PartitionCore {
+        let mut core = PartitionCore::new(config);
+        let request = load(&tick(&mut core, 0));
+        let page = Some(page);
+        core.handle(Input::Loaded { request, page }, ts(0));
+        core
+    }
+
+    /// The record a store holds for `entry` right after creating it.
+    fn record(entry: &DueCursor, version: &str) -> EventRecord {
+        let command = EventCommand::Upsert {
+            event_time: entry.due,
+            payload: None,
+            delivery: DeliveryOption::FullEvent,
+            new_version: EventVersion::from_string(version.into()),
+        };
+        let retry = RetryPolicy::default();
+        let context = TransitionContext {
+            now: ts(0),
+            partition: PartitionId(0),
+            retry: &retry,
+        };
+        transition(&entry.key, None, command, context)
+            .next
+            .expect("created")
+    }
+
+    #[test]
+    fn reload_keeps_a_tenant_at_its_limit_blocked() {
+        let (a, b) = (entry(1, "t", "a"), entry(2, "t", "b"));
+        let mut core = loaded(
+            CoreConfig {
+                max_outstanding_per_tenant: 1,
+                ..config()
+            },
+            vec![a.clone(), b.clone()],
+        );
+        assert_eq!(fired(&tick(&mut core, 2)).len(), 1, "t is at its limit");
+        core.handle(Input::Reload, ts(2));
+        let request = load(&tick(&mut core, 2));
+        let page = Some(vec![b]);
+        core.handle(Input::Loaded { request, page }, ts(2));
+        assert!(
+            fired(&tick(&mut core, 2)).is_empty(),
+            "a second entry of t fired: 2 outstanding, limit 1"
+        );
+    }
+
+    #[test]
+    fn a_retry_timer_does_not_refire_an_outstanding_entry() {
+        let a = entry(1, "t", "a");
+        let mut core = loaded(config(), vec![a.clone()]);
+        assert_eq!(fired(&tick(&mut core, 1)).len(), 1);
+        // Its record could not be read: retried at 500.
+        finish(&mut core, &a, Finish::RetryAt(ts(500)), 1);
+        // A duplicated wake-up (or a window page after a Reload) does not
+        // bring it back before its timer: one copy, at 500.
+        core.handle(Input::Offer(a.clone()), ts(1));
+        assert!(fired(&tick(&mut core, 1)).is_empty());
+        let at_timer = fired(&tick(&mut core, 500));
+        assert_eq!(at_timer.len(), 1);
+        assert!(claim(&mut core, &a, "v1", 500));
+        // Another wake-up while it is delivered does not fire it again.
+        core.handle(Input::Offer(a.clone()), ts(501));
+        let again = fired(&tick(&mut core, 502));
+        assert!(
+            again.iter().all(|f| f.entry != a),
+            "{a:?} fired again while outstanding"
+        );
+    }
+
+    #[test]
+    fn a_retry_refused_while_its_previous_attempt_finishes_fires_later() {
+        let first = entry(1, "t", "a");
+        let retry = entry(600, "t", "a");
+        let mut core = loaded(config(), vec![first.clone()]);
+        assert_eq!(fired(&tick(&mut core, 1)).len(), 1);
+        assert!(claim(&mut core, &first, "v1", 1));
+        // The attempt is recorded as a retry at 600; its wake-ups come, and
+        // the worker is paused past 600 before it handles `Finished`.
+        core.handle(Input::Remove(first.clone()), ts(100));
+        core.handle(Input::Offer(retry.clone()), ts(100));
+        assert_eq!(fired(&tick(&mut core, 700)).len(), 1);
+        assert!(
+            !claim(&mut core, &retry, "v1", 700),
+            "the earlier attempt still holds v1"
+        );
+        finish(&mut core, &retry, Finish::Done, 700);
+        finish(&mut core, &first, Finish::Done, 700);
+        // The event is pending at 600 in the store: it must fire again.
+        let later: Vec<_> = (701..2_000)
+            .step_by(100)
+            .flat_map(|t| fired(&tick(&mut core, t)))
+            .collect();
+        assert!(
+            later.iter().any(|f| f.entry == retry),
+            "the retry at 600 was dropped"
+        );
+    }
+
+    #[test]
+    fn an_entry_recreated_at_the_same_instant_while_delivered_fires_again() {
+        let a = entry(1, "t", "a");
+        let mut core = loaded(config(), vec![a.clone()]);
+        assert_eq!(fired(&tick(&mut core, 1)).len(), 1);
+        assert!(claim(&mut core, &a, "v1", 1));
+        // Cancelled and re-created at the same instant (v2) meanwhile.
+        core.handle(Input::Remove(a.clone()), ts(2));
+        core.handle(Input::Offer(a.clone()), ts(2));
+        // v1's attempt is recorded (stale): it re-arms v2, then finishes.
+        core.handle(Input::Offer(a.clone()), ts(3));
+        finish(&mut core, &a, Finish::Done, 3);
+        let later: Vec<_> = (3..1_000)
+            .step_by(100)
+            .flat_map(|t| fired(&tick(&mut core, t)))
+            .collect();
+        assert!(
+            later.iter().any(|f| f.entry == a),
+            "v2 at the same instant was never fired"
+        );
+    }
+
+    #[test]
+    fn a_read_ahead_answer_for_an_entry_that_fired_is_not_used_later() {
+        let a = entry(100, "t", "a");
+        let mut core = loaded(
+            CoreConfig {
+                read_ahead: Duration::from_millis(500),
+                repair_interval: Duration::from_millis(100),
+                ..config()
+            },
+            vec![a.clone()],
+        );
+        // The read-ahead of `a` starts, and `a` fires before its answer.
+        let actions = tick(&mut core, 0);
+        assert!(actions.iter().any(|x| matches!(x, Action::ReadAhead(_))));
+        let actions = tick(&mut core, 100);
+        assert!(
+            fired(&actions)
+                .iter()
+                .any(|f| f.entry == a && f.record.is_none())
+        );
+        let repair = load(&actions);
+        assert_eq!(repair.kind, LoadKind::Repair);
+        let records = Some(vec![(a.key.clone(), Some(record(&a, "v1")))]);
+        core.handle(Input::ReadAhead { records }, ts(101));
+        assert!(claim(&mut core, &a, "v1", 101));
+        // Delivered and recorded; the Remove wake-up is lost; the repair
+        // page read before the commit still lists `a`.
+        finish(&mut core, &a, Finish::Done, 150);
+        let page = Some(vec![a.clone()]);
+        core.handle(
+            Input::Loaded {
+                request: repair,
+                page,
+            },
+            ts(150),
+        );
+        let again = fired(&tick(&mut core, 150));
+        assert!(
+            again.iter().all(|f| f.record.is_none()),
+            "{a:?} fired again with the record read before its delivery: {again:?}"
+        );
+    }
+
+    #[test]
+    fn offers_dropped_during_a_page_read_are_not_covered() {
+        let mut core = PartitionCore::new(config());
+        let request = load(&tick(&mut core, 0));
+        // 70 events created while the first page read is in flight; its
+        // snapshot was taken before them.
+        let entries: Vec<_> = (1..=70)
+            .map(|i| entry(i, "t", &format!("e{i:02}")))
+            .collect();
+        for e in &entries {
+            core.handle(Input::Offer(e.clone()), ts(0));
+        }
+        let page = Some(Vec::new());
+        core.handle(Input::Loaded { request, page }, ts(0));
+        let stranded: Vec<_> = entries
+            .iter()
+            .filter(|e| core.window().covers(e) && !core.window().contains(e))
+            .collect();
+        assert!(
+            stranded.is_empty(),
+            "covered but not held (only a repair finds them): {stranded:?}"
+        );
+    }
+
+    #[test]
+    fn next_wake_is_not_in_the_past_while_a_page_read_is_in_flight() {
+        let mut core = loaded(
+            CoreConfig {
+                repair_interval: Duration::from_millis(100),
+                ..config()
+            },
+            Vec::new(),
+        );
+        tick(&mut core, 1);
+        // The repair page is read at 101 and its answer takes a while.
+        let repair = load(&tick(&mut core, 101));
+        assert_eq!(repair.kind, LoadKind::Repair);
+        assert!(tick(&mut core, 250).is_empty());
+        assert!(
+            core.next_wake(ts(250)) > ts(250),
+            "the core asks to be woken now and does nothing: a busy loop until the answer"
+        );
+    }
+
+    #[test]
+    fn eviction_between_equal_lanes_is_deterministic() {
+        let evicted_tenant = || {
+            let mut window = FairWindow::new();
+            window.advance_cursor(entry(100, "~", "~"));
+            for tenant_name in ["a", "b", "c", "d"] {
+                for i in 0..3 {
+                    window.insert(entry(i, tenant_name, &format!("e{i}")), false);
+                }
+            }
+            window.evict_to(11)[0].key.tenant.clone()
+        };
+        let first = evicted_tenant();
+        for _ in 0..50 {
+            assert_eq!(evicted_tenant(), first, "the tie is broken by hash order");
+        }
+    }
 }

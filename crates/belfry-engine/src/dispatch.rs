@@ -218,32 +218,39 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
         return done(retry_later());
     }
     // The window is a hint; the record decides whether this is still due.
-    let read = match read_ahead {
-        Some(record) => Ok(Some(record)),
-        None => shared.store.get_event(&entry.key).await,
-    };
-    let record = match read {
-        Ok(Some(record)) => record,
-        Ok(None) => return done(Finish::Done),
-        Err(error) => {
-            tracing::warn!(key = ?entry.key, %error, "reading a due event failed; retrying it shortly");
-            return done(retry_later());
+    let mut read_ahead = read_ahead;
+    let record = loop {
+        let read = match read_ahead.take() {
+            Some(record) => Ok(Some(record)),
+            None => shared.store.get_event(&entry.key).await,
+        };
+        let record = match read {
+            Ok(Some(record)) => record,
+            Ok(None) => return done(Finish::Done),
+            Err(error) => {
+                tracing::warn!(key = ?entry.key, %error, "reading a due event failed; retrying it shortly");
+                return done(retry_later());
+            }
+        };
+        if !record.status.is_pending() || record.next_fire_at != Some(entry.due) {
+            return done(Finish::Done);
+        }
+        // A second copy of a version whose delivery is in progress is
+        // dropped (the core finished it); an event changed since its record
+        // was read is read again.
+        let claim = partition.input(
+            Input::Claim {
+                entry: entry.clone(),
+                version: record.version.clone(),
+            },
+            shared.clock.now(),
+        );
+        match claim[..] {
+            [Action::Claimed { granted: true, .. }] => break record,
+            [Action::Reread { .. }] => continue,
+            _ => return,
         }
     };
-    if !record.status.is_pending() || record.next_fire_at != Some(entry.due) {
-        return done(Finish::Done);
-    }
-    // A second copy of a version whose delivery is in progress is dropped.
-    let claim = partition.input(
-        Input::Claim {
-            entry: entry.clone(),
-            version: record.version.clone(),
-        },
-        shared.clock.now(),
-    );
-    if !matches!(claim[..], [Action::Claimed { granted: true, .. }]) {
-        return done(Finish::Done);
-    }
     let fence = Some(Fence {
         partition: partition.id,
         epoch: partition.lease.epoch,

@@ -166,7 +166,7 @@ fn perform(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, actions: Vec
             }
             Action::Deliver(fired) => deliver(shared, partition, fired),
             // Only answers a `Claim`, which delivery tasks send themselves.
-            Action::Claimed { .. } => {}
+            Action::Claimed { .. } | Action::Reread { .. } => {}
         }
     }
 }
@@ -185,7 +185,10 @@ fn deliver(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, mut fired: V
     }
     let (shared, partition) = (shared.clone(), partition.clone());
     tokio::spawn(async move {
-        let keys: Vec<_> = missing.iter().map(|&i| fired[i].entry.key.clone()).collect();
+        let keys: Vec<_> = missing
+            .iter()
+            .map(|&i| fired[i].entry.key.clone())
+            .collect();
         // A failed read leaves the records out: each delivery reads its own.
         if let Ok(records) = shared.store.get_events(&keys).await {
             for (i, record) in missing.into_iter().zip(records) {

@@ -179,10 +179,15 @@ pub enum Action {
     /// Deliver these entries (each one is outstanding until
     /// [`Input::Finished`]).
     Deliver(Vec<Fired>),
-    /// The answer to [`Input::Claim`]: `false` means another delivery of
-    /// the same version is in progress, and this copy must be dropped
-    /// (finish it with [`Finish::Done`]).
+    /// The answer to [`Input::Claim`]. `false`: do not deliver, and do not
+    /// finish the entry either (the core did: another delivery of the same
+    /// version is in progress, and this copy was put on a retry timer; or
+    /// the entry is not outstanding at all).
     Claimed { entry: DueCursor, granted: bool },
+    /// The answer to [`Input::Claim`] for an entry whose event changed
+    /// after it fired: the record the claim was made with may predate the
+    /// change. Read it again, check it, and claim again.
+    Reread { entry: DueCursor },
 }
 
 /// Counters for metrics and tests.
@@ -264,6 +269,8 @@ struct PendingLoad {
     offers: Vec<DueCursor>,
     /// Removals meanwhile: a repair page must not re-add them.
     removed: HashSet<DueCursor>,
+    /// More offers came than could be kept: the page is discarded.
+    overflowed: bool,
 }
 
 /// See the module documentation.
@@ -283,6 +290,17 @@ pub struct PartitionCore {
     /// Claimed versions, to drop a second copy of one.
     claimed: HashSet<(EventKey, EventVersion)>,
     retry_timers: BTreeSet<(Timestamp, DueCursor)>,
+    /// The same timers by entry: an entry waiting for its timer is not
+    /// held or fired from anywhere else meanwhile.
+    retry_at: HashMap<DueCursor, Timestamp>,
+    /// Outstanding entries by key, to find them when their event changes.
+    outstanding_by_key: HashMap<EventKey, Vec<DueCursor>>,
+    /// Outstanding entries whose event changed after they fired: their
+    /// record, read before the change, is read again before delivering.
+    reread: HashSet<DueCursor>,
+    /// … and they are offered again once finished (a cancel and re-create
+    /// at the same instant arrives as an offer of the outstanding entry).
+    reoffer: HashSet<DueCursor>,
     /// Where the next repair page starts (exclusive); `None`: the start.
     repair_after: Option<DueCursor>,
     next_repair_at: Option<Timestamp>,
@@ -302,6 +320,10 @@ impl PartitionCore {
             budget_blocked: HashSet::new(),
             claimed: HashSet::new(),
             retry_timers: BTreeSet::new(),
+            retry_at: HashMap::new(),
+            outstanding_by_key: HashMap::new(),
+            reread: HashSet::new(),
+            reoffer: HashSet::new(),
             repair_after: None,
             next_repair_at: None,
             stats: CoreStats::default(),
@@ -344,6 +366,7 @@ impl PartitionCore {
             Input::Remove(entry) => {
                 self.read_ahead.invalidate(&entry);
                 self.window.remove(&entry);
+                self.mark_changed(&entry.key);
                 if let Some(pending) = &mut self.loading {
                     pending.removed.insert(entry);
                 }
@@ -354,19 +377,22 @@ impl PartitionCore {
                 self.repair_after = None;
                 // A page in flight answers for the old window: ignored.
                 self.loading = None;
+                // Clearing the window dropped the tenants' blocked flags;
+                // their outstanding counts still stand.
+                let blocked: Vec<TenantName> = self
+                    .outstanding_by_tenant
+                    .iter()
+                    .filter(|(_, n)| **n >= self.config.max_outstanding_per_tenant)
+                    .map(|(t, _)| t.clone())
+                    .chain(self.budget_blocked.iter().cloned())
+                    .collect();
+                for tenant in blocked {
+                    self.window.set_blocked(&tenant, true);
+                }
             }
             Input::Loaded { request, page } => self.loaded(request, page, now),
             Input::ReadAhead { records } => self.read_ahead_done(records),
-            Input::Claim { entry, version } => {
-                let granted = self.outstanding.contains_key(&entry)
-                    && self.claimed.insert((entry.key.clone(), version.clone()));
-                if granted {
-                    self.outstanding.insert(entry.clone(), Some(version));
-                } else {
-                    self.stats.duplicate_claims += 1;
-                }
-                actions.push(Action::Claimed { entry, granted });
-            }
+            Input::Claim { entry, version } => self.claim(entry, version, now, &mut actions),
             Input::Finished { entry, finish } => self.finished(entry, finish),
         }
         actions
@@ -390,7 +416,10 @@ impl PartitionCore {
         if let Some((at, _)) = self.retry_timers.first() {
             wake = wake.min(*at);
         }
-        if let Some(at) = self.next_repair_at {
+        if let Some(at) = self.next_repair_at
+            && self.loading.is_none()
+            && self.load_failed_at.is_none()
+        {
             wake = wake.min(at);
         }
         if !self.config.read_ahead.is_zero()
@@ -411,6 +440,7 @@ impl PartitionCore {
 
     fn offer(&mut self, entry: DueCursor) {
         self.read_ahead.invalidate(&entry);
+        self.mark_changed(&entry.key);
         if let Some(pending) = &mut self.loading {
             pending.removed.remove(&entry);
             let in_range = pending.request.after.as_ref().is_none_or(|a| &entry > a)
@@ -420,21 +450,78 @@ impl PartitionCore {
                     .tenant()
                     .is_none_or(|t| *t == entry.key.tenant);
             if in_range && !self.window.covers(&entry) {
-                // Bounded: beyond the capacity, the repair finds it.
                 if pending.offers.len() < self.config.capacity {
                     pending.offers.push(entry);
+                } else {
+                    // Bounded: the page will not move the cursor, so the
+                    // next read covers this offer's range again.
+                    pending.overflowed = true;
                 }
                 return;
             }
         }
         if self.outstanding.contains_key(&entry) {
-            // Fired already; its delivery checks the record, and the
-            // recorded outcome re-arms what is still pending.
+            // Fired already: offered again once finished.
             return;
         }
-        if self.window.insert(entry, false) {
+        if !self.retry_at.contains_key(&entry) && self.window.insert(entry, false) {
             self.enforce_capacity();
         }
+    }
+
+    /// A wake-up for `key`: an outstanding entry of it must read its record
+    /// again before delivering.
+    fn mark_changed(&mut self, key: &EventKey) {
+        if let Some(entries) = self.outstanding_by_key.get(key) {
+            self.reread.extend(entries.iter().cloned());
+            self.reoffer.extend(entries.iter().cloned());
+        }
+    }
+
+    /// Whether `entry` may be put in the window: not fired and unfinished,
+    /// not waiting for a retry timer.
+    fn may_hold(&self, entry: &DueCursor) -> bool {
+        !self.outstanding.contains_key(entry) && !self.retry_at.contains_key(entry)
+    }
+
+    fn claim(
+        &mut self,
+        entry: DueCursor,
+        version: EventVersion,
+        now: Timestamp,
+        actions: &mut Vec<Action>,
+    ) {
+        if !self.outstanding.contains_key(&entry) {
+            actions.push(Action::Claimed {
+                entry,
+                granted: false,
+            });
+            return;
+        }
+        if self.reread.remove(&entry) {
+            actions.push(Action::Reread { entry });
+            return;
+        }
+        if self.claimed.insert((entry.key.clone(), version.clone())) {
+            self.outstanding.insert(entry.clone(), Some(version));
+            actions.push(Action::Claimed {
+                entry,
+                granted: true,
+            });
+            return;
+        }
+        // Another entry of the same version is being delivered (this one is
+        // its retry, come due before that attempt finished): try again
+        // after a pause rather than drop it.
+        self.stats.duplicate_claims += 1;
+        self.finished(
+            entry.clone(),
+            Finish::RetryAt(now.plus(self.config.load_retry)),
+        );
+        actions.push(Action::Claimed {
+            entry,
+            granted: false,
+        });
     }
 
     fn tick(&mut self, now: Timestamp, may_fire: bool, actions: &mut Vec<Action>) {
@@ -443,7 +530,10 @@ impl PartitionCore {
                 break;
             }
             if let Some((_, entry)) = self.retry_timers.pop_first() {
-                self.window.insert(entry, true);
+                self.retry_at.remove(&entry);
+                if !self.outstanding.contains_key(&entry) {
+                    self.window.insert(entry, true);
+                }
             }
         }
         if may_fire {
@@ -490,6 +580,10 @@ impl PartitionCore {
                 self.window.set_blocked(&tenant, true);
             }
             self.outstanding.insert(entry.clone(), None);
+            self.outstanding_by_key
+                .entry(entry.key.clone())
+                .or_default()
+                .push(entry.clone());
             fired.push(Fired { entry, record });
         }
         if !fired.is_empty() {
@@ -525,8 +619,26 @@ impl PartitionCore {
                 }
             }
         }
-        if let Finish::RetryAt(at) = finish {
-            self.retry_timers.insert((at, entry));
+        self.reread.remove(&entry);
+        let changed = self.reoffer.remove(&entry);
+        if let Some(entries) = self.outstanding_by_key.get_mut(&entry.key) {
+            entries.retain(|e| *e != entry);
+            if entries.is_empty() {
+                self.outstanding_by_key.remove(&entry.key);
+            }
+        }
+        match finish {
+            Finish::RetryAt(at) => {
+                if let Some(old) = self.retry_at.insert(entry.clone(), at) {
+                    self.retry_timers.remove(&(old, entry.clone()));
+                }
+                self.window.remove(&entry);
+                self.retry_timers.insert((at, entry));
+            }
+            // A wake-up came while it was outstanding: offered again (the
+            // fire-time check drops it if nothing is due there any more).
+            Finish::Done if changed => self.offer(entry),
+            Finish::Done => {}
         }
     }
 
@@ -574,6 +686,7 @@ impl PartitionCore {
                 request: request.clone(),
                 offers: Vec::new(),
                 removed: HashSet::new(),
+                overflowed: false,
             });
             actions.push(Action::Load(request));
         }
@@ -589,7 +702,7 @@ impl PartitionCore {
             .filter(|(tenant, _)| {
                 !self.window.is_blocked(tenant) && self.window.held_by(tenant) < low_water
             })
-            .min_by(|a, b| a.1.cmp(b.1))?;
+            .min_by(|a, b| (a.1, a.0).cmp(&(b.1, b.0)))?;
         Some(LoadRequest {
             kind: LoadKind::Tenant(tenant.clone()),
             after: Some(mark.clone()),
@@ -635,12 +748,19 @@ impl PartitionCore {
             }
             return;
         };
+        if pending.overflowed {
+            // Read again from the same cursor; what was kept is applied.
+            for entry in pending.offers {
+                self.offer(entry);
+            }
+            return;
+        }
         let full = page.len() >= request.limit;
         let last = page.last().cloned();
         match &request.kind {
             LoadKind::Window => {
                 for entry in page {
-                    if !self.outstanding.contains_key(&entry) {
+                    if self.may_hold(&entry) {
                         self.window_page_entry(entry);
                     }
                 }
@@ -667,7 +787,7 @@ impl PartitionCore {
                         break;
                     }
                     mark = Some(entry.clone());
-                    if !self.outstanding.contains_key(&entry) {
+                    if self.may_hold(&entry) {
                         self.window.insert(entry, true);
                     }
                 }
@@ -684,9 +804,8 @@ impl PartitionCore {
                 for entry in page {
                     let missing = self.window.covers(&entry)
                         && !self.window.contains(&entry)
-                        && !self.outstanding.contains_key(&entry)
-                        && !pending.removed.contains(&entry)
-                        && !self.retry_timers.iter().any(|(_, e)| *e == entry);
+                        && self.may_hold(&entry)
+                        && !pending.removed.contains(&entry);
                     if missing {
                         self.stats.repaired += 1;
                         self.window.insert(entry, true);
@@ -756,7 +875,15 @@ impl PartitionCore {
         // A failed read only means those entries are read when they fire.
         for (key, record) in records.unwrap_or_default() {
             let Some(record) = record else { continue };
-            if read_ahead.stale.contains(&key) {
+            // Only for an entry still waiting in the window: one that fired
+            // meanwhile has no use for it, and nothing would invalidate it.
+            let held = record.next_fire_at.is_some_and(|due| {
+                self.window.contains(&DueCursor {
+                    due,
+                    key: key.clone(),
+                })
+            });
+            if read_ahead.stale.contains(&key) || !held {
                 continue;
             }
             read_ahead.payload_bytes += payload_len(&record);

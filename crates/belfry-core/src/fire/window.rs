@@ -257,20 +257,23 @@ impl FairWindow {
         while self.held > max {
             // The two largest lanes: evict the largest down to the second's
             // size (at least one entry), so a loop of few rounds suffices.
-            let mut largest: Option<(&TenantName, usize)> = None;
+            // Ties go to the greatest tenant name: deterministic, whatever
+            // the map's order.
+            let mut largest: Option<(usize, &TenantName)> = None;
             let mut second = 0;
             for (tenant, lane) in &self.lanes {
-                let n = lane.entries.len();
+                let candidate = (lane.entries.len(), tenant);
                 match largest {
-                    Some((_, top)) if n <= top => second = second.max(n),
+                    Some(top) if candidate <= top => second = second.max(candidate.0),
                     _ => {
-                        if let Some((_, top)) = largest {
+                        if let Some((top, _)) = largest {
                             second = second.max(top);
                         }
-                        largest = Some((tenant, n));
+                        largest = Some(candidate);
                     }
                 }
             }
+            let largest = largest.map(|(n, tenant)| (tenant, n));
             let Some((tenant, top)) = largest else { break };
             let tenant = tenant.clone();
             let count = (top - second).max(1).min(self.held - max);
