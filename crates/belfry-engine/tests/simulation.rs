@@ -69,9 +69,10 @@
 //! its version matching a 2xx the receiver gave, and no version delivered
 //! again after its `delivered` attempt.
 //!
-//! Three known bugs are tolerated and counted unless `BELFRY_SIM_STRICT` is
-//! set: [`KNOWN_LOST_REARM`], [`KNOWN_EXPIRE_RACE`] and
-//! [`KNOWN_STALE_QUEUED`] (see there).
+//! Three bugs this simulation found are fixed and now fail the run like any
+//! other violation: [`KNOWN_LOST_REARM`], [`KNOWN_EXPIRE_RACE`] and
+//! [`KNOWN_STALE_QUEUED`] (see there; `BELFRY_SIM_STRICT=0` only counts
+//! them, for bisecting).
 //!
 //! What the seed does not fix: the engine runs on real threads, real fsyncs
 //! and real HTTP, so interleavings (and which in-flight races happen) vary
@@ -629,7 +630,8 @@ impl Sim {
             step: 0,
             trace,
             use_poke: std::env::var_os("BELFRY_SIM_POKE").is_some(),
-            strict: std::env::var_os("BELFRY_SIM_STRICT").is_some(),
+            // Strict unless `BELFRY_SIM_STRICT=0`: the known bugs are fixed.
+            strict: std::env::var("BELFRY_SIM_STRICT").map_or(true, |v| v != "0"),
             rng,
             clock,
             sink,
@@ -1321,14 +1323,14 @@ impl Sim {
 
     /// Due events that do not fire although the engine is idle: a failure,
     /// unless every one is the known lost re-arm (see [`KNOWN_LOST_REARM`])
-    /// and a resync fires them, when not strict.
+    /// and a fresh wake-up or a resync fires them, when not strict.
     async fn stuck(&mut self, why: &str, due: &[EventRecord]) -> Check {
         let known: Vec<bool> = due.iter().map(|r| self.reuses_an_instant(r)).collect();
-        let (diagnosis, fixed_by_resync) = self.diagnose_stuck(due).await;
-        if !self.strict && fixed_by_resync && known.iter().all(|k| *k) {
+        let (diagnosis, fixed) = self.diagnose_stuck(due).await;
+        if !self.strict && fixed && known.iter().all(|k| *k) {
             self.stats.known_lost_rearm += due.len() as u64;
             self.note(format!(
-                "known bug ({KNOWN_LOST_REARM}): {} stuck until a resync",
+                "known bug ({KNOWN_LOST_REARM}): {} stuck until woken again",
                 due.len()
             ));
             return Ok(());
@@ -1370,9 +1372,11 @@ impl Sim {
     }
 
     /// Why due events did not fire: whether the store's due index holds
-    /// them, and whether waking the workers again, or making them reload
-    /// their windows ([`EngineHandle::resync`]), gets them fired. Returns
-    /// the report and whether the resync fired them all.
+    /// them, and whether waking the workers again, a fresh wake-up for each
+    /// (a same-instant update through the engine), or making every worker
+    /// reload its window ([`EngineHandle::resync`]) gets them fired.
+    /// Returns the report and whether the second or third probe fired them
+    /// all.
     async fn diagnose_stuck(&mut self, due: &[EventRecord]) -> (String, bool) {
         let mut lines = Vec::new();
         for record in due.iter().take(5) {
@@ -1409,15 +1413,29 @@ impl Sim {
             ));
         }
         let stuck: Vec<EventKey> = due.iter().map(|r| r.key.clone()).collect();
-        for (probe, resync) in [
-            ("a second wake-up", false),
-            ("resync (reload every window)", true),
-        ] {
-            if resync {
-                self.handle().resync();
-            } else {
-                self.wake();
-            }
+        for probe in 0..3 {
+            let what = match probe {
+                0 => {
+                    self.wake();
+                    "a second wake-up"
+                }
+                1 => {
+                    // A fresh wake-up for each stuck entry: it fires if the
+                    // window lacked it (and its tenant may fire).
+                    let mut commands = Vec::new();
+                    for record in due {
+                        commands.push(self.upsert(&record.key, record.event_time));
+                    }
+                    if let Err(e) = self.apply(commands, false).await {
+                        lines.push(format!("  re-offer failed: {e}"));
+                    }
+                    "a same-instant update of each through the engine (re-offered)"
+                }
+                _ => {
+                    self.handle().resync();
+                    "a resync (every window reloaded)"
+                }
+            };
             let deadline = Instant::now() + STUCK_AFTER;
             let mut left = stuck.len();
             while Instant::now() < deadline {
@@ -1435,11 +1453,11 @@ impl Sim {
                 }
             }
             lines.push(format!(
-                "  after {probe}: {left} of {} still due",
+                "  after {what}: {left} of {} still due",
                 stuck.len()
             ));
             if left == 0 {
-                return (lines.join("\n"), resync);
+                return (lines.join("\n"), probe > 0);
             }
         }
         (lines.join("\n"), false)
