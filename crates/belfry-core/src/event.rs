@@ -143,6 +143,13 @@ pub enum EventCommand {
     },
     /// End a pending event that is too far past due to fire.
     Expire { reason: String },
+    /// [`EventCommand::Expire`] for the fire path: only while the event is
+    /// pending with `version`, so a move or re-create acknowledged between
+    /// the decision and its recording is not expired with it.
+    ExpireVersion {
+        version: EventVersion,
+        reason: String,
+    },
     /// Compare-and-set for the engine's own control events (recurring
     /// schedules): an [`EventCommand::Upsert`] that applies only while the
     /// event is pending with version `expected`; otherwise nothing changes
@@ -426,6 +433,12 @@ pub fn transition(
             }
             _ => Transition::unchanged(CommandOutcome::VersionChanged),
         },
+        EventCommand::ExpireVersion { version, reason } => match current {
+            Some(existing) if existing.version == version => {
+                transition(key, current, EventCommand::Expire { reason }, ctx)
+            }
+            _ => Transition::unchanged(CommandOutcome::NotPending),
+        },
         EventCommand::Expire { reason } => match current {
             Some(existing) if existing.status.is_pending() => {
                 let mut next = existing.clone();
@@ -609,6 +622,22 @@ mod tests {
         assert!(rec.last_error.unwrap().contains("boom"));
         assert_eq!(rec.next_fire_at, None);
         assert_eq!(rec.finished_at, Some(ts(day)));
+    }
+
+    #[test]
+    fn a_version_expiry_spares_a_newer_version() {
+        let v1 = apply(None, upsert(0, "v1"), 0).next.unwrap();
+        let v2 = apply(Some(&v1), upsert(5_000, "v2"), 1).next.unwrap();
+        let expire = |version: &str| EventCommand::ExpireVersion {
+            version: EventVersion::from_string(version.into()),
+            reason: "too late".into(),
+        };
+        let stale = apply(Some(&v2), expire("v1"), 2);
+        assert_eq!(stale.outcome, CommandOutcome::NotPending);
+        assert!(stale.next.is_none());
+        let current = apply(Some(&v2), expire("v2"), 2);
+        assert_eq!(current.outcome, CommandOutcome::Expired);
+        assert_eq!(current.next.unwrap().status, EventStatus::Missed);
     }
 
     #[test]

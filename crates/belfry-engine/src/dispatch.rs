@@ -271,7 +271,10 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
         );
         let command = KeyedCommand {
             key: entry.key.clone(),
-            command: EventCommand::Expire { reason },
+            command: EventCommand::ExpireVersion {
+                version: record.version.clone(),
+                reason,
+            },
             fence,
         };
         return send_outcome(shared, &partition, entry, command).await;

@@ -152,12 +152,15 @@ const SETTLE_DEADLINE: Duration = Duration::from_secs(30);
 const STUCK_AFTER: Duration = Duration::from_secs(4);
 /// Known bug: a version armed at the instant of an earlier version of its
 /// key whose entry is still outstanding (cancel and recreate at the same
-/// instant; moved away and back) loses its wake-up when that delivery
-/// drops the entry as stale: `PartitionCore::offer` skips an outstanding
-/// entry, expecting the recorded outcome to re-arm it, but `deliver_one`
-/// finishes a stale entry with `Finish::Done` and records nothing. It waits
-/// for a repair page (for ever with `repair_interval` 0). Tolerated (and
-/// counted) unless `BELFRY_SIM_STRICT` is set.
+/// instant; moved away and back) can lose its wake-up. Its `Offer` is
+/// skipped by `PartitionCore::offer` (the entry is outstanding; the
+/// recorded outcome is expected to re-arm it), but that outcome was decided
+/// against the state before the change (the delivery read the cancelled
+/// record and finished with `Finish::Done`, recording nothing; or its
+/// attempt was recorded against the cancelled record, which re-arms
+/// nothing) and reaches the core only after the skipped `Offer`. The
+/// version then waits for a repair page (for ever with `repair_interval`
+/// 0). Tolerated (and counted) unless `BELFRY_SIM_STRICT` is set.
 const KNOWN_LOST_REARM: &str = "lost re-arm of a reused instant";
 /// Known bug: an `Expire` outcome carries no version, so a move acknowledged
 /// between the fire-time read of a version too far past due and the
