@@ -56,8 +56,10 @@
 //!   limit, and every event must be terminal: delivered in its current
 //!   version (which the receiver accepted), failed with a reason, or
 //!   cancelled; nothing outstanding, no slot held.
-//! - Busy loops: a core that asks to be woken in the past and then does
-//!   nothing, 64 ticks in a row, is spinning; spins are timed by cause.
+//! - Busy loops: a core that asks to be woken in the past and then ticks
+//!   without changing its state is spinning; spins are timed by cause, and
+//!   one of 50 ms or more with a page read in flight (or in its retry
+//!   pause) fails ([`Known::RepairWakeWhileLoading`]).
 //! - Coverage: the default run asserts that evictions, repairs, tenant
 //!   pages, read-ahead hits, lost wake-ups, duplicate claims, crashes,
 //!   hand-overs, fenced writes... happened, so the simulation cannot
@@ -69,24 +71,26 @@
 //! instant. `a_seed_replays_identically` runs seeds twice and compares a
 //! digest of everything that happened.
 //!
-//! # Known core bugs
-//! The bugs this simulation found in `fire/` are listed in [`Known`]. Until
-//! they are fixed, a seed that runs into one is counted (`known_*` in the
+//! # Core bugs found
+//! The bugs this simulation found in `fire/` are listed in [`Known`], each
+//! with its minimal reproduction in [`known_core_bugs`]; all are fixed
+//! (1b0708f), and the checks that classify them stay as regression checks.
+//! By default they fail like any other violation; with `BELFRY_SIM_STRICT=0`
+//! a seed that runs into one is counted instead (`known_*` in the
 //! counters) and either continues (the runtime works around it the way the
-//! core should: see [`Sim::reoffer_after`]) or ends there (`cut_short`).
-//! With `BELFRY_SIM_STRICT=1` they fail like any other violation; remove a
-//! variant once its bug is fixed.
+//! core now does: see [`Sim::reoffer_after`]) or ends there (`cut_short`),
+//! which helps to look past a regression for other failures.
 //!
 //! # Running
 //! - `cargo test -p belfry-core --test simulation`: 2,000 seeds of 200
-//!   steps, 60 fairness seeds and 20 replayed seeds (about 50 s of CPU in
-//!   debug, so about 25 s on two idle cores; add `-- --nocapture` for the
-//!   counters).
+//!   steps, 60 fairness seeds, 20 replayed seeds and the reproductions
+//!   (about 70 s of CPU in debug, so about 35 s on two idle cores; add
+//!   `-- --nocapture` for the counters).
 //! - Replay one seed: `BELFRY_SIM_SEED=1234 cargo test -p belfry-core --test
 //!   simulation -- --nocapture simulation`; `BELFRY_SIM_TRACE=1` prints
 //!   every input, action, send and fault; `BELFRY_SIM_REPEAT=20` runs it up
-//!   to 20 times (until the core's hash-order ties, [`Known::HashOrderTies`],
-//!   are fixed, a replay can take another path).
+//!   to 20 times (a check that a replay takes the same path; the core broke
+//!   ties by hash order before 1b0708f, [`Known::HashOrderTies`]).
 //! - `BELFRY_SIM_SEEDS=N` seeds from `BELFRY_SIM_FIRST_SEED` (0), of
 //!   `BELFRY_SIM_STEPS` steps each (200), on `BELFRY_SIM_THREADS` threads
 //!   (all cores); `BELFRY_SIM_FAIR_SEED`/`BELFRY_SIM_FAIR_SEEDS` and
@@ -96,8 +100,8 @@
 //! - Soak (about 10 minutes on two cores):
 //!   `BELFRY_SIM_SEEDS=45000 BELFRY_SIM_FIRST_SEED=1000000 BELFRY_SIM_STEPS=300
 //!   BELFRY_SIM_KEEP_GOING=1 cargo test --release -p belfry-core --test
-//!   simulation -- --nocapture simulation`; vary `BELFRY_SIM_FIRST_SEED` between soaks, and add
-//!   known bugs fail by default (`BELFRY_SIM_STRICT=0` counts them instead).
+//!   simulation -- --nocapture simulation`; vary `BELFRY_SIM_FIRST_SEED`
+//!   between soaks.
 //!
 //! A failure prints its seed, step and simulated instant, and the command
 //! that replays it.
@@ -134,10 +138,14 @@ const HEALTHY_LAG_MS: i64 = 150;
 const T0: i64 = 1_000_000_000;
 /// A runtime polls a core this often while its `next_wake` is in the past
 /// and a tick does nothing (a busy loop in a runtime that trusts it).
-const SPIN_POLL_MS: i64 = 10;
-/// Idle ticks in a row (the core asks to be woken now, a tick does nothing)
-/// after which a core is counted as spinning.
-const IDLE_TICKS_BEFORE_SPIN: u32 = 64;
+const SPIN_POLL_MS: i64 = 1;
+/// Idle ticks in a row at one instant (the core asks to be woken now, a
+/// tick emits nothing but changes its state: a walk) after which a core is
+/// counted as spinning anyway.
+const IDLE_TICKS_BEFORE_SPIN: u32 = 10_000;
+/// Idle ticks in a row taken as a walk without checking that each changes
+/// the core's state.
+const IDLE_TICKS_UNCHECKED: u32 = 64;
 /// Pause before a fired entry whose record could not be read is retried.
 const READ_RETRY_MS: i64 = 500;
 /// Pause before a failed recorder write is retried.
@@ -534,7 +542,7 @@ enum Spin {
     /// A page read failed and the load retry has not come yet (the repair
     /// timer is in the past).
     LoadBackoff,
-    /// Anything else (the 1 ms rounding of the window-load instant).
+    /// The 1 ms rounding of the window-load instant, or anything else.
     Other,
 }
 
@@ -549,6 +557,8 @@ struct Core {
     /// Ticks in a row at this instant that did nothing although the core
     /// asked for them.
     idle_ticks: u32,
+    /// The core's state after its last idle tick (see [`fingerprint`]).
+    idle_fingerprint: Option<u64>,
     /// Since when `next_wake` has been in the past with nothing to do.
     spinning_since: Option<Timestamp>,
     spin_cause: Spin,
@@ -571,6 +581,17 @@ struct Core {
     /// entry: offered again when their key's holder finishes (the
     /// workaround for [`Known::RefusedRetryDropped`] outside strict mode).
     refused: Vec<DueCursor>,
+}
+
+/// A digest of everything a core holds (its `Debug` form): equal after two
+/// idle ticks in a row means the second one changed nothing.
+fn fingerprint(core: &PartitionCore) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for byte in format!("{core:?}").bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
 }
 
 // ---------------------------------------------------------------------------
@@ -657,9 +678,9 @@ counters!(
     known_repair_wake_while_loading,
 );
 
-/// Core bugs found by this simulation and not fixed yet (see the report at
-/// the top). A seed that runs into one ends there and is counted; with
-/// `BELFRY_SIM_STRICT=1` it fails. Remove an entry once it is fixed.
+/// Core bugs found by this simulation (all fixed in 1b0708f; the checks
+/// that recognise them remain). A violation that matches one fails, or with
+/// `BELFRY_SIM_STRICT=0` is counted (and the seed continues or ends).
 #[derive(Debug, Clone, Copy)]
 enum Known {
     /// `Input::Reload` clears the window's per-tenant `blocked` flags while
@@ -891,6 +912,7 @@ impl Sim {
             outstanding: BTreeMap::new(),
             idle_tick_at: None,
             idle_ticks: 0,
+            idle_fingerprint: None,
             spinning_since: None,
             spin_cause: Spin::Other,
             page_failed_at: None,
@@ -1172,6 +1194,7 @@ impl Sim {
                 } else {
                     core.idle_tick_at = None;
                     core.idle_ticks = 0;
+                    core.idle_fingerprint = None;
                 }
                 if !actions.is_empty() {
                     self.end_spin(p);
@@ -1746,23 +1769,34 @@ impl Sim {
             for p in 0..self.cores.len() {
                 let wake = self.cores[p].core.next_wake(self.now);
                 self.wakes[p] = wake;
-                // A runtime ticks again at once while the core asks for it:
-                // a few idle ticks in a row are a walk (counted), many are
+                // A runtime ticks again at once while the core asks for it.
+                // Idle ticks that change the core's state are a walk (it
+                // progresses: counted); an idle tick that changes nothing is
                 // a busy loop (a spin, timed below).
+                if wake > self.now {
+                    continue;
+                }
                 let core = &self.cores[p];
                 let idle_now = core.idle_tick_at == Some(self.now);
-                let patience = if core.spinning_since.is_some() {
-                    1
-                } else {
-                    IDLE_TICKS_BEFORE_SPIN
-                };
-                if wake <= self.now && (!idle_now || core.idle_ticks < patience) {
-                    if idle_now {
-                        self.stats.idle_ticks += 1;
+                if idle_now {
+                    if core.spinning_since.is_some()
+                        || core.idle_ticks >= IDLE_TICKS_BEFORE_SPIN
+                        || self.at_load_boundary(p)
+                    {
+                        continue;
                     }
-                    self.tick(p)?;
-                    ticked = true;
+                    // Fingerprints cost: only for walks longer than usual.
+                    if core.idle_ticks >= IDLE_TICKS_UNCHECKED {
+                        let fingerprint = fingerprint(&core.core);
+                        if core.idle_fingerprint == Some(fingerprint) {
+                            continue;
+                        }
+                        self.cores[p].idle_fingerprint = Some(fingerprint);
+                    }
+                    self.stats.idle_ticks += 1;
                 }
+                self.tick(p)?;
+                ticked = true;
             }
             if ticked {
                 continue;
@@ -1795,8 +1829,12 @@ impl Sim {
                         let backoff = core.page_failed_at.is_some_and(|failed| {
                             self.now < failed.plus(core.core.config().load_retry)
                         });
+                        let boundary = self.at_load_boundary(p);
+                        let core = &mut self.cores[p];
                         core.spin_cause = if at_cap {
                             Spin::OutstandingCap
+                        } else if boundary {
+                            Spin::Other
                         } else if loading {
                             Spin::PageInFlight
                         } else if backoff {
@@ -1830,6 +1868,21 @@ impl Sim {
             }
             self.now = next.max(self.now);
         }
+    }
+
+    /// Whether `p` asks to be woken now only because of the 1 ms rounding
+    /// of its window-load instant: `next_wake` says `cursor.due - window/2`
+    /// (rounded down), `start_load` waits for `cursor.due < now +
+    /// window/2`. A spin of one millisecond; no use ticking again.
+    fn at_load_boundary(&self, p: usize) -> bool {
+        let core = &self.cores[p];
+        let half = core.core.config().window / 2;
+        core.loading.is_none()
+            && core
+                .core
+                .window()
+                .cursor()
+                .is_some_and(|c| c.due.minus(half) == self.now)
     }
 
     /// A core that asked to be woken in the past stops doing so.
