@@ -351,10 +351,11 @@ impl EngineHandle {
     /// moved a manual clock (workers otherwise re-read the clock at least
     /// once a second).
     pub fn poke(&self) {
-        self.inner.owned.broadcast(
-            || belfry_core::fire::Input::Tick { may_fire: false },
-            self.inner.clock.now(),
-        );
+        // Only a nudge: the worker ticks its core itself and performs what
+        // the tick asks for (a tick here would lose its actions).
+        for runtime in self.inner.owned.runtimes() {
+            runtime.poke();
+        }
     }
 
     /// Fired entries not finished yet (queued, in delivery, or waiting for

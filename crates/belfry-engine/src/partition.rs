@@ -69,6 +69,11 @@ impl PartitionRuntime {
         actions
     }
 
+    /// Wakes the worker to tick its core now.
+    pub(crate) fn poke(&self) {
+        self.wake.notify_one();
+    }
+
     /// Entries fired here and not finished yet.
     pub(crate) fn outstanding(&self) -> usize {
         self.lock().outstanding()
