@@ -536,6 +536,15 @@ impl PartitionCore {
                 }
             }
         }
+        if self.outstanding.is_empty() {
+            // Nothing outstanding means nothing may stay blocked: a safety
+            // net, so a block whose release was missed cannot strand a
+            // tenant's events.
+            self.budget_blocked.clear();
+            for tenant in self.window.blocked_tenants() {
+                self.window.set_blocked(&tenant, false);
+            }
+        }
         if may_fire {
             self.fire_due(now, actions);
         }

@@ -106,6 +106,15 @@ impl FairWindow {
             .and_then(|lane| lane.overflow.as_ref())
     }
 
+    /// Tenants marked blocked.
+    pub fn blocked_tenants(&self) -> Vec<TenantName> {
+        self.lanes
+            .iter()
+            .filter(|(_, lane)| lane.blocked)
+            .map(|(tenant, _)| tenant.clone())
+            .collect()
+    }
+
     /// Entries held for `tenant`.
     pub fn held_by(&self, tenant: &TenantName) -> usize {
         self.lanes.get(tenant).map_or(0, |lane| lane.entries.len())
