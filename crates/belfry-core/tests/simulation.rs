@@ -77,11 +77,12 @@
 //! are fixed (1b0708f), and the checks that classify them stay as
 //! regression checks. The last two were found by a soak of the fixed core;
 //! their reproductions are `#[ignore]`d until they are fixed.
-//! By default they fail like any other violation; with `BELFRY_SIM_STRICT=0`
-//! a seed that runs into one is counted instead (`known_*` in the
-//! counters) and either continues (the runtime works around it the way the
-//! core now does: see [`Sim::reoffer_after`]) or ends there (`cut_short`),
-//! which helps to look past a regression for other failures.
+//! `BELFRY_SIM_STRICT` says what running into one does: `1` (the default)
+//! fails on the fixed ones (a regression) and counts the open ones; `2`
+//! fails on all; `0` counts all, which helps to look past a regression
+//! for other failures. A counted bug is `known_*` in the counters, and the
+//! seed either continues (the runtime works around it the way the core
+//! should: see [`Sim::reoffer_after`]) or ends there (`cut_short`).
 //!
 //! # Running
 //! - `cargo test -p belfry-core --test simulation`: 2,000 seeds of 200
