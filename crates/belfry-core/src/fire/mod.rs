@@ -109,6 +109,9 @@ pub struct LoadRequest {
     /// The window's cursor when the request was made: a per-tenant or
     /// repair page never adds entries beyond it.
     upto: Option<DueCursor>,
+    /// Tells apart two requests for the same range: the answer to one
+    /// dropped by a `Reload` is not taken for a new one's.
+    seq: u64,
 }
 
 impl LoadRequest {
@@ -301,6 +304,8 @@ pub struct PartitionCore {
     /// … and they are offered again once finished (a cancel and re-create
     /// at the same instant arrives as an offer of the outstanding entry).
     reoffer: HashSet<DueCursor>,
+    /// Numbers page requests (see [`LoadRequest`]).
+    load_seq: u64,
     /// Where the next repair page starts (exclusive); `None`: the start.
     repair_after: Option<DueCursor>,
     next_repair_at: Option<Timestamp>,
@@ -325,6 +330,7 @@ impl PartitionCore {
             reread: HashSet::new(),
             reoffer: HashSet::new(),
             repair_after: None,
+            load_seq: 0,
             next_repair_at: None,
             stats: CoreStats::default(),
         }
@@ -685,12 +691,15 @@ impl PartitionCore {
                 through: now.plus(self.config.window),
                 limit: page,
                 upto: None,
+                seq: 0,
             })
         } else {
             self.tenant_reload(page, upto.clone())
                 .or_else(|| self.repair(now, upto))
         };
-        if let Some(request) = request {
+        if let Some(mut request) = request {
+            self.load_seq += 1;
+            request.seq = self.load_seq;
             self.loading = Some(PendingLoad {
                 request: request.clone(),
                 offers: Vec::new(),
@@ -718,6 +727,7 @@ impl PartitionCore {
             through: upto.due,
             limit: page,
             upto: Some(upto),
+            seq: 0,
         })
     }
 
@@ -741,6 +751,7 @@ impl PartitionCore {
             through: upto.due,
             limit: self.config.repair_page,
             upto: Some(upto),
+            seq: 0,
         })
     }
 
@@ -771,6 +782,8 @@ impl PartitionCore {
                 for entry in page {
                     if self.may_hold(&entry) {
                         self.window_page_entry(entry);
+                    } else {
+                        self.page_listed_unheld(entry);
                     }
                 }
                 let through = match last {
@@ -798,6 +811,8 @@ impl PartitionCore {
                     mark = Some(entry.clone());
                     if self.may_hold(&entry) {
                         self.window.insert(entry, true);
+                    } else {
+                        self.page_listed_unheld(entry);
                     }
                 }
                 let overflow = if full && !reached_upto {
@@ -827,6 +842,16 @@ impl PartitionCore {
             self.offer(entry);
         }
         self.enforce_capacity();
+    }
+
+    /// A page listed an entry that is outstanding: the store still has it
+    /// pending there, so it is offered again once it finishes (its
+    /// delivery may end without recording anything, e.g. on a record read
+    /// before the entry was re-created).
+    fn page_listed_unheld(&mut self, entry: DueCursor) {
+        if self.outstanding.contains_key(&entry) {
+            self.reoffer.insert(entry);
+        }
     }
 
     /// A window page's entry: held unless its tenant overflows (then it
