@@ -44,7 +44,7 @@ pub use belfry_store::StoreError;
 pub use wakeups::{Wakeup, WakeupKind};
 
 use crate::error::{corrupt, db_error, pool_error};
-use crate::rows::{EVENT_COLUMNS, attempt_from_row, cursor_from_row, record_from_row};
+use crate::rows::{EVENT_COLUMNS, JsonText, attempt_from_row, cursor_from_row, record_from_row};
 
 /// How long to wait for a pooled connection, or for a new one, before
 /// answering `Unavailable`: a caller must not hang while the database is
@@ -178,6 +178,173 @@ impl PostgresStore {
     async fn client(&self) -> StoreResult<deadpool_postgres::Object> {
         self.pool.get().await.map_err(pool_error)
     }
+}
+
+/// One listing's statement and parameters.
+///
+/// | filters | statement | index |
+/// |---|---|---|
+/// | none | `tenant = $1 [AND id > $a] ORDER BY id` | primary key |
+/// | `status` (and maybe `from`/`to`) | `… AND status = $s AND (event_time, id) > (position, $a) [AND event_time < $to] ORDER BY event_time, id` | `events_by_status_time` |
+/// | `from`/`to` only | the same per status (each `LIMIT`ed), `UNION ALL`, merged by `ORDER BY event_time, id` | `events_by_status_time` (a Merge Append) |
+///
+/// The position of a time-ordered page is the later of `from` and the
+/// stored instant of `after` (a `WITH` evaluated once), as
+/// [`ListEventsParams`] specifies. Filtered statements repeat the index's
+/// predicate `id >= ' '` (client ids only), so the partial index applies.
+/// Each shape has its own text, so a prepared (generic) plan never has to
+/// serve a filter it was not made for: `$x IS NULL OR …` conditions would
+/// keep the planner from bounding the index range with them.
+struct Listing {
+    sql: String,
+    args: Vec<ListingArg>,
+}
+
+enum ListingArg {
+    Text(String),
+    Int(i64),
+}
+
+impl Listing {
+    /// `None` when the answer is empty without asking (limit 0, or a
+    /// window that ends where it starts).
+    fn of(params: &ListEventsParams) -> Option<Listing> {
+        if params.limit == 0 {
+            return None;
+        }
+        if let (Some(from), Some(to)) = (params.from, params.to)
+            && from >= to
+        {
+            return None;
+        }
+        let mut listing = Listing {
+            sql: String::new(),
+            args: Vec::new(),
+        };
+        let tenant = listing.arg(ListingArg::Text(params.tenant.as_str().to_string()));
+        let after = params
+            .after
+            .as_ref()
+            .map(|id| listing.arg(ListingArg::Text(id.as_str().to_string())));
+        if params.status.is_none() && params.from.is_none() && params.to.is_none() {
+            let mut sql = format!("SELECT {EVENT_COLUMNS} FROM events WHERE tenant = {tenant}");
+            if let Some(after) = &after {
+                sql.push_str(&format!(" AND id > {after}"));
+            }
+            let limit = listing.arg(ListingArg::Int(sql_limit(params.limit)));
+            sql.push_str(&format!(" ORDER BY id LIMIT {limit}"));
+            listing.sql = sql;
+            return Some(listing);
+        }
+        let from = listing.arg(ListingArg::Int(
+            params
+                .from
+                .unwrap_or(belfry_core::Timestamp::MIN)
+                .as_millis(),
+        ));
+        let (prelude, lower) = match &after {
+            Some(after) => (
+                format!(
+                    "WITH position AS (SELECT GREATEST({from}::bigint, \
+                     (SELECT event_time FROM events WHERE tenant = {tenant} AND id = {after})) AS at) "
+                ),
+                format!("(event_time, id) > ((SELECT at FROM position), {after})"),
+            ),
+            None => (String::new(), format!("event_time >= {from}")),
+        };
+        let upper = match params.to {
+            Some(to) => {
+                let to = listing.arg(ListingArg::Int(to.as_millis()));
+                format!(" AND event_time < {to}")
+            }
+            None => String::new(),
+        };
+        let limit = listing.arg(ListingArg::Int(sql_limit(params.limit)));
+        let branch = |status: &str| {
+            format!(
+                "SELECT {EVENT_COLUMNS} FROM events WHERE tenant = {tenant} AND status = {status} \
+                 AND id >= ' ' AND {lower}{upper} ORDER BY event_time, id LIMIT {limit}"
+            )
+        };
+        listing.sql = match params.status {
+            Some(status) => {
+                let status = listing.arg(ListingArg::Text(status.as_str().to_string()));
+                format!("{prelude}{}", branch(&status))
+            }
+            None => {
+                // Each branch is sorted and limited by itself, so the
+                // planner merges them (Merge Append) and reads each only as
+                // far as the page needs; flattened branches without their
+                // own ORDER BY were appended and sorted whole instead.
+                let branches: Vec<String> = LISTED_STATUSES
+                    .iter()
+                    .map(|status| format!("({})", branch(&format!("'{}'", status.as_str()))))
+                    .collect();
+                format!(
+                    "{prelude}SELECT * FROM ({}) AS listed ORDER BY event_time, id LIMIT {limit}",
+                    branches.join(" UNION ALL ")
+                )
+            }
+        };
+        Some(listing)
+    }
+
+    /// Adds a parameter; returns its placeholder.
+    fn arg(&mut self, arg: ListingArg) -> String {
+        self.args.push(arg);
+        format!("${}", self.args.len())
+    }
+
+    fn args(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+        self.args
+            .iter()
+            .map(|arg| match arg {
+                ListingArg::Text(text) => text as &(dyn tokio_postgres::types::ToSql + Sync),
+                ListingArg::Int(int) => int,
+            })
+            .collect()
+    }
+}
+
+/// Every status, for time listings without a status filter.
+const LISTED_STATUSES: [EventStatus; 6] = [
+    EventStatus::Scheduled,
+    EventStatus::Retrying,
+    EventStatus::Delivered,
+    EventStatus::Failed,
+    EventStatus::Missed,
+    EventStatus::Cancelled,
+];
+
+/// Rows read by the scans of an `EXPLAIN (ANALYZE, FORMAT JSON)` plan:
+/// for each node that scans a relation, the rows it returned plus those
+/// its filters removed, times its loops.
+fn rows_read(plan: &serde_json::Value) -> u64 {
+    fn node(plan: &serde_json::Value) -> f64 {
+        let number = |name: &str| plan.get(name).and_then(serde_json::Value::as_f64);
+        let own = if plan.get("Relation Name").is_some() {
+            let rows = number("Actual Rows").unwrap_or(0.0)
+                + number("Rows Removed by Filter").unwrap_or(0.0)
+                + number("Rows Removed by Index Recheck").unwrap_or(0.0);
+            rows * number("Actual Loops").unwrap_or(1.0)
+        } else {
+            0.0
+        };
+        let children: f64 = plan
+            .get("Plans")
+            .and_then(serde_json::Value::as_array)
+            .map_or(0.0, |plans| plans.iter().map(node).sum());
+        own + children
+    }
+    // The output is an array holding one object whose "Plan" is the root.
+    let total: f64 = plan
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.get("Plan"))
+        .map(node)
+        .sum();
+    total.round() as u64
 }
 
 /// A `usize` limit as SQL's `LIMIT` (bigint).
@@ -353,44 +520,42 @@ impl Store for PostgresStore {
         rows.iter().map(cursor_from_row).collect()
     }
 
+    /// One statement per shape of filters, each answered from an index
+    /// range that stops at the page (see [`Listing`]).
     async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>> {
-        if params.limit == 0 {
+        let Some(listing) = Listing::of(&params) else {
             return Ok(Vec::new());
-        }
+        };
         let client = self.client().await?;
         let statement = client
-            .prepare_cached(&format!(
-                "SELECT {EVENT_COLUMNS} FROM events
-                 WHERE tenant = $1
-                   AND ($2::text IS NULL OR status = $2)
-                   AND ($3::bigint IS NULL OR event_time >= $3)
-                   AND ($4::bigint IS NULL OR event_time < $4)
-                   AND ($5::text IS NULL OR id > $5)
-                 ORDER BY id LIMIT $6"
-            ))
+            .prepare_cached(&listing.sql)
             .await
             .map_err(db_error)?;
-        let status = params.status.map(EventStatus::as_str);
-        let from = params.from.map(|t| t.as_millis());
-        let to = params.to.map(|t| t.as_millis());
-        let after = params.after.as_ref().map(|id| id.as_str());
         client
-            .query(
-                &statement,
-                &[
-                    &params.tenant.as_str(),
-                    &status,
-                    &from,
-                    &to,
-                    &after,
-                    &sql_limit(params.limit),
-                ],
-            )
+            .query(&statement, &listing.args())
             .await
             .map_err(db_error)?
             .iter()
             .map(record_from_row)
             .collect()
+    }
+
+    /// The rows the listing's plan reads, from `EXPLAIN ANALYZE`: every
+    /// row a scan of a table or index returned or filtered out.
+    async fn list_events_reads(&self, params: ListEventsParams) -> StoreResult<Option<u64>> {
+        let Some(listing) = Listing::of(&params) else {
+            return Ok(Some(0));
+        };
+        let client = self.client().await?;
+        let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", listing.sql);
+        let plan: JsonText = client
+            .query_one(&explain, &listing.args())
+            .await
+            .map_err(db_error)?
+            .get(0);
+        let plan: serde_json::Value =
+            serde_json::from_str(&plan.0).map_err(|e| corrupt(format_args!("plan: {e}")))?;
+        Ok(Some(rows_read(&plan)))
     }
 
     async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>> {

@@ -71,6 +71,25 @@ fn timestamp(value: Option<i64>) -> Option<Timestamp> {
     value.map(Timestamp::from_millis)
 }
 
+/// A `json` value as its text: the driver reads `json` into a type only
+/// with a feature this crate does not enable, and the text is all that is
+/// needed (`EXPLAIN (FORMAT JSON)`).
+pub(crate) struct JsonText(pub(crate) String);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for JsonText {
+    fn from_sql(
+        _: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        // The binary form of `json` is its text.
+        Ok(JsonText(std::str::from_utf8(raw)?.to_owned()))
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        *ty == tokio_postgres::types::Type::JSON
+    }
+}
+
 /// Reads a row selected with [`EVENT_COLUMNS`].
 pub(crate) fn record_from_row(row: &Row) -> Result<EventRecord, StoreError> {
     let status: String = row.get(7);

@@ -89,6 +89,9 @@ macro_rules! store_conformance_tests {
             due_page_partition_isolation,
             due_index_follows_changes,
             list_events_filters_and_pagination,
+            filtered_pages_are_full_until_the_last,
+            time_cursor_survives_its_event,
+            filtered_listing_reads_only_its_page,
             attempts_history_in_order,
             purge_removes_only_old_finished,
             names_with_slashes_and_non_ascii,
@@ -891,12 +894,17 @@ where
     let cancelled = ids(list(Some(EventStatus::Cancelled), None, None, None, 100)
         .await
         .unwrap());
-    assert_eq!(cancelled, vec!["e03", "e05"]);
-    // e11 fires at 0 s ... e00 at 11 s; from inclusive, to exclusive.
+    // e11 fires at 0 s ... e00 at 11 s: any filter orders by (event_time,
+    // id); from inclusive, to exclusive.
+    assert_eq!(cancelled, vec!["e05", "e03"]);
     let window = ids(list(None, Some(3_000), Some(6_000), None, 100)
         .await
         .unwrap());
-    assert_eq!(window, vec!["e06", "e07", "e08"]);
+    assert_eq!(window, vec!["e08", "e07", "e06"]);
+    let only_to = ids(list(None, None, Some(2_000), None, 100).await.unwrap());
+    assert_eq!(only_to, vec!["e11", "e10"]);
+    let only_from = ids(list(None, Some(10_000), None, None, 100).await.unwrap());
+    assert_eq!(only_from, vec!["e01", "e00"]);
     let scheduled_window = ids(list(
         Some(EventStatus::Scheduled),
         Some(3_000),
@@ -906,17 +914,43 @@ where
     )
     .await
     .unwrap());
-    assert_eq!(scheduled_window, vec!["e04", "e06"]);
+    assert_eq!(scheduled_window, vec!["e08", "e07"]);
+    // The previous page's last id alone continues after it...
     let after_cursor = ids(list(
         Some(EventStatus::Scheduled),
         Some(3_000),
         Some(9_000),
-        Some("e06"),
+        Some("e07"),
         10,
     )
     .await
     .unwrap());
-    assert_eq!(after_cursor, vec!["e07", "e08"]);
+    assert_eq!(after_cursor, vec!["e06", "e04"]);
+    // ... and so does it with its instant as `from`.
+    let after_cursor = ids(list(
+        Some(EventStatus::Scheduled),
+        Some(4_000),
+        Some(9_000),
+        Some("e07"),
+        10,
+    )
+    .await
+    .unwrap());
+    assert_eq!(after_cursor, vec!["e06", "e04"]);
+    assert!(
+        list(None, Some(6_000), Some(6_000), None, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "an empty window"
+    );
+    assert!(
+        list(None, Some(7_000), Some(3_000), None, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "an inverted window"
+    );
     assert!(list(None, None, None, None, 0).await.unwrap().is_empty());
     let nobody = store
         .list_events(ListEventsParams {
@@ -930,6 +964,408 @@ where
         .await
         .unwrap();
     assert!(nobody.is_empty());
+}
+
+/// Ids of a listing page.
+fn page_ids(records: &[EventRecord]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| r.key.id.as_str().to_string())
+        .collect()
+}
+
+fn list_params(
+    tenant_name: &str,
+    status: Option<EventStatus>,
+    from: Option<i64>,
+    to: Option<i64>,
+    after: Option<&EventId>,
+    limit: usize,
+) -> ListEventsParams {
+    ListEventsParams {
+        tenant: tenant(tenant_name),
+        status,
+        from: from.map(ts),
+        to: to.map(ts),
+        after: after.cloned(),
+        limit,
+    }
+}
+
+/// Pages through a filtered listing as the API does (the next `from` is
+/// the last event's instant) and checks every page: full
+/// until the last, which is the only short (or empty) one, and a short page
+/// really is the end. Returns every id in listing order.
+async fn page_through(
+    store: &SharedStore,
+    tenant_name: &str,
+    status: Option<EventStatus>,
+    window: (Option<i64>, Option<i64>),
+    limit: usize,
+) -> Vec<String> {
+    let (mut from, to) = window;
+    let mut after: Option<EventId> = None;
+    let mut seen = Vec::new();
+    for _ in 0..1_000 {
+        let page = store
+            .list_events(list_params(
+                tenant_name,
+                status,
+                from,
+                to,
+                after.as_ref(),
+                limit,
+            ))
+            .await
+            .expect("list_events");
+        assert!(page.len() <= limit, "a page holds at most `limit` events");
+        for record in &page {
+            assert!(
+                status.is_none_or(|s| s == record.status),
+                "{record:?} does not have status {status:?}"
+            );
+            assert!(
+                window.0.is_none_or(|f| record.event_time >= ts(f))
+                    && window.1.is_none_or(|t| record.event_time < ts(t)),
+                "{record:?} is outside the window"
+            );
+        }
+        seen.extend(page_ids(&page));
+        let Some(last) = page.last() else {
+            return seen;
+        };
+        after = Some(last.key.id.clone());
+        from = Some(last.event_time.as_millis());
+        if page.len() < limit {
+            // A short page is the last: nothing follows it.
+            let rest = store
+                .list_events(list_params(
+                    tenant_name,
+                    status,
+                    from,
+                    to,
+                    after.as_ref(),
+                    limit,
+                ))
+                .await
+                .expect("list_events");
+            assert_eq!(
+                page_ids(&rest),
+                Vec::<String>::new(),
+                "a short page is the end"
+            );
+            return seen;
+        }
+    }
+    panic!("the listing never ended");
+}
+
+/// A filtered page is complete: it holds `limit` matching events whenever
+/// that many are left, whatever lies between them in the tenant (events of
+/// other statuses and instants, engine-internal events); so a page is
+/// never empty while more exist, and a short page is the last.
+pub async fn filtered_pages_are_full_until_the_last<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    // 60 client events: i at instant (i * 37) % 60 s (ids and instants in
+    // different orders), every third one delivered, every fifth failed.
+    let id = |i: i64| format!("c{i:02}");
+    let at = |i: i64| (i * 37) % 60 * 1_000;
+    let mut commands: Vec<KeyedCommand> = (0..60)
+        .map(|i| command(&key("t", &id(i)), upsert(at(i), &format!("v{i}"))))
+        .collect();
+    // Engine-internal events (a schedule's control event is one) sort
+    // before every client id and are pending: filtered listings skip them.
+    for n in 0..7 {
+        let internal = EventId::internal(&format!("schedule/s{n}")).expect("internal id");
+        commands.push(command(
+            &EventKey::new(tenant("t"), internal),
+            upsert(1_000 * n, "control"),
+        ));
+    }
+    commands.push(command(&key("t2", "c00"), upsert(0, "other")));
+    apply(store, 0, commands).await;
+    let outcomes = (0..60)
+        .filter_map(|i| {
+            let verdict = if i % 5 == 0 {
+                Verdict::Permanent
+            } else if i % 3 == 0 {
+                Verdict::Delivered
+            } else {
+                return None;
+            };
+            Some(command(
+                &key("t", &id(i)),
+                attempt(&format!("v{i}"), verdict, at(i)),
+            ))
+        })
+        .collect();
+    apply(store, 100_000, outcomes).await;
+
+    let status_of = |i: i64| {
+        if i % 5 == 0 {
+            EventStatus::Failed
+        } else if i % 3 == 0 {
+            EventStatus::Delivered
+        } else {
+            EventStatus::Scheduled
+        }
+    };
+    // The expected listing, by (instant, id).
+    let expected = |status: Option<EventStatus>, window: Option<(i64, i64)>| {
+        let mut matching: Vec<i64> = (0..60)
+            .filter(|i| status.is_none_or(|s| s == status_of(*i)))
+            .filter(|i| window.is_none_or(|(from, to)| at(*i) >= from && at(*i) < to))
+            .collect();
+        matching.sort_by_key(|i| (at(*i), id(*i)));
+        matching.into_iter().map(id).collect::<Vec<String>>()
+    };
+
+    for limit in [1, 2, 3, 7, 100] {
+        for status in [
+            Some(EventStatus::Scheduled),
+            Some(EventStatus::Failed),
+            Some(EventStatus::Delivered),
+            Some(EventStatus::Cancelled),
+            None,
+        ] {
+            for window in [None, Some((5_000, 41_000)), Some((0, 60_000))] {
+                if status.is_none() && window.is_none() {
+                    // Unfiltered: by id, internal events included.
+                    continue;
+                }
+                let got = page_through(
+                    store,
+                    "t",
+                    status,
+                    window.map_or((None, None), |(f, t)| (Some(f), Some(t))),
+                    limit,
+                )
+                .await;
+                assert_eq!(
+                    got,
+                    expected(status, window),
+                    "status {status:?}, window {window:?}, limit {limit}"
+                );
+            }
+        }
+        // Only one bound.
+        let got = page_through(store, "t", None, (Some(30_000), None), limit).await;
+        assert_eq!(got, expected(None, Some((30_000, i64::MAX))));
+        let got = page_through(
+            store,
+            "t",
+            Some(EventStatus::Scheduled),
+            (None, Some(30_000)),
+            limit,
+        )
+        .await;
+        assert_eq!(
+            got,
+            expected(Some(EventStatus::Scheduled), Some((i64::MIN, 30_000)))
+        );
+    }
+
+    // A status change moves the event between the status listings.
+    apply_one(store, 200_000, &key("t", "c01"), EventCommand::Cancel).await;
+    let cancelled = page_through(store, "t", Some(EventStatus::Cancelled), (None, None), 10).await;
+    assert_eq!(cancelled, vec!["c01"]);
+    let scheduled = page_through(store, "t", Some(EventStatus::Scheduled), (None, None), 10).await;
+    assert!(!scheduled.contains(&"c01".to_string()));
+    assert_eq!(
+        scheduled.len(),
+        expected(Some(EventStatus::Scheduled), None).len() - 1
+    );
+    // A move in time moves it in the time listings (and revives it).
+    apply_one(store, 200_000, &key("t", "c01"), upsert(59_500, "v1b")).await;
+    let late = page_through(store, "t", None, (Some(59_000), None), 10).await;
+    assert_eq!(
+        late,
+        vec![id(47), "c01".to_string()],
+        "at 59 s, then 59.5 s"
+    );
+    let late = page_through(
+        store,
+        "t",
+        Some(EventStatus::Scheduled),
+        (Some(59_000), None),
+        10,
+    )
+    .await;
+    assert_eq!(late, vec![id(47), "c01".to_string()]);
+    assert!(
+        page_through(store, "t", Some(EventStatus::Cancelled), (None, None), 10)
+            .await
+            .is_empty()
+    );
+}
+
+/// A time-ordered listing keeps its place when the event its cursor names
+/// is purged, as long as the caller passes that event's instant as `from`
+/// (the API's cursor carries it).
+pub async fn time_cursor_survives_its_event<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let keys: Vec<EventKey> = (0..6).map(|i| key("t", &format!("e{i}"))).collect();
+    apply(
+        store,
+        0,
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| command(k, upsert(1_000 * i as i64, "v")))
+            .collect(),
+    )
+    .await;
+    let first = store
+        .list_events(list_params("t", None, Some(0), Some(10_000), None, 3))
+        .await
+        .unwrap();
+    assert_eq!(page_ids(&first), vec!["e0", "e1", "e2"]);
+    // The page's last event finishes and is purged.
+    apply_one(store, 10, &keys[2], EventCommand::Cancel).await;
+    let purged = store
+        .purge_finished(PurgeParams {
+            finished_before: ts(1_000),
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(purged, 1);
+    let last = first.last().expect("a full page");
+    let next = store
+        .list_events(list_params(
+            "t",
+            None,
+            Some(last.event_time.as_millis()),
+            Some(10_000),
+            Some(&last.key.id),
+            3,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(page_ids(&next), vec!["e3", "e4", "e5"]);
+}
+
+/// A filtered listing reads O(`limit`) stored entries, however large the
+/// tenant: `status=failed&limit=1` among 50,000 delivered events, a narrow
+/// time window, both, and the pages after a cursor.
+pub async fn filtered_listing_reads_only_its_page<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    const EVENTS: i64 = 50_000;
+    const FAILED: [i64; 3] = [7_001, 29_999, 49_998];
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let id = |i: i64| format!("e{i:05}");
+    // Instants in another order than the ids.
+    let at = |i: i64| (i * 7_919) % EVENTS * 10;
+    for chunk in (0..EVENTS).collect::<Vec<_>>().chunks(5_000) {
+        apply(
+            store,
+            0,
+            chunk
+                .iter()
+                .map(|i| command(&key("big", &id(*i)), upsert(at(*i), "v")))
+                .collect(),
+        )
+        .await;
+        apply(
+            store,
+            1,
+            chunk
+                .iter()
+                .map(|i| {
+                    let verdict = if FAILED.contains(i) {
+                        Verdict::Permanent
+                    } else {
+                        Verdict::Delivered
+                    };
+                    command(&key("big", &id(*i)), attempt("v", verdict, at(*i)))
+                })
+                .collect(),
+        )
+        .await;
+    }
+    let cursor = EventId::new(id(25_000)).expect("valid id");
+    let cases = [
+        ("status=failed", Some(EventStatus::Failed), None, None, None),
+        (
+            "status=scheduled (none)",
+            Some(EventStatus::Scheduled),
+            None,
+            None,
+            None,
+        ),
+        (
+            "status=delivered after a cursor",
+            Some(EventStatus::Delivered),
+            None,
+            None,
+            Some(&cursor),
+        ),
+        (
+            "a narrow window",
+            None,
+            Some(at(12_345)),
+            Some(at(12_345) + 1),
+            None,
+        ),
+        (
+            "a window after a cursor",
+            None,
+            Some(at(25_000)),
+            None,
+            Some(&cursor),
+        ),
+        (
+            "status=failed in a wide window",
+            Some(EventStatus::Failed),
+            Some(0),
+            Some(EVENTS * 10),
+            None,
+        ),
+        (
+            "status=delivered from an instant",
+            Some(EventStatus::Delivered),
+            Some(250_000),
+            None,
+            None,
+        ),
+        ("no filter after a cursor", None, None, None, Some(&cursor)),
+    ];
+    for limit in [2, 20] {
+        for (name, status, from, to, after) in cases {
+            let params = list_params("big", status, from, to, after, limit);
+            let page = store.list_events(params.clone()).await.unwrap();
+            if status == Some(EventStatus::Failed) {
+                assert_eq!(page.len(), limit.min(FAILED.len()), "{name}");
+            }
+            let reads = store
+                .list_events_reads(params)
+                .await
+                .unwrap()
+                .expect("every backend counts what a listing reads");
+            // The page, one record per entry, a head per status merged and
+            // the cursor's record: a small multiple of the page, never the
+            // tenant's 50,000 events.
+            let bound = 3 * limit as u64 + 12;
+            assert!(
+                reads <= bound,
+                "{name}, limit {limit}: read {reads} entries for a page of {} (bound {bound})",
+                page.len()
+            );
+        }
+    }
 }
 
 pub async fn attempts_history_in_order<F, Fut>(factory: F)

@@ -162,7 +162,29 @@ pub struct DuePageParams {
     pub tenant: Option<TenantName>,
 }
 
-/// Parameters of [`Store::list_events`]. Order: by event id, ascending.
+/// Parameters of [`Store::list_events`].
+///
+/// # Order and cursor
+/// - Without filters: by event id, ascending; `after` is exclusive
+///   (continue after this id).
+/// - With any filter (`status`, `from`, `to`): by `(event_time, id)`,
+///   ascending: the order of the one index that serves every filter, so
+///   that a page never reads past itself and a status change moves a
+///   single index entry. `after` is still the previous page's last id: the
+///   listing continues after `(t, after)`, where `t` is the later of
+///   `from` and that event's stored `event_time`. A caller that also
+///   passes the last event's `event_time` as `from` (the API's cursor
+///   does) keeps its place even if that event has been purged since.
+///
+/// # Bounded by the page
+/// Backends answer every combination of filters from an index, reading
+/// O(`limit`) entries, never the rest of the tenant; and a page holds
+/// `limit` events unless none are left, so a short page is the last.
+///
+/// # Engine-internal events
+/// Without filters the listing includes engine-internal ids
+/// ([`EventId::is_internal`], sorted before every client id); with any
+/// filter it holds client events only.
 #[derive(Debug, Clone)]
 pub struct ListEventsParams {
     pub tenant: TenantName,
@@ -171,7 +193,7 @@ pub struct ListEventsParams {
     pub from: Option<Timestamp>,
     /// Exclusive upper bound on `event_time`.
     pub to: Option<Timestamp>,
-    /// Exclusive cursor: continue after this id.
+    /// Exclusive cursor: the previous page's last id (see the order above).
     pub after: Option<EventId>,
     pub limit: usize,
 }
@@ -230,7 +252,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Pending events of a partition in `(next_fire_at, key)` order.
     async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>>;
 
+    /// A tenant's events, filtered and ordered as [`ListEventsParams`]
+    /// says, at most `limit`.
     async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>>;
+
+    /// How many stored entries (index entries, records, rows) answering
+    /// `params` with [`Store::list_events`] reads: lets the conformance
+    /// suite check that a listing is bounded by its page. `None`: the
+    /// backend cannot tell.
+    async fn list_events_reads(&self, params: ListEventsParams) -> StoreResult<Option<u64>> {
+        let _ = params;
+        Ok(None)
+    }
 
     /// An event's attempt history, oldest first, at most `limit` entries.
     async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>>;

@@ -286,7 +286,23 @@ struct ListQuery {
     from: Option<Timestamp>,
     to: Option<Timestamp>,
     limit: usize,
-    after: Option<EventId>,
+    after: Option<ListCursor>,
+}
+
+impl ListQuery {
+    /// Any filter orders the list by `(deliver_at, id)`; without one it is
+    /// by id (see [`belfry_store::ListEventsParams`]).
+    fn time_ordered(&self) -> bool {
+        self.status.is_some() || self.from.is_some() || self.to.is_some()
+    }
+}
+
+/// Where the previous page ended: its last id, and in a filtered (time
+/// ordered) list its last instant too.
+#[derive(Debug, PartialEq, Eq)]
+struct ListCursor {
+    at: Option<Timestamp>,
+    id: EventId,
 }
 
 fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> {
@@ -331,7 +347,7 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
                     })?;
             }
             "cursor" => {
-                query.after = Some(decode_cursor(&value).ok_or_else(|| {
+                query.after = Some(decode_list_cursor(&value).ok_or_else(|| {
                     ApiError::bad_request(
                         code::INVALID_CURSOR,
                         "cursor is not one this server issued",
@@ -348,7 +364,14 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
     Ok(query)
 }
 
-/// Lists a tenant's events by id: `{"events": [...], "next_cursor": ...}`.
+/// Lists a tenant's events: `{"events": [...], "next_cursor": ...}`, by id,
+/// or by `(deliver_at, id)` when filtered (`status`, `from`, `to`).
+///
+/// Every page is answered from a store index and holds `limit` events
+/// whenever more exist; `next_cursor` is `null` exactly on the last page.
+/// Schedules' control events are the engine's, never listed: the store
+/// leaves them out of filtered listings, and an unfiltered (id-ordered)
+/// listing starts after them (their ids sort before every client id).
 pub(crate) async fn list(
     State(state): State<ApiState>,
     V1Path(tenant): V1Path<String>,
@@ -357,6 +380,28 @@ pub(crate) async fn list(
     let tenant = tenant_name(tenant)?;
     let query = parse_list_query(&uri, &state)?;
     let limit = query.limit;
+    let time_ordered = query.time_ordered();
+    let (from, after) = match query.after {
+        // Continue at the last page's instant: the place holds even if
+        // that event has been purged since.
+        Some(ListCursor { at: Some(at), id }) if time_ordered => {
+            (Some(query.from.map_or(at, |from| from.max(at))), Some(id))
+        }
+        // An id cursor (of an unfiltered list, or issued before filtered
+        // lists were ordered by time): the store finds the place from that
+        // event's instant.
+        Some(ListCursor { id, .. }) => (query.from, Some(id)),
+        None => (query.from, None),
+    };
+    let after = if !time_ordered {
+        Some(
+            after
+                .filter(|id| !id.is_internal())
+                .unwrap_or_else(after_internal_ids),
+        )
+    } else {
+        after
+    };
     // One more than asked tells whether another page exists.
     let mut records = state
         .engine
@@ -364,21 +409,22 @@ pub(crate) async fn list(
         .list_events(ListEventsParams {
             tenant,
             status: query.status,
-            from: query.from,
+            from,
             to: query.to,
-            after: query.after,
+            after,
             limit: limit + 1,
         })
         .await?;
     let more = records.len() > limit;
     records.truncate(limit);
-    let next_cursor = if more {
-        records.last().map(|r| encode_cursor(&r.key.id))
-    } else {
-        None
+    let next_cursor = match records.last() {
+        Some(last) if more && time_ordered => {
+            Some(encode_time_cursor(last.event_time, &last.key.id))
+        }
+        Some(last) if more => Some(encode_cursor(&last.key.id)),
+        _ => None,
     };
-    // Schedules' control events are the engine's, not the client's (the
-    // cursor above still moves past them).
+    // A guard only: no listing above returns control events.
     let events: Vec<EventView> = records
         .iter()
         .filter(|r| !r.key.id.is_internal())
@@ -408,6 +454,36 @@ pub(crate) fn encode_cursor(id: &EventId) -> String {
     id.as_str().bytes().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A cursor of a filtered list: `t`, the instant (16 hex digits of its
+/// milliseconds as two's complement), then the id as in [`encode_cursor`].
+/// `t` is no hex digit, so the two kinds never mix up.
+fn encode_time_cursor(at: Timestamp, id: &EventId) -> String {
+    format!("t{:016x}{}", at.as_millis() as u64, encode_cursor(id))
+}
+
+fn decode_list_cursor(text: &str) -> Option<ListCursor> {
+    match text.strip_prefix('t') {
+        Some(rest) => {
+            let millis = u64::from_str_radix(rest.get(..16)?, 16).ok()? as i64;
+            Some(ListCursor {
+                at: Some(Timestamp::from_millis(millis)),
+                id: decode_cursor(rest.get(16..)?)?,
+            })
+        }
+        None => Some(ListCursor {
+            at: None,
+            id: decode_cursor(text)?,
+        }),
+    }
+}
+
+/// An exclusive `after` that sorts after every engine-internal id and
+/// before every client id: the internal mark followed by more of the
+/// largest character than any id has bytes.
+fn after_internal_ids() -> EventId {
+    EventId::internal_cursor(&char::MAX.to_string().repeat(EventId::MAX_LEN / 4 + 1))
+}
+
 pub(crate) fn decode_cursor(text: &str) -> Option<EventId> {
     if !text.len().is_multiple_of(2) || !text.is_ascii() {
         return None;
@@ -431,5 +507,43 @@ mod tests {
         assert_eq!(decode_cursor("abc"), None);
         assert_eq!(decode_cursor(""), None);
         assert_eq!(decode_cursor("é1"), None);
+    }
+
+    #[test]
+    fn time_cursors_round_trip_and_id_cursors_still_decode() {
+        let id = EventId::new("a/b c é").unwrap();
+        for millis in [0, 1_700_000_000_123, -5, i64::MIN, i64::MAX] {
+            let at = Timestamp::from_millis(millis);
+            assert_eq!(
+                decode_list_cursor(&encode_time_cursor(at, &id)),
+                Some(ListCursor {
+                    at: Some(at),
+                    id: id.clone()
+                })
+            );
+        }
+        assert_eq!(
+            decode_list_cursor(&encode_cursor(&id)),
+            Some(ListCursor {
+                at: None,
+                id: id.clone()
+            })
+        );
+        assert_eq!(decode_list_cursor("t00"), None);
+        assert_eq!(decode_list_cursor("t0000000000000000"), None);
+        assert_eq!(decode_list_cursor("tzz00000000000000aa"), None);
+        assert_eq!(decode_list_cursor("zz"), None);
+    }
+
+    #[test]
+    fn unfiltered_lists_start_after_every_internal_id() {
+        let start = after_internal_ids();
+        let longest_rest = char::MAX.to_string().repeat(124) + "\u{FFFF}";
+        for rest in ["schedule/x", "\u{10FFFF}", longest_rest.as_str()] {
+            assert!(EventId::internal(rest).unwrap() < start, "{rest:?}");
+        }
+        for client in [" ", "a", "\u{10FFFF}"] {
+            assert!(start < EventId::new(client).unwrap(), "{client:?}");
+        }
     }
 }

@@ -12,7 +12,7 @@
 //!
 //! Values carry a leading format byte so a later layout can be told apart.
 
-use belfry_core::event::{Attempt, EventRecord};
+use belfry_core::event::{Attempt, EventRecord, EventStatus};
 use belfry_core::{DueCursor, EventId, EventKey, PartitionId, TenantConfig, TenantName, Timestamp};
 
 use crate::{StoreError, StoreResult};
@@ -28,8 +28,12 @@ pub const META_SCHEMA: &[u8] = b"schema_version";
 /// [`attempt_key_raw`] and [`meta_attempt_seq`]).
 pub const META_ATTEMPT_SEQ_PREFIX: &[u8] = b"attempt_seq/";
 /// 2: the finished index starts with the partition; one attempt counter per
-/// writer shard.
-pub const SCHEMA_VERSION: u32 = 2;
+/// writer shard. 3: the listing index (`by_status_time`); a version-2
+/// directory gets it built when it is opened.
+pub const SCHEMA_VERSION: u32 = 3;
+/// The one older layout that [`super::EmbeddedStore::open`] upgrades (by
+/// building the listing index from the events).
+pub const SCHEMA_VERSION_WITHOUT_LISTING_INDEX: u32 = 2;
 
 /// The meta key holding the highest attempt sequence number handed out by
 /// writer shard `shard`.
@@ -74,6 +78,16 @@ pub fn tenant_prefix(tenant: &TenantName) -> Vec<u8> {
     let mut out = Vec::with_capacity(tenant.as_str().len() + 1);
     out.extend_from_slice(tenant.as_str().as_bytes());
     out.push(SEPARATOR);
+    out
+}
+
+/// Sorts after every key that starts with [`tenant_prefix`] (an exclusive
+/// upper bound): the separator's successor.
+pub fn tenant_prefix_end(tenant: &TenantName) -> Vec<u8> {
+    let mut out = tenant_prefix(tenant);
+    if let Some(last) = out.last_mut() {
+        *last = SEPARATOR + 1;
+    }
     out
 }
 
@@ -156,6 +170,103 @@ pub fn decode_finished_key(bytes: &[u8]) -> StoreResult<(Timestamp, EventKey)> {
         instant_from_bytes(&bytes[2..10])?,
         decode_event_key(&bytes[10..])?,
     ))
+}
+
+/// Every status, in the order of their index bytes.
+pub const STATUSES: [EventStatus; 6] = [
+    EventStatus::Scheduled,
+    EventStatus::Retrying,
+    EventStatus::Delivered,
+    EventStatus::Failed,
+    EventStatus::Missed,
+    EventStatus::Cancelled,
+];
+
+/// A status's byte in the listing index. Stored: never renumber.
+pub fn status_byte(status: EventStatus) -> u8 {
+    match status {
+        EventStatus::Scheduled => 1,
+        EventStatus::Retrying => 2,
+        EventStatus::Delivered => 3,
+        EventStatus::Failed => 4,
+        EventStatus::Missed => 5,
+        EventStatus::Cancelled => 6,
+    }
+}
+
+/// The bytes between a listing entry's separator and its id.
+const LISTING_STATUS_AND_INSTANT: usize = 9;
+
+/// The status and instant of a `by_status_time` entry.
+pub fn decode_listing_entry(entry: &[u8]) -> StoreResult<(u8, Timestamp)> {
+    let split = tenant_end(entry);
+    let status = *entry
+        .get(split + 1)
+        .ok_or_else(|| corrupt("listing index entry too short"))?;
+    let at = entry
+        .get(split + 2..split + 1 + LISTING_STATUS_AND_INSTANT)
+        .ok_or_else(|| corrupt("listing index entry too short"))?;
+    Ok((status, instant_from_bytes(at)?))
+}
+
+/// Where the tenant ends in an encoded event key: the separator's index.
+fn tenant_end(encoded_key: &[u8]) -> usize {
+    encoded_key
+        .iter()
+        .position(|b| *b == SEPARATOR)
+        .unwrap_or(encoded_key.len())
+}
+
+/// `tenant 0x00 status`: the prefix of a tenant's `by_status_time` entries
+/// of one status.
+pub fn status_prefix(tenant: &TenantName, status: EventStatus) -> Vec<u8> {
+    let mut out = tenant_prefix(tenant);
+    out.push(status_byte(status));
+    out
+}
+
+/// Sorts after every listing entry of `tenant` with `status` (an exclusive
+/// upper bound): the next status byte.
+pub fn status_prefix_end(tenant: &TenantName, status: EventStatus) -> Vec<u8> {
+    let mut out = tenant_prefix(tenant);
+    out.push(status_byte(status) + 1);
+    out
+}
+
+/// `tenant 0x00 status event_time id` (from an encoded event key): the
+/// listing index `by_status_time`, a tenant's events of one status in
+/// `(event_time, id)` order.
+pub fn by_status_time_key_raw(encoded_key: &[u8], status: EventStatus, at: Timestamp) -> Vec<u8> {
+    let split = tenant_end(encoded_key);
+    let mut out = Vec::with_capacity(encoded_key.len() + 9);
+    out.extend_from_slice(&encoded_key[..split]);
+    out.push(SEPARATOR);
+    out.push(status_byte(status));
+    out.extend_from_slice(&instant_bytes(at));
+    out.extend_from_slice(encoded_key.get(split + 1..).unwrap_or_default());
+    out
+}
+
+/// `tenant 0x00 status event_time`: where a tenant's `by_status_time`
+/// entries of `status` at `at` begin.
+pub fn by_status_time_start(tenant: &TenantName, status: EventStatus, at: Timestamp) -> Vec<u8> {
+    let mut out = status_prefix(tenant, status);
+    out.extend_from_slice(&instant_bytes(at));
+    out
+}
+
+/// The encoded event key (`tenant 0x00 id`) that a `by_status_time` entry
+/// points at.
+pub fn event_key_of_listing_entry(entry: &[u8]) -> StoreResult<Vec<u8>> {
+    let split = tenant_end(entry);
+    let id = entry
+        .get(split + 1 + LISTING_STATUS_AND_INSTANT..)
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| corrupt("listing index entry too short"))?;
+    let mut out = Vec::with_capacity(split + 1 + id.len());
+    out.extend_from_slice(&entry[..=split]);
+    out.extend_from_slice(id);
+    Ok(out)
 }
 
 /// The prefix of every attempt of `key`: `event key ++ 0x00`.

@@ -14,6 +14,14 @@
 //! | `due`      | partition u16 ++ next_fire_at ++ event key   | empty; exactly the pending events |
 //! | `attempts` | event key ++ 0x00 ++ started_at ++ seq       | format byte + postcard `Attempt` |
 //! | `finished` | partition u16 ++ finished_at ++ event key    | empty; drives retention |
+//! | `by_status_time` | tenant 0x00 status ++ event_time ++ id | empty; filtered listings |
+//!
+//! The listing index holds every event except engine-internal ones
+//! (schedules' control events); [`listing`] says how listings read it. A
+//! status change or a move in time moves the event's entry (a removal and
+//! an insertion, in the same batch as the record). A data directory of
+//! schema version 2 (before this index) gets it built from the events when
+//! it is opened, before any write.
 //!
 //! # Ownership
 //! One process owns the directory (fjall locks it). There is a single
@@ -54,6 +62,7 @@
 //! answered write.
 
 pub mod keys;
+mod listing;
 pub mod writer;
 
 use std::num::NonZeroUsize;
@@ -167,6 +176,9 @@ impl EmbeddedStore {
             finished: db
                 .keyspace("finished", tuning::write_heavy)
                 .map_err(internal)?,
+            by_status_time: db
+                .keyspace("by_status_time", tuning::write_heavy)
+                .map_err(internal)?,
             db,
         };
         let partitions = Self::settle_meta(&ks, options.partitions)?;
@@ -223,8 +235,12 @@ impl EmbeddedStore {
                     .try_into()
                     .map_err(|_| keys::corrupt("schema_version"))?,
             );
-            // No release has shipped, so older layouts are not migrated.
-            if schema != keys::SCHEMA_VERSION {
+            // Version 2 lacks only the listing index: build it. No
+            // release has shipped with an older layout, so those are not
+            // migrated.
+            if schema == keys::SCHEMA_VERSION_WITHOUT_LISTING_INDEX {
+                Self::add_listing_index(ks)?;
+            } else if schema != keys::SCHEMA_VERSION {
                 return Err(StoreError::Internal(format!(
                     "the data directory has schema version {schema}; this build reads only {}",
                     keys::SCHEMA_VERSION
@@ -266,6 +282,25 @@ impl EmbeddedStore {
                 Ok(configured)
             }
         }
+    }
+
+    /// Upgrades a version-2 directory: builds the listing index, then
+    /// records the new version (only once the index is durable, so a crash
+    /// in between repeats the build at the next open).
+    fn add_listing_index(ks: &Keyspaces) -> StoreResult<()> {
+        let started = std::time::Instant::now();
+        let indexed = listing::rebuild(ks)?;
+        ks.db.persist(PersistMode::SyncAll).map_err(internal)?;
+        ks.meta
+            .insert(keys::META_SCHEMA, keys::SCHEMA_VERSION.to_be_bytes())
+            .map_err(internal)?;
+        ks.db.persist(PersistMode::SyncAll).map_err(internal)?;
+        tracing::info!(
+            events = indexed,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "built the listing index of a schema-2 data directory"
+        );
+        Ok(())
     }
 
     /// Sends a job to writer shard `shard` and waits for its answer.
@@ -554,38 +589,21 @@ impl Store for EmbeddedStore {
         .await
     }
 
+    /// From the index that matches the filters; see [`listing`].
     async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>> {
         if params.limit == 0 {
             return Ok(Vec::new());
         }
+        self.scan(move |ks| listing::list(ks, &params, &mut 0))
+            .await
+    }
+
+    /// Index entries and records read, counted by [`listing::list`].
+    async fn list_events_reads(&self, params: ListEventsParams) -> StoreResult<Option<u64>> {
         self.scan(move |ks| {
-            let prefix = keys::tenant_prefix(&params.tenant);
-            let start = match &params.after {
-                Some(after) => {
-                    let mut key = prefix.clone();
-                    key.extend_from_slice(after.as_str().as_bytes());
-                    Bound::Excluded(key)
-                }
-                None => Bound::Included(prefix.clone()),
-            };
-            let mut found = Vec::new();
-            for item in ks.events.range::<Vec<u8>, _>((start, Bound::Unbounded)) {
-                let (key, value) = item.into_inner().map_err(internal)?;
-                if !key.starts_with(&prefix) {
-                    break;
-                }
-                let record = keys::decode_record(&value)?;
-                let wanted = params.status.is_none_or(|s| s == record.status)
-                    && params.from.is_none_or(|from| record.event_time >= from)
-                    && params.to.is_none_or(|to| record.event_time < to);
-                if wanted {
-                    found.push(record);
-                    if found.len() == params.limit {
-                        break;
-                    }
-                }
-            }
-            Ok(found)
+            let mut reads = 0;
+            listing::list(ks, &params, &mut reads)?;
+            Ok(Some(reads))
         })
         .await
     }

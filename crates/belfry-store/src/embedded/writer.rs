@@ -31,7 +31,7 @@
 
 use std::sync::mpsc::{Receiver, TryRecvError};
 
-use belfry_core::event::{Attempt, EventRecord, TransitionContext, transition};
+use belfry_core::event::{Attempt, EventRecord, EventStatus, TransitionContext, transition};
 use belfry_core::{PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp};
 use fjall::{Database, Keyspace, OwnedWriteBatch, PersistMode};
 use rustc_hash::FxHashMap as HashMap;
@@ -54,6 +54,8 @@ pub struct Keyspaces {
     pub due: Keyspace,
     pub attempts: Keyspace,
     pub finished: Keyspace,
+    /// The listing index: `tenant 0x00 status event_time id`.
+    pub by_status_time: Keyspace,
 }
 
 /// A write request and where to send its answer.
@@ -111,6 +113,8 @@ struct Slot {
     stored_due: Option<(PartitionId, Timestamp)>,
     /// Where the stored record sits in the finished index.
     stored_finished: Option<(PartitionId, Timestamp)>,
+    /// Where the stored record sits in the listing index.
+    stored_listed: Option<Listed>,
     /// The state after the commands applied so far.
     current: Option<EventRecord>,
     /// Whether `current` differs from what is stored.
@@ -128,6 +132,29 @@ struct Group {
     attempts: Vec<(Vec<u8>, Attempt)>,
     commands: usize,
     answers: Vec<Answer>,
+}
+
+/// What places an event in the listing index (`by_status_time`): its
+/// status and instant. Engine-internal events (schedules' control events)
+/// are not listed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Listed {
+    pub status: EventStatus,
+    pub event_time: Timestamp,
+}
+
+impl Listed {
+    pub fn of(record: &EventRecord) -> Option<Listed> {
+        (!record.key.id.is_internal()).then_some(Listed {
+            status: record.status,
+            event_time: record.event_time,
+        })
+    }
+
+    /// Its `by_status_time` key.
+    pub fn key(self, encoded: &[u8]) -> Vec<u8> {
+        keys::by_status_time_key_raw(encoded, self.status, self.event_time)
+    }
 }
 
 pub struct Writer {
@@ -340,6 +367,7 @@ impl Writer {
             stored_finished: stored
                 .as_ref()
                 .and_then(|r| r.finished_at.map(|at| (r.partition, at))),
+            stored_listed: stored.as_ref().and_then(Listed::of),
             current: stored,
             dirty: false,
         })
@@ -370,12 +398,13 @@ impl Writer {
             .collect();
         events.sort_unstable_by(|a, b| a.0.cmp(b.0));
         // Index changes: (key, insert?) — removals and insertions never
-        // share a key (they differ in the instant).
+        // share a key (they differ in the instant, or in the status).
         let mut due: Vec<(Vec<u8>, bool)> = Vec::with_capacity(events.len());
         let mut finished: Vec<(Vec<u8>, bool)> = Vec::new();
+        let mut by_status_time: Vec<(Vec<u8>, bool)> = Vec::with_capacity(events.len());
         let mut batch = OwnedWriteBatch::with_capacity(
             ks.db.clone(),
-            events.len() * 2 + group.attempts.len() + group.tenants.len() + 1,
+            events.len() * 3 + group.attempts.len() + group.tenants.len() + 1,
         );
         for (encoded, record) in &events {
             let slot = &group.events[*encoded];
@@ -398,8 +427,23 @@ impl Writer {
                     finished.push((keys::finished_key_raw(partition, at, encoded), true));
                 }
             }
+            // The listing entry moves when the status or the instant
+            // changes: one removal and one insertion.
+            let now_listed = Listed::of(record);
+            if now_listed != slot.stored_listed {
+                if let Some(listed) = slot.stored_listed {
+                    by_status_time.push((listed.key(encoded), false));
+                }
+                if let Some(listed) = now_listed {
+                    by_status_time.push((listed.key(encoded), true));
+                }
+            }
         }
-        for (index, changes) in [(&ks.due, &mut due), (&ks.finished, &mut finished)] {
+        for (index, changes) in [
+            (&ks.due, &mut due),
+            (&ks.finished, &mut finished),
+            (&ks.by_status_time, &mut by_status_time),
+        ] {
             changes.sort_unstable();
             for (key, insert) in changes.drain(..) {
                 if insert {
@@ -465,6 +509,9 @@ impl Writer {
             // record's own finish takes the event with it.
             if record.status.is_pending() || record.finished_at != Some(finished_at) {
                 continue;
+            }
+            if let Some(listed) = Listed::of(&record) {
+                batch.remove(&ks.by_status_time, listed.key(&encoded));
             }
             batch.remove(&ks.events, encoded);
             for attempt in ks.attempts.prefix(keys::attempts_prefix(&key)) {
