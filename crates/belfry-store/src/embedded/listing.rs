@@ -291,7 +291,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_schema_2_directory_gets_its_listing_indexes_built() {
+    async fn a_schema_2_directory_gets_its_listing_index_built() {
         let dir = tempfile::tempdir().unwrap();
         {
             let store = open(dir.path());
