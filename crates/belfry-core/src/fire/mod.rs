@@ -219,6 +219,9 @@ struct ReadAhead {
 }
 
 impl ReadAhead {
+    /// Drops what was read for `entry`'s key. The tenant's mark is left
+    /// alone: a removed or evicted entry needs no read (see
+    /// [`ReadAhead::rewind`] for an offered one).
     fn invalidate(&mut self, entry: &DueCursor) {
         if let Some(record) = self.records.remove(&entry.key) {
             self.payload_bytes -= payload_len(&record);
@@ -230,11 +233,25 @@ impl ReadAhead {
         {
             self.stale.insert(entry.key.clone());
         }
-        // An entry at or before what was requested is read in the next round.
+    }
+
+    /// An entry offered at or before its tenant's mark is read in the next
+    /// round: the mark moves back to just before it (`before`: the lane's
+    /// previous entry), not to the start, so the next round does not walk
+    /// again through every entry already read.
+    fn rewind(&mut self, entry: &DueCursor, before: Option<(Timestamp, EventId)>) {
         if let Some(mark) = self.requested_through.get(&entry.key.tenant)
             && (entry.due, &entry.key.id) <= (mark.0, &mark.1)
         {
-            self.requested_through.remove(&entry.key.tenant);
+            match before {
+                Some(before) => {
+                    self.requested_through
+                        .insert(entry.key.tenant.clone(), before);
+                }
+                None => {
+                    self.requested_through.remove(&entry.key.tenant);
+                }
+            }
         }
     }
 
@@ -416,7 +433,11 @@ impl PartitionCore {
             match (self.load_failed_at, self.window.cursor()) {
                 (Some(failed), _) => wake = wake.min(failed.plus(self.config.load_retry)),
                 (None, None) => wake = now,
-                (None, Some(cursor)) => wake = wake.min(cursor.due.minus(half_window)),
+                // `start_load` pages when `cursor.due < now + window / 2`:
+                // the first millisecond that holds.
+                (None, Some(cursor)) => {
+                    wake = wake.min(cursor.due.minus(half_window).plus(Duration::from_millis(1)));
+                }
             }
         }
         if let Some((at, _)) = self.retry_timers.first() {
@@ -446,6 +467,8 @@ impl PartitionCore {
 
     fn offer(&mut self, entry: DueCursor) {
         self.read_ahead.invalidate(&entry);
+        let before = self.window.lane_before(&entry);
+        self.read_ahead.rewind(&entry, before);
         self.mark_changed(&entry.key);
         if let Some(pending) = &mut self.loading {
             pending.removed.remove(&entry);

@@ -106,6 +106,16 @@ impl FairWindow {
             .and_then(|lane| lane.overflow.as_ref())
     }
 
+    /// The held entry of `entry`'s tenant right before it, if any.
+    pub fn lane_before(&self, entry: &DueCursor) -> Option<(Timestamp, EventId)> {
+        self.lanes
+            .get(&entry.key.tenant)?
+            .entries
+            .range(..(entry.due, entry.key.id.clone()))
+            .next_back()
+            .cloned()
+    }
+
     /// Tenants marked blocked.
     pub fn blocked_tenants(&self) -> Vec<TenantName> {
         self.lanes
