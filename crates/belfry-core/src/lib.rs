@@ -48,6 +48,6 @@ pub use ids::{EventId, EventKey, EventVersion, IdError, TenantName};
 pub use partition::{PartitionCount, PartitionId};
 pub use retry::{RetryPolicy, Verdict};
 pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};
-pub use tenant::{SinkConfig, TenantConfig};
+pub use tenant::{SigningSecrets, SinkConfig, TenantConfig};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use timer::DueCursor;

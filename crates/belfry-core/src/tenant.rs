@@ -2,15 +2,101 @@
 
 use std::collections::BTreeMap;
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use crate::ids::TenantName;
+use crate::time::Timestamp;
 
-/// A registered tenant: its name and its delivery channel.
+/// A registered tenant: its name, its delivery channel and the secrets its
+/// deliveries are signed with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantConfig {
     pub name: TenantName,
     pub sink: SinkConfig,
+    /// Standard Webhooks signing secrets; `None` (a tenant registered
+    /// before signing existed): deliveries go out unsigned until a secret
+    /// is rotated in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing: Option<SigningSecrets>,
+}
+
+/// A tenant's webhook signing secrets, `whsec_<base64 key>` as the
+/// Standard Webhooks specification writes them. Written by the API (which
+/// generates them) and read by the sinks (which sign with them); never in
+/// an answer after the one that created them. `Debug` hides them.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SigningSecrets {
+    /// Signs every delivery.
+    pub current: String,
+    /// The secret `current` replaced: deliveries carry its signature too
+    /// (space-separated) until it expires, so receivers can switch without
+    /// refusing anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<PreviousSecret>,
+}
+
+/// A rotated-out secret and when it stops signing.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviousSecret {
+    pub secret: String,
+    pub expires_at: Timestamp,
+}
+
+impl SigningSecrets {
+    /// Only `current`.
+    pub fn new(current: String) -> Self {
+        SigningSecrets {
+            current,
+            previous: None,
+        }
+    }
+
+    /// `next` becomes current; the current one keeps signing until
+    /// `old_expires_at`. A previous secret still alive is dropped (only two
+    /// signatures at a time).
+    pub fn rotated(&self, next: String, old_expires_at: Timestamp) -> Self {
+        SigningSecrets {
+            current: next,
+            previous: Some(PreviousSecret {
+                secret: self.current.clone(),
+                expires_at: old_expires_at,
+            }),
+        }
+    }
+
+    /// The secrets that sign a delivery at `now`: current first, then the
+    /// previous one while it lives.
+    pub fn active(&self, now: Timestamp) -> impl Iterator<Item = &str> {
+        std::iter::once(self.current.as_str()).chain(
+            self.previous
+                .as_ref()
+                .filter(|previous| now < previous.expires_at)
+                .map(|previous| previous.secret.as_str()),
+        )
+    }
+}
+
+impl fmt::Debug for SigningSecrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SigningSecrets")
+            .field("current", &"<redacted>")
+            .field(
+                "previous_expires_at",
+                &self.previous.as_ref().map(|p| p.expires_at),
+            )
+            .finish()
+    }
+}
+
+impl fmt::Debug for PreviousSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreviousSecret")
+            .field("secret", &"<redacted>")
+            .field("expires_at", &self.expires_at)
+            .finish()
+    }
 }
 
 /// Where and how a tenant's events are delivered.
@@ -48,11 +134,37 @@ pub struct BuiltinTarget {
     pub processor: String,
 }
 
-/// Why a sink configuration was refused. Safe to show to a client.
+/// The longest webhook URL accepted, in bytes.
+pub const MAX_URL_LEN: usize = 2048;
+/// The most headers a tenant may add to its deliveries.
+pub const MAX_HEADERS: usize = 32;
+/// The longest tenant header name, in bytes.
+pub const MAX_HEADER_NAME_LEN: usize = 128;
+/// The longest tenant header value, in bytes.
+pub const MAX_HEADER_VALUE_LEN: usize = 4096;
+/// How much of a client's text an error message repeats.
+const ECHO_LIMIT: usize = 64;
+
+/// Why a sink configuration was refused. Safe to show to a client: it
+/// never repeats a URL (its user info or query may hold secrets) nor a
+/// header value, and repeats at most [`ECHO_LIMIT`] characters of a header
+/// name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SinkConfigError {
-    #[error("url must start with http:// or https:// and name a host: {0:?}")]
+    #[error("url is longer than {MAX_URL_LEN} bytes")]
+    UrlTooLong,
+    #[error("url must start with http:// or https://")]
+    BadScheme,
+    #[error("url is not a valid URL: {0}")]
     BadUrl(String),
+    #[error("url port must be between 1 and 65535")]
+    BadPort,
+    #[error("at most {MAX_HEADERS} headers are allowed, got {0}")]
+    TooManyHeaders(usize),
+    #[error("header name {0:?}... is longer than {MAX_HEADER_NAME_LEN} bytes")]
+    HeaderNameTooLong(String),
+    #[error("header {0:?} has a value longer than {MAX_HEADER_VALUE_LEN} bytes")]
+    HeaderValueTooLong(String),
     #[error("header name {0:?} is not a valid HTTP header name")]
     BadHeaderName(String),
     #[error("header {0:?} has a value that is not a valid HTTP header value")]
@@ -61,6 +173,11 @@ pub enum SinkConfigError {
     EmptyTopic,
     #[error("processor name must not be empty")]
     EmptyProcessor,
+}
+
+/// At most [`ECHO_LIMIT`] characters of `text`.
+fn echo(text: &str) -> String {
+    text.chars().take(ECHO_LIMIT).collect()
 }
 
 impl SinkConfig {
@@ -84,29 +201,26 @@ impl SinkConfig {
 }
 
 impl HttpTarget {
+    /// The URL parsed fully ([`validate_url`]), and the headers within the
+    /// limits and valid for HTTP/1.1.
     fn validate(&self) -> Result<(), SinkConfigError> {
-        let rest = self
-            .url
-            .strip_prefix("http://")
-            .or_else(|| self.url.strip_prefix("https://"))
-            .ok_or_else(|| SinkConfigError::BadUrl(self.url.clone()))?;
-        let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
-        let host_ok = !host.is_empty()
-            && !host.starts_with(':')
-            && !self
-                .url
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control());
-        if !host_ok {
-            return Err(SinkConfigError::BadUrl(self.url.clone()));
+        validate_url(&self.url)?;
+        if self.headers.len() > MAX_HEADERS {
+            return Err(SinkConfigError::TooManyHeaders(self.headers.len()));
         }
         for (name, value) in &self.headers {
+            if name.len() > MAX_HEADER_NAME_LEN {
+                return Err(SinkConfigError::HeaderNameTooLong(echo(name)));
+            }
             let name_ok = !name.is_empty()
                 && name
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
             if !name_ok {
-                return Err(SinkConfigError::BadHeaderName(name.clone()));
+                return Err(SinkConfigError::BadHeaderName(echo(name)));
+            }
+            if value.len() > MAX_HEADER_VALUE_LEN {
+                return Err(SinkConfigError::HeaderValueTooLong(name.clone()));
             }
             if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
                 return Err(SinkConfigError::BadHeaderValue(name.clone()));
@@ -114,6 +228,59 @@ impl HttpTarget {
         }
         Ok(())
     }
+}
+
+/// Parses a webhook URL as the sinks will (WHATWG rules, via `url`) and
+/// refuses what would fail at every delivery: another scheme, no host or an
+/// invalid host name, port 0 or above 65535, more than [`MAX_URL_LEN`]
+/// bytes, whitespace or control characters (which the WHATWG parser would
+/// silently drop).
+///
+/// # Errors
+/// The first problem found.
+pub fn validate_url(text: &str) -> Result<url::Url, SinkConfigError> {
+    if text.len() > MAX_URL_LEN {
+        return Err(SinkConfigError::UrlTooLong);
+    }
+    let prefix = text.get(..8).unwrap_or(text).to_ascii_lowercase();
+    if !prefix.starts_with("http://") && !prefix.starts_with("https://") {
+        return Err(SinkConfigError::BadScheme);
+    }
+    if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(SinkConfigError::BadUrl(
+            "it contains whitespace or control characters".into(),
+        ));
+    }
+    let url = url::Url::parse(text).map_err(|e| SinkConfigError::BadUrl(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(SinkConfigError::BadScheme);
+    }
+    match url.host() {
+        None => return Err(SinkConfigError::BadUrl("empty host".into())),
+        Some(url::Host::Domain(domain)) if !valid_domain(domain) => {
+            return Err(SinkConfigError::BadUrl("invalid host name".into()));
+        }
+        Some(_) => {}
+    }
+    if url.port() == Some(0) {
+        return Err(SinkConfigError::BadPort);
+    }
+    Ok(url)
+}
+
+/// A DNS name as the URL parser leaves it (lowercase, IDNA as `xn--`):
+/// labels of 1 to 63 letters, digits, `-` or `_`, at most 253 bytes, an
+/// optional final dot.
+fn valid_domain(domain: &str) -> bool {
+    let name = domain.strip_suffix('.').unwrap_or(domain);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
 }
 
 #[cfg(test)]
@@ -130,12 +297,42 @@ mod tests {
 
     #[test]
     fn validates_urls() {
-        assert!(http("http://127.0.0.1:9000/hook").validate().is_ok());
-        assert!(http("https://svc.internal/callbacks").validate().is_ok());
-        assert!(http("ftp://x").validate().is_err());
-        assert!(http("http://").validate().is_err());
-        assert!(http("http:// spaced").validate().is_err());
-        assert!(http("not a url").validate().is_err());
+        for good in [
+            "http://127.0.0.1:9000/hook",
+            "https://svc.internal/callbacks",
+            "HTTPS://Svc.Internal:65535/a?b=c#d",
+            "http://[::1]:8080/",
+            "http://user:pw@h/",
+            "http://b\u{fc}cher.example/",
+        ] {
+            assert_eq!(http(good).validate(), Ok(()), "{good}");
+        }
+        for bad in [
+            "ftp://x",
+            "http://",
+            "http:// spaced",
+            "http://h/\npath",
+            "not a url",
+            "http://@/x",
+            "http://:80/",
+            "http://h:99999/",
+            "http://h:0/",
+            "http:h",
+            "http://h%20x/",
+            "http://[fe80::1%25eth0]/",
+            "http://a..b/",
+        ] {
+            assert!(http(bad).validate().is_err(), "{bad}");
+        }
+        let long = format!("http://h/{}", "a".repeat(MAX_URL_LEN));
+        assert_eq!(http(&long).validate(), Err(SinkConfigError::UrlTooLong));
+        assert_eq!(
+            http("http://h:0/").validate(),
+            Err(SinkConfigError::BadPort)
+        );
+        // The message never repeats the URL (credentials).
+        let error = http("http://user:hunter2@:80/").validate().unwrap_err();
+        assert!(!error.to_string().contains("hunter2"), "{error}");
     }
 
     #[test]
@@ -151,5 +348,49 @@ mod tests {
             sink.validate(),
             Err(SinkConfigError::BadHeaderName("bad header".into()))
         );
+    }
+
+    #[test]
+    fn header_limits() {
+        let with = |headers: Vec<(String, String)>| {
+            SinkConfig::Http(HttpTarget {
+                url: "http://h/".into(),
+                headers: headers.into_iter().collect(),
+                timeout_ms: None,
+            })
+            .validate()
+        };
+        let many = (0..=MAX_HEADERS)
+            .map(|i| (format!("x-{i}"), "v".to_string()))
+            .collect();
+        assert_eq!(
+            with(many),
+            Err(SinkConfigError::TooManyHeaders(MAX_HEADERS + 1))
+        );
+        let long_name = "n".repeat(MAX_HEADER_NAME_LEN + 1);
+        assert!(matches!(
+            with(vec![(long_name, "v".into())]),
+            Err(SinkConfigError::HeaderNameTooLong(echoed)) if echoed.len() == ECHO_LIMIT
+        ));
+        assert_eq!(
+            with(vec![("x".into(), "v".repeat(MAX_HEADER_VALUE_LEN + 1))]),
+            Err(SinkConfigError::HeaderValueTooLong("x".into()))
+        );
+        assert_eq!(
+            with(vec![("x".into(), "v".repeat(MAX_HEADER_VALUE_LEN))]),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn signing_secrets_overlap_until_the_old_one_expires() {
+        let at = Timestamp::from_millis;
+        let secrets = SigningSecrets::new("whsec_old".into()).rotated("whsec_new".into(), at(100));
+        assert_eq!(
+            secrets.active(at(99)).collect::<Vec<_>>(),
+            ["whsec_new", "whsec_old"]
+        );
+        assert_eq!(secrets.active(at(100)).collect::<Vec<_>>(), ["whsec_new"]);
+        assert!(!format!("{secrets:?}").contains("whsec"));
     }
 }

@@ -68,6 +68,7 @@ async fn main() {
             sink: SinkConfig::Builtin(BuiltinTarget {
                 processor: "log".into(),
             }),
+            signing: None,
         })
         .await
         .unwrap();

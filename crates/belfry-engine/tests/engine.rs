@@ -55,6 +55,7 @@ impl Node {
                     headers: Default::default(),
                     timeout_ms: Some(5_000),
                 }),
+                signing: None,
             })
             .await
             .unwrap();
@@ -72,6 +73,7 @@ impl Node {
                     headers: Default::default(),
                     timeout_ms: Some(timeout_ms),
                 }),
+                signing: None,
             })
             .await
             .unwrap();

@@ -44,6 +44,7 @@ async fn register(handle: &EngineHandle, receiver: &Receiver) {
                 headers: Default::default(),
                 timeout_ms: Some(5_000),
             }),
+            signing: None,
         })
         .await
         .unwrap();

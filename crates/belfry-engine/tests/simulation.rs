@@ -746,6 +746,7 @@ impl Sim {
                         headers,
                         timeout_ms: Some(TENANT_TIMEOUT_MS),
                     }),
+                    signing: None,
                 })
                 .await
                 .map_err(|e| format!("registering {tenant}: {e}"))?;

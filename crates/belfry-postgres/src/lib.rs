@@ -364,13 +364,21 @@ impl Store for PostgresStore {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(
-                "INSERT INTO tenants (name, sink) VALUES ($1, $2::text::jsonb)
-                 ON CONFLICT (name) DO UPDATE SET sink = EXCLUDED.sink",
+        let signing = tenant
+            .signing
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| {
+                StoreError::Internal(format!("cannot encode the tenant's secrets: {e}"))
+            })?;
+                "INSERT INTO tenants (name, sink, signing) VALUES ($1, $2::text::jsonb, $3::text::jsonb)
+                 ON CONFLICT (name) DO UPDATE SET sink = EXCLUDED.sink, signing = EXCLUDED.signing",
             )
             .await
             .map_err(db_error)?;
         client
-            .execute(&statement, &[&tenant.name.as_str(), &sink])
+            .execute(&statement, &[&tenant.name.as_str(), &sink, &signing])
             .await
             .map_err(db_error)?;
         Ok(())
@@ -379,7 +387,7 @@ impl Store for PostgresStore {
     async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
         let client = self.client().await?;
         let statement = client
-            .prepare_cached("SELECT name, sink::text FROM tenants WHERE name = $1")
+            .prepare_cached("SELECT name, sink::text, signing::text FROM tenants WHERE name = $1")
             .await
             .map_err(db_error)?;
         client
@@ -393,7 +401,7 @@ impl Store for PostgresStore {
     async fn list_tenants(&self) -> StoreResult<Vec<TenantConfig>> {
         let client = self.client().await?;
         let statement = client
-            .prepare_cached("SELECT name, sink::text FROM tenants ORDER BY name")
+            .prepare_cached("SELECT name, sink::text, signing::text FROM tenants ORDER BY name")
             .await
             .map_err(db_error)?;
         client
@@ -673,9 +681,14 @@ impl Coordinator for PostgresStore {
     async fn assign(
         &self,
         leader: &belfry_store::cluster::NodeId,
+    let signing: Option<String> = row.get(2);
         term: u64,
         owners: Vec<(belfry_core::PartitionId, belfry_store::cluster::NodeId)>,
     ) -> StoreResult<()> {
+        signing: signing
+            .map(|text| serde_json::from_str(&text))
+            .transpose()
+            .map_err(corrupt)?,
         coordinator::assign(self, leader, term, owners).await
     }
 

@@ -149,6 +149,15 @@ CREATE INDEX events_by_status_time ON events (tenant, status, event_time, id)
     WHERE id >= ' ';
 "#,
     },
+    Migration {
+        version: 4,
+        name: "tenant signing secrets",
+        // The tenant's Standard Webhooks secrets (`SigningSecrets` as
+        // JSON); NULL for a tenant registered before signing existed.
+        sql: r#"
+ALTER TABLE tenants ADD COLUMN signing jsonb;
+"#,
+    },
 ];
 
 /// Applies the missing migrations and returns the database's partition

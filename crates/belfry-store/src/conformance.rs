@@ -24,7 +24,7 @@ use belfry_core::event::{
 use belfry_core::tenant::{BuiltinTarget, HttpTarget};
 use belfry_core::{
     DueCursor, EventId, EventKey, EventVersion, PartitionCount, PartitionId, RetryPolicy,
-    SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
+    SigningSecrets, SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
 };
 
 use crate::{
@@ -228,6 +228,7 @@ fn http_tenant(name: &str, url: &str) -> TenantConfig {
         }),
     }
 }
+        signing: None,
 
 fn partitions(count: u16) -> PartitionCount {
     PartitionCount::new(count).expect("non-zero")
@@ -262,6 +263,7 @@ where
         }),
     };
     store.put_tenant(b.clone()).await.unwrap();
+        signing: None,
     store.put_tenant(a.clone()).await.unwrap();
     assert_eq!(
         store.get_tenant(&tenant("b")).await.unwrap(),
@@ -283,6 +285,23 @@ where
 
     assert!(store.delete_tenant(&tenant("b")).await.unwrap());
     assert!(
+    // Signing secrets (current and a rotated-out one) round-trip, and a
+    // replacement without them clears them.
+    let mut signed = http_tenant("b", "http://127.0.0.1:3/signed");
+    signed.signing =
+        Some(SigningSecrets::new("whsec_b2xk".into()).rotated("whsec_bmV3".into(), ts(1_000)));
+    store.put_tenant(signed.clone()).await.unwrap();
+    assert_eq!(
+        store.get_tenant(&tenant("b")).await.unwrap(),
+        Some(signed.clone())
+    );
+    assert_eq!(store.list_tenants().await.unwrap()[1], signed);
+    store.put_tenant(replaced.clone()).await.unwrap();
+    assert_eq!(
+        store.get_tenant(&tenant("b")).await.unwrap(),
+        Some(replaced.clone())
+    );
+
         !store.delete_tenant(&tenant("b")).await.unwrap(),
         "already gone"
     );

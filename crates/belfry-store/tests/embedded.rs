@@ -68,6 +68,7 @@ async fn everything_survives_drop_and_reopen() {
             headers: Default::default(),
             timeout_ms: None,
         }),
+        signing: None,
     };
     let before = {
         let store = open(dir.path(), 4);

@@ -122,7 +122,11 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
     sink.validate().map_err(|e| invalid(e.to_string()))?;
     Sinks::check_supported(&sink)
         .map_err(|message| ApiError::bad_request(code::UNSUPPORTED_SINK, message))?;
-    Ok(TenantConfig { name, sink })
+    Ok(TenantConfig {
+        name,
+        sink,
+        signing: None,
+    })
 }
 
 fn take_string(props: &mut Map<String, Value>, name: &str) -> Result<Option<String>, ApiError> {

@@ -159,6 +159,7 @@ pub(crate) async fn put(
     let tenant = TenantConfig {
         name: name.clone(),
         sink,
+        signing: None,
     };
     store.put_tenant(tenant.clone()).await?;
     state.engine.tenant_changed(&name);

@@ -37,6 +37,7 @@ fn tenant(url: String, timeout_ms: Option<u64>) -> TenantConfig {
             headers,
             timeout_ms,
         }),
+        signing: None,
     }
 }
 

@@ -50,6 +50,7 @@ mod tests {
             sink: SinkConfig::Builtin(BuiltinTarget {
                 processor: PROCESSOR_NAME.into(),
             }),
+            signing: None,
         };
         let at = Timestamp::from_millis(1_000);
         let event = EventRecord {
