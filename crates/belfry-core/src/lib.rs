@@ -26,8 +26,10 @@
 //! - [`schedule`]: recurring schedules as control events, and the pure
 //!   planner of their occurrences and misfires.
 //! - [`assignment`]: how the cluster leader spreads partitions over nodes.
+//! - [`auth`]: API key secrets (format, checksum, hash), roles, audit entries.
 
 pub mod assignment;
+pub mod auth;
 pub mod cron;
 pub mod event;
 pub mod fire;

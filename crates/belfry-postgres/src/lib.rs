@@ -7,6 +7,7 @@
 //!   the read side of [`Store`];
 //! - [`schema`](crate::schema): versioned migrations applied at connect;
 //! - `apply`: the write path, one transaction per [`Store::apply`];
+//! - `auth`: API keys and the audit log;
 //! - `coordinator`: the [`Coordinator`] contract on the database clock;
 //! - [`wakeups`]: NOTIFY payloads and the LISTEN connection;
 //! - `rows`: row ↔ domain conversions and `unnest` column arrays;
@@ -23,17 +24,19 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::event::{Attempt, EventRecord, EventStatus};
-use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName};
+use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, Timestamp};
 use belfry_store::cluster::Coordinator;
 use belfry_store::{
-    Applied, ApplyParams, DuePageParams, ListEventsParams, PurgeParams, Store, StoreResult,
+    Applied, ApplyParams, AuditPageParams, DuePageParams, ListEventsParams, PurgeParams, Store, StoreResult,
     StoreStats,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::mpsc;
 
 mod apply;
+mod auth;
 mod coordinator;
 mod error;
 mod rows;
@@ -361,9 +364,6 @@ impl Store for PostgresStore {
     async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()> {
         let sink = serde_json::to_string(&tenant.sink)
             .map_err(|e| StoreError::Internal(format!("cannot encode the tenant's sink: {e}")))?;
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
         let signing = tenant
             .signing
             .as_ref()
@@ -372,6 +372,9 @@ impl Store for PostgresStore {
             .map_err(|e| {
                 StoreError::Internal(format!("cannot encode the tenant's secrets: {e}"))
             })?;
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
                 "INSERT INTO tenants (name, sink, signing) VALUES ($1, $2::text::jsonb, $3::text::jsonb)
                  ON CONFLICT (name) DO UPDATE SET sink = EXCLUDED.sink, signing = EXCLUDED.signing",
             )
@@ -641,14 +644,51 @@ impl Store for PostgresStore {
             disk_bytes: u64::try_from(bytes).ok(),
         })
     }
+
+    async fn put_api_key(&self, key: ApiKey) -> StoreResult<bool> {
+        self.auth_put_key(key).await
+    }
+
+    async fn api_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>> {
+        self.auth_key_by_hash(hash).await
+    }
+
+    async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>> {
+        self.auth_list_keys().await
+    }
+
+    async fn delete_api_key(&self, id: &KeyId) -> StoreResult<Option<ApiKey>> {
+        self.auth_delete_key(id).await
+    }
+
+    async fn touch_api_key(&self, id: &KeyId, at: Timestamp) -> StoreResult<()> {
+        self.auth_touch_key(id, at).await
+    }
+
+    async fn append_audit(&self, entry: AuditEntry) -> StoreResult<()> {
+        self.auth_append_audit(entry).await
+    }
+
+    async fn list_audit(&self, params: AuditPageParams) -> StoreResult<Vec<AuditEntry>> {
+        self.auth_list_audit(params).await
+    }
+
+    async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
+        self.auth_purge_audit(before, limit).await
+    }
 }
 
 fn tenant_from_row(row: &tokio_postgres::Row) -> StoreResult<TenantConfig> {
     let name: String = row.get(0);
     let sink: String = row.get(1);
+    let signing: Option<String> = row.get(2);
     Ok(TenantConfig {
         name: TenantName::new(name).map_err(corrupt)?,
         sink: serde_json::from_str(&sink).map_err(corrupt)?,
+        signing: signing
+            .map(|text| serde_json::from_str(&text))
+            .transpose()
+            .map_err(corrupt)?,
     })
 }
 
@@ -681,14 +721,9 @@ impl Coordinator for PostgresStore {
     async fn assign(
         &self,
         leader: &belfry_store::cluster::NodeId,
-    let signing: Option<String> = row.get(2);
         term: u64,
         owners: Vec<(belfry_core::PartitionId, belfry_store::cluster::NodeId)>,
     ) -> StoreResult<()> {
-        signing: signing
-            .map(|text| serde_json::from_str(&text))
-            .transpose()
-            .map_err(corrupt)?,
         coordinator::assign(self, leader, term, owners).await
     }
 

@@ -158,6 +158,34 @@ CREATE INDEX events_by_status_time ON events (tenant, status, event_time, id)
 ALTER TABLE tenants ADD COLUMN signing jsonb;
 "#,
     },
+    Migration {
+        version: 5,
+        name: "api keys and audit log",
+        // Keys are stored only as the SHA-256 of their secret; `tenant`
+        // is NULL exactly for admin keys. The audit log is read in
+        // (at, id) order and purged oldest first.
+        sql: r#"
+CREATE TABLE api_keys (
+    id           text COLLATE "C" PRIMARY KEY,
+    tenant       text COLLATE "C",
+    role         text NOT NULL CHECK (role IN ('read', 'write', 'worker', 'admin')),
+    hash         text NOT NULL UNIQUE,
+    created_at   bigint NOT NULL,
+    expires_at   bigint,
+    last_used_at bigint
+);
+
+CREATE TABLE audit_log (
+    at     bigint NOT NULL,
+    id     text COLLATE "C" NOT NULL,
+    actor  text NOT NULL,
+    action text NOT NULL,
+    tenant text,
+    target text,
+    PRIMARY KEY (at, id)
+);
+"#,
+    },
 ];
 
 /// Applies the missing migrations and returns the database's partition

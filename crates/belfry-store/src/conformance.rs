@@ -96,6 +96,8 @@ macro_rules! store_conformance_tests {
             purge_removes_only_old_finished,
             names_with_slashes_and_non_ascii,
             concurrent_applies_all_land,
+            api_keys_put_find_list_touch_delete,
+            audit_log_append_page_purge,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -1658,4 +1660,132 @@ where
     assert_eq!(all_due(store).await.len(), 1_001);
     let shared = get(store, &key("t", "shared")).await.unwrap();
     assert_eq!(shared.status, EventStatus::Scheduled);
+}
+
+pub async fn api_keys_put_find_list_touch_delete<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    use belfry_core::auth::{ApiKey, KeyId, KeySecret, Role};
+
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    assert!(store.list_api_keys().await.unwrap().is_empty());
+
+    let admin_secret = KeySecret::generate().unwrap();
+    let admin = ApiKey::new(&admin_secret, None, Role::Admin, ts(1_000), None).unwrap();
+    let acme_secret = KeySecret::generate().unwrap();
+    let acme = ApiKey::new(
+        &acme_secret,
+        Some(tenant("acme/x")),
+        Role::Write,
+        ts(2_000),
+        Some(ts(9_000)),
+    )
+    .unwrap();
+    assert!(store.put_api_key(admin.clone()).await.unwrap());
+    assert!(store.put_api_key(acme.clone()).await.unwrap());
+    // The same secret again (a bootstrap key seeded twice) stores nothing.
+    let again = ApiKey::new(&admin_secret, None, Role::Admin, ts(3_000), None).unwrap();
+    assert!(!store.put_api_key(again).await.unwrap());
+
+    assert_eq!(
+        store.api_key_by_hash(&admin_secret.hash()).await.unwrap(),
+        Some(admin.clone())
+    );
+    assert_eq!(
+        store.api_key_by_hash(&acme_secret.hash()).await.unwrap(),
+        Some(acme.clone())
+    );
+    let unknown = KeySecret::generate().unwrap();
+    assert_eq!(store.api_key_by_hash(&unknown.hash()).await.unwrap(), None);
+
+    let mut expected = vec![admin.clone(), acme.clone()];
+    expected.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(store.list_api_keys().await.unwrap(), expected);
+
+    // Touch only moves forward; an unknown id is no error.
+    store.touch_api_key(&acme.id, ts(5_000)).await.unwrap();
+    store.touch_api_key(&acme.id, ts(4_000)).await.unwrap();
+    store
+        .touch_api_key(&KeyId::parse("key_unknown").unwrap(), ts(5_000))
+        .await
+        .unwrap();
+    let touched = store
+        .api_key_by_hash(&acme_secret.hash())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(touched.last_used_at, Some(ts(5_000)));
+
+    // Revocation removes the key and answers what it was.
+    let removed = store.delete_api_key(&acme.id).await.unwrap().unwrap();
+    assert_eq!(removed.id, acme.id);
+    assert_eq!(removed.tenant, Some(tenant("acme/x")));
+    assert_eq!(store.delete_api_key(&acme.id).await.unwrap(), None);
+    assert_eq!(
+        store.api_key_by_hash(&acme_secret.hash()).await.unwrap(),
+        None
+    );
+    assert_eq!(store.list_api_keys().await.unwrap(), vec![admin]);
+}
+
+pub async fn audit_log_append_page_purge<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    use belfry_core::auth::{AuditAction, AuditEntry};
+
+    use crate::AuditPageParams;
+
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let page = |after: Option<(Timestamp, String)>, limit: usize| AuditPageParams { after, limit };
+    assert!(store.list_audit(page(None, 10)).await.unwrap().is_empty());
+
+    // Appended out of time order; two entries share a millisecond.
+    let mut entries = Vec::new();
+    for (at, action) in [
+        (3_000, AuditAction::TenantDeleted),
+        (1_000, AuditAction::KeyCreated),
+        (2_000, AuditAction::TenantRegistered),
+        (2_000, AuditAction::TenantChanged),
+        (4_000, AuditAction::KeyRevoked),
+    ] {
+        let entry = AuditEntry::new(
+            ts(at),
+            "key_abc",
+            action,
+            Some(tenant("acme/x")),
+            Some("key_def".into()),
+        )
+        .unwrap();
+        store.append_audit(entry.clone()).await.unwrap();
+        entries.push(entry);
+    }
+    entries.sort_by(|a, b| (a.at, &a.id).cmp(&(b.at, &b.id)));
+    assert_eq!(store.list_audit(page(None, 10)).await.unwrap(), entries);
+
+    // Pages of two, each continuing after the previous page's last entry.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let got = store.list_audit(page(after.clone(), 2)).await.unwrap();
+        assert!(got.len() <= 2);
+        let Some(last) = got.last() else { break };
+        after = Some((last.at, last.id.clone()));
+        seen.extend(got);
+    }
+    assert_eq!(seen, entries);
+
+    // Purge: older than 3 000, at most 2 at a time, oldest first.
+    assert_eq!(store.purge_audit(ts(3_000), 2).await.unwrap(), 2);
+    assert_eq!(store.purge_audit(ts(3_000), 2).await.unwrap(), 1);
+    assert_eq!(store.purge_audit(ts(3_000), 2).await.unwrap(), 0);
+    assert_eq!(
+        store.list_audit(page(None, 10)).await.unwrap(),
+        entries[3..]
+    );
 }

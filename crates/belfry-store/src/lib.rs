@@ -32,6 +32,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::event::{Attempt, CommandOutcome, Effect, EventCommand, EventRecord, EventStatus};
 use belfry_core::{
     DueCursor, EventId, EventKey, PartitionCount, PartitionId, RetryPolicy, TenantConfig,
@@ -207,6 +208,15 @@ pub struct PurgeParams {
     pub limit: usize,
 }
 
+/// Parameters of [`Store::list_audit`]: entries in `(at, id)` order,
+/// ascending, after the exclusive cursor.
+#[derive(Debug, Clone)]
+pub struct AuditPageParams {
+    /// Exclusive: the previous page's last `(at, id)`.
+    pub after: Option<(Timestamp, String)>,
+    pub limit: usize,
+}
+
 /// Size facts for operators and benchmarks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreStats {
@@ -273,4 +283,30 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn purge_finished(&self, params: PurgeParams) -> StoreResult<usize>;
 
     async fn stats(&self) -> StoreResult<StoreStats>;
+
+    // API keys and the audit log (see `docs/security.md`). Keys are few
+    // and rarely written; reads by hash serve authentication (the API
+    // caches them briefly).
+
+    /// Stores a new key, durably. Returns `false` and stores nothing when
+    /// a key with the same hash exists (a bootstrap key seeded twice, by
+    /// two nodes at once).
+    async fn put_api_key(&self, key: ApiKey) -> StoreResult<bool>;
+    /// The key whose secret hashes to `hash`.
+    async fn api_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>>;
+    /// Every key, ordered by id.
+    async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>>;
+    /// Removes a key (revocation), durably; returns what was removed.
+    async fn delete_api_key(&self, id: &KeyId) -> StoreResult<Option<ApiKey>>;
+    /// Sets a key's `last_used_at` (only ever forward). Need not be
+    /// durable; a missing key is not an error.
+    async fn touch_api_key(&self, id: &KeyId, at: Timestamp) -> StoreResult<()>;
+
+    /// Appends an entry to the audit log, durably.
+    async fn append_audit(&self, entry: AuditEntry) -> StoreResult<()>;
+    /// A page of the audit log, `(at, id)` ascending.
+    async fn list_audit(&self, params: AuditPageParams) -> StoreResult<Vec<AuditEntry>>;
+    /// Deletes up to `limit` entries older than `before` (oldest first);
+    /// returns how many went. Kept like event history.
+    async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize>;
 }

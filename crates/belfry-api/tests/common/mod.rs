@@ -12,16 +12,17 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use belfry_api::{ApiOptions, ApiState, SingleNode};
+use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::event::Attempt;
 use belfry_core::{
     DueCursor, EventId, EventKey, EventRecord, PartitionCount, SystemClock, TenantConfig,
-    TenantName,
+    TenantName, Timestamp,
 };
 use belfry_engine::{Engine, EngineOptions};
 use belfry_sinks::Sinks;
 use belfry_store::{
-    Applied, ApplyParams, DuePageParams, EmbeddedOptions, EmbeddedStore, ListEventsParams,
-    PurgeParams, SharedStore, Store, StoreError, StoreResult, StoreStats,
+    Applied, ApplyParams, AuditPageParams, DuePageParams, EmbeddedOptions, EmbeddedStore,
+    ListEventsParams, PurgeParams, SharedStore, Store, StoreError, StoreResult, StoreStats,
 };
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -133,6 +134,30 @@ impl Store for FaultyStore {
     }
     async fn stats(&self) -> StoreResult<StoreStats> {
         self.inner.stats().await
+    }
+    async fn put_api_key(&self, key: ApiKey) -> StoreResult<bool> {
+        self.inner.put_api_key(key).await
+    }
+    async fn api_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>> {
+        self.inner.api_key_by_hash(hash).await
+    }
+    async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>> {
+        self.inner.list_api_keys().await
+    }
+    async fn delete_api_key(&self, id: &KeyId) -> StoreResult<Option<ApiKey>> {
+        self.inner.delete_api_key(id).await
+    }
+    async fn touch_api_key(&self, id: &KeyId, at: Timestamp) -> StoreResult<()> {
+        self.inner.touch_api_key(id, at).await
+    }
+    async fn append_audit(&self, entry: AuditEntry) -> StoreResult<()> {
+        self.inner.append_audit(entry).await
+    }
+    async fn list_audit(&self, params: AuditPageParams) -> StoreResult<Vec<AuditEntry>> {
+        self.inner.list_audit(params).await
+    }
+    async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
+        self.inner.purge_audit(before, limit).await
     }
 }
 

@@ -15,6 +15,7 @@
 //! | `attempts` | event key ++ 0x00 ++ started_at ++ seq       | format byte + postcard `Attempt` |
 //! | `finished` | partition u16 ++ finished_at ++ event key    | empty; drives retention |
 //! | `by_status_time` | tenant 0x00 status ++ event_time ++ id | empty; filtered listings |
+//! | `api_keys`, `audit` | see [`auth`] | API keys (by hash) and the audit log |
 //!
 //! The listing index holds every event except engine-internal ones
 //! (schedules' control events); [`listing`] says how listings read it. A
@@ -61,6 +62,7 @@
 //! after its own returned. Reads go straight to fjall and see every
 //! answered write.
 
+mod auth;
 pub mod keys;
 mod listing;
 pub mod writer;
@@ -72,15 +74,18 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use async_trait::async_trait;
+use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::event::{Attempt, EventRecord};
-use belfry_core::{DueCursor, EventKey, PartitionCount, PartitionId, TenantConfig, TenantName};
+use belfry_core::{
+    DueCursor, EventKey, PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp,
+};
 use fjall::{Database, KeyspaceCreateOptions, PersistMode};
 use tokio::sync::oneshot;
 
 use self::writer::{Job, Keyspaces, Writer, internal};
 use crate::{
-    Applied, ApplyParams, DuePageParams, KeyedCommand, ListEventsParams, PartialApply, PurgeParams,
-    Store, StoreError, StoreResult, StoreStats,
+    Applied, ApplyParams, AuditPageParams, DuePageParams, KeyedCommand, ListEventsParams,
+    PartialApply, PurgeParams, Store, StoreError, StoreResult, StoreStats,
 };
 
 /// Options of the embedded store.
@@ -123,6 +128,9 @@ impl EmbeddedOptions {
 /// the writer (after the group in progress) and closes the database.
 pub struct EmbeddedStore {
     ks: Keyspaces,
+    /// API keys and the audit log, written outside the group-commit
+    /// writers ([`auth`]).
+    auth: auth::AuthKeyspaces,
     partitions: PartitionCount,
     /// One job queue per writer shard; shard `i` owns the partitions
     /// `p % shards.len() == i`, and shard 0 also writes tenants. Emptied
@@ -181,6 +189,7 @@ impl EmbeddedStore {
                 .map_err(internal)?,
             db,
         };
+        let auth = auth::AuthKeyspaces::open(&ks.db)?;
         let partitions = Self::settle_meta(&ks, options.partitions)?;
         // Every shard starts above the highest number any shard of any
         // earlier run handed out (the shard count may have changed).
@@ -197,6 +206,7 @@ impl EmbeddedStore {
         let count = options.writer_count(partitions);
         let mut store = EmbeddedStore {
             ks,
+            auth,
             partitions,
             shards: Vec::with_capacity(count),
             writers: Vec::with_capacity(count),
@@ -654,5 +664,42 @@ impl Store for EmbeddedStore {
         Ok(StoreStats {
             disk_bytes: Some(disk_bytes),
         })
+    }
+
+    async fn put_api_key(&self, key: ApiKey) -> StoreResult<bool> {
+        self.auth.run(move |auth| auth.put_key(&key)).await
+    }
+
+    async fn api_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>> {
+        let hash = hash.clone();
+        self.auth.run(move |auth| auth.key_by_hash(&hash)).await
+    }
+
+    async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>> {
+        self.auth.run(|auth| auth.list_keys()).await
+    }
+
+    async fn delete_api_key(&self, id: &KeyId) -> StoreResult<Option<ApiKey>> {
+        let id = id.clone();
+        self.auth.run(move |auth| auth.delete_key(&id)).await
+    }
+
+    async fn touch_api_key(&self, id: &KeyId, at: Timestamp) -> StoreResult<()> {
+        let id = id.clone();
+        self.auth.run(move |auth| auth.touch_key(&id, at)).await
+    }
+
+    async fn append_audit(&self, entry: AuditEntry) -> StoreResult<()> {
+        self.auth.run(move |auth| auth.append_audit(&entry)).await
+    }
+
+    async fn list_audit(&self, params: AuditPageParams) -> StoreResult<Vec<AuditEntry>> {
+        self.auth.run(move |auth| auth.list_audit(&params)).await
+    }
+
+    async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
+        self.auth
+            .run(move |auth| auth.purge_audit(before, limit))
+            .await
     }
 }
