@@ -14,6 +14,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::ServeArgs;
+use crate::listener::ServerOptions;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -53,6 +54,8 @@ pub struct Config {
     pub engine: EngineOptions,
     /// Webhook client.
     pub http: HttpSinkOptions,
+    /// The API listener: timeouts for slow clients, the connection cap.
+    pub server: ServerOptions,
 }
 
 impl Default for Config {
@@ -71,6 +74,7 @@ impl Default for Config {
             api: ApiOptions::default(),
             engine: EngineOptions::default(),
             http: HttpSinkOptions::default(),
+            server: ServerOptions::default(),
         }
     }
 }
@@ -225,6 +229,21 @@ impl Config {
             "http.max_tenant_timeout_ms",
             u128::from(http.max_tenant_timeout_ms),
         );
+        let server = &self.server;
+        at_least_one(
+            "server.header_read_timeout_ms",
+            server.header_read_timeout.as_millis(),
+        );
+        at_least_one(
+            "server.body_read_timeout_ms",
+            server.body_read_timeout.as_millis(),
+        );
+        at_least_one(
+            "server.request_timeout_ms",
+            server.request_timeout.as_millis(),
+        );
+        at_least_one("server.max_connections", server.max_connections as u128);
+
         if http.pool_idle_timeout_ms == 0 {
             problems.push(
                 "http.pool_idle_timeout_ms must be at least 1, not 0 (to keep no idle \
@@ -440,6 +459,10 @@ mod tests {
             ("http", "request_timeout_ms"),
             ("http", "max_tenant_timeout_ms"),
             ("http", "pool_idle_timeout_ms"),
+            ("server", "header_read_timeout_ms"),
+            ("server", "body_read_timeout_ms"),
+            ("server", "request_timeout_ms"),
+            ("server", "max_connections"),
         ] {
             let (toml, key) = if section.is_empty() {
                 (format!("{field} = 0"), field.to_string())

@@ -7,6 +7,7 @@ mod cli;
 mod cluster;
 mod config;
 mod cron_cmd;
+mod listener;
 mod serve;
 
 use std::process::ExitCode;

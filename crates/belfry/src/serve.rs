@@ -106,9 +106,14 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let app = belfry_api::router(state);
     tracing::info!(%address, "belfry is serving");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    crate::listener::serve(
+        listener,
+        app,
+        &config.server,
+        crate::listener::Plain,
+        shutdown_signal(),
+    )
+    .await?;
     tracing::info!("stopped accepting requests");
     if let Some(task) = membership_task {
         // The membership loop stops renewing, hands its partitions over
