@@ -16,8 +16,10 @@ use async_trait::async_trait;
 use belfry_core::{EventRecord, SinkConfig, TenantConfig, Timestamp, Verdict};
 
 pub mod body;
+pub mod egress;
 pub mod http;
 pub mod log;
+pub mod signing;
 
 /// One attempt to deliver one event.
 #[derive(Debug, Clone, Copy)]
@@ -78,8 +80,19 @@ impl Sinks {
     /// # Errors
     /// When the HTTP client cannot be built.
     pub fn new(options: http::HttpSinkOptions) -> Result<Self, http::HttpSinkError> {
+        Self::with_egress(options, egress::EgressOptions::default())
+    }
+
+    /// [`Sinks::new`] with the node's egress policy.
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn with_egress(
+        options: http::HttpSinkOptions,
+        egress: egress::EgressOptions,
+    ) -> Result<Self, http::HttpSinkError> {
         Ok(Sinks {
-            http: Arc::new(http::HttpSink::new(options)?),
+            http: Arc::new(http::HttpSink::with_egress(options, egress)?),
             log: Arc::new(log::LogSink),
         })
     }

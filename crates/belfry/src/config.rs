@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use belfry_api::ApiOptions;
 use belfry_engine::EngineOptions;
 use belfry_engine::membership::MembershipOptions;
+use belfry_sinks::egress::EgressOptions;
 use belfry_sinks::http::HttpSinkOptions;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -54,6 +55,9 @@ pub struct Config {
     pub engine: EngineOptions,
     /// Webhook client.
     pub http: HttpSinkOptions,
+    /// Which addresses webhooks may reach (`egress.policy`, `egress.allow`,
+    /// `egress.deny`).
+    pub egress: EgressOptions,
     /// The API listener: timeouts for slow clients, the connection cap.
     pub server: ServerOptions,
 }
@@ -74,6 +78,7 @@ impl Default for Config {
             api: ApiOptions::default(),
             engine: EngineOptions::default(),
             http: HttpSinkOptions::default(),
+            egress: EgressOptions::default(),
             server: ServerOptions::default(),
         }
     }

@@ -58,7 +58,7 @@ fn init_logs(format: &str) {
 async fn serve(config: Config) -> anyhow::Result<()> {
     let partitions = PartitionCount::new(config.partitions)
         .ok_or_else(|| anyhow::anyhow!("partitions must be at least 1"))?;
-    let sinks = Sinks::new(config.http.clone())
+    let sinks = Sinks::with_egress(config.http.clone(), config.egress.clone())
         .map_err(|e| anyhow::anyhow!("cannot build the webhook client: {e}"))?;
     // Bind before joining a cluster, so the advertised address works as soon
     // as other nodes can see this one.

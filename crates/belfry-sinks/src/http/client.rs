@@ -15,16 +15,21 @@
 //! non-2xx body are kept for the message. A connection goes back to the
 //! pool only after a complete response that allows keep-alive.
 
-use std::io;
+use std::io::{self, Write as _};
 use std::mem::MaybeUninit;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use percent_encoding::percent_decode_str;
+use reqwest::header::{ACCEPT, AUTHORIZATION, HOST, HeaderMap, USER_AGENT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::pool::Pool;
-use super::sink::{DRAIN_LIMIT, ERROR_BODY_LIMIT};
+use super::sink::{DRAIN_LIMIT, ERROR_BODY_LIMIT, OWN_HEADERS};
+use super::transport::{Outgoing, Response, Transport, TransportError};
+use crate::egress::{EgressPolicy, EgressRefusal};
 
 /// The largest response head accepted (status line and headers, all
 /// informational heads before it included).
@@ -92,36 +97,13 @@ impl Endpoint {
     }
 }
 
-/// A response as far as a delivery needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Response {
-    pub status: u16,
-    /// The first [`ERROR_BODY_LIMIT`] bytes of a non-2xx body (empty for a
-    /// 2xx).
-    pub body: Vec<u8>,
-}
-
-/// Why an attempt got no response.
-#[derive(Debug)]
-pub enum ClientError {
-    /// Resolving and connecting took longer than the connect timeout.
-    ConnectTimeout,
-    /// The attempt took longer than the request timeout before a response
-    /// head arrived.
-    Timeout,
-    /// Resolving or connecting failed.
-    Connect(io::Error),
-    /// Writing the request or reading the response failed.
-    Io(io::Error),
-    /// The response head was unparsable, too large, or a `101`.
-    InvalidResponse(String),
-}
-
-/// The plain-http client: a keep-alive pool and the connect timeout.
+/// The plain-http client: a keep-alive pool, the connect timeout and the
+/// egress policy every resolved address must pass.
 #[derive(Debug)]
 pub struct Client {
     pool: Pool,
     connect_timeout: Duration,
+    egress: Arc<EgressPolicy>,
 }
 
 /// What an attempt learnt before its timeout could cut it off.
@@ -133,14 +115,15 @@ struct Partial {
 
 /// How one request on one connection failed.
 enum Failure {
-    /// The connection failed before any byte of a response arrived, in a way
-    /// a server's close of an idle connection looks like.
+    /// Writing the request failed before all of it was written, in a way a
+    /// server's close of an idle connection looks like: the receiver cannot
+    /// have acted on it, so it may go once more on a fresh connection.
     Stale(io::Error),
-    Other(ClientError),
+    Other(TransportError),
 }
 
-impl From<ClientError> for Failure {
-    fn from(error: ClientError) -> Self {
+impl From<TransportError> for Failure {
+    fn from(error: TransportError) -> Self {
         Failure::Other(error)
     }
 }
@@ -150,10 +133,12 @@ impl Client {
         connect_timeout: Duration,
         max_idle_per_host: usize,
         idle_timeout: Duration,
+        egress: Arc<EgressPolicy>,
     ) -> Self {
         Client {
             pool: Pool::new(max_idle_per_host, idle_timeout),
             connect_timeout,
+            egress,
         }
     }
 
@@ -164,13 +149,13 @@ impl Client {
     /// response (with what arrived of the body): the receiver has answered.
     ///
     /// # Errors
-    /// No response: see [`ClientError`].
+    /// No response: see [`TransportError`].
     pub async fn send(
         &self,
         endpoint: &Endpoint,
         request: &[u8],
         timeout: Duration,
-    ) -> Result<Response, ClientError> {
+    ) -> Result<Response, TransportError> {
         let mut partial = Partial::default();
         match tokio::time::timeout(timeout, self.attempt(endpoint, request, &mut partial)).await {
             Ok(result) => result,
@@ -179,7 +164,7 @@ impl Client {
                     status,
                     body: partial.body,
                 }),
-                None => Err(ClientError::Timeout),
+                None => Err(TransportError::Timeout),
             },
         }
     }
@@ -189,38 +174,38 @@ impl Client {
         endpoint: &Endpoint,
         request: &[u8],
         partial: &mut Partial,
-    ) -> Result<Response, ClientError> {
+    ) -> Result<Response, TransportError> {
         if let Some(conn) = self.pool.checkout(&endpoint.authority) {
             match self.exchange(endpoint, conn, request, partial).await {
                 Ok(response) => return Ok(response),
                 Err(Failure::Other(error)) => return Err(error),
-                // The server closed the idle connection before it read the
-                // request (a race with the checkout's check): it did not
-                // process it, so send it once more on a fresh connection,
-                // as hyper does. Should the server have processed it after
-                // all, the receiver sees a duplicate with the same
-                // idempotency key: at-least-once is the contract anyway.
+                // The server closed the idle connection before the request
+                // was written whole (a race with the checkout's check): it
+                // cannot have processed it, so send it once more on a fresh
+                // connection, as hyper does. Once the whole request is
+                // written, a failure is the retry policy's to judge.
                 Err(Failure::Stale(_)) => {}
             }
         }
         let conn = self.connect(endpoint).await?;
-        // Never retried on a fresh connection.
+        // Never resent from a fresh connection.
         match self.exchange(endpoint, conn, request, partial).await {
             Ok(response) => Ok(response),
-            Err(Failure::Stale(error)) => Err(ClientError::Io(error)),
+            Err(Failure::Stale(error)) => Err(TransportError::Io(error)),
             Err(Failure::Other(error)) => Err(error),
         }
     }
 
-    async fn connect(&self, endpoint: &Endpoint) -> Result<Conn, ClientError> {
-        match tokio::time::timeout(self.connect_timeout, connect_any(&endpoint.authority)).await {
+    async fn connect(&self, endpoint: &Endpoint) -> Result<Conn, TransportError> {
+        let connecting = connect_allowed(&endpoint.authority, &self.egress);
+        match tokio::time::timeout(self.connect_timeout, connecting).await {
             Ok(Ok(stream)) => {
                 // Latency over packet count; a failure only costs latency.
                 let _ = stream.set_nodelay(true);
                 Ok(Conn::new(stream))
             }
-            Ok(Err(error)) => Err(ClientError::Connect(error)),
-            Err(_elapsed) => Err(ClientError::ConnectTimeout),
+            Ok(Err(error)) => Err(error),
+            Err(_elapsed) => Err(TransportError::ConnectTimeout),
         }
     }
 
@@ -249,33 +234,189 @@ impl Client {
     }
 }
 
-/// Resolves `authority` and connects to the first address that accepts.
-async fn connect_any(authority: &str) -> io::Result<TcpStream> {
+/// A plain-http target, prepared once per tenant config: where to connect,
+/// and the request head up to Belfry's per-delivery headers.
+#[derive(Debug)]
+pub struct PlainTarget {
+    pub endpoint: Endpoint,
+    /// See [`request_head`].
+    pub head: Vec<u8>,
+}
+
+/// Belfry's client as the plain-http [`Transport`].
+pub type PlainTransport = Client;
+
+impl Transport for Client {
+    type Target = PlainTarget;
+
+    fn prepare(
+        &self,
+        url: &reqwest::Url,
+        headers: &HeaderMap,
+        user_agent: &str,
+    ) -> Result<PlainTarget, String> {
+        let endpoint = Endpoint::from_url(url)?;
+        let head = request_head(&endpoint, url, headers, user_agent);
+        Ok(PlainTarget { endpoint, head })
+    }
+
+    async fn send(
+        &self,
+        target: &PlainTarget,
+        request: Outgoing<'_>,
+        timeout: Duration,
+    ) -> Result<Response, TransportError> {
+        let bytes = plain_request(&target.head, request);
+        Client::send(self, &target.endpoint, &bytes, timeout).await
+    }
+}
+
+/// One plain-http request: the prepared `head`, the delivery's headers,
+/// `content-length` and the body, in one buffer (one `write_all`).
+pub(crate) fn plain_request(head: &[u8], request: Outgoing<'_>) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(head.len() + 400 + request.body.len());
+    bytes.extend_from_slice(head);
+    for (name, value) in request.headers {
+        bytes.extend_from_slice(name.as_bytes());
+        bytes.extend_from_slice(b": ");
+        bytes.extend_from_slice(value.as_bytes());
+        bytes.extend_from_slice(b"\r\n");
+    }
+    // Writing to a Vec cannot fail.
+    let _ = write!(bytes, "content-length: {}\r\n\r\n", request.body.len());
+    bytes.extend_from_slice(request.body);
+    bytes
+}
+
+/// The static part of a plain-http request, everything before Belfry's
+/// per-delivery headers: the request line, `host`, `user-agent`, `accept`,
+/// `authorization` from the URL's user info (as reqwest does; a tenant's
+/// header of the same name wins over these four, again as with reqwest),
+/// `content-type`, and the tenant's headers except [`OWN_HEADERS`]. Names
+/// are lowercase (as [`reqwest::header::HeaderName`] keeps them); values
+/// were validated, so none can break the head.
+pub(crate) fn request_head(
+    endpoint: &Endpoint,
+    url: &reqwest::Url,
+    tenant: &HeaderMap,
+    user_agent: &str,
+) -> Vec<u8> {
+    let mut head = Vec::with_capacity(256);
+    head.extend_from_slice(b"POST ");
+    head.extend_from_slice(endpoint.target.as_bytes());
+    head.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut line = |name: &str, value: &[u8]| {
+        head.extend_from_slice(name.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value);
+        head.extend_from_slice(b"\r\n");
+    };
+    if !tenant.contains_key(HOST) {
+        line("host", endpoint.host.as_bytes());
+    }
+    if !tenant.contains_key(USER_AGENT) {
+        line("user-agent", user_agent.as_bytes());
+    }
+    if !tenant.contains_key(ACCEPT) {
+        line("accept", b"*/*");
+    }
+    if !tenant.contains_key(AUTHORIZATION)
+        && let Some(credentials) = basic_auth(url)
+    {
+        line("authorization", credentials.as_bytes());
+    }
+    line("content-type", b"application/json");
+    for (name, value) in tenant {
+        if !OWN_HEADERS.contains(&name.as_str()) {
+            line(name.as_str(), value.as_bytes());
+        }
+    }
+    head
+}
+
+/// `Basic <base64(user:password)>` for a URL with user info (percent-decoded,
+/// as reqwest does); `None` without, or when it is not UTF-8.
+fn basic_auth(url: &reqwest::Url) -> Option<String> {
+    use base64::Engine as _;
+    let username = percent_decode_str(url.username()).decode_utf8().ok()?;
+    let password = match url.password() {
+        Some(password) => Some(percent_decode_str(password).decode_utf8().ok()?),
+        None => None,
+    };
+    if username.is_empty() && password.is_none() {
+        return None;
+    }
+    let credentials = format!("{username}:{}", password.unwrap_or_default());
+    Some(format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(credentials.as_bytes())
+    ))
+}
+
+/// Resolves `authority` and connects to the first address the egress
+/// policy allows that accepts. The policy sees the very addresses connected
+/// to, so a name that resolves to a forbidden address is refused like the
+/// address itself.
+async fn connect_allowed(
+    authority: &str,
+    egress: &EgressPolicy,
+) -> Result<TcpStream, TransportError> {
+    let addresses = tokio::net::lookup_host(authority)
+        .await
+        .map_err(TransportError::Connect)?;
+    let (allowed, refusal) = allowed_addresses(addresses, egress);
     let mut last_error = None;
-    for address in tokio::net::lookup_host(authority).await? {
+    for address in allowed {
         match TcpStream::connect(address).await {
             Ok(stream) => return Ok(stream),
             Err(error) => last_error = Some(error),
         }
     }
-    Err(last_error
-        .unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "host resolved to no address")))
+    Err(match (last_error, refusal) {
+        (Some(error), _) => TransportError::Connect(error),
+        (None, Some(refusal)) => TransportError::Egress(refusal),
+        (None, None) => TransportError::Connect(io::Error::new(
+            io::ErrorKind::NotFound,
+            "host resolved to no address",
+        )),
+    })
 }
 
-/// An I/O error as a [`Failure`]: [`Failure::Stale`] for the kinds a
-/// closed connection gives.
+/// The addresses `egress` allows, in resolver order, and the first refusal
+/// (for the error when none is allowed).
+pub(crate) fn allowed_addresses(
+    addresses: impl IntoIterator<Item = SocketAddr>,
+    egress: &EgressPolicy,
+) -> (Vec<SocketAddr>, Option<EgressRefusal>) {
+    let mut refusal = None;
+    let allowed = addresses
+        .into_iter()
+        .filter(|address| match egress.check(address.ip()) {
+            Ok(()) => true,
+            Err(refused) => {
+                refusal.get_or_insert(refused);
+                false
+            }
+        })
+        .collect();
+    (allowed, refusal)
+}
+
+/// A failed write of the request as a [`Failure`]: [`Failure::Stale`] for
+/// the kinds a closed connection gives (only ever for a write that did not
+/// complete: see [`Client::attempt`]).
 fn stale_or_io(error: io::Error) -> Failure {
     match error.kind() {
         io::ErrorKind::UnexpectedEof
         | io::ErrorKind::ConnectionReset
         | io::ErrorKind::ConnectionAborted
         | io::ErrorKind::BrokenPipe => Failure::Stale(error),
-        _ => Failure::Other(ClientError::Io(error)),
+        _ => Failure::Other(TransportError::Io(error)),
     }
 }
 
 fn invalid(reason: impl Into<String>) -> Failure {
-    Failure::Other(ClientError::InvalidResponse(reason.into()))
+    Failure::Other(TransportError::InvalidResponse(reason.into()))
 }
 
 /// One open connection and its read buffer: `buffer[start..end]` has been
@@ -429,10 +570,10 @@ impl Conn {
     }
 
     /// The final response head, after any informational (`1xx`) ones.
+    ///
+    /// The request was written whole by now: a connection closed before
+    /// any response byte is an error, never a reason to resend.
     async fn read_head(&mut self) -> Result<Head, Failure> {
-        // Whether any byte of a response arrived: before that, a closed
-        // connection is `Stale`.
-        let mut received = !self.pending().is_empty();
         let mut head_bytes = 0usize;
         loop {
             match parse_head(self.pending()) {
@@ -456,17 +597,10 @@ impl Conn {
                             io::ErrorKind::UnexpectedEof,
                             "connection closed before the response head was complete",
                         ),
-                        Ok(_) => {
-                            received = true;
-                            continue;
-                        }
+                        Ok(_) => continue,
                         Err(error) => error,
                     };
-                    return Err(if received {
-                        Failure::Other(ClientError::Io(error))
-                    } else {
-                        stale_or_io(error)
-                    });
+                    return Err(Failure::Other(TransportError::Io(error)));
                 }
             }
         }

@@ -41,13 +41,16 @@
 pub mod client;
 pub mod config;
 mod pool;
+pub mod reqwest_transport;
 pub mod retry;
 pub mod sink;
 #[cfg(test)]
 mod tests;
+pub mod transport;
 
 pub use config::HttpSinkOptions;
-pub use sink::{HttpSink, HttpSinkError};
+pub use sink::{HttpSink, HttpSinkError, PlainHttp};
+pub use transport::{Outgoing, Response, Transport, TransportError};
 
 /// The client's id of the event.
 pub const HEADER_EVENT_ID: &str = "x-belfry-event-id";

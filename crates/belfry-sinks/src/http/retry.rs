@@ -6,15 +6,16 @@
 //! - 1xx, 3xx (redirects are not followed), 5xx: retry;
 //! - timeouts, connection errors and invalid responses: retry;
 //! - a request that cannot even be built (bad URL or header): permanent,
-//!   since trying again cannot help.
+//!   since trying again cannot help;
+//! - an address the egress policy refuses: permanent, with the reason
+//!   starting with the stable code `egress_blocked`.
 
-use std::error::Error as _;
 use std::io;
 use std::time::Duration;
 
 use belfry_core::Verdict;
 
-use super::client::ClientError;
+use super::transport::TransportError;
 
 /// The verdict for a response with `status`.
 pub fn classify_status(status: u16) -> Verdict {
@@ -26,57 +27,34 @@ pub fn classify_status(status: u16) -> Verdict {
     }
 }
 
-/// The verdict and a short reason for a request that got no response.
+/// The verdict and a short reason for an attempt that got no response,
+/// whichever transport made it.
 ///
 /// `connect_timeout` and `request_timeout` are the limits that applied, so
 /// the reason can say which one ran out (`"timeout after 2000 ms"`).
-pub fn classify_error(
-    error: &reqwest::Error,
-    connect_timeout: Duration,
-    request_timeout: Duration,
-) -> (Verdict, String) {
-    if error.is_builder() {
-        return (
-            Verdict::Permanent,
-            format!("invalid request: {}", error_chain(error)),
-        );
-    }
-    if error.is_timeout() {
-        let reason = if error.is_connect() {
-            format!("connect timeout after {} ms", connect_timeout.as_millis())
-        } else {
-            format!("timeout after {} ms", request_timeout.as_millis())
-        };
-        return (Verdict::Retry, reason);
-    }
-    let reason = match io_error_kind(error).and_then(connection_reason) {
-        Some(reason) => reason.to_string(),
-        None if error.is_connect() => format!("connect failed: {}", error_chain(error)),
-        None => format!("request failed: {}", error_chain(error)),
-    };
-    (Verdict::Retry, reason)
-}
-
-/// [`classify_error`] for Belfry's own plain-http client: the same reasons
-/// for the same failures.
-pub fn classify_client_error(
-    error: &ClientError,
+pub fn classify_transport_error(
+    error: &TransportError,
     connect_timeout: Duration,
     request_timeout: Duration,
 ) -> (Verdict, String) {
     match error {
-        ClientError::ConnectTimeout => (
+        TransportError::ConnectTimeout => (
             Verdict::Retry,
             format!("connect timeout after {} ms", connect_timeout.as_millis()),
         ),
-        ClientError::Timeout => (
+        TransportError::Timeout => (
             Verdict::Retry,
             format!("timeout after {} ms", request_timeout.as_millis()),
         ),
-        ClientError::Connect(error) => classify_io_error(error, true),
-        ClientError::Io(error) => classify_io_error(error, false),
-        ClientError::InvalidResponse(reason) => {
+        TransportError::Connect(error) => classify_io_error(error, true),
+        TransportError::Io(error) => classify_io_error(error, false),
+        TransportError::InvalidResponse(reason) => {
             (Verdict::Retry, format!("invalid response: {reason}"))
+        }
+        // Starts with the stable code `egress_blocked`.
+        TransportError::Egress(refusal) => (Verdict::Permanent, refusal.to_string()),
+        TransportError::InvalidRequest(reason) => {
+            (Verdict::Permanent, format!("invalid request: {reason}"))
         }
     }
 }
@@ -101,34 +79,6 @@ fn connection_reason(kind: io::ErrorKind) -> Option<&'static str> {
         io::ErrorKind::BrokenPipe => Some("connection closed (broken pipe)"),
         _ => None,
     }
-}
-
-/// The kind of the first I/O error in the source chain.
-fn io_error_kind(error: &reqwest::Error) -> Option<io::ErrorKind> {
-    let mut source = error.source();
-    while let Some(cause) = source {
-        if let Some(io_error) = cause.downcast_ref::<io::Error>() {
-            return Some(io_error.kind());
-        }
-        source = cause.source();
-    }
-    None
-}
-
-/// `error: cause: cause ...`. Callers strip the URL first
-/// (`reqwest::Error::without_url`): the tenant's config already names it,
-/// and a URL's query may carry secrets.
-fn error_chain(error: &reqwest::Error) -> String {
-    let mut parts = vec![error.to_string()];
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if parts.last() != Some(&text) {
-            parts.push(text);
-        }
-        source = cause.source();
-    }
-    parts.join(": ")
 }
 
 #[cfg(test)]
@@ -161,40 +111,52 @@ mod tests {
     fn client_errors() {
         let connect = Duration::from_millis(2_000);
         let request = Duration::from_millis(300);
-        let reason = |error: ClientError| {
-            let (verdict, reason) = classify_client_error(&error, connect, request);
+        let reason = |error: TransportError| {
+            let (verdict, reason) = classify_transport_error(&error, connect, request);
             assert_eq!(verdict, Verdict::Retry, "{reason}");
             reason
         };
         assert_eq!(
-            reason(ClientError::ConnectTimeout),
+            reason(TransportError::ConnectTimeout),
             "connect timeout after 2000 ms"
         );
-        assert_eq!(reason(ClientError::Timeout), "timeout after 300 ms");
+        assert_eq!(reason(TransportError::Timeout), "timeout after 300 ms");
         let io = |kind| io::Error::from(kind);
         assert_eq!(
-            reason(ClientError::Connect(io(io::ErrorKind::ConnectionRefused))),
+            reason(TransportError::Connect(io(
+                io::ErrorKind::ConnectionRefused
+            ))),
             "connection refused"
         );
         assert_eq!(
-            reason(ClientError::Io(io(io::ErrorKind::ConnectionReset))),
+            reason(TransportError::Io(io(io::ErrorKind::ConnectionReset))),
             "connection reset"
         );
         assert_eq!(
-            reason(ClientError::Io(io(io::ErrorKind::BrokenPipe))),
+            reason(TransportError::Io(io(io::ErrorKind::BrokenPipe))),
             "connection closed (broken pipe)"
         );
         assert!(
-            reason(ClientError::Connect(io::Error::other("no such host")))
+            reason(TransportError::Connect(io::Error::other("no such host")))
                 .starts_with("connect failed: ")
         );
         assert!(
-            reason(ClientError::Io(io(io::ErrorKind::UnexpectedEof)))
+            reason(TransportError::Io(io(io::ErrorKind::UnexpectedEof)))
                 .starts_with("request failed: ")
         );
         assert_eq!(
-            reason(ClientError::InvalidResponse("bad".into())),
+            reason(TransportError::InvalidResponse("bad".into())),
             "invalid response: bad"
+        );
+        let refusal = crate::egress::EgressPolicy::default()
+            .check("169.254.169.254".parse().unwrap())
+            .unwrap_err();
+        let (verdict, reason) =
+            classify_transport_error(&TransportError::Egress(refusal), connect, request);
+        assert_eq!(verdict, Verdict::Permanent);
+        assert_eq!(
+            reason,
+            "egress_blocked: 169.254.169.254 is a cloud metadata address"
         );
     }
 }
