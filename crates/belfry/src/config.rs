@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::ServeArgs;
 use crate::listener::ServerOptions;
+use crate::tls::TlsOptions;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -60,6 +61,8 @@ pub struct Config {
     pub egress: EgressOptions,
     /// The API listener: timeouts for slow clients, the connection cap.
     pub server: ServerOptions,
+    /// TLS for the API (on when `tls.cert_file` is set).
+    pub tls: TlsOptions,
 }
 
 impl Default for Config {
@@ -80,6 +83,7 @@ impl Default for Config {
             http: HttpSinkOptions::default(),
             egress: EgressOptions::default(),
             server: ServerOptions::default(),
+            tls: TlsOptions::default(),
         }
     }
 }
@@ -269,6 +273,7 @@ impl Config {
                 cluster.tick.as_millis()
             ));
         }
+        problems.extend(self.tls.problems());
         if api.default_list_limit > api.max_list_limit {
             problems.push(format!(
                 "api.default_list_limit ({}) must not exceed api.max_list_limit ({})",
@@ -546,6 +551,19 @@ mod tests {
                 "[engine]\nschedule_lead_ms = 0\nschedule_misfire_threshold_ms = 0",
                 "engine.schedule_lead_ms and engine.schedule_misfire_threshold_ms must not \
                  both be 0",
+            ),
+            (
+                "[tls]\ncert_file = \"cert.pem\"",
+                "tls.cert_file is set but tls.key_file is not",
+            ),
+            (
+                "[tls]\nkey_file = \"key.pem\"\nclient_ca_file = \"ca.pem\"",
+                "tls.key_file is set but tls.cert_file is not; tls.client_ca_file needs \
+                 tls.cert_file and tls.key_file",
+            ),
+            (
+                "[tls]\nclient_auth = \"sometimes\"",
+                "tls.client_auth: unknown variant: found `sometimes`",
             ),
             (
                 "log_format = \"xml\"",

@@ -9,6 +9,7 @@ mod config;
 mod cron_cmd;
 mod listener;
 mod serve;
+mod tls;
 
 use std::process::ExitCode;
 

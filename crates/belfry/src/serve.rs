@@ -1,6 +1,6 @@
 //! `belfry serve`: one complete node.
 //!
-//! Start order: logs → store (open, recover) → sinks → engine (partitions
+//! Start order: logs → listener (bound; TLS certificate loaded) → store (open, recover) → sinks → engine (partitions
 //! load their windows; what came due while down fires at once) → HTTP.
 //! Shutdown on SIGINT/SIGTERM runs it backwards: stop accepting requests,
 //! finish in-flight ones; in cluster mode hand every partition over (stop
@@ -65,6 +65,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    // Before anything else starts: a bad certificate refuses the start.
+    let tls = match &config.tls.cert_file {
+        Some(_) => Some(crate::tls::Tls::start(&config.tls)?),
+        None => None,
+    };
     let address = config
         .advertise
         .clone()
@@ -105,15 +110,18 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         cluster: cluster_view,
     };
     let app = belfry_api::router(state);
-    tracing::info!(%address, "belfry is serving");
-    crate::listener::serve(
-        listener,
-        app,
-        &config.server,
-        crate::listener::Plain,
-        shutdown_signal(),
-    )
-    .await?;
+    match tls {
+        Some(tls) => {
+            tracing::info!(%address, "belfry is serving HTTPS");
+            crate::listener::serve(listener, app, &config.server, tls, shutdown_signal()).await?;
+        }
+        None => {
+            tracing::info!(%address, "belfry is serving");
+            let plain = crate::listener::Plain;
+            crate::listener::serve(listener, app, &config.server, plain, shutdown_signal())
+                .await?;
+        }
+    }
     tracing::info!("stopped accepting requests");
     if let Some(task) = membership_task {
         // The membership loop stops renewing, hands its partitions over
