@@ -35,6 +35,18 @@ pub mod code {
     pub const ALREADY_FINISHED: &str = "already_finished";
     pub const NOT_IMPLEMENTED: &str = "not_implemented";
     pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+    /// No key, or a malformed, unknown, revoked or expired one (401).
+    pub const UNAUTHORIZED: &str = "unauthorized";
+    /// The key may not do this: a `read` key writing, a tenant key on an
+    /// admin route (403).
+    pub const FORBIDDEN: &str = "forbidden";
+    /// Open mode: the `Host` header is not in `auth.allowed_hosts` (403).
+    pub const HOST_NOT_ALLOWED: &str = "host_not_allowed";
+    /// A keyless bodiless write from a browser (403).
+    pub const BROWSER_WRITE_REFUSED: &str = "browser_write_refused";
+    /// The key is over `auth.rate_limit_per_key` (429, `Retry-After`).
+    pub const RATE_LIMITED: &str = "rate_limited";
+    pub const KEY_NOT_FOUND: &str = "key_not_found";
     pub const INTERNAL: &str = "internal";
 }
 

@@ -14,7 +14,10 @@
 //!   (axum's defaults answer plain text);
 //! - `bigben`: `/ping`, `/events/...`, `/cron` (see `docs/api.md` for the
 //!   decisions where Belfry differs from BigBen);
-//! - `v1`: tenants and events under `/v1`.
+//! - `v1`: tenants and events under `/v1`;
+//! - [`auth`]: API keys, the [`auth::Principal`] of each request, tenant
+//!   isolation (the route table), masking of write-only secrets, the audit
+//!   log and the per-key rate limit (see `docs/security.md`).
 //!
 //! # Contract
 //! Bad input gets a 4xx and changes nothing; a 5xx only comes from the store
@@ -28,6 +31,7 @@ use axum::response::{IntoResponse, Response};
 use belfry_engine::EngineHandle;
 use tower_http::catch_panic::CatchPanicLayer;
 
+pub mod auth;
 mod bigben;
 pub mod cluster;
 pub mod error;
@@ -35,6 +39,7 @@ pub mod extract;
 pub mod options;
 mod v1;
 
+pub use auth::{Auth, AuthMode, AuthOptions, Principal};
 pub use cluster::{
     ClusterMember, ClusterStatus, ClusterView, LeaderStatus, NodeView, PartitionView, Role,
     SingleNode,
@@ -50,17 +55,36 @@ pub struct ApiState {
     pub engine: EngineHandle,
     pub options: ApiOptions,
     pub cluster: Arc<dyn ClusterView>,
+    /// Keys, open mode, rate limits ([`auth::Auth`]).
+    pub auth: Arc<Auth>,
 }
 
 /// The whole HTTP API: BigBen's routes at their original paths and the
-/// native API under `/v1`.
+/// native API under `/v1`, behind authentication (every request) and
+/// authorization (every route; see [`auth`]).
 pub fn router(state: ApiState) -> Router {
+    use axum::middleware::from_fn_with_state;
+    use axum::routing::{delete, get};
     Router::new()
         .merge(bigben::routes())
         .merge(v1::routes())
-        .route("/v1/cluster", axum::routing::get(cluster_status))
+        .route("/v1/cluster", get(cluster_status))
+        .route(
+            "/v1/keys",
+            get(auth::routes::list).post(auth::routes::create),
+        )
+        .route("/v1/keys/{id}", delete(auth::routes::revoke))
+        .route("/v1/audit", get(auth::routes::audit_log))
+        .route_layer(from_fn_with_state(
+            state.clone(),
+            auth::middleware::authorize,
+        ))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(from_fn_with_state(
+            state.clone(),
+            auth::middleware::authenticate,
+        ))
         .layer(CatchPanicLayer::custom(panic_response))
         .with_state(state)
 }

@@ -66,4 +66,11 @@ pub struct ServeArgs {
     /// The level is set with RUST_LOG (default "info").
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
+
+    /// Serve without authentication (auth.mode = "none"): anyone who can
+    /// reach the port may read and change every tenant. Only behind a
+    /// trusted network (a BigBen drop-in); without it, a node on a
+    /// non-loopback address refuses to start until an API key exists.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
 }

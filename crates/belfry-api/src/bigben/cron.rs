@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::ApiState;
+use crate::auth::Principal;
 use crate::error::{ApiError, BigBenError, code};
 use crate::extract::{BigBenJson, query_pairs, query_value};
 use crate::v1::schedules::{
@@ -114,6 +115,7 @@ fn required(value: Option<String>, name: &str) -> Result<String, BigBenError> {
 
 pub(crate) async fn create(
     State(state): State<ApiState>,
+    principal: Principal,
     BigBenJson(request): BigBenJson<CronRequest>,
 ) -> Result<Response, BigBenError> {
     let tenant_text = required(request.tenant, "tenant")?;
@@ -140,7 +142,8 @@ pub(crate) async fn create(
     schedule
         .validate()
         .map_err(|e| op_error(ScheduleOpError::Invalid(e)))?;
-    if !require_tenant(&state, &tenant).await? {
+    // Another tenant than the key's own is unknown, like an unregistered one.
+    if !principal.may_write(&tenant) || !require_tenant(&state, &tenant).await? {
         return Err(BigBenError(ApiError::bad_request(
             code::TENANT_NOT_FOUND,
             format!("tenant not registered / unknown tenant: {tenant}"),

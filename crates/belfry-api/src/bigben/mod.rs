@@ -56,7 +56,7 @@ async fn cluster(State(state): State<ApiState>) -> Json<BTreeMap<String, &'stati
 }
 
 /// BigBen's 404 body for `find` and `dryrun`.
-fn not_found() -> Response {
+pub(crate) fn not_found() -> Response {
     (
         StatusCode::NOT_FOUND,
         Json(json!({ "status": "not found" })),

@@ -26,6 +26,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 
 use crate::ApiState;
+use crate::auth::Principal;
 use crate::error::{ApiError, BigBenError, code};
 use crate::extract::BigBenJson;
 
@@ -101,6 +102,7 @@ enum Plan {
 
 pub(crate) async fn schedule(
     State(state): State<ApiState>,
+    principal: Principal,
     BigBenJson(requests): BigBenJson<Vec<EventRequest>>,
 ) -> Result<Response, BigBenError> {
     if requests.len() > state.options.max_batch {
@@ -117,7 +119,7 @@ pub(crate) async fn schedule(
     let lapse_limit = now.plus(Duration::from_millis(state.options.lapse_offset_ms));
     let total = requests.len();
 
-    let mut registered = Registered::default();
+    let mut registered = Registered::new(principal);
     let mut commands = Vec::new();
     let mut plans = Vec::with_capacity(total);
     let mut store_failure: Option<StoreError> = None;
@@ -297,17 +299,31 @@ async fn check_item(
     }
 }
 
-/// Which tenants are registered, looked up once per request.
-#[derive(Default)]
-struct Registered(HashMap<TenantName, bool>);
+/// Which tenants are registered, looked up once per request, for the key
+/// asking: another tenant than the key's own is unknown, exactly like an
+/// unregistered one.
+struct Registered {
+    known: HashMap<TenantName, bool>,
+    principal: Principal,
+}
 
 impl Registered {
+    fn new(principal: Principal) -> Self {
+        Registered {
+            known: HashMap::new(),
+            principal,
+        }
+    }
+
     async fn check(&mut self, state: &ApiState, tenant: &TenantName) -> Result<bool, StoreError> {
-        if let Some(known) = self.0.get(tenant) {
+        if !self.principal.may_write(tenant) {
+            return Ok(false);
+        }
+        if let Some(known) = self.known.get(tenant) {
             return Ok(*known);
         }
         let known = state.engine.store().get_tenant(tenant).await?.is_some();
-        self.0.insert(tenant.clone(), known);
+        self.known.insert(tenant.clone(), known);
         Ok(known)
     }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::State;
+use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaTarget};
 use belfry_core::{SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
@@ -13,6 +14,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::ApiState;
+use crate::auth::Principal;
+use crate::auth::routes::audit;
 use crate::error::{ApiError, BigBenError, code};
 use crate::extract::BigBenJson;
 
@@ -27,27 +30,46 @@ pub(crate) struct ProcessorConfig {
     props: Option<Map<String, Value>>,
 }
 
-/// Registers (or replaces) a tenant; answers every tenant's config.
+/// Registers (or replaces) a tenant; answers every tenant's config the
+/// key may see (masked). A tenant key registers only its own tenant:
+/// another one answers as if it did not exist.
 pub(crate) async fn register(
     State(state): State<ApiState>,
+    principal: Principal,
     BigBenJson(config): BigBenJson<ProcessorConfig>,
 ) -> Result<Json<BTreeMap<String, Value>>, BigBenError> {
     let tenant = parse_config(config).map_err(BigBenError)?;
     let name = tenant.name.clone();
-    state.engine.store().put_tenant(tenant).await?;
+    if !principal.may_write(&name) {
+        return Err(BigBenError(ApiError::not_found(
+            code::TENANT_NOT_FOUND,
+            format!("tenant {:?} is not registered", name.as_str()),
+        )));
+    }
+    let store = state.engine.store();
+    let existed = store.get_tenant(&name).await?.is_some();
+    store.put_tenant(tenant).await?;
     state.engine.tenant_changed(&name);
     tracing::info!(tenant = %name, "tenant registered (BigBen API)");
-    list(State(state)).await
+    let action = if existed {
+        AuditAction::TenantChanged
+    } else {
+        AuditAction::TenantRegistered
+    };
+    audit(&state, &principal, action, Some(&name), None).await;
+    list(State(state), principal).await
 }
 
-/// Every tenant → its config.
+/// Every tenant the key may see → its config (masked).
 pub(crate) async fn list(
     State(state): State<ApiState>,
+    principal: Principal,
 ) -> Result<Json<BTreeMap<String, Value>>, BigBenError> {
     let tenants = state.engine.store().list_tenants().await?;
     Ok(Json(
         tenants
             .iter()
+            .filter(|t| principal.sees(&t.name))
             .map(|t| (t.name.as_str().to_string(), render(t)))
             .collect(),
     ))
@@ -150,9 +172,10 @@ fn scalar_text(value: Value, what: &str) -> Result<String, ApiError> {
     }
 }
 
-/// A tenant in BigBen's `ProcessorConfig` shape.
+/// A tenant in BigBen's `ProcessorConfig` shape, write-only secrets
+/// masked ([`crate::auth::mask`]).
 pub(crate) fn render(tenant: &TenantConfig) -> Value {
-    let (kind, props) = match &tenant.sink {
+    let (kind, props) = match &crate::auth::mask::sink(&tenant.sink) {
         SinkConfig::Http(target) => {
             let mut props = json!({ "url": target.url, "headers": target.headers });
             if let Some(timeout) = target.timeout_ms {

@@ -6,6 +6,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaTarget};
 use belfry_core::{SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
@@ -13,6 +14,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::ApiState;
+use crate::auth::Principal;
+use crate::auth::routes::audit;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path};
 use crate::v1::views::TenantView;
@@ -129,9 +132,17 @@ pub(crate) fn tenant_not_found(name: &TenantName) -> V1Error {
     ))
 }
 
-pub(crate) async fn list(State(state): State<ApiState>) -> Result<Response, V1Error> {
+/// Every tenant for admins; a tenant key sees its own tenant only.
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+    principal: Principal,
+) -> Result<Response, V1Error> {
     let tenants = state.engine.store().list_tenants().await?;
-    let views: Vec<TenantView<'_>> = tenants.iter().map(TenantView::from).collect();
+    let views: Vec<TenantView<'_>> = tenants
+        .iter()
+        .filter(|t| principal.sees(&t.name))
+        .map(TenantView::from)
+        .collect();
     Ok(Json(json!({ "tenants": views })).into_response())
 }
 
@@ -149,6 +160,7 @@ pub(crate) async fn get(
 /// Registers (201) or replaces (200) a tenant.
 pub(crate) async fn put(
     State(state): State<ApiState>,
+    principal: Principal,
     V1Path(tenant): V1Path<String>,
     V1Json(body): V1Json<PutTenant>,
 ) -> Result<Response, V1Error> {
@@ -164,6 +176,12 @@ pub(crate) async fn put(
     store.put_tenant(tenant.clone()).await?;
     state.engine.tenant_changed(&name);
     tracing::info!(tenant = %name, replaced = existed, "tenant registered");
+    let action = if existed {
+        AuditAction::TenantChanged
+    } else {
+        AuditAction::TenantRegistered
+    };
+    audit(&state, &principal, action, Some(&name), None).await;
     let status = if existed {
         StatusCode::OK
     } else {
@@ -175,12 +193,21 @@ pub(crate) async fn put(
 /// Removes a tenant's registration. Its events stay in the store.
 pub(crate) async fn delete(
     State(state): State<ApiState>,
+    principal: Principal,
     V1Path(tenant): V1Path<String>,
 ) -> Result<Response, V1Error> {
     let name = tenant_name(tenant)?;
     if state.engine.store().delete_tenant(&name).await? {
         state.engine.tenant_changed(&name);
         tracing::info!(tenant = %name, "tenant removed");
+        audit(
+            &state,
+            &principal,
+            AuditAction::TenantDeleted,
+            Some(&name),
+            None,
+        )
+        .await;
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(tenant_not_found(&name))

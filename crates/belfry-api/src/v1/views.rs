@@ -34,17 +34,19 @@ impl From<DeliveryOption> for Delivery {
     }
 }
 
+/// A tenant as answers show it: write-only secrets masked
+/// ([`crate::auth::mask`]).
 #[derive(Debug, Serialize)]
 pub(crate) struct TenantView<'a> {
     pub name: &'a str,
-    pub sink: &'a SinkConfig,
+    pub sink: SinkConfig,
 }
 
 impl<'a> From<&'a TenantConfig> for TenantView<'a> {
     fn from(tenant: &'a TenantConfig) -> Self {
         TenantView {
             name: tenant.name.as_str(),
-            sink: &tenant.sink,
+            sink: crate::auth::mask::sink(&tenant.sink),
         }
     }
 }

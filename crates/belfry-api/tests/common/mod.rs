@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use belfry_api::{ApiOptions, ApiState, SingleNode};
+use belfry_api::{ApiOptions, ApiState, Auth, AuthOptions, SingleNode};
 use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::event::Attempt;
 use belfry_core::{
@@ -211,6 +211,12 @@ impl Harness {
             cluster: Arc::new(SingleNode {
                 address: "127.0.0.1:8080".into(),
             }),
+            // Loopback and no keys: open, as the quick start.
+            auth: Arc::new(Auth::new(
+                AuthOptions::default(),
+                store.clone(),
+                "127.0.0.1:8080".parse().unwrap(),
+            )),
         };
         Harness {
             app: belfry_api::router(state.clone()),

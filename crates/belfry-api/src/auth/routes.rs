@@ -1,0 +1,262 @@
+//! `/v1/keys` and `/v1/audit`, and [`audit`], which the routes that change
+//! tenants call.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use belfry_core::auth::{ApiKey, AuditAction, AuditEntry, KeyId, KeySecret, Role};
+use belfry_core::{TenantName, Timestamp};
+use belfry_store::AuditPageParams;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::Principal;
+use crate::ApiState;
+use crate::error::{ApiError, V1Error, code};
+use crate::extract::{V1Json, V1Path, query_pairs, query_value};
+
+/// Appends to the audit log. The change it records is done already, so a
+/// failure is logged, not answered.
+pub(crate) async fn audit(
+    state: &ApiState,
+    principal: &Principal,
+    action: AuditAction,
+    tenant: Option<&TenantName>,
+    target: Option<String>,
+) {
+    let entry = match AuditEntry::new(
+        state.engine.now(),
+        principal.actor(),
+        action,
+        tenant.cloned(),
+        target,
+    ) {
+        Ok(entry) => entry,
+        Err(error) => {
+            tracing::error!(%error, action = action.as_str(), "audit entry not written");
+            return;
+        }
+    };
+    if let Err(error) = state.engine.store().append_audit(entry).await {
+        tracing::error!(%error, action = action.as_str(), "audit entry not written");
+    }
+}
+
+/// Body of `POST /v1/keys`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a key object")]
+pub(crate) struct CreateKey {
+    #[serde(default)]
+    tenant: Option<String>,
+    role: String,
+    #[serde(default)]
+    expires_at: Option<String>,
+}
+
+/// A key as listings show it (never the secret, nor its hash).
+#[derive(Debug, Serialize)]
+pub(crate) struct KeyView {
+    id: String,
+    tenant: Option<String>,
+    role: Role,
+    expires_at: Option<String>,
+    created_at: String,
+    last_used_at: Option<String>,
+}
+
+impl From<&ApiKey> for KeyView {
+    fn from(key: &ApiKey) -> Self {
+        KeyView {
+            id: key.id.to_string(),
+            tenant: key.tenant.as_ref().map(|t| t.as_str().to_string()),
+            role: key.role,
+            expires_at: key.expires_at.map(Timestamp::to_rfc3339),
+            created_at: key.created_at.to_rfc3339(),
+            last_used_at: key.last_used_at.map(Timestamp::to_rfc3339),
+        }
+    }
+}
+
+/// `POST /v1/keys` (admin): 201 with the secret, the only time it is shown.
+pub(crate) async fn create(
+    State(state): State<ApiState>,
+    principal: Principal,
+    V1Json(body): V1Json<CreateKey>,
+) -> Result<Response, V1Error> {
+    let invalid = |message: String| V1Error(ApiError::bad_request(code::INVALID_REQUEST, message));
+    let role = Role::parse(&body.role).map_err(|e| invalid(e.to_string()))?;
+    let tenant = body
+        .tenant
+        .map(TenantName::new)
+        .transpose()
+        .map_err(|e| V1Error(ApiError::bad_request(code::INVALID_NAME, e.to_string())))?;
+    let now = state.engine.now();
+    let expires_at = match body.expires_at {
+        None => None,
+        Some(text) => {
+            let at = Timestamp::parse_rfc3339(&text).ok_or_else(|| {
+                V1Error(ApiError::bad_request(
+                    code::INVALID_TIME,
+                    "expires_at is not an RFC 3339 instant with an offset (e.g. 2030-01-31T04:00:30Z)",
+                ))
+            })?;
+            if at <= now {
+                return Err(V1Error(ApiError::bad_request(
+                    code::INVALID_TIME,
+                    "expires_at is not in the future",
+                )));
+            }
+            Some(at)
+        }
+    };
+    let secret = KeySecret::generate().map_err(|error| {
+        tracing::error!(%error, "cannot generate a key");
+        V1Error(ApiError::internal())
+    })?;
+    let key =
+        ApiKey::new(&secret, tenant, role, now, expires_at).map_err(|e| invalid(e.to_string()))?;
+    if !state.engine.store().put_api_key(key.clone()).await? {
+        // 178 random bits collided: practically impossible.
+        tracing::error!("a new key's hash already exists");
+        return Err(V1Error(ApiError::internal()));
+    }
+    state.auth.keys_changed(Some(true));
+    tracing::info!(key = %key.id, role = %key.role, tenant = ?key.tenant.as_ref().map(TenantName::as_str), "API key created");
+    audit(
+        &state,
+        &principal,
+        AuditAction::KeyCreated,
+        key.tenant.as_ref(),
+        Some(key.id.to_string()),
+    )
+    .await;
+    let view = KeyView::from(&key);
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "id": view.id,
+            "secret": secret.expose(),
+            "tenant": view.tenant,
+            "role": view.role,
+            "expires_at": view.expires_at,
+            "created_at": view.created_at,
+        })),
+    )
+        .into_response())
+}
+
+/// `GET /v1/keys`: every key for admins, a tenant's own keys for its keys.
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+    principal: Principal,
+) -> Result<Response, V1Error> {
+    let keys = state.engine.store().list_api_keys().await?;
+    let views: Vec<KeyView> = keys
+        .iter()
+        .filter(|key| principal.is_admin() || key.tenant.as_ref() == principal.tenant())
+        .map(KeyView::from)
+        .collect();
+    Ok(Json(json!({ "keys": views })).into_response())
+}
+
+/// `DELETE /v1/keys/{id}` (admin): revokes at once on this node (within
+/// `auth.key_cache_ttl_ms` on the others).
+pub(crate) async fn revoke(
+    State(state): State<ApiState>,
+    principal: Principal,
+    V1Path(id): V1Path<String>,
+) -> Result<Response, V1Error> {
+    let not_found = || {
+        V1Error(ApiError::not_found(
+            code::KEY_NOT_FOUND,
+            format!("no key {id:?}"),
+        ))
+    };
+    let key_id = KeyId::parse(&id).ok_or_else(not_found)?;
+    let removed = state
+        .engine
+        .store()
+        .delete_api_key(&key_id)
+        .await?
+        .ok_or_else(not_found)?;
+    state.auth.keys_changed(None);
+    tracing::info!(key = %removed.id, "API key revoked");
+    audit(
+        &state,
+        &principal,
+        AuditAction::KeyRevoked,
+        removed.tenant.as_ref(),
+        Some(removed.id.to_string()),
+    )
+    .await;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Default and largest page of `GET /v1/audit`.
+const AUDIT_PAGE: usize = 100;
+const AUDIT_PAGE_MAX: usize = 1_000;
+
+/// `GET /v1/audit[?after=CURSOR][&limit=N]` (admin): oldest first; `next`
+/// is the cursor of the following page (`null` on the last).
+pub(crate) async fn audit_log(
+    State(state): State<ApiState>,
+    uri: Uri,
+) -> Result<Response, V1Error> {
+    let pairs = query_pairs(&uri)?;
+    let limit = match query_value(&pairs, "limit") {
+        None => AUDIT_PAGE,
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=AUDIT_PAGE_MAX).contains(n))
+            .ok_or_else(|| {
+                V1Error(ApiError::bad_request(
+                    code::INVALID_QUERY,
+                    format!("limit must be a whole number from 1 to {AUDIT_PAGE_MAX}"),
+                ))
+            })?,
+    };
+    let after = match query_value(&pairs, "after") {
+        None => None,
+        Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| {
+            V1Error(ApiError::bad_request(
+                code::INVALID_CURSOR,
+                "after is not a cursor this API answered",
+            ))
+        })?),
+    };
+    let entries = state
+        .engine
+        .store()
+        .list_audit(AuditPageParams { after, limit })
+        .await?;
+    let next = (entries.len() == limit)
+        .then(|| {
+            entries
+                .last()
+                .map(|e| format!("{}.{}", e.at.as_millis(), e.id))
+        })
+        .flatten();
+    let views: Vec<_> = entries
+        .iter()
+        .map(|e| {
+            json!({
+                "id": e.id,
+                "at": e.at.to_rfc3339(),
+                "actor": e.actor,
+                "action": e.action,
+                "tenant": e.tenant.as_ref().map(TenantName::as_str),
+                "target": e.target,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "entries": views, "next": next })).into_response())
+}
+
+fn parse_cursor(text: &str) -> Option<(Timestamp, String)> {
+    let (at, id) = text.split_once('.')?;
+    let at = at.parse::<i64>().ok()?;
+    (!id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .then(|| (Timestamp::from_millis(at), id.to_string()))
+}
