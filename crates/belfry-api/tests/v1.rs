@@ -32,7 +32,7 @@ fn assert_error(answer: &common::Answer, status: StatusCode, code: &str) {
 #[tokio::test]
 async fn tenant_crud() {
     let h = Harness::start().await;
-    let created = h
+    let mut created = h
         .put(
             "/v1/tenants/acme",
             &json!({ "sink": { "type": "http", "url": "http://svc.internal/hook",
@@ -40,6 +40,13 @@ async fn tenant_crud() {
         )
         .await;
     assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    // The signing secret is answered this once (tests/webhook_security.rs).
+    let secret = created
+        .body
+        .as_object_mut()
+        .unwrap()
+        .remove("signing_secret");
+    assert!(secret.unwrap().as_str().unwrap().starts_with("whsec_"));
     assert_eq!(
         created.body,
         // Header values are write-only: masked in every answer.
@@ -123,7 +130,7 @@ async fn bad_tenant_requests_change_nothing() {
         ),
         (
             json!({ "sink": { "type": "http", "url": "http://a/", "timeout_ms": "soon" } }),
-            "invalid_request",
+            "invalid_sink",
         ),
         (
             json!({ "sink": { "type": "builtin", "processor": "nope" } }),

@@ -6,6 +6,7 @@
 //! path, so `%2F` never splits a segment, and the extractor decodes it.
 //!
 //! - `tenants`: `/v1/tenants[/{tenant}]`;
+//! - `signing`: `/v1/tenants/{tenant}/signing-secrets/rotate`;
 //! - `events`: `/v1/tenants/{tenant}/events[/{id}[/attempts]]`;
 //! - `schedules`: `/v1/tenants/{tenant}/schedules[/{id}[/pause|/resume|/occurrences]]`
 //!   and `/v1/cron/preview`;
@@ -18,6 +19,7 @@ use crate::ApiState;
 
 mod events;
 pub(crate) mod schedules;
+mod signing;
 mod tenants;
 mod views;
 
@@ -27,6 +29,10 @@ pub(crate) fn routes() -> Router<ApiState> {
         .route(
             "/v1/tenants/{tenant}",
             get(tenants::get).put(tenants::put).delete(tenants::delete),
+        )
+        .route(
+            "/v1/tenants/{tenant}/signing-secrets/rotate",
+            post(signing::rotate),
         )
         .route(
             "/v1/tenants/{tenant}/events",

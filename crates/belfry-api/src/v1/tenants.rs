@@ -11,13 +11,14 @@ use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaTarget};
 use belfry_core::{SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::ApiState;
 use crate::auth::Principal;
 use crate::auth::routes::audit;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path};
+use crate::v1::signing;
 use crate::v1::views::TenantView;
 
 /// Body of `PUT /v1/tenants/{tenant}`.
@@ -34,13 +35,45 @@ pub(crate) struct PutTenant {
 #[serde(deny_unknown_fields, expecting = "a sink object")]
 struct SinkSpec {
     #[serde(rename = "type")]
-    kind: String,
-    url: Option<String>,
-    headers: Option<BTreeMap<String, String>>,
-    timeout_ms: Option<u64>,
-    processor: Option<String>,
-    topic: Option<String>,
-    props: Option<BTreeMap<String, String>>,
+    kind: Value,
+    // Every field as plain JSON, checked below: a wrong type gets a
+    // message naming the field, not serde's (`expected u64`).
+    url: Option<Value>,
+    headers: Option<Value>,
+    timeout_ms: Option<Value>,
+    processor: Option<Value>,
+    topic: Option<Value>,
+    props: Option<Value>,
+}
+
+/// `value` as a string, or a message naming `field`.
+fn string_field(value: Option<Value>, field: &str) -> Result<Option<String>, V1Error> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text)),
+        Some(_) => Err(invalid_sink(format!("{field} must be a string"))),
+    }
+}
+
+/// `value` as an object of strings, or a message naming `field`.
+fn string_map(
+    value: Option<Value>,
+    field: &str,
+) -> Result<Option<BTreeMap<String, String>>, V1Error> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(map)) => map
+            .into_iter()
+            .map(|(name, value)| match value {
+                Value::String(text) => Ok((name, text)),
+                _ => Err(invalid_sink(format!("{field} values must be strings"))),
+            })
+            .collect::<Result<_, _>>()
+            .map(Some),
+        Some(_) => Err(invalid_sink(format!(
+            "{field} must be an object of strings"
+        ))),
+    }
 }
 
 fn invalid_sink(message: impl Into<String>) -> V1Error {
@@ -58,6 +91,18 @@ impl SinkSpec {
             topic,
             props,
         } = self;
+        let kind = string_field(Some(kind), "sink.type")?.unwrap_or_default();
+        let url = string_field(url, "sink.url")?;
+        let headers = string_map(headers, "sink.headers")?;
+        let timeout_ms = match timeout_ms {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(value.as_u64().ok_or_else(|| {
+                invalid_sink("sink.timeout_ms must be a whole number of milliseconds")
+            })?),
+        };
+        let processor = string_field(processor, "sink.processor")?;
+        let topic = string_field(topic, "sink.topic")?;
+        let props = string_map(props, "sink.props")?;
         let unexpected = |fields: &[(&str, bool)]| -> Result<(), V1Error> {
             match fields.iter().find(|(_, present)| *present) {
                 Some((name, _)) => Err(invalid_sink(format!(
@@ -157,7 +202,8 @@ pub(crate) async fn get(
     }
 }
 
-/// Registers (201) or replaces (200) a tenant.
+/// Registers (201) or replaces (200) a tenant. A tenant without signing
+/// secrets gets one, answered this once as `signing_secret`.
 pub(crate) async fn put(
     State(state): State<ApiState>,
     principal: Principal,
@@ -167,11 +213,13 @@ pub(crate) async fn put(
     let name = tenant_name(tenant)?;
     let sink = body.sink.into_config()?;
     let store = state.engine.store();
-    let existed = store.get_tenant(&name).await?.is_some();
+    let existing = store.get_tenant(&name).await?;
+    let existed = existing.is_some();
+    let (secrets, new_secret) = signing::for_registration(existing.as_ref());
     let tenant = TenantConfig {
         name: name.clone(),
         sink,
-        signing: None,
+        signing: Some(secrets),
     };
     store.put_tenant(tenant.clone()).await?;
     state.engine.tenant_changed(&name);
@@ -187,7 +235,11 @@ pub(crate) async fn put(
     } else {
         StatusCode::CREATED
     };
-    Ok((status, Json(TenantView::from(&tenant))).into_response())
+    let answer = signing::Registered {
+        view: TenantView::from(&tenant),
+        signing_secret: new_secret,
+    };
+    Ok((status, Json(answer)).into_response())
 }
 
 /// Removes a tenant's registration. Its events stay in the store.
