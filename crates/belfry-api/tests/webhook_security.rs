@@ -297,3 +297,60 @@ async fn webhook_urls_and_headers_are_checked_at_registration() {
     assert_eq!(h.get("/v1/tenants/t").await.status, StatusCode::NOT_FOUND);
     h.shutdown().await;
 }
+
+/// A BigBen registration's status, `webhook-signing-secret` header and
+/// body.
+async fn bigben_register(h: &Harness, body: &Value) -> (StatusCode, Option<String>, Value) {
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let request = Request::post("/events/tenant/register")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let response = h.app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let secret = response
+        .headers()
+        .get("webhook-signing-secret")
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, secret, serde_json::from_slice(&bytes).unwrap())
+}
+
+#[tokio::test]
+async fn bigben_registration_answers_the_secret_in_a_header_and_keeps_its_body() {
+    let receiver = Receiver::start().await;
+    let h = Harness::start().await;
+    let config = json!({ "tenant": "TenantB/ProgramB/EnvC", "type": "HTTP",
+                         "props": { "url": receiver.url("/bigben") } });
+    let (status, secret, body) = bigben_register(&h, &config).await;
+    assert_eq!(status, StatusCode::OK);
+    let secret = secret.expect("a new tenant's secret");
+    assert!(secret.starts_with("whsec_"));
+    // BigBen's shape: tenant -> ProcessorConfig, nothing more.
+    assert_eq!(
+        body,
+        json!({ "TenantB/ProgramB/EnvC": { "tenant": "TenantB/ProgramB/EnvC", "type": "HTTP",
+                 "props": { "url": receiver.url("/bigben"), "headers": {} } } })
+    );
+    let (_, again, _) = bigben_register(&h, &config).await;
+    assert_eq!(again, None, "shown once");
+
+    // Its deliveries are signed with it.
+    let scheduled = h
+        .post(
+            "/events/schedule",
+            &json!([{ "id": "e1", "eventTime": from_now(-5), "tenant": "TenantB/ProgramB/EnvC",
+                      "payload": "{}" }]),
+        )
+        .await;
+    assert_eq!(scheduled.status, StatusCode::OK, "{scheduled:?}");
+    let seen = receiver.wait_for_count(1, DEADLINE).await.unwrap();
+    assert_eq!(
+        seen[0].header("webhook-signature").unwrap(),
+        signature(&secret, &seen[0])
+    );
+    h.shutdown().await;
+}

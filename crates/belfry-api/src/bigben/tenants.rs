@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::{HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaTarget};
 use belfry_core::{SinkConfig, TenantConfig, TenantName};
@@ -33,12 +35,17 @@ pub(crate) struct ProcessorConfig {
 /// Registers (or replaces) a tenant; answers every tenant's config the
 /// key may see (masked). A tenant key registers only its own tenant:
 /// another one answers as if it did not exist.
+///
+/// A tenant without a webhook signing secret gets one, answered this once
+/// in the [`SIGNING_SECRET_HEADER`] response header: BigBen's body (a map
+/// of tenant → `ProcessorConfig`) keeps its exact shape, so no BigBen
+/// client can trip over a new field.
 pub(crate) async fn register(
     State(state): State<ApiState>,
     principal: Principal,
     BigBenJson(config): BigBenJson<ProcessorConfig>,
-) -> Result<Json<BTreeMap<String, Value>>, BigBenError> {
-    let tenant = parse_config(config).map_err(BigBenError)?;
+) -> Result<Response, BigBenError> {
+    let mut tenant = parse_config(config).map_err(BigBenError)?;
     let name = tenant.name.clone();
     if !principal.may_write(&name) {
         return Err(BigBenError(ApiError::not_found(
@@ -47,7 +54,10 @@ pub(crate) async fn register(
         )));
     }
     let store = state.engine.store();
-    let existed = store.get_tenant(&name).await?.is_some();
+    let existing = store.get_tenant(&name).await?;
+    let existed = existing.is_some();
+    let (secrets, new_secret) = crate::v1::signing::for_registration(existing.as_ref());
+    tenant.signing = Some(secrets);
     store.put_tenant(tenant).await?;
     state.engine.tenant_changed(&name);
     tracing::info!(tenant = %name, "tenant registered (BigBen API)");
@@ -57,8 +67,17 @@ pub(crate) async fn register(
         AuditAction::TenantRegistered
     };
     audit(&state, &principal, action, Some(&name), None).await;
-    list(State(state), principal).await
+    let answer = list(State(state), principal).await?;
+    Ok(match new_secret.map(HeaderValue::try_from) {
+        Some(Ok(secret)) => ([(SIGNING_SECRET_HEADER, secret)], answer).into_response(),
+        // A generated secret is base64: always a valid header value.
+        Some(Err(_)) | None => answer.into_response(),
+    })
 }
+
+/// The response header of a BigBen registration that generated the
+/// tenant's webhook signing secret.
+pub const SIGNING_SECRET_HEADER: HeaderName = HeaderName::from_static("webhook-signing-secret");
 
 /// Every tenant the key may see → its config (masked).
 pub(crate) async fn list(

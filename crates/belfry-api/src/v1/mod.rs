@@ -19,7 +19,7 @@ use crate::ApiState;
 
 mod events;
 pub(crate) mod schedules;
-mod signing;
+pub(crate) mod signing;
 mod tenants;
 mod views;
 
