@@ -29,8 +29,8 @@ use belfry_core::event::{Attempt, EventRecord, EventStatus};
 use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, Timestamp};
 use belfry_store::cluster::Coordinator;
 use belfry_store::{
-    Applied, ApplyParams, AuditPageParams, DuePageParams, ListEventsParams, PurgeParams, Store, StoreResult,
-    StoreStats,
+    Applied, ApplyParams, AuditPageParams, CountEventsParams, DuePageParams, ListEventsParams,
+    PurgeParams, Store, StoreResult, StoreStats,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::mpsc;
@@ -567,6 +567,32 @@ impl Store for PostgresStore {
         let plan: serde_json::Value =
             serde_json::from_str(&plan.0).map_err(|e| corrupt(format_args!("plan: {e}")))?;
         Ok(Some(rows_read(&plan)))
+    }
+
+    /// An index-only count on `events_by_status_time`, stopped by the
+    /// inner `LIMIT`; `id >= ' '` leaves out engine-internal ids.
+    async fn count_events(&self, params: CountEventsParams) -> StoreResult<u64> {
+        if params.at_most == 0 {
+            return Ok(0);
+        }
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT count(*) FROM (SELECT 1 FROM events \
+                 WHERE tenant = $1 AND status = $2 AND id >= ' ' LIMIT $3) AS counted",
+            )
+            .await
+            .map_err(db_error)?;
+        let at_most = i64::try_from(params.at_most).unwrap_or(i64::MAX);
+        let count: i64 = client
+            .query_one(
+                &statement,
+                &[&params.tenant.as_str(), &params.status.as_str(), &at_most],
+            )
+            .await
+            .map_err(db_error)?
+            .get(0);
+        Ok(u64::try_from(count).unwrap_or(0))
     }
 
     async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>> {

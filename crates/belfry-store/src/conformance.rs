@@ -28,8 +28,8 @@ use belfry_core::{
 };
 
 use crate::{
-    Applied, ApplyParams, DuePageParams, EmbeddedOptions, EmbeddedStore, KeyedCommand,
-    ListEventsParams, PurgeParams, SharedStore,
+    Applied, ApplyParams, CountEventsParams, DuePageParams, EmbeddedOptions, EmbeddedStore,
+    KeyedCommand, ListEventsParams, PurgeParams, SharedStore,
 };
 
 /// A store made for one case, with whatever must live as long as it (a
@@ -89,6 +89,7 @@ macro_rules! store_conformance_tests {
             due_page_partition_isolation,
             due_index_follows_changes,
             list_events_filters_and_pagination,
+            count_events_by_status_up_to_a_bound,
             filtered_pages_are_full_until_the_last,
             time_cursor_survives_its_event,
             filtered_listing_reads_only_its_page,
@@ -228,15 +229,82 @@ fn http_tenant(name: &str, url: &str) -> TenantConfig {
             headers: [("x-token".to_string(), "secret".to_string())].into(),
             timeout_ms: Some(1_500),
         }),
+        signing: None,
     }
 }
-        signing: None,
 
 fn partitions(count: u16) -> PartitionCount {
     PartitionCount::new(count).expect("non-zero")
 }
 
 // ------------------------------------------------------------------ cases
+
+/// Counts per status follow creates, cancels and attempts; stop at the
+/// bound; leave out other tenants (also one whose name extends this one's)
+/// and engine-internal events.
+pub async fn count_events_by_status_up_to_a_bound<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let count = |name: &str, status, at_most| {
+        store.count_events(CountEventsParams {
+            tenant: tenant(name),
+            status,
+            at_most,
+        })
+    };
+    assert_eq!(count("t", EventStatus::Scheduled, 100).await.unwrap(), 0);
+
+    let mut commands: Vec<KeyedCommand> = (0..10)
+        .map(|i| command(&key("t", &format!("e{i}")), upsert(1_000 + i, "v")))
+        .collect();
+    commands.push(command(&key("tt", "e0"), upsert(1_000, "v")));
+    commands.push(command(&key("t/x", "e0"), upsert(1_000, "v")));
+    commands.push(command(
+        &EventKey::new(tenant("t"), EventId::internal("control").unwrap()),
+        upsert(1_000, "v"),
+    ));
+    apply(store, 0, commands).await;
+    assert_eq!(count("t", EventStatus::Scheduled, 100).await.unwrap(), 10);
+    assert_eq!(
+        count("t", EventStatus::Scheduled, 4).await.unwrap(),
+        4,
+        "bounded"
+    );
+    assert_eq!(count("t", EventStatus::Scheduled, 0).await.unwrap(), 0);
+    assert_eq!(count("tt", EventStatus::Scheduled, 100).await.unwrap(), 1);
+    assert_eq!(
+        count("nobody", EventStatus::Scheduled, 100).await.unwrap(),
+        0
+    );
+
+    apply_one(store, 10, &key("t", "e0"), EventCommand::Cancel).await;
+    apply_one(
+        store,
+        2_000,
+        &key("t", "e1"),
+        attempt("v", Verdict::Delivered, 2_000),
+    )
+    .await;
+    apply_one(
+        store,
+        2_000,
+        &key("t", "e2"),
+        attempt("v", Verdict::Retry, 2_000),
+    )
+    .await;
+    assert_eq!(count("t", EventStatus::Scheduled, 100).await.unwrap(), 7);
+    assert_eq!(count("t", EventStatus::Retrying, 100).await.unwrap(), 1);
+    assert_eq!(count("t", EventStatus::Cancelled, 100).await.unwrap(), 1);
+    assert_eq!(count("t", EventStatus::Delivered, 100).await.unwrap(), 1);
+    // A cancelled event created again counts as scheduled again.
+    apply_one(store, 20, &key("t", "e0"), upsert(5_000, "w")).await;
+    assert_eq!(count("t", EventStatus::Scheduled, 100).await.unwrap(), 8);
+    assert_eq!(count("t", EventStatus::Cancelled, 100).await.unwrap(), 0);
+}
 
 pub async fn partitions_are_reported<F, Fut>(factory: F)
 where
@@ -263,9 +331,9 @@ where
         sink: SinkConfig::Builtin(BuiltinTarget {
             processor: "log".into(),
         }),
+        signing: None,
     };
     store.put_tenant(b.clone()).await.unwrap();
-        signing: None,
     store.put_tenant(a.clone()).await.unwrap();
     assert_eq!(
         store.get_tenant(&tenant("b")).await.unwrap(),
@@ -285,8 +353,6 @@ where
     );
     assert_eq!(store.list_tenants().await.unwrap().len(), 2);
 
-    assert!(store.delete_tenant(&tenant("b")).await.unwrap());
-    assert!(
     // Signing secrets (current and a rotated-out one) round-trip, and a
     // replacement without them clears them.
     let mut signed = http_tenant("b", "http://127.0.0.1:3/signed");
@@ -304,6 +370,8 @@ where
         Some(replaced.clone())
     );
 
+    assert!(store.delete_tenant(&tenant("b")).await.unwrap());
+    assert!(
         !store.delete_tenant(&tenant("b")).await.unwrap(),
         "already gone"
     );

@@ -199,6 +199,15 @@ pub struct ListEventsParams {
     pub limit: usize,
 }
 
+/// Parameters of [`Store::count_events`].
+#[derive(Debug, Clone)]
+pub struct CountEventsParams {
+    pub tenant: TenantName,
+    pub status: EventStatus,
+    /// Counting stops here: the answer is `min(count, at_most)`.
+    pub at_most: u64,
+}
+
 /// Parameters of [`Store::purge_finished`].
 #[derive(Debug, Clone)]
 pub struct PurgeParams {
@@ -273,6 +282,35 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn list_events_reads(&self, params: ListEventsParams) -> StoreResult<Option<u64>> {
         let _ = params;
         Ok(None)
+    }
+
+    /// How many of `tenant`'s client events have `status`, up to
+    /// `at_most` (engine-internal events are not counted). Reads index
+    /// entries only, O(min(count, `at_most`)) of them: what per-tenant
+    /// quotas refresh their estimates with. (This default pages through
+    /// [`Store::list_events`], reading records; both backends override it.)
+    async fn count_events(&self, params: CountEventsParams) -> StoreResult<u64> {
+        let mut count = 0;
+        let mut after = None;
+        while count < params.at_most {
+            let limit = (params.at_most - count).min(1_000) as usize;
+            let page = self
+                .list_events(ListEventsParams {
+                    tenant: params.tenant.clone(),
+                    status: Some(params.status),
+                    from: None,
+                    to: None,
+                    after,
+                    limit,
+                })
+                .await?;
+            count += page.len() as u64;
+            if page.len() < limit {
+                break;
+            }
+            after = page.last().map(|record| record.key.id.clone());
+        }
+        Ok(count)
     }
 
     /// An event's attempt history, oldest first, at most `limit` entries.

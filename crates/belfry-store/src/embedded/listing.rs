@@ -182,6 +182,27 @@ impl Reader<'_> {
     }
 }
 
+/// [`crate::Store::count_events`]: the tenant's `by_status_time` entries of
+/// one status (client events only, like every entry of that index), keys
+/// only, stopping at `at_most`.
+pub fn count(ks: &Keyspaces, params: &crate::CountEventsParams) -> StoreResult<u64> {
+    let snapshot = ks.db.snapshot();
+    let start = keys::status_prefix(&params.tenant, params.status);
+    let end = keys::status_prefix_end(&params.tenant, params.status);
+    let mut count = 0;
+    for item in snapshot.range::<Vec<u8>, _>(
+        &ks.by_status_time,
+        (Bound::Included(start), Bound::Excluded(end)),
+    ) {
+        if count >= params.at_most {
+            break;
+        }
+        item.key().map_err(internal)?;
+        count += 1;
+    }
+    Ok(count)
+}
+
 /// `status`'s range of a listing: after `(position, after)` (from
 /// `position` inclusive without `after`), before `to`.
 fn range_of(

@@ -84,8 +84,8 @@ use tokio::sync::oneshot;
 
 use self::writer::{Job, Keyspaces, Writer, internal};
 use crate::{
-    Applied, ApplyParams, AuditPageParams, DuePageParams, KeyedCommand, ListEventsParams,
-    PartialApply, PurgeParams, Store, StoreError, StoreResult, StoreStats,
+    Applied, ApplyParams, AuditPageParams, CountEventsParams, DuePageParams, KeyedCommand,
+    ListEventsParams, PartialApply, PurgeParams, Store, StoreError, StoreResult, StoreStats,
 };
 
 /// Options of the embedded store.
@@ -616,6 +616,10 @@ impl Store for EmbeddedStore {
             Ok(Some(reads))
         })
         .await
+    }
+
+    async fn count_events(&self, params: CountEventsParams) -> StoreResult<u64> {
+        self.scan(move |ks| listing::count(ks, &params)).await
     }
 
     async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>> {
