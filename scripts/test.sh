@@ -3,7 +3,8 @@
 # (store conformance, API, delivery, crash tests against the real binary)
 # and a smoke run of belfry-bench. Needs the Rust toolchain (1.95); installs
 # PostgreSQL (apt) when it is missing, for the tests that start throwaway
-# database servers. Usage: scripts/test.sh
+# database servers, and python3 with a venv holding PyPI's standardwebhooks
+# (the independent signature verifier). Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,32 @@ if ! command -v pg_config >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/init
     exit 1
   fi
 fi
+
+echo "==> Python verifier (standardwebhooks)"
+# crates/belfry/tests/webhook_security.rs checks Belfry's webhook signatures
+# with the independent `standardwebhooks` package from PyPI, in a venv
+# under target/ (pinned there). Make sure python3 and its venv module exist.
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    sudo=""
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo="sudo"
+  else
+    echo "error: python3 (with venv) is missing and this user cannot install it (not root, no sudo)." >&2
+    exit 1
+  fi
+  if ! { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv; }; then
+    echo "error: installing python3 with apt-get failed; install 'python3' and 'python3-venv' by hand." >&2
+    exit 1
+  fi
+fi
+venv="${CARGO_TARGET_DIR:-target}/belfry-test-venv"
+if ! "$venv/bin/python" -c "import standardwebhooks" >/dev/null 2>&1; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet "standardwebhooks==1.1.0"
+fi
+export BELFRY_TEST_PYTHON="$PWD/$venv/bin/python"
+case "$venv" in /*) export BELFRY_TEST_PYTHON="$venv/bin/python" ;; esac
 
 echo "==> cargo test"
 # The binary is built first so tests that spawn it find it up to date.
