@@ -1,5 +1,6 @@
 //! The background retention sweep: finished events and their attempt
-//! history go once they are older than `history_retention`.
+//! history go once they are older than `history_retention`, and so do
+//! audit log entries (kept like history).
 
 use std::sync::Arc;
 
@@ -36,6 +37,17 @@ pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
         if purged < PAGE {
             if total > 0 {
                 tracing::info!(purged = total, "retention sweep removed finished events");
+            }
+            break;
+        }
+    }
+    let mut audit = 0;
+    loop {
+        let purged = shared.store.purge_audit(cut_off, PAGE).await?;
+        audit += purged;
+        if purged < PAGE {
+            if audit > 0 {
+                tracing::info!(purged = audit, "retention sweep removed audit entries");
             }
             return Ok(total);
         }

@@ -30,6 +30,12 @@ pub enum Command {
     /// `belfry cron next '30 2 * * *' --tz Europe/Berlin --count 3`.
     #[command(subcommand)]
     Cron(crate::cron_cmd::CronCommand),
+
+    /// Create, list and revoke API keys in the node's data directory or
+    /// database, without a running node (the first admin key:
+    /// `belfry keys create --role admin`).
+    #[command(subcommand)]
+    Keys(crate::keys_cmd::KeysCommand),
 }
 
 #[derive(Debug, Args)]

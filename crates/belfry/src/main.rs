@@ -7,6 +7,7 @@ mod cli;
 mod cluster;
 mod config;
 mod cron_cmd;
+mod keys_cmd;
 mod listener;
 mod serve;
 mod tls;
@@ -31,5 +32,6 @@ fn main() -> ExitCode {
             }
         },
         cli::Command::Cron(command) => cron_cmd::run(command),
+        cli::Command::Keys(command) => keys_cmd::run(command),
     }
 }
