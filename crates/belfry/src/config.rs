@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use belfry_api::ApiOptions;
+use belfry_api::{ApiOptions, AuthMode, AuthOptions};
 use belfry_engine::EngineOptions;
 use belfry_engine::membership::MembershipOptions;
 use belfry_sinks::egress::EgressOptions;
@@ -52,6 +52,9 @@ pub struct Config {
     pub cluster: MembershipOptions,
     /// HTTP API limits and BigBen knobs.
     pub api: ApiOptions,
+    /// API keys, open mode, the Host allow-list and the per-key rate limit
+    /// (`docs/security.md`).
+    pub auth: AuthOptions,
     /// Firing, concurrency, retries, retention.
     pub engine: EngineOptions,
     /// Webhook client.
@@ -79,6 +82,7 @@ impl Default for Config {
             clock_skew_margin: std::time::Duration::from_secs(5),
             cluster: MembershipOptions::default(),
             api: ApiOptions::default(),
+            auth: AuthOptions::default(),
             engine: EngineOptions::default(),
             http: HttpSinkOptions::default(),
             egress: EgressOptions::default(),
@@ -108,6 +112,14 @@ struct FlagOverrides {
     database_url: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     advertise: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    auth: Option<AuthFlags>,
+}
+
+/// `--insecure-no-auth`.
+#[derive(Debug, Serialize)]
+struct AuthFlags {
+    mode: AuthMode,
 }
 
 impl Config {
@@ -149,6 +161,9 @@ impl Config {
                 log_format: args.log_format.clone(),
                 database_url: args.database_url.clone(),
                 advertise: args.advertise.clone(),
+                auth: args.insecure_no_auth.then_some(AuthFlags {
+                    mode: AuthMode::None,
+                }),
             }));
         let figment = Figment::from(Serialized::defaults(Config::default())).merge(given.clone());
         let mut config: Config = figment.extract().map_err(describe_errors)?;
@@ -274,6 +289,7 @@ impl Config {
             ));
         }
         problems.extend(self.tls.problems());
+        problems.extend(self.auth.problems());
         if api.default_list_limit > api.max_list_limit {
             problems.push(format!(
                 "api.default_list_limit ({}) must not exceed api.max_list_limit ({})",
@@ -398,6 +414,7 @@ mod tests {
             database_url: None,
             advertise: None,
             log_format: None,
+            insecure_no_auth: false,
         }
     }
 

@@ -104,10 +104,31 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         }
     };
 
+    // API keys: the bootstrap key is stored, then the start-up rule applies
+    // (no key and a non-loopback listener: refuse to serve).
+    let store = engine.handle().store().clone();
+    let checked = async {
+        belfry_api::auth::seed_bootstrap_key(&config.auth, &store, engine.handle().now()).await?;
+        belfry_api::auth::check_startup(&config.auth, &store, config.listen).await
+    }
+    .await;
+    if let Err(refusal) = checked {
+        let _ = stop_cluster.send(());
+        if let Some(task) = membership_task {
+            let _ = task.await;
+        }
+        engine.shutdown().await;
+        return Err(anyhow::anyhow!(refusal));
+    }
     let state = ApiState {
         engine: engine.handle(),
         options: config.api.clone(),
         cluster: cluster_view,
+        auth: Arc::new(belfry_api::Auth::new(
+            config.auth.clone(),
+            store,
+            config.listen,
+        )),
     };
     let app = belfry_api::router(state);
     match tls {
