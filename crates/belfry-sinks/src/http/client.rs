@@ -856,6 +856,35 @@ mod unit_tests {
     }
 
     #[test]
+    fn only_addresses_the_policy_allows_are_connected_to() {
+        // What a host name resolving to the metadata service (or to a mix)
+        // gives the connect loop.
+        let addresses = |list: &[&str]| -> Vec<SocketAddr> {
+            list.iter().map(|a| a.parse().unwrap()).collect()
+        };
+        let policy = EgressPolicy::default();
+        let (allowed, refusal) = allowed_addresses(
+            addresses(&[
+                "169.254.169.254:80",
+                "[::ffff:169.254.169.254]:80",
+                "[fe80::1]:80",
+            ]),
+            &policy,
+        );
+        assert!(allowed.is_empty());
+        assert_eq!(
+            refusal.unwrap().to_string(),
+            "egress_blocked: 169.254.169.254 is a cloud metadata address"
+        );
+        let (allowed, refusal) = allowed_addresses(
+            addresses(&["[fe80::1]:80", "127.0.0.1:80", "8.8.8.8:80"]),
+            &policy,
+        );
+        assert_eq!(allowed, addresses(&["127.0.0.1:80", "8.8.8.8:80"]));
+        assert!(refusal.is_some());
+    }
+
+    #[test]
     fn endpoints() {
         let endpoint = |url: &str| Endpoint::from_url(&reqwest::Url::parse(url).unwrap());
         let e = endpoint("http://Example.COM/hook?a=1#frag").unwrap();
