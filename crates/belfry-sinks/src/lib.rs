@@ -8,7 +8,8 @@
 //!   the delivery to the node's log.
 //!
 //! [`body`] renders what a receiver gets (BigBen's `FULL_EVENT` /
-//! `PAYLOAD_ONLY`), shared by every sink.
+//! `PAYLOAD_ONLY`), shared by every sink; [`signing`] signs it (Standard
+//! Webhooks); [`egress`] decides which addresses a delivery may reach.
 
 use std::sync::Arc;
 

@@ -239,7 +239,7 @@ impl Client {
 #[derive(Debug)]
 pub struct PlainTarget {
     pub endpoint: Endpoint,
-    /// See [`request_head`].
+    /// The request head up to the per-delivery headers (`request_head`).
     pub head: Vec<u8>,
 }
 

@@ -2,24 +2,30 @@
 //!
 //! # Layout
 //! - [`config`]: [`HttpSinkOptions`], the node's client settings;
-//! - [`sink`]: [`HttpSink`], builds the request and runs one attempt;
+//! - [`sink`]: [`HttpSink`], builds each attempt's request (headers, body,
+//!   signature) and classifies how it went;
+//! - [`transport`]: the one seam to the wire, [`Transport`], and its
+//!   contract (one call is one attempt; never resend a request written
+//!   whole; no redirects; the egress policy on every address);
 //! - [`client`]: Belfry's own HTTP/1.1 client for plain `http://` URLs,
 //!   with its keep-alive pool in `pool.rs`;
+//! - [`reqwest_transport`]: reqwest for `https://` (and proxied http);
 //! - [`retry`]: the one classification of responses and errors into a
 //!   [`belfry_core::Verdict`];
 //! - `tests.rs`: real HTTP against the testkit receiver and hand-written
-//!   servers.
+//!   servers, every test through both transports.
 //!
 //! # The request
 //! `POST <url>` with the tenant's headers, then Belfry's (which win on a
 //! clash): `Content-Type: application/json`, [`HEADER_EVENT_ID`],
 //! [`HEADER_TENANT`], [`HEADER_SCHEDULED_AT`], [`HEADER_ATTEMPT`] and
-//! [`HEADER_IDEMPOTENCY_KEY`]. Id, tenant and key values are
-//! percent-encoded UTF-8 (bytes outside printable ASCII, space and `%` as
-//! `%XX`): plain ASCII ids arrive unchanged, anything else decodes back
-//! exactly. The body is [`crate::body::render_delivery_body`].
+//! [`HEADER_IDEMPOTENCY_KEY`], and for a tenant with signing secrets the
+//! Standard Webhooks headers ([`crate::signing`]). Id, tenant and key
+//! values are percent-encoded UTF-8 (bytes outside printable ASCII, space
+//! and `%` as `%XX`): plain ASCII ids arrive unchanged, anything else
+//! decodes back exactly. The body is [`crate::body::render_delivery_body`].
 //!
-//! # The clients
+//! # The transports
 //! Plain `http://` goes through Belfry's own HTTP/1.1 client
 //! ([`client::Client`]): the target's request head is rendered once per
 //! tenant, each delivery appends its headers and body into one buffer,
@@ -36,7 +42,8 @@
 //! keep-alive connections are reused; TLS is rustls with the `ring`
 //! provider and the platform's root certificates.
 //!
-//! Neither follows redirects (a 3xx is a retry).
+//! Neither follows redirects (a 3xx is a retry), and both connect only to
+//! addresses the egress policy ([`crate::egress`]) allows.
 
 pub mod client;
 pub mod config;

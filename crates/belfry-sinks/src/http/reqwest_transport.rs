@@ -4,7 +4,7 @@
 //! One `reqwest::Client` serves every tenant, so its pool keeps
 //! connections alive per host. Redirects are off. The egress policy is
 //! applied twice, covering both ways reqwest finds an address: a custom
-//! DNS resolver ([`EgressResolver`]) filters what a host name resolves to,
+//! DNS resolver (`EgressResolver`) filters what a host name resolves to,
 //! and [`Transport::prepare`] checks a URL whose host is an IP literal
 //! (hyper connects to those without asking the resolver). With a proxy, the
 //! address connected to is the proxy's, which the resolver checks.
