@@ -313,6 +313,10 @@ fn routes(t: &str) -> Vec<(Call<'static>, u16)> {
             404,
         ),
         (Call::new("DELETE", v1.clone()), 404),
+        (
+            Call::new("POST", format!("{v1}/signing-secrets/rotate")).json(json!({})),
+            404,
+        ),
         (Call::new("GET", format!("{v1}/events")), 404),
         (
             Call::new("POST", format!("{v1}/events"))

@@ -10,11 +10,14 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use belfry_core::auth::AuditAction;
 use belfry_core::{SigningSecrets, TenantConfig};
 use belfry_sinks::signing::generate_secret;
 use serde::{Deserialize, Serialize};
 
 use crate::ApiState;
+use crate::auth::Principal;
+use crate::auth::routes::audit;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path};
 use crate::v1::tenants::{tenant_name, tenant_not_found};
@@ -76,6 +79,7 @@ struct Rotated {
 /// signature, for the grace period.
 pub(crate) async fn rotate(
     State(state): State<ApiState>,
+    principal: Principal,
     V1Path(tenant): V1Path<String>,
     V1Json(body): V1Json<Rotate>,
 ) -> Result<Response, V1Error> {
@@ -102,6 +106,14 @@ pub(crate) async fn rotate(
     store.put_tenant(config).await?;
     state.engine.tenant_changed(&name);
     tracing::info!(tenant = %name, grace_secs = grace.as_secs(), "signing secret rotated");
+    audit(
+        &state,
+        &principal,
+        AuditAction::TenantChanged,
+        Some(&name),
+        Some("signing_secret_rotated".to_string()),
+    )
+    .await;
     Ok(Json(Rotated {
         tenant: name.as_str().to_string(),
         signing_secret: secret,
