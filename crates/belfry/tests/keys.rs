@@ -299,3 +299,104 @@ async fn a_public_address_needs_a_key_or_an_explicit_no_auth() {
     assert_eq!(status(&url, Some(secret.expose())).await, 200);
     stop(&mut child);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_never_reach_answers_or_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = belfry_core::auth::KeySecret::generate().unwrap();
+    let admin = secret.expose();
+    let node = BelfryProcess::start(
+        BelfryLaunch::new(BIN, dir.path().join("data"))
+            .env("RUST_LOG", "debug")
+            .env("BELFRY_AUTH__BOOTSTRAP_ADMIN_KEY", admin),
+    )
+    .await
+    .expect("belfry starts");
+    let client = http_client();
+    // A webhook that refuses connections (port 9 on loopback), with
+    // credentials in its URL and a secret header.
+    let registered = client
+        .post(node.url("/events/tenant/register"))
+        .bearer_auth(admin)
+        .json(
+            &serde_json::json!({ "tenant": "acme", "type": "HTTP", "props": {
+            "url": "http://hook-user:url-password-42@127.0.0.1:9/hook",
+            "headers": { "Authorization": "Bearer header-secret-42" } } }),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(registered.status(), 200);
+    let answer = registered.text().await.unwrap();
+    let now = belfry_core::Timestamp::from_millis(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64,
+    );
+    let scheduled = client
+        .post(node.url("/events/schedule"))
+        .bearer_auth(admin)
+        .json(&serde_json::json!([{ "id": "e1", "tenant": "acme",
+            "eventTime": now.to_rfc3339(), "payload": "p" }]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scheduled.status(), 200);
+    // Wait for a failed attempt: the delivery path has run and logged.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut answers = vec![answer];
+    loop {
+        let attempts: Value = client
+            .get(node.url("/v1/tenants/acme/events/e1/attempts"))
+            .bearer_auth(admin)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if attempts["attempts"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+        {
+            answers.push(attempts.to_string());
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no attempt: {attempts}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for path in [
+        "/events/tenants",
+        "/v1/tenants/acme",
+        "/v1/tenants/acme/events/e1",
+    ] {
+        let text = client
+            .get(node.url(path))
+            .bearer_auth(admin)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        answers.push(text);
+    }
+    let logs = node.logs_tail(100_000);
+    assert!(
+        logs.contains("DEBUG") || logs.contains("INFO"),
+        "no logs captured"
+    );
+    for secret in ["url-password-42", "header-secret-42", admin] {
+        assert!(!logs.contains(secret), "the log shows {secret}");
+        for answer in &answers {
+            assert!(
+                !answer.contains(secret),
+                "an answer shows {secret}: {answer}"
+            );
+        }
+    }
+}
