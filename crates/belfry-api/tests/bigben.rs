@@ -124,7 +124,23 @@ async fn bad_tenant_registrations_are_400_and_change_nothing() {
         ),
         (
             json!({ "tenant": 5, "type": "HTTP", "props": { "url": "http://a/" } }),
-            "invalid type",
+            "tenant must be a string",
+        ),
+        (
+            json!({ "tenant": "t", "type": 1, "props": { "url": "http://a/" } }),
+            "type must be a string",
+        ),
+        (
+            json!({ "tenant": "t", "type": "HTTP", "props": [] }),
+            "props must be an object",
+        ),
+        (
+            json!({ "tenant": "t", "type": "HTTP", "props": { "url": "http://a/", "timeout_ms": "x" } }),
+            "props.timeout_ms must be a whole number",
+        ),
+        (
+            json!({ "tenant": "t", "type": "HTTP", "props": { "url": "http://h:99999/" } }),
+            "port",
         ),
         (json!([1, 2]), "wrong shape"),
     ];
@@ -136,6 +152,9 @@ async fn bad_tenant_registrations_are_400_and_change_nothing() {
             message.contains(expected),
             "{body}: {message:?} lacks {expected:?}"
         );
+        for word in ["u64", "invalid type"] {
+            assert!(!message.contains(word), "{body}: {message:?}");
+        }
         assert_eq!(answer.body.as_object().unwrap().len(), 1, "{answer:?}");
     }
     let broken = h

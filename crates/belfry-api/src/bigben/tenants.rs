@@ -22,14 +22,16 @@ use crate::error::{ApiError, BigBenError, code};
 use crate::extract::BigBenJson;
 
 /// BigBen's `ProcessorConfig`; fields optional so that a missing one gets
-/// BigBen's message instead of a parser error.
+/// BigBen's message instead of a parser error, and plain JSON so that a
+/// wrong type gets a message naming the field (not serde's "invalid type:
+/// integer, expected a string").
 #[derive(Debug, Deserialize)]
 #[serde(expecting = "a ProcessorConfig object")]
 pub(crate) struct ProcessorConfig {
-    tenant: Option<String>,
+    tenant: Option<Value>,
     #[serde(rename = "type")]
-    kind: Option<String>,
-    props: Option<Map<String, Value>>,
+    kind: Option<Value>,
+    props: Option<Value>,
 }
 
 /// Registers (or replaces) a tenant; answers every tenant's config the
@@ -99,17 +101,20 @@ fn invalid(message: impl Into<String>) -> ApiError {
 }
 
 fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
-    let tenant_text = config
-        .tenant
-        .ok_or_else(|| invalid("tenant must not be null"))?;
+    let text = |value: Option<Value>, field: &str| match value {
+        None | Some(Value::Null) => Err(invalid(format!("{field} must not be null"))),
+        Some(Value::String(text)) => Ok(text),
+        Some(_) => Err(invalid(format!("{field} must be a string"))),
+    };
+    let tenant_text = text(config.tenant, "tenant")?;
     let name = TenantName::new(tenant_text)
         .map_err(|e| ApiError::bad_request(code::INVALID_NAME, e.to_string()))?;
-    let kind = config
-        .kind
-        .ok_or_else(|| invalid("type must not be null"))?;
-    let mut props = config
-        .props
-        .ok_or_else(|| invalid("props must not be null"))?;
+    let kind = text(config.kind, "type")?;
+    let mut props = match config.props {
+        None | Some(Value::Null) => return Err(invalid("props must not be null")),
+        Some(Value::Object(props)) => props,
+        Some(_) => return Err(invalid("props must be an object")),
+    };
     let sink = match kind.as_str() {
         "HTTP" => {
             let url = take_string(&mut props, "url")?
