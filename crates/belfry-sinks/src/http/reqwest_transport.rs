@@ -54,9 +54,26 @@ impl ReqwestTransport {
         options: &HttpSinkOptions,
         egress: Arc<EgressPolicy>,
     ) -> Result<Self, reqwest::Error> {
+        Self::with_roots(options, egress, Vec::new())
+    }
+
+    /// [`ReqwestTransport::new`] trusting only `roots` when there are any
+    /// (tests: a test CA), else the platform's roots.
+    ///
+    /// # Errors
+    /// When reqwest cannot build the client (e.g. an invalid user agent).
+    pub fn with_roots(
+        options: &HttpSinkOptions,
+        egress: Arc<EgressPolicy>,
+        roots: Vec<reqwest::Certificate>,
+    ) -> Result<Self, reqwest::Error> {
         // Err means another provider is already installed: fine, use it.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if !roots.is_empty() {
+            builder = builder.tls_certs_only(roots);
+        }
+        let client = builder
             .tls_backend_rustls()
             .connect_timeout(options.connect_timeout())
             .pool_max_idle_per_host(options.pool_max_idle_per_host)

@@ -143,9 +143,23 @@ impl HttpSink {
         egress: EgressOptions,
         plain_http: PlainHttp,
     ) -> Result<Self, HttpSinkError> {
+        Self::build_with_roots(options, egress, plain_http, Vec::new())
+    }
+
+    /// [`HttpSink::build`] trusting only `roots` for `https://` when there
+    /// are any (tests: a test CA).
+    ///
+    /// # Errors
+    /// When reqwest cannot build the client (e.g. an invalid user agent).
+    pub fn build_with_roots(
+        options: HttpSinkOptions,
+        egress: EgressOptions,
+        plain_http: PlainHttp,
+        roots: Vec<reqwest::Certificate>,
+    ) -> Result<Self, HttpSinkError> {
         let egress = Arc::new(EgressPolicy::new(egress));
-        let reqwest =
-            ReqwestTransport::new(&options, Arc::clone(&egress)).map_err(HttpSinkError::Client)?;
+        let reqwest = ReqwestTransport::with_roots(&options, Arc::clone(&egress), roots)
+            .map_err(HttpSinkError::Client)?;
         let plain = Client::new(
             options.connect_timeout(),
             options.pool_max_idle_per_host,

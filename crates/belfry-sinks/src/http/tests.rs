@@ -1154,3 +1154,186 @@ async fn loopback_follows_the_policy_by_address_and_by_name() {
         assert_eq!(receiver.count(), 4);
     }
 }
+
+// ---- HTTPS through a test CA (the reqwest transport over real TLS) ----
+
+/// A request as the TLS receiver saw it: lowercase headers, body.
+type SeenRequest = (Vec<(String, String)>, Vec<u8>);
+
+/// An HTTPS receiver with a certificate for `localhost` and 127.0.0.1 from
+/// a fresh test CA; records each request's headers and body, answers 204.
+struct TlsReceiver {
+    port: u16,
+    ca: reqwest::Certificate,
+    seen: Arc<std::sync::Mutex<Vec<SeenRequest>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TlsReceiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TlsReceiver {
+    async fn start() -> TlsReceiver {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+        // Installs the process's rustls provider.
+        let _ = sink();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
+            .unwrap()
+            .signed_by(&leaf_key, &ca)
+            .unwrap();
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from(leaf.der().to_vec())],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der())),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let task = tokio::spawn({
+            let seen = Arc::clone(&seen);
+            async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    let acceptor = acceptor.clone();
+                    let seen = Arc::clone(&seen);
+                    tokio::spawn(async move {
+                        let Ok(mut tls) = acceptor.accept(stream).await else {
+                            return;
+                        };
+                        let mut buffer = Vec::new();
+                        loop {
+                            let parsed = {
+                                let mut headers = [httparse::EMPTY_HEADER; 64];
+                                let mut request = httparse::Request::new(&mut headers);
+                                match request.parse(&buffer) {
+                                    Ok(httparse::Status::Complete(head)) => {
+                                        let fields: Vec<(String, String)> = request
+                                            .headers
+                                            .iter()
+                                            .map(|h| {
+                                                (
+                                                    h.name.to_ascii_lowercase(),
+                                                    String::from_utf8_lossy(h.value).into_owned(),
+                                                )
+                                            })
+                                            .collect();
+                                        let length: usize = fields
+                                            .iter()
+                                            .find(|(n, _)| n == "content-length")
+                                            .map_or(0, |(_, v)| v.parse().unwrap());
+                                        (buffer.len() >= head + length).then(|| {
+                                            let body = buffer[head..head + length].to_vec();
+                                            (fields, body, head + length)
+                                        })
+                                    }
+                                    _ => None,
+                                }
+                            };
+                            if let Some((fields, body, used)) = parsed {
+                                buffer.drain(..used);
+                                seen.lock().unwrap().push((fields, body));
+                                let answer = b"HTTP/1.1 204 No Content\r\n\r\n";
+                                if tls.write_all(answer).await.is_err() {
+                                    return;
+                                }
+                                continue;
+                            }
+                            let mut chunk = [0u8; 8192];
+                            match tls.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        TlsReceiver {
+            port,
+            ca: reqwest::Certificate::from_pem(ca.pem().as_bytes()).unwrap(),
+            seen,
+            task,
+        }
+    }
+
+    fn sink(&self, egress: EgressOptions) -> HttpSink {
+        HttpSink::build_with_roots(
+            HttpSinkOptions::default(),
+            egress,
+            PlainHttp::Auto,
+            vec![self.ca.clone()],
+        )
+        .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn https_through_a_test_ca_is_signed_and_egress_checked() {
+    let receiver = TlsReceiver::start().await;
+    let secret = generate_secret();
+    let by_name = signed(
+        tenant(
+            format!("https://localhost:{}/hook", receiver.port),
+            Some(5_000),
+        ),
+        SigningSecrets::new(secret.clone()),
+    );
+    let by_address = tenant(
+        format!("https://127.0.0.1:{}/hook", receiver.port),
+        Some(5_000),
+    );
+    let event = event(&by_name, "order-42", DeliveryOption::FullEvent);
+
+    let internal = receiver.sink(EgressOptions::default());
+    for tenant in [&by_name, &by_address] {
+        let result = deliver_to(&internal, tenant, &event, 1).await;
+        assert_eq!(result, DeliveryResult::delivered(Some(204)), "{tenant:?}");
+    }
+    let seen = receiver.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    let (headers, body) = &seen[0];
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
+    assert_eq!(header("webhook-id"), "0190-version-1");
+    let expected = Signer::new(&SigningSecrets::new(secret))
+        .unwrap()
+        .signature(
+            &header("webhook-id"),
+            &header("webhook-timestamp"),
+            body,
+            Timestamp::from_millis(0),
+        );
+    assert_eq!(header("webhook-signature"), expected);
+    assert_eq!(header("authorization"), "Bearer s3cret");
+
+    // The policy holds over TLS too: by name (the resolver) and by address.
+    let public = receiver.sink(public_only());
+    for tenant in [&by_name, &by_address] {
+        let result = deliver_to(&public, tenant, &event, 1).await;
+        assert_eq!(result.verdict, Verdict::Permanent, "{result:?}");
+        assert!(
+            result
+                .error
+                .as_deref()
+                .unwrap()
+                .starts_with("egress_blocked: "),
+            "{result:?}"
+        );
+    }
+    assert_eq!(receiver.seen.lock().unwrap().len(), 2);
+}
