@@ -1,6 +1,14 @@
 //! Real HTTP on loopback: every behaviour against the testkit receiver,
 //! and byte-exact responses from hand-written servers for the plain-http
 //! client's framing, keep-alive and failure paths.
+//!
+//! Every test runs through both transports ([`TRANSPORTS`]): Belfry's
+//! client and reqwest, which the seam can route plain `http://` through
+//! ([`PlainHttp::Reqwest`]), so headers, bodies, signing, timeouts,
+//! retries, the resend rule and the egress policy are checked for both on
+//! plain loopback http. Where the two differ by design (Belfry's own error
+//! wording, head limit and connection reuse after a too-long body) the
+//! test says so. One test runs reqwest over real TLS with a test CA.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
