@@ -222,7 +222,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
     let record = loop {
         let read = match read_ahead.take() {
             Some(record) => Ok(Some(record)),
-            None => shared.store.get_event(&entry.key).await,
+            None => shared.reads.get(&entry.key).await,
         };
         let record = match read {
             Ok(Some(record)) => record,

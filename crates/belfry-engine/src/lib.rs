@@ -47,6 +47,7 @@ pub mod options;
 pub mod ownership;
 pub mod partition;
 pub mod purge;
+mod reads;
 pub mod recorder;
 pub mod schedules;
 pub mod tenants;
@@ -89,6 +90,8 @@ pub(crate) struct Shared {
     /// writes); the others wait as small tasks.
     pub(crate) schedule_firings: Arc<tokio::sync::Semaphore>,
     pub(crate) outcomes: mpsc::Sender<recorder::Outcome>,
+    /// Fire-time record reads, batched node-wide.
+    pub(crate) reads: reads::RecordReads,
     /// Set once shutdown starts: no new delivery begins after it.
     pub(crate) stopping: AtomicBool,
     pub(crate) stop_signal: watch::Sender<bool>,
@@ -142,6 +145,7 @@ impl Engine {
             schedule_firings: Arc::new(tokio::sync::Semaphore::new(
                 schedules::MAX_CONCURRENT_FIRINGS,
             )),
+            reads: reads::RecordReads::start(store.clone()),
             store,
             sinks,
             clock,

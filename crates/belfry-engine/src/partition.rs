@@ -19,7 +19,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use belfry_core::fire::{Action, CoreConfig, Fired, Input, LoadRequest, PartitionCore};
+use belfry_core::fire::{Action, CoreConfig, Input, LoadRequest, PartitionCore};
 use belfry_core::{PartitionId, Timestamp};
 use belfry_store::DuePageParams;
 use tokio::sync::{Notify, watch};
@@ -169,41 +169,14 @@ fn perform(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, actions: Vec
                     partition.input(Input::ReadAhead { records }, shared.clock.now());
                 });
             }
-            Action::Deliver(fired) => deliver(shared, partition, fired),
+            // Entries without a record read ahead (a cluster node never reads
+            // ahead) read theirs when their delivery starts, batched
+            // node-wide (`reads.rs`).
+            Action::Deliver(fired) => crate::dispatch::submit(shared, partition, fired),
             // Only answers a `Claim`, which delivery tasks send themselves.
             Action::Claimed { .. } | Action::Reread { .. } => {}
         }
     }
-}
-
-/// Hands fired entries to the dispatcher. Entries without a record read
-/// ahead (a cluster node never reads ahead) get theirs in one batched read
-/// first: it happens at or after their instant, so a change acknowledged
-/// before the instant through any node is seen, at the cost of one round
-/// trip per batch instead of one per delivery.
-fn deliver(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, mut fired: Vec<Fired>) {
-    let missing: Vec<usize> = (0..fired.len())
-        .filter(|&i| fired[i].record.is_none())
-        .collect();
-    if missing.len() < 2 {
-        return crate::dispatch::submit(shared, partition, fired);
-    }
-    let (shared, partition) = (shared.clone(), partition.clone());
-    tokio::spawn(async move {
-        let keys: Vec<_> = missing
-            .iter()
-            .map(|&i| fired[i].entry.key.clone())
-            .collect();
-        // A failed read leaves the records out: each delivery reads its own.
-        if let Ok(records) = shared.store.get_events(&keys).await {
-            for (i, record) in missing.into_iter().zip(records) {
-                // An event gone since (purged) needs no delivery: its
-                // delivery's own read finds nothing too.
-                fired[i].record = record;
-            }
-        }
-        crate::dispatch::submit(&shared, &partition, fired);
-    });
 }
 
 fn spawn_load(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, request: LoadRequest) {
@@ -217,6 +190,7 @@ fn spawn_load(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, request: 
                 through: request.through,
                 limit: request.limit,
                 tenant: request.tenant().cloned(),
+                skip_tenants: request.skip.clone(),
             })
             .await;
         let page = match page {

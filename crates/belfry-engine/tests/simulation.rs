@@ -1450,6 +1450,7 @@ impl Sim {
                     through: at,
                     limit: 100_000,
                     tenant: Some(record.key.tenant.clone()),
+                    skip_tenants: Vec::new(),
                 })
                 .await;
             let indexed = match page {

@@ -493,6 +493,9 @@ impl Store for PostgresStore {
         let through = params.through.as_millis();
         let limit = sql_limit(params.limit);
         let tenant = params.tenant.as_ref().map(|t| t.as_str());
+        // Filtered, not seeked past: the index is still walked through a
+        // skipped tenant's entries, but they are neither fetched nor sent.
+        let skip: Vec<&str> = params.skip_tenants.iter().map(|t| t.as_str()).collect();
         // `after` as a row value; none sorts before every real one.
         let (after_due, after_tenant, after_id) = match &params.after {
             Some(after) => (
@@ -509,6 +512,7 @@ impl Store for PostgresStore {
                    AND next_fire_at <= $2
                    AND (next_fire_at, tenant, id) > ($3, $4, $5)
                    AND ($7::text IS NULL OR tenant = $7)
+                   AND tenant <> ALL($8::text[])
                  ORDER BY next_fire_at, tenant, id LIMIT $6",
             )
             .await
@@ -524,6 +528,7 @@ impl Store for PostgresStore {
                     &after_id,
                     &limit,
                     &tenant,
+                    &skip,
                 ],
             )
             .await

@@ -161,6 +161,12 @@ pub struct DuePageParams {
     /// Only this tenant's events (a partition pages a tenant's backlog back
     /// in after evicting it). The scan may pass other tenants' entries.
     pub tenant: Option<TenantName>,
+    /// Tenants whose entries may be left out: the caller does not hold
+    /// them (their backlog overflows). A backend should not read through
+    /// them: the embedded store seeks past each run of a skipped tenant's
+    /// entries at one instant (a hung tenant's millions due at once cost
+    /// one seek). Leaving them in is correct too, only slower.
+    pub skip_tenants: Vec<TenantName>,
 }
 
 /// Parameters of [`Store::list_events`].

@@ -136,6 +136,7 @@ async fn due_of(store: &SharedStore, partition: PartitionId) -> Vec<belfry_core:
             through: Timestamp::from_millis(i64::MAX),
             limit: usize::MAX,
             tenant: None,
+            skip_tenants: Vec::new(),
         })
         .await
         .unwrap()

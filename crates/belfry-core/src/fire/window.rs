@@ -125,6 +125,15 @@ impl FairWindow {
             .collect()
     }
 
+    /// Blocked tenants holding more than `max` entries.
+    pub fn blocked_over(&self, max: usize) -> Vec<TenantName> {
+        self.lanes
+            .iter()
+            .filter(|(_, lane)| lane.blocked && lane.entries.len() > max)
+            .map(|(tenant, _)| tenant.clone())
+            .collect()
+    }
+
     /// Entries held for `tenant`.
     pub fn held_by(&self, tenant: &TenantName) -> usize {
         self.lanes.get(tenant).map_or(0, |lane| lane.entries.len())
@@ -237,9 +246,12 @@ impl FairWindow {
         Some(entry)
     }
 
-    /// Entries due at or before `through`, after the per-tenant marks given
-    /// by `after` (exclusive), in due order per tenant, tenants in head
-    /// order; at most `max`.
+    /// Entries of tenants that may fire (not blocked) due at or before
+    /// `through`, after the per-tenant marks given by `after` (exclusive),
+    /// in due order per tenant, tenants in head order; at most `max`.
+    /// Blocked tenants are left out: reading their records ahead would fill
+    /// the read-ahead with entries that cannot fire (a hung tenant's
+    /// backlog), and they read theirs when they fire.
     pub fn due_through(
         &self,
         through: Timestamp,
@@ -247,7 +259,7 @@ impl FairWindow {
         max: usize,
     ) -> Vec<DueCursor> {
         let mut found = Vec::new();
-        for (head, tenant) in &self.heads {
+        for (head, tenant) in &self.ready {
             if *head > through || found.len() >= max {
                 break;
             }
@@ -301,6 +313,17 @@ impl FairWindow {
             if evicted.len() == before {
                 break;
             }
+        }
+        evicted
+    }
+
+    /// Evicts a tenant's latest entries until it holds at most `max`; its
+    /// overflow mark moves back as in [`FairWindow::evict_to`].
+    pub fn evict_tenant_to(&mut self, tenant: &TenantName, max: usize) -> Vec<DueCursor> {
+        let mut evicted = Vec::new();
+        let excess = self.held_by(tenant).saturating_sub(max);
+        if excess > 0 {
+            self.evict_latest(tenant, excess, &mut evicted);
         }
         evicted
     }

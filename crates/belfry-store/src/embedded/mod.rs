@@ -586,15 +586,37 @@ impl Store for EmbeddedStore {
             };
             let end = Bound::Included(keys::due_through_last(params.partition, params.through));
             let tenant = params.tenant.as_ref();
-            ks.due
-                .range::<Vec<u8>, _>((start, end))
-                .map(|item| keys::decode_due_key(&item.key().map_err(internal)?))
-                .filter(|entry| match (entry, tenant) {
-                    (Ok(entry), Some(tenant)) => entry.key.tenant == *tenant,
-                    _ => true,
-                })
-                .take(params.limit)
-                .collect()
+            let mut page = Vec::new();
+            let mut from = start;
+            // Each skipped run restarts the scan past it; bounded so that a
+            // skipped tenant with one entry per instant costs no more than
+            // reading its entries would.
+            let mut seeks_left = params.limit.max(16);
+            'scan: loop {
+                for item in ks.due.range::<Vec<u8>, _>((from.clone(), end.clone())) {
+                    let entry = keys::decode_due_key(&item.key().map_err(internal)?)?;
+                    if tenant.is_some_and(|t| entry.key.tenant != *t) {
+                        continue;
+                    }
+                    if params.skip_tenants.contains(&entry.key.tenant) {
+                        if seeks_left > 0 {
+                            seeks_left -= 1;
+                            // Past every entry of this tenant at this instant.
+                            let mut past = keys::due_key_raw(params.partition, entry.due, &[]);
+                            past.extend_from_slice(&keys::tenant_prefix_end(&entry.key.tenant));
+                            from = Bound::Included(past);
+                            continue 'scan;
+                        }
+                        continue;
+                    }
+                    page.push(entry);
+                    if page.len() >= params.limit {
+                        break;
+                    }
+                }
+                break;
+            }
+            Ok(page)
         })
         .await
     }
