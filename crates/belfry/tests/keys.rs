@@ -400,3 +400,76 @@ async fn secrets_never_reach_answers_or_the_log() {
         }
     }
 }
+
+/// `GET url` with a key until it answers `want` (within the deadline).
+async fn until_status(url: &str, key: Option<&str>, want: u16) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let got = status(url, key).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{url} answered {got}, never {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_made_on_one_cluster_node_hold_on_the_others() {
+    let url = PgServer::shared().fresh_database().await;
+    let mut nodes = Vec::new();
+    let mut dirs = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        let launch = BelfryLaunch::new(BIN, dir.path().join("unused"))
+            .arg("--database-url")
+            .arg(url.as_str())
+            .env("BELFRY_AUTH__KEY_CACHE_TTL_MS", "200");
+        nodes.push(BelfryProcess::start(launch).await.expect("node starts"));
+        dirs.push(dir);
+    }
+    let (a, b) = (&nodes[0], &nodes[1]);
+    // Both open (loopback, no key), until node A makes the first key.
+    assert_eq!(status(&b.url("/v1/tenants"), None).await, 200);
+    let created: Value = http_client()
+        .post(a.url("/v1/keys"))
+        .json(&serde_json::json!({ "tenant": null, "role": "admin" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let admin = created["secret"].as_str().unwrap().to_string();
+    // B closes within its open-mode recheck (1 s) and takes A's key.
+    until_status(&b.url("/v1/tenants"), None, 401).await;
+    assert_eq!(status(&b.url("/v1/tenants"), Some(&admin)).await, 200);
+    // A tenant key made through B, revoked through A: B refuses it within
+    // its cache TTL.
+    let tenant_key: Value = http_client()
+        .post(b.url("/v1/keys"))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "tenant": "acme", "role": "read" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let secret = tenant_key["secret"].as_str().unwrap();
+    let events = |node: &BelfryProcess| node.url("/v1/tenants/acme/events");
+    assert_eq!(status(&events(b), Some(secret)).await, 200);
+    assert_eq!(status(&events(a), Some(secret)).await, 200);
+    let revoked = http_client()
+        .delete(a.url(&format!("/v1/keys/{}", tenant_key["id"].as_str().unwrap())))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoked.status(), 204);
+    assert_eq!(status(&events(a), Some(secret)).await, 401);
+    until_status(&events(b), Some(secret), 401).await;
+}
