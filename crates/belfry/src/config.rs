@@ -453,6 +453,7 @@ mod tests {
             ("[cluster]\ntick = 5", "cluster.tick", "tick_ms"),
             ("[api]\nmax_batches = 5", "api.max_batches", "max_batch"),
             ("[http]\ntimeout = 5", "http.timeout", "request_timeout_ms"),
+            ("[auth]\nmodes = \"none\"", "auth.modes", "bootstrap_admin_key"),
         ] {
             let error = load_error(toml);
             assert!(
@@ -586,6 +587,15 @@ mod tests {
                 "log_format = \"xml\"",
                 "log_format must be \"text\" or \"json\", not \"xml\"",
             ),
+            (
+                "[auth]\nbootstrap_admin_key = \"bfy_short\"",
+                "auth.bootstrap_admin_key is not a valid key: an API key starts with \"bfy_\"",
+            ),
+            (
+                "[auth]\nallowed_hosts = [\"http://evil.example/\"]",
+                "auth.allowed_hosts: \"http://evil.example/\" is not a host name",
+            ),
+            ("[auth]\nmode = \"off\"", "auth.mode: unknown variant"),
         ] {
             let error = load_error(toml);
             assert!(error.contains(expected), "{toml:?}: {error}");
