@@ -48,6 +48,10 @@ pub mod code {
     pub const RATE_LIMITED: &str = "rate_limited";
     pub const KEY_NOT_FOUND: &str = "key_not_found";
     pub const INTERNAL: &str = "internal";
+    /// A per-tenant quota (pending events, schedules) would be passed.
+    pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
+    /// An event's payload is larger than `limits.max_payload_bytes`.
+    pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
 }
 
 /// A failure to answer with: status, stable code, client-safe message.

@@ -37,6 +37,7 @@ pub mod cluster;
 pub mod error;
 pub mod extract;
 pub mod options;
+mod quota;
 mod v1;
 
 pub use auth::{Auth, AuthMode, AuthOptions, Principal};

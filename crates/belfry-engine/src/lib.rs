@@ -18,6 +18,8 @@
 //! - [`schedules`]: recurring schedules: the control-event firing (plan,
 //!   store occurrences, move the control event) and their management;
 //! - [`purge`]: the background retention sweep;
+//! - [`quotas`]: per-tenant quotas on pending events, schedules and
+//!   payload size, checked before client writes;
 //! - [`tenants`]: a short-lived cache of tenant configs.
 //!
 //! # The fire path
@@ -47,6 +49,7 @@ pub mod options;
 pub mod ownership;
 pub mod partition;
 pub mod purge;
+pub mod quotas;
 mod reads;
 pub mod recorder;
 pub mod schedules;
@@ -83,6 +86,8 @@ pub(crate) struct Shared {
     pub(crate) owned: OwnedPartitions,
     pub(crate) tenants: tenants::TenantCache,
     pub(crate) limits: dispatch::Limits,
+    /// Per-tenant quota estimates (client writes are checked against them).
+    pub(crate) quotas: quotas::Quotas,
     /// Signalled whenever a fired entry is finished (its outcome stored,
     /// or dropped): hand-overs and shutdown wait on it.
     pub(crate) finished: tokio::sync::Notify,
@@ -141,6 +146,7 @@ impl Engine {
         let (stop_signal, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             limits: dispatch::Limits::new(&options),
+            quotas: quotas::Quotas::new(options.quotas.clone()),
             finished: tokio::sync::Notify::new(),
             schedule_firings: Arc::new(tokio::sync::Semaphore::new(
                 schedules::MAX_CONCURRENT_FIRINGS,
@@ -243,10 +249,14 @@ impl EngineHandle {
             })
             .await;
         match &result {
-            Ok(applied) => self.inner.route_effects(applied),
+            Ok(applied) => {
+                self.inner.route_effects(applied);
+                self.inner.quotas.applied(applied);
+            }
             Err(belfry_store::StoreError::Partial(partial)) => {
                 for applied in partial.applied() {
                     self.inner.route_effects(std::slice::from_ref(applied));
+                    self.inner.quotas.applied(std::slice::from_ref(applied));
                 }
             }
             Err(_) => {}

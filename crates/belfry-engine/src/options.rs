@@ -72,6 +72,10 @@ pub struct EngineOptions {
         rename = "repair_interval_ms"
     )]
     pub repair_interval: Duration,
+    /// Per-tenant quotas; the node sets them from its `[limits]` section
+    /// (not an `engine.*` key). Default here: none.
+    #[serde(skip)]
+    pub quotas: crate::quotas::QuotaOptions,
 }
 
 impl EngineOptions {
@@ -104,6 +108,7 @@ impl Default for EngineOptions {
             schedule_max_missed_recorded: 100,
             read_ahead: Duration::from_millis(500),
             repair_interval: Duration::from_secs(5),
+            quotas: crate::quotas::QuotaOptions::unlimited(),
         }
     }
 }

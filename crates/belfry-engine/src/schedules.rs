@@ -60,6 +60,18 @@ pub enum ScheduleOpError {
     NotFound(ScheduleId),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Creating it would pass the tenant's quota of schedules.
+    #[error(transparent)]
+    Quota(#[from] crate::quotas::QuotaExceeded),
+}
+
+impl From<crate::quotas::QuotaError> for ScheduleOpError {
+    fn from(error: crate::quotas::QuotaError) -> Self {
+        match error {
+            crate::quotas::QuotaError::Exceeded(exceeded) => ScheduleOpError::Quota(exceeded),
+            crate::quotas::QuotaError::Store(store) => ScheduleOpError::Store(store),
+        }
+    }
 }
 
 /// A stored schedule as clients see it.
@@ -342,11 +354,17 @@ impl EngineHandle {
             }
         };
         schedule.updated_at = now;
+        if outcome == PutOutcome::Created {
+            self.check_schedule_quota(tenant).await?;
+        }
         let mut commands = self
             .cancel_future_occurrences(tenant, &schedule.id, now)
             .await?;
         commands.extend(self.control_commands(tenant, &mut schedule, &spec));
         self.apply(commands).await?;
+        if outcome == PutOutcome::Created {
+            self.inner.quotas.schedule_created(tenant);
+        }
         Ok((outcome, self.state(tenant, schedule, None)))
     }
 
@@ -435,6 +453,7 @@ impl EngineHandle {
             fence: None,
         });
         self.apply(commands).await?;
+        self.inner.quotas.schedule_deleted(tenant);
         Ok(before)
     }
 

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use belfry_api::{ApiOptions, AuthMode, AuthOptions};
 use belfry_engine::EngineOptions;
 use belfry_engine::membership::MembershipOptions;
+use belfry_engine::quotas::QuotaOptions;
 use belfry_sinks::egress::EgressOptions;
 use belfry_sinks::http::HttpSinkOptions;
 use figment::Figment;
@@ -66,6 +67,8 @@ pub struct Config {
     pub server: ServerOptions,
     /// TLS for the API (on when `tls.cert_file` is set).
     pub tls: TlsOptions,
+    /// Per-tenant quotas: pending events, schedules, payload size.
+    pub limits: QuotaOptions,
 }
 
 impl Default for Config {
@@ -88,6 +91,7 @@ impl Default for Config {
             egress: EgressOptions::default(),
             server: ServerOptions::default(),
             tls: TlsOptions::default(),
+            limits: QuotaOptions::default(),
         }
     }
 }
@@ -172,6 +176,8 @@ impl Config {
             engine.max_in_flight_per_tenant =
                 engine.max_in_flight_per_tenant.min(engine.max_in_flight);
         }
+        // The engine checks the quotas; `[limits]` is their one home.
+        config.engine.quotas = config.limits.clone();
         config.validate()?;
         Ok(config)
     }
@@ -193,8 +199,8 @@ impl Config {
     /// `engine.retry.fast_retries`, `engine.schedule_lead_ms` or
     /// `engine.schedule_misfire_threshold_ms` (not both),
     /// `engine.schedule_max_missed_recorded`, `api.lapse_offset_ms`,
-    /// `http.pool_max_idle_per_host` (no keep-alive) and
-    /// `cluster.safety_margin_ms`.
+    /// `http.pool_max_idle_per_host` (no keep-alive),
+    /// `cluster.safety_margin_ms` and the `limits.max_*` quotas (no limit).
     ///
     /// # Errors
     /// The problems found, separated by `; `.
@@ -267,6 +273,10 @@ impl Config {
             server.request_timeout.as_millis(),
         );
         at_least_one("server.max_connections", server.max_connections as u128);
+        at_least_one(
+            "limits.count_refresh_ms",
+            self.limits.count_refresh.as_millis(),
+        );
 
         if http.pool_idle_timeout_ms == 0 {
             problems.push(
@@ -491,6 +501,7 @@ mod tests {
             ("server", "body_read_timeout_ms"),
             ("server", "request_timeout_ms"),
             ("server", "max_connections"),
+            ("limits", "count_refresh_ms"),
         ] {
             let (toml, key) = if section.is_empty() {
                 (format!("{field} = 0"), field.to_string())
@@ -516,9 +527,12 @@ mod tests {
              [engine]\nlookback_ms = 0\nrecord_linger_ms = 0\nshutdown_grace_ms = 0\n\
              history_retention_ms = 0\nschedule_lead_ms = 0\nschedule_max_missed_recorded = 0\n\
              [engine.retry]\nfast_retries = 0\nbacklog_limit_ms = 0\n\
-             [http]\npool_max_idle_per_host = 0\n",
+             [http]\npool_max_idle_per_host = 0\n\
+             [limits]\nmax_pending_events_per_tenant = 0\nmax_schedules_per_tenant = 0\n\
+             max_payload_bytes = 0\n",
         )
         .unwrap();
+        assert_eq!(config.engine.quotas, QuotaOptions::unlimited());
         assert!(config.engine.shutdown_grace.is_zero());
         assert!(config.engine.retry.backlog_limit.is_zero());
         load_toml("[engine]\nschedule_misfire_threshold_ms = 0").unwrap();

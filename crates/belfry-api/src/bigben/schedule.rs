@@ -146,6 +146,14 @@ pub(crate) async fn schedule(
         plans.push(plan);
     }
 
+    // Quotas refuse the whole request before anything is stored.
+    if store_failure.is_none() && !commands.is_empty() {
+        state
+            .engine
+            .check_quotas(&commands)
+            .await
+            .map_err(|e| BigBenError(crate::quota::quota_error(e)))?;
+    }
     // Per command: what the store did, or `None` if it failed.
     let applied: Vec<Option<Applied>> = match (&store_failure, commands.is_empty()) {
         (None, false) => match state.engine.apply(commands).await {

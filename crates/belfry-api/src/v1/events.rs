@@ -109,14 +109,17 @@ async fn apply_one(
     key: EventKey,
     command: EventCommand,
 ) -> Result<belfry_store::Applied, V1Error> {
-    let applied = state
+    let commands = vec![KeyedCommand {
+        key,
+        command,
+        fence: None,
+    }];
+    state
         .engine
-        .apply(vec![KeyedCommand {
-            key,
-            command,
-            fence: None,
-        }])
-        .await?;
+        .check_quotas(&commands)
+        .await
+        .map_err(crate::quota::quota_error)?;
+    let applied = state.engine.apply(commands).await?;
     applied.into_iter().next().ok_or_else(|| {
         tracing::error!("store applied one command but returned no result");
         V1Error(ApiError::internal())
@@ -227,6 +230,11 @@ pub(crate) async fn batch(
     let applied: Vec<Result<Applied, ApiError>> = if commands.is_empty() {
         Vec::new()
     } else {
+        state
+            .engine
+            .check_quotas(&commands)
+            .await
+            .map_err(crate::quota::quota_error)?;
         match state.engine.apply(commands).await {
             Ok(applied) => applied.into_iter().map(Ok).collect(),
             Err(StoreError::Partial(partial)) => {

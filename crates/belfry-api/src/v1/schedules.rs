@@ -169,6 +169,7 @@ pub(crate) fn op_error(error: ScheduleOpError) -> ApiError {
         }
         ScheduleOpError::NotFound(id) => schedule_not_found(id.as_str()),
         ScheduleOpError::Store(store) => ApiError::from_store(&store),
+        ScheduleOpError::Quota(exceeded) => crate::quota::exceeded_error(&exceeded),
     }
 }
 
