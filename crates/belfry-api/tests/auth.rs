@@ -291,6 +291,12 @@ fn routes(t: &str) -> Vec<(Call<'static>, u16)> {
             400,
         ),
         (
+            // BigBen's REMOVE: another tenant's event is an unknown one.
+            Call::new("POST", "/events/schedule").json(json!([{ "id": "e1", "tenant": t,
+                "mode": "REMOVE" }])),
+            200,
+        ),
+        (
             Call::new("GET", format!("/events/find?tenant={e}&id=e1")),
             404,
         ),
@@ -553,6 +559,17 @@ async fn another_tenants_key_sees_nothing_and_changes_nothing() {
         );
         assert_eq!(beta.text.replace("beta", "gamma"), gamma.text, "{path}");
     }
+    let remove = |t: &'static str| {
+        Call::new("POST", "/events/schedule")
+            .json(json!([{ "id": "e1", "tenant": t, "mode": "REMOVE" }]))
+    };
+    let beta = node.call(remove("beta").key(&acme)).await;
+    let gamma = node.call(remove("gamma").key(&acme)).await;
+    assert_eq!(
+        (beta.status, beta.text.replace("beta", "gamma")),
+        (gamma.status, gamma.text.clone())
+    );
+    assert!(h.event("beta", "e1").await.unwrap().status.is_pending());
     let find = |t: &'static str| Call::new("GET", format!("/events/find?tenant={t}&id=e1"));
     let beta = node.call(find("beta").key(&acme)).await;
     let gamma = node.call(find("gamma").key(&acme)).await;

@@ -240,6 +240,10 @@ async fn check_item(
             return reject(response, message::ID_MISSING);
         };
         return match (TenantName::new(tenant_text), EventId::new(id_text)) {
+            // Another tenant's event is, for this key, an unknown one.
+            (Ok(tenant), Ok(_)) if !registered.principal.may_write(&tenant) => {
+                Checked::Answered(response)
+            }
             (Ok(tenant), Ok(id)) => Checked::Valid {
                 response,
                 command: KeyedCommand {
