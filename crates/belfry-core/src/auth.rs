@@ -486,6 +486,38 @@ mod tests {
         assert_eq!(digest[0], 0xba);
     }
 
+    proptest::proptest! {
+        /// Whatever a client sends, parsing answers (never panics) and
+        /// accepts only the documented shape with a matching checksum.
+        #[test]
+        fn parsing_arbitrary_text_never_panics(text in "\\PC{0,60}") {
+            if let Ok(secret) = KeySecret::parse(&text) {
+                proptest::prop_assert_eq!(secret.expose(), text.as_str());
+                proptest::prop_assert_eq!(text.len(), SECRET_LEN);
+                proptest::prop_assert!(text.starts_with(SECRET_PREFIX));
+            }
+        }
+
+        /// Any random part gives a secret that parses back; changing one
+        /// character of the random part is always caught.
+        #[test]
+        fn every_random_part_round_trips_and_one_change_is_caught(
+            random in "[0-9A-Za-z]{30}",
+            position in 0usize..RANDOM_LEN,
+            replacement in "[0-9A-Za-z]",
+        ) {
+            let secret = KeySecret::from_random_part(&random);
+            proptest::prop_assert!(KeySecret::parse(secret.expose()).is_ok());
+            let mut changed = random.clone().into_bytes();
+            let new = replacement.as_bytes()[0];
+            proptest::prop_assume!(changed[position] != new);
+            changed[position] = new;
+            let changed = String::from_utf8(changed).unwrap();
+            let forged = format!("{SECRET_PREFIX}{changed}{}", &secret.expose()[4 + RANDOM_LEN..]);
+            proptest::prop_assert!(KeySecret::parse(&forged).is_err());
+        }
+    }
+
     #[test]
     fn roles_and_tenants_must_agree() {
         let secret = KeySecret::generate().unwrap();
