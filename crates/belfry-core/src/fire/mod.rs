@@ -471,6 +471,7 @@ impl PartitionCore {
                 Timestamp::from_millis(i64::MAX),
                 |tenant| self.read_ahead.requested_through.get(tenant).cloned(),
                 1,
+                self.config.max_outstanding_per_tenant,
             );
             if let Some(next) = first_unread.first() {
                 wake = wake.min(next.due.minus(self.config.read_ahead / 2));
@@ -957,15 +958,19 @@ impl PartitionCore {
                 now.plus(config.read_ahead / 2),
                 |t| marks.get(t).cloned(),
                 1,
+                self.config.max_outstanding_per_tenant,
             )
             .is_empty();
         if !starts_round {
             return;
         }
         let room = config.read_ahead_max_records - self.read_ahead.records.len();
-        let entries =
-            self.window
-                .due_through(now.plus(config.read_ahead), |t| marks.get(t).cloned(), room);
+        let entries = self.window.due_through(
+            now.plus(config.read_ahead),
+            |t| marks.get(t).cloned(),
+            room,
+            config.max_outstanding_per_tenant,
+        );
         let mut keys = Vec::new();
         for entry in entries {
             self.read_ahead

@@ -224,7 +224,7 @@ fn a_backlog_beyond_the_capacity_is_evicted_per_tenant_and_paged_back() {
 }
 
 #[test]
-fn a_blocked_tenant_keeps_a_few_entries_and_gets_no_read_ahead() {
+fn a_blocked_tenant_keeps_a_few_entries_and_a_bounded_read_ahead() {
     let mut core = PartitionCore::new(CoreConfig {
         max_outstanding_per_tenant: 2,
         read_ahead: Duration::from_millis(500),
@@ -243,10 +243,25 @@ fn a_blocked_tenant_keeps_a_few_entries_and_gets_no_read_ahead() {
         },
         ts(0),
     );
-    // Fires two and is blocked; the next page read trims its lane.
+    // Fires two and is blocked: of its lane only the next two (its
+    // outstanding bound) are read ahead; the next page read trims it.
+    let read_ahead_keys = |actions: &[Action]| -> Vec<EventKey> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::ReadAhead(keys) => Some(keys.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    };
     let actions = core.handle(Input::Tick { may_fire: true }, ts(1));
     assert_eq!(delivered(&actions).len(), 2);
     assert!(core.window().is_blocked(&hung));
+    let first_read = read_ahead_keys(&actions);
+    assert_eq!(first_read.len(), 2, "{first_read:?}");
+    assert!(first_read.iter().all(|k| k.tenant == hung));
+    core.handle(Input::ReadAhead { records: None }, ts(1));
     let load = actions.iter().find_map(|a| match a {
         Action::Load(request) => Some(request.clone()),
         _ => None,
@@ -261,17 +276,9 @@ fn a_blocked_tenant_keeps_a_few_entries_and_gets_no_read_ahead() {
     );
     assert_eq!(core.window().held_by(&hung), cap, "{actions:?}");
     assert!(core.window().overflow_of(&hung).is_some());
-    // The read-ahead asks for the other tenant's record only.
-    let read_ahead: Vec<_> = core
-        .handle(Input::Tick { may_fire: true }, ts(3))
-        .into_iter()
-        .filter_map(|a| match a {
-            Action::ReadAhead(keys) => Some(keys),
-            _ => None,
-        })
-        .flatten()
-        .collect();
-    assert_eq!(read_ahead, [entry(100, "ok", "x").key]);
+    // Nothing more of the blocked tenant: the other tenant's record only.
+    let next_read = read_ahead_keys(&core.handle(Input::Tick { may_fire: true }, ts(3)));
+    assert_eq!(next_read, [entry(100, "ok", "x").key]);
 }
 
 #[test]

@@ -246,31 +246,50 @@ impl FairWindow {
         Some(entry)
     }
 
-    /// Entries of tenants that may fire (not blocked) due at or before
-    /// `through`, after the per-tenant marks given by `after` (exclusive),
-    /// in due order per tenant, tenants in head order; at most `max`.
-    /// Blocked tenants are left out: reading their records ahead would fill
-    /// the read-ahead with entries that cannot fire (a hung tenant's
-    /// backlog), and they read theirs when they fire.
+    /// Entries due at or before `through`, after the per-tenant marks given
+    /// by `after` (exclusive), in due order per tenant, tenants in head
+    /// order; at most `max`. Of a blocked tenant only the first
+    /// `blocked_first` entries of its lane count: those fire first once it
+    /// may fire again, while reading further into a hung tenant's backlog
+    /// would fill the read-ahead with records that cannot fire.
     pub fn due_through(
         &self,
         through: Timestamp,
         after: impl Fn(&TenantName) -> Option<(Timestamp, EventId)>,
         max: usize,
+        blocked_first: usize,
     ) -> Vec<DueCursor> {
         let mut found = Vec::new();
-        for (head, tenant) in &self.ready {
+        for (head, tenant) in &self.heads {
             if *head > through || found.len() >= max {
                 break;
             }
             let Some(lane) = self.lanes.get(tenant) else {
                 continue;
             };
-            let start = match after(tenant) {
-                Some(mark) => Bound::Excluded(mark),
-                None => Bound::Unbounded,
+            let mark = after(tenant);
+            let eligible = if lane.blocked {
+                blocked_first
+            } else {
+                usize::MAX
             };
-            for (due, id) in lane.entries.range((start, Bound::Unbounded)) {
+            let entries: Box<dyn Iterator<Item = &(Timestamp, EventId)>> = if lane.blocked {
+                // At most `blocked_first` steps from the head, then skip
+                // what was already requested.
+                Box::new(
+                    lane.entries
+                        .iter()
+                        .take(eligible)
+                        .filter(move |e| mark.as_ref().is_none_or(|m| *e > m)),
+                )
+            } else {
+                let start = match mark {
+                    Some(mark) => Bound::Excluded(mark),
+                    None => Bound::Unbounded,
+                };
+                Box::new(lane.entries.range((start, Bound::Unbounded)))
+            };
+            for (due, id) in entries {
                 if *due > through || found.len() >= max {
                     break;
                 }
