@@ -3,7 +3,10 @@
 //! Fired entries queue for a delivery slot in
 //! [`belfry_core::fire::DeliverySlots`] (one FIFO per tenant, tenants in
 //! turn, a global and a per-tenant limit, and a reserve that hung tenants
-//! cannot drain). Only deliveries in flight are tasks. The queues are
+//! cannot drain), and, for tenants given them in `[limits.tenants]`, their
+//! own concurrency and delivery rate. A tenant over its rate is parked
+//! until its next token: one timer task (not a loop) starts it then. Only
+//! deliveries in flight are tasks. The queues are
 //! bounded: every queued entry is an outstanding entry of its partition's
 //! core, and a core bounds those per tenant and in total.
 //!
@@ -19,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use belfry_core::event::{AttemptReport, EventCommand};
 use belfry_core::fire::{Action, DeliverySlots, Finish, Fired, Input, SlotPolicy};
-use belfry_core::{EventStatus, TenantName, Verdict};
+use belfry_core::{EventStatus, TenantName, Timestamp, Verdict};
 use belfry_sinks::Delivery;
 use belfry_store::{Fence, KeyedCommand};
 use tokio::sync::Notify;
@@ -45,16 +48,30 @@ pub(crate) struct Limits {
     slots: Mutex<DeliverySlots<Job>>,
     /// Signalled whenever the last in-flight delivery finishes.
     idle: Notify,
+    /// When the rate timer will next start what waits for a token.
+    rate_timer: Mutex<Option<Timestamp>>,
 }
 
 impl Limits {
     pub(crate) fn new(options: &EngineOptions) -> Self {
+        let mut slots = DeliverySlots::new(SlotPolicy::new(
+            options.max_in_flight,
+            options.max_in_flight_per_tenant,
+        ));
+        for (name, limits) in &options.quotas.tenants {
+            // Names are checked with the config; a bad one limits nobody.
+            if let Ok(tenant) = TenantName::new(name.clone()) {
+                slots.set_tenant_limits(
+                    tenant,
+                    limits.max_concurrent_deliveries,
+                    limits.max_deliveries_per_second.map(f64::from),
+                );
+            }
+        }
         Limits {
-            slots: Mutex::new(DeliverySlots::new(SlotPolicy::new(
-                options.max_in_flight,
-                options.max_in_flight_per_tenant,
-            ))),
+            slots: Mutex::new(slots),
             idle: Notify::new(),
+            rate_timer: Mutex::new(None),
         }
     }
 
@@ -131,14 +148,65 @@ pub(crate) fn submit(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, fi
     if jobs.is_empty() {
         return;
     }
-    let starting = {
+    let (starting, next_token) = {
         let mut slots = shared.limits.lock();
+        slots.advance(shared.clock.now());
         for job in jobs {
             slots.submit(job.fired.entry.key.tenant.clone(), job);
         }
-        slots.start_ready()
+        (slots.start_ready(), slots.next_token_at())
     };
     start(shared, starting);
+    arm_rate_timer(shared, next_token);
+}
+
+/// Makes sure slots are tried again at `at`, when a tenant held back by
+/// its rate gets its next token. One sleeping task per instant asked for,
+/// none while an earlier one is armed (it re-arms for the rest).
+fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
+    let Some(at) = at else {
+        return;
+    };
+    {
+        let mut armed = shared
+            .limits
+            .rate_timer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if armed.is_some_and(|armed| armed <= at) {
+            return;
+        }
+        *armed = Some(at);
+    }
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let wait = at
+            .as_millis()
+            .saturating_sub(shared.clock.now().as_millis());
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
+        }
+        {
+            let mut armed = shared
+                .limits
+                .rate_timer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if *armed == Some(at) {
+                *armed = None;
+            }
+        }
+        if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let (starting, next_token) = {
+            let mut slots = shared.limits.lock();
+            slots.advance(shared.clock.now());
+            (slots.start_ready(), slots.next_token_at())
+        };
+        start(&shared, starting);
+        arm_rate_timer(&shared, next_token);
+    });
 }
 
 fn start(shared: &Arc<Shared>, jobs: Vec<(TenantName, Job)>) {
@@ -176,8 +244,9 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let next = {
+        let (next, next_token) = {
             let mut slots = self.shared.limits.lock();
+            slots.advance(self.shared.clock.now());
             slots.finish(&self.tenant);
             if slots.in_flight() == 0 {
                 self.shared.limits.idle.notify_waiters();
@@ -187,12 +256,13 @@ impl Drop for Slot {
                 .stopping
                 .load(std::sync::atomic::Ordering::SeqCst);
             if stopping || !self.completed {
-                Vec::new()
+                (Vec::new(), None)
             } else {
-                slots.start_ready()
+                (slots.start_ready(), slots.next_token_at())
             }
         };
         start(&self.shared, next);
+        arm_rate_timer(&self.shared, next_token);
     }
 }
 

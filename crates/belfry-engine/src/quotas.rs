@@ -35,7 +35,7 @@
 //! acknowledged. Schedules are estimated the same way (counted by listing
 //! them, which is cheap for the numbers schedules come in).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -69,6 +69,47 @@ pub struct QuotaOptions {
     /// before it is counted again from the store. Default 10 s.
     #[serde(with = "belfry_core::time::serde_millis", rename = "count_refresh_ms")]
     pub count_refresh: Duration,
+    /// Delivery limits of single tenants, by tenant name
+    /// (`[limits.tenants."acme/billing"]`). Deliveries past them wait in
+    /// their tenant's queue; none is dropped.
+    pub tenants: BTreeMap<String, TenantDeliveryLimits>,
+}
+
+/// One tenant's delivery limits (`[limits.tenants."NAME"]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantDeliveryLimits {
+    /// Deliveries started per second, at most (bursts up to one second's
+    /// worth after a pause). None: no rate limit.
+    pub max_deliveries_per_second: Option<u32>,
+    /// Deliveries in flight at once (instead of
+    /// `engine.max_in_flight_per_tenant`, at most `engine.max_in_flight`).
+    pub max_concurrent_deliveries: Option<usize>,
+}
+
+impl QuotaOptions {
+    /// Problems with the per-tenant delivery limits, naming their keys.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (name, limits) in &self.tenants {
+            if TenantName::new(name.clone()).is_err() {
+                problems.push(format!(
+                    "limits.tenants: {name:?} is not a valid tenant name"
+                ));
+            }
+            if limits.max_deliveries_per_second == Some(0) {
+                problems.push(format!(
+                    "limits.tenants.{name:?}.max_deliveries_per_second must be at least 1, not 0"
+                ));
+            }
+            if limits.max_concurrent_deliveries == Some(0) {
+                problems.push(format!(
+                    "limits.tenants.{name:?}.max_concurrent_deliveries must be at least 1, not 0"
+                ));
+            }
+        }
+        problems
+    }
 }
 
 impl Default for QuotaOptions {
@@ -78,6 +119,7 @@ impl Default for QuotaOptions {
             max_schedules_per_tenant: 10_000,
             max_payload_bytes: 256 * 1024,
             count_refresh: Duration::from_secs(10),
+            tenants: BTreeMap::new(),
         }
     }
 }

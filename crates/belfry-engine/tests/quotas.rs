@@ -1,5 +1,6 @@
 //! Per-tenant quotas through the engine handle, on the real embedded store,
-//! with a manual clock (so the estimates' ages are exact).
+//! with a manual clock (so the estimates' ages are exact); per-tenant
+//! delivery limits with the system clock and a real webhook receiver.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,14 +9,17 @@ use belfry_core::event::{DeliveryOption, EventCommand};
 use belfry_core::schedule::{
     DEFAULT_CATCH_UP_WINDOW, MisfirePolicy, Progress, Schedule, ScheduleId, ScheduleStatus,
 };
+use belfry_core::tenant::HttpTarget;
 use belfry_core::{
-    EventId, EventKey, EventVersion, ManualClock, PartitionCount, TenantName, Timestamp,
+    Clock, EventId, EventKey, EventVersion, ManualClock, PartitionCount, SinkConfig, SystemClock,
+    TenantConfig, TenantName, Timestamp,
 };
-use belfry_engine::quotas::{QuotaError, QuotaExceeded, QuotaOptions};
+use belfry_engine::quotas::{QuotaError, QuotaExceeded, QuotaOptions, TenantDeliveryLimits};
 use belfry_engine::schedules::ScheduleOpError;
 use belfry_engine::{Engine, EngineHandle, EngineOptions};
 use belfry_sinks::Sinks;
 use belfry_store::{EmbeddedOptions, EmbeddedStore, KeyedCommand, SharedStore};
+use belfry_testkit::{Receiver, Response, Rule};
 
 const FAR: i64 = 4_000_000_000_000;
 
@@ -27,7 +31,14 @@ struct Node {
 }
 
 impl Node {
+    /// With the manual clock.
     fn start(quotas: QuotaOptions) -> Node {
+        Node::start_with(quotas, true)
+    }
+
+    /// With the manual clock, or the system clock (deliveries need real
+    /// time to pass).
+    fn start_with(quotas: QuotaOptions, manual_clock: bool) -> Node {
         belfry_testkit::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let store: SharedStore = Arc::new(
@@ -44,7 +55,12 @@ impl Node {
             ..EngineOptions::default()
         };
         let sinks = Sinks::new(Default::default()).unwrap();
-        let engine = Engine::start(options, store, sinks, clock.clone());
+        let engine_clock: Arc<dyn Clock> = if manual_clock {
+            clock.clone()
+        } else {
+            Arc::new(SystemClock)
+        };
+        let engine = Engine::start(options, store, sinks, engine_clock);
         let handle = engine.handle();
         Node {
             engine: Some(engine),
@@ -107,6 +123,7 @@ fn quotas(pending: u64, schedules: u64, payload: usize) -> QuotaOptions {
         max_schedules_per_tenant: schedules,
         max_payload_bytes: payload,
         count_refresh: Duration::from_secs(10),
+        tenants: Default::default(),
     }
 }
 
@@ -257,5 +274,107 @@ async fn schedules_are_capped_per_tenant() {
         .await
         .unwrap();
     node.handle.put_schedule(&a, schedule("s3")).await.unwrap();
+    node.stop().await;
+}
+
+async fn register(node: &Node, name: &str, receiver: &Receiver) {
+    node.handle
+        .store()
+        .put_tenant(TenantConfig {
+            name: tenant(name),
+            sink: SinkConfig::Http(HttpTarget {
+                url: receiver.url(&format!("/{name}")),
+                headers: Default::default(),
+                timeout_ms: Some(5_000),
+            }),
+            signing: None,
+        })
+        .await
+        .unwrap();
+    node.handle.tenant_changed(&tenant(name));
+}
+
+/// Arrival times (ms) of the deliveries to `/{name}`, sorted.
+fn arrivals(receiver: &Receiver, name: &str) -> Vec<i64> {
+    let path = format!("/{name}");
+    let mut times: Vec<i64> = receiver
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == path)
+        .map(|r| r.arrived_at_ms)
+        .collect();
+    times.sort_unstable();
+    times
+}
+
+fn delivery_limits(name: &str, per_second: Option<u32>, concurrent: Option<usize>) -> QuotaOptions {
+    let mut options = quotas(0, 0, 0);
+    options.tenants.insert(
+        name.to_string(),
+        TenantDeliveryLimits {
+            max_deliveries_per_second: per_second,
+            max_concurrent_deliveries: concurrent,
+        },
+    );
+    options
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_delivery_rate_spaces_its_deliveries_and_drops_none() {
+    let receiver = Receiver::start().await;
+    let node = Node::start_with(delivery_limits("slow", Some(5), None), false);
+    register(&node, "slow", &receiver).await;
+    register(&node, "free", &receiver).await;
+    let now = node.handle.now().as_millis();
+    let mut commands = Vec::new();
+    for i in 0..12 {
+        commands.push(upsert("slow", &format!("s{i}"), now, "p"));
+        commands.push(upsert("free", &format!("f{i}"), now, "p"));
+    }
+    node.handle.apply(commands).await.unwrap();
+    receiver
+        .wait_for_count(24, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let slow = arrivals(&receiver, "slow");
+    let free = arrivals(&receiver, "free");
+    assert_eq!(slow.len(), 12, "none dropped");
+    assert_eq!(free.len(), 12);
+    // A burst of one second's worth (5), then one every 200 ms: the last
+    // of the 7 others comes at least ~1.4 s after the first.
+    let span = slow[11] - slow[0];
+    assert!(span >= 1_200, "12 deliveries at 5/s took only {span} ms");
+    // The other tenant was not held back by it.
+    assert!(
+        free[11] < slow[11],
+        "the unlimited tenant finished after the limited one"
+    );
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_concurrency_limit_holds_its_deliveries_one_at_a_time() {
+    let receiver = Receiver::start().await;
+    receiver.push_rule(Rule::always(
+        Response::status(200).with_delay(Duration::from_millis(300)),
+    ));
+    let node = Node::start_with(delivery_limits("one", None, Some(1)), false);
+    register(&node, "one", &receiver).await;
+    let now = node.handle.now().as_millis();
+    let commands = (0..4)
+        .map(|i| upsert("one", &format!("e{i}"), now, "p"))
+        .collect();
+    node.handle.apply(commands).await.unwrap();
+    receiver
+        .wait_for_count(4, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let times = arrivals(&receiver, "one");
+    for pair in times.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= 250,
+            "a delivery started before the previous one was answered: {times:?}"
+        );
+    }
     node.stop().await;
 }

@@ -299,6 +299,7 @@ impl Config {
             ));
         }
         problems.extend(self.tls.problems());
+        problems.extend(self.limits.problems());
         problems.extend(self.auth.problems());
         if api.default_list_limit > api.max_list_limit {
             problems.push(format!(
@@ -533,6 +534,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.engine.quotas, QuotaOptions::unlimited());
+        let limited = load_toml(
+            "[limits.tenants.\"acme/billing\"]\nmax_deliveries_per_second = 50\n\
+             max_concurrent_deliveries = 4",
+        )
+        .unwrap();
+        let limits = &limited.engine.quotas.tenants["acme/billing"];
+        assert_eq!(limits.max_deliveries_per_second, Some(50));
+        assert_eq!(limits.max_concurrent_deliveries, Some(4));
         assert!(config.engine.shutdown_grace.is_zero());
         assert!(config.engine.retry.backlog_limit.is_zero());
         load_toml("[engine]\nschedule_misfire_threshold_ms = 0").unwrap();
@@ -583,6 +592,15 @@ mod tests {
                 "[engine]\nschedule_lead_ms = 0\nschedule_misfire_threshold_ms = 0",
                 "engine.schedule_lead_ms and engine.schedule_misfire_threshold_ms must not \
                  both be 0",
+            ),
+            (
+                "[limits.tenants.\"acme/billing\"]\nmax_deliveries_per_second = 0",
+                "limits.tenants.\"acme/billing\".max_deliveries_per_second must be at least 1, \
+                 not 0",
+            ),
+            (
+                "[limits.tenants.\"\"]\nmax_concurrent_deliveries = 5",
+                "limits.tenants: \"\" is not a valid tenant name",
             ),
             (
                 "[tls]\ncert_file = \"cert.pem\"",

@@ -13,10 +13,78 @@
 //!
 //! The queues are bounded by the partitions: every queued job is an
 //! outstanding entry of some [`super::PartitionCore`], which caps them.
+//!
+//! # Per-tenant limits
+//! [`DeliverySlots::set_tenant_limits`] gives one tenant its own
+//! concurrency (instead of the policy's `per_tenant`, never above `global`)
+//! and a delivery rate: a token bucket refilled at `per_second`, holding at
+//! most one second's worth (so a tenant idle for a while may start that
+//! many at once). Jobs past either limit wait in their queue, never
+//! dropped. A tenant out of tokens keeps its turn but is skipped without
+//! effort until its next token: [`DeliverySlots::next_token_at`] tells the
+//! runtime when to call [`DeliverySlots::start_ready`] again (time is
+//! given with [`DeliverySlots::advance`]).
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::ids::TenantName;
+use crate::time::Timestamp;
+
+/// One tenant's own delivery limits.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct TenantLimits {
+    /// Deliveries in flight at once (default: the policy's `per_tenant`).
+    max_in_flight: Option<usize>,
+    /// Deliveries started per second, at most (default: no limit).
+    per_second: Option<f64>,
+}
+
+/// Float rounding of refills: a token this close to whole counts as whole.
+const TOKEN_EPSILON: f64 = 1e-6;
+
+/// A tenant's delivery rate: tokens refilled continuously.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    per_second: f64,
+    tokens: f64,
+    at: Timestamp,
+}
+
+impl Bucket {
+    fn new(per_second: f64, now: Timestamp) -> Self {
+        Bucket {
+            per_second,
+            tokens: Bucket::capacity(per_second),
+            at: now,
+        }
+    }
+
+    /// One second's worth, at least one.
+    fn capacity(per_second: f64) -> f64 {
+        per_second.max(1.0)
+    }
+
+    fn refill(&mut self, now: Timestamp) {
+        let elapsed_ms = now.as_millis().saturating_sub(self.at.as_millis());
+        if elapsed_ms > 0 {
+            let added = elapsed_ms as f64 * self.per_second / 1_000.0;
+            self.tokens = (self.tokens + added).min(Bucket::capacity(self.per_second));
+            self.at = now;
+        }
+    }
+
+    /// When the next whole token is there (`now` if it is).
+    fn next_token_at(&self) -> Timestamp {
+        if self.tokens + TOKEN_EPSILON >= 1.0 {
+            return self.at;
+        }
+        // Less a hair, so float rounding cannot push it a millisecond late.
+        let wait_ms = ((1.0 - self.tokens - TOKEN_EPSILON) * 1_000.0 / self.per_second)
+            .ceil()
+            .max(0.0);
+        Timestamp::from_millis(self.at.as_millis().saturating_add(wait_ms as i64))
+    }
+}
 
 /// The limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +137,12 @@ pub struct DeliverySlots<J> {
     ready: VecDeque<TenantName>,
     in_flight: usize,
     queued: usize,
+    /// Tenants with their own limits (kept while their queues come and go).
+    limits: HashMap<TenantName, TenantLimits>,
+    /// Rate buckets of the tenants with a `per_second`.
+    buckets: HashMap<TenantName, Bucket>,
+    /// The time of the last [`DeliverySlots::advance`].
+    now: Timestamp,
 }
 
 impl<J> DeliverySlots<J> {
@@ -79,7 +153,107 @@ impl<J> DeliverySlots<J> {
             ready: VecDeque::new(),
             in_flight: 0,
             queued: 0,
+            limits: HashMap::new(),
+            buckets: HashMap::new(),
+            now: Timestamp::MIN,
         }
+    }
+
+    /// Gives `tenant` its own limits, replacing any it had: at most
+    /// `max_in_flight` deliveries at once (instead of the policy's
+    /// `per_tenant`; clamped to `1..=global`) and `per_second` started per
+    /// second. `None` for both: the policy's limits again.
+    pub fn set_tenant_limits(
+        &mut self,
+        tenant: TenantName,
+        max_in_flight: Option<usize>,
+        per_second: Option<f64>,
+    ) {
+        let limits = TenantLimits {
+            max_in_flight,
+            per_second,
+        };
+        match limits.per_second.filter(|rate| *rate > 0.0) {
+            Some(rate) => {
+                let now = self.now;
+                self.buckets
+                    .entry(tenant.clone())
+                    .and_modify(|bucket| bucket.per_second = rate)
+                    .or_insert_with(|| Bucket::new(rate, now));
+            }
+            None => {
+                self.buckets.remove(&tenant);
+            }
+        }
+        if limits == TenantLimits::default() {
+            self.limits.remove(&tenant);
+        } else {
+            self.limits.insert(tenant.clone(), limits);
+        }
+        // A raised limit may make a waiting tenant ready.
+        if let Some(queue) = self.tenants.get_mut(&tenant)
+            && !queue.is_ready
+            && !queue.waiting.is_empty()
+        {
+            queue.is_ready = true;
+            self.ready.push_back(tenant);
+        }
+    }
+
+    /// The current time, for the rate limits. Never goes back.
+    pub fn advance(&mut self, now: Timestamp) {
+        self.now = self.now.max(now);
+    }
+
+    /// When a tenant held back only by its rate gets its next token: call
+    /// [`DeliverySlots::start_ready`] then. `None`: no tenant waits for a
+    /// token.
+    pub fn next_token_at(&self) -> Option<Timestamp> {
+        if self.buckets.is_empty() {
+            return None;
+        }
+        self.ready
+            .iter()
+            .filter_map(|tenant| {
+                let bucket = self.buckets.get(tenant)?;
+                let mut bucket = *bucket;
+                bucket.refill(self.now);
+                (bucket.tokens + TOKEN_EPSILON < 1.0).then(|| bucket.next_token_at())
+            })
+            .min()
+    }
+
+    /// `tenant`'s concurrency limit.
+    fn per_tenant_of(&self, tenant: &TenantName) -> usize {
+        self.limits
+            .get(tenant)
+            .and_then(|limits| limits.max_in_flight)
+            .map_or(self.policy.per_tenant, |limit| {
+                limit.clamp(1, self.policy.global)
+            })
+    }
+
+    /// Takes a token of `tenant`'s rate, if it has one (or no rate).
+    fn take_token(&mut self, tenant: &TenantName) -> bool {
+        let Some(bucket) = self.buckets.get_mut(tenant) else {
+            return true;
+        };
+        bucket.refill(self.now);
+        if bucket.tokens + TOKEN_EPSILON >= 1.0 {
+            bucket.tokens = (bucket.tokens - 1.0).max(0.0);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether `tenant` has a token (without taking it).
+    fn has_token(&self, tenant: &TenantName) -> bool {
+        self.buckets.get(tenant).is_none_or(|bucket| {
+            let mut bucket = *bucket;
+            bucket.refill(self.now);
+            bucket.tokens + TOKEN_EPSILON >= 1.0
+        })
     }
 
     pub fn policy(&self) -> SlotPolicy {
@@ -102,10 +276,11 @@ impl<J> DeliverySlots<J> {
 
     /// Queues a job; call [`DeliverySlots::start_ready`] after.
     pub fn submit(&mut self, tenant: TenantName, job: J) {
+        let per_tenant = self.per_tenant_of(&tenant);
         let queue = self.tenants.entry(tenant.clone()).or_default();
         queue.waiting.push_back(job);
         self.queued += 1;
-        if !queue.is_ready && queue.in_flight < self.policy.per_tenant {
+        if !queue.is_ready && queue.in_flight < per_tenant {
             queue.is_ready = true;
             self.ready.push_back(tenant);
         }
@@ -140,10 +315,11 @@ impl<J> DeliverySlots<J> {
         dropped
     }
 
-    /// Whether a tenant with `in_flight` deliveries may start one more.
-    fn may_start(&self, in_flight: usize) -> bool {
+    /// Whether a tenant with `in_flight` deliveries and `per_tenant` as
+    /// its limit may start one more.
+    fn may_start(&self, in_flight: usize, per_tenant: usize) -> bool {
         let free = self.policy.global.saturating_sub(self.in_flight);
-        if free == 0 || in_flight >= self.policy.per_tenant {
+        if free == 0 || in_flight >= per_tenant {
             return false;
         }
         if free > self.policy.reserved {
@@ -169,11 +345,24 @@ impl<J> DeliverySlots<J> {
                 let Some(in_flight) = self.tenants.get(&tenant).map(|q| q.in_flight) else {
                     continue;
                 };
-                if !self.may_start(in_flight) {
-                    // Held back by the reserve: keeps its turn for later.
+                let per_tenant = self.per_tenant_of(&tenant);
+                if !self.may_start(in_flight, per_tenant) || !self.has_token(&tenant) {
+                    // Held back by the reserve or its rate: keeps its turn
+                    // for later (`next_token_at` says when a rate allows).
                     self.ready.push_back(tenant);
                     continue;
                 }
+                if self
+                    .tenants
+                    .get(&tenant)
+                    .is_some_and(|queue| queue.waiting.is_empty())
+                {
+                    if let Some(queue) = self.tenants.get_mut(&tenant) {
+                        queue.is_ready = false;
+                    }
+                    continue;
+                }
+                self.take_token(&tenant);
                 let Some(queue) = self.tenants.get_mut(&tenant) else {
                     continue;
                 };
@@ -185,7 +374,7 @@ impl<J> DeliverySlots<J> {
                 self.in_flight += 1;
                 self.queued -= 1;
                 started_any = true;
-                if !queue.waiting.is_empty() && queue.in_flight < self.policy.per_tenant {
+                if !queue.waiting.is_empty() && queue.in_flight < per_tenant {
                     self.ready.push_back(tenant.clone());
                 } else {
                     queue.is_ready = false;
@@ -264,5 +453,86 @@ mod tests {
         assert_eq!(slots.in_flight(), 1);
         slots.finish(&t("a"));
         assert_eq!(slots.in_flight(), 0);
+    }
+
+    fn at(ms: i64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    fn jobs(started: Vec<(TenantName, (&'static str, i32))>) -> Vec<(&'static str, i32)> {
+        started.into_iter().map(|(_, job)| job).collect()
+    }
+
+    #[test]
+    fn a_tenant_limit_of_its_own_replaces_the_policys() {
+        let mut slots = DeliverySlots::new(SlotPolicy {
+            global: 10,
+            per_tenant: 3,
+            reserved: 0,
+        });
+        slots.set_tenant_limits(t("a"), Some(1), None);
+        for i in 0..3 {
+            slots.submit(t("a"), ("a", i));
+            slots.submit(t("b"), ("b", i));
+        }
+        let started = jobs(slots.start_ready());
+        assert_eq!(started, [("a", 0), ("b", 0), ("b", 1), ("b", 2)]);
+        slots.finish(&t("a"));
+        assert_eq!(jobs(slots.start_ready()), [("a", 1)]);
+        // Raised above the global limit: clamped to it; waiting jobs start.
+        slots.set_tenant_limits(t("a"), Some(100), None);
+        assert_eq!(jobs(slots.start_ready()), [("a", 2)]);
+        assert_eq!(slots.queued(), 0, "nothing dropped");
+    }
+
+    #[test]
+    fn a_tenant_over_its_rate_waits_for_its_next_token_and_others_do_not() {
+        let mut slots = DeliverySlots::new(SlotPolicy {
+            global: 100,
+            per_tenant: 100,
+            reserved: 0,
+        });
+        slots.advance(at(0));
+        slots.set_tenant_limits(t("a"), None, Some(2.0));
+        for i in 0..5 {
+            slots.submit(t("a"), ("a", i));
+            slots.submit(t("b"), ("b", i));
+        }
+        let started = jobs(slots.start_ready());
+        // A burst of one second's worth for a; b is not held up.
+        assert_eq!(started.iter().filter(|(n, _)| *n == "a").count(), 2);
+        assert_eq!(started.iter().filter(|(n, _)| *n == "b").count(), 5);
+        assert_eq!(slots.next_token_at(), Some(at(500)));
+        // Asked again before the token: nothing, and the same answer.
+        slots.advance(at(499));
+        assert!(slots.start_ready().is_empty());
+        assert_eq!(slots.next_token_at(), Some(at(500)));
+        slots.advance(at(500));
+        assert_eq!(jobs(slots.start_ready()), [("a", 2)]);
+        assert_eq!(slots.next_token_at(), Some(at(1_000)));
+        // Finishing deliveries does not add tokens.
+        slots.finish(&t("a"));
+        slots.finish(&t("a"));
+        assert!(slots.start_ready().is_empty());
+        // Waiting jobs are never dropped: they all start, at the rate.
+        slots.advance(at(1_500));
+        assert_eq!(jobs(slots.start_ready()), [("a", 3), ("a", 4)]);
+        assert_eq!(slots.queued(), 0);
+        assert_eq!(slots.next_token_at(), None, "nobody waits for a token");
+    }
+
+    #[test]
+    fn removing_a_rate_starts_what_waited_for_it() {
+        let mut slots = DeliverySlots::new(SlotPolicy::new(10, 10));
+        slots.advance(at(0));
+        slots.set_tenant_limits(t("a"), None, Some(0.5));
+        for i in 0..3 {
+            slots.submit(t("a"), ("a", i));
+        }
+        assert_eq!(jobs(slots.start_ready()), [("a", 0)]);
+        assert_eq!(slots.next_token_at(), Some(at(2_000)));
+        slots.set_tenant_limits(t("a"), None, None);
+        assert_eq!(slots.next_token_at(), None);
+        assert_eq!(jobs(slots.start_ready()), [("a", 1), ("a", 2)]);
     }
 }
