@@ -75,7 +75,8 @@ pub struct QuotaOptions {
     pub tenants: BTreeMap<String, TenantDeliveryLimits>,
 }
 
-/// One tenant's delivery limits (`[limits.tenants."NAME"]`).
+/// One tenant's own limits (`[limits.tenants."NAME"]`): its delivery rate
+/// and concurrency, and quotas that replace the node-wide ones for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TenantDeliveryLimits {
@@ -85,10 +86,41 @@ pub struct TenantDeliveryLimits {
     /// Deliveries in flight at once (instead of
     /// `engine.max_in_flight_per_tenant`, at most `engine.max_in_flight`).
     pub max_concurrent_deliveries: Option<usize>,
+    /// This tenant's pending-event quota instead of
+    /// `limits.max_pending_events_per_tenant` (0: none).
+    pub max_pending_events: Option<u64>,
+    /// This tenant's schedule quota instead of
+    /// `limits.max_schedules_per_tenant` (0: none).
+    pub max_schedules: Option<u64>,
 }
 
 impl QuotaOptions {
-    /// Problems with the per-tenant delivery limits, naming their keys.
+    /// `tenant`'s pending-event quota (0: none).
+    pub fn pending_limit(&self, tenant: &TenantName) -> u64 {
+        self.tenants
+            .get(tenant.as_str())
+            .and_then(|limits| limits.max_pending_events)
+            .unwrap_or(self.max_pending_events_per_tenant)
+    }
+
+    /// `tenant`'s schedule quota (0: none).
+    pub fn schedules_limit(&self, tenant: &TenantName) -> u64 {
+        self.tenants
+            .get(tenant.as_str())
+            .and_then(|limits| limits.max_schedules)
+            .unwrap_or(self.max_schedules_per_tenant)
+    }
+
+    /// Whether any tenant may have a pending-event quota.
+    fn counts_pending(&self) -> bool {
+        self.max_pending_events_per_tenant > 0
+            || self
+                .tenants
+                .values()
+                .any(|limits| limits.max_pending_events.is_some_and(|limit| limit > 0))
+    }
+
+    /// Problems with the per-tenant limits, naming their keys.
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         for (name, limits) in &self.tenants {
@@ -203,7 +235,7 @@ impl Quotas {
     /// Adds what acknowledged client writes created and cancelled to the
     /// pending estimates of tenants that have one.
     pub(crate) fn applied(&self, applied: &[Applied]) {
-        if self.options.max_pending_events_per_tenant == 0 {
+        if !self.options.counts_pending() {
             return;
         }
         let mut estimates = lock(&self.pending);
@@ -279,12 +311,11 @@ impl EngineHandle {
                     .push(command);
             }
         }
-        let limit = options.max_pending_events_per_tenant;
-        if limit == 0 {
-            return Ok(());
-        }
         for (tenant, commands) in upserts {
-            self.check_pending(tenant, &commands, limit).await?;
+            let limit = options.pending_limit(tenant);
+            if limit > 0 {
+                self.check_pending(tenant, &commands, limit).await?;
+            }
         }
         Ok(())
     }
@@ -366,7 +397,7 @@ impl EngineHandle {
     /// schedules.
     pub(crate) async fn check_schedule_quota(&self, tenant: &TenantName) -> Result<(), QuotaError> {
         let quotas = &self.inner.quotas;
-        let limit = quotas.options.max_schedules_per_tenant;
+        let limit = quotas.options.schedules_limit(tenant);
         if limit == 0 {
             return Ok(());
         }

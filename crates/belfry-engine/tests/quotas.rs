@@ -314,6 +314,7 @@ fn delivery_limits(name: &str, per_second: Option<u32>, concurrent: Option<usize
         TenantDeliveryLimits {
             max_deliveries_per_second: per_second,
             max_concurrent_deliveries: concurrent,
+            ..TenantDeliveryLimits::default()
         },
     );
     options
@@ -376,5 +377,54 @@ async fn a_tenants_concurrency_limit_holds_its_deliveries_one_at_a_time() {
             "a delivery started before the previous one was answered: {times:?}"
         );
     }
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_own_quota_replaces_the_node_wide_one() {
+    let mut options = quotas(3, 1, 0);
+    options.tenants.insert(
+        "small".into(),
+        TenantDeliveryLimits {
+            max_pending_events: Some(1),
+            ..TenantDeliveryLimits::default()
+        },
+    );
+    options.tenants.insert(
+        "big".into(),
+        TenantDeliveryLimits {
+            max_pending_events: Some(5),
+            max_schedules: Some(0),
+            ..TenantDeliveryLimits::default()
+        },
+    );
+    let node = Node::start(options);
+    node.write(vec![upsert("small", "e0", FAR, "p")])
+        .await
+        .unwrap();
+    assert!(
+        node.write(vec![upsert("small", "e1", FAR, "p")])
+            .await
+            .is_err()
+    );
+    let five = (0..5)
+        .map(|i| upsert("big", &format!("e{i}"), FAR, "p"))
+        .collect();
+    node.write(five).await.unwrap();
+    assert!(
+        node.write(vec![upsert("big", "e5", FAR, "p")])
+            .await
+            .is_err()
+    );
+    // Everyone else: the node-wide quota.
+    let three = (0..3)
+        .map(|i| upsert("other", &format!("e{i}"), FAR, "p"))
+        .collect();
+    node.write(three).await.unwrap();
+    assert!(
+        node.write(vec![upsert("other", "e3", FAR, "p")])
+            .await
+            .is_err()
+    );
     node.stop().await;
 }
