@@ -464,7 +464,11 @@ mod tests {
             ("[cluster]\ntick = 5", "cluster.tick", "tick_ms"),
             ("[api]\nmax_batches = 5", "api.max_batches", "max_batch"),
             ("[http]\ntimeout = 5", "http.timeout", "request_timeout_ms"),
-            ("[auth]\nmodes = \"none\"", "auth.modes", "bootstrap_admin_key"),
+            (
+                "[auth]\nmodes = \"none\"",
+                "auth.modes",
+                "bootstrap_admin_key",
+            ),
         ] {
             let error = load_error(toml);
             assert!(

@@ -139,8 +139,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         None => {
             tracing::info!(%address, "belfry is serving");
             let plain = crate::listener::Plain;
-            crate::listener::serve(listener, app, &config.server, plain, shutdown_signal())
-                .await?;
+            crate::listener::serve(listener, app, &config.server, plain, shutdown_signal()).await?;
         }
     }
     tracing::info!("stopped accepting requests");
