@@ -96,6 +96,11 @@ pub struct NodeArgs {
     /// owns every partition, and PostgreSQL's CPU is reported.
     #[arg(long, value_name = "URL", conflicts_with = "target")]
     pub database_url: Option<String>,
+    /// Start the node with a generated admin API key
+    /// (`auth.bootstrap_admin_key`) and send it with every request, to
+    /// measure what authentication costs (the node runs keyless otherwise).
+    #[arg(long)]
+    pub with_api_key: bool,
 }
 
 /// How the events are sent.

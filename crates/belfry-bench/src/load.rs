@@ -46,13 +46,25 @@ struct Progress {
     failed_requests: AtomicU64,
 }
 
+/// The admin API key of `--with-api-key`: the started node gets it as its
+/// bootstrap key, and every client sends it.
+pub static API_KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// A keep-alive client sized for `concurrency` connections.
 ///
 /// # Errors
 /// When the TLS backend cannot be set up.
 pub fn client(concurrency: usize) -> anyhow::Result<reqwest::Client> {
     belfry_testkit::install_crypto_provider();
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(key) = API_KEY.get() {
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))?,
+        );
+    }
     Ok(reqwest::Client::builder()
+        .default_headers(headers)
         .pool_max_idle_per_host(concurrency.max(1))
         .tcp_nodelay(true)
         .timeout(Duration::from_secs(120))

@@ -82,6 +82,9 @@ impl Node {
         for (key, value) in &args.node_env {
             launch = launch.env(key, value);
         }
+        if let Some(key) = crate::load::API_KEY.get() {
+            launch = launch.env("BELFRY_AUTH__BOOTSTRAP_ADMIN_KEY", key);
+        }
         let process = match BelfryProcess::start(launch).await {
             Ok(process) => process,
             Err(error) => {

@@ -53,6 +53,13 @@ pub(crate) struct Session {
 
 impl Session {
     pub(crate) async fn open(args: &NodeArgs, load: Load) -> anyhow::Result<Self> {
+        if args.with_api_key {
+            load::API_KEY.get_or_init(|| {
+                belfry_core::auth::KeySecret::generate()
+                    .map(|k| k.expose().to_string())
+                    .unwrap_or_default()
+            });
+        }
         let client = load::client(load.concurrency)?;
         let receiver = Receiver::start_lean().await;
         let node = Node::open(args, &client).await?;
