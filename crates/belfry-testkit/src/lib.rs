@@ -5,6 +5,8 @@
 //!   on loopback) with programmable answers; also the benchmark's sink.
 //! - [`process`]: [`BelfryProcess`], runs the real `belfry` binary for
 //!   integration tests (start, kill -9, SIGTERM, restart).
+//! - [`kafka`]: [`KafkaBroker`], a Kafka-protocol test broker in its own
+//!   process (librdkafka's mock cluster), or an external one.
 //! - this file: small JSON-over-HTTP helpers for tests.
 //!
 //! This crate must not depend on any belfry crate: `belfry-sinks`
@@ -14,10 +16,12 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+pub mod kafka;
 pub mod postgres;
 pub mod process;
 pub mod receiver;
 
+pub use kafka::KafkaBroker;
 pub use postgres::{PgError, PgServer};
 pub use process::{BelfryLaunch, BelfryProcess, HarnessError, free_port};
 pub use receiver::{LEAN_HEADERS, Receiver, RecordedRequest, Response, Rule};
