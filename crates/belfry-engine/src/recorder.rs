@@ -81,32 +81,69 @@ pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcom
 }
 
 async fn drain_after_stop(shared: &Arc<Shared>, outcomes: &mut mpsc::Receiver<Outcome>) {
+    let mut pending = ChannelPending { shared, outcomes };
+    drain_until_idle(&mut pending, |batch| record(shared, batch)).await;
+}
+
+/// What the recorder sees while it stops: deliveries still in flight and
+/// the outcomes that have arrived. A seam so the stopping order can be
+/// tested step by step.
+trait Pending<T> {
+    fn in_flight(&self) -> usize;
+    fn try_next(&mut self) -> Option<T>;
+    /// Resolves with an arrived outcome, or `None` once nothing is in
+    /// flight (or the channel closed).
+    fn next_or_idle(&mut self) -> impl Future<Output = Option<T>> + Send;
+}
+
+struct ChannelPending<'a> {
+    shared: &'a Arc<Shared>,
+    outcomes: &'a mut mpsc::Receiver<Outcome>,
+}
+
+impl Pending<Outcome> for ChannelPending<'_> {
+    fn in_flight(&self) -> usize {
+        self.shared.limits.in_flight()
+    }
+
+    fn try_next(&mut self) -> Option<Outcome> {
+        self.outcomes.try_recv().ok()
+    }
+
+    async fn next_or_idle(&mut self) -> Option<Outcome> {
+        tokio::select! {
+            () = self.shared.limits.wait_idle() => None,
+            item = self.outcomes.recv() => item,
+        }
+    }
+}
+
+/// Records every outcome still to come, then returns once nothing is in
+/// flight. In-flight deliveries finish within the shutdown grace (the
+/// engine stops waiting for this task after it).
+async fn drain_until_idle<T, Recorded: Future<Output = ()>>(
+    pending: &mut impl Pending<T>,
+    mut record: impl FnMut(Vec<T>) -> Recorded,
+) {
     loop {
         // Checked before draining: a delivery hands its outcome over before
         // it releases its slot, so "nothing in flight" seen here means every
-        // outcome is in the channel already. (Checking after draining lost
-        // an outcome sent in between.)
-        let idle = shared.limits.in_flight() == 0;
+        // outcome is in the channel already. Checking after draining lost an
+        // outcome sent in between (and redelivered it after restart).
+        let idle = pending.in_flight() == 0;
         let mut batch = Vec::new();
-        while let Ok(item) = outcomes.try_recv() {
+        while let Some(item) = pending.try_next() {
             batch.push(item);
         }
         if !batch.is_empty() {
-            record(shared, batch).await;
+            record(batch).await;
             continue;
         }
         if idle {
             return;
         }
-        // In-flight deliveries finish within the shutdown grace (the
-        // engine stops waiting for this task after it).
-        tokio::select! {
-            _ = shared.limits.wait_idle() => {}
-            item = outcomes.recv() => {
-                if let Some(item) = item {
-                    record(shared, vec![item]).await;
-                }
-            }
+        if let Some(item) = pending.next_or_idle().await {
+            record(vec![item]).await;
         }
     }
 }
@@ -193,5 +230,55 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
                 tokio::time::sleep(WRITE_RETRY).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::{Pending, drain_until_idle};
+
+    /// One delivery in flight whose outcome arrives exactly when the
+    /// recorder has just found the channel empty: the interleaving that
+    /// lost an outcome at shutdown.
+    struct FinishesRightAfterTheDrain {
+        in_flight: usize,
+        channel: VecDeque<&'static str>,
+    }
+
+    impl Pending<&'static str> for FinishesRightAfterTheDrain {
+        fn in_flight(&self) -> usize {
+            self.in_flight
+        }
+
+        fn try_next(&mut self) -> Option<&'static str> {
+            let item = self.channel.pop_front();
+            if item.is_none() && self.in_flight == 1 {
+                // The delivery hands its outcome over, then frees its slot.
+                self.channel.push_back("late outcome");
+                self.in_flight = 0;
+            }
+            item
+        }
+
+        async fn next_or_idle(&mut self) -> Option<&'static str> {
+            self.channel.pop_front()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_outcome_that_arrives_while_stopping_is_recorded() {
+        let mut pending = FinishesRightAfterTheDrain {
+            in_flight: 1,
+            channel: VecDeque::new(),
+        };
+        let mut recorded = Vec::new();
+        drain_until_idle(&mut pending, |batch| {
+            recorded.extend(batch);
+            std::future::ready(())
+        })
+        .await;
+        assert_eq!(recorded, ["late outcome"]);
     }
 }
