@@ -45,6 +45,10 @@ pub struct ClusterStatus {
     pub mode: &'static str,
     pub leader: Option<LeaderStatus>,
     pub nodes: Vec<NodeView>,
+    /// Partitions no live node owns right now (between a release and the
+    /// next grant, or after an owner died), ordered; left out when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unowned: Vec<PartitionView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -65,10 +69,14 @@ pub struct NodeView {
     pub partitions: Vec<PartitionView>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PartitionView {
     pub partition: u16,
     pub epoch: u64,
+    /// The node the leader is handing it to: the owner has been asked to
+    /// release it (a planned hand-over in progress).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moving_to: Option<String>,
 }
 
 /// A node running alone: it is its own Master.

@@ -116,9 +116,11 @@ async fn cluster_status(
                     .map(|(p, epoch)| PartitionView {
                         partition: p.0,
                         epoch,
+                        moving_to: None,
                     })
                     .collect(),
             }],
+            unowned: Vec::new(),
         }
     });
     axum::Json(status)

@@ -16,11 +16,11 @@ use belfry_api::{
 };
 use belfry_core::event::Effect;
 use belfry_core::{PartitionCount, SystemClock};
-use belfry_engine::membership::Membership;
+use belfry_engine::membership::{ClusterSnapshot, Membership};
 use belfry_engine::{Engine, EngineHandle};
 use belfry_sinks::Sinks;
 use belfry_store::SharedStore;
-use belfry_store::cluster::{Coordinator, NodeId, NodeInfo};
+use belfry_store::cluster::{Coordinator, NodeId, NodeInfo, PartitionAssignment};
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
@@ -132,43 +132,130 @@ impl ClusterView for MembershipView {
     }
 
     fn status(&self) -> Option<ClusterStatus> {
-        let snapshot = self.0.snapshot();
-        let leader = snapshot.leader.as_ref();
-        let nodes = snapshot
-            .nodes
-            .iter()
-            .map(|n| NodeView {
-                id: n.info.id.0.clone(),
-                address: n.info.address.clone(),
-                role: if leader.is_some_and(|l| l.holder == n.info.id) {
-                    Role::Master
-                } else {
-                    Role::Slave
-                },
-                heartbeat_age_ms: Some(n.heartbeat_age.as_millis() as u64),
-                partitions: snapshot
-                    .assignments
-                    .iter()
-                    .filter(|a| a.owner.as_ref() == Some(&n.info.id))
-                    .map(|a| PartitionView {
-                        partition: a.partition.0,
-                        epoch: a.epoch,
-                    })
-                    .collect(),
-            })
-            .collect();
-        Some(ClusterStatus {
-            mode: "cluster",
-            leader: leader.map(|l| LeaderStatus {
-                node: l.holder.0.clone(),
-                address: snapshot
-                    .nodes
-                    .iter()
-                    .find(|n| n.info.id == l.holder)
-                    .map(|n| n.info.address.clone()),
-                term: l.term,
-            }),
-            nodes,
+        Some(cluster_status(&self.0.snapshot()))
+    }
+}
+
+/// `GET /v1/cluster` from one membership snapshot.
+fn cluster_status(snapshot: &ClusterSnapshot) -> ClusterStatus {
+    let leader = snapshot.leader.as_ref();
+    let partition_view = |a: &PartitionAssignment| PartitionView {
+        partition: a.partition.0,
+        epoch: a.epoch,
+        moving_to: a.pending_owner.as_ref().map(|node| node.0.clone()),
+    };
+    let nodes = snapshot
+        .nodes
+        .iter()
+        .map(|n| NodeView {
+            id: n.info.id.0.clone(),
+            address: n.info.address.clone(),
+            role: if leader.is_some_and(|l| l.holder == n.info.id) {
+                Role::Master
+            } else {
+                Role::Slave
+            },
+            heartbeat_age_ms: Some(u64::try_from(n.heartbeat_age.as_millis()).unwrap_or(u64::MAX)),
+            partitions: snapshot
+                .assignments
+                .iter()
+                .filter(|a| a.owner.as_ref() == Some(&n.info.id))
+                .map(partition_view)
+                .collect(),
         })
+        .collect();
+    let unowned = snapshot
+        .assignments
+        .iter()
+        .filter(|a| {
+            a.owner
+                .as_ref()
+                .is_none_or(|owner| !snapshot.nodes.iter().any(|n| &n.info.id == owner))
+        })
+        .map(partition_view)
+        .collect();
+    ClusterStatus {
+        mode: "cluster",
+        leader: leader.map(|l| LeaderStatus {
+            node: l.holder.0.clone(),
+            address: snapshot
+                .nodes
+                .iter()
+                .find(|n| n.info.id == l.holder)
+                .map(|n| n.info.address.clone()),
+            term: l.term,
+        }),
+        nodes,
+        unowned,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use belfry_core::PartitionId;
+    use belfry_store::cluster::{LeaderLease, NodeStatus};
+
+    use super::*;
+
+    fn node(id: &str) -> NodeStatus {
+        NodeStatus {
+            info: NodeInfo {
+                id: NodeId(id.into()),
+                address: format!("{id}:8080"),
+            },
+            heartbeat_age: Duration::from_millis(5),
+        }
+    }
+
+    fn assignment(
+        partition: u16,
+        owner: Option<&str>,
+        epoch: u64,
+        pending: Option<&str>,
+    ) -> PartitionAssignment {
+        PartitionAssignment {
+            partition: PartitionId(partition),
+            owner: owner.map(|o| NodeId(o.into())),
+            epoch,
+            pending_owner: pending.map(|p| NodeId(p.into())),
+        }
+    }
+
+    #[test]
+    fn the_cluster_view_shows_hand_overs_in_progress_and_unowned_partitions() {
+        let snapshot = ClusterSnapshot {
+            nodes: vec![node("a"), node("b")],
+            leader: Some(LeaderLease {
+                holder: NodeId("a".into()),
+                term: 3,
+            }),
+            assignments: vec![
+                assignment(0, Some("a"), 4, Some("b")),
+                assignment(1, Some("b"), 2, None),
+                assignment(2, None, 7, Some("b")),
+                assignment(3, Some("gone"), 1, None),
+            ],
+            taken_at: None,
+        };
+        let status = serde_json::to_value(cluster_status(&snapshot)).unwrap();
+        assert_eq!(
+            status["nodes"][0]["partitions"],
+            serde_json::json!([{"partition": 0, "epoch": 4, "moving_to": "b"}])
+        );
+        assert_eq!(
+            status["nodes"][1]["partitions"],
+            serde_json::json!([{"partition": 1, "epoch": 2}])
+        );
+        assert_eq!(
+            status["unowned"],
+            serde_json::json!([
+                {"partition": 2, "epoch": 7, "moving_to": "b"},
+                {"partition": 3, "epoch": 1}
+            ])
+        );
+        assert_eq!(status["leader"]["node"], "a");
+        assert_eq!(status["nodes"][0]["role"], "Master");
     }
 }
