@@ -3375,7 +3375,11 @@ mod known_core_bugs {
                     window.insert(entry(i, tenant_name, &format!("e{i}")), false);
                 }
             }
-            window.evict_to(11)[0].key.tenant.clone()
+            let mut first = None;
+            window.evict_to(11, &mut |tenant, _, _| {
+                first.get_or_insert_with(|| tenant.clone());
+            });
+            first.expect("one entry evicted")
         };
         let first = evicted_tenant();
         for _ in 0..50 {

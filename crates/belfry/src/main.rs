@@ -22,6 +22,7 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    disable_transparent_huge_pages();
     let cli = cli::Cli::parse();
     match cli.command {
         cli::Command::Serve(args) => match config::Config::load(&args) {
@@ -35,3 +36,21 @@ fn main() -> ExitCode {
         cli::Command::Keys(command) => keys_cmd::run(command),
     }
 }
+
+/// Turns transparent huge pages off for this process. mimalloc asks for
+/// them on its arenas, and the first touch of each 2 MiB page zeroes all
+/// of it inside the page fault; the engine frees and re-touches memory in
+/// bursts (a hung tenant's window trimmed, batches of records read), so at
+/// such an instant most of the node's CPU went to zeroing pages. Measured
+/// with a hung tenant's million events due at once: system CPU halved, the
+/// healthy tenant's worst lateness 535 → 270 ms (`docs/BENCHMARKS.md`).
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn disable_transparent_huge_pages() {
+    // SAFETY: PR_SET_THP_DISABLE takes plain integers and touches no memory
+    // of this process; on failure (an old kernel) nothing changes.
+    let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn disable_transparent_huge_pages() {}

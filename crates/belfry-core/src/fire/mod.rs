@@ -253,6 +253,22 @@ impl ReadAhead {
     /// round: the mark moves back to just before it (`before`: the lane's
     /// previous entry), not to the start, so the next round does not walk
     /// again through every entry already read.
+    /// [`ReadAhead::invalidate`] for an entry evicted from the window.
+    /// Entries after the tenant's mark were never requested, so most of a
+    /// large eviction (a hung tenant's lane trimmed) costs a comparison.
+    fn invalidate_evicted(&mut self, tenant: &TenantName, due: Timestamp, id: &EventId) {
+        let never_requested = self
+            .requested_through
+            .get(tenant)
+            .is_some_and(|mark| (due, id) > (mark.0, &mark.1));
+        if !never_requested {
+            self.invalidate(&DueCursor {
+                due,
+                key: EventKey::new(tenant.clone(), id.clone()),
+            });
+        }
+    }
+
     fn rewind(&mut self, entry: &DueCursor, before: Option<(Timestamp, EventId)>) {
         if let Some(mark) = self.requested_through.get(&entry.key.tenant)
             && (entry.due, &entry.key.id) <= (mark.0, &mark.1)
@@ -711,15 +727,16 @@ impl PartitionCore {
     fn enforce_capacity(&mut self) {
         let others = self.outstanding.len() + self.retry_timers.len();
         let max = self.config.capacity.saturating_sub(others);
-        let mut evicted = self.window.evict_to(max);
+        let read_ahead = &mut self.read_ahead;
+        let mut invalidate = |tenant: &TenantName, due: Timestamp, id: &EventId| {
+            read_ahead.invalidate_evicted(tenant, due, id);
+        };
+        let mut evicted = self.window.evict_to(max, &mut invalidate);
         let cap = self.config.blocked_lane_cap();
         for tenant in self.window.blocked_over(cap) {
-            evicted.extend(self.window.evict_tenant_to(&tenant, cap));
+            evicted += self.window.evict_tenant_to(&tenant, cap, &mut invalidate);
         }
-        self.stats.evicted += evicted.len() as u64;
-        for entry in &evicted {
-            self.read_ahead.invalidate(entry);
-        }
+        self.stats.evicted += evicted as u64;
     }
 
     fn start_load(&mut self, now: Timestamp, actions: &mut Vec<Action>) {

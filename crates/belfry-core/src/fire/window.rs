@@ -301,9 +301,15 @@ impl FairWindow {
 
     /// Evicts entries until at most `max` are held: always the latest
     /// entries of the tenant holding the most, whose overflow mark moves
-    /// back so a per-tenant page brings them in again later.
-    pub fn evict_to(&mut self, max: usize) -> Vec<DueCursor> {
-        let mut evicted = Vec::new();
+    /// back so a per-tenant page brings them in again later. Each evicted
+    /// entry is passed to `evicted` (no cursor is built for it: a hung
+    /// tenant's lane may lose tens of thousands at once); returns how many.
+    pub fn evict_to(
+        &mut self,
+        max: usize,
+        evicted: &mut impl FnMut(&TenantName, Timestamp, &EventId),
+    ) -> usize {
+        let mut total = 0;
         while self.held > max {
             // The two largest lanes: evict the largest down to the second's
             // size (at least one entry), so a loop of few rounds suffices.
@@ -327,29 +333,38 @@ impl FairWindow {
             let Some((tenant, top)) = largest else { break };
             let tenant = tenant.clone();
             let count = (top - second).max(1).min(self.held - max);
-            let before = evicted.len();
-            self.evict_latest(&tenant, count, &mut evicted);
-            if evicted.len() == before {
+            let n = self.evict_latest(&tenant, count, evicted);
+            if n == 0 {
                 break;
             }
+            total += n;
         }
-        evicted
+        total
     }
 
     /// Evicts a tenant's latest entries until it holds at most `max`; its
     /// overflow mark moves back as in [`FairWindow::evict_to`].
-    pub fn evict_tenant_to(&mut self, tenant: &TenantName, max: usize) -> Vec<DueCursor> {
-        let mut evicted = Vec::new();
+    pub fn evict_tenant_to(
+        &mut self,
+        tenant: &TenantName,
+        max: usize,
+        evicted: &mut impl FnMut(&TenantName, Timestamp, &EventId),
+    ) -> usize {
         let excess = self.held_by(tenant).saturating_sub(max);
-        if excess > 0 {
-            self.evict_latest(tenant, excess, &mut evicted);
+        if excess == 0 {
+            return 0;
         }
-        evicted
+        self.evict_latest(tenant, excess, evicted)
     }
 
-    fn evict_latest(&mut self, tenant: &TenantName, count: usize, evicted: &mut Vec<DueCursor>) {
+    fn evict_latest(
+        &mut self,
+        tenant: &TenantName,
+        count: usize,
+        evicted: &mut impl FnMut(&TenantName, Timestamp, &EventId),
+    ) -> usize {
         let Some(lane) = self.lanes.get_mut(tenant) else {
-            return;
+            return 0;
         };
         let old_head = lane.first();
         let mut earliest_evicted = None;
@@ -358,12 +373,12 @@ impl FairWindow {
             let Some((due, id)) = lane.entries.pop_last() else {
                 break;
             };
-            evicted.push(cursor_of(tenant, due, &id));
+            evicted(tenant, due, &id);
             earliest_evicted = Some(due);
             n += 1;
         }
         let Some(due) = earliest_evicted else {
-            return;
+            return 0;
         };
         // Everything of this tenant after the last entry kept is the
         // per-tenant loader's again. With nothing kept, the mark goes just
@@ -382,6 +397,7 @@ impl FairWindow {
         });
         self.held -= n;
         self.head_changed(tenant, old_head);
+        n
     }
 
     /// Drops everything, the cursor and every mark included.
@@ -486,7 +502,13 @@ mod tests {
             window.insert(entry(i, "big", &format!("e{i:02}")), false);
         }
         window.insert(entry(50, "small", "s"), false);
-        assert_eq!(window.evict_to(6).len(), 5);
+        let mut evicted = Vec::new();
+        let count = window.evict_to(6, &mut |tenant, due, id| {
+            evicted.push(cursor_of(tenant, due, id));
+        });
+        assert_eq!(count, 5);
+        assert_eq!(evicted.len(), 5);
+        assert!(evicted.iter().all(|e| e.key.tenant == tenant("big")));
         assert_eq!(window.held_by(&tenant("big")), 5);
         assert_eq!(window.held_by(&tenant("small")), 1);
         // The evicted entries are no longer covered; earlier ones are.
