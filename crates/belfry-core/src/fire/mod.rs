@@ -230,6 +230,12 @@ struct ReadAhead {
     in_flight: Option<HashSet<EventKey>>,
     /// Keys that got a wake-up while their read was in flight.
     stale: HashSet<EventKey>,
+    /// Per tenant: records held plus keys in flight. A tenant never gets
+    /// more than its outstanding bound: it could not fire more at once, and
+    /// a hung tenant's backlog due at one instant would otherwise take the
+    /// whole read-ahead of every partition (thousands of reads for records
+    /// that cannot fire).
+    per_tenant: HashMap<TenantName, usize>,
 }
 
 impl ReadAhead {
@@ -237,9 +243,7 @@ impl ReadAhead {
     /// alone: a removed or evicted entry needs no read (see
     /// [`ReadAhead::rewind`] for an offered one).
     fn invalidate(&mut self, entry: &DueCursor) {
-        if let Some(record) = self.records.remove(&entry.key) {
-            self.payload_bytes -= payload_len(&record);
-        }
+        self.remove_record(&entry.key);
         if self
             .in_flight
             .as_ref()
@@ -249,10 +253,6 @@ impl ReadAhead {
         }
     }
 
-    /// An entry offered at or before its tenant's mark is read in the next
-    /// round: the mark moves back to just before it (`before`: the lane's
-    /// previous entry), not to the start, so the next round does not walk
-    /// again through every entry already read.
     /// [`ReadAhead::invalidate`] for an entry evicted from the window.
     /// Entries after the tenant's mark were never requested, so most of a
     /// large eviction (a hung tenant's lane trimmed) costs a comparison.
@@ -269,6 +269,10 @@ impl ReadAhead {
         }
     }
 
+    /// An entry offered at or before its tenant's mark is read in the next
+    /// round: the mark moves back to just before it (`before`: the lane's
+    /// previous entry), not to the start, so the next round does not walk
+    /// again through every entry already read.
     fn rewind(&mut self, entry: &DueCursor, before: Option<(Timestamp, EventId)>) {
         if let Some(mark) = self.requested_through.get(&entry.key.tenant)
             && (entry.due, &entry.key.id) <= (mark.0, &mark.1)
@@ -289,15 +293,39 @@ impl ReadAhead {
         self.records.clear();
         self.payload_bytes = 0;
         self.requested_through.clear();
+        self.per_tenant.clear();
         if let Some(keys) = &self.in_flight {
             self.stale.extend(keys.iter().cloned());
+            for key in keys {
+                *self.per_tenant.entry(key.tenant.clone()).or_default() += 1;
+            }
         }
     }
 
     fn take(&mut self, entry: &DueCursor) -> Option<EventRecord> {
-        let record = self.records.remove(&entry.key)?;
-        self.payload_bytes -= payload_len(&record);
+        let record = self.remove_record(&entry.key)?;
         (record.next_fire_at == Some(entry.due)).then_some(record)
+    }
+
+    fn remove_record(&mut self, key: &EventKey) -> Option<EventRecord> {
+        let record = self.records.remove(key)?;
+        self.payload_bytes -= payload_len(&record);
+        self.uncount(&key.tenant);
+        Some(record)
+    }
+
+    /// How many more of `tenant`'s records may be requested.
+    fn tenant_room(&self, tenant: &TenantName, bound: usize) -> usize {
+        bound.saturating_sub(self.per_tenant.get(tenant).copied().unwrap_or(0))
+    }
+
+    fn uncount(&mut self, tenant: &TenantName) {
+        if let Some(count) = self.per_tenant.get_mut(tenant) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_tenant.remove(tenant);
+            }
+        }
     }
 
     fn has_room(&self, config: &CoreConfig) -> bool {
@@ -483,11 +511,13 @@ impl PartitionCore {
             && self.read_ahead.in_flight.is_none()
             && self.read_ahead.has_room(&self.config)
         {
+            let bound = self.config.max_outstanding_per_tenant;
             let first_unread = self.window.due_through(
                 Timestamp::from_millis(i64::MAX),
                 |tenant| self.read_ahead.requested_through.get(tenant).cloned(),
                 1,
-                self.config.max_outstanding_per_tenant,
+                bound,
+                |tenant| self.read_ahead.tenant_room(tenant, bound),
             );
             if let Some(next) = first_unread.first() {
                 wake = wake.min(next.due.minus(self.config.read_ahead / 2));
@@ -968,14 +998,16 @@ impl PartitionCore {
         {
             return;
         }
-        let marks = &self.read_ahead.requested_through;
+        let read_ahead = &self.read_ahead;
+        let bound = config.max_outstanding_per_tenant;
         let starts_round = !self
             .window
             .due_through(
                 now.plus(config.read_ahead / 2),
-                |t| marks.get(t).cloned(),
+                |t| read_ahead.requested_through.get(t).cloned(),
                 1,
-                self.config.max_outstanding_per_tenant,
+                bound,
+                |t| read_ahead.tenant_room(t, bound),
             )
             .is_empty();
         if !starts_round {
@@ -984,9 +1016,10 @@ impl PartitionCore {
         let room = config.read_ahead_max_records - self.read_ahead.records.len();
         let entries = self.window.due_through(
             now.plus(config.read_ahead),
-            |t| marks.get(t).cloned(),
+            |t| read_ahead.requested_through.get(t).cloned(),
             room,
-            config.max_outstanding_per_tenant,
+            bound,
+            |t| read_ahead.tenant_room(t, bound),
         );
         let mut keys = Vec::new();
         for entry in entries {
@@ -994,6 +1027,11 @@ impl PartitionCore {
                 .requested_through
                 .insert(entry.key.tenant.clone(), (entry.due, entry.key.id.clone()));
             if !self.read_ahead.records.contains_key(&entry.key) {
+                *self
+                    .read_ahead
+                    .per_tenant
+                    .entry(entry.key.tenant.clone())
+                    .or_default() += 1;
                 keys.push(entry.key);
             }
         }
@@ -1006,6 +1044,9 @@ impl PartitionCore {
 
     fn read_ahead_done(&mut self, records: Option<Vec<(EventKey, Option<EventRecord>)>>) {
         let read_ahead = &mut self.read_ahead;
+        for key in read_ahead.in_flight.take().unwrap_or_default() {
+            read_ahead.uncount(&key.tenant);
+        }
         // A failed read only means those entries are read when they fire.
         for (key, record) in records.unwrap_or_default() {
             let Some(record) = record else { continue };
@@ -1021,11 +1062,12 @@ impl PartitionCore {
                 continue;
             }
             read_ahead.payload_bytes += payload_len(&record);
-            if let Some(old) = read_ahead.records.insert(key, record) {
-                read_ahead.payload_bytes -= payload_len(&old);
+            let tenant = key.tenant.clone();
+            match read_ahead.records.insert(key, record) {
+                Some(old) => read_ahead.payload_bytes -= payload_len(&old),
+                None => *read_ahead.per_tenant.entry(tenant).or_default() += 1,
             }
         }
-        read_ahead.in_flight = None;
         read_ahead.stale.clear();
     }
 }

@@ -315,3 +315,44 @@ fn a_tenant_blocked_by_the_spent_budget_fires_again_once_its_own_finish() {
     let next = delivered(&core.handle(Input::Tick { may_fire: true }, ts(4)));
     assert_eq!(next, [entry(3, "ok", "b")]);
 }
+
+#[test]
+fn a_tenant_with_a_backlog_due_at_once_gets_only_its_outstanding_bound_read_ahead() {
+    // A thousand of one tenant's events due at one instant: reading them
+    // all ahead (in every partition) is thousands of reads for records
+    // that cannot fire at once; the other tenant's record is read too.
+    let mut core = PartitionCore::new(CoreConfig {
+        max_outstanding_per_tenant: 2,
+        read_ahead: Duration::from_millis(500),
+        ..config()
+    });
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    let mut page: Vec<_> = (0..40)
+        .map(|i| entry(400, "busy", &format!("e{i:02}")))
+        .collect();
+    page.push(entry(450, "other", "x"));
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(page),
+        },
+        ts(0),
+    );
+    let actions = core.handle(Input::Tick { may_fire: true }, ts(200));
+    let read: Vec<EventKey> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::ReadAhead(keys) => Some(keys.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(
+        read,
+        [
+            entry(400, "busy", "e00").key,
+            entry(400, "busy", "e01").key,
+            entry(450, "other", "x").key
+        ]
+    );
+}

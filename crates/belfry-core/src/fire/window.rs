@@ -251,13 +251,15 @@ impl FairWindow {
     /// order; at most `max`. Of a blocked tenant only the first
     /// `blocked_first` entries of its lane count: those fire first once it
     /// may fire again, while reading further into a hung tenant's backlog
-    /// would fill the read-ahead with records that cannot fire.
+    /// would fill the read-ahead with records that cannot fire. Of every
+    /// tenant at most `budget(tenant)` entries are returned.
     pub fn due_through(
         &self,
         through: Timestamp,
         after: impl Fn(&TenantName) -> Option<(Timestamp, EventId)>,
         max: usize,
         blocked_first: usize,
+        budget: impl Fn(&TenantName) -> usize,
     ) -> Vec<DueCursor> {
         let mut found = Vec::new();
         for (head, tenant) in &self.heads {
@@ -267,6 +269,10 @@ impl FairWindow {
             let Some(lane) = self.lanes.get(tenant) else {
                 continue;
             };
+            let allowed = budget(tenant);
+            if allowed == 0 {
+                continue;
+            }
             let mark = after(tenant);
             let eligible = if lane.blocked {
                 blocked_first
@@ -289,7 +295,7 @@ impl FairWindow {
                 };
                 Box::new(lane.entries.range((start, Bound::Unbounded)))
             };
-            for (due, id) in entries {
+            for (due, id) in entries.take(allowed) {
                 if *due > through || found.len() >= max {
                     break;
                 }
