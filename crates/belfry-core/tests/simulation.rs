@@ -3376,7 +3376,7 @@ mod known_core_bugs {
                 }
             }
             let mut first = None;
-            window.evict_to(11, &mut |tenant, _, _| {
+            window.evict_to(11, &mut |tenant, _| {
                 first.get_or_insert_with(|| tenant.clone());
             });
             first.expect("one entry evicted")

@@ -253,17 +253,18 @@ impl ReadAhead {
         }
     }
 
-    /// [`ReadAhead::invalidate`] for an entry evicted from the window.
-    /// Entries after the tenant's mark were never requested, so most of a
-    /// large eviction (a hung tenant's lane trimmed) costs a comparison.
-    fn invalidate_evicted(&mut self, tenant: &TenantName, due: Timestamp, id: &EventId) {
-        let never_requested = self
-            .requested_through
-            .get(tenant)
-            .is_some_and(|mark| (due, id) > (mark.0, &mark.1));
-        if !never_requested {
+    /// [`ReadAhead::invalidate`] for a run of one tenant's entries evicted
+    /// from the window. Entries after the tenant's mark were never
+    /// requested, so most of a large eviction (a hung tenant's lane
+    /// trimmed) is skipped by one range lookup.
+    fn invalidate_evicted(&mut self, tenant: &TenantName, run: &BTreeSet<(Timestamp, EventId)>) {
+        let requested: Vec<&(Timestamp, EventId)> = match self.requested_through.get(tenant) {
+            Some(mark) => run.range(..=mark).collect(),
+            None => run.iter().collect(),
+        };
+        for (due, id) in requested {
             self.invalidate(&DueCursor {
-                due,
+                due: *due,
                 key: EventKey::new(tenant.clone(), id.clone()),
             });
         }
@@ -758,8 +759,8 @@ impl PartitionCore {
         let others = self.outstanding.len() + self.retry_timers.len();
         let max = self.config.capacity.saturating_sub(others);
         let read_ahead = &mut self.read_ahead;
-        let mut invalidate = |tenant: &TenantName, due: Timestamp, id: &EventId| {
-            read_ahead.invalidate_evicted(tenant, due, id);
+        let mut invalidate = |tenant: &TenantName, run: &BTreeSet<(Timestamp, EventId)>| {
+            read_ahead.invalidate_evicted(tenant, run);
         };
         let mut evicted = self.window.evict_to(max, &mut invalidate);
         let cap = self.config.blocked_lane_cap();

@@ -307,13 +307,14 @@ impl FairWindow {
 
     /// Evicts entries until at most `max` are held: always the latest
     /// entries of the tenant holding the most, whose overflow mark moves
-    /// back so a per-tenant page brings them in again later. Each evicted
-    /// entry is passed to `evicted` (no cursor is built for it: a hung
-    /// tenant's lane may lose tens of thousands at once); returns how many.
+    /// back so a per-tenant page brings them in again later. Each run of
+    /// one tenant's evicted entries is passed to `evicted` (no cursor is
+    /// built per entry: a hung tenant's lane may lose tens of thousands at
+    /// once); returns how many were evicted.
     pub fn evict_to(
         &mut self,
         max: usize,
-        evicted: &mut impl FnMut(&TenantName, Timestamp, &EventId),
+        evicted: &mut impl FnMut(&TenantName, &BTreeSet<(Timestamp, EventId)>),
     ) -> usize {
         let mut total = 0;
         while self.held > max {
@@ -354,7 +355,7 @@ impl FairWindow {
         &mut self,
         tenant: &TenantName,
         max: usize,
-        evicted: &mut impl FnMut(&TenantName, Timestamp, &EventId),
+        evicted: &mut impl FnMut(&TenantName, &BTreeSet<(Timestamp, EventId)>),
     ) -> usize {
         let excess = self.held_by(tenant).saturating_sub(max);
         if excess == 0 {
@@ -367,25 +368,20 @@ impl FairWindow {
         &mut self,
         tenant: &TenantName,
         count: usize,
-        evicted: &mut impl FnMut(&TenantName, Timestamp, &EventId),
+        evicted: &mut impl FnMut(&TenantName, &BTreeSet<(Timestamp, EventId)>),
     ) -> usize {
         let Some(lane) = self.lanes.get_mut(tenant) else {
             return 0;
         };
-        let old_head = lane.first();
-        let mut earliest_evicted = None;
-        let mut n = 0;
-        while n < count {
-            let Some((due, id)) = lane.entries.pop_last() else {
-                break;
-            };
-            evicted(tenant, due, &id);
-            earliest_evicted = Some(due);
-            n += 1;
-        }
-        let Some(due) = earliest_evicted else {
+        let Some(first_evicted) = lane.entries.iter().rev().take(count).last().cloned() else {
             return 0;
         };
+        let old_head = lane.first();
+        // One split instead of an entry-by-entry removal: a hung tenant's
+        // lane may lose tens of thousands at once.
+        let tail = lane.entries.split_off(&first_evicted);
+        evicted(tenant, &tail);
+        let n = tail.len();
         // Everything of this tenant after the last entry kept is the
         // per-tenant loader's again. With nothing kept, the mark goes just
         // before the earliest evicted instant (a reload may then re-read a
@@ -393,7 +389,7 @@ impl FairWindow {
         let mark = match lane.entries.last() {
             Some((kept_due, kept_id)) => cursor_of(tenant, *kept_due, kept_id),
             None => DueCursor {
-                due: due.minus(std::time::Duration::from_millis(1)),
+                due: first_evicted.0.minus(std::time::Duration::from_millis(1)),
                 key: EventKey::before_all(),
             },
         };
@@ -509,8 +505,8 @@ mod tests {
         }
         window.insert(entry(50, "small", "s"), false);
         let mut evicted = Vec::new();
-        let count = window.evict_to(6, &mut |tenant, due, id| {
-            evicted.push(cursor_of(tenant, due, id));
+        let count = window.evict_to(6, &mut |tenant, run| {
+            evicted.extend(run.iter().map(|(due, id)| cursor_of(tenant, *due, id)));
         });
         assert_eq!(count, 5);
         assert_eq!(evicted.len(), 5);
