@@ -373,7 +373,12 @@ impl FairWindow {
         let Some(lane) = self.lanes.get_mut(tenant) else {
             return 0;
         };
-        let Some(first_evicted) = lane.entries.iter().rev().take(count).last().cloned() else {
+        let first_evicted = match count {
+            0 => None,
+            n if n >= lane.entries.len() => lane.entries.first(),
+            n => lane.entries.iter().nth_back(n - 1),
+        };
+        let Some(first_evicted) = first_evicted.cloned() else {
             return 0;
         };
         let old_head = lane.first();
