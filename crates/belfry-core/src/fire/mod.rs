@@ -36,7 +36,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 pub use slots::{DeliverySlots, SlotPolicy};
-pub use window::FairWindow;
+pub use window::{EvictedRun, FairWindow};
 
 use crate::event::EventRecord;
 use crate::ids::{EventId, EventKey, EventVersion, TenantName};
@@ -386,6 +386,8 @@ pub struct PartitionCore {
     repair_after: Option<DueCursor>,
     next_repair_at: Option<Timestamp>,
     stats: CoreStats,
+    /// Evicted entries not freed yet (see [`PartitionCore::take_evicted`]).
+    evicted_runs: Vec<EvictedRun>,
 }
 
 impl PartitionCore {
@@ -409,6 +411,7 @@ impl PartitionCore {
             load_seq: 0,
             next_repair_at: None,
             stats: CoreStats::default(),
+            evicted_runs: Vec::new(),
         }
     }
 
@@ -418,6 +421,14 @@ impl PartitionCore {
 
     pub fn stats(&self) -> &CoreStats {
         &self.stats
+    }
+
+    /// Hands over what was evicted since the last call, for the runtime to
+    /// free: dropping a hung tenant's trimmed lane (tens of thousands of
+    /// ids) on the thread that fires events delayed other tenants' events.
+    /// Runs not taken are freed by the next `handle`.
+    pub fn take_evicted(&mut self) -> Vec<EvictedRun> {
+        std::mem::take(&mut self.evicted_runs)
     }
 
     pub fn window(&self) -> &FairWindow {
@@ -441,6 +452,8 @@ impl PartitionCore {
 
     /// Handles one input at `now`; returns what the runtime must do.
     pub fn handle(&mut self, input: Input, now: Timestamp) -> Vec<Action> {
+        // Freed here when the runtime did not take them.
+        self.evicted_runs.clear();
         let mut actions = Vec::new();
         match input {
             Input::Tick { may_fire } => self.tick(now, may_fire, &mut actions),
@@ -759,8 +772,10 @@ impl PartitionCore {
         let others = self.outstanding.len() + self.retry_timers.len();
         let max = self.config.capacity.saturating_sub(others);
         let read_ahead = &mut self.read_ahead;
-        let mut invalidate = |tenant: &TenantName, run: &BTreeSet<(Timestamp, EventId)>| {
-            read_ahead.invalidate_evicted(tenant, run);
+        let released = &mut self.evicted_runs;
+        let mut invalidate = |tenant: &TenantName, run: EvictedRun| {
+            read_ahead.invalidate_evicted(tenant, &run.0);
+            released.push(run);
         };
         let mut evicted = self.window.evict_to(max, &mut invalidate);
         let cap = self.config.blocked_lane_cap();

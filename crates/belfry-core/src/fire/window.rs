@@ -48,6 +48,22 @@ pub struct FairWindow {
     covered_through: Option<DueCursor>,
 }
 
+/// One tenant's entries evicted at once, in order. Freeing a large run
+/// (tens of thousands of ids) takes milliseconds, so the runtime may free
+/// it off the thread that fires events (see `PartitionCore::take_evicted`).
+#[derive(Debug, Default)]
+pub struct EvictedRun(pub(crate) BTreeSet<(Timestamp, EventId)>);
+
+impl EvictedRun {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 fn cursor_of(tenant: &TenantName, due: Timestamp, id: &EventId) -> DueCursor {
     DueCursor {
         due,
@@ -314,7 +330,7 @@ impl FairWindow {
     pub fn evict_to(
         &mut self,
         max: usize,
-        evicted: &mut impl FnMut(&TenantName, &BTreeSet<(Timestamp, EventId)>),
+        evicted: &mut impl FnMut(&TenantName, EvictedRun),
     ) -> usize {
         let mut total = 0;
         while self.held > max {
@@ -355,7 +371,7 @@ impl FairWindow {
         &mut self,
         tenant: &TenantName,
         max: usize,
-        evicted: &mut impl FnMut(&TenantName, &BTreeSet<(Timestamp, EventId)>),
+        evicted: &mut impl FnMut(&TenantName, EvictedRun),
     ) -> usize {
         let excess = self.held_by(tenant).saturating_sub(max);
         if excess == 0 {
@@ -368,15 +384,19 @@ impl FairWindow {
         &mut self,
         tenant: &TenantName,
         count: usize,
-        evicted: &mut impl FnMut(&TenantName, &BTreeSet<(Timestamp, EventId)>),
+        evicted: &mut impl FnMut(&TenantName, EvictedRun),
     ) -> usize {
         let Some(lane) = self.lanes.get_mut(tenant) else {
             return 0;
         };
+        // The first entry evicted, walked to from the nearer end (a hung
+        // tenant's lane keeps a few of many).
+        let len = lane.entries.len();
         let first_evicted = match count {
             0 => None,
-            n if n >= lane.entries.len() => lane.entries.first(),
-            n => lane.entries.iter().nth_back(n - 1),
+            n if n >= len => lane.entries.first(),
+            n if n <= len / 2 => lane.entries.iter().nth_back(n - 1),
+            n => lane.entries.iter().nth(len - n),
         };
         let Some(first_evicted) = first_evicted.cloned() else {
             return 0;
@@ -385,7 +405,6 @@ impl FairWindow {
         // One split instead of an entry-by-entry removal: a hung tenant's
         // lane may lose tens of thousands at once.
         let tail = lane.entries.split_off(&first_evicted);
-        evicted(tenant, &tail);
         let n = tail.len();
         // Everything of this tenant after the last entry kept is the
         // per-tenant loader's again. With nothing kept, the mark goes just
@@ -404,6 +423,7 @@ impl FairWindow {
         });
         self.held -= n;
         self.head_changed(tenant, old_head);
+        evicted(tenant, EvictedRun(tail));
         n
     }
 
@@ -511,7 +531,7 @@ mod tests {
         window.insert(entry(50, "small", "s"), false);
         let mut evicted = Vec::new();
         let count = window.evict_to(6, &mut |tenant, run| {
-            evicted.extend(run.iter().map(|(due, id)| cursor_of(tenant, *due, id)));
+            evicted.extend(run.0.iter().map(|(due, id)| cursor_of(tenant, *due, id)));
         });
         assert_eq!(count, 5);
         assert_eq!(evicted.len(), 5);
