@@ -64,12 +64,8 @@ impl PartitionRuntime {
     /// (only `Claim` produces one the caller needs; the worker picks up the
     /// rest at its next tick).
     pub(crate) fn input(&self, input: Input, now: Timestamp) -> Vec<Action> {
-        let (actions, evicted) = {
-            let mut core = self.lock();
-            (core.handle(input, now), core.take_evicted())
-        };
+        let actions = self.lock().handle(input, now);
         self.wake.notify_one();
-        free_evicted(evicted);
         actions
     }
 
@@ -129,12 +125,11 @@ pub(crate) async fn run(
         // lease lapsed (no renewal: database or network trouble) holds its
         // entries until it is renewed or released.
         let may_fire = partition.lease.may_fire();
-        let (actions, wake_at, evicted) = {
+        let (actions, wake_at) = {
             let mut core = partition.lock();
             let actions = core.handle(Input::Tick { may_fire }, now);
-            (actions, core.next_wake(now), core.take_evicted())
+            (actions, core.next_wake(now))
         };
-        free_evicted(evicted);
         perform(&shared, &partition, actions);
         let mut sleep_for = now.until(wake_at).min(MAX_SLEEP);
         if !may_fire {
@@ -157,20 +152,6 @@ pub(crate) async fn run(
             _ = partition.wake.notified() => {}
             _ = tokio::time::sleep(sleep_for) => {}
         }
-    }
-}
-
-/// Runs this large are freed on a blocking thread: a hung tenant's lane
-/// trimmed in every partition at once is a million ids, and freeing them
-/// on the runtime's workers made other tenants' events late.
-const FREE_ELSEWHERE_FROM: usize = 1_024;
-
-fn free_evicted(runs: Vec<belfry_core::fire::EvictedRun>) {
-    let entries: usize = runs.iter().map(|run| run.len()).sum();
-    if entries >= FREE_ELSEWHERE_FROM
-        && let Ok(runtime) = tokio::runtime::Handle::try_current()
-    {
-        runtime.spawn_blocking(move || drop(runs));
     }
 }
 

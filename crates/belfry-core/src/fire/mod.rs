@@ -386,8 +386,9 @@ pub struct PartitionCore {
     repair_after: Option<DueCursor>,
     next_repair_at: Option<Timestamp>,
     stats: CoreStats,
-    /// Evicted entries not freed yet (see [`PartitionCore::take_evicted`]).
-    evicted_runs: Vec<EvictedRun>,
+    /// A blocked tenant's lane may be over its cap: trimmed a step per
+    /// tick (see [`PartitionCore::trim_blocked_lanes`]).
+    trim_pending: bool,
 }
 
 impl PartitionCore {
@@ -411,7 +412,7 @@ impl PartitionCore {
             load_seq: 0,
             next_repair_at: None,
             stats: CoreStats::default(),
-            evicted_runs: Vec::new(),
+            trim_pending: false,
         }
     }
 
@@ -421,14 +422,6 @@ impl PartitionCore {
 
     pub fn stats(&self) -> &CoreStats {
         &self.stats
-    }
-
-    /// Hands over what was evicted since the last call, for the runtime to
-    /// free: dropping a hung tenant's trimmed lane (tens of thousands of
-    /// ids) on the thread that fires events delayed other tenants' events.
-    /// Runs not taken are freed by the next `handle`.
-    pub fn take_evicted(&mut self) -> Vec<EvictedRun> {
-        std::mem::take(&mut self.evicted_runs)
     }
 
     pub fn window(&self) -> &FairWindow {
@@ -452,8 +445,6 @@ impl PartitionCore {
 
     /// Handles one input at `now`; returns what the runtime must do.
     pub fn handle(&mut self, input: Input, now: Timestamp) -> Vec<Action> {
-        // Freed here when the runtime did not take them.
-        self.evicted_runs.clear();
         let mut actions = Vec::new();
         match input {
             Input::Tick { may_fire } => self.tick(now, may_fire, &mut actions),
@@ -483,6 +474,7 @@ impl PartitionCore {
                     .collect();
                 for tenant in blocked {
                     self.window.set_blocked(&tenant, true);
+                    self.trim_pending = true;
                 }
             }
             Input::Loaded { request, page } => self.loaded(request, page, now),
@@ -498,6 +490,9 @@ impl PartitionCore {
     pub fn next_wake(&self, now: Timestamp) -> Timestamp {
         let half_window = self.config.window / 2;
         let mut wake = now.plus(Duration::from_secs(1));
+        if self.trim_pending {
+            return now;
+        }
         if let Some(due) = self.window.next_ready() {
             wake = wake.min(due);
         }
@@ -652,6 +647,7 @@ impl PartitionCore {
         if may_fire {
             self.fire_due(now, actions);
         }
+        self.trim_blocked_lanes();
         self.start_load(now, actions);
         if may_fire {
             self.start_read_ahead(now, actions);
@@ -684,6 +680,7 @@ impl PartitionCore {
                 // a tenant with nothing outstanding here may still fire one.
                 self.window.insert(entry, true);
                 self.window.set_blocked(&tenant, true);
+                self.trim_pending = true;
                 self.budget_blocked.insert(tenant);
                 continue;
             }
@@ -691,6 +688,7 @@ impl PartitionCore {
             *count += 1;
             if *count >= self.config.max_outstanding_per_tenant {
                 self.window.set_blocked(&tenant, true);
+                self.trim_pending = true;
             }
             self.outstanding.insert(entry.clone(), None);
             self.outstanding_by_key
@@ -772,17 +770,45 @@ impl PartitionCore {
         let others = self.outstanding.len() + self.retry_timers.len();
         let max = self.config.capacity.saturating_sub(others);
         let read_ahead = &mut self.read_ahead;
-        let released = &mut self.evicted_runs;
-        let mut invalidate = |tenant: &TenantName, run: EvictedRun| {
+        let evicted = self.window.evict_to(max, &mut |tenant, run| {
             read_ahead.invalidate_evicted(tenant, &run.0);
-            released.push(run);
-        };
-        let mut evicted = self.window.evict_to(max, &mut invalidate);
-        let cap = self.config.blocked_lane_cap();
-        for tenant in self.window.blocked_over(cap) {
-            evicted += self.window.evict_tenant_to(&tenant, cap, &mut invalidate);
-        }
+        });
         self.stats.evicted += evicted as u64;
+        let cap = self.config.blocked_lane_cap();
+        self.trim_pending = !self.window.blocked_over(cap).is_empty();
+    }
+
+    /// Entries trimmed from blocked lanes per tick: a hung tenant's lane
+    /// trimmed in every partition at once was a million entries freed in
+    /// one go, and other tenants' events waited for the runtime's workers.
+    const TRIM_STEP: usize = 2_048;
+
+    /// Trims blocked tenants' lanes towards [`CoreConfig::blocked_lane_cap`]
+    /// by at most [`Self::TRIM_STEP`] entries; `trim_pending` stays set
+    /// (and the core wakes at once) until none is over.
+    fn trim_blocked_lanes(&mut self) {
+        if !self.trim_pending {
+            return;
+        }
+        let cap = self.config.blocked_lane_cap();
+        let mut budget = Self::TRIM_STEP;
+        let read_ahead = &mut self.read_ahead;
+        for tenant in self.window.blocked_over(cap) {
+            if budget == 0 {
+                return;
+            }
+            let target = self.window.held_by(&tenant).saturating_sub(budget).max(cap);
+            let evicted = self
+                .window
+                .evict_tenant_to(&tenant, target, &mut |tenant, run| {
+                    read_ahead.invalidate_evicted(tenant, &run.0);
+                });
+            self.stats.evicted += evicted as u64;
+            budget -= evicted.min(budget);
+        }
+        if budget > 0 {
+            self.trim_pending = false;
+        }
     }
 
     fn start_load(&mut self, now: Timestamp, actions: &mut Vec<Action>) {

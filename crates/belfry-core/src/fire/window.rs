@@ -48,9 +48,7 @@ pub struct FairWindow {
     covered_through: Option<DueCursor>,
 }
 
-/// One tenant's entries evicted at once, in order. Freeing a large run
-/// (tens of thousands of ids) takes milliseconds, so the runtime may free
-/// it off the thread that fires events (see `PartitionCore::take_evicted`).
+/// One tenant's entries evicted at once, in order.
 #[derive(Debug, Default)]
 pub struct EvictedRun(pub(crate) BTreeSet<(Timestamp, EventId)>);
 
