@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
-use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaTarget};
+use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget};
 use belfry_core::{SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
 use serde::Deserialize;
@@ -48,6 +48,12 @@ pub(crate) async fn register(
     BigBenJson(config): BigBenJson<ProcessorConfig>,
 ) -> Result<Response, BigBenError> {
     let mut tenant = parse_config(config).map_err(BigBenError)?;
+    state
+        .engine
+        .sinks()
+        .check_egress(&tenant.sink)
+        .await
+        .map_err(|message| BigBenError(invalid(message)))?;
     let name = tenant.name.clone();
     if !principal.may_write(&name) {
         return Err(BigBenError(ApiError::not_found(
@@ -151,6 +157,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
             SinkConfig::Kafka(KafkaTarget {
                 topic,
                 props: settings,
+                key: KafkaKey::EventId,
             })
         }
         "CUSTOM_CLASS" => {
@@ -168,6 +175,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
     sink.validate().map_err(|e| invalid(e.to_string()))?;
     Sinks::check_supported(&sink)
         .map_err(|message| ApiError::bad_request(code::UNSUPPORTED_SINK, message))?;
+    Sinks::check_settings(&sink).map_err(invalid)?;
     Ok(TenantConfig {
         name,
         sink,
