@@ -239,6 +239,11 @@ impl Producers {
                 .insert(settings, (Arc::clone(&producer), tick));
             evicted
         };
+        tracing::info!(
+            target: LOG_TARGET,
+            servers = producer.settings.get("bootstrap.servers").map_or("", String::as_str),
+            "kafka producer opened"
+        );
         if let Some(evicted) = evicted {
             tracing::debug!(target: LOG_TARGET, producer = ?evicted, "closing the least recently used producer");
             close(evicted);

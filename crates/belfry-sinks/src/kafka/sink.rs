@@ -42,6 +42,9 @@ pub struct KafkaSink {
     options: KafkaSinkOptions,
     egress: Arc<EgressPolicy>,
     producers: Producers,
+    /// Held while a producer is opened, so that the deliveries that find
+    /// none at once (a burst of due events) open one, not one each.
+    opening: tokio::sync::Mutex<()>,
     /// Each tenant's target, prepared once per config.
     prepared: Mutex<HashMap<TenantName, Arc<Prepared>>>,
 }
@@ -73,6 +76,7 @@ impl KafkaSink {
     pub(crate) fn with_policy(options: KafkaSinkOptions, egress: Arc<EgressPolicy>) -> Self {
         KafkaSink {
             producers: Producers::new(options.max_producers),
+            opening: tokio::sync::Mutex::new(()),
             options,
             egress,
             prepared: Mutex::default(),
@@ -185,6 +189,10 @@ impl KafkaSink {
     /// The producer for `route`, opened (after the egress check of its
     /// bootstrap servers) when none is.
     async fn producer(&self, route: &Route) -> Result<Arc<Producer>, DeliveryResult> {
+        if let Some(producer) = self.producers.get(&route.settings) {
+            return Ok(producer);
+        }
+        let _opening = self.opening.lock().await;
         if let Some(producer) = self.producers.get(&route.settings) {
             return Ok(producer);
         }
