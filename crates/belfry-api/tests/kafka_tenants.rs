@@ -167,6 +167,15 @@ async fn v1_kafka_sinks_choose_their_key() {
         .await;
     assert_eq!(default.status, StatusCode::OK, "{default:?}");
     assert_eq!(default.body["sink"].get("key"), None, "event_id by default");
+    let fenced = h
+        .put(
+            &path,
+            &json!({ "sink": { "type": "kafka", "topic": "out", "transactional": true,
+                "props": { "bootstrap.servers": "127.0.0.1:9092" } } }),
+        )
+        .await;
+    assert_eq!(fenced.status, StatusCode::OK, "{fenced:?}");
+    assert_eq!(fenced.body["sink"]["transactional"], true);
     for (sink, field) in [
         (
             json!({ "type": "kafka", "topic": "out", "key": "random",
@@ -176,6 +185,11 @@ async fn v1_kafka_sinks_choose_their_key() {
         (
             json!({ "type": "http", "url": "http://127.0.0.1:1/", "key": "none" }),
             "key",
+        ),
+        (
+            json!({ "type": "kafka", "topic": "out", "transactional": "yes",
+                "props": { "bootstrap.servers": "127.0.0.1:9092" } }),
+            "sink.transactional",
         ),
     ] {
         let refused = h.put(&path, &json!({ "sink": sink })).await;

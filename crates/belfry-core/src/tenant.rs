@@ -131,6 +131,10 @@ pub struct KafkaTarget {
     /// given.
     #[serde(default, skip_serializing_if = "KafkaKey::is_default")]
     pub key: KafkaKey,
+    /// Fenced mode: each delivery is a Kafka transaction of a producer per
+    /// Belfry partition, so a node that lost the partition cannot commit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transactional: bool,
 }
 
 /// The key of a delivered Kafka record. Kafka orders records per

@@ -107,6 +107,7 @@ mod tests {
                 ("sasl.password".into(), "hunter2".into()),
             ]),
             key: Default::default(),
+            transactional: false,
         });
         let shown = serde_json::to_string(&sink(&kafka)).unwrap();
         assert!(

@@ -158,6 +158,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
                 topic,
                 props: settings,
                 key: KafkaKey::EventId,
+                transactional: false,
             })
         }
         "CUSTOM_CLASS" => {

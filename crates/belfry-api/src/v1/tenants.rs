@@ -32,7 +32,7 @@ pub(crate) struct PutTenant {
 /// {...}, "timeout_ms": ...}` or `{"type": "builtin", "processor": "log"}`
 /// (or `{"type": "kafka", "topic": ..., "props": {...}, "key": "event_id"}`
 /// where supported; `key` is `event_id` (default), `tenant_event_id` or
-/// `none`).
+/// `none`; `"transactional": true` is the fenced mode).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a sink object")]
 struct SinkSpec {
@@ -47,6 +47,7 @@ struct SinkSpec {
     topic: Option<Value>,
     props: Option<Value>,
     key: Option<Value>,
+    transactional: Option<Value>,
 }
 
 /// `value` as a string, or a message naming `field`.
@@ -94,6 +95,7 @@ impl SinkSpec {
             topic,
             props,
             key,
+            transactional,
         } = self;
         let kind = string_field(Some(kind), "sink.type")?.unwrap_or_default();
         let url = string_field(url, "sink.url")?;
@@ -113,6 +115,11 @@ impl SinkSpec {
                 invalid_sink("sink.key must be event_id, tenant_event_id or none")
             })?),
         };
+        let transactional = match transactional {
+            None | Some(Value::Null) => None,
+            Some(Value::Bool(on)) => Some(on),
+            Some(_) => return Err(invalid_sink("sink.transactional must be true or false")),
+        };
         let unexpected = |fields: &[(&str, bool)]| -> Result<(), V1Error> {
             match fields.iter().find(|(_, present)| *present) {
                 Some((name, _)) => Err(invalid_sink(format!(
@@ -128,6 +135,7 @@ impl SinkSpec {
                     ("topic", topic.is_some()),
                     ("props", props.is_some()),
                     ("key", key.is_some()),
+                    ("transactional", transactional.is_some()),
                 ])?;
                 SinkConfig::Http(HttpTarget {
                     url: url.ok_or_else(|| invalid_sink("sink.url is required for type http"))?,
@@ -143,6 +151,7 @@ impl SinkSpec {
                     ("topic", topic.is_some()),
                     ("props", props.is_some()),
                     ("key", key.is_some()),
+                    ("transactional", transactional.is_some()),
                 ])?;
                 SinkConfig::Builtin(BuiltinTarget {
                     processor: processor.ok_or_else(|| {
@@ -162,6 +171,7 @@ impl SinkSpec {
                         .ok_or_else(|| invalid_sink("sink.topic is required for type kafka"))?,
                     props: props.unwrap_or_default(),
                     key: key.unwrap_or_default(),
+                    transactional: transactional.unwrap_or(false),
                 })
             }
             other => {

@@ -32,6 +32,12 @@ pub struct KafkaSinkOptions {
     /// How long a producer waits to batch records (`linger.ms`); a tenant
     /// may set its own.
     pub linger_ms: u32,
+    /// Names this Belfry cluster to Kafka in the fenced (transactional)
+    /// mode: transactional ids are `<cluster_id>-<settings>-p<partition>`.
+    /// Every node of one cluster must have the same value (so that the new
+    /// owner of a partition fences the old one); two Belfry clusters that
+    /// share a Kafka cluster must have different values.
+    pub cluster_id: String,
 }
 
 impl Default for KafkaSinkOptions {
@@ -43,6 +49,7 @@ impl Default for KafkaSinkOptions {
             queue_max_messages: 20_000,
             queue_max_kbytes: 16 * 1024,
             linger_ms: 5,
+            cluster_id: "belfry".to_string(),
         }
     }
 }

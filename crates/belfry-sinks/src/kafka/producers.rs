@@ -57,6 +57,9 @@ pub(crate) struct Producer {
     /// When the brokers the cluster advertises were last found allowed by
     /// the egress policy; `None`: not yet.
     brokers_checked: Mutex<Option<Instant>>,
+    /// Fenced mode: held for the whole of one transaction (a producer has
+    /// one open at a time); true once `init_transactions` succeeded.
+    pub(crate) transactions: tokio::sync::Mutex<bool>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -213,6 +216,7 @@ impl Producers {
             inner,
             settings: Arc::clone(&settings),
             brokers_checked: Mutex::new(None),
+            transactions: tokio::sync::Mutex::new(false),
         });
         let evicted = {
             let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());

@@ -66,6 +66,54 @@ struct Route {
     settings: Arc<Settings>,
     servers: Vec<Server>,
     timeout: Duration,
+    /// Fenced mode: the start of every transactional id of this target
+    /// (`<cluster_id>-<hash of the tenant's settings>`).
+    transactional_prefix: String,
+    /// Fenced mode: the settings of each Belfry partition's producer
+    /// (`settings` plus its `transactional.id`), made on first use.
+    per_partition: Mutex<HashMap<u16, Arc<Settings>>>,
+}
+
+impl Route {
+    /// The settings of the transactional producer of `partition`.
+    fn for_partition(&self, partition: u16) -> Arc<Settings> {
+        let mut cache = self.per_partition.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(cache.entry(partition).or_insert_with(|| {
+            let mut settings = (*self.settings).clone();
+            settings.insert(
+                "transactional.id".into(),
+                format!("{}-p{partition}", self.transactional_prefix),
+            );
+            settings.insert(
+                "transaction.timeout.ms".into(),
+                self.timeout.as_millis().max(1_000).to_string(),
+            );
+            Arc::new(settings)
+        }))
+    }
+}
+
+/// A short stable digest of a tenant's settings (the same on every node),
+/// for transactional ids: producers with different settings must not share
+/// one.
+fn settings_digest(props: &std::collections::BTreeMap<String, String>) -> String {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    for (name, value) in props {
+        if IGNORED.contains(&name.as_str()) {
+            continue;
+        }
+        context.update(name.as_bytes());
+        context.update(b"=");
+        context.update(value.as_bytes());
+        context.update(b"\n");
+    }
+    context
+        .finish()
+        .as_ref()
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 impl KafkaSink {
@@ -183,20 +231,30 @@ impl KafkaSink {
             settings: Arc::new(all),
             servers,
             timeout,
+            transactional_prefix: format!(
+                "{}-{}",
+                self.options.cluster_id,
+                settings_digest(&target.props)
+            ),
+            per_partition: Mutex::default(),
         })
     }
 
     /// The producer for `route`, opened (after the egress check of its
     /// bootstrap servers) when none is.
-    async fn producer(&self, route: &Route) -> Result<Arc<Producer>, DeliveryResult> {
-        if let Some(producer) = self.producers.get(&route.settings) {
+    async fn producer(
+        &self,
+        settings: &Arc<Settings>,
+        servers: &[Server],
+    ) -> Result<Arc<Producer>, DeliveryResult> {
+        if let Some(producer) = self.producers.get(settings) {
             return Ok(producer);
         }
         let _opening = self.opening.lock().await;
-        if let Some(producer) = self.producers.get(&route.settings) {
+        if let Some(producer) = self.producers.get(settings) {
             return Ok(producer);
         }
-        match check_servers(&self.egress, &route.servers).await {
+        match check_servers(&self.egress, servers).await {
             Ok(Ok(())) => {}
             Ok(Err(refusal)) => {
                 return Err(DeliveryResult::failed(
@@ -207,12 +265,26 @@ impl KafkaSink {
             }
             Err(reason) => return Err(DeliveryResult::failed(Verdict::Retry, None, reason)),
         }
-        self.producers
-            .open(Arc::clone(&route.settings))
-            .map_err(|error| {
-                DeliveryResult::failed(classify(&error), None, describe_open_error(&error))
-            })
+        self.producers.open(Arc::clone(settings)).map_err(|error| {
+            DeliveryResult::failed(classify(&error), None, describe_open_error(&error))
+        })
     }
+}
+
+/// Runs a blocking producer call (the transaction calls wait for the
+/// coordinator) off the async threads.
+async fn blocking(
+    producer: &Arc<Producer>,
+    call: impl FnOnce(
+        &rdkafka::producer::FutureProducer<super::producers::Context>,
+    ) -> Result<(), KafkaError>
+    + Send
+    + 'static,
+) -> Result<(), KafkaError> {
+    let producer = Arc::clone(producer);
+    tokio::task::spawn_blocking(move || call(&producer.inner))
+        .await
+        .unwrap_or(Err(KafkaError::Canceled))
 }
 
 /// Why a producer could not be opened, without the refused value (it may
@@ -249,7 +321,15 @@ impl Sink for KafkaSink {
             Ok(signer) => signer.as_ref(),
             Err(reason) => return DeliveryResult::failed(Verdict::Permanent, None, reason.clone()),
         };
-        let producer = match self.producer(route).await {
+        // Fenced mode needs a partition to act for: a dry run (no epoch)
+        // goes out through the idempotent producer.
+        let transactional = target.transactional && delivery.epoch.is_some();
+        let settings = if transactional {
+            route.for_partition(delivery.event.partition.0)
+        } else {
+            Arc::clone(&route.settings)
+        };
+        let producer = match self.producer(&settings, &route.servers).await {
             Ok(producer) => producer,
             Err(result) => return result,
         };
@@ -327,13 +407,30 @@ impl Sink for KafkaSink {
         if let Some(key) = key {
             record = record.key(key);
         }
+        if transactional {
+            return self
+                .send_in_transaction(&producer, record, route.timeout)
+                .await;
+        }
+        self.send(&producer, record, route.timeout).await
+    }
+}
+
+impl KafkaSink {
+    /// Produces `record` and waits for the acknowledgement.
+    async fn send(
+        &self,
+        producer: &Arc<Producer>,
+        record: FutureRecord<'_, str, [u8]>,
+        timeout: Duration,
+    ) -> DeliveryResult {
         let answer = match producer.inner.send_result(record) {
             Ok(answer) => answer,
-            Err((error, _)) => return self.failed(&producer, &error),
+            Err((error, _)) => return self.failed(producer, &error),
         };
-        match tokio::time::timeout(route.timeout + ANSWER_GRACE, answer).await {
+        match tokio::time::timeout(timeout + ANSWER_GRACE, answer).await {
             Ok(Ok(Ok(_acknowledged))) => DeliveryResult::delivered(None),
-            Ok(Ok(Err((error, _)))) => self.failed(&producer, &error),
+            Ok(Ok(Err((error, _)))) => self.failed(producer, &error),
             Ok(Err(_canceled)) => DeliveryResult::failed(
                 Verdict::Retry,
                 None,
@@ -344,14 +441,62 @@ impl Sink for KafkaSink {
                 None,
                 format!(
                     "kafka: no answer within {} ms",
-                    (route.timeout + ANSWER_GRACE).as_millis()
+                    (timeout + ANSWER_GRACE).as_millis()
                 ),
             ),
         }
     }
-}
 
-impl KafkaSink {
+    /// Fenced mode: `record` in a transaction of its own, committed before
+    /// the attempt counts as delivered. One transaction at a time per
+    /// producer (per Belfry partition). A producer another node fenced (it
+    /// took the partition over with the same transactional id) cannot
+    /// commit: the attempt is a retry here, and the record is never visible
+    /// to `read_committed` consumers.
+    async fn send_in_transaction(
+        &self,
+        producer: &Arc<Producer>,
+        record: FutureRecord<'_, str, [u8]>,
+        timeout: Duration,
+    ) -> DeliveryResult {
+        let mut initialized = producer.transactions.lock().await;
+        if !*initialized {
+            if let Err(error) = blocking(producer, move |p| p.init_transactions(timeout)).await {
+                return self.failed(producer, &error);
+            }
+            *initialized = true;
+        }
+        if let Err(error) = blocking(producer, |p| p.begin_transaction()).await {
+            return self.failed(producer, &error);
+        }
+        let sent = self.send(producer, record, timeout).await;
+        if sent.verdict != Verdict::Delivered {
+            self.abort(producer, timeout).await;
+            return sent;
+        }
+        match blocking(producer, move |p| p.commit_transaction(timeout)).await {
+            Ok(()) => sent,
+            Err(error) => {
+                let result = self.failed(producer, &error);
+                self.abort(producer, timeout).await;
+                result
+            }
+        }
+    }
+
+    /// Aborts the open transaction, if the producer can still do so (a
+    /// fenced or failed one is discarded instead).
+    async fn abort(&self, producer: &Arc<Producer>, timeout: Duration) {
+        if producer.inner.client().fatal_error().is_some() {
+            self.producers.discard(producer);
+            return;
+        }
+        if let Err(error) = blocking(producer, move |p| p.abort_transaction(timeout)).await {
+            tracing::debug!(%error, "kafka: aborting a transaction failed; reopening the producer");
+            self.producers.discard(producer);
+        }
+    }
+
     /// The result of an attempt that failed with `error`; a producer in a
     /// fatal state is discarded so the next attempt opens a new one.
     fn failed(&self, producer: &Arc<Producer>, error: &KafkaError) -> DeliveryResult {
