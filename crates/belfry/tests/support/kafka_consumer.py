@@ -2,7 +2,9 @@
 
 Usage: kafka_consumer.py BOOTSTRAP TOPIC GROUP
 
-Reads TOPIC from the earliest offset with confluent-kafka (librdkafka under
+Reads every partition of TOPIC from the earliest offset (assigned, not
+through a consumer group: nothing to rebalance when the broker goes away)
+with confluent-kafka (librdkafka under
 Python, not Belfry's code) and prints one JSON line per record:
 {"key", "value", "headers": {name: value}, "partition", "offset",
 "timestamp" (the record's), "received_ms" (this process's wall clock when
@@ -14,7 +16,7 @@ import json
 import sys
 import time
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 
 def text(raw):
@@ -32,7 +34,9 @@ def main():
             "isolation.level": "read_committed",
         }
     )
-    consumer.subscribe([topic])
+    metadata = consumer.list_topics(topic, timeout=30)
+    partitions = sorted(metadata.topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     print(json.dumps({"ready": True}), flush=True)
     try:
         while True:
