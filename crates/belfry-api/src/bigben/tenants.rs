@@ -48,12 +48,6 @@ pub(crate) async fn register(
     BigBenJson(config): BigBenJson<ProcessorConfig>,
 ) -> Result<Response, BigBenError> {
     let mut tenant = parse_config(config).map_err(BigBenError)?;
-    state
-        .engine
-        .sinks()
-        .check_egress(&tenant.sink)
-        .await
-        .map_err(|message| BigBenError(invalid(message)))?;
     let name = tenant.name.clone();
     if !principal.may_write(&name) {
         return Err(BigBenError(ApiError::not_found(
@@ -61,6 +55,12 @@ pub(crate) async fn register(
             format!("tenant {:?} is not registered", name.as_str()),
         )));
     }
+    state
+        .engine
+        .sinks()
+        .check_egress(&tenant.sink)
+        .await
+        .map_err(|message| BigBenError(invalid(message)))?;
     let store = state.engine.store();
     let existing = store.get_tenant(&name).await?;
     let existed = existing.is_some();
