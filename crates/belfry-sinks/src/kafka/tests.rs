@@ -473,3 +473,52 @@ async fn a_deposed_node_cannot_commit() {
     assert!(!keys.contains(&"zombie".to_string()), "{keys:?}");
     assert!(keys.contains(&"before".to_string()) && keys.contains(&"taken".to_string()));
 }
+
+/// The producer's queue is bounded: with the broker away, a delivery that
+/// finds it full is retried at once instead of queueing more memory.
+#[tokio::test]
+async fn a_full_producer_queue_is_a_retry() {
+    let topic = unique_topic("full");
+    let broker = KafkaBroker::start_with(1, &[(&topic, 1)]);
+    if !broker.supports_faults() {
+        eprintln!("SKIPPED: filling the queue needs the broker down (the mock)");
+        return;
+    }
+    let sink = KafkaSink::new(
+        KafkaSinkOptions {
+            queue_max_messages: 1,
+            ..KafkaSinkOptions::default()
+        },
+        EgressOptions::default(),
+    );
+    let tenant = tenant(&broker, &topic, &[("message.timeout.ms", "2000")]);
+    let first = event(&tenant, "first", "p".into());
+    assert_eq!(
+        deliver(&sink, &tenant, &first).await.verdict,
+        Verdict::Delivered
+    );
+    broker.broker_down(1).unwrap();
+    let waiting = event(&tenant, "waiting", "p".into());
+    let refused = event(&tenant, "refused", "p".into());
+    let (waited, full) = tokio::join!(deliver(&sink, &tenant, &waiting), async {
+        // The first one is queued by now.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        let result = deliver(&sink, &tenant, &refused).await;
+        (result, started.elapsed())
+    });
+    let (full, took) = full;
+    assert_eq!(full.verdict, Verdict::Retry, "{full:?}");
+    assert!(
+        full.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("queue is full"),
+        "{full:?}"
+    );
+    assert!(
+        took < Duration::from_millis(500),
+        "refused at once: {took:?}"
+    );
+    assert_eq!(waited.verdict, Verdict::Retry, "{waited:?}");
+}
