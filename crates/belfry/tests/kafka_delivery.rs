@@ -4,7 +4,9 @@
 //! `BELFRY_TEST_KAFKA_BOOTSTRAP` names), a `MESSAGING` tenant registered
 //! through BigBen's API, events scheduled through BigBen's API, and an
 //! independent consumer (Python's `confluent-kafka`, see
-//! `tests/support/kafka_consumer.py`) reading the tenant's topic.
+//! `tests/support/kafka_consumer.py`) reading the tenant's topic. A third
+//! test runs a `/v1` tenant in the fenced (transactional) mode, read with
+//! `read_committed`.
 //!
 //! The consumer's interpreter is the one named by `BELFRY_TEST_PYTHON`,
 //! else a virtual environment this test makes under
@@ -474,5 +476,49 @@ async fn a_broker_outage_during_delivery_loses_nothing() {
             attempts_made.to_string(),
             "the record says which attempt delivered it"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_mode_tenant_commits_every_event_for_read_committed_consumers() {
+    let Some(python) = consumer_python() else {
+        return;
+    };
+    let topic = format!("fenced-{}", std::process::id());
+    let broker = KafkaBroker::start_with(1, &[(&topic, 2)]);
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), &[]).await;
+    let (code, body) = put_json(
+        &node.url("/v1/tenants/fenced"),
+        &json!({ "sink": { "type": "kafka", "topic": topic, "transactional": true,
+            "props": { "bootstrap.servers": broker.bootstrap_servers() } } }),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["sink"]["transactional"], true, "{body}");
+    // The consumer reads with isolation.level=read_committed.
+    let mut consumer = Consumer::start(&python, &broker, &topic).await;
+    let due = now_ms() + 1_000;
+    // Zero-padded: sorted keys compare equal to this list.
+    let ids: Vec<String> = (0..12).map(|i| format!("f{i:02}")).collect();
+    for id in &ids {
+        let (code, body) = put_json(
+            &node.url(&format!("/v1/tenants/fenced/events/{id}")),
+            &json!({ "deliver_at": rfc3339(due), "payload": id }),
+        )
+        .await;
+        assert_eq!(code, 201, "{body}");
+    }
+    let records = consumer.read(ids.len(), Duration::from_secs(2)).await;
+    let mut keys: Vec<String> = records.iter().filter_map(|r| r.key.clone()).collect();
+    keys.sort();
+    if keys != ids {
+        node.print_logs();
+    }
+    assert_eq!(keys, ids, "every event once: {records:?}");
+    for record in &records {
+        assert!(record.received_ms >= due, "early: {record:?}");
+        assert_eq!(record.headers["x-belfry-epoch"], "0", "{record:?}");
+        assert_eq!(record.headers["x-belfry-attempt"], "1", "{record:?}");
     }
 }
