@@ -127,6 +127,51 @@ pub struct KafkaTarget {
     /// Producer settings (`bootstrap.servers`, ...).
     #[serde(default)]
     pub props: BTreeMap<String, String>,
+    /// What each record's key is; BigBen's choice (the event id) when not
+    /// given.
+    #[serde(default, skip_serializing_if = "KafkaKey::is_default")]
+    pub key: KafkaKey,
+    /// Fenced mode: each delivery is a Kafka transaction of a producer per
+    /// Belfry partition, so a node that lost the partition cannot commit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transactional: bool,
+}
+
+/// The key of a delivered Kafka record. Kafka orders records per
+/// partition and picks the partition from the key, so the key decides
+/// which deliveries keep their order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaKey {
+    /// The client's event id (BigBen's choice).
+    #[default]
+    EventId,
+    /// `tenant/id`: unique across tenants sharing one topic.
+    TenantEventId,
+    /// No key: the producer spreads records over the partitions.
+    None,
+}
+
+impl KafkaKey {
+    pub fn is_default(&self) -> bool {
+        *self == KafkaKey::EventId
+    }
+
+    /// The name clients write (`event_id`, `tenant_event_id`, `none`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KafkaKey::EventId => "event_id",
+            KafkaKey::TenantEventId => "tenant_event_id",
+            KafkaKey::None => "none",
+        }
+    }
+
+    /// The key named `text`, if any.
+    pub fn parse(text: &str) -> Option<Self> {
+        [KafkaKey::EventId, KafkaKey::TenantEventId, KafkaKey::None]
+            .into_iter()
+            .find(|key| key.as_str() == text)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -365,6 +365,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
                     event: &record,
                     attempt: record.attempts + 1,
                     triggered_at: now,
+                    epoch: Some(partition.lease.epoch),
                 })
                 .await;
             AttemptReport {

@@ -219,6 +219,11 @@ impl EngineHandle {
         self.inner.clock.now()
     }
 
+    /// The node's sinks (the API checks a tenant's target against them).
+    pub fn sinks(&self) -> &Sinks {
+        &self.inner.sinks
+    }
+
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.inner.clock
     }
@@ -293,6 +298,7 @@ impl EngineHandle {
                 event: &record,
                 attempt: 0,
                 triggered_at: self.inner.clock.now(),
+                epoch: None,
             })
             .await;
         Ok(Some((record, result)))

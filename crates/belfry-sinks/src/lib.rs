@@ -4,6 +4,8 @@
 //! [`Verdict`] (delivered, retry, permanent); the engine owns retries and
 //! history. One folder per sink, same file names:
 //! - [`http`]: `POST` to the tenant's webhook;
+//! - [`kafka`]: a record on the tenant's Kafka topic (BigBen's
+//!   `MESSAGING`; the producer behind the cargo feature `kafka`);
 //! - [`log`]: the built-in `log` processor (BigBen's `CUSTOM_CLASS`), writes
 //!   the delivery to the node's log.
 //!
@@ -19,6 +21,7 @@ use belfry_core::{EventRecord, SinkConfig, TenantConfig, Timestamp, Verdict};
 pub mod body;
 pub mod egress;
 pub mod http;
+pub mod kafka;
 pub mod log;
 pub mod signing;
 
@@ -31,6 +34,9 @@ pub struct Delivery<'a> {
     pub attempt: u32,
     /// When this attempt started (BigBen's `triggeredAt`).
     pub triggered_at: Timestamp,
+    /// The fencing epoch under which this node owns the event's partition;
+    /// `None` for a dry run (no partition acts).
+    pub epoch: Option<u64>,
 }
 
 /// How an attempt ended, as a sink sees it.
@@ -71,8 +77,16 @@ pub trait Sink: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Clone)]
 pub struct Sinks {
     pub http: Arc<http::HttpSink>,
+    #[cfg(feature = "kafka")]
+    pub kafka: Arc<kafka::KafkaSink>,
     pub log: Arc<log::LogSink>,
+    /// The node's egress policy, for checks at registration.
+    egress: Arc<egress::EgressPolicy>,
 }
+
+/// Why this build refuses Kafka tenants.
+#[cfg(not(feature = "kafka"))]
+const NO_KAFKA: &str = "MESSAGING (Kafka) delivery is not available in this build of Belfry (built without the cargo feature kafka)";
 
 /// Names of the built-in processors (BigBen's `CUSTOM_CLASS`).
 pub const BUILTIN_PROCESSORS: &[&str] = &[log::PROCESSOR_NAME];
@@ -92,9 +106,28 @@ impl Sinks {
         options: http::HttpSinkOptions,
         egress: egress::EgressOptions,
     ) -> Result<Self, http::HttpSinkError> {
+        Self::build(options, egress, kafka::KafkaSinkOptions::default())
+    }
+
+    /// [`Sinks::with_egress`] with the node's Kafka producer options
+    /// (ignored by a build without the feature `kafka`).
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn build(
+        options: http::HttpSinkOptions,
+        egress: egress::EgressOptions,
+        kafka: kafka::KafkaSinkOptions,
+    ) -> Result<Self, http::HttpSinkError> {
+        #[cfg(not(feature = "kafka"))]
+        let _ = kafka;
+        let policy = Arc::new(egress::EgressPolicy::new(egress.clone()));
         Ok(Sinks {
             http: Arc::new(http::HttpSink::with_egress(options, egress)?),
+            #[cfg(feature = "kafka")]
+            kafka: Arc::new(kafka::KafkaSink::with_policy(kafka, Arc::clone(&policy))),
             log: Arc::new(log::LogSink),
+            egress: policy,
         })
     }
 
@@ -116,10 +149,63 @@ impl Sinks {
                 target.processor,
                 BUILTIN_PROCESSORS.join(", ")
             )),
-            SinkConfig::Kafka(_) => Err(
-                "MESSAGING (Kafka) delivery is not available in this build of Belfry".to_string(),
-            ),
+            #[cfg(feature = "kafka")]
+            SinkConfig::Kafka(_) => Ok(()),
+            #[cfg(not(feature = "kafka"))]
+            SinkConfig::Kafka(_) => Err(NO_KAFKA.to_string()),
         }
+    }
+
+    /// Checks a supported target's settings: a Kafka tenant's producer
+    /// settings against the allow-list ([`kafka::settings`]).
+    ///
+    /// # Errors
+    /// The first refused setting, by name.
+    pub fn check_settings(config: &SinkConfig) -> Result<(), String> {
+        match config {
+            SinkConfig::Kafka(target) => {
+                kafka::settings::validate(&target.props).map_err(|e| e.to_string())
+            }
+            SinkConfig::Http(_) | SinkConfig::Builtin(_) => Ok(()),
+        }
+    }
+
+    /// Whether the node's egress policy lets deliveries reach `config`'s
+    /// target, as far as registration can tell: a Kafka tenant's bootstrap
+    /// servers (addresses, and names that resolve) must be allowed.
+    /// Webhook URLs are checked at delivery (their names may resolve
+    /// elsewhere by then), as are the brokers a Kafka cluster advertises.
+    ///
+    /// # Errors
+    /// The refusal, naming the address.
+    pub async fn check_egress(&self, config: &SinkConfig) -> Result<(), String> {
+        let SinkConfig::Kafka(target) = config else {
+            return Ok(());
+        };
+        let Some(servers) = kafka::settings::servers_of(&target.props) else {
+            return Ok(());
+        };
+        let servers = kafka::settings::parse_servers(servers)?;
+        for server in servers {
+            if let Ok(ip) = server.host.parse::<std::net::IpAddr>() {
+                self.egress
+                    .check(ip)
+                    .map_err(|refusal| format!("bootstrap server {}: {refusal}", server.host))?;
+                continue;
+            }
+            // A name that does not resolve now is checked again at delivery.
+            let lookup = tokio::net::lookup_host((server.host.as_str(), server.port));
+            if let Ok(Ok(addresses)) =
+                tokio::time::timeout(std::time::Duration::from_secs(2), lookup).await
+            {
+                for address in addresses {
+                    self.egress.check(address.ip()).map_err(|refusal| {
+                        format!("bootstrap server {}: {refusal}", server.host)
+                    })?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Delivers through the sink the tenant's config names.
@@ -127,11 +213,10 @@ impl Sinks {
         match &delivery.tenant.sink {
             SinkConfig::Http(_) => self.http.deliver(delivery).await,
             SinkConfig::Builtin(_) => self.log.deliver(delivery).await,
-            SinkConfig::Kafka(_) => DeliveryResult::failed(
-                Verdict::Permanent,
-                None,
-                "MESSAGING (Kafka) delivery is not available in this build of Belfry",
-            ),
+            #[cfg(feature = "kafka")]
+            SinkConfig::Kafka(_) => self.kafka.deliver(delivery).await,
+            #[cfg(not(feature = "kafka"))]
+            SinkConfig::Kafka(_) => DeliveryResult::failed(Verdict::Permanent, None, NO_KAFKA),
         }
     }
 }

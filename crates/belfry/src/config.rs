@@ -11,6 +11,7 @@ use belfry_engine::membership::MembershipOptions;
 use belfry_engine::quotas::QuotaOptions;
 use belfry_sinks::egress::EgressOptions;
 use belfry_sinks::http::HttpSinkOptions;
+use belfry_sinks::kafka::KafkaSinkOptions;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
@@ -63,6 +64,9 @@ pub struct Config {
     /// Which addresses webhooks may reach (`egress.policy`, `egress.allow`,
     /// `egress.deny`).
     pub egress: EgressOptions,
+    /// Delivery sinks besides the webhook client: `sinks.kafka` (producers
+    /// for Kafka tenants).
+    pub sinks: SinksConfig,
     /// The API listener: timeouts for slow clients, the connection cap.
     pub server: ServerOptions,
     /// TLS for the API (on when `tls.cert_file` is set).
@@ -89,11 +93,20 @@ impl Default for Config {
             engine: EngineOptions::default(),
             http: HttpSinkOptions::default(),
             egress: EgressOptions::default(),
+            sinks: SinksConfig::default(),
             server: ServerOptions::default(),
             tls: TlsOptions::default(),
             limits: QuotaOptions::default(),
         }
     }
+}
+
+/// The `sinks` section.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SinksConfig {
+    /// Producers of Kafka deliveries (`MESSAGING` tenants).
+    pub kafka: KafkaSinkOptions,
 }
 
 /// Environment variables `BELFRY_*` set keys; `__` separates nested keys
@@ -258,6 +271,24 @@ impl Config {
         at_least_one(
             "http.max_tenant_timeout_ms",
             u128::from(http.max_tenant_timeout_ms),
+        );
+        let kafka = &self.sinks.kafka;
+        at_least_one("sinks.kafka.max_producers", kafka.max_producers as u128);
+        at_least_one(
+            "sinks.kafka.message_timeout_ms",
+            u128::from(kafka.message_timeout_ms),
+        );
+        at_least_one(
+            "sinks.kafka.max_message_timeout_ms",
+            u128::from(kafka.max_message_timeout_ms),
+        );
+        at_least_one(
+            "sinks.kafka.queue_max_messages",
+            u128::from(kafka.queue_max_messages),
+        );
+        at_least_one(
+            "sinks.kafka.queue_max_kbytes",
+            u128::from(kafka.queue_max_kbytes),
         );
         let server = &self.server;
         at_least_one(

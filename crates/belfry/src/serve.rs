@@ -58,8 +58,12 @@ fn init_logs(format: &str) {
 async fn serve(config: Config) -> anyhow::Result<()> {
     let partitions = PartitionCount::new(config.partitions)
         .ok_or_else(|| anyhow::anyhow!("partitions must be at least 1"))?;
-    let sinks = Sinks::with_egress(config.http.clone(), config.egress.clone())
-        .map_err(|e| anyhow::anyhow!("cannot build the webhook client: {e}"))?;
+    let sinks = Sinks::build(
+        config.http.clone(),
+        config.egress.clone(),
+        config.sinks.kafka.clone(),
+    )
+    .map_err(|e| anyhow::anyhow!("cannot build the webhook client: {e}"))?;
     // Bind before joining a cluster, so the advertised address works as soon
     // as other nodes can see this one.
     let listener = tokio::net::TcpListener::bind(config.listen)

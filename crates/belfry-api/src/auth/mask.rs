@@ -106,6 +106,8 @@ mod tests {
                 ("bootstrap.servers".into(), "k:9092".into()),
                 ("sasl.password".into(), "hunter2".into()),
             ]),
+            key: Default::default(),
+            transactional: false,
         });
         let shown = serde_json::to_string(&sink(&kafka)).unwrap();
         assert!(

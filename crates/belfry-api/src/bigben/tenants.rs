@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
-use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaTarget};
+use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget};
 use belfry_core::{SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
 use serde::Deserialize;
@@ -55,6 +55,12 @@ pub(crate) async fn register(
             format!("tenant {:?} is not registered", name.as_str()),
         )));
     }
+    state
+        .engine
+        .sinks()
+        .check_egress(&tenant.sink)
+        .await
+        .map_err(|message| BigBenError(invalid(message)))?;
     let store = state.engine.store();
     let existing = store.get_tenant(&name).await?;
     let existed = existing.is_some();
@@ -151,6 +157,8 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
             SinkConfig::Kafka(KafkaTarget {
                 topic,
                 props: settings,
+                key: KafkaKey::EventId,
+                transactional: false,
             })
         }
         "CUSTOM_CLASS" => {
@@ -168,6 +176,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
     sink.validate().map_err(|e| invalid(e.to_string()))?;
     Sinks::check_supported(&sink)
         .map_err(|message| ApiError::bad_request(code::UNSUPPORTED_SINK, message))?;
+    Sinks::check_settings(&sink).map_err(invalid)?;
     Ok(TenantConfig {
         name,
         sink,

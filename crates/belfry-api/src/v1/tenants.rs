@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
-use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaTarget};
+use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget};
 use belfry_core::{SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
 use serde::Deserialize;
@@ -30,7 +30,9 @@ pub(crate) struct PutTenant {
 
 /// A sink as clients write it: `{"type": "http", "url": ..., "headers":
 /// {...}, "timeout_ms": ...}` or `{"type": "builtin", "processor": "log"}`
-/// (or `{"type": "kafka", "topic": ..., "props": {...}}` where supported).
+/// (or `{"type": "kafka", "topic": ..., "props": {...}, "key": "event_id"}`
+/// where supported; `key` is `event_id` (default), `tenant_event_id` or
+/// `none`; `"transactional": true` is the fenced mode).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a sink object")]
 struct SinkSpec {
@@ -44,6 +46,8 @@ struct SinkSpec {
     processor: Option<Value>,
     topic: Option<Value>,
     props: Option<Value>,
+    key: Option<Value>,
+    transactional: Option<Value>,
 }
 
 /// `value` as a string, or a message naming `field`.
@@ -90,6 +94,8 @@ impl SinkSpec {
             processor,
             topic,
             props,
+            key,
+            transactional,
         } = self;
         let kind = string_field(Some(kind), "sink.type")?.unwrap_or_default();
         let url = string_field(url, "sink.url")?;
@@ -103,6 +109,17 @@ impl SinkSpec {
         let processor = string_field(processor, "sink.processor")?;
         let topic = string_field(topic, "sink.topic")?;
         let props = string_map(props, "sink.props")?;
+        let key = match string_field(key, "sink.key")? {
+            None => None,
+            Some(text) => Some(KafkaKey::parse(&text).ok_or_else(|| {
+                invalid_sink("sink.key must be event_id, tenant_event_id or none")
+            })?),
+        };
+        let transactional = match transactional {
+            None | Some(Value::Null) => None,
+            Some(Value::Bool(on)) => Some(on),
+            Some(_) => return Err(invalid_sink("sink.transactional must be true or false")),
+        };
         let unexpected = |fields: &[(&str, bool)]| -> Result<(), V1Error> {
             match fields.iter().find(|(_, present)| *present) {
                 Some((name, _)) => Err(invalid_sink(format!(
@@ -117,6 +134,8 @@ impl SinkSpec {
                     ("processor", processor.is_some()),
                     ("topic", topic.is_some()),
                     ("props", props.is_some()),
+                    ("key", key.is_some()),
+                    ("transactional", transactional.is_some()),
                 ])?;
                 SinkConfig::Http(HttpTarget {
                     url: url.ok_or_else(|| invalid_sink("sink.url is required for type http"))?,
@@ -131,6 +150,8 @@ impl SinkSpec {
                     ("timeout_ms", timeout_ms.is_some()),
                     ("topic", topic.is_some()),
                     ("props", props.is_some()),
+                    ("key", key.is_some()),
+                    ("transactional", transactional.is_some()),
                 ])?;
                 SinkConfig::Builtin(BuiltinTarget {
                     processor: processor.ok_or_else(|| {
@@ -149,6 +170,8 @@ impl SinkSpec {
                     topic: topic
                         .ok_or_else(|| invalid_sink("sink.topic is required for type kafka"))?,
                     props: props.unwrap_or_default(),
+                    key: key.unwrap_or_default(),
+                    transactional: transactional.unwrap_or(false),
                 })
             }
             other => {
@@ -160,6 +183,7 @@ impl SinkSpec {
         sink.validate().map_err(|e| invalid_sink(e.to_string()))?;
         Sinks::check_supported(&sink)
             .map_err(|message| V1Error(ApiError::bad_request(code::UNSUPPORTED_SINK, message)))?;
+        Sinks::check_settings(&sink).map_err(invalid_sink)?;
         Ok(sink)
     }
 }
@@ -212,6 +236,12 @@ pub(crate) async fn put(
 ) -> Result<Response, V1Error> {
     let name = tenant_name(tenant)?;
     let sink = body.sink.into_config()?;
+    state
+        .engine
+        .sinks()
+        .check_egress(&sink)
+        .await
+        .map_err(invalid_sink)?;
     let store = state.engine.store();
     let existing = store.get_tenant(&name).await?;
     let existed = existing.is_some();

@@ -100,6 +100,7 @@ async fn deliver_to(
         event,
         attempt,
         triggered_at: triggered_at(),
+        epoch: Some(1),
     })
     .await
 }
@@ -1026,6 +1027,7 @@ async fn a_rotation_sends_both_signatures_until_the_old_secret_expires() {
             event: &event,
             attempt: 2,
             triggered_at: expires,
+            epoch: Some(1),
         })
         .await;
         let seen = receiver.wait_for_count(2, WAIT).await.unwrap();

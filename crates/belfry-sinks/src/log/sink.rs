@@ -75,6 +75,7 @@ mod tests {
                 event: &event,
                 attempt: 1,
                 triggered_at: at,
+                epoch: Some(0),
             })
             .await;
         assert_eq!(result.verdict, Verdict::Delivered);

@@ -1,0 +1,524 @@
+//! Kafka delivery end to end, as a BigBen user sees it: a real `belfry`
+//! process, a Kafka-protocol broker in its own process (the testkit's
+//! `KafkaBroker`: librdkafka's mock cluster, or the broker
+//! `BELFRY_TEST_KAFKA_BOOTSTRAP` names), a `MESSAGING` tenant registered
+//! through BigBen's API, events scheduled through BigBen's API, and an
+//! independent consumer (Python's `confluent-kafka`, see
+//! `tests/support/kafka_consumer.py`) reading the tenant's topic. A third
+//! test runs a `/v1` tenant in the fenced (transactional) mode, read with
+//! `read_committed`.
+//!
+//! The consumer's interpreter is the one named by `BELFRY_TEST_PYTHON`,
+//! else a virtual environment this test makes under
+//! `target/belfry-test-venv` (`pip install`, once). Without `python3` the
+//! tests are skipped with a loud message. The broker outage test needs the
+//! mock broker (fault injection) and says so when skipped.
+
+#![cfg(feature = "kafka")]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use belfry_core::{SigningSecrets, Timestamp};
+use belfry_sinks::signing::Signer;
+use belfry_testkit::{BelfryLaunch, BelfryProcess, KafkaBroker, get_json, post_json, put_json};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::ChildStdout;
+
+mod common;
+use common::{now_ms, rfc3339};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+/// The consumer's client, pinned so a release cannot change the test.
+const CONFLUENT_KAFKA: &str = "confluent-kafka==2.12.2";
+const TENANT: &str = "TenantA/ProgramB/EnvC";
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+}
+
+fn imports_client(python: &Path) -> bool {
+    Command::new(python)
+        .args(["-c", "import confluent_kafka"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// A Python interpreter with `confluent-kafka`; `None` (after a loud
+/// message) only when `python3` is not installed at all. Found (or made)
+/// once per test binary: the tests run in parallel.
+fn consumer_python() -> Option<PathBuf> {
+    static PYTHON: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(find_or_make_python).clone()
+}
+
+fn find_or_make_python() -> Option<PathBuf> {
+    if let Some(python) = std::env::var_os("BELFRY_TEST_PYTHON") {
+        let python = PathBuf::from(python);
+        assert!(
+            imports_client(&python),
+            "BELFRY_TEST_PYTHON={} cannot import confluent_kafka",
+            python.display()
+        );
+        return Some(python);
+    }
+    let venv = target_dir().join("belfry-test-venv");
+    let python = venv.join("bin").join("python");
+    if imports_client(&python) {
+        return Some(python);
+    }
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!(
+            "\n\
+             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+             !! SKIPPED: python3 is not installed, so Kafka deliveries were NOT    !!\n\
+             !! read back by the independent consumer (confluent-kafka).          !!\n\
+             !! Install python3 (scripts/test.sh does) and run the tests again.    !!\n\
+             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+        );
+        return None;
+    }
+    if !venv.join("bin").join("pip").is_file() {
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .is_ok_and(|status| status.success());
+        assert!(
+            made,
+            "python3 -m venv {} failed (Debian: apt-get install python3-venv)",
+            venv.display()
+        );
+    }
+    let installed = Command::new(venv.join("bin").join("pip"))
+        .args(["install", "--quiet", CONFLUENT_KAFKA])
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(installed, "pip install {CONFLUENT_KAFKA} failed");
+    assert!(imports_client(&python));
+    Some(python)
+}
+
+/// The independent consumer, reading one topic from its start.
+struct Consumer {
+    child: tokio::process::Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+/// One record as the consumer printed it.
+#[derive(Debug, Clone)]
+struct Record {
+    key: Option<String>,
+    value: String,
+    headers: BTreeMap<String, String>,
+    timestamp: i64,
+    received_ms: i64,
+}
+
+impl Consumer {
+    async fn start(python: &Path, broker: &KafkaBroker, topic: &str) -> Consumer {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/kafka_consumer.py");
+        let mut child = tokio::process::Command::new(python)
+            .arg(script)
+            .arg(broker.bootstrap_servers())
+            .arg(topic)
+            .arg(format!("belfry-e2e-{}-{topic}", std::process::id()))
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the Python consumer starts");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(DEADLINE, lines.next_line())
+            .await
+            .expect("the consumer starts in time")
+            .unwrap()
+            .expect("the consumer prints ready");
+        assert_eq!(first, r#"{"ready": true}"#);
+        Consumer { child, lines }
+    }
+
+    /// Records until `count` arrived (or the deadline), then whatever else
+    /// arrives within `linger` (duplicates would).
+    async fn read(&mut self, count: usize, linger: Duration) -> Vec<Record> {
+        let mut records = Vec::new();
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let until = if records.len() >= count {
+                tokio::time::Instant::now() + linger
+            } else {
+                deadline
+            };
+            let line = match tokio::time::timeout_at(until, self.lines.next_line()).await {
+                Ok(line) => line.unwrap().expect("the consumer keeps running"),
+                Err(_) => break,
+            };
+            let value: Value = serde_json::from_str(&line).unwrap();
+            if value.get("error").is_some() {
+                continue;
+            }
+            records.push(Record {
+                key: value["key"].as_str().map(String::from),
+                value: value["value"].as_str().unwrap_or_default().to_string(),
+                headers: value["headers"]
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect(),
+                timestamp: value["timestamp"].as_i64().unwrap(),
+                received_ms: value["received_ms"].as_i64().unwrap(),
+            });
+            if records.len() >= count && linger.is_zero() {
+                break;
+            }
+        }
+        records
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+async fn start_node(dir: &Path, env: &[(&str, &str)]) -> BelfryProcess {
+    let mut launch = BelfryLaunch::new(env!("CARGO_BIN_EXE_belfry"), dir.join("data"));
+    for (key, value) in env {
+        launch = launch.env(*key, *value);
+    }
+    BelfryProcess::start(launch).await.expect("belfry starts")
+}
+
+/// Registers the BigBen `MESSAGING` tenant; answers its signing secret.
+async fn register_messaging(node: &BelfryProcess, broker: &KafkaBroker, topic: &str) -> String {
+    belfry_testkit::install_crypto_provider();
+    let answer = reqwest::Client::new()
+        .post(node.url("/events/tenant/register"))
+        .json(&json!({
+            "tenant": TENANT,
+            "type": "MESSAGING",
+            "props": { "topic": topic, "bootstrap.servers": broker.bootstrap_servers() },
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let secret = answer
+        .headers()
+        .get("webhook-signing-secret")
+        .expect("a new tenant's signing secret")
+        .to_str()
+        .unwrap()
+        .to_string();
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body[TENANT]["type"], "MESSAGING", "{body}");
+    assert_eq!(body[TENANT]["props"]["topic"], topic, "{body}");
+    secret
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_messaging_tenant_receives_every_event_once_never_early() {
+    let Some(python) = consumer_python() else {
+        return;
+    };
+    let topic = format!("bigben-out-{}", std::process::id());
+    let broker = KafkaBroker::start_with(1, &[(&topic, 3)]);
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), &[]).await;
+    let secret = register_messaging(&node, &broker, &topic).await;
+    let mut consumer = Consumer::start(&python, &broker, &topic).await;
+
+    // 30 events due within 2-3.5 s, half FULL_EVENT, half PAYLOAD_ONLY.
+    let base = now_ms() + 2_000;
+    let requests: Vec<Value> = (0..30)
+        .map(|i| {
+            json!({
+                "id": format!("order-{i}"),
+                "eventTime": rfc3339(base + i * 50),
+                "tenant": TENANT,
+                "payload": format!("{{\"order\":{i}}}"),
+                "deliveryOption": if i % 2 == 0 { "FULL_EVENT" } else { "PAYLOAD_ONLY" },
+            })
+        })
+        .collect();
+    let (code, answers) = post_json(&node.url("/events/schedule"), &Value::from(requests)).await;
+    assert_eq!(code, 200, "{answers}");
+    let versions: BTreeMap<String, String> = answers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            assert_eq!(a["eventStatus"], "ACCEPTED", "{a}");
+            (
+                a["id"].as_str().unwrap().to_string(),
+                a["eventId"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+
+    let records = consumer.read(30, Duration::from_secs(2)).await;
+    if records.len() != 30 {
+        node.print_logs();
+    }
+    assert_eq!(records.len(), 30, "every event once: {records:?}");
+    let signer = Signer::new(&SigningSecrets::new(secret)).unwrap();
+    let mut seen = BTreeMap::new();
+    for record in &records {
+        let id = record.key.clone().expect("keyed by the event id");
+        let i: i64 = id.strip_prefix("order-").unwrap().parse().unwrap();
+        let due = base + i * 50;
+        assert!(seen.insert(id.clone(), ()).is_none(), "{id} twice");
+        assert!(
+            record.received_ms >= due,
+            "{id} arrived {} ms early",
+            due - record.received_ms
+        );
+        assert!(record.timestamp >= due, "{id} triggered before its instant");
+        let header = |name: &str| record.headers.get(name).map(String::as_str);
+        assert_eq!(header("x-belfry-event-id"), Some(id.as_str()));
+        assert_eq!(header("x-belfry-tenant"), Some(TENANT));
+        assert_eq!(
+            header("x-belfry-scheduled-at"),
+            Some(rfc3339(due).as_str()),
+            "{record:?}"
+        );
+        assert_eq!(header("x-belfry-attempt"), Some("1"));
+        assert_eq!(header("idempotency-key"), Some(versions[&id].as_str()));
+        assert_eq!(
+            header("x-belfry-epoch"),
+            Some("0"),
+            "a single node: epoch 0"
+        );
+        assert_eq!(header("webhook-id"), Some(versions[&id].as_str()));
+        let timestamp = header("webhook-timestamp").unwrap();
+        let triggered = Timestamp::from_millis(timestamp.parse::<i64>().unwrap() * 1_000);
+        assert_eq!(
+            header("webhook-signature"),
+            Some(
+                signer
+                    .signature(
+                        &versions[&id],
+                        timestamp,
+                        record.value.as_bytes(),
+                        triggered
+                    )
+                    .as_str()
+            )
+        );
+        let payload = format!("{{\"order\":{i}}}");
+        if i % 2 == 0 {
+            let body: Value = serde_json::from_str(&record.value).unwrap();
+            assert_eq!(body["id"], id.as_str());
+            assert_eq!(body["tenant"], TENANT);
+            assert_eq!(body["eventId"], versions[&id].as_str());
+            assert_eq!(body["eventStatus"], "TRIGGERED");
+            assert_eq!(body["deliveryOption"], "FULL_EVENT");
+            assert_eq!(body["payload"], payload.as_str());
+            assert_eq!(
+                Timestamp::parse_rfc3339(body["triggeredAt"].as_str().unwrap())
+                    .unwrap()
+                    .as_millis(),
+                record.timestamp
+            );
+        } else {
+            assert_eq!(record.value, payload, "PAYLOAD_ONLY: the raw payload");
+        }
+    }
+    // BigBen's find: every event PROCESSED.
+    for id in versions.keys() {
+        let (code, found) = get_json(&node.url(&format!(
+            "/events/find?tenant={}&id={id}",
+            TENANT.replace('/', "%2F")
+        )))
+        .await;
+        assert_eq!(code, 200);
+        assert_eq!(found["eventStatus"], "PROCESSED", "{found}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_during_delivery_loses_nothing() {
+    let Some(python) = consumer_python() else {
+        return;
+    };
+    let topic = format!("outage-{}", std::process::id());
+    let broker = KafkaBroker::start_with(1, &[(&topic, 1)]);
+    if !broker.supports_faults() {
+        eprintln!("SKIPPED: the broker outage needs the mock broker (fault injection)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(
+        dir.path(),
+        &[
+            ("BELFRY_ENGINE__RETRY__INITIAL_DELAY_MS", "500"),
+            ("BELFRY_ENGINE__RETRY__MAX_DELAY_MS", "1000"),
+        ],
+    )
+    .await;
+    let (code, body) = put_json(
+        &node.url("/v1/tenants/outage"),
+        &json!({ "sink": { "type": "kafka", "topic": topic, "props": {
+            "bootstrap.servers": broker.bootstrap_servers(),
+            // Each attempt gives up on the broker after 1 s.
+            "message.timeout.ms": "1000",
+        } } }),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    let mut consumer = Consumer::start(&python, &broker, &topic).await;
+
+    // One delivery first, so the producer is connected when the broker
+    // goes away.
+    let event_path = |id: &str| node.url(&format!("/v1/tenants/outage/events/{id}"));
+    let (code, body) = put_json(
+        &event_path("warm-up"),
+        &json!({ "deliver_at": rfc3339(now_ms()), "payload": "w" }),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    let warm = consumer.read(1, Duration::ZERO).await;
+    if warm.len() != 1 {
+        node.print_logs();
+        panic!(
+            "warm-up not read: {:?}",
+            get_json(&event_path("warm-up")).await
+        );
+    }
+
+    broker.broker_down(1).unwrap();
+    let due = now_ms() + 500;
+    let ids: Vec<String> = (0..10).map(|i| format!("e{i}")).collect();
+    for id in &ids {
+        let (code, body) = put_json(
+            &event_path(id),
+            &json!({ "deliver_at": rfc3339(due), "payload": id }),
+        )
+        .await;
+        assert_eq!(code, 201, "{body}");
+    }
+    // Every event fails at least once while the broker is down.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    for id in &ids {
+        loop {
+            let (_, event) = get_json(&event_path(id)).await;
+            if event["attempts"].as_u64().unwrap_or(0) >= 1 {
+                assert_eq!(event["status"], "retrying", "{event}");
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                node.print_logs();
+                panic!("{id} never attempted: {event}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    broker.broker_up(1).unwrap();
+
+    let records = consumer.read(10, Duration::from_secs(2)).await;
+    let mut keys: Vec<String> = records.iter().filter_map(|r| r.key.clone()).collect();
+    keys.sort();
+    if keys != ids {
+        node.print_logs();
+        for id in &ids {
+            eprintln!("{id}: {:?}", get_json(&event_path(id)).await);
+        }
+    }
+    assert_eq!(keys, ids, "every event once, none lost: {records:?}");
+    for id in &ids {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let event = loop {
+            let (_, event) = get_json(&event_path(id)).await;
+            if event["status"] == "delivered" {
+                break event;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{event}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let attempts_made = event["attempts"].as_u64().unwrap();
+        assert!(attempts_made >= 2, "{event}");
+        let (_, history) = get_json(&format!("{}/attempts", event_path(id))).await;
+        let attempts = history["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len() as u64, attempts_made, "{history}");
+        let outcomes: Vec<&str> = attempts
+            .iter()
+            .map(|a| a["outcome"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            outcomes.iter().filter(|o| **o == "delivered").count(),
+            1,
+            "{history}"
+        );
+        assert_eq!(
+            outcomes.iter().filter(|o| **o == "retry").count() as u64,
+            attempts_made - 1,
+            "{history}"
+        );
+        for failed in attempts.iter().filter(|a| a["outcome"] == "retry") {
+            assert!(
+                failed["error"].as_str().unwrap().starts_with("kafka"),
+                "the reason is recorded: {history}"
+            );
+        }
+        let record = records
+            .iter()
+            .find(|r| r.key.as_deref() == Some(id))
+            .unwrap();
+        assert_eq!(
+            record.headers["x-belfry-attempt"],
+            attempts_made.to_string(),
+            "the record says which attempt delivered it"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_mode_tenant_commits_every_event_for_read_committed_consumers() {
+    let Some(python) = consumer_python() else {
+        return;
+    };
+    let topic = format!("fenced-{}", std::process::id());
+    let broker = KafkaBroker::start_with(1, &[(&topic, 2)]);
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), &[]).await;
+    let (code, body) = put_json(
+        &node.url("/v1/tenants/fenced"),
+        &json!({ "sink": { "type": "kafka", "topic": topic, "transactional": true,
+            "props": { "bootstrap.servers": broker.bootstrap_servers() } } }),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["sink"]["transactional"], true, "{body}");
+    // The consumer reads with isolation.level=read_committed.
+    let mut consumer = Consumer::start(&python, &broker, &topic).await;
+    let due = now_ms() + 1_000;
+    // Zero-padded: sorted keys compare equal to this list.
+    let ids: Vec<String> = (0..12).map(|i| format!("f{i:02}")).collect();
+    for id in &ids {
+        let (code, body) = put_json(
+            &node.url(&format!("/v1/tenants/fenced/events/{id}")),
+            &json!({ "deliver_at": rfc3339(due), "payload": id }),
+        )
+        .await;
+        assert_eq!(code, 201, "{body}");
+    }
+    let records = consumer.read(ids.len(), Duration::from_secs(2)).await;
+    let mut keys: Vec<String> = records.iter().filter_map(|r| r.key.clone()).collect();
+    keys.sort();
+    if keys != ids {
+        node.print_logs();
+    }
+    assert_eq!(keys, ids, "every event once: {records:?}");
+    for record in &records {
+        assert!(record.received_ms >= due, "early: {record:?}");
+        assert_eq!(record.headers["x-belfry-epoch"], "0", "{record:?}");
+        assert_eq!(record.headers["x-belfry-attempt"], "1", "{record:?}");
+    }
+}
