@@ -105,7 +105,10 @@ pub(crate) fn core_config(shared: &Shared) -> CoreConfig {
         repair_interval: options.repair_interval,
         // Enough per partition for the tenant to use all its slots when
         // its events spread over the partitions, and a few queued behind.
-        max_outstanding_per_tenant: (4 * options.max_in_flight_per_tenant / partitions).max(64),
+        // The floor stays low: ten hung tenants at the floor of 64 had
+        // 41,000 entries fired at their instant (and as many records read
+        // ahead), and other tenants' events waited for that work.
+        max_outstanding_per_tenant: (4 * options.max_in_flight_per_tenant / partitions).max(16),
         ..base
     }
 }
