@@ -19,6 +19,7 @@
 //! everything. See `docs/security.md` for the route table.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -316,7 +317,7 @@ impl AuditAction {
 /// One entry of the audit log: who (a key id, never a secret), what, when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {
-    /// Orders entries of the same millisecond; random.
+    /// Orders entries of the same millisecond: see [`AuditEntry::new`].
     pub id: String,
     pub at: Timestamp,
     /// The key's id, or `open` (a request without a key in open mode or
@@ -331,8 +332,27 @@ pub struct AuditEntry {
     pub target: Option<String>,
 }
 
+/// The sequence of [`AuditEntry::new`] in this process.
+static AUDIT_SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
+/// Hex digits of the sequence number at the start of an audit id.
+const AUDIT_SEQUENCE_LEN: usize = 16;
+/// Random base62 characters after it.
+const AUDIT_RANDOM_LEN: usize = 8;
+
 impl AuditEntry {
-    /// A new entry with a random id.
+    /// A new entry. Its id is a process-wide sequence number (16
+    /// lower-case hex digits) followed by 8 random base62 characters.
+    ///
+    /// # Contract
+    /// The audit log is ordered by `(at, id)`. Within one process, ids
+    /// increase in the order `new` is called, so entries made by one node
+    /// in the same millisecond are listed in the order they were made
+    /// (byte order, which both stores use). Across processes (nodes, a
+    /// `belfry keys` run, a restart) sequences are independent: entries of
+    /// different processes in one millisecond are listed in an arbitrary
+    /// but stable order. The random part keeps ids of different processes
+    /// distinct.
     ///
     /// # Errors
     /// [`KeyError::Random`] if the random source failed.
@@ -343,8 +363,16 @@ impl AuditEntry {
         tenant: Option<TenantName>,
         target: Option<String>,
     ) -> Result<AuditEntry, KeyError> {
+        // Relaxed: only the uniqueness and order of the values drawn in
+        // this process matter, not their order against other memory.
+        let sequence = AUDIT_SEQUENCE.fetch_add(1, Ordering::Relaxed);
+        let id = format!(
+            "{sequence:0width$x}{}",
+            random_base62(AUDIT_RANDOM_LEN)?,
+            width = AUDIT_SEQUENCE_LEN
+        );
         Ok(AuditEntry {
-            id: random_base62(16)?,
+            id,
             at,
             actor: actor.into(),
             action,

@@ -1,10 +1,29 @@
 //! Versioned schema migrations, applied at connect.
 //!
-//! Every node runs [`migrate`] when it starts. The whole run is one
-//! transaction that first takes a transaction-scoped advisory lock, so nodes
-//! starting at once apply each migration exactly once: the others wait, then
-//! find it recorded in `belfry_schema_migrations`. Migrations are append-only:
-//! a released one is never edited, a change is a new version.
+//! Every node runs [`migrate`] when it starts. Migrations are append-only:
+//! a released one is never changed in what it produces, a change is a new
+//! version.
+//!
+//! # Locking
+//! The run holds a session-level advisory lock ([`MIGRATION_LOCK`]), so
+//! nodes starting at once apply each migration exactly once: the others
+//! wait, then find it recorded in `belfry_schema_migrations`. Every node
+//! waits by *polling* `pg_try_advisory_lock`, never by blocking on the
+//! lock: a blocked lock request holds a snapshot, and an online migration
+//! (`CREATE INDEX CONCURRENTLY`) waits for every transaction holding an
+//! older snapshot, so a node blocked on the lock while another builds an
+//! index and the build would wait for each other (PostgreSQL then aborts
+//! one of them: "deadlock detected"). Builds before this scheme blocked on
+//! a transaction-scoped lock: while a database older than version 3 is
+//! upgraded, start no node of such a build. A build that was aborted half
+//! way is redone by the next start (see below).
+//!
+//! Under the lock, each ordinary migration is one transaction together
+//! with its row in `belfry_schema_migrations`; an online migration runs
+//! outside any transaction (`CREATE INDEX CONCURRENTLY` cannot run in
+//! one), first dropping an invalid index a failed build left behind, and
+//! is recorded afterwards. A run that fails keeps the migrations before
+//! the failing one.
 //!
 //! # Conventions
 //! - Text columns that take part in an ordering (`tenant`, `id`, node ids)
@@ -16,8 +35,10 @@
 //!   engine's clock); leases and heartbeats are `timestamptz` on the
 //!   database's clock, which all nodes share.
 
+use std::time::Duration;
+
 use belfry_core::PartitionCount;
-use deadpool_postgres::Client;
+use tokio_postgres::Client;
 
 use crate::error::{StoreError, db_error};
 
@@ -26,17 +47,33 @@ use crate::error::{StoreError, db_error};
 /// `'belf'` and 1.
 const MIGRATION_LOCK: (i32, i32) = (0x6265_6c66, 1);
 
+/// How often a node waiting for another node's migrations tries the lock.
+const LOCK_POLL: Duration = Duration::from_millis(200);
+
 /// One schema change.
 struct Migration {
     version: i32,
     name: &'static str,
     sql: &'static str,
+    apply: Apply,
+}
+
+/// How a migration is applied.
+#[derive(Clone, Copy)]
+enum Apply {
+    /// `sql` and its record in one transaction.
+    InTransaction,
+    /// `sql` is one `CREATE INDEX CONCURRENTLY` statement building
+    /// `index`, run outside a transaction so that writes to the table go
+    /// on meanwhile.
+    ConcurrentIndex { index: &'static str },
 }
 
 /// Every migration, in version order.
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
+        apply: Apply::InTransaction,
         name: "initial schema",
         sql: r#"
 CREATE TABLE belfry_settings (
@@ -125,6 +162,7 @@ INSERT INTO leader (singleton, holder, term, expires_at) VALUES (true, NULL, 0, 
     },
     Migration {
         version: 2,
+        apply: Apply::InTransaction,
         name: "partition hand-over: pending owner",
         sql: r#"
 -- Set while the leader moves a partition away from a live owner: the owner
@@ -134,6 +172,9 @@ ALTER TABLE partitions ADD COLUMN pending_owner text COLLATE "C";
     },
     Migration {
         version: 3,
+        apply: Apply::ConcurrentIndex {
+            index: "events_by_status_time",
+        },
         name: "listing index",
         // Every filtered listing (status and/or deliver_at window, in
         // (event_time, id) order; without a status, one range per status,
@@ -141,16 +182,20 @@ ALTER TABLE partitions ADD COLUMN pending_owner text COLLATE "C";
         // events (ids that start with U+0001: schedules' control events)
         // are left out: `id >= ' '` holds for every client id (no control
         // characters) and for no internal one, and the listing statements
-        // repeat it so that the planner may use this partial index. Built
-        // inside the migration transaction, which blocks writes to `events`
-        // meanwhile.
-        sql: r#"
-CREATE INDEX events_by_status_time ON events (tenant, status, event_time, id)
-    WHERE id >= ' ';
-"#,
+        // repeat it so that the planner may use this partial index.
+        //
+        // Released as a plain `CREATE INDEX` inside the one migration
+        // transaction, which blocked every write to `events` (ingestion,
+        // firing) while the index was built on a live cluster's table. It
+        // is now built concurrently, outside a transaction; the resulting
+        // index is the same, so databases migrated either way agree.
+        sql: r#"CREATE INDEX CONCURRENTLY events_by_status_time
+    ON events (tenant, status, event_time, id)
+    WHERE id >= ' '"#,
     },
     Migration {
         version: 4,
+        apply: Apply::InTransaction,
         name: "tenant signing secrets",
         // The tenant's Standard Webhooks secrets (`SigningSecrets` as
         // JSON); NULL for a tenant registered before signing existed.
@@ -160,6 +205,7 @@ ALTER TABLE tenants ADD COLUMN signing jsonb;
     },
     Migration {
         version: 5,
+        apply: Apply::InTransaction,
         name: "api keys and audit log",
         // Keys are stored only as the SHA-256 of their secret; `tenant`
         // is NULL exactly for admin keys. The audit log is read in
@@ -193,52 +239,90 @@ CREATE TABLE audit_log (
 /// the database was created with.
 ///
 /// # Errors
-/// The database is unreachable, or a migration failed (nothing of this run
-/// is applied then).
+/// The database is unreachable, the schema is newer than this build, or a
+/// migration failed (the migrations before it stay applied).
 pub(crate) async fn migrate(
     client: &mut Client,
     requested: PartitionCount,
 ) -> Result<PartitionCount, StoreError> {
-    let tx = client.transaction().await.map_err(db_error)?;
-    tx.execute(
-        "SELECT pg_advisory_xact_lock($1, $2)",
-        &[&MIGRATION_LOCK.0, &MIGRATION_LOCK.1],
-    )
-    .await
-    .map_err(db_error)?;
-    tx.batch_execute(
-        "CREATE TABLE IF NOT EXISTS belfry_schema_migrations (
-             version    integer PRIMARY KEY,
-             name       text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now()
-         )",
-    )
-    .await
-    .map_err(db_error)?;
-    let applied: Vec<i32> = tx
+    migrate_up_to(client, requested, i32::MAX).await
+}
+
+/// [`migrate`], applying only the migrations up to version `last`: lets
+/// tests build a database of an older schema. Not for production use.
+///
+/// # Errors
+/// As [`migrate`].
+#[doc(hidden)]
+pub async fn migrate_up_to(
+    client: &mut Client,
+    requested: PartitionCount,
+    last: i32,
+) -> Result<PartitionCount, StoreError> {
+    lock(client).await?;
+    let result = migrate_locked(client, requested, last).await;
+    let unlocked = client
+        .execute(
+            "SELECT pg_advisory_unlock($1, $2)",
+            &[&MIGRATION_LOCK.0, &MIGRATION_LOCK.1],
+        )
+        .await
+        .map_err(db_error);
+    // If unlocking failed the connection is broken, and the server
+    // releases the lock with the session; `connect` drops its pool on
+    // error either way.
+    let partitions = result?;
+    unlocked?;
+    Ok(partitions)
+}
+
+/// Takes [`MIGRATION_LOCK`] for the session, polling (see the module
+/// doc): between tries this connection holds no snapshot.
+async fn lock(client: &Client) -> Result<(), StoreError> {
+    let mut logged = false;
+    loop {
+        let locked: bool = client
+            .query_one(
+                "SELECT pg_try_advisory_lock($1, $2)",
+                &[&MIGRATION_LOCK.0, &MIGRATION_LOCK.1],
+            )
+            .await
+            .map_err(db_error)?
+            .get(0);
+        if locked {
+            return Ok(());
+        }
+        if !logged {
+            tracing::info!("waiting for another node's schema migration");
+            logged = true;
+        }
+        tokio::time::sleep(LOCK_POLL).await;
+    }
+}
+
+/// The body of [`migrate_up_to`], under [`MIGRATION_LOCK`].
+async fn migrate_locked(
+    client: &mut Client,
+    requested: PartitionCount,
+    last: i32,
+) -> Result<PartitionCount, StoreError> {
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS belfry_schema_migrations (
+                 version    integer PRIMARY KEY,
+                 name       text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             )",
+        )
+        .await
+        .map_err(db_error)?;
+    let applied: Vec<i32> = client
         .query("SELECT version FROM belfry_schema_migrations", &[])
         .await
         .map_err(db_error)?
         .iter()
         .map(|row| row.get(0))
         .collect();
-    for migration in MIGRATIONS {
-        if applied.contains(&migration.version) {
-            continue;
-        }
-        tracing::info!(
-            version = migration.version,
-            name = migration.name,
-            "applying schema migration"
-        );
-        tx.batch_execute(migration.sql).await.map_err(db_error)?;
-        tx.execute(
-            "INSERT INTO belfry_schema_migrations (version, name) VALUES ($1, $2)",
-            &[&migration.version, &migration.name],
-        )
-        .await
-        .map_err(db_error)?;
-    }
     let newest_known = MIGRATIONS.last().map_or(0, |m| m.version);
     if let Some(newer) = applied.iter().copied().find(|v| *v > newest_known) {
         return Err(StoreError::Internal(format!(
@@ -247,7 +331,31 @@ pub(crate) async fn migrate(
         )));
     }
 
+    for migration in MIGRATIONS {
+        if migration.version > last || applied.contains(&migration.version) {
+            continue;
+        }
+        tracing::info!(
+            version = migration.version,
+            name = migration.name,
+            "applying schema migration"
+        );
+        match migration.apply {
+            Apply::InTransaction => {
+                let tx = client.transaction().await.map_err(db_error)?;
+                tx.batch_execute(migration.sql).await.map_err(db_error)?;
+                record(&tx, migration).await?;
+                tx.commit().await.map_err(db_error)?;
+            }
+            Apply::ConcurrentIndex { index } => {
+                build_index_concurrently(&*client, migration.sql, index).await?;
+                record(&*client, migration).await?;
+            }
+        }
+    }
+
     // The partition count and the partition map are fixed at creation.
+    let tx = client.transaction().await.map_err(db_error)?;
     let created = tx
         .execute(
             "INSERT INTO belfry_settings (singleton, partitions) VALUES (true, $1)
@@ -275,4 +383,74 @@ pub(crate) async fn migrate(
         .ok()
         .and_then(PartitionCount::new)
         .ok_or_else(|| StoreError::Internal(format!("stored partition count {stored} is invalid")))
+}
+
+/// Runs `sql` (one `CREATE INDEX CONCURRENTLY` of `index`) outside a
+/// transaction. An invalid index of that name, left by a build that failed
+/// half-way, is dropped first; a valid one (a build whose record was lost)
+/// is kept.
+async fn build_index_concurrently(
+    client: &Client,
+    sql: &str,
+    index: &str,
+) -> Result<(), StoreError> {
+    let existing = client
+        .query_opt(
+            "SELECT i.indisvalid
+               FROM pg_index i
+               JOIN pg_class c ON c.oid = i.indexrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE c.relname = $1 AND n.nspname = current_schema()",
+            &[&index],
+        )
+        .await
+        .map_err(db_error)?
+        .map(|row| row.get::<_, bool>(0));
+    match existing {
+        Some(true) => return Ok(()),
+        Some(false) => {
+            tracing::warn!(index, "dropping an invalid index a failed build left");
+            client
+                .batch_execute(&format!("DROP INDEX CONCURRENTLY {index}"))
+                .await
+                .map_err(db_error)?;
+        }
+        None => {}
+    }
+    // One statement in a simple query: no transaction block around it.
+    client.batch_execute(sql).await.map_err(db_error)
+}
+
+/// Records `migration` as applied.
+async fn record(
+    client: &impl tokio_postgres::GenericClient,
+    migration: &Migration,
+) -> Result<(), StoreError> {
+    client
+        .execute(
+            "INSERT INTO belfry_schema_migrations (version, name) VALUES ($1, $2)",
+            &[&migration.version, &migration.name],
+        )
+        .await
+        .map_err(db_error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_in_version_order_and_online_ones_are_one_statement() {
+        for (position, migration) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(usize::try_from(migration.version), Ok(position + 1));
+            if let Apply::ConcurrentIndex { index } = migration.apply {
+                // One statement: several in one simple query would form a
+                // transaction block, which CONCURRENTLY refuses.
+                assert!(!migration.sql.contains(';'), "{}", migration.name);
+                let head: Vec<&str> = migration.sql.split_whitespace().take(4).collect();
+                assert_eq!(head, ["CREATE", "INDEX", "CONCURRENTLY", index]);
+            }
+        }
+    }
 }

@@ -100,6 +100,7 @@ macro_rules! store_conformance_tests {
             concurrent_applies_all_land,
             api_keys_put_find_list_touch_delete,
             audit_log_append_page_purge,
+            audit_log_same_millisecond_in_recorded_order,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -1904,4 +1905,63 @@ where
         store.list_audit(page(None, 10)).await.unwrap(),
         entries[3..]
     );
+}
+
+/// Entries of one millisecond are listed in the order they were made (the
+/// contract of `AuditEntry::new` within one process), on every page.
+pub async fn audit_log_same_millisecond_in_recorded_order<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    use belfry_core::auth::{AuditAction, AuditEntry};
+
+    use crate::AuditPageParams;
+
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    // Twelve entries in one millisecond: random ids would list them in
+    // their made order once in 12! runs.
+    let mut made = Vec::new();
+    for n in 0..12 {
+        let entry = AuditEntry::new(
+            ts(5_000),
+            "key_abc",
+            AuditAction::TenantChanged,
+            Some(tenant("acme/x")),
+            Some(format!("change-{n}")),
+        )
+        .unwrap();
+        store.append_audit(entry.clone()).await.unwrap();
+        made.push(entry);
+    }
+    let targets = |entries: &[AuditEntry]| -> Vec<Option<String>> {
+        entries.iter().map(|e| e.target.clone()).collect()
+    };
+    let all = store
+        .list_audit(AuditPageParams {
+            after: None,
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(targets(&all), targets(&made));
+    assert_eq!(all, made);
+
+    // Pages of five continue in the same order.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let got = store
+            .list_audit(AuditPageParams {
+                after: after.clone(),
+                limit: 5,
+            })
+            .await
+            .unwrap();
+        let Some(last) = got.last() else { break };
+        after = Some((last.at, last.id.clone()));
+        seen.extend(got);
+    }
+    assert_eq!(seen, made);
 }
