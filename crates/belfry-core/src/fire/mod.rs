@@ -43,6 +43,12 @@ use crate::ids::{EventId, EventKey, EventVersion, TenantName};
 use crate::time::Timestamp;
 use crate::timer::DueCursor;
 
+/// Entries of a blocked tenant's lane read ahead: none. It cannot fire
+/// until one of its deliveries ends, and reading its next records then is
+/// cheap; reading them at the instant ten hung tenants blocked was
+/// thousands of reads while other tenants' events were due.
+const BLOCKED_READ_AHEAD: usize = 0;
+
 /// The core's knobs.
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
@@ -525,7 +531,7 @@ impl PartitionCore {
                 Timestamp::from_millis(i64::MAX),
                 |tenant| self.read_ahead.requested_through.get(tenant).cloned(),
                 1,
-                bound,
+                BLOCKED_READ_AHEAD,
                 |tenant| self.read_ahead.tenant_room(tenant, bound),
             );
             if let Some(next) = first_unread.first() {
@@ -1048,7 +1054,7 @@ impl PartitionCore {
                 now.plus(config.read_ahead / 2),
                 |t| read_ahead.requested_through.get(t).cloned(),
                 1,
-                bound,
+                BLOCKED_READ_AHEAD,
                 |t| read_ahead.tenant_room(t, bound),
             )
             .is_empty();
@@ -1060,7 +1066,7 @@ impl PartitionCore {
             now.plus(config.read_ahead),
             |t| read_ahead.requested_through.get(t).cloned(),
             room,
-            bound,
+            BLOCKED_READ_AHEAD,
             |t| read_ahead.tenant_room(t, bound),
         );
         let mut keys = Vec::new();
