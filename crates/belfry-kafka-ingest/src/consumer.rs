@@ -5,8 +5,12 @@
 //! - An offset is stored only after every record below it is on disk (the
 //!   engine acknowledges a batch after its fsync) or, if it can never be
 //!   stored, in the dead-letter topic (acknowledged by Kafka with
-//!   `acks=all`). librdkafka commits stored offsets every
-//!   `commit_interval_ms`, when partitions are revoked, and at shutdown.
+//!   `acks=all`). librdkafka commits stored offsets in the background
+//!   every `commit_interval_ms`, and this task when partitions are
+//!   revoked and at shutdown. (Committing after every batch was tried:
+//!   commits that reach the broker during a rebalance are refused, and
+//!   librdkafka answers a refusal by rejoining, which can keep the group
+//!   rebalancing.)
 //! - One batch at a time, records in their order: the records of one
 //!   partition are applied in offset order, so a `REMOVE` keyed like its
 //!   `UPSERT` never overtakes it.
@@ -194,12 +198,12 @@ impl ConsumerContext for IngestContext {
         let Rebalance::Revoke(partitions) = rebalance else {
             return;
         };
-        match consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-            Err(error) => {
-                tracing::warn!(%error, "committing offsets before a rebalance failed; the next owner re-reads them (duplicates, no loss)");
-            }
-        }
+        // With `enable.auto.commit`, librdkafka commits the stored offsets
+        // (all of them durable) itself before the partitions go. An
+        // explicit commit here is refused by a broker in the middle of the
+        // rebalance, and librdkafka answers that by rejoining the group:
+        // rebalances without end.
+        let _ = consumer;
         let mut revoked = self.revoked.lock().unwrap_or_else(PoisonError::into_inner);
         revoked.extend(
             partitions
@@ -405,8 +409,9 @@ impl Worker {
         true
     }
 
-    /// The next offset of each partition of `done` that is still ours.
-    fn store_offsets(&self, done: &[OwnedMessage], lost: &HashSet<(String, i32)>) {
+    /// Stores the next offset of each partition of `done` that is still
+    /// ours; `true` if any was stored.
+    fn store_offsets(&self, done: &[OwnedMessage], lost: &HashSet<(String, i32)>) -> bool {
         let mut next: HashMap<(String, i32), i64> = HashMap::new();
         for message in done {
             let source = source(message);
@@ -417,7 +422,7 @@ impl Worker {
             *offset = (*offset).max(message.offset() + 1);
         }
         if next.is_empty() {
-            return;
+            return false;
         }
         let mut list = TopicPartitionList::with_capacity(next.len());
         for ((topic, partition), offset) in &next {
@@ -425,14 +430,16 @@ impl Worker {
                 list.add_partition_offset(topic, *partition, Offset::Offset(*offset))
             {
                 tracing::error!(%error, "cannot build the offset list");
-                return;
+                return false;
             }
         }
         if let Err(error) = self.consumer.store_offsets(&list) {
             // A partition revoked meanwhile: its next owner re-reads the
             // records (stored already; storing them again changes nothing).
             tracing::warn!(%error, "storing offsets failed");
+            return false;
         }
+        true
     }
 
     /// Produces `outputs`; returns those Kafka did not acknowledge.
