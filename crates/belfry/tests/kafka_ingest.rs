@@ -391,7 +391,7 @@ async fn bigben_requests_through_a_topic_are_stored_delivered_and_answered() {
 }
 
 /// kill -9 in the middle of ingesting 20,000 records (set
-/// `BELFRY_TEST_KAFKA_records_count` for more): every record below the committed
+/// `BELFRY_TEST_KAFKA_RECORDS` for more): every record below the committed
 /// offsets is stored (checked with ingestion off); after the restart the
 /// rest is read again and every event is delivered exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -399,7 +399,7 @@ async fn kill_9_during_ingestion_loses_nothing_and_delivers_once() {
     let Some(python) = client_python() else {
         return;
     };
-    let records_count: usize = std::env::var("BELFRY_TEST_KAFKA_records_count")
+    let records_count: usize = std::env::var("BELFRY_TEST_KAFKA_RECORDS")
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(20_000);
