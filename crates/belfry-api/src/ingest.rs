@@ -376,7 +376,7 @@ pub async fn schedule_v1(
     }
     answers
         .into_iter()
-        .map(|answer| answer.unwrap_or_else(|| store_failed_unknown()))
+        .map(|answer| answer.unwrap_or_else(store_failed_unknown))
         .collect()
 }
 
