@@ -69,6 +69,8 @@ impl Node {
         let sinks = Sinks::new(Default::default()).unwrap();
         let options = EngineOptions {
             shutdown_grace: Duration::from_millis(500),
+            // The node's defaults (`[limits]`), as `belfry serve` sets them.
+            quotas: belfry_engine::quotas::QuotaOptions::default(),
             ..EngineOptions::default()
         };
         let engine = Engine::start(options, faulty, sinks, Arc::new(SystemClock));
@@ -276,6 +278,16 @@ async fn bigben_records_are_stored_answered_and_bad_ones_dead_lettered() {
             "acme/no-time",
             serde_json::to_vec(&json!({ "id": "no-time", "tenant": "acme" })).unwrap(),
         ),
+        // Over `limits.max_payload_bytes` (256 KiB): refused alone, the
+        // rest of its batch is stored.
+        (
+            "acme/huge",
+            serde_json::to_vec(&json!({
+                "id": "huge", "tenant": "acme", "eventTime": FUTURE,
+                "payload": "x".repeat(300 * 1024),
+            }))
+            .unwrap(),
+        ),
     ];
     produce(&producer, topic, &records).await;
 
@@ -305,7 +317,10 @@ async fn bigben_records_are_stored_answered_and_bad_ones_dead_lettered() {
         "event time not present"
     );
 
-    let dead = read(&broker, "bigben-requests-dlq", 4).await;
+    assert_eq!(by_key["acme/huge"][0]["eventStatus"], "REJECTED");
+    assert_eq!(by_key["acme/huge"][0]["error"]["code"], 413);
+
+    let dead = read(&broker, "bigben-requests-dlq", 5).await;
     let codes: HashMap<String, String> = dead
         .iter()
         .map(|m| {
@@ -319,6 +334,7 @@ async fn bigben_records_are_stored_answered_and_bad_ones_dead_lettered() {
     assert_eq!(codes["nobody/x"], "unknown_tenant");
     assert_eq!(codes["other/x"], "unknown_tenant");
     assert_eq!(codes["acme/no-time"], "rejected");
+    assert_eq!(codes["acme/huge"], "payload_too_large");
     for message in &dead {
         // The original record, as it was, plus where it came from.
         assert_eq!(header_text(message, "client-trace").as_deref(), Some("t-1"));
@@ -341,6 +357,7 @@ async fn bigben_records_are_stored_answered_and_bad_ones_dead_lettered() {
             .is_none_or(|r| r.status == EventStatus::Cancelled)
     );
     assert!(node.event("other", "x").await.is_none());
+    assert!(node.event("acme", "huge").await.is_none());
 
     // Every offset is committed, bad records included: nothing blocks.
     let produced = records.len() as i64;
@@ -349,7 +366,7 @@ async fn bigben_records_are_stored_answered_and_bad_ones_dead_lettered() {
     })
     .await;
     let stats = ingest.stats();
-    assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 4);
+    assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 5);
     ingest.shutdown().await;
     node.shutdown().await;
 }
