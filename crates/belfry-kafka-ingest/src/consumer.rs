@@ -283,6 +283,7 @@ impl Worker {
                 Err(_) => break,
             }
         }
+        self.drop_revoked(&mut batch, &mut HashSet::new());
         Some(batch)
     }
 
@@ -296,6 +297,24 @@ impl Worker {
         batch: &mut Vec<OwnedMessage>,
         lost: &mut HashSet<(String, i32)>,
     ) {
+        self.drop_revoked(batch, lost);
+        match received {
+            Ok(message) => {
+                self.stats.consumed.fetch_add(1, Ordering::Relaxed);
+                batch.push(message);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "kafka consumer error");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    /// Drops the records of partitions revoked since the last call from
+    /// `held` and the carried records, and adds those partitions to `lost`.
+    /// Called after every `recv`, including one that timed out or was
+    /// cancelled: a rebalance may have run inside it all the same.
+    fn drop_revoked(&mut self, held: &mut Vec<OwnedMessage>, lost: &mut HashSet<(String, i32)>) {
         let revoked: HashSet<(String, i32)> = std::mem::take(
             &mut *self
                 .consumer
@@ -307,19 +326,9 @@ impl Worker {
         .into_iter()
         .collect();
         if !revoked.is_empty() {
-            batch.retain(|m| !revoked.contains(&source(m)));
+            held.retain(|m| !revoked.contains(&source(m)));
             self.carry.retain(|m| !revoked.contains(&source(m)));
             lost.extend(revoked);
-        }
-        match received {
-            Ok(message) => {
-                self.stats.consumed.fetch_add(1, Ordering::Relaxed);
-                batch.push(message);
-            }
-            Err(error) => {
-                tracing::warn!(%error, "kafka consumer error");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
         }
     }
 
@@ -514,8 +523,9 @@ impl Worker {
             // Partitions assigned meanwhile are paused too.
             self.pause();
         }
-        // Rebalances run only inside `recv`, and each `recv` above was
-        // followed by `receive`: `lost` is complete.
+        // The last `recv` may have been cut short by the deadline after a
+        // rebalance ran inside it.
+        self.drop_revoked(held, lost);
         true
     }
 
