@@ -12,6 +12,8 @@
 //!   `{"message"}`, `/v1`'s `{"error": {"code", "message"}}`);
 //! - [`extract`]: body, path and query extractors whose rejections are ours
 //!   (axum's defaults answer plain text);
+//! - [`ingest`]: the same validation and write path without HTTP, for the
+//!   Kafka consumer;
 //! - `bigben`: `/ping`, `/events/...`, `/cron` (see `docs/api.md` for the
 //!   decisions where Belfry differs from BigBen);
 //! - `v1`: tenants and events under `/v1`;
@@ -36,6 +38,7 @@ mod bigben;
 pub mod cluster;
 pub mod error;
 pub mod extract;
+pub mod ingest;
 pub mod options;
 mod quota;
 mod v1;

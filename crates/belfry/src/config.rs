@@ -73,6 +73,18 @@ pub struct Config {
     pub tls: TlsOptions,
     /// Per-tenant quotas: pending events, schedules, payload size.
     pub limits: QuotaOptions,
+    /// Kafka: `[kafka.ingest]` consumes event requests from topics.
+    #[cfg(feature = "kafka")]
+    pub kafka: KafkaConfig,
+}
+
+/// `[kafka]`.
+#[cfg(feature = "kafka")]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Present: consume event requests from Kafka (`docs/kafka.md`).
+    pub ingest: Option<belfry_kafka_ingest::IngestOptions>,
 }
 
 impl Default for Config {
@@ -97,6 +109,8 @@ impl Default for Config {
             server: ServerOptions::default(),
             tls: TlsOptions::default(),
             limits: QuotaOptions::default(),
+            #[cfg(feature = "kafka")]
+            kafka: KafkaConfig::default(),
         }
     }
 }
@@ -332,6 +346,10 @@ impl Config {
         problems.extend(self.tls.problems());
         problems.extend(self.limits.problems());
         problems.extend(self.auth.problems());
+        #[cfg(feature = "kafka")]
+        if let Some(ingest) = &self.kafka.ingest {
+            problems.extend(ingest.problems());
+        }
         if api.default_list_limit > api.max_list_limit {
             problems.push(format!(
                 "api.default_list_limit ({}) must not exceed api.max_list_limit ({})",
@@ -509,6 +527,42 @@ mod tests {
             assert!(error.contains("belfry.toml"), "names the file: {error}");
             assert!(error.contains(known), "lists the known keys: {error}");
         }
+    }
+
+    #[cfg(feature = "kafka")]
+    #[test]
+    fn kafka_ingest_is_read_checked_and_refuses_unknown_keys() {
+        let config = load_toml(
+            "[kafka.ingest]\nbootstrap_servers = \"127.0.0.1:9092\"\ntopics = [\"requests\"]\n\
+             dead_letter_topic = \"requests-dlq\"\nresponse_topic = \"responses\"\n\
+             format = \"bigben\"\ncommit_interval_ms = 250\n\
+             [kafka.ingest.consumer]\n\"session.timeout.ms\" = \"6000\"\n",
+        )
+        .unwrap();
+        let ingest = config.kafka.ingest.unwrap();
+        assert_eq!(ingest.commit_interval.as_millis(), 250);
+        assert_eq!(ingest.consumer["session.timeout.ms"], "6000");
+        assert!(load_toml("").unwrap().kafka.ingest.is_none());
+
+        let error = load_error("[kafka.ingest]\ntopic = \"requests\"\n");
+        assert!(
+            error.starts_with("unknown key kafka.ingest.topic in "),
+            "{error}"
+        );
+        let error = load_error(
+            "[kafka.ingest]\nbootstrap_servers = \"b:9092\"\ntopics = [\"requests\"]\n\
+             commit_interval_ms = 0\n",
+        );
+        assert!(
+            error.contains("kafka.ingest.dead_letter_topic is required"),
+            "{error}"
+        );
+        assert!(
+            error.contains("kafka.ingest.commit_interval_ms must be at least 1, not 0"),
+            "{error}"
+        );
+        let error = load_error("[kafka.ingest]\nbatch_linger_ms = \"5s\"\n");
+        assert!(error.contains("kafka.ingest.batch_linger_ms"), "{error}");
     }
 
     #[test]

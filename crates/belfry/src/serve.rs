@@ -1,9 +1,11 @@
 //! `belfry serve`: one complete node.
 //!
 //! Start order: logs → listener (bound; TLS certificate loaded) → store (open, recover) → sinks → engine (partitions
-//! load their windows; what came due while down fires at once) → HTTP.
+//! load their windows; what came due while down fires at once) → Kafka
+//! ingestion (`[kafka.ingest]`) → HTTP.
 //! Shutdown on SIGINT/SIGTERM runs it backwards: stop accepting requests,
-//! finish in-flight ones; in cluster mode hand every partition over (stop
+//! finish in-flight ones; stop Kafka ingestion (store the batch in hand,
+//! commit its offsets, leave the group); in cluster mode hand every partition over (stop
 //! firing it, record the outcomes of its deliveries in flight, release its
 //! lease in the database and leave, so the next owners fire at once); stop
 //! the engine (let remaining deliveries finish and record them), close the
@@ -134,6 +136,18 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             config.listen,
         )),
     };
+    #[cfg(feature = "kafka")]
+    let ingest = match &config.kafka.ingest {
+        Some(options) => Some(
+            belfry_kafka_ingest::Ingest::start(
+                options.clone(),
+                engine.handle(),
+                config.api.lapse_offset_ms,
+            )
+            .map_err(|e| anyhow::anyhow!("kafka.ingest: {e}"))?,
+        ),
+        None => None,
+    };
     let app = belfry_api::router(state);
     match tls {
         Some(tls) => {
@@ -147,6 +161,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         }
     }
     tracing::info!("stopped accepting requests");
+    #[cfg(feature = "kafka")]
+    if let Some(ingest) = ingest {
+        // The batch in hand is stored and its offsets committed before the
+        // engine stops.
+        ingest.shutdown().await;
+    }
     if let Some(task) = membership_task {
         // The membership loop stops renewing, hands its partitions over
         // (engine release, then lease release) and leaves; only then does

@@ -22,7 +22,7 @@ use crate::ApiState;
 
 mod cron;
 mod lookup;
-mod schedule;
+pub(crate) mod schedule;
 mod tenants;
 
 pub(crate) fn routes() -> Router<ApiState> {

@@ -20,6 +20,8 @@ use belfry_core::{
     CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventRecord, EventVersion,
     TenantName, Timestamp,
 };
+use belfry_engine::EngineHandle;
+use belfry_engine::quotas::{QuotaError, QuotaExceeded};
 use belfry_sinks::body::{BigBenStatus, EventResponse, Mode};
 use belfry_store::{Applied, KeyedCommand, StoreError};
 use serde::de::Error as _;
@@ -29,13 +31,14 @@ use crate::ApiState;
 use crate::auth::Principal;
 use crate::error::{ApiError, BigBenError, code};
 use crate::extract::BigBenJson;
+use crate::ingest::WriteScope;
 
 /// BigBen's `EventRequest`. Every field is optional so that a missing one
 /// becomes a per-item rejection rather than a failed request; unknown
 /// fields (e.g. an `eventId` echoed back by a client) are ignored.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", expecting = "an EventRequest object")]
-pub(crate) struct EventRequest {
+pub struct EventRequest {
     id: Option<String>,
     event_time: Option<String>,
     tenant: Option<String>,
@@ -73,6 +76,8 @@ fn delivery_option_field<'de, D: Deserializer<'de>>(
         })
         .transpose()
 }
+
+pub(crate) const TENANT_UNKNOWN: &str = message::TENANT_UNKNOWN;
 
 /// BigBen's validation messages, verbatim.
 mod message {
@@ -115,16 +120,68 @@ pub(crate) async fn schedule(
             ),
         )));
     }
-    let now = state.engine.now();
-    let lapse_limit = now.plus(Duration::from_millis(state.options.lapse_offset_ms));
+    let total = requests.len();
+    let scheduled = schedule_items(
+        &state.engine,
+        state.options.lapse_offset_ms,
+        &principal,
+        requests,
+        QuotaMode::WholeRequest,
+    )
+    .await
+    .map_err(|e| BigBenError(crate::quota::quota_error(e)))?;
+    let status = overall_status(&scheduled.responses, scheduled.store_failure.as_ref());
+    if let Some(error) = &scheduled.store_failure {
+        tracing::error!(%error, items = total, "schedule request hit a store failure");
+    }
+    Ok((status, Json(scheduled.responses)).into_response())
+}
+
+/// How quotas refuse (`[limits]`, see `belfry_engine::quotas`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuotaMode {
+    /// HTTP: a request that passes a quota is refused whole (`429`/`413`),
+    /// before anything is stored; the client retries it.
+    WholeRequest,
+    /// Kafka: the records of one poll come from many clients, so only the
+    /// items that pass a quota are `REJECTED` (code 429 or 413); the others
+    /// are stored.
+    PerItem,
+}
+
+/// The answers to a batch of requests, in their order.
+#[derive(Debug)]
+pub(crate) struct Scheduled {
+    pub(crate) responses: Vec<EventResponse>,
+    /// The first store failure, if any item is `ERROR` because of one.
+    pub(crate) store_failure: Option<StoreError>,
+}
+
+/// Validates `requests` (BigBen's checks in BigBen's order, then Belfry's),
+/// applies the valid ones in one durable batch through the engine, and
+/// answers each item. Shared by `POST /events/schedule` and Kafka
+/// ingestion.
+///
+/// # Errors
+/// Only in [`QuotaMode::WholeRequest`]: the request passes a quota, or the
+/// quota count failed; nothing was stored.
+pub(crate) async fn schedule_items(
+    engine: &EngineHandle,
+    lapse_offset_ms: u64,
+    scope: &dyn WriteScope,
+    requests: Vec<EventRequest>,
+    quota_mode: QuotaMode,
+) -> Result<Scheduled, QuotaError> {
+    let now = engine.now();
+    let lapse_limit = now.plus(Duration::from_millis(lapse_offset_ms));
     let total = requests.len();
 
-    let mut registered = Registered::new(principal);
+    let mut registered = Registered::new(scope);
     let mut commands = Vec::new();
     let mut plans = Vec::with_capacity(total);
     let mut store_failure: Option<StoreError> = None;
     for request in requests {
-        let plan = match check_item(request, &state, &mut registered, lapse_limit).await {
+        let plan = match check_item(request, engine, &mut registered, lapse_limit).await {
             Checked::Valid {
                 response,
                 command,
@@ -146,17 +203,32 @@ pub(crate) async fn schedule(
         plans.push(plan);
     }
 
-    // Quotas refuse the whole request before anything is stored.
+    // Quotas refuse before anything is stored.
     if store_failure.is_none() && !commands.is_empty() {
-        state
-            .engine
-            .check_quotas(&commands)
-            .await
-            .map_err(|e| BigBenError(crate::quota::quota_error(e)))?;
+        match (engine.check_quotas(&commands).await, quota_mode) {
+            (Ok(()), _) => {}
+            (Err(error), QuotaMode::WholeRequest) => return Err(error),
+            (Err(QuotaError::Store(error)), QuotaMode::PerItem) => {
+                store_failure = Some(error);
+            }
+            (Err(QuotaError::Exceeded(_)), QuotaMode::PerItem) => {
+                match refuse_per_item(engine, commands, plans).await {
+                    Ok((kept, replanned)) => {
+                        commands = kept;
+                        plans = replanned;
+                    }
+                    Err((error, replanned)) => {
+                        store_failure = Some(error);
+                        commands = Vec::new();
+                        plans = replanned;
+                    }
+                }
+            }
+        }
     }
     // Per command: what the store did, or `None` if it failed.
     let applied: Vec<Option<Applied>> = match (&store_failure, commands.is_empty()) {
-        (None, false) => match state.engine.apply(commands).await {
+        (None, false) => match engine.apply(commands).await {
             Ok(applied) => applied.into_iter().map(Some).collect(),
             Err(StoreError::Partial(partial)) => {
                 store_failure = partial.first_error().cloned();
@@ -183,12 +255,81 @@ pub(crate) async fn schedule(
             },
         })
         .collect();
+    Ok(Scheduled {
+        responses,
+        store_failure,
+    })
+}
 
-    let status = overall_status(&responses, store_failure.as_ref());
-    if let Some(error) = &store_failure {
-        tracing::error!(%error, items = total, "schedule request hit a store failure");
+/// [`QuotaMode::PerItem`] after the batch as a whole passed a quota: each
+/// command is checked on its own; those that pass a quota are answered
+/// `REJECTED` and left out. Returns the commands kept and the plans with
+/// their new indexes; a failed count fails every item that was to be
+/// applied.
+async fn refuse_per_item(
+    engine: &EngineHandle,
+    commands: Vec<KeyedCommand>,
+    plans: Vec<Plan>,
+) -> Result<(Vec<KeyedCommand>, Vec<Plan>), (StoreError, Vec<Plan>)> {
+    let mut refused: Vec<Option<QuotaExceeded>> = Vec::with_capacity(commands.len());
+    let mut failure = None;
+    for command in &commands {
+        match engine.check_quotas(std::slice::from_ref(command)).await {
+            Ok(()) => refused.push(None),
+            Err(QuotaError::Exceeded(exceeded)) => refused.push(Some(exceeded)),
+            Err(QuotaError::Store(error)) => {
+                failure = Some(error);
+                break;
+            }
+        }
     }
-    Ok((status, Json(responses)).into_response())
+    if let Some(error) = failure {
+        let plans = plans
+            .into_iter()
+            .map(|plan| match plan {
+                Plan::Apply { response, .. } => Plan::Answered(store_error_item(response)),
+                answered => answered,
+            })
+            .collect();
+        return Err((error, plans));
+    }
+    let mut new_index = Vec::with_capacity(commands.len());
+    let mut kept = Vec::new();
+    for (command, refusal) in commands.into_iter().zip(&refused) {
+        new_index.push(refusal.is_none().then_some(kept.len()));
+        if refusal.is_none() {
+            kept.push(command);
+        }
+    }
+    let plans = plans
+        .into_iter()
+        .map(|plan| match plan {
+            Plan::Apply {
+                response,
+                index,
+                lapsed,
+            } => match (new_index[index], &refused[index]) {
+                (Some(index), _) => Plan::Apply {
+                    response,
+                    index,
+                    lapsed,
+                },
+                (None, refusal) => {
+                    let error = refusal
+                        .as_ref()
+                        .map(crate::quota::exceeded_error)
+                        .unwrap_or_else(ApiError::internal);
+                    Plan::Answered(
+                        response
+                            .with_status(BigBenStatus::Rejected)
+                            .with_error(error.status.as_u16(), error.message),
+                    )
+                }
+            },
+            answered => answered,
+        })
+        .collect();
+    Ok((kept, plans))
 }
 
 /// The result of validating one item.
@@ -208,8 +349,8 @@ enum Checked {
 /// Validates one item: BigBen's checks in BigBen's order, then Belfry's.
 async fn check_item(
     request: EventRequest,
-    state: &ApiState,
-    registered: &mut Registered,
+    engine: &EngineHandle,
+    registered: &mut Registered<'_>,
     lapse_limit: Timestamp,
 ) -> Checked {
     let mode = request.mode.unwrap_or_default();
@@ -241,7 +382,7 @@ async fn check_item(
         };
         return match (TenantName::new(tenant_text), EventId::new(id_text)) {
             // Another tenant's event is, for this key, an unknown one.
-            (Ok(tenant), Ok(_)) if !registered.principal.may_write(&tenant) => {
+            (Ok(tenant), Ok(_)) if !registered.scope.may_write(&tenant) => {
                 Checked::Answered(response)
             }
             (Ok(tenant), Ok(id)) => Checked::Valid {
@@ -270,7 +411,7 @@ async fn check_item(
             );
         }
     };
-    match registered.check(state, &tenant).await {
+    match registered.check(engine, &tenant).await {
         Ok(true) => {}
         Ok(false) => {
             return reject(
@@ -311,30 +452,34 @@ async fn check_item(
     }
 }
 
-/// Which tenants are registered, looked up once per request, for the key
-/// asking: another tenant than the key's own is unknown, exactly like an
+/// Which tenants are registered, looked up once per request, for the writer
+/// asking: a tenant it may not write is unknown, exactly like an
 /// unregistered one.
-struct Registered {
+struct Registered<'a> {
     known: HashMap<TenantName, bool>,
-    principal: Principal,
+    scope: &'a dyn WriteScope,
 }
 
-impl Registered {
-    fn new(principal: Principal) -> Self {
+impl<'a> Registered<'a> {
+    fn new(scope: &'a dyn WriteScope) -> Self {
         Registered {
             known: HashMap::new(),
-            principal,
+            scope,
         }
     }
 
-    async fn check(&mut self, state: &ApiState, tenant: &TenantName) -> Result<bool, StoreError> {
-        if !self.principal.may_write(tenant) {
+    async fn check(
+        &mut self,
+        engine: &EngineHandle,
+        tenant: &TenantName,
+    ) -> Result<bool, StoreError> {
+        if !self.scope.may_write(tenant) {
             return Ok(false);
         }
         if let Some(known) = self.known.get(tenant) {
             return Ok(*known);
         }
-        let known = state.engine.store().get_tenant(tenant).await?.is_some();
+        let known = engine.store().get_tenant(tenant).await?.is_some();
         self.known.insert(tenant.clone(), known);
         Ok(known)
     }

@@ -66,7 +66,7 @@ fn event_not_found(key: &EventKey) -> V1Error {
 }
 
 /// Builds the upsert of one event, validating its fields.
-fn upsert(
+pub(crate) fn upsert(
     deliver_at: &str,
     payload: Option<String>,
     delivery: Option<Delivery>,

@@ -17,11 +17,11 @@ use axum::routing::{get, post};
 
 use crate::ApiState;
 
-mod events;
+pub(crate) mod events;
 pub(crate) mod schedules;
 pub(crate) mod signing;
 mod tenants;
-mod views;
+pub(crate) mod views;
 
 pub(crate) fn routes() -> Router<ApiState> {
     Router::new()
