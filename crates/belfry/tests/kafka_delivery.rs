@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use belfry_core::{SigningSecrets, Timestamp};
@@ -32,77 +32,11 @@ mod common;
 use common::{now_ms, rfc3339};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-/// The consumer's client, pinned so a release cannot change the test.
-const CONFLUENT_KAFKA: &str = "confluent-kafka==2.12.2";
 const TENANT: &str = "TenantA/ProgramB/EnvC";
 
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
-}
-
-fn imports_client(python: &Path) -> bool {
-    Command::new(python)
-        .args(["-c", "import confluent_kafka"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success())
-}
-
-/// A Python interpreter with `confluent-kafka`; `None` (after a loud
-/// message) only when `python3` is not installed at all. Found (or made)
-/// once per test binary: the tests run in parallel.
+/// A Python interpreter with the independent Kafka consumer.
 fn consumer_python() -> Option<PathBuf> {
-    static PYTHON: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    PYTHON.get_or_init(find_or_make_python).clone()
-}
-
-fn find_or_make_python() -> Option<PathBuf> {
-    if let Some(python) = std::env::var_os("BELFRY_TEST_PYTHON") {
-        let python = PathBuf::from(python);
-        assert!(
-            imports_client(&python),
-            "BELFRY_TEST_PYTHON={} cannot import confluent_kafka",
-            python.display()
-        );
-        return Some(python);
-    }
-    let venv = target_dir().join("belfry-test-venv");
-    let python = venv.join("bin").join("python");
-    if imports_client(&python) {
-        return Some(python);
-    }
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!(
-            "\n\
-             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-             !! SKIPPED: python3 is not installed, so Kafka deliveries were NOT    !!\n\
-             !! read back by the independent consumer (confluent-kafka).          !!\n\
-             !! Install python3 (scripts/test.sh does) and run the tests again.    !!\n\
-             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-        );
-        return None;
-    }
-    if !venv.join("bin").join("pip").is_file() {
-        let made = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .is_ok_and(|status| status.success());
-        assert!(
-            made,
-            "python3 -m venv {} failed (Debian: apt-get install python3-venv)",
-            venv.display()
-        );
-    }
-    let installed = Command::new(venv.join("bin").join("pip"))
-        .args(["install", "--quiet", CONFLUENT_KAFKA])
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(installed, "pip install {CONFLUENT_KAFKA} failed");
-    assert!(imports_client(&python));
-    Some(python)
+    common::test_python("confluent_kafka", "Kafka delivery end to end")
 }
 
 /// The independent consumer, reading one topic from its start.

@@ -10,7 +10,7 @@
 //! skipped with a loud message.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use belfry_testkit::{BelfryLaunch, BelfryProcess, Receiver, get_json, post_json, put_json};
@@ -21,68 +21,9 @@ mod common;
 use common::{now_ms, rfc3339};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-/// The verifier's version, pinned so a release cannot change the test.
-const STANDARDWEBHOOKS: &str = "standardwebhooks==1.1.0";
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
-}
-
-fn imports_verifier(python: &Path) -> bool {
-    Command::new(python)
-        .args(["-c", "import standardwebhooks"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success())
-}
-
-/// A Python interpreter with `standardwebhooks`; `None` (after a loud
-/// message) only when `python3` is not installed at all.
+/// A Python interpreter with the independent verifier (`standardwebhooks`).
 fn verifier_python() -> Option<PathBuf> {
-    if let Some(python) = std::env::var_os("BELFRY_TEST_PYTHON") {
-        let python = PathBuf::from(python);
-        assert!(
-            imports_verifier(&python),
-            "BELFRY_TEST_PYTHON={} cannot import standardwebhooks",
-            python.display()
-        );
-        return Some(python);
-    }
-    let venv = target_dir().join("belfry-test-venv");
-    let python = venv.join("bin").join("python");
-    if imports_verifier(&python) {
-        return Some(python);
-    }
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!(
-            "\n\
-             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-             !! SKIPPED: python3 is not installed, so Belfry's webhook signatures  !!\n\
-             !! were NOT checked by the independent verifier (standardwebhooks).   !!\n\
-             !! Install python3 (scripts/test.sh does) and run the tests again.    !!\n\
-             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-        );
-        return None;
-    }
-    let made = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(
-        made,
-        "python3 -m venv {} failed (Debian: apt-get install python3-venv)",
-        venv.display()
-    );
-    let installed = Command::new(venv.join("bin").join("pip"))
-        .args(["install", "--quiet", STANDARDWEBHOOKS])
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(installed, "pip install {STANDARDWEBHOOKS} failed");
-    assert!(imports_verifier(&python));
-    Some(python)
+    common::test_python("standardwebhooks", "Belfry's webhook signing")
 }
 
 /// The Python receiver: verifies each request with every secret in its

@@ -17,3 +17,88 @@ pub fn now_ms() -> i64 {
 pub fn rfc3339(ms: i64) -> String {
     belfry_core::Timestamp::from_millis(ms).to_rfc3339()
 }
+
+/// The packages the end-to-end tests take from PyPI, pinned so a release
+/// cannot change a test (`scripts/test.sh` installs the same).
+pub const PYTHON_PACKAGES: &[&str] = &["standardwebhooks==1.1.0", "confluent-kafka==2.12.2"];
+
+/// A Python interpreter that imports `module` (one of [`PYTHON_PACKAGES`]'):
+/// `$BELFRY_TEST_PYTHON`, else the test venv under the target folder, made
+/// and filled here when missing. `None` (after a loud message naming
+/// `unchecked`, what then goes untested) only when `python3` is not
+/// installed at all. Found once per test binary: tests run in parallel.
+pub fn test_python(module: &str, unchecked: &str) -> Option<std::path::PathBuf> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static FOUND: OnceLock<Mutex<HashMap<String, Option<std::path::PathBuf>>>> = OnceLock::new();
+    let mut found = FOUND
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    found
+        .entry(module.to_string())
+        .or_insert_with(|| find_or_make_python(module, unchecked))
+        .clone()
+}
+
+fn imports(python: &std::path::Path, module: &str) -> bool {
+    std::process::Command::new(python)
+        .args(["-c", &format!("import {module}")])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+fn find_or_make_python(module: &str, unchecked: &str) -> Option<std::path::PathBuf> {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+    if let Some(python) = std::env::var_os("BELFRY_TEST_PYTHON") {
+        let python = PathBuf::from(python);
+        assert!(
+            imports(&python, module),
+            "BELFRY_TEST_PYTHON={} cannot import {module}",
+            python.display()
+        );
+        return Some(python);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    let venv = target.join("belfry-test-venv");
+    let python = venv.join("bin").join("python");
+    if imports(&python, module) {
+        return Some(python);
+    }
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!(
+            "\n!!!!!!!!\n!! SKIPPED: python3 is not installed, so {unchecked} was NOT checked\n\
+             !! by an independent client. Install python3 (scripts/test.sh does) and\n\
+             !! run the tests again.\n!!!!!!!!\n"
+        );
+        return None;
+    }
+    if !venv.join("bin").join("pip").is_file() {
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .is_ok_and(|status| status.success());
+        assert!(
+            made,
+            "python3 -m venv {} failed (Debian: apt-get install python3-venv)",
+            venv.display()
+        );
+    }
+    let installed = Command::new(venv.join("bin").join("pip"))
+        .args(["install", "--quiet"])
+        .args(PYTHON_PACKAGES)
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(installed, "pip install {PYTHON_PACKAGES:?} failed");
+    assert!(
+        imports(&python, module),
+        "{} cannot import {module}",
+        python.display()
+    );
+    Some(python)
+}
