@@ -1,5 +1,5 @@
 //! BigBen's HTTP API, route by route and outcome by outcome, over the real
-//! router, store and engine (see `/work/shared/bigben-api.md`).
+//! router, store and engine (the contract restated in `docs/api.md`).
 
 mod common;
 

@@ -1,5 +1,5 @@
-//! BigBen's HTTP API at its original paths (see `/work/shared/bigben-api.md`
-//! and `docs/api.md` for where Belfry deliberately differs).
+//! BigBen's HTTP API at its original paths (Walmart BigBen's documented API, which `docs/api.md`
+//! restates, with where Belfry deliberately differs).
 //!
 //! - `schedule`: `POST /events/schedule`, per-item validation and outcomes;
 //! - `lookup`: `GET /events/find`, `POST /events/dryrun`;
