@@ -61,6 +61,11 @@ pub enum Scenario {
     /// occurrences for `--duration`: delivery rate, lateness, early,
     /// missing and duplicate occurrences.
     Schedules(SchedulesArgs),
+    /// Kafka in and out, with the broker in its own process (the
+    /// `belfry-kafka-mock` next to this binary, or `--bootstrap`):
+    /// `ingest` from a topic, `burst` and `steady` delivery to a
+    /// `MESSAGING` tenant's topic, read back by a consumer here.
+    Kafka(KafkaArgs),
 }
 
 /// Which node to measure and how to start it.
@@ -371,6 +376,126 @@ pub struct SchedulesArgs {
     /// How long after the measured span to wait for its occurrences.
     #[arg(long, default_value_t = 30_000)]
     pub grace_ms: u64,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct KafkaArgs {
+    #[command(subcommand)]
+    pub mode: KafkaMode,
+}
+
+impl KafkaArgs {
+    pub fn output(&self) -> &OutputArgs {
+        match &self.mode {
+            KafkaMode::Ingest(args) => &args.output,
+            KafkaMode::Burst(args) => &args.output,
+            KafkaMode::Steady(args) => &args.output,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KafkaMode {
+    /// `--count` BigBen `EventRequest` records (due a day from now) are
+    /// produced to the ingest topic while the node is down; the node then
+    /// starts with `[kafka.ingest]` reading that topic and answering on a
+    /// response topic: the rate at which the answers arrive is the durable
+    /// ingest rate.
+    Ingest(KafkaIngestArgs),
+    /// `--count` events due at the same instant for a `MESSAGING` tenant,
+    /// scheduled over HTTP, delivered to its topic and consumed here:
+    /// delivery rate, lateness at the consumer, early, missing, duplicates.
+    Burst(KafkaBurstArgs),
+    /// `--rate` events/s coming due for `--duration` for a `MESSAGING`
+    /// tenant, measured as `burst` does.
+    Steady(KafkaSteadyArgs),
+}
+
+/// The broker and the topics.
+#[derive(Debug, Args, Clone)]
+pub struct KafkaCommonArgs {
+    /// A running broker's `bootstrap.servers` instead of starting
+    /// `belfry-kafka-mock` (topics are created there if missing).
+    #[arg(long, value_name = "HOST:PORT,...")]
+    pub bootstrap: Option<String>,
+    /// Partitions of every topic the bench creates.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub partitions: u32,
+    /// A producer setting of the tenant's sink (`MESSAGING` props) or of
+    /// the node's answer producer, e.g. `--kafka-prop linger.ms=10`
+    /// (repeatable).
+    #[arg(long = "kafka-prop", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub kafka_props: Vec<(String, String)>,
+}
+
+#[derive(Debug, Args)]
+pub struct KafkaIngestArgs {
+    /// Records to produce and ingest.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub count: usize,
+    /// Most records the node stores in one durable batch
+    /// (`kafka.ingest.max_batch`).
+    #[arg(long, default_value_t = 2_000)]
+    pub max_batch: usize,
+    /// Payload size in bytes (a JSON string of that many characters).
+    #[arg(long, default_value_t = 100)]
+    pub payload_bytes: usize,
+    /// Give up waiting for answers after this long.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[command(flatten)]
+    pub kafka: KafkaCommonArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct KafkaBurstArgs {
+    /// Events due at the same instant.
+    #[arg(long, default_value_t = 200_000)]
+    pub count: usize,
+    /// Time from the start of scheduling to the instant
+    /// [default: 5 s + 50 µs per event].
+    #[arg(long)]
+    pub lead_ms: Option<u64>,
+    /// How long after the instant to wait for deliveries.
+    #[arg(long, default_value_t = 60_000)]
+    pub grace_ms: u64,
+    #[command(flatten)]
+    pub kafka: KafkaCommonArgs,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct KafkaSteadyArgs {
+    /// Events per second coming due.
+    #[arg(long, default_value_t = 10_000)]
+    pub rate: u64,
+    /// How long events keep coming due: `30s`, `500ms`, `2m` or seconds.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Time from the start of scheduling to the first due instant
+    /// [default: 5 s + 50 µs per event].
+    #[arg(long)]
+    pub lead_ms: Option<u64>,
+    /// How long after the last due instant to wait for deliveries.
+    #[arg(long, default_value_t = 60_000)]
+    pub grace_ms: u64,
+    #[command(flatten)]
+    pub kafka: KafkaCommonArgs,
+    #[command(flatten)]
+    pub load: LoadArgs,
     #[command(flatten)]
     pub node: NodeArgs,
     #[command(flatten)]

@@ -507,6 +507,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
         cluster: Some(report),
         mixed: None,
         hung: None,
+        kafka: None,
         postgres_cpu: None,
         load_average_before: None,
         load_average_after: None,

@@ -279,6 +279,7 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
         cluster: None,
         mixed: None,
         hung: Some(hung),
+        kafka: None,
         postgres_cpu,
         load_average_before: None,
         load_average_after: None,

@@ -2,8 +2,8 @@
 //!
 //! # Layout
 //! - [`cli`]: the subcommands (`ingest`, `steady`, `mixed`, `burst`,
-//!   `backlog`, `receive`, `cluster`, `hung`, `schedules`) and their
-//!   options;
+//!   `backlog`, `receive`, `cluster`, `hung`, `schedules`, `kafka`) and
+//!   their options;
 //! - [`scenarios`]: what each one does, start to end;
 //! - [`mixed`]: the `mixed` scenario: a steady firing rate measured while
 //!   a second client ingests at a steady rate;
@@ -13,6 +13,8 @@
 //!   database, ingest over every node, a kill -9 of the Master;
 //! - [`schedules`]: the `schedules` scenario: N recurring schedules
 //!   created over `/v1`, their occurrences measured like events;
+//! - [`kafka`]: the `kafka` scenarios: ingestion from a topic, delivery
+//!   to a `MESSAGING` tenant's topic, with the broker in its own process;
 //! - [`failover`]: what a kill -9 of the Master did to the deliveries;
 //! - [`node`]: the node under test (started from the `belfry` binary, on
 //!   the embedded store or `--database-url`, or `--target`), tenant
@@ -35,6 +37,7 @@ mod database;
 mod deliveries;
 mod failover;
 mod hung;
+mod kafka;
 mod load;
 mod mixed;
 mod node;
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Scenario::Receive(args) => args.output.clone(),
         Scenario::Cluster(args) => args.output.clone(),
         Scenario::Schedules(args) => args.output.clone(),
+        Scenario::Kafka(args) => args.output().clone(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(output.threads.max(1))
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
             Scenario::Receive(args) => scenarios::receive(args).await,
             Scenario::Cluster(args) => cluster::run(args).await,
             Scenario::Schedules(args) => schedules::run(args).await,
+            Scenario::Kafka(args) => kafka::run(args).await,
         }
     });
     match result {

@@ -156,6 +156,7 @@ pub async fn run(args: MixedArgs) -> anyhow::Result<Report> {
         cluster: None,
         mixed: Some(mixed),
         hung: None,
+        kafka: None,
         postgres_cpu,
         load_average_before: None,
         load_average_after: None,

@@ -223,9 +223,23 @@ impl Node {
         props: serde_json::Value,
     ) -> anyhow::Result<()> {
         let config = serde_json::json!({"tenant": tenant, "type": "HTTP", "props": props});
+        self.register_tenant_config(client, &config).await
+    }
+
+    /// Registers a tenant with BigBen's whole registration body (`tenant`,
+    /// `type`, `props`), e.g. a `MESSAGING` tenant.
+    ///
+    /// # Errors
+    /// When the node does not answer 200.
+    pub async fn register_tenant_config(
+        &self,
+        client: &reqwest::Client,
+        config: &serde_json::Value,
+    ) -> anyhow::Result<()> {
+        let tenant = config["tenant"].as_str().unwrap_or_default();
         let response = client
             .post(self.url("/events/tenant/register"))
-            .json(&config)
+            .json(config)
             .send()
             .await
             .context("POST /events/tenant/register")?;

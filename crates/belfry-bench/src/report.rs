@@ -21,6 +21,9 @@ pub struct Report {
     pub mixed: Option<MixedReport>,
     /// The `hung` scenario: the hung tenants and the node's memory.
     pub hung: Option<HungReport>,
+    /// The `kafka` scenarios: the broker, the topics and what only Kafka
+    /// shows (answers, dead letters, record timestamps).
+    pub kafka: Option<crate::kafka::KafkaReport>,
     /// A node started with `--database-url`: PostgreSQL's CPU over the
     /// same interval as `node.cpu_during_run` (its backends of the run's
     /// database and its WAL writer, checkpointer and background writer).
@@ -315,6 +318,9 @@ impl Report {
         if let Some(hung) = &self.hung {
             hung_rows(hung, &mut rows);
         }
+        if let Some(kafka) = &self.kafka {
+            kafka.rows(&mut rows);
+        }
         if let Some(node) = &self.node {
             rows.push((
                 "node".into(),
@@ -577,7 +583,7 @@ fn cluster_rows(cluster: &ClusterReport, rows: &mut Vec<(String, String)>) {
     }
 }
 
-fn percentiles(p: Percentiles) -> String {
+pub(crate) fn percentiles(p: Percentiles) -> String {
     format!(
         "p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
         p.p50, p.p90, p.p99, p.p999, p.max

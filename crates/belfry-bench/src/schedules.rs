@@ -144,6 +144,7 @@ pub async fn run(args: SchedulesArgs) -> anyhow::Result<Report> {
         cluster: None,
         mixed: None,
         hung: None,
+        kafka: None,
         postgres_cpu: None,
         load_average_before: None,
         load_average_after: None,

@@ -120,6 +120,20 @@ impl BodyWriter {
     }
 }
 
+impl BodyWriter {
+    /// One BigBen `EventRequest` (`mode` `UPSERT`) on its own, as a Kafka
+    /// ingest record carries it: event `<prefix><id>` due at `due_ms`.
+    pub fn request(&self, prefix: &str, id: usize, due_ms: i64) -> String {
+        format!(
+            r#"{{"id":"{prefix}{id}","tenant":{},"eventTime":"{}.{:03}Z","payload":"{}","mode":"UPSERT"}}"#,
+            self.tenant_json,
+            rfc3339_second(due_ms.div_euclid(1000)),
+            due_ms.rem_euclid(1000),
+            self.payload
+        )
+    }
+}
+
 /// `2030-01-31T04:00:30` (UTC, no fraction, no zone) for a second since
 /// the epoch.
 fn rfc3339_second(second: i64) -> String {
@@ -173,6 +187,19 @@ mod tests {
         assert_eq!(workload.index_of("e4"), Some(4));
         assert_eq!(workload.index_of("e5"), None);
         assert_eq!(workload.index_of("x1"), None);
+    }
+
+    #[test]
+    fn a_single_request_is_a_bigben_upsert() {
+        let writer = BodyWriter::new("t/a", 2);
+        let request: serde_json::Value =
+            serde_json::from_str(&writer.request("e", 7, 1_900_000_000_123)).unwrap();
+        assert_eq!(request["id"], "e7");
+        assert_eq!(request["tenant"], "t/a");
+        assert_eq!(request["mode"], "UPSERT");
+        assert_eq!(request["payload"], "xx");
+        let when = request["eventTime"].as_str().unwrap();
+        assert_eq!(parse_instant_ms(when), Some(1_900_000_000_123));
     }
 
     #[test]
