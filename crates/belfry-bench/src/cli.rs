@@ -422,9 +422,12 @@ pub struct KafkaCommonArgs {
     /// `belfry-kafka-mock` (topics are created there if missing).
     #[arg(long, value_name = "HOST:PORT,...")]
     pub bootstrap: Option<String>,
-    /// Partitions of every topic the bench creates.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub partitions: u32,
+    /// Partitions of every topic the bench creates [default: 64 for
+    /// `ingest`, 16 for `burst` and `steady`]. The mock broker keeps only
+    /// the newest 5 MiB of each partition: records produced ahead of the
+    /// node must fit.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub partitions: Option<u32>,
     /// A producer setting of the tenant's sink (`MESSAGING` props) or of
     /// the node's answer producer, e.g. `--kafka-prop linger.ms=10`
     /// (repeatable).

@@ -62,6 +62,9 @@ const DELIVERY_TOPIC: &str = "bench-deliveries";
 /// The id of the event that warms the tenant's producer up before the
 /// measured events (a producer is made at a tenant's first delivery).
 const WARM_UP_ID: &str = "warm-up";
+/// What librdkafka's mock broker keeps of a partition (it drops the oldest
+/// records beyond that, as retention would).
+const MOCK_PARTITION_BYTES: usize = 5 * 1024 * 1024;
 
 /// What only Kafka shows, beside the usual ingest and delivery sections.
 #[derive(Debug, Clone, Serialize)]
@@ -216,9 +219,13 @@ struct Broker {
 impl Broker {
     /// Starts `belfry-kafka-mock` with `topics` (or creates them on
     /// `--bootstrap`), each with `--partitions` partitions.
-    async fn start(args: &KafkaCommonArgs, topics: &[&str]) -> anyhow::Result<Broker> {
+    async fn start(
+        args: &KafkaCommonArgs,
+        topics: &[&str],
+        partitions: u32,
+    ) -> anyhow::Result<Broker> {
         if let Some(bootstrap) = &args.bootstrap {
-            create_topics(bootstrap, topics, args.partitions).await?;
+            create_topics(bootstrap, topics, partitions).await?;
             return Ok(Broker {
                 mock: None,
                 bootstrap: bootstrap.clone(),
@@ -240,7 +247,6 @@ impl Broker {
         // The testkit's fixture panics when the mock does not start: turn
         // that into an error.
         let owned: Vec<String> = topics.iter().map(|t| (*t).to_string()).collect();
-        let partitions = args.partitions;
         let mock = tokio::task::spawn_blocking(move || {
             let specs: Vec<(&str, u32)> = owned.iter().map(|t| (t.as_str(), partitions)).collect();
             std::panic::catch_unwind(|| KafkaBroker::start_with(1, &specs))
@@ -476,6 +482,20 @@ fn produce_requests(
     Ok(started.elapsed())
 }
 
+/// `n` of the answer to request `e<n>` (BigBen's compact `EventResponse`
+/// JSON: `"id":"e<n>"`).
+fn answered_index(answer: &[u8]) -> Option<usize> {
+    let start = memchr::memmem::find(answer, br#""id":"e"#)? + 7;
+    let digits = answer[start..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    std::str::from_utf8(&answer[start..start + digits])
+        .ok()?
+        .parse()
+        .ok()
+}
+
 /// One answer, reduced to what the report needs.
 struct Answer {
     index: Option<usize>,
@@ -485,11 +505,28 @@ struct Answer {
 }
 
 async fn ingest(args: KafkaIngestArgs) -> anyhow::Result<Report> {
+    let partitions = args.kafka.partitions.unwrap_or(64);
     let broker = Broker::start(
         &args.kafka,
         &[REQUEST_TOPIC, ANSWER_TOPIC, DEAD_LETTER_TOPIC],
+        partitions,
     )
     .await?;
+    let mut warnings = Vec::new();
+    // librdkafka's mock keeps the newest 5 MiB of a partition and drops
+    // older records: requests produced ahead of the node must fit.
+    let request_bytes = BodyWriter::new("t", args.payload_bytes)
+        .request("e", args.count, 0)
+        .len()
+        + 64;
+    if broker.mock.is_some()
+        && args.count * request_bytes / partitions as usize > MOCK_PARTITION_BYTES * 9 / 10
+    {
+        bail!(
+            "{} records of about {request_bytes} bytes do not fit in {partitions} partitions of the mock broker (5 MiB each, older records are dropped): raise --partitions",
+            args.count
+        );
+    }
     let config_dir = tempfile::tempdir().context("a temp dir for the node's config")?;
     let config = config_dir.path().join("belfry.toml");
     write_ingest_config(&config, None)?;
@@ -529,20 +566,12 @@ async fn ingest(args: KafkaIngestArgs) -> anyhow::Result<Report> {
         &broker.bootstrap,
         ANSWER_TOPIC,
         move |message, arrived_ms| {
-            let parsed: Option<serde_json::Value> = message
-                .payload()
-                .and_then(|p| serde_json::from_slice(p).ok());
-            let index = parsed
-                .as_ref()
-                .and_then(|v| v["id"].as_str())
-                .and_then(|id| id.strip_prefix('e'))
-                .and_then(|n| n.parse::<usize>().ok())
-                .filter(|n| *n < count);
+            // A million answers: found in the bytes rather than parsed into a
+            // `Value`, so the reader takes little of the machine's CPU.
+            let payload = message.payload().unwrap_or_default();
             Answer {
-                index,
-                accepted: parsed
-                    .as_ref()
-                    .is_some_and(|v| v["eventStatus"] == "ACCEPTED"),
+                index: answered_index(payload).filter(|n| *n < count),
+                accepted: memchr::memmem::find(payload, br#""eventStatus":"ACCEPTED""#).is_some(),
                 timestamp_ms: message.timestamp().to_millis(),
                 arrived_ms,
             }
@@ -596,10 +625,10 @@ async fn ingest(args: KafkaIngestArgs) -> anyhow::Result<Report> {
         .zip(node_after)
         .map(|(b, a)| NodeReport::between(&b, &a));
 
-    let mut warnings = Vec::new();
     if accepted < count {
         warnings.push(format!(
-            "only {accepted} of {count} requests were answered ACCEPTED"
+            "only {accepted} of {count} requests were answered ACCEPTED; the node's last lines:\n{}",
+            node.logs_tail()
         ));
     }
     if dead_letters > 0 {
@@ -613,7 +642,7 @@ async fn ingest(args: KafkaIngestArgs) -> anyhow::Result<Report> {
     let kafka = KafkaReport {
         broker: broker.describe(),
         bootstrap_servers: broker.bootstrap.clone(),
-        partitions: args.kafka.partitions,
+        partitions,
         produced: Some(ProducedReport {
             records: count,
             seconds: produce_time.as_secs_f64(),
@@ -649,7 +678,7 @@ async fn ingest(args: KafkaIngestArgs) -> anyhow::Result<Report> {
             "count": count,
             "max_batch": args.max_batch,
             "payload_bytes": args.payload_bytes,
-            "partitions": args.kafka.partitions,
+            "partitions": partitions,
             "kafka_props": props_json(&args.kafka),
             "node": node.base_url(),
         }),
@@ -734,7 +763,8 @@ async fn deliver(
     node_args: &NodeArgs,
 ) -> anyhow::Result<Report> {
     let load = Load::from(load_args);
-    let broker = Broker::start(kafka, &[DELIVERY_TOPIC]).await?;
+    let partitions = kafka.partitions.unwrap_or(16);
+    let broker = Broker::start(kafka, &[DELIVERY_TOPIC], partitions).await?;
     let client = load::client(load.concurrency)?;
     let node = Node::open(node_args, &client).await?;
     let tenant = node_args
@@ -859,7 +889,7 @@ async fn deliver(
         scenario: shape.scenario,
         params: merge(
             merge(load_params(load), shape.params),
-            json!({"partitions": kafka.partitions, "kafka_props": props_json(kafka), "node": node.base_url()}),
+            json!({"partitions": partitions, "kafka_props": props_json(kafka), "node": node.base_url()}),
         ),
         warnings,
         ingest: Some(ingest),
@@ -874,7 +904,7 @@ async fn deliver(
         kafka: Some(KafkaReport {
             broker: broker.describe(),
             bootstrap_servers: broker.bootstrap.clone(),
-            partitions: kafka.partitions,
+            partitions,
             produced: None,
             answers: None,
             record_timestamp_lateness_ms: Percentiles::of(&mut stamped),
@@ -925,4 +955,17 @@ async fn warm_up(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_name_their_request() {
+        let answer = br#"{"id":"e1234","eventTime":"2030-01-01T00:00:00Z","tenant":"t","eventStatus":"ACCEPTED"}"#;
+        assert_eq!(answered_index(answer), Some(1234));
+        assert_eq!(answered_index(br#"{"id":"x1"}"#), None);
+        assert_eq!(answered_index(br#"{"id":"e"}"#), None);
+    }
 }
