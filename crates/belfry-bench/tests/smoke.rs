@@ -357,3 +357,33 @@ fn schedules_fire_their_occurrences_never_early() {
     assert_eq!(delivery["unknown"], 0, "{report:#}");
     assert_eq!(delivery["scheduled_header_mismatch"], 0, "{report:#}");
 }
+
+/// `kafka ingest` and `kafka burst` against `belfry-kafka-mock` (built by
+/// `scripts/test.sh` next to the bench binary): every request answered
+/// `ACCEPTED` once and found, every event's record consumed once, never
+/// early.
+#[test]
+fn kafka_ingests_from_a_topic_and_delivers_to_one() {
+    let ingest = bench(&["kafka", "ingest", "--count", "300", "--partitions", "4"]);
+    assert_eq!(ingest["scenario"], "kafka-ingest");
+    let answers = &ingest["kafka"]["answers"];
+    assert_eq!(answers["accepted"], 300, "{ingest:#}");
+    assert_eq!(answers["other"], 0, "{ingest:#}");
+    assert_eq!(answers["answered_twice"], 0, "{ingest:#}");
+    assert_eq!(answers["dead_letters"], 0, "{ingest:#}");
+    assert_eq!(answers["spot_found"], answers["spot_checked"], "{ingest:#}");
+    assert!(
+        answers["events_per_s"].as_f64().unwrap() > 0.0,
+        "{ingest:#}"
+    );
+
+    let burst = bench(&["kafka", "burst", "--count", "200", "--lead-ms", "3000"]);
+    assert_eq!(burst["scenario"], "kafka-burst");
+    assert_all_acknowledged(&burst, 200);
+    assert_all_delivered_never_early(&burst, 200);
+    assert_eq!(burst["delivery"]["duplicates"], 0, "{burst:#}");
+    assert!(
+        burst["kafka"]["record_timestamp_lateness_ms"]["max"].is_number(),
+        "{burst:#}"
+    );
+}
