@@ -36,9 +36,10 @@ if ! command -v pg_config >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/init
   fi
 fi
 
-echo "==> Python clients (standardwebhooks, confluent-kafka)"
+echo "==> Python clients (standardwebhooks, confluent-kafka, prometheus-client)"
 # The end-to-end tests check Belfry with independent clients from PyPI
-# (webhook signatures with `standardwebhooks`, Kafka with `confluent-kafka`),
+# (webhook signatures with `standardwebhooks`, Kafka with `confluent-kafka`,
+# `/metrics` with Prometheus's own parser from `prometheus-client`),
 # in a venv under target/ (pinned there). Make sure python3 and its venv module exist.
 if ! command -v python3 >/dev/null 2>&1 || ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ]; then
@@ -55,9 +56,9 @@ if ! command -v python3 >/dev/null 2>&1 || ! python3 -c "import venv, ensurepip"
   fi
 fi
 venv="${CARGO_TARGET_DIR:-target}/belfry-test-venv"
-if ! "$venv/bin/python" -c "import standardwebhooks, confluent_kafka" >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c "import standardwebhooks, confluent_kafka, prometheus_client" >/dev/null 2>&1; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet "standardwebhooks==1.1.0" "confluent-kafka==2.12.2"
+  "$venv/bin/pip" install --quiet "standardwebhooks==1.1.0" "confluent-kafka==2.12.2" "prometheus-client==0.21.1"
 fi
 export BELFRY_TEST_PYTHON="$PWD/$venv/bin/python"
 case "$venv" in /*) export BELFRY_TEST_PYTHON="$venv/bin/python" ;; esac

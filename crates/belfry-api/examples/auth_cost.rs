@@ -99,6 +99,7 @@ async fn run() {
                 store,
                 "127.0.0.1:8080".parse().expect("addr"),
             )),
+            metrics: None,
         };
         let app = belfry_api::router(state);
         let request = || {

@@ -17,6 +17,7 @@
 //! - `bigben`: `/ping`, `/events/...`, `/cron` (see `docs/api.md` for the
 //!   decisions where Belfry differs from BigBen);
 //! - `v1`: tenants and events under `/v1`;
+//! - `metrics`: `GET /metrics` and the per-request counters;
 //! - [`auth`]: API keys, the [`auth::Principal`] of each request, tenant
 //!   isolation (the route table), masking of write-only secrets, the audit
 //!   log and the per-key rate limit (see `docs/security.md`).
@@ -39,6 +40,7 @@ pub mod cluster;
 pub mod error;
 pub mod extract;
 pub mod ingest;
+mod metrics;
 pub mod options;
 mod quota;
 mod v1;
@@ -61,6 +63,9 @@ pub struct ApiState {
     pub cluster: Arc<dyn ClusterView>,
     /// Keys, open mode, rate limits ([`auth::Auth`]).
     pub auth: Arc<Auth>,
+    /// Renders `GET /metrics`; `None`: the route answers 404 (tests and
+    /// tools that install no recorder).
+    pub metrics: Option<belfry_metrics::Exporter>,
 }
 
 /// The whole HTTP API: BigBen's routes at their original paths and the
@@ -79,6 +84,7 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/keys/{id}", delete(auth::routes::revoke))
         .route("/v1/audit", get(auth::routes::audit_log))
+        .route("/metrics", get(metrics::scrape))
         .route_layer(from_fn_with_state(
             state.clone(),
             auth::middleware::authorize,
@@ -90,6 +96,7 @@ pub fn router(state: ApiState) -> Router {
             auth::middleware::authenticate,
         ))
         .layer(CatchPanicLayer::custom(panic_response))
+        .layer(axum::middleware::from_fn(metrics::record_request))
         .with_state(state)
 }
 

@@ -357,6 +357,12 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
                 tracing::debug!(partition = %partition.id, "lease lapsed before delivery; holding the event");
                 return done(retry_later());
             }
+            belfry_metrics::attempt_started(
+                record.attempts == 0,
+                Duration::from_millis(
+                    u64::try_from(now.as_millis() - entry.due.as_millis()).unwrap_or(0),
+                ),
+            );
             let started = Instant::now();
             let result = shared
                 .sinks
@@ -368,9 +374,15 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
                     epoch: Some(partition.lease.epoch),
                 })
                 .await;
+            let took = started.elapsed();
+            belfry_metrics::attempt_ended(
+                channel_of(&tenant.sink),
+                outcome_of(result.verdict),
+                took,
+            );
             AttemptReport {
                 started_at: now,
-                duration_ms: started.elapsed().as_millis() as u64,
+                duration_ms: took.as_millis() as u64,
                 verdict: result.verdict,
                 http_status: result.http_status,
                 error: result.error,
@@ -397,6 +409,22 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
         fence,
     };
     send_outcome(shared, &partition, entry, command).await;
+}
+
+fn channel_of(sink: &belfry_core::SinkConfig) -> belfry_metrics::Channel {
+    match sink {
+        belfry_core::SinkConfig::Http(_) => belfry_metrics::Channel::Http,
+        belfry_core::SinkConfig::Kafka(_) => belfry_metrics::Channel::Kafka,
+        belfry_core::SinkConfig::Builtin(_) => belfry_metrics::Channel::Log,
+    }
+}
+
+fn outcome_of(verdict: Verdict) -> belfry_metrics::Outcome {
+    match verdict {
+        Verdict::Delivered => belfry_metrics::Outcome::Delivered,
+        Verdict::Retry => belfry_metrics::Outcome::Retry,
+        Verdict::Permanent => belfry_metrics::Outcome::Permanent,
+    }
 }
 
 /// Hands an outcome to the recorder, which finishes the entry once it is

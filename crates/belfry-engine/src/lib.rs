@@ -367,6 +367,42 @@ impl EngineHandle {
         total
     }
 
+    /// The node's fire-path state for `/metrics`: owned partitions and
+    /// their epochs, deliveries in flight, outstanding and held entries,
+    /// repairs, overdue entries and the age of the oldest.
+    pub fn metrics_state(&self) -> belfry_metrics::NodeState {
+        let now = self.now();
+        let runtimes = self.inner.owned.runtimes();
+        let mut state = belfry_metrics::NodeState {
+            partitions: self
+                .owned_partitions()
+                .into_iter()
+                .map(|(p, epoch)| (p.0, epoch))
+                .collect(),
+            in_flight: self.in_flight(),
+            ..belfry_metrics::NodeState::default()
+        };
+        let mut oldest: Option<Timestamp> = None;
+        for runtime in &runtimes {
+            state.outstanding += runtime.outstanding();
+            state.window_entries += runtime.held();
+            state.window_capacity += runtime.capacity();
+            state.window_repairs += runtime.stats().repaired;
+            let (overdue, earliest) = runtime.overdue(now);
+            state.overdue += overdue;
+            oldest = match (oldest, earliest) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        state.oldest_overdue_age = oldest.map_or(std::time::Duration::ZERO, |due| {
+            std::time::Duration::from_millis(
+                u64::try_from(now.as_millis() - due.as_millis()).unwrap_or(0),
+            )
+        });
+        state
+    }
+
     /// Wakes every partition worker to re-evaluate now: for a test that
     /// moved a manual clock (workers otherwise re-read the clock at least
     /// once a second).

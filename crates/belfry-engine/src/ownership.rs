@@ -180,6 +180,7 @@ impl OwnedPartitions {
             .collect();
         for id in lost {
             if let Some(slot) = slots.remove(&id) {
+                belfry_metrics::lease_lost();
                 slot.runtime.lease.revoke();
                 let _ = slot.stop.send(true);
                 tracing::info!(partition = %id, epoch = slot.runtime.lease.epoch, "partition released");

@@ -88,6 +88,15 @@ impl PartitionRuntime {
         self.lock().config().capacity
     }
 
+    /// Window entries whose instant passed and that are not fired yet, and
+    /// the earliest of their instants.
+    pub(crate) fn overdue(
+        &self,
+        now: belfry_core::Timestamp,
+    ) -> (usize, Option<belfry_core::Timestamp>) {
+        self.lock().window().overdue(now)
+    }
+
     /// Counters of the core (repairs, evictions, …).
     pub(crate) fn stats(&self) -> belfry_core::fire::CoreStats {
         self.lock().stats().clone()

@@ -11,9 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use belfry_core::DueCursor;
+use belfry_core::event::CommandOutcome;
 use belfry_core::fire::Finish;
-use belfry_store::{ApplyParams, KeyedCommand, StoreError};
+use belfry_core::{DueCursor, EventStatus};
+use belfry_store::{Applied, ApplyParams, KeyedCommand, StoreError};
 use tokio::sync::mpsc;
 
 use crate::Shared;
@@ -161,6 +162,22 @@ async fn record(shared: &Arc<Shared>, batch: Vec<Outcome>) {
     }
 }
 
+/// Counts the terminal states the recorded outcomes reached.
+fn count_endings(applied: &[Applied]) {
+    let (mut delivered, mut failed, mut missed) = (0, 0, 0);
+    for item in applied {
+        match item.outcome {
+            CommandOutcome::AttemptRecorded(EventStatus::Delivered) => delivered += 1,
+            CommandOutcome::AttemptRecorded(EventStatus::Failed) => failed += 1,
+            CommandOutcome::Expired => missed += 1,
+            _ => {}
+        }
+    }
+    belfry_metrics::events_ended(belfry_metrics::Ended::Delivered, delivered);
+    belfry_metrics::events_ended(belfry_metrics::Ended::Failed, failed);
+    belfry_metrics::events_ended(belfry_metrics::Ended::Missed, missed);
+}
+
 /// A fenced batch, split by partition to separate stale outcomes from valid
 /// ones.
 struct Split(Vec<Vec<Outcome>>);
@@ -174,6 +191,7 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
         };
         match shared.store.apply(params).await {
             Ok(applied) => {
+                count_endings(&applied);
                 // Before the effects: a retry armed by this outcome may
                 // claim the event again.
                 finish_all(shared, &batch);
@@ -195,6 +213,7 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
                         Err(_) => failed.push(outcome),
                     }
                 }
+                count_endings(&applied);
                 shared.route_effects(&applied);
                 tracing::warn!(
                     failed = failed.len(),
@@ -207,6 +226,7 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
                 tokio::time::sleep(WRITE_RETRY).await;
             }
             Err(StoreError::Fenced { partition, epoch }) => {
+                belfry_metrics::fenced_write_rejected();
                 let mut by_partition: std::collections::BTreeMap<_, Vec<Outcome>> =
                     Default::default();
                 for outcome in batch {

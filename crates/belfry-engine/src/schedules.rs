@@ -187,6 +187,7 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
     let occurrences = occurrence_commands(&entry.key.tenant, &plan, &shared.options);
     if !occurrences.is_empty() {
         apply(shared, occurrences).await?;
+        count_occurrences(&plan);
     }
 
     // Conditional on the fired version: a client's change made meanwhile
@@ -204,6 +205,25 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
     };
     let control = control_move(&entry.key, &record, at, &plan.schedule, fence);
     apply(shared, vec![control]).await
+}
+
+/// Counts a stored plan's occurrences for `/metrics`: late ones the skip
+/// policy passed over are `skipped`, the other late ones `missed`.
+fn count_occurrences(plan: &Plan) {
+    use belfry_metrics::{Occurrence, cron_occurrences};
+    let missed = plan
+        .occurrences
+        .iter()
+        .filter(|o| o.fate == Fate::Missed)
+        .count() as u64;
+    let fired = plan.occurrences.len() as u64 - missed;
+    cron_occurrences(Occurrence::Fired, fired);
+    let late = if plan.schedule.misfire == belfry_core::MisfirePolicy::Skip {
+        Occurrence::Skipped
+    } else {
+        Occurrence::Missed
+    };
+    cron_occurrences(late, missed);
 }
 
 /// Moves the fired control event `record` to `at` with `schedule`, unless

@@ -150,7 +150,9 @@ fn consumer_config(options: &IngestOptions) -> ClientConfig {
     config
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
-        .set("client.id", "belfry-ingest");
+        .set("client.id", "belfry-ingest")
+        // For the consumer-lag gauge of `/metrics`.
+        .set("statistics.interval.ms", "5000");
     for (key, value) in &options.consumer {
         config.set(key, value);
     }
@@ -191,7 +193,20 @@ struct IngestContext {
     revoked: Mutex<Vec<(String, i32)>>,
 }
 
-impl ClientContext for IngestContext {}
+impl ClientContext for IngestContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`): the
+    /// consumer lag of the partitions assigned here, summed.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let lag: i64 = statistics
+            .topics
+            .values()
+            .flat_map(|topic| topic.partitions.values())
+            .filter(|p| p.partition >= 0 && p.consumer_lag >= 0)
+            .map(|p| p.consumer_lag)
+            .sum();
+        belfry_metrics::kafka_lag(lag);
+    }
+}
 
 impl ConsumerContext for IngestContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -400,6 +415,7 @@ impl Worker {
             let failed = self.produce(std::mem::take(&mut outputs)).await;
             if failed.is_empty() {
                 self.stats.dead_lettered.fetch_add(dead, Ordering::Relaxed);
+                belfry_metrics::kafka_records((done.len() as u64).saturating_sub(dead), dead);
                 break;
             }
             tracing::warn!(

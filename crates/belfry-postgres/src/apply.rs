@@ -70,8 +70,16 @@ pub(crate) async fn apply(store: &PostgresStore, params: ApplyParams) -> StoreRe
     }
     let mut last_conflict = None;
     for attempt in 0..MAX_TRIES {
+        let started = std::time::Instant::now();
         match apply_once(store, &params).await {
-            Ok(applied) => return Ok(applied),
+            Ok(applied) => {
+                belfry_metrics::store_commit(
+                    belfry_metrics::Store::Postgres,
+                    params.commands.len(),
+                    started.elapsed(),
+                );
+                return Ok(applied);
+            }
             Err(TryError::Store(error)) => return Err(error),
             Err(TryError::Conflict(error)) => {
                 tracing::debug!(%error, attempt, "apply conflicted with a concurrent call; retrying");

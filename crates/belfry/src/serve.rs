@@ -58,6 +58,20 @@ fn init_logs(format: &str) {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
+    // First: everything after this records into it.
+    let metrics =
+        belfry_metrics::install().map_err(|e| anyhow::anyhow!("cannot install metrics: {e}"))?;
+    let upkeep = {
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(belfry_metrics::UPKEEP_INTERVAL);
+            loop {
+                tick.tick().await;
+                metrics.run_upkeep();
+            }
+        })
+    };
+    let _stop_upkeep = AbortOnDrop(upkeep);
     let partitions = PartitionCount::new(config.partitions)
         .ok_or_else(|| anyhow::anyhow!("partitions must be at least 1"))?;
     let sinks = Sinks::build(
@@ -135,6 +149,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             store,
             config.listen,
         )),
+        metrics: Some(metrics),
     };
     #[cfg(feature = "kafka")]
     let ingest = match &config.kafka.ingest {
@@ -203,4 +218,13 @@ async fn shutdown_signal() {
         let _ = interrupt.await;
     }
     tracing::info!("shutdown requested");
+}
+
+/// Aborts a background task when the serving function returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -54,7 +54,9 @@ pub(crate) fn rule(method: &Method, path: &str) -> Rule {
     let reads = method == Method::GET || method == Method::HEAD;
     match path {
         "/ping" => Rule::Public,
-        "/events/cluster" | "/v1/cluster" | "/v1/audit" | "/v1/keys/{id}" => Rule::Admin,
+        "/events/cluster" | "/v1/cluster" | "/v1/audit" | "/v1/keys/{id}" | "/metrics" => {
+            Rule::Admin
+        }
         "/v1/keys" if reads => Rule::Any,
         "/v1/keys" => Rule::Admin,
         "/events/tenants" | "/v1/tenants" | "/v1/cron/preview" => Rule::Any,

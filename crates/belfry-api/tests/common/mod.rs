@@ -217,6 +217,7 @@ impl Harness {
                 store.clone(),
                 "127.0.0.1:8080".parse().unwrap(),
             )),
+            metrics: None,
         };
         Harness {
             app: belfry_api::router(state.clone()),

@@ -244,6 +244,30 @@ impl FairWindow {
         self.heads.first().map(|(due, _)| *due)
     }
 
+    /// Entries due at or before `now` (held, not fired yet: waiting for a
+    /// slot, or their tenant is blocked), and the earliest instant among
+    /// them. Walks only the overdue entries of each lane: for metrics,
+    /// read a few times a minute.
+    pub fn overdue(&self, now: Timestamp) -> (usize, Option<Timestamp>) {
+        let oldest = self.next_due().filter(|due| *due <= now);
+        if oldest.is_none() {
+            return (0, None);
+        }
+        let count = self
+            .heads
+            .iter()
+            .take_while(|(due, _)| *due <= now)
+            .filter_map(|(_, tenant)| self.lanes.get(tenant))
+            .map(|lane| {
+                lane.entries
+                    .iter()
+                    .take_while(|(due, _)| *due <= now)
+                    .count()
+            })
+            .sum();
+        (count, oldest)
+    }
+
     /// Removes and returns the earliest entry due at or before `now` among
     /// tenants that may fire.
     pub fn pop_ready(&mut self, now: Timestamp) -> Option<DueCursor> {
@@ -495,6 +519,31 @@ mod tests {
             [entry(1, "a", "y"), entry(2, "a", "z"), entry(3, "b", "x")]
         );
         assert!(window.is_empty());
+    }
+
+    #[test]
+    fn overdue_counts_held_entries_past_their_instant_blocked_ones_too() {
+        let mut window = FairWindow::new();
+        window.advance_cursor(entry(100, "~", "~"));
+        assert_eq!(window.overdue(Timestamp::from_millis(50)), (0, None));
+        for e in [
+            entry(5, "a", "x"),
+            entry(9, "a", "y"),
+            entry(60, "a", "z"),
+            entry(7, "b", "w"),
+        ] {
+            window.insert(e, false);
+        }
+        window.set_blocked(&tenant("b"), true);
+        assert_eq!(
+            window.overdue(Timestamp::from_millis(8)),
+            (2, Some(Timestamp::from_millis(5)))
+        );
+        assert_eq!(
+            window.overdue(Timestamp::from_millis(59)),
+            (3, Some(Timestamp::from_millis(5)))
+        );
+        assert_eq!(window.overdue(Timestamp::from_millis(4)), (0, None));
     }
 
     #[test]

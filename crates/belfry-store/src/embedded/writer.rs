@@ -375,7 +375,13 @@ impl Writer {
 
     /// Writes the group in one batch, fsyncs, then answers.
     fn commit(&mut self, mut group: Group) {
+        let started = std::time::Instant::now();
         let failure = self.write_group(&group).err();
+        belfry_metrics::store_commit(
+            belfry_metrics::Store::Embedded,
+            group.commands,
+            started.elapsed(),
+        );
         if let Some(error) = &failure {
             tracing::error!(%error, "embedded store commit failed");
         }

@@ -1,0 +1,75 @@
+//! `GET /metrics` (Prometheus text; admin keys, as it shows the whole node)
+//! and the per-request counters every route records.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::ApiState;
+use crate::error::{ApiError, V1Error, code};
+
+/// The partitions the last scrape saw owned here, so one that moved away
+/// reads -1 instead of its old epoch.
+static LAST_OWNED: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+
+/// `GET /metrics`: the node's gauges are read now, then everything is
+/// rendered.
+pub(crate) async fn scrape(State(state): State<ApiState>) -> Response {
+    let Some(exporter) = &state.metrics else {
+        return V1Error(ApiError::not_found(
+            code::NOT_FOUND,
+            "metrics are not enabled on this node",
+        ))
+        .into_response();
+    };
+    let node = state.engine.metrics_state();
+    {
+        // Poison means a panic mid-update; the list is still usable.
+        let mut last = LAST_OWNED.lock().unwrap_or_else(|e| e.into_inner());
+        belfry_metrics::set_node_state(&node, &last);
+        last.clear();
+        last.extend(node.partitions.iter().map(|(p, _)| *p));
+    }
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        exporter.render(),
+    )
+        .into_response()
+}
+
+/// Counts every request by its route template (never the concrete path:
+/// tenant names and ids stay out of the labels), method and status.
+pub(crate) async fn record_request(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    // Standard methods only: a client's invented ones must not mint series.
+    let method = match *request.method() {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    };
+    let started = Instant::now();
+    let response = next.run(request).await;
+    belfry_metrics::api_request(
+        &route,
+        method,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
+}

@@ -1,0 +1,550 @@
+//! Belfry's metrics, defined once: every metric the node exports is a
+//! [`Metric`] in [`ALL`] (name, kind, unit in the name, help, labels), and
+//! recorded only through the typed functions below, so a name or a label
+//! set cannot drift between the places that record it.
+//!
+//! Recording goes through the `metrics` facade: without an installed
+//! recorder (tests, tools) every call is a no-op. [`install`] installs the
+//! Prometheus recorder once per process and returns the [`Exporter`] that
+//! renders `GET /metrics`.
+//!
+//! Cardinality is bounded by construction: no label carries an event id or
+//! a tenant name; labels are closed sets (channel, outcome, attempt,
+//! result, store) or bounded by configuration (partition numbers, the
+//! API's route templates and status codes).
+//!
+//! Every metric, what it means and the alerts worth setting:
+//! `docs/operations.md`.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// What a metric is.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    /// With these bucket upper bounds.
+    Histogram(&'static [f64]),
+}
+
+/// One exported metric.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub unit: Option<Unit>,
+    pub help: &'static str,
+    pub labels: &'static [&'static str],
+}
+
+/// 1 ms to 60 s: firing lateness is judged in milliseconds, and an event
+/// a minute late is already an incident.
+const LATENESS_BUCKETS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// A webhook or a broker answers in milliseconds to tens of seconds (the
+/// tenant timeout caps it at 30 s by default).
+const DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// A group commit is one fsync (≈ 2 ms) plus the batch's CPU.
+const COMMIT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+const BATCH_BUCKETS: &[f64] = &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0];
+const REQUEST_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+pub const FIRE_LATENESS: Metric = Metric {
+    name: "belfry_fire_lateness_seconds",
+    kind: Kind::Histogram(LATENESS_BUCKETS),
+    unit: Some(Unit::Seconds),
+    help: "How late an attempt started after the instant it was due (never negative: Belfry never fires early). attempt=first: the event's instant; attempt=retry: the retry's planned time.",
+    labels: &["attempt"],
+};
+pub const DELIVERIES: Metric = Metric {
+    name: "belfry_deliveries_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Delivery attempts by channel (http, kafka, log) and outcome (delivered, retry, permanent).",
+    labels: &["channel", "outcome"],
+};
+pub const DELIVERY_DURATION: Metric = Metric {
+    name: "belfry_delivery_duration_seconds",
+    kind: Kind::Histogram(DURATION_BUCKETS),
+    unit: Some(Unit::Seconds),
+    help: "From the start of an attempt to the receiver's (or broker's) answer.",
+    labels: &["channel"],
+};
+pub const EVENTS_ENDED: Metric = Metric {
+    name: "belfry_events_ended_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Event versions that reached a terminal state through the fire path: delivered, failed (dead: a permanent refusal or retries exhausted), missed (due longer than the look-back ago while the node was down).",
+    labels: &["status"],
+};
+pub const CRON_OCCURRENCES: Metric = Metric {
+    name: "belfry_cron_occurrences_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Occurrences of recurring schedules as planned: fired (scheduled for delivery), missed or skipped (by the schedule's misfire policy).",
+    labels: &["result"],
+};
+pub const PARTITIONS_OWNED: Metric = Metric {
+    name: "belfry_partitions_owned",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "Partitions this node owns (may fire).",
+    labels: &[],
+};
+pub const PARTITION_EPOCH: Metric = Metric {
+    name: "belfry_partition_epoch",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "The fencing epoch under which this node owns each partition (-1: owned here before, not any more).",
+    labels: &["partition"],
+};
+pub const LEASE_LOSSES: Metric = Metric {
+    name: "belfry_partition_lease_losses_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Partitions this node stopped owning other than by its own hand-over: moved away by the leader (a node joined) or its lease ran out (a pause, an overloaded node, a network partition).",
+    labels: &[],
+};
+pub const FENCED_WRITES: Metric = Metric {
+    name: "belfry_fenced_writes_rejected_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Writes the store refused because this node's epoch for the partition was stale (another node owns it now).",
+    labels: &[],
+};
+pub const WINDOW_REPAIRS: Metric = Metric {
+    name: "belfry_window_repairs_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Due entries a repair page found missing from a partition's window and armed (a lost wake-up; should stay near 0). Counted over the partitions owned now.",
+    labels: &[],
+};
+pub const IN_FLIGHT: Metric = Metric {
+    name: "belfry_deliveries_in_flight",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "Deliveries holding a delivery slot now.",
+    labels: &[],
+};
+pub const OUTSTANDING: Metric = Metric {
+    name: "belfry_fired_outstanding",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "Fired entries not finished yet: queued for a slot, being delivered, or waiting for their outcome to be stored.",
+    labels: &[],
+};
+pub const WINDOW_HELD: Metric = Metric {
+    name: "belfry_window_entries",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "Entries held in memory by the owned partitions' windows (near-future events, outstanding entries, retry timers).",
+    labels: &[],
+};
+pub const WINDOW_CAPACITY: Metric = Metric {
+    name: "belfry_window_capacity",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "The most entries the owned partitions may hold in memory (engine.max_events_in_memory).",
+    labels: &[],
+};
+pub const OVERDUE: Metric = Metric {
+    name: "belfry_overdue_events",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "Entries in the owned partitions' windows whose instant passed and that are not fired yet (waiting for a slot, a blocked tenant, a rate limit).",
+    labels: &[],
+};
+pub const OLDEST_OVERDUE_AGE: Metric = Metric {
+    name: "belfry_oldest_overdue_age_seconds",
+    kind: Kind::Gauge,
+    unit: Some(Unit::Seconds),
+    help: "How long ago the oldest overdue entry of the owned partitions was due (0 when none is).",
+    labels: &[],
+};
+pub const API_REQUESTS: Metric = Metric {
+    name: "belfry_http_requests_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "API requests by route template, method and status code.",
+    labels: &["route", "method", "status"],
+};
+pub const API_DURATION: Metric = Metric {
+    name: "belfry_http_request_duration_seconds",
+    kind: Kind::Histogram(REQUEST_BUCKETS),
+    unit: Some(Unit::Seconds),
+    help: "API request duration by route template.",
+    labels: &["route"],
+};
+pub const STORE_COMMIT: Metric = Metric {
+    name: "belfry_store_commit_duration_seconds",
+    kind: Kind::Histogram(COMMIT_BUCKETS),
+    unit: Some(Unit::Seconds),
+    help: "One durable group commit of the store (write and fsync), by store (embedded, postgres).",
+    labels: &["store"],
+};
+pub const STORE_BATCH: Metric = Metric {
+    name: "belfry_store_commit_batch_commands",
+    kind: Kind::Histogram(BATCH_BUCKETS),
+    unit: None,
+    help: "Commands written by one group commit, by store.",
+    labels: &["store"],
+};
+pub const KAFKA_INGESTED: Metric = Metric {
+    name: "belfry_kafka_ingest_records_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Records of the ingest topics by outcome: stored (durably, answered) or dead_lettered.",
+    labels: &["outcome"],
+};
+pub const KAFKA_LAG: Metric = Metric {
+    name: "belfry_kafka_ingest_lag_records",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "Records of the ingest topics' partitions assigned to this node not consumed yet (librdkafka's consumer lag, summed; refreshed every 5 s).",
+    labels: &[],
+};
+
+/// Every metric, for descriptions and `docs/operations.md`.
+pub const ALL: &[Metric] = &[
+    FIRE_LATENESS,
+    DELIVERIES,
+    DELIVERY_DURATION,
+    EVENTS_ENDED,
+    CRON_OCCURRENCES,
+    PARTITIONS_OWNED,
+    PARTITION_EPOCH,
+    LEASE_LOSSES,
+    FENCED_WRITES,
+    WINDOW_REPAIRS,
+    IN_FLIGHT,
+    OUTSTANDING,
+    WINDOW_HELD,
+    WINDOW_CAPACITY,
+    OVERDUE,
+    OLDEST_OVERDUE_AGE,
+    API_REQUESTS,
+    API_DURATION,
+    STORE_COMMIT,
+    STORE_BATCH,
+    KAFKA_INGESTED,
+    KAFKA_LAG,
+];
+
+/// Renders the Prometheus text of this process's metrics.
+#[derive(Debug, Clone)]
+pub struct Exporter {
+    handle: PrometheusHandle,
+}
+
+impl Exporter {
+    /// The Prometheus text exposition (format 0.0.4).
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    /// Folds the histogram samples recorded since the last call into their
+    /// buckets. Call every few seconds: the exporter keeps raw samples
+    /// until then, so this is what bounds its memory.
+    pub fn run_upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+}
+
+/// How often [`Exporter::run_upkeep`] should run.
+pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Installs the Prometheus recorder for this process (once; later calls
+/// return the same exporter) and describes every metric.
+///
+/// # Errors
+/// When another recorder was installed first.
+pub fn install() -> Result<Exporter, String> {
+    static INSTALLED: OnceLock<Result<Exporter, String>> = OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            let mut builder = PrometheusBuilder::new();
+            for metric in ALL {
+                if let Kind::Histogram(buckets) = metric.kind {
+                    builder = builder
+                        .set_buckets_for_metric(Matcher::Full(metric.name.to_string()), buckets)
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            let handle = builder.install_recorder().map_err(|e| e.to_string())?;
+            for metric in ALL {
+                let name = metric.name;
+                match (metric.kind, metric.unit) {
+                    (Kind::Counter, _) => describe_counter!(name, metric.help),
+                    (Kind::Gauge, Some(unit)) => describe_gauge!(name, unit, metric.help),
+                    (Kind::Gauge, None) => describe_gauge!(name, metric.help),
+                    (Kind::Histogram(_), Some(unit)) => {
+                        describe_histogram!(name, unit, metric.help)
+                    }
+                    (Kind::Histogram(_), None) => describe_histogram!(name, metric.help),
+                }
+            }
+            Ok(Exporter { handle })
+        })
+        .clone()
+}
+
+/// The channel a delivery went through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    Http,
+    Kafka,
+    Log,
+}
+
+impl Channel {
+    fn label(self) -> &'static str {
+        match self {
+            Channel::Http => "http",
+            Channel::Kafka => "kafka",
+            Channel::Log => "log",
+        }
+    }
+}
+
+/// How an attempt ended (Belfry's one retry classification).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Delivered,
+    Retry,
+    Permanent,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Retry => "retry",
+            Outcome::Permanent => "permanent",
+        }
+    }
+}
+
+/// An attempt started `lateness` after it was due.
+pub fn attempt_started(first_attempt: bool, lateness: Duration) {
+    let attempt = if first_attempt { "first" } else { "retry" };
+    histogram!(FIRE_LATENESS.name, "attempt" => attempt).record(lateness.as_secs_f64());
+}
+
+/// An attempt through `channel` ended with `outcome` after `duration`.
+pub fn attempt_ended(channel: Channel, outcome: Outcome, duration: Duration) {
+    counter!(DELIVERIES.name, "channel" => channel.label(), "outcome" => outcome.label())
+        .increment(1);
+    histogram!(DELIVERY_DURATION.name, "channel" => channel.label()).record(duration.as_secs_f64());
+}
+
+/// A terminal state the fire path recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Delivered,
+    Failed,
+    Missed,
+}
+
+/// `count` event versions reached `ended`.
+pub fn events_ended(ended: Ended, count: u64) {
+    if count == 0 {
+        return;
+    }
+    let status = match ended {
+        Ended::Delivered => "delivered",
+        Ended::Failed => "failed",
+        Ended::Missed => "missed",
+    };
+    counter!(EVENTS_ENDED.name, "status" => status).increment(count);
+}
+
+/// What became of a schedule's occurrence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Occurrence {
+    Fired,
+    Missed,
+    Skipped,
+}
+
+pub fn cron_occurrences(result: Occurrence, count: u64) {
+    if count == 0 {
+        return;
+    }
+    let result = match result {
+        Occurrence::Fired => "fired",
+        Occurrence::Missed => "missed",
+        Occurrence::Skipped => "skipped",
+    };
+    counter!(CRON_OCCURRENCES.name, "result" => result).increment(count);
+}
+
+pub fn lease_lost() {
+    counter!(LEASE_LOSSES.name).increment(1);
+}
+
+pub fn fenced_write_rejected() {
+    counter!(FENCED_WRITES.name).increment(1);
+}
+
+/// One API request, by its route template (`/v1/tenants/{tenant}`, never
+/// the concrete path) or `"unmatched"`.
+pub fn api_request(route: &str, method: &str, status: u16, duration: Duration) {
+    counter!(
+        API_REQUESTS.name,
+        "route" => route.to_string(),
+        "method" => method.to_string(),
+        "status" => status.to_string()
+    )
+    .increment(1);
+    histogram!(API_DURATION.name, "route" => route.to_string()).record(duration.as_secs_f64());
+}
+
+/// The store a commit went to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    Embedded,
+    Postgres,
+}
+
+/// One durable group commit of `commands` commands that took `duration`.
+pub fn store_commit(store: Store, commands: usize, duration: Duration) {
+    let store = match store {
+        Store::Embedded => "embedded",
+        Store::Postgres => "postgres",
+    };
+    histogram!(STORE_COMMIT.name, "store" => store).record(duration.as_secs_f64());
+    histogram!(STORE_BATCH.name, "store" => store).record(commands as f64);
+}
+
+pub fn kafka_records(stored: u64, dead_lettered: u64) {
+    if stored > 0 {
+        counter!(KAFKA_INGESTED.name, "outcome" => "stored").increment(stored);
+    }
+    if dead_lettered > 0 {
+        counter!(KAFKA_INGESTED.name, "outcome" => "dead_lettered").increment(dead_lettered);
+    }
+}
+
+pub fn kafka_lag(records: i64) {
+    gauge!(KAFKA_LAG.name).set(records.max(0) as f64);
+}
+
+/// The node's state, read when `/metrics` is scraped.
+#[derive(Debug, Clone, Default)]
+pub struct NodeState {
+    /// `(partition, epoch)` of every partition owned here.
+    pub partitions: Vec<(u16, u64)>,
+    pub in_flight: usize,
+    pub outstanding: usize,
+    pub window_entries: usize,
+    pub window_capacity: usize,
+    pub window_repairs: u64,
+    pub overdue: usize,
+    pub oldest_overdue_age: Duration,
+}
+
+/// Sets the gauges read from the node's state. A partition owned before
+/// (`previously_owned`) and not any more reads `-1` in
+/// `belfry_partition_epoch`: the exporter cannot forget a series, and no
+/// real epoch is negative.
+pub fn set_node_state(state: &NodeState, previously_owned: &[u16]) {
+    gauge!(PARTITIONS_OWNED.name).set(state.partitions.len() as f64);
+    for partition in previously_owned {
+        if !state.partitions.iter().any(|(p, _)| p == partition) {
+            gauge!(PARTITION_EPOCH.name, "partition" => partition.to_string()).set(-1.0);
+        }
+    }
+    for (partition, epoch) in &state.partitions {
+        gauge!(PARTITION_EPOCH.name, "partition" => partition.to_string()).set(*epoch as f64);
+    }
+    gauge!(IN_FLIGHT.name).set(state.in_flight as f64);
+    gauge!(OUTSTANDING.name).set(state.outstanding as f64);
+    gauge!(WINDOW_HELD.name).set(state.window_entries as f64);
+    gauge!(WINDOW_CAPACITY.name).set(state.window_capacity as f64);
+    counter!(WINDOW_REPAIRS.name).absolute(state.window_repairs);
+    gauge!(OVERDUE.name).set(state.overdue as f64);
+    gauge!(OLDEST_OVERDUE_AGE.name).set(state.oldest_overdue_age.as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_follow_prometheus_conventions() {
+        let mut names: Vec<&str> = ALL.iter().map(|m| m.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ALL.len(), "a metric is listed twice");
+        for metric in ALL {
+            assert!(metric.name.starts_with("belfry_"), "{}", metric.name);
+            assert!(
+                metric
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "{}",
+                metric.name
+            );
+            match metric.kind {
+                Kind::Counter => assert!(metric.name.ends_with("_total"), "{}", metric.name),
+                Kind::Histogram(buckets) => {
+                    assert!(buckets.windows(2).all(|w| w[0] < w[1]), "{}", metric.name);
+                }
+                Kind::Gauge => {}
+            }
+            if metric.unit == Some(Unit::Seconds) {
+                assert!(metric.name.ends_with("_seconds"), "{}", metric.name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_exporter_renders_what_was_recorded_with_buckets() {
+        let exporter = install().unwrap();
+        attempt_started(true, Duration::from_millis(3));
+        attempt_ended(Channel::Http, Outcome::Delivered, Duration::from_millis(7));
+        events_ended(Ended::Failed, 2);
+        set_node_state(
+            &NodeState {
+                partitions: vec![(3, 7)],
+                ..NodeState::default()
+            },
+            &[],
+        );
+        exporter.run_upkeep();
+        let text = exporter.render();
+        assert!(
+            text.contains(r#"belfry_fire_lateness_seconds_bucket{attempt="first",le="0.005"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"belfry_deliveries_total{channel="http",outcome="delivered"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"belfry_events_ended_total{status="failed"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"belfry_partition_epoch{partition="3"} 7"#),
+            "{text}"
+        );
+        assert!(text.contains("# HELP belfry_deliveries_total"), "{text}");
+        // The same exporter on a second install.
+        assert!(install().is_ok());
+    }
+}
