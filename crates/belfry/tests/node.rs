@@ -135,8 +135,8 @@ async fn kill_9_during_ingest_loses_no_acknowledged_event() {
     let mut node = start_node(dir.path(), &[]).await;
     register(&node, "crash", &receiver.url("/hook")).await;
 
-    // How many acknowledged events before the kill; the acceptance
-    // run uses BELFRY_TEST_CRASH_EVENTS=100000 (the default keeps CI short).
+    // How many acknowledged events before the kill; a thorough run sets
+    // BELFRY_TEST_CRASH_EVENTS=100000 (the default keeps CI short).
     let kill_after: usize = std::env::var("BELFRY_TEST_CRASH_EVENTS")
         .ok()
         .and_then(|v| v.parse().ok())
