@@ -11,6 +11,7 @@
 //! the engine (let remaining deliveries finish and record them), close the
 //! store (flush), exit 0.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -49,12 +50,26 @@ fn init_logs(format: &str) {
     // keep only its warnings so Belfry's own events stay readable.
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Logs go to stdout (the fmt layer's default writer).
+    let ansi = use_ansi(
+        std::io::stdout().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    );
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
     if format == "json" {
         builder.json().init();
     } else {
         builder.init();
     }
+}
+
+/// Colour codes only for a person at a terminal: in a file, a pipe or a
+/// log collector they are noise (`ESC[2m…`). `NO_COLOR` set to anything but
+/// the empty string turns them off everywhere (<https://no-color.org>).
+fn use_ansi(writes_to_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    writes_to_terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
@@ -203,4 +218,21 @@ async fn shutdown_signal() {
         let _ = interrupt.await;
     }
     tracing::info!("shutdown requested");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::use_ansi;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_ansi(true, None));
+        assert!(
+            use_ansi(true, Some("".into())),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!use_ansi(true, Some("1".into())));
+        assert!(!use_ansi(false, None), "a file or a pipe gets no colour");
+        assert!(!use_ansi(false, Some("1".into())));
+    }
 }

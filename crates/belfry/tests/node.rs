@@ -347,3 +347,18 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(receiver.count(), 1);
 }
+
+/// A log written to a file (here: the harness's `stdout.log`) must be plain
+/// text: colour codes belong on a terminal only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_written_to_a_file_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    // Empty means unset (no-color.org): only the file decides.
+    let mut node = start_node(dir.path(), &[("NO_COLOR", ""), ("RUST_LOG", "info")]).await;
+    let exit = node.terminate().await.expect("exit status");
+    assert!(exit.success(), "{exit:?}");
+    let logs = node.logs_tail(usize::MAX);
+    assert!(logs.contains("belfry is serving"), "{logs}");
+    assert!(logs.contains("belfry stopped"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "ESC in a log file:\n{logs:?}");
+}
