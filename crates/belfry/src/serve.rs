@@ -19,7 +19,7 @@ use belfry_api::{ApiState, ClusterView, SingleNode};
 use belfry_core::{PartitionCount, SystemClock};
 use belfry_engine::Engine;
 use belfry_sinks::Sinks;
-use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore};
+use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore, StoreError};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::Config;
@@ -101,11 +101,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         None => {
             let store =
                 EmbeddedStore::open(EmbeddedOptions::new(config.data_dir.clone(), partitions))
-                    .map_err(|e| {
-                        anyhow::anyhow!(
+                    .map_err(|e| match e {
+                        // Already says which directory and who holds it.
+                        StoreError::Unavailable(in_use) => anyhow::anyhow!(in_use),
+                        e => anyhow::anyhow!(
                             "cannot open the store in {}: {e}",
                             config.data_dir.display()
-                        )
+                        ),
                     })?;
             let store: SharedStore = Arc::new(store);
             let engine = Engine::start(config.engine.clone(), store, sinks, Arc::new(SystemClock));
