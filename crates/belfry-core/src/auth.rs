@@ -14,8 +14,8 @@
 //! lookup by hash needs no constant-time comparison of secrets.
 //!
 //! # Roles
-//! `read` < `write` for a tenant's own data; `worker` (pull workers, a
-//! later issue) reads like `read`; `admin` keys have no tenant and may do
+//! `read` < `write` for a tenant's own data; `worker` (for pull
+//! workers, not built yet) reads like `read`; `admin` keys have no tenant and may do
 //! everything. See `docs/security.md` for the route table.
 
 use std::fmt;
@@ -47,7 +47,7 @@ pub enum Role {
     /// Everything `read` may, plus change the tenant's events, schedules
     /// and its own registration.
     Write,
-    /// For pull workers (a later issue); until then it reads like `read`.
+    /// For pull workers (not built yet); until then it reads like `read`.
     Worker,
     /// Every route, every tenant; no tenant of its own.
     Admin,

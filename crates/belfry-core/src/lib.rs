@@ -47,7 +47,7 @@ pub use event::{
     EventStatus, Transition, TransitionContext,
 };
 pub use ids::{EventId, EventKey, EventVersion, IdError, TenantName};
-pub use partition::{PartitionCount, PartitionId};
+pub use partition::{PartitionCount, PartitionId, partition_ranges};
 pub use retry::{RetryPolicy, Verdict};
 pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};
 pub use tenant::{SigningSecrets, SinkConfig, TenantConfig};

@@ -70,9 +70,54 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
     hash
 }
 
+/// Partitions as sorted ranges, `0-5, 9, 12-13` (`none` when empty): one
+/// readable log line for a node's whole share instead of a line each.
+pub fn partition_ranges(ids: impl IntoIterator<Item = PartitionId>) -> String {
+    let mut ids: Vec<u16> = ids.into_iter().map(|p| p.0).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut ranges: Vec<String> = Vec::new();
+    let mut rest = ids.into_iter().peekable();
+    while let Some(first) = rest.next() {
+        let mut last = first;
+        while rest
+            .next_if(|&next| Some(next) == last.checked_add(1))
+            .is_some()
+        {
+            last += 1;
+        }
+        ranges.push(if first == last {
+            first.to_string()
+        } else {
+            format!("{first}-{last}")
+        });
+    }
+    if ranges.is_empty() {
+        "none".to_string()
+    } else {
+        ranges.join(", ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn partition_ranges_join_runs() {
+        let ids = |v: &[u16]| v.iter().map(|&p| PartitionId(p)).collect::<Vec<_>>();
+        assert_eq!(partition_ranges(ids(&[])), "none");
+        assert_eq!(partition_ranges(ids(&[7])), "7");
+        assert_eq!(partition_ranges((0..64).map(PartitionId)), "0-63");
+        assert_eq!(
+            partition_ranges(ids(&[13, 0, 1, 2, 9, 12, 2, 5, 4, 3])),
+            "0-5, 9, 12-13"
+        );
+        assert_eq!(
+            partition_ranges(ids(&[u16::MAX - 1, u16::MAX])),
+            "65534-65535"
+        );
+    }
     use crate::ids::{EventId, TenantName};
 
     fn key(t: &str, i: &str) -> EventKey {

@@ -8,8 +8,9 @@
 //! *sent* its last successful renewal, so it stops before the database can
 //! consider its lease expired. When a node dies, the others stop seeing its
 //! heartbeat after `lease_ttl`; the leader (or a new one, once the dead
-//! leader's lease expired) reassigns its partitions once their leases have
-//! expired, and the new owners start firing at once: failover takes at most
+//! leader's lease expired) declares it dead (a warning naming it: removed
+//! from the nodes, so it is reported once) and reassigns its partitions
+//! once their leases have expired, and the new owners start firing at once: failover takes at most
 //! about `lease_ttl + 2 × tick`.
 //!
 //! # Hand-overs between live nodes
@@ -32,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use belfry_core::PartitionId;
+use belfry_core::{PartitionId, partition_ranges};
 use belfry_store::StoreResult;
 use belfry_store::cluster::{
     Coordinator, LeaderLease, NodeId, NodeInfo, NodeStatus, PartitionAssignment,
@@ -186,6 +187,7 @@ impl Membership {
             .await?;
         let mut assignments = self.coordinator.assignments().await?;
         if lease.holder == self.node.id {
+            self.declare_dead_nodes(lease.term, &assignments).await;
             let (changed, new) = self.rebalance(&nodes, &assignments);
             if !changed.is_empty() {
                 if new > 0 {
@@ -234,6 +236,37 @@ impl Membership {
         Ok(())
     }
 
+    /// The leader removes the nodes whose heartbeat stopped and says so:
+    /// their partitions move to the live nodes from this round on. A
+    /// failure is only logged; the next round asks again.
+    async fn declare_dead_nodes(&self, term: u64, assignments: &[PartitionAssignment]) {
+        let dead = match self
+            .coordinator
+            .remove_dead_nodes(self.options.lease_ttl)
+            .await
+        {
+            Ok(dead) => dead,
+            Err(error) => {
+                tracing::warn!(%error, "looking for dead nodes failed");
+                return;
+            }
+        };
+        for node in dead {
+            let owned = assignments
+                .iter()
+                .filter(|a| a.owner.as_ref() == Some(&node.info.id))
+                .map(|a| a.partition);
+            tracing::warn!(
+                node = %node.info.id,
+                address = %node.info.address,
+                silent_ms = node.heartbeat_age.as_millis() as u64,
+                partitions = %partition_ranges(owned),
+                term,
+                "node declared dead: no heartbeat within the lease TTL; its partitions move to the live nodes"
+            );
+        }
+    }
+
     /// Stops firing the newly revoked partitions now (the engine lets go of
     /// them before this returns), then waits for their in-flight outcomes
     /// and releases them on a task of its own, so renewals of the other
@@ -250,7 +283,10 @@ impl Membership {
             return;
         }
         let ids: Vec<PartitionId> = fresh.iter().map(|(p, _)| *p).collect();
-        tracing::info!(partitions = ?ids, "partitions revoked by the leader; handing them over");
+        tracing::info!(
+            partitions = %partition_ranges(ids.iter().copied()),
+            "partitions revoked by the leader; handing them over"
+        );
         let grace = self.revocation_grace();
         // Takes the partitions' workers out of the engine now, before the
         // round's `set_ownership` could stop them without waiting for their
@@ -261,7 +297,7 @@ impl Membership {
             let recorded = release.await;
             if !recorded {
                 tracing::warn!(
-                    partitions = ?ids,
+                    partitions = %partition_ranges(ids.iter().copied()),
                     grace_ms = grace.as_millis() as u64,
                     "outcomes of revoked partitions not recorded in time; the new owner may deliver those events again"
                 );
@@ -272,7 +308,10 @@ impl Membership {
                 .await
             {
                 Ok(released) => {
-                    tracing::info!(partitions = ?released, "partitions handed over");
+                    tracing::info!(
+                        partitions = %partition_ranges(released),
+                        "partitions handed over"
+                    );
                 }
                 // Retried next round while still revoked; otherwise the
                 // lease runs out and the leader grants them anyway.

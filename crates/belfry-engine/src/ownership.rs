@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use belfry_core::fire::Input;
-use belfry_core::{PartitionId, Timestamp};
+use belfry_core::{PartitionId, Timestamp, partition_ranges};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -178,14 +178,15 @@ impl OwnedPartitions {
             })
             .map(|(id, _)| *id)
             .collect();
-        for id in lost {
-            if let Some(slot) = slots.remove(&id) {
+        for id in &lost {
+            if let Some(slot) = slots.remove(id) {
                 belfry_metrics::lease_lost();
                 slot.runtime.lease.revoke();
                 let _ = slot.stop.send(true);
-                tracing::info!(partition = %id, epoch = slot.runtime.lease.epoch, "partition released");
+                tracing::debug!(partition = %id, epoch = slot.runtime.lease.epoch, "partition released");
             }
         }
+        let mut acquired = Vec::new();
         for (id, grant) in wanted {
             if let Some(slot) = slots.get(&id) {
                 slot.runtime.lease.update(&grant);
@@ -204,6 +205,7 @@ impl OwnedPartitions {
                 stop_receiver,
             ));
             tracing::debug!(partition = %id, epoch = grant.epoch, "partition acquired");
+            acquired.push(id);
             slots.insert(
                 id,
                 Slot {
@@ -211,6 +213,17 @@ impl OwnedPartitions {
                     stop,
                     task,
                 },
+            );
+        }
+        // One line per change of the share, not one per partition: a
+        // node's start would otherwise log its whole share line by line.
+        if !acquired.is_empty() || !lost.is_empty() {
+            tracing::info!(
+                acquired = %partition_ranges(acquired),
+                lost = %partition_ranges(lost),
+                "owns {} partitions: {}",
+                slots.len(),
+                partition_ranges(slots.keys().copied())
             );
         }
     }
@@ -228,7 +241,7 @@ impl OwnedPartitions {
             if let Some(slot) = slots.remove(id) {
                 slot.runtime.lease.revoke();
                 let _ = slot.stop.send(true);
-                tracing::info!(partition = %id, epoch = slot.runtime.lease.epoch, "partition handed over");
+                tracing::debug!(partition = %id, epoch = slot.runtime.lease.epoch, "partition handed over");
                 tasks.push(slot.task);
                 runtimes.push(slot.runtime);
             }

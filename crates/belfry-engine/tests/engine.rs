@@ -432,7 +432,7 @@ async fn the_retention_sweep_purges_old_finished_events_with_their_history() {
     node.stop().await;
 }
 
-/// Fire-path defect 1: the "schedule the next timeout from inside the
+/// Fire-path regression: the "schedule the next timeout from inside the
 /// callback" pattern. While version 1 is being delivered (the webhook takes
 /// 1 s), the client moves the event to 200 ms from now; the new version must
 /// be delivered once, at its new instant — not stranded until a restart.
@@ -474,8 +474,8 @@ async fn an_event_moved_while_its_delivery_is_in_flight_fires_at_its_new_instant
     node.stop().await;
 }
 
-/// Fire-path defect 1, second form: cancelled and re-created (a new version)
-/// while the previous version is being delivered.
+/// The same regression, second form: cancelled and re-created (a new
+/// version) while the previous version is being delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_cancelled_and_recreated_during_its_delivery_is_delivered_again() {
     let receiver = Receiver::start().await;
@@ -500,7 +500,7 @@ async fn an_event_cancelled_and_recreated_during_its_delivery_is_delivered_again
     node.stop().await;
 }
 
-/// Fire-path defect 5: the look-back is for downtime. An event submitted
+/// Fire-path regression: the look-back is for downtime. An event submitted
 /// with an instant far in the past (beyond the look-back) while the node is
 /// up fires at once, as BigBen's contract says, instead of ending `missed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -520,7 +520,7 @@ async fn an_event_submitted_past_due_beyond_the_look_back_fires_at_once() {
     node.stop().await;
 }
 
-/// Fire-path defects 2 and 6: tenants whose webhooks hang (an hour-long
+/// Fire-path regressions: tenants whose webhooks hang (an hour-long
 /// `timeout_ms`) with a large due backlog neither take every delivery slot
 /// nor fill memory: another tenant's events still arrive on time, and the
 /// partitions hold no more than their configured capacity.
@@ -582,7 +582,7 @@ async fn hung_tenants_hold_back_neither_memory_nor_another_tenant() {
     // No graceful wait for the hung deliveries: dropped with the runtime.
 }
 
-/// Fire-path defect 3: a committed event whose wake-up was lost (here: a
+/// Fire-path regression: a committed event whose wake-up was lost (here: a
 /// write straight to the store, as a partially committed batch or a lost
 /// NOTIFY leaves it) inside the loaded window is found by the partition's
 /// repair page and fires, instead of waiting for a restart.
@@ -617,7 +617,7 @@ async fn an_event_whose_wake_up_was_lost_is_repaired_and_fires() {
     node.stop().await;
 }
 
-/// Fire-path defect 8: in a cluster another node may acknowledge a cancel
+/// Fire-path regression: in a cluster another node may acknowledge a cancel
 /// whose wake-up reaches the owner late (or never). The owner reads each
 /// record when its entry fires, so a cancel committed before the instant
 /// is honoured. Here the cancel is written straight to the store (no

@@ -125,6 +125,36 @@ pub(crate) async fn leave(store: &PostgresStore, node: &NodeId) -> StoreResult<(
     tx.commit().await.map_err(db_error)
 }
 
+pub(crate) async fn remove_dead_nodes(
+    store: &PostgresStore,
+    ttl: Duration,
+) -> StoreResult<Vec<NodeStatus>> {
+    let client = store.client().await?;
+    // One statement: concurrent callers each get a disjoint share.
+    let rows = client
+        .query(
+            "DELETE FROM nodes
+             WHERE heartbeat_at <= clock_timestamp() - $1::float8 * interval '1 millisecond'
+             RETURNING id, address,
+                       floor(extract(epoch FROM clock_timestamp() - heartbeat_at) * 1000)::bigint",
+            &[&millis(ttl)],
+        )
+        .await
+        .map_err(db_error)?;
+    let mut dead: Vec<NodeStatus> = rows
+        .iter()
+        .map(|row| NodeStatus {
+            info: NodeInfo {
+                id: NodeId(row.get(0)),
+                address: row.get(1),
+            },
+            heartbeat_age: duration_from_millis(row.get(2)),
+        })
+        .collect();
+    dead.sort_by(|a, b| a.info.id.cmp(&b.info.id));
+    Ok(dead)
+}
+
 pub(crate) async fn claim_leadership(
     store: &PostgresStore,
     node: &NodeId,

@@ -39,6 +39,7 @@ mod apply;
 mod auth;
 mod coordinator;
 mod error;
+mod notices;
 mod rows;
 pub mod schema;
 pub mod wakeups;
@@ -135,9 +136,9 @@ impl PostgresStore {
         config.keepalives_interval(Duration::from_secs(5));
         config.keepalives_retries(3);
 
-        let manager = Manager::from_config(
+        let manager = Manager::from_connect(
             config.clone(),
-            tokio_postgres::NoTls,
+            notices::NoticesByLevel,
             ManagerConfig {
                 // A broken connection is noticed by the driver; checking
                 // each one with a query would cost a round trip per call.
@@ -735,6 +736,13 @@ impl Coordinator for PostgresStore {
 
     async fn leave(&self, node: &belfry_store::cluster::NodeId) -> StoreResult<()> {
         coordinator::leave(self, node).await
+    }
+
+    async fn remove_dead_nodes(
+        &self,
+        ttl: Duration,
+    ) -> StoreResult<Vec<belfry_store::cluster::NodeStatus>> {
+        coordinator::remove_dead_nodes(self, ttl).await
     }
 
     async fn claim_leadership(

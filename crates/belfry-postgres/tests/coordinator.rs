@@ -571,6 +571,41 @@ async fn heartbeats_list_live_nodes_with_ages() {
     assert_eq!(live.len(), 1);
 }
 
+/// Silent nodes are declared dead once, with their address and how long
+/// they have been silent; live nodes and nodes that left are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_nodes_are_removed_as_dead_exactly_once() {
+    let store = fresh_store(4).await;
+    let info = |id: &str, port: u16| NodeInfo {
+        id: node(id),
+        address: format!("127.0.0.1:{port}"),
+    };
+    store.heartbeat(&info("silent", 8082), LONG).await.unwrap();
+    store.heartbeat(&info("leaving", 8083), LONG).await.unwrap();
+    store.leave(&node("leaving")).await.unwrap();
+    let ttl = Duration::from_millis(300);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    store.heartbeat(&info("alive", 8081), LONG).await.unwrap();
+
+    let dead = store.remove_dead_nodes(ttl).await.unwrap();
+    let named: Vec<(&str, &str)> = dead
+        .iter()
+        .map(|n| (n.info.id.0.as_str(), n.info.address.as_str()))
+        .collect();
+    assert_eq!(named, vec![("silent", "127.0.0.1:8082")]);
+    assert!(dead[0].heartbeat_age >= ttl, "{:?}", dead[0]);
+    assert!(
+        store.remove_dead_nodes(ttl).await.unwrap().is_empty(),
+        "declared once"
+    );
+    let live = store.heartbeat(&info("alive", 8081), LONG).await.unwrap();
+    assert_eq!(live.len(), 1, "{live:?}");
+
+    // A node declared dead that heartbeats again is back.
+    let live = store.heartbeat(&info("silent", 8082), LONG).await.unwrap();
+    assert_eq!(live.len(), 2, "{live:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_epoch_fails_the_whole_apply_and_changes_nothing() {
     let partitions = 4;

@@ -115,6 +115,13 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug + 'static {
     /// Removes a node that is shutting down cleanly.
     async fn leave(&self, node: &NodeId) -> StoreResult<()>;
 
+    /// Removes every node whose last heartbeat is at least `ttl` old and
+    /// returns them (with the age of that heartbeat): the leader declares
+    /// them dead. Each is returned once, whoever asks; a node that
+    /// heartbeats again later joins anew. Nodes that left cleanly are gone
+    /// already, so they are never reported.
+    async fn remove_dead_nodes(&self, ttl: Duration) -> StoreResult<Vec<NodeStatus>>;
+
     /// Acquires or renews the leader lease for `node` (see the module
     /// contract); returns the lease as it stands, whoever holds it.
     async fn claim_leadership(&self, node: &NodeId, ttl: Duration) -> StoreResult<LeaderLease>;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use belfry_core::auth::{ApiKey, AuditAction, AuditEntry, KeyId, KeySecret, Role};
 use belfry_core::{Clock, PartitionCount, SystemClock, TenantName, Timestamp};
-use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore};
+use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore, StoreError};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
@@ -248,12 +248,14 @@ async fn open(args: &StoreArgs) -> Result<SharedStore, Failure> {
         )),
         None => {
             let store = EmbeddedStore::open(EmbeddedOptions::new(&args.data_dir, partitions))
-                .map_err(|e| {
-                    Failure::Store(format!(
-                        "cannot open the store in {} (a node running on it holds it: stop \
-                         it, or use the API): {e}",
+                .map_err(|e| match e {
+                    StoreError::Unavailable(in_use) => {
+                        Failure::Store(format!("{in_use} (or manage keys through its API)"))
+                    }
+                    e => Failure::Store(format!(
+                        "cannot open the store in {}: {e}",
                         args.data_dir.display()
-                    ))
+                    )),
                 })?;
             Ok(Arc::new(store))
         }

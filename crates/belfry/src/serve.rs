@@ -11,6 +11,7 @@
 //! the engine (let remaining deliveries finish and record them), close the
 //! store (flush), exit 0.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use belfry_api::{ApiState, ClusterView, SingleNode};
 use belfry_core::{PartitionCount, SystemClock};
 use belfry_engine::Engine;
 use belfry_sinks::Sinks;
-use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore};
+use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore, StoreError};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::Config;
@@ -49,12 +50,26 @@ fn init_logs(format: &str) {
     // keep only its warnings so Belfry's own events stay readable.
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Logs go to stdout (the fmt layer's default writer).
+    let ansi = use_ansi(
+        std::io::stdout().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    );
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
     if format == "json" {
         builder.json().init();
     } else {
         builder.init();
     }
+}
+
+/// Colour codes only for a person at a terminal: in a file, a pipe or a
+/// log collector they are noise (`ESC[2m…`). `NO_COLOR` set to anything but
+/// the empty string turns them off everywhere (<https://no-color.org>).
+fn use_ansi(writes_to_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    writes_to_terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
@@ -100,11 +115,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         None => {
             let store =
                 EmbeddedStore::open(EmbeddedOptions::new(config.data_dir.clone(), partitions))
-                    .map_err(|e| {
-                        anyhow::anyhow!(
+                    .map_err(|e| match e {
+                        // Already says which directory and who holds it.
+                        StoreError::Unavailable(in_use) => anyhow::anyhow!(in_use),
+                        e => anyhow::anyhow!(
                             "cannot open the store in {}: {e}",
                             config.data_dir.display()
-                        )
+                        ),
                     })?;
             let store: SharedStore = Arc::new(store);
             let engine = Engine::start(config.engine.clone(), store, sinks, Arc::new(SystemClock));
@@ -226,5 +243,22 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::use_ansi;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_ansi(true, None));
+        assert!(
+            use_ansi(true, Some("".into())),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!use_ansi(true, Some("1".into())));
+        assert!(!use_ansi(false, None), "a file or a pipe gets no colour");
+        assert!(!use_ansi(false, Some("1".into())));
     }
 }

@@ -698,3 +698,68 @@ async fn a_node_joining_a_busy_cluster_takes_its_share_without_duplicates_or_lat
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_clean("join", &punctuality(&due, &arrivals_of(&receiver)));
 }
+
+/// What an operator reads at info: one line per change of a node's share
+/// (not one per partition), no PostgreSQL NOTICE chatter (the second node's
+/// schema check says "relation … already exists, skipping"), and a line
+/// from the leader when it declares a killed node dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_info_log_summarizes_ownership_and_names_a_node_declared_dead() {
+    let url = PgServer::shared().fresh_database().await;
+    let mut nodes = Vec::new();
+    let mut dirs = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        let launch = BelfryLaunch::new(env!("CARGO_BIN_EXE_belfry"), dir.path().join("unused"))
+            .arg("--database-url")
+            .arg(&url)
+            .env("RUST_LOG", "info");
+        nodes.push(BelfryProcess::start(launch).await.expect("node starts"));
+        dirs.push(dir);
+    }
+    let mut cluster = Cluster { nodes, _dirs: dirs };
+    cluster.wait_for_balance(2).await;
+    let master = cluster.master_index().await;
+    let victim = 1 - master;
+    let victim_address = format!("127.0.0.1:{}", cluster.nodes[victim].port());
+    cluster.nodes[victim].kill_9();
+
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let logs = cluster.nodes[master].logs_tail(usize::MAX);
+        if logs
+            .lines()
+            .any(|l| l.contains("node declared dead") && l.contains(&victim_address))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leader never declared {victim_address} dead:\n{logs}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.wait_for_members(1).await;
+    let logs = format!(
+        "{}\n{}",
+        cluster.nodes[master].logs_tail(usize::MAX),
+        cluster.nodes[victim].logs_tail(usize::MAX)
+    );
+    for line in logs.lines() {
+        assert!(!line.contains("already exists"), "a NOTICE at info: {line}");
+        for per_partition in [
+            "partition acquired",
+            "partition released",
+            "partition handed over",
+        ] {
+            assert!(
+                !line.contains(per_partition),
+                "a line per partition: {line}"
+            );
+        }
+    }
+    assert!(
+        logs.lines().any(|l| l.contains("owns 64 partitions: 0-63")),
+        "no summary of the first node's share:\n{logs}"
+    );
+}

@@ -135,8 +135,8 @@ async fn kill_9_during_ingest_loses_no_acknowledged_event() {
     let mut node = start_node(dir.path(), &[]).await;
     register(&node, "crash", &receiver.url("/hook")).await;
 
-    // How many acknowledged events before the kill; the acceptance
-    // run uses BELFRY_TEST_CRASH_EVENTS=100000 (the default keeps CI short).
+    // How many acknowledged events before the kill; a thorough run sets
+    // BELFRY_TEST_CRASH_EVENTS=100000 (the default keeps CI short).
     let kill_after: usize = std::env::var("BELFRY_TEST_CRASH_EVENTS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -346,4 +346,84 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
     assert_eq!(found["status"], "delivered", "{found}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(receiver.count(), 1);
+}
+
+/// A log written to a file (here: the harness's `stdout.log`) must be plain
+/// text: colour codes belong on a terminal only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_written_to_a_file_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    // Empty means unset (no-color.org): only the file decides.
+    let mut node = start_node(dir.path(), &[("NO_COLOR", ""), ("RUST_LOG", "info")]).await;
+    let exit = node.terminate().await.expect("exit status");
+    assert!(exit.success(), "{exit:?}");
+    let logs = node.logs_tail(usize::MAX);
+    assert!(logs.contains("belfry is serving"), "{logs}");
+    assert!(logs.contains("belfry stopped"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "ESC in a log file:\n{logs:?}");
+}
+
+/// Runs `belfry ARGS` to its end (at most a minute); returns whether it
+/// succeeded and everything it printed.
+fn run_belfry(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_belfry"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("belfry spawns");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("belfry {args:?} still runs after a minute");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().expect("output");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status, printed)
+}
+
+/// A second node on a data directory another process holds refuses to
+/// start, saying so and naming the holder (not the storage engine's bare
+/// `Locked`); so does `belfry keys create`. The first node keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_on_a_held_data_dir_names_the_process_holding_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = start_node(dir.path(), &[]).await;
+    let holder = format!(
+        "in use by another belfry process (pid {})",
+        first.pid().unwrap()
+    );
+    let data_dir = first.data_dir().to_str().unwrap().to_string();
+
+    let (status, printed) = tokio::task::spawn_blocking({
+        let data_dir = data_dir.clone();
+        move || run_belfry(&["serve", "--listen", "127.0.0.1:0", "--data-dir", &data_dir])
+    })
+    .await
+    .unwrap();
+    assert!(!status.success(), "the second node started: {printed}");
+    assert!(printed.contains(&holder), "{printed}");
+    assert!(!printed.contains("Locked"), "{printed}");
+
+    let (status, printed) = tokio::task::spawn_blocking(move || {
+        run_belfry(&["keys", "create", "--role", "admin", "--data-dir", &data_dir])
+    })
+    .await
+    .unwrap();
+    assert!(
+        !status.success(),
+        "keys create opened a held store: {printed}"
+    );
+    assert!(printed.contains(&holder), "{printed}");
+
+    let (status, _) = get_json(&first.url("/v1/tenants")).await;
+    assert_eq!(status, 200, "the first node still serves");
 }

@@ -25,7 +25,8 @@
 //! it is opened, before any write.
 //!
 //! # Ownership
-//! One process owns the directory (fjall locks it). There is a single
+//! One process owns the directory (fjall locks it; the owner records its
+//! pid beside the lock, [`owner`]). There is a single
 //! partition owner, so every [`crate::Fence`] is accepted and
 //! [`StoreError::Fenced`] is never returned.
 //!
@@ -65,6 +66,7 @@
 mod auth;
 pub mod keys;
 mod listing;
+mod owner;
 pub mod writer;
 
 use std::num::NonZeroUsize;
@@ -127,6 +129,8 @@ impl EmbeddedOptions {
 /// The embedded store. Cheap to share behind an `Arc`; dropping it stops
 /// the writer (after the group in progress) and closes the database.
 pub struct EmbeddedStore {
+    /// Where the holder's pid is recorded ([`owner`]).
+    data_dir: PathBuf,
     ks: Keyspaces,
     /// API keys and the audit log, written outside the group-commit
     /// writers ([`auth`]).
@@ -154,19 +158,33 @@ impl EmbeddedStore {
     /// Opens (or creates) the store in `options.data_dir`.
     ///
     /// # Errors
-    /// [`StoreError::Internal`] if the directory cannot be opened (in use by
-    /// another process, unreadable, written by a newer schema).
+    /// [`StoreError::Unavailable`] if another process holds the directory
+    /// (the message names its pid when recorded); [`StoreError::Internal`]
+    /// if it cannot be opened otherwise (unreadable, written by a newer
+    /// schema).
     pub fn open(options: EmbeddedOptions) -> StoreResult<Self> {
         std::fs::create_dir_all(&options.data_dir).map_err(|e| {
             StoreError::Internal(format!("cannot create {}: {e}", options.data_dir.display()))
         })?;
-        let db = Database::builder(&options.data_dir)
+        let db = match Database::builder(&options.data_dir)
             .cache_size(tuning::BLOCK_CACHE_BYTES)
             .worker_threads(tuning::WORKER_THREADS)
             .open()
-            .map_err(|e| {
-                StoreError::Internal(format!("cannot open {}: {e}", options.data_dir.display()))
-            })?;
+        {
+            Ok(db) => db,
+            Err(fjall::Error::Locked) => {
+                return Err(StoreError::Unavailable(owner::in_use_message(
+                    &options.data_dir,
+                )));
+            }
+            Err(e) => {
+                return Err(StoreError::Internal(format!(
+                    "cannot open {}: {e}",
+                    options.data_dir.display()
+                )));
+            }
+        };
+        owner::record(&options.data_dir);
         let ks = Keyspaces {
             meta: db
                 .keyspace("meta", KeyspaceCreateOptions::default)
@@ -205,6 +223,7 @@ impl EmbeddedStore {
         }
         let count = options.writer_count(partitions);
         let mut store = EmbeddedStore {
+            data_dir: options.data_dir.clone(),
             ks,
             auth,
             partitions,
@@ -468,6 +487,9 @@ impl Drop for EmbeddedStore {
                 tracing::error!("an embedded store writer thread panicked");
             }
         }
+        // Still holding the lock (the database closes after this), so no
+        // other process's record can be removed.
+        owner::forget(&self.data_dir);
     }
 }
 
