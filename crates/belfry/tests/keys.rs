@@ -115,7 +115,10 @@ async fn cli_keys_on_a_data_directory_then_the_node_requires_them() {
     // The data directory is the node's now: the CLI says so.
     let locked = keys(&[&["list"][..], &store].concat());
     assert_eq!(locked.status.code(), Some(1), "{locked:?}");
-    assert!(String::from_utf8_lossy(&locked.stderr).contains("stop it"));
+    assert!(
+        String::from_utf8_lossy(&locked.stderr).contains("in use by another belfry process"),
+        "{locked:?}"
+    );
 
     assert_eq!(status(&node.url("/v1/tenants"), None).await, 401);
     assert_eq!(status(&node.url("/v1/tenants"), Some(&admin)).await, 200);
