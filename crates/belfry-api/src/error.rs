@@ -33,6 +33,7 @@ pub mod code {
     pub const NOT_FOUND: &str = "not_found";
     pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
     pub const ALREADY_FINISHED: &str = "already_finished";
+    pub const NOT_REDRIVABLE: &str = "not_redrivable";
     pub const NOT_IMPLEMENTED: &str = "not_implemented";
     pub const STORE_UNAVAILABLE: &str = "store_unavailable";
     /// No key, or a malformed, unknown, revoked or expired one (401).

@@ -383,6 +383,69 @@ async fn delivery_history_is_listed() {
     h.shutdown().await;
 }
 
+/// A dead event (refused with 400) is sent again by a redrive once its
+/// receiver accepts: a new version and attempt series, due at once,
+/// delivered; the audit log names the action. Only dead events may be
+/// redriven, and a refused redrive changes nothing.
+#[tokio::test]
+async fn a_failed_event_is_redriven_and_delivered() {
+    let receiver = Receiver::start().await;
+    receiver.push_rule(Rule::first(
+        1,
+        Response::status(400).with_body("bad payload"),
+    ));
+    let h = Harness::start().await;
+    h.put(
+        "/v1/tenants/acme",
+        &json!({ "sink": { "type": "http", "url": receiver.url("/hook") } }),
+    )
+    .await;
+    h.put(
+        "/v1/tenants/acme/events/dead",
+        &json!({ "deliver_at": from_now(-5) }),
+    )
+    .await;
+    let failed = wait_for_status(&h, "acme", "dead", "failed").await;
+
+    let redriven = h
+        .post("/v1/tenants/acme/events/dead/redrive", &json!({}))
+        .await;
+    assert_eq!(redriven.status, StatusCode::OK, "{redriven:?}");
+    assert_eq!(redriven.body["status"], "scheduled");
+    assert_ne!(redriven.body["version"], failed["version"]);
+    assert_eq!(redriven.body["deliver_at"], failed["deliver_at"]);
+    let delivered = wait_for_status(&h, "acme", "dead", "delivered").await;
+    assert_eq!(delivered["attempts"], 1, "a new attempt series");
+    assert_eq!(receiver.count(), 2);
+    let history = h.get("/v1/tenants/acme/events/dead/attempts").await;
+    let attempts = history.body["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "the old series stays: {history:?}");
+    assert_eq!(attempts[0]["outcome"], "permanent");
+    assert_eq!(attempts[1]["outcome"], "delivered");
+    let audit = h.get("/v1/audit").await;
+    assert!(
+        audit.body["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["action"] == "event_redriven" && e["target"] == "dead"),
+        "{audit:?}"
+    );
+
+    // Delivered (not dead), unknown: refused, nothing changes.
+    let before = h.snapshot(&[]).await;
+    let again = h
+        .post("/v1/tenants/acme/events/dead/redrive", &json!({}))
+        .await;
+    assert_error(&again, StatusCode::CONFLICT, "not_redrivable");
+    let unknown = h
+        .post("/v1/tenants/acme/events/nope/redrive", &json!({}))
+        .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{unknown:?}");
+    assert_eq!(h.snapshot(&[]).await, before);
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn bad_event_requests_change_nothing() {
     let h = Harness::start().await;

@@ -285,6 +285,7 @@ pub enum AuditAction {
     TenantChanged,
     TenantDeleted,
     EventsBulkCancelled,
+    EventRedriven,
 }
 
 impl AuditAction {
@@ -296,6 +297,7 @@ impl AuditAction {
             AuditAction::TenantChanged => "tenant_changed",
             AuditAction::TenantDeleted => "tenant_deleted",
             AuditAction::EventsBulkCancelled => "events_bulk_cancelled",
+            AuditAction::EventRedriven => "event_redriven",
         }
     }
 
@@ -308,6 +310,7 @@ impl AuditAction {
             AuditAction::TenantChanged,
             AuditAction::TenantDeleted,
             AuditAction::EventsBulkCancelled,
+            AuditAction::EventRedriven,
         ]
         .into_iter()
         .find(|action| action.as_str() == text)

@@ -150,6 +150,11 @@ pub enum EventCommand {
         version: EventVersion,
         reason: String,
     },
+    /// Send a dead event again: a `failed` (or `missed`) event becomes
+    /// pending, due now, as a new version (`new_version`: a new
+    /// idempotency key and a new attempt series). Its instant, payload and
+    /// history are kept.
+    Redrive { new_version: EventVersion },
     /// Compare-and-set for the engine's own control events (recurring
     /// schedules): an [`EventCommand::Upsert`] that applies only while the
     /// event is pending with version `expected`; otherwise nothing changes
@@ -189,6 +194,11 @@ pub enum CommandOutcome {
     /// `UpsertIfCurrent` of an event that changed version or is no longer
     /// pending: nothing changed.
     VersionChanged,
+    /// A failed or missed event is pending again, due now.
+    Redriven,
+    /// `Redrive` of an event that is not failed or missed (pending,
+    /// delivered, cancelled): nothing changed.
+    NotRedrivable(EventStatus),
 }
 
 /// What the runtime must do after a transition.
@@ -313,6 +323,31 @@ pub fn transition(
                 effects: vec![Effect::Arm { at: event_time }],
                 attempt: None,
             },
+        },
+        EventCommand::Redrive { new_version } => match current {
+            None => Transition::unchanged(CommandOutcome::NotFound),
+            Some(existing)
+                if !matches!(existing.status, EventStatus::Failed | EventStatus::Missed) =>
+            {
+                Transition::unchanged(CommandOutcome::NotRedrivable(existing.status))
+            }
+            Some(existing) => {
+                let mut next = existing.clone();
+                next.version = new_version;
+                next.status = EventStatus::Scheduled;
+                next.next_fire_at = Some(now);
+                next.attempts = 0;
+                next.last_error = None;
+                next.triggered_at = None;
+                next.finished_at = None;
+                next.updated_at = now;
+                Transition {
+                    next: Some(next),
+                    outcome: CommandOutcome::Redriven,
+                    effects: vec![Effect::Arm { at: now }],
+                    attempt: None,
+                }
+            }
         },
         EventCommand::Cancel => match current {
             None => Transition::unchanged(CommandOutcome::NotFound),
@@ -554,6 +589,45 @@ mod tests {
         let rec = again.next.unwrap();
         assert_eq!(rec.status, EventStatus::Delivered);
         assert_eq!(rec.version.as_str(), "v1");
+    }
+
+    #[test]
+    fn redrive_makes_a_failed_event_due_now_as_a_new_version() {
+        let created = apply(None, upsert(5_000, "v1"), 1_000).next.unwrap();
+        let failed = apply(
+            Some(&created),
+            EventCommand::RecordAttempt {
+                version: created.version.clone(),
+                report: report(Verdict::Permanent, 5_000),
+            },
+            5_001,
+        )
+        .next
+        .unwrap();
+        assert_eq!(failed.status, EventStatus::Failed);
+        let redrive = || EventCommand::Redrive {
+            new_version: EventVersion::from_string("v2".into()),
+        };
+        let t = apply(Some(&failed), redrive(), 9_000);
+        assert_eq!(t.outcome, CommandOutcome::Redriven);
+        assert_eq!(t.effects, vec![Effect::Arm { at: ts(9_000) }]);
+        let again = t.next.unwrap();
+        assert_eq!(again.status, EventStatus::Scheduled);
+        assert_eq!(again.version.as_str(), "v2");
+        assert_eq!(again.next_fire_at, Some(ts(9_000)));
+        assert_eq!(again.event_time, ts(5_000), "the instant asked for is kept");
+        assert_eq!((again.attempts, again.finished_at), (0, None));
+        // Only dead events: a pending, delivered or unknown one is left alone.
+        let pending = apply(Some(&again), redrive(), 9_001);
+        assert_eq!(
+            pending.outcome,
+            CommandOutcome::NotRedrivable(EventStatus::Scheduled)
+        );
+        assert!(pending.next.is_none() && pending.effects.is_empty());
+        assert_eq!(
+            apply(None, redrive(), 9_002).outcome,
+            CommandOutcome::NotFound
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use belfry_core::auth::AuditAction;
 use belfry_core::{
     CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus, EventVersion,
     TenantName, Timestamp,
@@ -17,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::ApiState;
+use crate::auth::Principal;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path, query_pairs};
 use crate::v1::tenants::{tenant_name, tenant_not_found};
@@ -176,6 +178,44 @@ pub(crate) async fn cancel(
             StatusCode::CONFLICT,
             code::ALREADY_FINISHED,
             format!("the event already finished with status {}", status.as_str()),
+        ))),
+        _ => Err(event_not_found(&key)),
+    }
+}
+
+/// Sends a dead event again (`POST .../events/{id}/redrive`): a `failed`
+/// or `missed` event becomes pending, due now, as a new version with a new
+/// attempt series. 200 with its view; 409 `not_redrivable` for any other
+/// status; 404 if unknown. Recorded in the audit log with who did it.
+pub(crate) async fn redrive(
+    State(state): State<ApiState>,
+    principal: Principal,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+) -> Result<Response, V1Error> {
+    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let command = EventCommand::Redrive {
+        new_version: EventVersion::generate(),
+    };
+    let applied = apply_one(&state, key.clone(), command).await?;
+    match applied.outcome {
+        CommandOutcome::Redriven => {
+            crate::auth::routes::audit(
+                &state,
+                &principal,
+                AuditAction::EventRedriven,
+                Some(&key.tenant),
+                Some(key.id.as_str().to_string()),
+            )
+            .await;
+            Ok(Json(record_view(&applied)?).into_response())
+        }
+        CommandOutcome::NotRedrivable(status) => Err(V1Error(ApiError::new(
+            StatusCode::CONFLICT,
+            code::NOT_REDRIVABLE,
+            format!(
+                "only failed or missed events can be redriven; this one is {}",
+                status.as_str()
+            ),
         ))),
         _ => Err(event_not_found(&key)),
     }
