@@ -12,6 +12,7 @@
 //!   `{"message"}`, `/v1`'s `{"error": {"code", "message"}}`);
 //! - [`extract`]: body, path and query extractors whose rejections are ours
 //!   (axum's defaults answer plain text);
+//! - [`health`]: `/health/live` and `/health/ready`;
 //! - [`ingest`]: the same validation and write path without HTTP, for the
 //!   Kafka consumer;
 //! - `bigben`: `/ping`, `/events/...`, `/cron` (see `docs/api.md` for the
@@ -38,6 +39,7 @@ mod bigben;
 pub mod cluster;
 pub mod error;
 pub mod extract;
+pub mod health;
 pub mod ingest;
 pub mod options;
 mod quota;
@@ -72,6 +74,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .merge(bigben::routes())
         .merge(v1::routes())
+        .merge(health::routes())
         .route("/v1/cluster", get(cluster_status))
         .route(
             "/v1/keys",
