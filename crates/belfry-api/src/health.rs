@@ -107,6 +107,7 @@ pub(crate) fn routes() -> Router<ApiState> {
     path = "/health/live",
     tag = "health",
     security(()),
+    operation_id = "health_live",
     responses((status = 200, description = "The process serves HTTP", body = HealthStatus,
                example = json!({"status": "live"})))
 )]
@@ -123,6 +124,7 @@ pub(crate) async fn live() -> Json<HealthStatus> {
     get,
     path = "/health/ready",
     tag = "health",
+    operation_id = "health_ready",
     security(()),
     responses(
         (status = 200, description = "Owned partitions are loaded and the store answers",

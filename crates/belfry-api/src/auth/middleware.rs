@@ -86,7 +86,10 @@ pub(crate) fn rule(method: &Method, path: &str) -> Rule {
 /// Paths that answer without a key, whatever the `Host`: they carry no
 /// data, and probes (load balancers, orchestrators) send neither.
 fn is_public_path(path: &str) -> bool {
-    matches!(path, "/ping" | "/health/live" | "/health/ready")
+    matches!(
+        path,
+        "/ping" | "/health/live" | "/health/ready" | "/openapi.json"
+    )
 }
 
 fn is_write(method: &Method) -> bool {
