@@ -142,6 +142,10 @@ fn add_links(document: &mut Value) {
             &["200", "201"],
             vec![
                 ("GetTenant", "get_tenant", tenant.clone()),
+                // The id is the client's to choose: only the tenant is linked.
+                ("PutEvent", "put_event", tenant.clone()),
+                ("ScheduleEvents", "schedule_events", tenant.clone()),
+                ("PutSchedule", "put_schedule", tenant.clone()),
                 ("ListEvents", "list_events", tenant.clone()),
                 ("ListSchedules", "list_schedules", tenant.clone()),
                 (
@@ -176,6 +180,44 @@ fn add_links(document: &mut Value) {
                 "revoke_key",
                 json!({ "id": "$response.body#/id" }),
             )],
+        ),
+        (
+            "/events/schedule",
+            "post",
+            &["200", "206"],
+            vec![
+                (
+                    "FindEvent",
+                    "bigben_find",
+                    json!({ "tenant": "$response.body#/0/tenant", "id": "$response.body#/0/id" }),
+                ),
+                (
+                    "DryRunEvent",
+                    "bigben_dry_run",
+                    json!({ "tenant": "$response.body#/0/tenant", "id": "$response.body#/0/id" }),
+                ),
+            ],
+        ),
+        (
+            "/cron",
+            "post",
+            &["200"],
+            vec![
+                (
+                    "GetCron",
+                    "bigben_get_cron",
+                    json!({ "tenant": "$response.body#/cron/tenant", "id": "$response.body#/cron/id" }),
+                ),
+                (
+                    "DeleteCron",
+                    "bigben_delete_cron",
+                    json!({
+                        "tenant": "$response.body#/cron/tenant",
+                        "id": "$response.body#/cron/id",
+                        "type": "$response.body#/cron/type",
+                    }),
+                ),
+            ],
         ),
     ];
     for (path, method, statuses, targets) in links {

@@ -61,10 +61,8 @@ pub enum Delivery {
 pub struct PutEvent {
     /// RFC 3339 with an offset or `Z`.
     pub deliver_at: String,
-    #[schema(nullable = false)]
     pub payload: Option<String>,
     /// Default `full_event`; `payload_only` needs `payload`.
-    #[schema(nullable = false)]
     pub delivery: Option<Delivery>,
 }
 
@@ -73,17 +71,17 @@ pub struct PutEvent {
 pub struct BatchItem {
     pub id: String,
     pub deliver_at: String,
-    #[schema(nullable = false)]
     pub payload: Option<String>,
-    #[schema(nullable = false)]
     pub delivery: Option<Delivery>,
 }
 
 /// Body of `POST /v1/tenants/{tenant}/events`.
 #[derive(ToSchema)]
 pub struct Batch {
-    /// Each item is validated on its own (a malformed one is `rejected`).
-    pub events: Vec<BatchItem>,
+    /// Items shaped like `BatchItem`. Each is validated on its own: one that
+    /// is malformed (even not an object) is answered `rejected` in
+    /// `results`, and the others are stored.
+    pub events: Vec<Value>,
 }
 
 /// An event's status view.
@@ -165,21 +163,14 @@ pub struct Sink {
     /// `http`, `builtin` or `kafka`.
     #[schema(rename = "type")]
     pub kind: String,
-    #[schema(nullable = false)]
     pub url: Option<String>,
-    #[schema(nullable = false)]
     pub headers: Option<BTreeMap<String, String>>,
-    #[schema(nullable = false)]
+    #[schema(maximum = 18446744073709551615.0)]
     pub timeout_ms: Option<u64>,
-    #[schema(nullable = false)]
     pub processor: Option<String>,
-    #[schema(nullable = false)]
     pub topic: Option<String>,
-    #[schema(nullable = false)]
     pub props: Option<BTreeMap<String, String>>,
-    #[schema(nullable = false)]
     pub key: Option<String>,
-    #[schema(nullable = false)]
     pub transactional: Option<bool>,
 }
 
@@ -202,7 +193,7 @@ pub struct TenantList {
 #[derive(ToSchema)]
 pub struct Rotate {
     /// 0 to 2592000; 0 retires the old secret at once.
-    #[schema(nullable = false, minimum = 0, maximum = 2592000)]
+    #[schema(minimum = 0, maximum = 2592000)]
     pub grace_period_secs: Option<u64>,
 }
 
@@ -219,7 +210,6 @@ pub struct Rotated {
 pub struct Misfire {
     /// `fire_once`, `fire_all` (with `cap`, 1–1000) or `skip`.
     pub policy: String,
-    #[schema(nullable = false)]
     pub cap: Option<u32>,
 }
 
@@ -229,23 +219,17 @@ pub struct Misfire {
 pub struct PutSchedule {
     pub expression: String,
     /// `unix` (default), `quartz`, `spring`, `cron4j`, `every`.
-    #[schema(rename = "type", nullable = false)]
+    #[schema(rename = "type")]
     pub kind: Option<String>,
-    #[schema(nullable = false)]
     pub time_zone: Option<String>,
-    #[schema(nullable = false)]
     pub payload: Option<String>,
-    #[schema(nullable = false)]
     pub delivery: Option<Delivery>,
-    #[schema(nullable = false)]
     pub start_at: Option<String>,
-    #[schema(nullable = false)]
     pub end_at: Option<String>,
-    #[schema(nullable = false)]
+    #[schema(maximum = 18446744073709551615.0)]
     pub max_occurrences: Option<u64>,
-    #[schema(nullable = false)]
     pub misfire: Option<Misfire>,
-    #[schema(nullable = false)]
+    #[schema(maximum = 18446744073709551615.0)]
     pub catch_up_window_ms: Option<u64>,
 }
 
@@ -274,6 +258,7 @@ pub struct ScheduleView {
     pub delivery: Delivery,
     pub start_at: Option<String>,
     pub end_at: Option<String>,
+    #[schema(maximum = 18446744073709551615.0)]
     pub max_occurrences: Option<u64>,
     pub misfire: Misfire,
     pub catch_up_window_ms: u64,
@@ -492,8 +477,10 @@ pub struct CronRequest {
     pub delivery_option: Option<String>,
     pub start_at: Option<String>,
     pub end_at: Option<String>,
+    #[schema(maximum = 18446744073709551615.0)]
     pub max_occurrences: Option<u64>,
     pub misfire: Option<Misfire>,
+    #[schema(maximum = 18446744073709551615.0)]
     pub catch_up_window_ms: Option<u64>,
 }
 

@@ -20,7 +20,11 @@ pub fn rfc3339(ms: i64) -> String {
 
 /// The packages the end-to-end tests take from PyPI, pinned so a release
 /// cannot change a test (`scripts/test.sh` installs the same).
-pub const PYTHON_PACKAGES: &[&str] = &["standardwebhooks==1.1.0", "confluent-kafka==2.12.2"];
+pub const PYTHON_PACKAGES: &[&str] = &[
+    "standardwebhooks==1.1.0",
+    "confluent-kafka==2.12.2",
+    "schemathesis==4.32.5",
+];
 
 /// A Python interpreter that imports `module` (one of [`PYTHON_PACKAGES`]'):
 /// `$BELFRY_TEST_PYTHON`, else the test venv under the target folder, made
