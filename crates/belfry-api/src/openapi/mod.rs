@@ -112,6 +112,15 @@ fn add_security(document: &mut Value) {
     document["security"] = json!([{ SECURITY_SCHEME: [] }, {}]);
 }
 
+/// `(path, method, response statuses, [(link name, target operationId,
+/// parameters)])`.
+type LinksFrom = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    Vec<(&'static str, &'static str, Value)>,
+);
+
 /// Links from operations that create something to those that read,
 /// change or remove it, with the parameters taken from the request path
 /// (or the answer, for keys).
@@ -125,7 +134,7 @@ fn add_links(document: &mut Value) {
     };
     let tenant_and_id = from_path(&["tenant", "id"]);
     let tenant = from_path(&["tenant"]);
-    let links: Vec<(&str, &str, &[&str], Vec<(&str, &str, Value)>)> = vec![
+    let links: Vec<LinksFrom> = vec![
         (
             "/v1/tenants/{tenant}/events/{id}",
             "put",
