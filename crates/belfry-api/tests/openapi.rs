@@ -128,6 +128,10 @@ async fn the_document_declares_bearer_keys_error_envelopes_and_links() {
         put_event["links"]["CancelEvent"]["parameters"]["id"],
         "$request.path.id"
     );
+    // BigBen's schedule takes an array of EventRequests.
+    let schedule_body = &doc["paths"]["/events/schedule"]["post"]["requestBody"]["content"]["application/json"]
+        ["schema"];
+    assert_eq!(schedule_body["type"], "array", "{schedule_body}");
     // Every operationId a link names exists.
     let mut operation_ids = Vec::new();
     let mut targets = Vec::new();

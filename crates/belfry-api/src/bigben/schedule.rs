@@ -111,7 +111,7 @@ enum Plan {
     tag = "bigben",
     operation_id = "bigben_schedule",
     summary = "Schedule, update or remove events (BigBen EventRequests)",
-    request_body(content = crate::openapi::schema::EventRequest, content_type = "application/json"),
+    request_body(content = Vec<crate::openapi::schema::EventRequest>, content_type = "application/json"),
     responses(
         (status = 200, description = "Every item answered", body = Vec<crate::openapi::schema::EventResponse>),
         (status = 206, description = "Some items REJECTED or ERROR", body = Vec<crate::openapi::schema::EventResponse>),
