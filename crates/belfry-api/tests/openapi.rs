@@ -132,6 +132,10 @@ async fn the_document_declares_bearer_keys_error_envelopes_and_links() {
     let schedule_body = &doc["paths"]["/events/schedule"]["post"]["requestBody"]["content"]["application/json"]
         ["schema"];
     assert_eq!(schedule_body["type"], "array", "{schedule_body}");
+    // … and answers 400 with the per-item answers when all are REJECTED.
+    let refusal = &doc["paths"]["/events/schedule"]["post"]["responses"]["400"]["content"]["application/json"]
+        ["schema"]["oneOf"];
+    assert_eq!(refusal[0]["type"], "array", "{refusal}");
     // Every operationId a link names exists.
     let mut operation_ids = Vec::new();
     let mut targets = Vec::new();

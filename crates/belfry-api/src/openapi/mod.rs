@@ -94,6 +94,7 @@ pub fn document() -> &'static Value {
         });
         add_security(&mut document);
         add_links(&mut document);
+        add_schedule_refusals(&mut document);
         document
     })
 }
@@ -242,6 +243,23 @@ fn add_links(document: &mut Value) {
                 });
             }
         }
+    }
+}
+
+/// BigBen's schedule answers 400 in two shapes: the per-item answers when
+/// every item was REJECTED (as BigBen did), or `{"message"}` when the
+/// request as a whole is refused. utoipa's annotation takes one body per
+/// status, so the second shape is added here.
+fn add_schedule_refusals(document: &mut Value) {
+    let schema = &mut document["paths"]["/events/schedule"]["post"]["responses"]["400"]["content"]
+        ["application/json"]["schema"];
+    if schema.is_object() {
+        *schema = json!({
+            "oneOf": [
+                { "type": "array", "items": { "$ref": "#/components/schemas/EventResponse" } },
+                { "$ref": "#/components/schemas/BigBenError" },
+            ]
+        });
     }
 }
 
