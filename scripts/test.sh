@@ -4,8 +4,8 @@
 # and a smoke run of belfry-bench. Needs the Rust toolchain (1.95); installs
 # PostgreSQL (apt) when it is missing, for the tests that start throwaway
 # database servers, and python3 with a venv holding PyPI's standardwebhooks
-# (the independent signature verifier) and confluent-kafka (the independent
-# Kafka client). The Kafka tests run against `belfry-kafka-mock`, librdkafka's
+# (the independent signature verifier), confluent-kafka (the independent
+# Kafka client) and schemathesis (the OpenAPI contract fuzzer). The Kafka tests run against `belfry-kafka-mock`, librdkafka's
 # mock cluster in its own process, or against a real broker named by
 # BELFRY_TEST_KAFKA_BOOTSTRAP. Usage: scripts/test.sh
 set -euo pipefail
@@ -36,10 +36,11 @@ if ! command -v pg_config >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/init
   fi
 fi
 
-echo "==> Python clients (standardwebhooks, confluent-kafka, prometheus-client)"
+echo "==> Python clients (standardwebhooks, confluent-kafka, prometheus-client, schemathesis)"
 # The end-to-end tests check Belfry with independent clients from PyPI
 # (webhook signatures with `standardwebhooks`, Kafka with `confluent-kafka`,
-# `/metrics` with Prometheus's own parser from `prometheus-client`),
+# `/metrics` with Prometheus's own parser from `prometheus-client`, the API
+# against its OpenAPI document with `schemathesis`),
 # in a venv under target/ (pinned there). Make sure python3 and its venv module exist.
 if ! command -v python3 >/dev/null 2>&1 || ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ]; then
@@ -56,9 +57,9 @@ if ! command -v python3 >/dev/null 2>&1 || ! python3 -c "import venv, ensurepip"
   fi
 fi
 venv="${CARGO_TARGET_DIR:-target}/belfry-test-venv"
-if ! "$venv/bin/python" -c "import standardwebhooks, confluent_kafka, prometheus_client" >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c "import standardwebhooks, confluent_kafka, prometheus_client, schemathesis" >/dev/null 2>&1; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet "standardwebhooks==1.1.0" "confluent-kafka==2.12.2" "prometheus-client==0.21.1"
+  "$venv/bin/pip" install --quiet "standardwebhooks==1.1.0" "confluent-kafka==2.12.2" "prometheus-client==0.21.1" "schemathesis==4.32.5"
 fi
 export BELFRY_TEST_PYTHON="$PWD/$venv/bin/python"
 case "$venv" in /*) export BELFRY_TEST_PYTHON="$venv/bin/python" ;; esac

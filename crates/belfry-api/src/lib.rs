@@ -12,6 +12,8 @@
 //!   `{"message"}`, `/v1`'s `{"error": {"code", "message"}}`);
 //! - [`extract`]: body, path and query extractors whose rejections are ours
 //!   (axum's defaults answer plain text);
+//! - [`health`]: `/health/live` and `/health/ready`;
+//! - [`openapi`]: `GET /openapi.json`, generated from the handlers;
 //! - [`ingest`]: the same validation and write path without HTTP, for the
 //!   Kafka consumer;
 //! - `bigben`: `/ping`, `/events/...`, `/cron` (see `docs/api.md` for the
@@ -39,8 +41,10 @@ mod bigben;
 pub mod cluster;
 pub mod error;
 pub mod extract;
+pub mod health;
 pub mod ingest;
 mod metrics;
+pub mod openapi;
 pub mod options;
 mod quota;
 mod v1;
@@ -77,6 +81,8 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .merge(bigben::routes())
         .merge(v1::routes())
+        .merge(health::routes())
+        .merge(openapi::routes())
         .route("/v1/cluster", get(cluster_status))
         .route(
             "/v1/keys",
@@ -101,6 +107,19 @@ pub fn router(state: ApiState) -> Router {
 }
 
 /// `GET /v1/cluster`.
+#[utoipa::path(
+    get,
+    path = "/v1/cluster",
+    tag = "cluster",
+    operation_id = "cluster_status",
+    summary = "What this node last saw of the cluster (admin)",
+    responses(
+        (status = 200, description = "Leader, nodes and their partitions", body = crate::openapi::schema::ClusterStatus),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error)
+    )
+)]
 async fn cluster_status(
     axum::extract::State(state): axum::extract::State<ApiState>,
 ) -> axum::Json<ClusterStatus> {

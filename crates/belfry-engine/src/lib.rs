@@ -60,6 +60,19 @@ pub use ownership::Ownership;
 
 use crate::ownership::OwnedPartitions;
 
+/// See [`EngineHandle::partitions_loaded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionsLoaded {
+    pub owned: usize,
+    pub loaded: usize,
+}
+
+impl PartitionsLoaded {
+    pub fn all(&self) -> bool {
+        self.loaded == self.owned
+    }
+}
+
 /// A running engine. Call [`Engine::shutdown`] to stop it cleanly.
 #[derive(Debug)]
 pub struct Engine {
@@ -320,6 +333,17 @@ impl EngineHandle {
     /// The partitions owned right now, with their epochs.
     pub fn owned_partitions(&self) -> Vec<(belfry_core::PartitionId, u64)> {
         self.inner.owned.owned()
+    }
+
+    /// How many owned partitions have read their first window page, out of
+    /// how many are owned: the readiness check. Cheap (one lock per
+    /// partition, no store access).
+    pub fn partitions_loaded(&self) -> PartitionsLoaded {
+        let runtimes = self.inner.owned.runtimes();
+        PartitionsLoaded {
+            owned: runtimes.len(),
+            loaded: runtimes.iter().filter(|r| r.window_loaded()).count(),
+        }
     }
 
     /// A timer effect made by another node (e.g. an event created through

@@ -97,6 +97,13 @@ impl PartitionRuntime {
         self.lock().window().overdue(now)
     }
 
+    /// Whether the core has read its first window page since it was
+    /// started (or reloaded): until then, events already due may sit in
+    /// the store unseen by this node.
+    pub(crate) fn window_loaded(&self) -> bool {
+        self.lock().window().cursor().is_some()
+    }
+
     /// Counters of the core (repairs, evictions, …).
     pub(crate) fn stats(&self) -> belfry_core::fire::CoreStats {
         self.lock().stats().clone()

@@ -53,7 +53,7 @@ pub(crate) enum Hide {
 pub(crate) fn rule(method: &Method, path: &str) -> Rule {
     let reads = method == Method::GET || method == Method::HEAD;
     match path {
-        "/ping" => Rule::Public,
+        public if is_public_path(public) => Rule::Public,
         "/events/cluster" | "/v1/cluster" | "/v1/audit" | "/v1/keys/{id}" | "/metrics" => {
             Rule::Admin
         }
@@ -85,6 +85,15 @@ pub(crate) fn rule(method: &Method, path: &str) -> Rule {
     }
 }
 
+/// Paths that answer without a key, whatever the `Host`: they carry no
+/// data, and probes (load balancers, orchestrators) send neither.
+fn is_public_path(path: &str) -> bool {
+    matches!(
+        path,
+        "/ping" | "/health/live" | "/health/ready" | "/openapi.json"
+    )
+}
+
 fn is_write(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
@@ -98,7 +107,7 @@ pub(crate) async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
-    if request.uri().path() == "/ping" {
+    if is_public_path(request.uri().path()) {
         return next.run(request).await;
     }
     let uri = request.uri().clone();

@@ -79,6 +79,25 @@ impl From<&ApiKey> for KeyView {
 }
 
 /// `POST /v1/keys` (admin): 201 with the secret, the only time it is shown.
+#[utoipa::path(
+    post,
+    path = "/v1/keys",
+    tag = "keys",
+    operation_id = "create_key",
+    summary = "Create an API key (admin)",
+    request_body(content = crate::openapi::schema::CreateKey, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The key and its secret, shown once", body = crate::openapi::schema::CreatedKey),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn create(
     State(state): State<ApiState>,
     principal: Principal,
@@ -147,6 +166,20 @@ pub(crate) async fn create(
 }
 
 /// `GET /v1/keys`: every key for admins, a tenant's own keys for its keys.
+#[utoipa::path(
+    get,
+    path = "/v1/keys",
+    tag = "keys",
+    operation_id = "list_keys",
+    summary = "API keys (a tenant key: its own tenant's)",
+    responses(
+        (status = 200, description = "The keys", body = crate::openapi::schema::KeyList),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn list(
     State(state): State<ApiState>,
     principal: Principal,
@@ -162,6 +195,24 @@ pub(crate) async fn list(
 
 /// `DELETE /v1/keys/{id}` (admin): revokes at once on this node (within
 /// `auth.key_cache_ttl_ms` on the others).
+#[utoipa::path(
+    delete,
+    path = "/v1/keys/{id}",
+    tag = "keys",
+    operation_id = "revoke_key",
+    summary = "Revoke an API key (admin)",
+    params(("id" = String, Path, description = "Key id, key_...")),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn revoke(
     State(state): State<ApiState>,
     principal: Principal,
@@ -199,6 +250,23 @@ const AUDIT_PAGE_MAX: usize = 1_000;
 
 /// `GET /v1/audit[?after=CURSOR][&limit=N]` (admin): oldest first; `next`
 /// is the cursor of the following page (`null` on the last).
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "keys",
+    operation_id = "audit_log",
+    summary = "The audit log, oldest first (admin)",
+    params(("limit" = Option<u32>, Query, description = "1 to 1000; default 100"), ("after" = Option<String>, Query, description = "next of the previous page")),
+    responses(
+        (status = 200, description = "A page", body = crate::openapi::schema::AuditPage),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn audit_log(
     State(state): State<ApiState>,
     uri: Uri,

@@ -113,6 +113,26 @@ fn required(value: Option<String>, name: &str) -> Result<String, BigBenError> {
     })
 }
 
+#[utoipa::path(
+    post,
+    path = "/cron",
+    tag = "bigben",
+    operation_id = "bigben_create_cron",
+    summary = "Create or replace a recurring schedule (BigBen Cron)",
+    request_body(content = crate::openapi::schema::CronRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The cron and its description", body = crate::openapi::schema::CronAnswer),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
+        (status = 404, description = "Not found", body = crate::openapi::schema::BigBenError),
+        (status = 413, description = "Body too large", body = crate::openapi::schema::BigBenError),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::BigBenError),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+    )
+)]
 pub(crate) async fn create(
     State(state): State<ApiState>,
     principal: Principal,
@@ -173,6 +193,22 @@ fn segments<T>(path: Result<Path<T>, PathRejection>) -> Result<T, BigBenError> {
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/cron/{tenant}/{id}",
+    tag = "bigben",
+    operation_id = "bigben_get_cron",
+    summary = "A cron (zero or one)",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("describe" = Option<bool>, Query, description = "add a description")),
+    responses(
+        (status = 200, description = "Zero or one cron", body = Vec<crate::openapi::schema::CronAnswer>),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+    )
+)]
 pub(crate) async fn get(
     State(state): State<ApiState>,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -212,6 +248,24 @@ pub(crate) async fn get(
     Ok(Json(items).into_response())
 }
 
+#[utoipa::path(
+    delete,
+    path = "/cron/{tenant}/{id}/{type}",
+    tag = "bigben",
+    operation_id = "bigben_delete_cron",
+    summary = "Delete a cron of a type (or *)",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("type" = String, Path, description = "The cron type or *")),
+    responses(
+        (status = 200, description = "Deleted", body = crate::openapi::schema::StatusOk),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
+        (status = 404, description = "Not found", body = crate::openapi::schema::BigBenError),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+    )
+)]
 pub(crate) async fn delete(
     State(state): State<ApiState>,
     path: Result<Path<(String, String, String)>, PathRejection>,

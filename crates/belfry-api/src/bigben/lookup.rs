@@ -22,6 +22,23 @@ use crate::extract::{query_pairs, query_value};
 /// history is short (bounded by the retry policy's backlog limit).
 const ATTEMPT_SCAN_LIMIT: usize = 10_000;
 
+#[utoipa::path(
+    get,
+    path = "/events/find",
+    tag = "bigben",
+    operation_id = "bigben_find",
+    summary = "Find an event",
+    params(("tenant" = String, Query, description = "Tenant"), ("id" = String, Query, description = "Event id (or bucketId)")),
+    responses(
+        (status = 200, description = "The event", body = crate::openapi::schema::EventResponse),
+        (status = 404, description = "Unknown or cancelled", body = crate::openapi::schema::BigBenNotFound),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+    )
+)]
 pub(crate) async fn find(State(state): State<ApiState>, uri: Uri) -> Result<Response, BigBenError> {
     let Some(key) = key_from_query(&uri)? else {
         return Ok(not_found());
@@ -35,6 +52,25 @@ pub(crate) async fn find(State(state): State<ApiState>, uri: Uri) -> Result<Resp
 /// Delivers the event to its tenant now, without changing its stored
 /// state, and answers what `find` would. If the dry-run delivery failed, its
 /// failure is in `error`.
+#[utoipa::path(
+    post,
+    path = "/events/dryrun",
+    tag = "bigben",
+    operation_id = "bigben_dry_run",
+    summary = "Deliver an event now without changing it",
+    params(("tenant" = String, Query, description = "Tenant"), ("id" = String, Query, description = "Event id")),
+    responses(
+        (status = 200, description = "The event after the delivery", body = crate::openapi::schema::EventResponse),
+        (status = 404, description = "Unknown or cancelled", body = crate::openapi::schema::BigBenNotFound),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::BigBenError),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+    )
+)]
 pub(crate) async fn dry_run(
     State(state): State<ApiState>,
     uri: Uri,

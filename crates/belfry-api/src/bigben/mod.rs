@@ -20,10 +20,10 @@ use serde_json::json;
 
 use crate::ApiState;
 
-mod cron;
-mod lookup;
+pub(crate) mod cron;
+pub(crate) mod lookup;
 pub(crate) mod schedule;
-mod tenants;
+pub(crate) mod tenants;
 
 pub(crate) fn routes() -> Router<ApiState> {
     Router::new()
@@ -39,11 +39,35 @@ pub(crate) fn routes() -> Router<ApiState> {
         .route("/cron/{tenant}/{id}/{type}", delete(cron::delete))
 }
 
+#[utoipa::path(
+    get,
+    path = "/ping",
+    tag = "bigben",
+    operation_id = "ping",
+    summary = "Liveness as BigBen had it",
+    security(()),
+    responses(
+        (status = 200, description = "Serving", body = crate::openapi::schema::Ping)
+    )
+)]
 async fn ping() -> Json<serde_json::Value> {
     Json(json!({ "status": "OK" }))
 }
 
 /// Node address → `"Master"` / `"Slave"`.
+#[utoipa::path(
+    get,
+    path = "/events/cluster",
+    tag = "bigben",
+    operation_id = "bigben_cluster",
+    summary = "Node address to Master/Slave (admin)",
+    responses(
+        (status = 200, description = "Node address to role", body = BTreeMap<String, String>),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError)
+    )
+)]
 async fn cluster(State(state): State<ApiState>) -> Json<BTreeMap<String, &'static str>> {
     Json(
         state

@@ -42,6 +42,26 @@ pub(crate) struct ProcessorConfig {
 /// in the [`SIGNING_SECRET_HEADER`] response header: BigBen's body (a map
 /// of tenant → `ProcessorConfig`) keeps its exact shape, so no BigBen
 /// client can trip over a new field.
+#[utoipa::path(
+    post,
+    path = "/events/tenant/register",
+    tag = "bigben",
+    operation_id = "bigben_register_tenant",
+    summary = "Register or replace a tenant (BigBen ProcessorConfig)",
+    request_body(content = crate::openapi::schema::ProcessorConfig, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Every tenant the key may see; a new signing secret in the webhook-signing-secret header", body = crate::openapi::schema::Tenants),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
+        (status = 404, description = "Not found", body = crate::openapi::schema::BigBenError),
+        (status = 413, description = "Body too large", body = crate::openapi::schema::BigBenError),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::BigBenError),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+    )
+)]
 pub(crate) async fn register(
     State(state): State<ApiState>,
     principal: Principal,
@@ -88,6 +108,20 @@ pub(crate) async fn register(
 pub const SIGNING_SECRET_HEADER: HeaderName = HeaderName::from_static("webhook-signing-secret");
 
 /// Every tenant the key may see → its config (masked).
+#[utoipa::path(
+    get,
+    path = "/events/tenants",
+    tag = "bigben",
+    operation_id = "bigben_list_tenants",
+    summary = "Every tenant the key may see",
+    responses(
+        (status = 200, description = "Tenant to ProcessorConfig", body = crate::openapi::schema::Tenants),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+    )
+)]
 pub(crate) async fn list(
     State(state): State<ApiState>,
     principal: Principal,

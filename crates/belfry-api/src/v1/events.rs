@@ -136,6 +136,28 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView, V1Error> {
 }
 
 /// Schedules (201) or updates (200) one event.
+#[utoipa::path(
+    put,
+    path = "/v1/tenants/{tenant}/events/{id}",
+    tag = "events",
+    operation_id = "put_event",
+    summary = "Schedule (201) or update (200) one event",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
+    request_body(content = crate::openapi::schema::PutEvent, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Scheduled", body = crate::openapi::schema::EventView),
+        (status = 200, description = "Updated (moved when deliver_at changed)", body = crate::openapi::schema::EventView),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn put(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
@@ -153,6 +175,24 @@ pub(crate) async fn put(
     Ok((status, Json(record_view(&applied)?)).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/events/{id}",
+    tag = "events",
+    operation_id = "get_event",
+    summary = "An event's status",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
+    responses(
+        (status = 200, description = "The event", body = crate::openapi::schema::EventView),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn get(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
@@ -166,6 +206,26 @@ pub(crate) async fn get(
 
 /// Cancels a pending event: 200 with its view, 404 if unknown (or already
 /// cancelled), 409 if it already finished.
+#[utoipa::path(
+    delete,
+    path = "/v1/tenants/{tenant}/events/{id}",
+    tag = "events",
+    operation_id = "cancel_event",
+    summary = "Cancel a pending event",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
+    responses(
+        (status = 200, description = "Cancelled", body = crate::openapi::schema::EventView),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 409, description = "Already finished", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn cancel(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
@@ -187,6 +247,26 @@ pub(crate) async fn cancel(
 /// or `missed` event becomes pending, due now, as a new version with a new
 /// attempt series. 200 with its view; 409 `not_redrivable` for any other
 /// status; 404 if unknown. Recorded in the audit log with who did it.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/events/{id}/redrive",
+    tag = "events",
+    operation_id = "redrive_event",
+    summary = "Send a failed or missed event again, now, as a new version",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
+    responses(
+        (status = 200, description = "Pending again, due now", body = crate::openapi::schema::EventView),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant or event", body = crate::openapi::schema::V1Error),
+        (status = 409, description = "Not failed or missed", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn redrive(
     State(state): State<ApiState>,
     principal: Principal,
@@ -226,6 +306,27 @@ pub(crate) async fn redrive(
 /// fails only part of the batch (the embedded store commits it in
 /// independent parts), the stored items are answered as such and the others
 /// as `error`; when it fails all of it, the request fails as a whole.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/events",
+    tag = "events",
+    operation_id = "schedule_events",
+    summary = "Schedule many events; each item answered on its own",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
+    request_body(content = crate::openapi::schema::Batch, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Per-item results in input order", body = crate::openapi::schema::BatchAnswer),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn batch(
     State(state): State<ApiState>,
     V1Path(tenant): V1Path<String>,
@@ -420,6 +521,24 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
 /// Schedules' control events are the engine's, never listed: the store
 /// leaves them out of filtered listings, and an unfiltered (id-ordered)
 /// listing starts after them (their ids sort before every client id).
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/events",
+    tag = "events",
+    operation_id = "list_events",
+    summary = "A page of a tenant's events",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("status" = Option<String>, Query, description = "scheduled, retrying, delivered, failed, missed or cancelled"), ("from" = Option<String>, Query, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, description = "1 to max_list_limit"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    responses(
+        (status = 200, description = "A page", body = crate::openapi::schema::EventList),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn list(
     State(state): State<ApiState>,
     V1Path(tenant): V1Path<String>,
@@ -482,6 +601,24 @@ pub(crate) async fn list(
 }
 
 /// An event's delivery history, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/events/{id}/attempts",
+    tag = "events",
+    operation_id = "list_attempts",
+    summary = "An event's delivery history, oldest first",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
+    responses(
+        (status = 200, description = "The attempts", body = crate::openapi::schema::Attempts),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn attempts(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,

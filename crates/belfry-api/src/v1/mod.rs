@@ -20,7 +20,7 @@ use crate::ApiState;
 pub(crate) mod events;
 pub(crate) mod schedules;
 pub(crate) mod signing;
-mod tenants;
+pub(crate) mod tenants;
 pub(crate) mod views;
 
 pub(crate) fn routes() -> Router<ApiState> {

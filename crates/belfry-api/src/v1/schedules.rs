@@ -273,6 +273,28 @@ pub(crate) async fn require_tenant(state: &ApiState, name: &TenantName) -> Resul
 }
 
 /// Creates (201) or replaces (200) a schedule; takes effect at once.
+#[utoipa::path(
+    put,
+    path = "/v1/tenants/{tenant}/schedules/{id}",
+    tag = "schedules",
+    operation_id = "put_schedule",
+    summary = "Create (201) or replace (200) a recurring schedule",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    request_body(content = crate::openapi::schema::PutSchedule, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = crate::openapi::schema::ScheduleView),
+        (status = 200, description = "Replaced", body = crate::openapi::schema::ScheduleView),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn put(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
@@ -315,6 +337,24 @@ pub(crate) async fn put(
     Ok((status, Json(ScheduleView::from(&saved))).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/schedules/{id}",
+    tag = "schedules",
+    operation_id = "get_schedule",
+    summary = "A schedule",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    responses(
+        (status = 200, description = "The schedule", body = crate::openapi::schema::ScheduleView),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn get(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
@@ -334,6 +374,26 @@ pub(crate) async fn get(
 
 /// Deletes a schedule: 200 with what it was; its occurrence history stays
 /// until retention.
+#[utoipa::path(
+    delete,
+    path = "/v1/tenants/{tenant}/schedules/{id}",
+    tag = "schedules",
+    operation_id = "delete_schedule",
+    summary = "Delete a schedule; future occurrences are cancelled",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    responses(
+        (status = 200, description = "The schedule as it was (status deleted)", body = crate::openapi::schema::ScheduleView),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn delete(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
@@ -357,6 +417,26 @@ pub(crate) async fn delete(
     Ok(Json(view).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/schedules/{id}/pause",
+    tag = "schedules",
+    operation_id = "pause_schedule",
+    summary = "Pause a schedule",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    responses(
+        (status = 200, description = "Paused", body = crate::openapi::schema::ScheduleView),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn pause(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
@@ -371,6 +451,26 @@ pub(crate) async fn pause(
     Ok(Json(ScheduleView::from(&paused)).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/schedules/{id}/resume",
+    tag = "schedules",
+    operation_id = "resume_schedule",
+    summary = "Resume a schedule from now",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    responses(
+        (status = 200, description = "Resumed", body = crate::openapi::schema::ScheduleView),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn resume(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
@@ -426,6 +526,24 @@ fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), A
 }
 
 /// A tenant's schedules by id: `{"schedules": [...], "next_cursor": ...}`.
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/schedules",
+    tag = "schedules",
+    operation_id = "list_schedules",
+    summary = "A page of a tenant's schedules",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("limit" = Option<u32>, Query, description = "1 to max_list_limit"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    responses(
+        (status = 200, description = "A page", body = crate::openapi::schema::ScheduleList),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn list(
     State(state): State<ApiState>,
     V1Path(tenant): V1Path<String>,
@@ -470,6 +588,24 @@ struct OccurrenceView {
 /// A schedule's occurrences in instant order, with their status:
 /// `{"occurrences": [...], "next_cursor": ...}`. Answers for deleted
 /// schedules too, while their history is kept.
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/schedules/{id}/occurrences",
+    tag = "schedules",
+    operation_id = "list_occurrences",
+    summary = "A schedule's occurrences in instant order",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("limit" = Option<u32>, Query, description = "1 to max_list_limit"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    responses(
+        (status = 200, description = "A page", body = crate::openapi::schema::OccurrenceList),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn occurrences(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
@@ -517,6 +653,22 @@ pub(crate) async fn occurrences(
 
 /// `GET /v1/cron/preview?expression=&type=&timezone=&from=&count=`: the
 /// next `count` occurrences strictly after `from` (default now).
+#[utoipa::path(
+    get,
+    path = "/v1/cron/preview",
+    tag = "schedules",
+    operation_id = "preview_cron",
+    summary = "The next occurrences of a cron expression",
+    params(("expression" = String, Query, description = "Cron expression, macro or @every"), ("type" = Option<String>, Query, description = "unix, quartz, spring, cron4j or every"), ("timezone" = Option<String>, Query, description = "IANA zone"), ("from" = Option<String>, Query, description = "RFC 3339; default now"), ("count" = Option<u32>, Query, description = "1 to 1000; default 10")),
+    responses(
+        (status = 200, description = "The occurrences", body = crate::openapi::schema::Preview),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn preview(State(state): State<ApiState>, uri: Uri) -> Result<Response, V1Error> {
     let invalid = |message: String| ApiError::bad_request(code::INVALID_QUERY, message);
     let mut expression = None;

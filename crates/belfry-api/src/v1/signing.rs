@@ -77,6 +77,27 @@ struct Rotated {
 /// `POST /v1/tenants/{tenant}/signing-secrets/rotate`: a new current
 /// secret (answered once); the old one keeps signing, as a second
 /// signature, for the grace period.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/signing-secrets/rotate",
+    tag = "tenants",
+    operation_id = "rotate_signing_secret",
+    summary = "A new webhook signing secret",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
+    request_body(content = crate::openapi::schema::Rotate, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The new secret, shown once", body = crate::openapi::schema::Rotated),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn rotate(
     State(state): State<ApiState>,
     principal: Principal,

@@ -202,6 +202,21 @@ pub(crate) fn tenant_not_found(name: &TenantName) -> V1Error {
 }
 
 /// Every tenant for admins; a tenant key sees its own tenant only.
+#[utoipa::path(
+    get,
+    path = "/v1/tenants",
+    tag = "tenants",
+    operation_id = "list_tenants",
+    summary = "Every tenant the key may see",
+    responses(
+        (status = 200, description = "Tenants by name", body = crate::openapi::schema::TenantList),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn list(
     State(state): State<ApiState>,
     principal: Principal,
@@ -215,6 +230,24 @@ pub(crate) async fn list(
     Ok(Json(json!({ "tenants": views })).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}",
+    tag = "tenants",
+    operation_id = "get_tenant",
+    summary = "A tenant",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
+    responses(
+        (status = 200, description = "The tenant", body = crate::openapi::schema::TenantView),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn get(
     State(state): State<ApiState>,
     V1Path(tenant): V1Path<String>,
@@ -228,6 +261,28 @@ pub(crate) async fn get(
 
 /// Registers (201) or replaces (200) a tenant. A tenant without signing
 /// secrets gets one, answered this once as `signing_secret`.
+#[utoipa::path(
+    put,
+    path = "/v1/tenants/{tenant}",
+    tag = "tenants",
+    operation_id = "put_tenant",
+    summary = "Register (201) or replace (200) a tenant",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
+    request_body(content = crate::openapi::schema::PutTenant, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Registered; the answer carries signing_secret once", body = crate::openapi::schema::TenantView),
+        (status = 200, description = "Replaced", body = crate::openapi::schema::TenantView),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn put(
     State(state): State<ApiState>,
     principal: Principal,
@@ -273,6 +328,26 @@ pub(crate) async fn put(
 }
 
 /// Removes a tenant's registration. Its events stay in the store.
+#[utoipa::path(
+    delete,
+    path = "/v1/tenants/{tenant}",
+    tag = "tenants",
+    operation_id = "delete_tenant",
+    summary = "Remove a tenant registration (its events stay)",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
 pub(crate) async fn delete(
     State(state): State<ApiState>,
     principal: Principal,

@@ -56,6 +56,9 @@ pub enum FaultScope {
     Apply,
     /// Every call the API makes (tenant and event reads and writes).
     ClientCalls,
+    /// Only the engine's due-index page reads: partitions cannot load
+    /// their windows.
+    DuePages,
 }
 
 impl Faults {
@@ -69,16 +72,18 @@ impl Faults {
 
     fn check(&self, call: FaultScope) -> StoreResult<()> {
         match &*self.0.lock().unwrap() {
-            Some((FaultScope::ClientCalls, error)) => Err(error.clone()),
-            Some((FaultScope::Apply, error)) if call == FaultScope::Apply => Err(error.clone()),
+            Some((FaultScope::ClientCalls, error)) if call != FaultScope::DuePages => {
+                Err(error.clone())
+            }
+            Some((scope, error)) if *scope == call => Err(error.clone()),
             _ => Ok(()),
         }
     }
 }
 
 /// The real embedded store behind a fault switch: every call goes to it
-/// unless a fault is set for that call. The engine's own calls (due pages,
-/// purges, stats) are never failed.
+/// unless a fault is set for that call. The engine's own calls (purges,
+/// stats) are never failed, and its due pages only by [`FaultScope::DuePages`].
 #[derive(Debug)]
 struct FaultyStore {
     inner: SharedStore,
@@ -119,6 +124,7 @@ impl Store for FaultyStore {
         self.inner.get_event(key).await
     }
     async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>> {
+        self.faults.check(FaultScope::DuePages)?;
         self.inner.due_page(params).await
     }
     async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>> {
@@ -188,6 +194,24 @@ impl Harness {
         options: ApiOptions,
         engine_options: EngineOptions,
     ) -> Harness {
+        Harness::build(options, engine_options, None).await
+    }
+
+    /// A harness whose store fails as `fault` says from before the engine
+    /// starts (e.g. partitions that cannot load their first window page).
+    pub async fn with_fault_from_start(scope: FaultScope, error: StoreError) -> Harness {
+        let engine_options = EngineOptions {
+            shutdown_grace: Duration::from_millis(500),
+            ..EngineOptions::default()
+        };
+        Harness::build(ApiOptions::default(), engine_options, Some((scope, error))).await
+    }
+
+    async fn build(
+        options: ApiOptions,
+        engine_options: EngineOptions,
+        fault: Option<(FaultScope, StoreError)>,
+    ) -> Harness {
         belfry_testkit::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(EmbeddedOptions {
@@ -199,6 +223,9 @@ impl Harness {
         let embedded = Arc::new(store);
         let store: SharedStore = embedded.clone();
         let faults = Arc::new(Faults::default());
+        if let Some((scope, error)) = fault {
+            faults.set(scope, error);
+        }
         let faulty: SharedStore = Arc::new(FaultyStore {
             inner: store.clone(),
             faults: faults.clone(),

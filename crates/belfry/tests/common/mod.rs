@@ -24,6 +24,7 @@ pub const PYTHON_PACKAGES: &[&str] = &[
     "standardwebhooks==1.1.0",
     "confluent-kafka==2.12.2",
     "prometheus-client==0.21.1",
+    "schemathesis==4.32.5",
 ];
 
 /// A Python interpreter that imports `module` (one of [`PYTHON_PACKAGES`]'):

@@ -1,0 +1,500 @@
+//! The JSON shapes of the API as OpenAPI schemas. Answers are built with
+//! `serde_json::json!` or from core types in several handlers, so their
+//! shapes are written down here once; `crates/belfry/tests/openapi_contract.rs`
+//! (schemathesis) checks every answer against them.
+
+#![allow(dead_code)] // Read by the schema derive only.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// `/v1`'s error envelope.
+#[derive(ToSchema)]
+#[schema(example = json!({"error": {"code": "tenant_not_found", "message": "tenant \"acme\" is not registered"}}))]
+pub struct V1Error {
+    pub error: V1ErrorDetail,
+}
+
+#[derive(ToSchema)]
+pub struct V1ErrorDetail {
+    /// Stable machine-readable code (`docs/api.md` lists them).
+    pub code: String,
+    /// For people; never internal details.
+    pub message: String,
+}
+
+/// BigBen's error envelope.
+#[derive(ToSchema)]
+#[schema(example = json!({"message": "tenant must not be null"}))]
+pub struct BigBenError {
+    pub message: String,
+}
+
+/// BigBen's "not found" of `find` and `dryrun`.
+#[derive(ToSchema)]
+#[schema(example = json!({"status": "not found"}))]
+pub struct BigBenNotFound {
+    pub status: String,
+}
+
+/// `GET /ping`.
+#[derive(ToSchema)]
+pub struct Ping {
+    #[schema(example = "OK")]
+    pub status: String,
+}
+
+// ---- /v1 events ----
+
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum Delivery {
+    FullEvent,
+    PayloadOnly,
+}
+
+/// Body of `PUT /v1/tenants/{tenant}/events/{id}`.
+#[derive(ToSchema)]
+#[schema(example = json!({"deliver_at": "2030-01-31T04:00:30Z", "payload": "{\"orderId\":42}"}))]
+pub struct PutEvent {
+    /// RFC 3339 with an offset or `Z`.
+    pub deliver_at: String,
+    pub payload: Option<String>,
+    /// Default `full_event`; `payload_only` needs `payload`.
+    pub delivery: Option<Delivery>,
+}
+
+/// One item of a batch.
+#[derive(ToSchema)]
+pub struct BatchItem {
+    pub id: String,
+    pub deliver_at: String,
+    pub payload: Option<String>,
+    pub delivery: Option<Delivery>,
+}
+
+/// Body of `POST /v1/tenants/{tenant}/events`.
+#[derive(ToSchema)]
+pub struct Batch {
+    /// Items shaped like `BatchItem`. Each is validated on its own: one that
+    /// is malformed (even not an object) is answered `rejected` in
+    /// `results`, and the others are stored.
+    pub events: Vec<Value>,
+}
+
+/// An event's status view.
+#[derive(ToSchema)]
+pub struct EventView {
+    pub tenant: String,
+    pub id: String,
+    /// The idempotency key its deliveries carry.
+    pub version: String,
+    pub deliver_at: String,
+    /// `scheduled`, `retrying`, `delivered`, `failed`, `missed`, `cancelled`.
+    pub status: String,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub next_attempt_at: Option<String>,
+    pub triggered_at: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub finished_at: Option<String>,
+    pub payload: Option<String>,
+    pub delivery: Delivery,
+}
+
+#[derive(ToSchema)]
+pub struct EventList {
+    pub events: Vec<EventView>,
+    /// Pass as `cursor` for the next page; `null` on the last.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct BatchResult {
+    pub id: Option<String>,
+    /// `created`, `updated`, `rejected` or `error`.
+    pub outcome: String,
+    pub version: Option<String>,
+    pub error: Option<V1ErrorDetail>,
+}
+
+#[derive(ToSchema)]
+pub struct BatchAnswer {
+    pub results: Vec<BatchResult>,
+    pub rejected: u64,
+    pub failed: u64,
+}
+
+#[derive(ToSchema)]
+pub struct AttemptView {
+    pub number: u32,
+    pub version: String,
+    pub started_at: String,
+    pub duration_ms: u64,
+    /// `delivered`, `retry` or `permanent`.
+    pub outcome: String,
+    pub http_status: Option<u16>,
+    pub error: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct Attempts {
+    pub attempts: Vec<AttemptView>,
+}
+
+// ---- /v1 tenants ----
+
+/// Body of `PUT /v1/tenants/{tenant}`.
+#[derive(ToSchema)]
+#[schema(example = json!({"sink": {"type": "http", "url": "http://127.0.0.1:9000/hook"}}))]
+pub struct PutTenant {
+    /// `{"type": "http", "url", "headers"?, "timeout_ms"?}`,
+    /// `{"type": "builtin", "processor": "log"}` or
+    /// `{"type": "kafka", "topic", "props", "key"?, "transactional"?}`.
+    pub sink: Sink,
+}
+
+/// A sink (see `docs/api.md`); write-only values answer as `****`.
+#[derive(ToSchema)]
+pub struct Sink {
+    /// `http`, `builtin` or `kafka`.
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub url: Option<String>,
+    pub headers: Option<BTreeMap<String, String>>,
+    #[schema(maximum = 18446744073709551615.0)]
+    pub timeout_ms: Option<u64>,
+    pub processor: Option<String>,
+    pub topic: Option<String>,
+    pub props: Option<BTreeMap<String, String>>,
+    pub key: Option<String>,
+    pub transactional: Option<bool>,
+}
+
+#[derive(ToSchema)]
+pub struct TenantView {
+    pub name: String,
+    #[schema(value_type = Object)]
+    pub sink: Value,
+    /// Only in the answer of the registration that created it.
+    #[schema(nullable = false)]
+    pub signing_secret: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct TenantList {
+    pub tenants: Vec<TenantView>,
+}
+
+/// Body of the rotation (`{}`: a day of overlap).
+#[derive(ToSchema)]
+pub struct Rotate {
+    /// 0 to 2592000; 0 retires the old secret at once.
+    #[schema(minimum = 0, maximum = 2592000)]
+    pub grace_period_secs: Option<u64>,
+}
+
+#[derive(ToSchema)]
+pub struct Rotated {
+    pub tenant: String,
+    pub signing_secret: String,
+    pub old_secret_expires_at: Option<String>,
+}
+
+// ---- /v1 schedules ----
+
+#[derive(ToSchema)]
+pub struct Misfire {
+    /// `fire_once`, `fire_all` (with `cap`, 1–1000) or `skip`.
+    pub policy: String,
+    pub cap: Option<u32>,
+}
+
+/// Body of `PUT /v1/tenants/{tenant}/schedules/{id}`.
+#[derive(ToSchema)]
+#[schema(example = json!({"expression": "30 2 * * *", "time_zone": "Europe/Berlin", "payload": "report"}))]
+pub struct PutSchedule {
+    pub expression: String,
+    /// `unix` (default), `quartz`, `spring`, `cron4j`, `every`.
+    #[schema(rename = "type")]
+    pub kind: Option<String>,
+    pub time_zone: Option<String>,
+    pub payload: Option<String>,
+    pub delivery: Option<Delivery>,
+    pub start_at: Option<String>,
+    pub end_at: Option<String>,
+    #[schema(maximum = 18446744073709551615.0)]
+    pub max_occurrences: Option<u64>,
+    pub misfire: Option<Misfire>,
+    #[schema(maximum = 18446744073709551615.0)]
+    pub catch_up_window_ms: Option<u64>,
+}
+
+#[derive(ToSchema)]
+pub struct MissedView {
+    pub recorded: u64,
+    pub summarized: u64,
+    pub first_summarized: Option<String>,
+    pub last_summarized: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct ScheduleView {
+    pub tenant: String,
+    pub id: String,
+    pub expression: String,
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub time_zone: String,
+    pub description: Option<String>,
+    /// `active`, `paused`, `completed` (`deleted` in a delete's answer).
+    pub status: String,
+    pub next_occurrence: Option<String>,
+    pub next_occurrence_local: Option<String>,
+    pub payload: Option<String>,
+    pub delivery: Delivery,
+    pub start_at: Option<String>,
+    pub end_at: Option<String>,
+    #[schema(maximum = 18446744073709551615.0)]
+    pub max_occurrences: Option<u64>,
+    pub misfire: Misfire,
+    pub catch_up_window_ms: u64,
+    pub occurrences: u64,
+    pub last_occurrence: Option<String>,
+    pub missed: MissedView,
+    pub created_at: String,
+    pub updated_at: String,
+    pub error: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct ScheduleList {
+    pub schedules: Vec<ScheduleView>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct OccurrenceView {
+    pub id: String,
+    pub scheduled_at: String,
+    pub status: String,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub triggered_at: Option<String>,
+    pub finished_at: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct OccurrenceList {
+    pub occurrences: Vec<OccurrenceView>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct PreviewOccurrence {
+    pub utc: String,
+    pub local: String,
+}
+
+#[derive(ToSchema)]
+pub struct Preview {
+    pub expression: String,
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub time_zone: String,
+    pub description: String,
+    pub from: String,
+    pub occurrences: Vec<PreviewOccurrence>,
+}
+
+// ---- keys, audit, cluster ----
+
+/// Body of `POST /v1/keys`.
+#[derive(ToSchema)]
+#[schema(example = json!({"tenant": "acme/orders", "role": "write"}))]
+pub struct CreateKey {
+    /// Absent (or `null`) exactly for `admin`.
+    pub tenant: Option<String>,
+    /// `read`, `write`, `worker` or `admin`.
+    pub role: String,
+    /// RFC 3339, in the future.
+    pub expires_at: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct KeyView {
+    pub id: String,
+    pub tenant: Option<String>,
+    pub role: String,
+    pub expires_at: Option<String>,
+    pub created_at: String,
+    pub last_used_at: Option<String>,
+}
+
+/// The creation answer: the only time the secret is shown.
+#[derive(ToSchema)]
+pub struct CreatedKey {
+    pub id: String,
+    /// `bfy_…`.
+    pub secret: String,
+    pub tenant: Option<String>,
+    pub role: String,
+    pub expires_at: Option<String>,
+    pub created_at: String,
+}
+
+#[derive(ToSchema)]
+pub struct KeyList {
+    pub keys: Vec<KeyView>,
+}
+
+#[derive(ToSchema)]
+pub struct AuditEntry {
+    pub id: String,
+    pub at: String,
+    pub actor: String,
+    pub action: String,
+    pub tenant: Option<String>,
+    pub target: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct AuditPage {
+    pub entries: Vec<AuditEntry>,
+    /// Pass as `after` for the next page.
+    pub next: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct PartitionView {
+    pub partition: u16,
+    pub epoch: u64,
+    #[schema(nullable = false)]
+    pub moving_to: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct LeaderStatus {
+    pub node: String,
+    pub address: Option<String>,
+    pub term: u64,
+}
+
+#[derive(ToSchema)]
+pub struct NodeView {
+    pub id: String,
+    pub address: String,
+    /// `Master` or `Slave`.
+    pub role: String,
+    pub heartbeat_age_ms: Option<u64>,
+    pub partitions: Vec<PartitionView>,
+}
+
+#[derive(ToSchema)]
+pub struct ClusterStatus {
+    /// `single` or `cluster`.
+    pub mode: String,
+    pub leader: Option<LeaderStatus>,
+    pub nodes: Vec<NodeView>,
+    #[schema(nullable = false)]
+    pub unowned: Option<Vec<PartitionView>>,
+}
+
+// ---- BigBen ----
+
+/// BigBen's `EventRequest`.
+#[derive(ToSchema)]
+#[schema(rename_all = "camelCase")]
+#[schema(example = json!({"id": "order-42", "tenant": "shop/orders", "eventTime": "2030-01-31T04:00:30Z", "payload": "{}"}))]
+pub struct EventRequest {
+    pub id: Option<String>,
+    /// RFC 3339 (BigBen's ISO instant).
+    pub event_time: Option<String>,
+    pub tenant: Option<String>,
+    pub payload: Option<String>,
+    /// `UPSERT` (default) or `REMOVE`.
+    pub mode: Option<String>,
+    /// `FULL_EVENT` (default) or `PAYLOAD_ONLY`.
+    pub delivery_option: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct EventError {
+    pub code: u16,
+    pub message: String,
+}
+
+/// BigBen's `EventResponse`.
+#[derive(ToSchema)]
+#[schema(rename_all = "camelCase")]
+pub struct EventResponse {
+    pub id: Option<String>,
+    pub event_time: Option<String>,
+    pub tenant: Option<String>,
+    pub payload: Option<String>,
+    pub mode: Option<String>,
+    pub delivery_option: Option<String>,
+    pub event_id: Option<String>,
+    pub triggered_at: Option<String>,
+    /// `ACCEPTED`, `UPDATED`, `DELETED`, `REJECTED`, `ERROR`, `TRIGGERED`,
+    /// `UN_PROCESSED`, `PROCESSED`, or `null`.
+    pub event_status: Option<String>,
+    pub error: Option<EventError>,
+}
+
+/// BigBen's `ProcessorConfig` (tenant registration).
+#[derive(ToSchema)]
+#[schema(example = json!({"tenant": "shop/orders", "type": "HTTP", "props": {"url": "http://127.0.0.1:9000/hook"}}))]
+pub struct ProcessorConfig {
+    pub tenant: String,
+    /// `HTTP`, `MESSAGING` or `CUSTOM_CLASS`.
+    #[schema(rename = "type")]
+    pub kind: String,
+    #[schema(value_type = Object)]
+    pub props: Value,
+}
+
+/// Tenant → its `ProcessorConfig`, write-only values masked.
+#[derive(ToSchema)]
+#[schema(value_type = Object)]
+pub struct Tenants(pub BTreeMap<String, Value>);
+
+/// BigBen's `Cron` plus Belfry's extensions.
+#[derive(ToSchema)]
+#[schema(rename_all = "camelCase")]
+#[schema(example = json!({"tenant": "shop/orders", "id": "every-5s", "expression": "*/5 * * * * ?", "type": "QUARTZ"}))]
+pub struct CronRequest {
+    pub tenant: Option<String>,
+    pub id: Option<String>,
+    pub expression: Option<String>,
+    #[schema(rename = "type")]
+    pub kind: Option<String>,
+    pub time_zone: Option<String>,
+    pub payload: Option<String>,
+    pub delivery_option: Option<String>,
+    pub start_at: Option<String>,
+    pub end_at: Option<String>,
+    #[schema(maximum = 18446744073709551615.0)]
+    pub max_occurrences: Option<u64>,
+    pub misfire: Option<Misfire>,
+    #[schema(maximum = 18446744073709551615.0)]
+    pub catch_up_window_ms: Option<u64>,
+}
+
+/// A cron with its description.
+#[derive(ToSchema)]
+pub struct CronAnswer {
+    #[schema(value_type = Object)]
+    pub cron: Value,
+    #[schema(nullable = false)]
+    pub description: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct StatusOk {
+    #[schema(example = "OK")]
+    pub status: String,
+}
