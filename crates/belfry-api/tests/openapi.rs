@@ -34,6 +34,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("put", "/v1/tenants/{tenant}/events/{id}"),
     ("delete", "/v1/tenants/{tenant}/events/{id}"),
     ("get", "/v1/tenants/{tenant}/events/{id}/attempts"),
+    ("post", "/v1/tenants/{tenant}/events/{id}/redrive"),
     ("get", "/v1/tenants/{tenant}/schedules"),
     ("get", "/v1/tenants/{tenant}/schedules/{id}"),
     ("put", "/v1/tenants/{tenant}/schedules/{id}"),
@@ -47,6 +48,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/keys"),
     ("delete", "/v1/keys/{id}"),
     ("get", "/v1/audit"),
+    ("get", "/metrics"),
 ];
 
 async fn document(h: &Harness) -> Value {

@@ -244,7 +244,7 @@ impl Harness {
                 store.clone(),
                 "127.0.0.1:8080".parse().unwrap(),
             )),
-            metrics: None,
+            metrics: belfry_metrics::install().ok(),
         };
         Harness {
             app: belfry_api::router(state.clone()),
