@@ -128,6 +128,11 @@ pub struct OutputArgs {
     /// Print the report as JSON on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also write the report into this directory: `report.json`, and
+    /// `report.html` with plots (lateness histogram, delivery rate and
+    /// lateness over time; also as `.svg` files).
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
     /// Tokio worker threads of the generator + receiver (they share the
     /// machine with the node).
     #[arg(long, default_value_t = 2)]

@@ -50,6 +50,12 @@ pub(crate) fn summarize(
     unknown: usize,
     mismatch: usize,
 ) -> DeliveryReport {
+    crate::plots::remember(
+        arrivals
+            .iter()
+            .filter(|a| a.first_of_event)
+            .map(|a| (a.scheduled_ms, a.arrived_ms)),
+    );
     let delivered = arrivals.iter().filter(|a| a.first_of_event).count();
     let mut lateness: Vec<i64> = arrivals
         .iter()

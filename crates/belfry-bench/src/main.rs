@@ -26,7 +26,9 @@
 //! - [`deliveries`]: the receiver's records checked against the workload
 //!   (lateness, early, missing, duplicates);
 //! - [`stats`]: percentiles, `/proc` RSS and CPU, data dir size;
-//! - [`report`]: JSON and the table.
+//! - [`report`]: JSON and the table;
+//! - [`plots`]: `--report DIR`: the JSON beside an HTML page with SVG
+//!   plots (lateness histogram, rate and lateness over time).
 //!
 //! The webhook receiver is `belfry_testkit::Receiver` in lean mode: it keeps
 //! only the arrival time (wall clock, ms) and the `X-Belfry-*` headers.
@@ -41,6 +43,7 @@ mod kafka;
 mod load;
 mod mixed;
 mod node;
+mod plots;
 mod report;
 mod scenarios;
 mod schedules;
@@ -107,6 +110,21 @@ fn main() -> ExitCode {
 }
 
 fn print(report: &report::Report, output: &OutputArgs) -> ExitCode {
+    if let Some(dir) = &output.report {
+        let written = serde_json::to_string_pretty(report)
+            .map_err(anyhow::Error::from)
+            .and_then(|json| plots::write(dir, &json, &report.table()));
+        match written {
+            Ok(()) => eprintln!(
+                "belfry-bench: report written to {}",
+                dir.join("report.html").display()
+            ),
+            Err(error) => {
+                eprintln!("belfry-bench: cannot write the report: {error:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     if output.json {
         match serde_json::to_string_pretty(report) {
             Ok(text) => println!("{text}"),
