@@ -349,13 +349,13 @@ impl<T: Send + 'static> TopicReader<T> {
                                 read_so_far.push(read(&message, now_ms()));
                                 records.fetch_add(1, Ordering::Relaxed);
                             }
-                            Some(Err(error)) => {
-                                if errors_reported < 5 {
-                                    errors_reported += 1;
-                                    eprintln!("belfry-bench: reading {topic}: {error}");
-                                }
+                            // The first few are worth reading; a broker
+                            // that is gone repeats itself.
+                            Some(Err(error)) if errors_reported < 5 => {
+                                errors_reported += 1;
+                                eprintln!("belfry-bench: reading {topic}: {error}");
                             }
-                            None => {}
+                            Some(Err(_)) | None => {}
                         }
                     }
                     read_so_far
