@@ -151,7 +151,17 @@ fn a_second_open_of_the_same_directory_is_refused() {
         partitions: PartitionCount::new(2).unwrap(),
         writers: None,
     });
-    assert!(matches!(second, Err(belfry_store::StoreError::Internal(_))));
+    // Refused naming the holder (this process), not fjall's bare `Locked`.
+    match second {
+        Err(belfry_store::StoreError::Unavailable(message)) => {
+            assert!(message.contains("is in use by"), "{message}");
+            assert!(
+                message.contains(&format!("pid {}", std::process::id())),
+                "{message}"
+            );
+        }
+        other => panic!("a second open must be refused: {:?}", other.err()),
+    }
 }
 
 fn open_with_writers(dir: &std::path::Path, writers: usize) -> SharedStore {
