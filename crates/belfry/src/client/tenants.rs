@@ -32,9 +32,10 @@ pub struct PutArgs {
     /// The tenant
     pub tenant: String,
 
-    /// The webhook its events are POSTed to (http:// or https://)
+    /// The webhook its events are POSTed to (http:// or https://). Not
+    /// `--url`: that names the node, on every client command.
     #[arg(long, value_name = "URL")]
-    pub url: String,
+    pub webhook: String,
 
     /// A header sent with every delivery, as NAME:VALUE (repeatable)
     #[arg(long = "header", value_name = "NAME:VALUE")]
@@ -58,7 +59,7 @@ pub async fn execute(client: &Client, command: TenantsCommand) -> Result<(), Fai
             show(client, &answer, render_tenant);
         }
         TenantsCommand::Put(args) => {
-            let mut sink = json!({ "type": "http", "url": args.url });
+            let mut sink = json!({ "type": "http", "url": args.webhook });
             if !args.headers.is_empty() {
                 sink["headers"] = Value::Object(headers(&args.headers)?);
             }
