@@ -48,8 +48,8 @@ pub enum Command {
     /// a running node.
     Schedules(crate::client::schedules::SchedulesArgs),
 
-    /// Failed events: those whose retries gave up or that were refused
-    /// permanently (`events list --status failed`).
+    /// Failed events (retries given up, or refused permanently): list
+    /// them, send one again.
     Dead(crate::client::events::DeadArgs),
 
     /// Show the cluster as a running node sees it: the leader and its

@@ -5,7 +5,7 @@
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use belfry_testkit::{BelfryLaunch, BelfryProcess, Receiver, free_port};
+use belfry_testkit::{BelfryLaunch, BelfryProcess, Receiver, Response, Rule, free_port};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_belfry");
@@ -211,6 +211,73 @@ async fn events_are_scheduled_delivered_listed_and_cancelled_through_the_cli() {
     .await;
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
     assert!(stderr(&bad).contains("--at"), "{bad:?}");
+}
+
+/// Polls `events get` until the event has `status`.
+async fn wait_for_status(url: &str, tenant: &str, id: &str, status: &str) -> Value {
+    let started = Instant::now();
+    loop {
+        let event = ok_json(
+            &belfry(url, &["events", "get", tenant, id, "--json"]).await,
+            "events get --json",
+        );
+        if event["status"] == status {
+            return event;
+        }
+        assert!(
+            started.elapsed() < DELIVERY_DEADLINE,
+            "{id} never became {status}: {event}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_event_is_listed_and_redriven_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    // A 4xx is a permanent refusal: the first delivery kills the event.
+    receiver.push_rule(Rule::first(1, Response::status(400)));
+    let node = start_node(dir.path(), &[]).await;
+    let url = node.base_url();
+    ok(
+        &belfry(
+            &url,
+            &["tenants", "put", "acme", "--webhook", &receiver.url("/")],
+        )
+        .await,
+        "tenants put",
+    );
+    ok(
+        &belfry(
+            &url,
+            &["events", "schedule", "acme", "doomed", "--at", "+0s"],
+        )
+        .await,
+        "events schedule",
+    );
+    wait_for_status(&url, "acme", "doomed", "failed").await;
+
+    let dead = ok(&belfry(&url, &["dead", "list", "acme"]).await, "dead list");
+    assert!(dead.contains("doomed") && dead.contains("failed"), "{dead}");
+
+    let redriven = ok_json(
+        &belfry(&url, &["dead", "redrive", "acme", "doomed", "--json"]).await,
+        "dead redrive",
+    );
+    assert_eq!(redriven["attempts"], 0, "{redriven}");
+    wait_for_status(&url, "acme", "doomed", "delivered").await;
+    assert_eq!(receiver.count(), 2);
+
+    // Only dead events can be redriven: refused with the server's reason.
+    let again = belfry(&url, &["dead", "redrive", "acme", "doomed"]).await;
+    assert_eq!(again.status.code(), Some(1), "{again:?}");
+    assert!(stderr(&again).contains("not_redrivable"), "{again:?}");
+    let dead = ok_json(
+        &belfry(&url, &["dead", "list", "acme", "--json"]).await,
+        "dead list",
+    );
+    assert_eq!(dead["events"].as_array().map(Vec::len), Some(0), "{dead}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

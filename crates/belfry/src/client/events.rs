@@ -1,8 +1,8 @@
 //! `belfry events …` and `belfry dead …`: one tenant's events through
 //! `/v1/tenants/{tenant}/events`.
 //!
-//! `dead` is the failed events (`events list --status failed`). There is no
-//! `dead redrive` yet: the API has no redrive operation.
+//! `dead` is the failed events (`events list --status failed`) and
+//! `POST …/events/{id}/redrive`, which sends one again.
 
 use belfry_core::{Clock, SystemClock, Timestamp};
 use clap::{Args, Subcommand};
@@ -107,6 +107,9 @@ pub enum DeadCommand {
     /// List a tenant's failed events (retries given up or refused with a
     /// 4xx): `events list --status failed`.
     List(DeadListArgs),
+    /// Send a failed or missed event again, now, as a new version (its
+    /// history is kept).
+    Redrive(EventRef),
 }
 
 #[derive(Debug, Args)]
@@ -154,6 +157,12 @@ pub async fn execute_dead(client: &Client, command: DeadCommand) -> Result<(), F
     match command {
         DeadCommand::List(args) => {
             list(client, &args.tenant, Some("failed".into()), args.page).await
+        }
+        DeadCommand::Redrive(event) => {
+            let path = format!("{}/redrive", event_path(&event)?);
+            let answer = client.post(&path).await?;
+            show(client, &answer, render_event);
+            Ok(())
         }
     }
 }
@@ -341,7 +350,7 @@ mod tests {
         let at = |text: &str| deliver_at(text, now).ok();
         assert_eq!(at("+30s").as_deref(), Some("2030-01-31T04:00:30Z"));
         assert_eq!(at("+1h30m").as_deref(), Some("2030-01-31T05:30:00Z"));
-        assert_eq!(at("+250ms").as_deref(), Some("2030-01-31T04:00:00.250Z"));
+        assert_eq!(at("+250ms").as_deref(), Some("2030-01-31T04:00:00.25Z"));
         assert_eq!(at("+2d").as_deref(), Some("2030-02-02T04:00:00Z"));
         assert_eq!(
             at("2030-01-31T09:30:00+05:30").as_deref(),
