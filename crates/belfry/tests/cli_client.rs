@@ -401,7 +401,7 @@ async fn a_keyed_node_refuses_a_wrong_key_and_no_key_is_ever_printed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_node_exits_3_naming_its_url() {
+async fn an_unreachable_node_exits_3_and_a_failing_one_4() {
     // Nothing listens on a port just found free.
     let url = format!("http://127.0.0.1:{}", free_port());
     let output = belfry(&url, &["events", "get", "acme", "x"]).await;
@@ -409,6 +409,18 @@ async fn an_unreachable_node_exits_3_naming_its_url() {
     let message = stderr(&output);
     assert!(message.contains(&url), "{message}");
     assert!(message.contains("cannot connect"), "{message}");
+
+    // Something answers, but fails: a server error, exit 4, with its status.
+    let failing = Receiver::start().await;
+    failing.set_default_status(503);
+    let output = belfry(&failing.base_url(), &["cluster"]).await;
+    assert_eq!(output.status.code(), Some(4), "{output:?}");
+    assert!(stderr(&output).contains("503"), "{output:?}");
+    // A 200 that is not JSON is no answer of a node either.
+    failing.set_default(Response::status(200).with_body("<html>hello</html>"));
+    let output = belfry(&failing.base_url(), &["cluster"]).await;
+    assert_eq!(output.status.code(), Some(4), "{output:?}");
+    assert!(stderr(&output).contains("not JSON"), "{output:?}");
 
     // Not a URL at all: a usage error.
     let output = belfry("not a url", &["cluster"]).await;
