@@ -118,10 +118,11 @@ impl Client {
                 "--url {base:?} must be http://HOST[:PORT] or https://HOST[:PORT]"
             )));
         }
-        if connection
-            .key
+        // An empty BELFRY_KEY (exported but blank) means no key.
+        let key = connection.key.filter(|k| !k.is_empty());
+        if key
             .as_deref()
-            .is_some_and(|k| k.is_empty() || !k.bytes().all(|b| b.is_ascii_graphic()))
+            .is_some_and(|k| !k.bytes().all(|b| b.is_ascii_graphic()))
         {
             // Checked here: reqwest would refuse the header with an error
             // that might quote it.
@@ -141,7 +142,7 @@ impl Client {
             .map_err(|e| Failure::Usage(format!("cannot set up the HTTP client: {e}")))?;
         Ok(Client {
             base,
-            key: connection.key,
+            key,
             json: connection.json,
             http,
         })
