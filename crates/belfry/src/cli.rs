@@ -36,6 +36,25 @@ pub enum Command {
     /// `belfry keys create --role admin`).
     #[command(subcommand)]
     Keys(crate::keys_cmd::KeysCommand),
+
+    /// Schedule, show, list and cancel events on a running node, and show
+    /// their delivery attempts (over HTTP: --url, --key).
+    Events(crate::client::events::EventsArgs),
+
+    /// List, show and register tenants (their webhooks) on a running node.
+    Tenants(crate::client::tenants::TenantsArgs),
+
+    /// List, show, create, delete, pause and resume recurring schedules on
+    /// a running node.
+    Schedules(crate::client::schedules::SchedulesArgs),
+
+    /// Failed events (retries given up, or refused permanently): list
+    /// them, send one again.
+    Dead(crate::client::events::DeadArgs),
+
+    /// Show the cluster as a running node sees it: the leader and its
+    /// term, each node and the partitions it owns.
+    Cluster(crate::client::cluster::ClusterArgs),
 }
 
 #[derive(Debug, Args)]

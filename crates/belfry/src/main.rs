@@ -1,9 +1,12 @@
 //! `belfry`: the scheduler's one binary.
 //!
 //! - `belfry serve`: runs a node (see [`serve`]);
-//! - configuration: [`config`] (defaults → TOML file → `BELFRY_*` env → flags).
+//! - configuration: [`config`] (defaults → TOML file → `BELFRY_*` env → flags);
+//! - `belfry events|tenants|schedules|dead|cluster`: a client of a running
+//!   node over HTTP (see [`client`]).
 
 mod cli;
+mod client;
 mod cluster;
 mod config;
 mod cron_cmd;
@@ -34,6 +37,19 @@ fn main() -> ExitCode {
         },
         cli::Command::Cron(command) => cron_cmd::run(command),
         cli::Command::Keys(command) => keys_cmd::run(command),
+        cli::Command::Events(args) => client::run(args.connection, async |client| {
+            client::events::execute(client, args.command).await
+        }),
+        cli::Command::Tenants(args) => client::run(args.connection, async |client| {
+            client::tenants::execute(client, args.command).await
+        }),
+        cli::Command::Schedules(args) => client::run(args.connection, async |client| {
+            client::schedules::execute(client, args.command).await
+        }),
+        cli::Command::Dead(args) => client::run(args.connection, async |client| {
+            client::events::execute_dead(client, args.command).await
+        }),
+        cli::Command::Cluster(args) => client::run(args.connection, client::cluster::execute),
     }
 }
 

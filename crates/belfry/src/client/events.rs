@@ -1,0 +1,384 @@
+//! `belfry events …` and `belfry dead …`: one tenant's events through
+//! `/v1/tenants/{tenant}/events`.
+//!
+//! `dead` is the failed events (`events list --status failed`) and
+//! `POST …/events/{id}/redrive`, which sends one again.
+
+use belfry_core::{Clock, SystemClock, Timestamp};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+use super::{Client, Connection, Failure, Fields, Table, next_page, query, segment, show, text};
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    #[command(subcommand)]
+    pub command: EventsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// Schedule an event, or move or update it if the id exists.
+    Schedule(ScheduleArgs),
+    /// Show an event's status.
+    Get(EventRef),
+    /// List a tenant's events, by id (or by instant when filtered).
+    List(ListArgs),
+    /// Cancel an event that has not been delivered yet.
+    Cancel(EventRef),
+    /// Show every delivery attempt of an event, oldest first.
+    Attempts(EventRef),
+}
+
+#[derive(Debug, Args)]
+pub struct EventRef {
+    /// The tenant (a `/` in it needs no escaping here)
+    pub tenant: String,
+    /// The event's id
+    pub id: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    #[command(flatten)]
+    pub event: EventRef,
+
+    /// When to deliver: RFC 3339 with an offset or Z
+    /// (2030-01-31T09:30:00+01:00), or from now: +30s, +5m, +1h30m, +2d,
+    /// +500ms
+    #[arg(long, value_name = "INSTANT")]
+    pub at: String,
+
+    /// The payload: TEXT as is, or @FILE for a file's contents
+    #[arg(long, value_name = "TEXT|@FILE")]
+    pub payload: Option<String>,
+
+    /// full_event (the receiver gets BigBen's EventResponse JSON) or
+    /// payload_only (the payload as is)
+    #[arg(long, value_name = "MODE")]
+    pub delivery: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// The tenant
+    pub tenant: String,
+
+    /// scheduled, retrying, delivered, failed, missed or cancelled
+    #[arg(long, value_name = "STATUS")]
+    pub status: Option<String>,
+
+    #[command(flatten)]
+    pub page: Page,
+}
+
+/// Paging and instant bounds of a listing.
+#[derive(Debug, Args)]
+pub struct Page {
+    /// Events due at or after this instant (RFC 3339)
+    #[arg(long, value_name = "INSTANT")]
+    pub from: Option<String>,
+
+    /// Events due before this instant (RFC 3339)
+    #[arg(long, value_name = "INSTANT")]
+    pub to: Option<String>,
+
+    /// Events per page (the node's default when left out)
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u32>,
+
+    /// Where the previous page ended (its `more: --cursor …` line)
+    #[arg(long, value_name = "CURSOR")]
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DeadArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    #[command(subcommand)]
+    pub command: DeadCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadCommand {
+    /// List a tenant's failed events (retries given up or refused with a
+    /// 4xx): `events list --status failed`.
+    List(DeadListArgs),
+    /// Send a failed or missed event again, now, as a new version (its
+    /// history is kept).
+    Redrive(EventRef),
+}
+
+#[derive(Debug, Args)]
+pub struct DeadListArgs {
+    /// The tenant
+    pub tenant: String,
+
+    #[command(flatten)]
+    pub page: Page,
+}
+
+pub async fn execute(client: &Client, command: EventsCommand) -> Result<(), Failure> {
+    match command {
+        EventsCommand::Schedule(args) => {
+            let deliver_at = deliver_at(&args.at, SystemClock.now())?;
+            let mut body = json!({ "deliver_at": deliver_at });
+            if let Some(payload) = args.payload {
+                body["payload"] = Value::String(read_payload(payload)?);
+            }
+            if let Some(delivery) = args.delivery {
+                body["delivery"] = Value::String(delivery);
+            }
+            let answer = client.put(&event_path(&args.event)?, &body).await?;
+            show(client, &answer, render_event);
+        }
+        EventsCommand::Get(event) => {
+            let answer = client.get(&event_path(&event)?).await?;
+            show(client, &answer, render_event);
+        }
+        EventsCommand::Cancel(event) => {
+            let answer = client.delete(&event_path(&event)?).await?;
+            show(client, &answer, render_event);
+        }
+        EventsCommand::Attempts(event) => {
+            let path = format!("{}/attempts", event_path(&event)?);
+            let answer = client.get(&path).await?;
+            show(client, &answer, render_attempts);
+        }
+        EventsCommand::List(args) => list(client, &args.tenant, args.status, args.page).await?,
+    }
+    Ok(())
+}
+
+pub async fn execute_dead(client: &Client, command: DeadCommand) -> Result<(), Failure> {
+    match command {
+        DeadCommand::List(args) => {
+            list(client, &args.tenant, Some("failed".into()), args.page).await
+        }
+        DeadCommand::Redrive(event) => {
+            let path = format!("{}/redrive", event_path(&event)?);
+            let answer = client.post(&path).await?;
+            show(client, &answer, render_event);
+            Ok(())
+        }
+    }
+}
+
+async fn list(
+    client: &Client,
+    tenant: &str,
+    status: Option<String>,
+    page: Page,
+) -> Result<(), Failure> {
+    let path = format!(
+        "/v1/tenants/{}/events{}",
+        segment("tenant", tenant)?,
+        query(&[
+            ("status", status),
+            ("from", page.from),
+            ("to", page.to),
+            ("limit", page.limit.map(|n| n.to_string())),
+            ("cursor", page.cursor),
+        ])
+    );
+    let answer = client.get(&path).await?;
+    show(client, &answer, render_event_list);
+    Ok(())
+}
+
+fn event_path(event: &EventRef) -> Result<String, Failure> {
+    Ok(format!(
+        "/v1/tenants/{}/events/{}",
+        segment("tenant", &event.tenant)?,
+        segment("event id", &event.id)?
+    ))
+}
+
+/// `--at` as the instant to send: RFC 3339 as given (the server keeps its
+/// offset semantics), or `+DURATION` from `now`.
+fn deliver_at(text: &str, now: Timestamp) -> Result<String, Failure> {
+    let text = text.trim();
+    let Some(relative) = text.strip_prefix('+') else {
+        return match Timestamp::parse_rfc3339(text) {
+            Some(_) => Ok(text.to_string()),
+            None => Err(Failure::Usage(format!(
+                "--at {text:?} is neither an RFC 3339 instant with an offset \
+                 (2030-01-31T09:30:00Z) nor a time from now (+30s, +5m, +1h30m)"
+            ))),
+        };
+    };
+    let offset = duration_ms(relative).ok_or_else(|| {
+        Failure::Usage(format!(
+            "--at {text:?}: a time from now is numbers with units ms, s, m, h, d (+30s, +1h30m)"
+        ))
+    })?;
+    let instant = now
+        .as_millis()
+        .checked_add(offset)
+        .map(Timestamp::from_millis)
+        .map(Timestamp::to_rfc3339)
+        // to_rfc3339 writes "@…ms" for instants past year 9999.
+        .filter(|rendered| !rendered.starts_with('@'))
+        .ok_or_else(|| Failure::Usage(format!("--at {text:?} is too far in the future")))?;
+    Ok(instant)
+}
+
+/// `1h30m`, `30s`, `500ms` in milliseconds; `None` for anything else or on
+/// overflow.
+fn duration_ms(text: &str) -> Option<i64> {
+    let mut total: i64 = 0;
+    let mut rest = text;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return None;
+        }
+        let number: i64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit_ms = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total = total.checked_add(number.checked_mul(unit_ms)?)?;
+    }
+    Some(total)
+}
+
+/// `--payload`: the text, or with a leading `@` the named file's contents.
+pub fn read_payload(payload: String) -> Result<String, Failure> {
+    match payload.strip_prefix('@') {
+        None => Ok(payload),
+        Some(file) => std::fs::read_to_string(file).map_err(|e| {
+            Failure::Usage(format!(
+                "--payload @{file}: cannot read it as UTF-8 text: {e}"
+            ))
+        }),
+    }
+}
+
+fn render_event(event: &Value) -> String {
+    Fields::from(
+        event,
+        &[
+            "tenant",
+            "id",
+            "status",
+            "deliver_at",
+            "attempts",
+            "last_error",
+            "next_attempt_at",
+            "triggered_at",
+            "finished_at",
+            "version",
+            "delivery",
+            "payload",
+            "created_at",
+            "updated_at",
+        ],
+    )
+    .render()
+}
+
+fn render_event_list(answer: &Value) -> String {
+    let events = answer
+        .get("events")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if events.is_empty() {
+        return "no events\n".into();
+    }
+    let mut table = Table::new(&["ID", "STATUS", "DELIVER AT", "ATTEMPTS", "LAST ERROR"]);
+    for event in events {
+        table.row(vec![
+            text(event, "id"),
+            text(event, "status"),
+            text(event, "deliver_at"),
+            text(event, "attempts"),
+            text(event, "last_error"),
+        ]);
+    }
+    table.render() + &next_page(answer)
+}
+
+fn render_attempts(answer: &Value) -> String {
+    let attempts = answer
+        .get("attempts")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if attempts.is_empty() {
+        return "no attempts yet\n".into();
+    }
+    let mut table = Table::new(&["#", "STARTED AT", "DURATION MS", "OUTCOME", "HTTP", "ERROR"]);
+    for attempt in attempts {
+        table.row(vec![
+            text(attempt, "number"),
+            text(attempt, "started_at"),
+            text(attempt, "duration_ms"),
+            text(attempt, "outcome"),
+            text(attempt, "http_status"),
+            text(attempt, "error"),
+        ]);
+    }
+    table.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_instants_add_to_now() {
+        let now = Timestamp::parse_rfc3339("2030-01-31T04:00:00Z").unwrap();
+        let at = |text: &str| deliver_at(text, now).ok();
+        assert_eq!(at("+30s").as_deref(), Some("2030-01-31T04:00:30Z"));
+        assert_eq!(at("+1h30m").as_deref(), Some("2030-01-31T05:30:00Z"));
+        assert_eq!(at("+250ms").as_deref(), Some("2030-01-31T04:00:00.25Z"));
+        assert_eq!(at("+2d").as_deref(), Some("2030-02-02T04:00:00Z"));
+        assert_eq!(
+            at("2030-01-31T09:30:00+05:30").as_deref(),
+            Some("2030-01-31T09:30:00+05:30")
+        );
+    }
+
+    #[test]
+    fn malformed_instants_are_usage_errors_not_panics() {
+        let now = Timestamp::parse_rfc3339("2030-01-31T04:00:00Z").unwrap();
+        for text in [
+            "",
+            "+",
+            "+s",
+            "+30",
+            "+30x",
+            "+1h30",
+            "tomorrow",
+            "2030-01-31T09:30:00",
+            "+99999999999999999999s",
+            "+9223372036854775807d",
+            "+100000000d",
+            "+30s+",
+        ] {
+            assert!(
+                matches!(deliver_at(text, now), Err(Failure::Usage(_))),
+                "{text:?} accepted"
+            );
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! `belfry tenants …`: where each tenant's events are delivered, through
+//! `/v1/tenants`.
+
+use clap::{Args, Subcommand};
+use serde_json::{Map, Value, json};
+
+use super::{Client, Connection, Failure, Fields, Table, clean, segment, show, text};
+
+#[derive(Debug, Args)]
+pub struct TenantsArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    #[command(subcommand)]
+    pub command: TenantsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantsCommand {
+    /// List the tenants (those the key may see), by name.
+    List,
+    /// Show a tenant's sink.
+    Get {
+        /// The tenant
+        tenant: String,
+    },
+    /// Register a tenant with a webhook, or replace its sink.
+    Put(PutArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PutArgs {
+    /// The tenant
+    pub tenant: String,
+
+    /// The webhook its events are POSTed to (http:// or https://). Not
+    /// `--url`: that names the node, on every client command.
+    #[arg(long, value_name = "URL")]
+    pub webhook: String,
+
+    /// A header sent with every delivery, as NAME:VALUE (repeatable)
+    #[arg(long = "header", value_name = "NAME:VALUE")]
+    pub headers: Vec<String>,
+
+    /// How long a delivery waits for the webhook's answer
+    #[arg(long, value_name = "MS")]
+    pub timeout_ms: Option<u64>,
+}
+
+pub async fn execute(client: &Client, command: TenantsCommand) -> Result<(), Failure> {
+    match command {
+        TenantsCommand::List => {
+            let answer = client.get("/v1/tenants").await?;
+            show(client, &answer, render_list);
+        }
+        TenantsCommand::Get { tenant } => {
+            let answer = client
+                .get(&format!("/v1/tenants/{}", segment("tenant", &tenant)?))
+                .await?;
+            show(client, &answer, render_tenant);
+        }
+        TenantsCommand::Put(args) => {
+            let mut sink = json!({ "type": "http", "url": args.webhook });
+            if !args.headers.is_empty() {
+                sink["headers"] = Value::Object(headers(&args.headers)?);
+            }
+            if let Some(timeout_ms) = args.timeout_ms {
+                sink["timeout_ms"] = json!(timeout_ms);
+            }
+            let path = format!("/v1/tenants/{}", segment("tenant", &args.tenant)?);
+            let answer = client.put(&path, &json!({ "sink": sink })).await?;
+            show(client, &answer, render_tenant);
+        }
+    }
+    Ok(())
+}
+
+fn headers(pairs: &[String]) -> Result<Map<String, Value>, Failure> {
+    let mut headers = Map::new();
+    for pair in pairs {
+        let Some((name, value)) = pair.split_once(':') else {
+            // The value may be a secret: name only what is wrong.
+            return Err(Failure::Usage(
+                "--header must be NAME:VALUE (a colon after the name)".into(),
+            ));
+        };
+        headers.insert(name.trim().to_string(), Value::String(value.trim().into()));
+    }
+    Ok(headers)
+}
+
+/// Where a sink delivers: its URL, topic or processor.
+fn target(sink: &Value) -> String {
+    ["url", "topic", "processor"]
+        .iter()
+        .find_map(|field| sink.get(field).and_then(Value::as_str))
+        .map(clean)
+        .unwrap_or_else(|| "-".into())
+}
+
+fn render_list(answer: &Value) -> String {
+    let tenants = answer
+        .get("tenants")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if tenants.is_empty() {
+        return "no tenants\n".into();
+    }
+    let mut table = Table::new(&["NAME", "SINK", "TARGET"]);
+    for tenant in tenants {
+        let sink = tenant.get("sink").unwrap_or(&Value::Null);
+        table.row(vec![text(tenant, "name"), text(sink, "type"), target(sink)]);
+    }
+    table.render()
+}
+
+fn render_tenant(tenant: &Value) -> String {
+    let sink = tenant.get("sink").unwrap_or(&Value::Null);
+    let mut fields = Fields::default();
+    fields.add("name", text(tenant, "name"));
+    fields.add("sink", text(sink, "type"));
+    fields.add("target", target(sink));
+    if let Some(headers) = sink.get("headers").and_then(Value::as_object) {
+        // Values come back as **** (write-only): the names are what helps.
+        let names: Vec<String> = headers.keys().map(|n| clean(n)).collect();
+        fields.add("headers", names.join(", "));
+    }
+    if sink.get("timeout_ms").is_some_and(|t| !t.is_null()) {
+        fields.add("timeout_ms", text(sink, "timeout_ms"));
+    }
+    // Only in the answer that created the tenant: shown once, like the API.
+    if tenant.get("signing_secret").is_some_and(Value::is_string) {
+        fields.add("signing_secret", text(tenant, "signing_secret"));
+    }
+    let mut out = fields.render();
+    if tenant.get("signing_secret").is_some_and(Value::is_string) {
+        out.push_str("store the signing secret now: it is not shown again\n");
+    }
+    out
+}
