@@ -365,23 +365,19 @@ async fn text_logs_written_to_a_file_carry_no_colour_codes() {
 
 /// Runs `belfry ARGS` to its end (at most a minute); returns whether it
 /// succeeded and everything it printed.
-fn run_belfry(args: &[&str]) -> (std::process::ExitStatus, String) {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_belfry"))
+async fn run_belfry(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_belfry"))
         .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .expect("belfry spawns");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while child.try_wait().expect("wait").is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("belfry {args:?} still runs after a minute");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let output = child.wait_with_output().expect("output");
+    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("belfry {args:?} still runs after a minute"))
+        .expect("output");
     let printed = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
@@ -403,21 +399,14 @@ async fn a_second_node_on_a_held_data_dir_names_the_process_holding_it() {
     );
     let data_dir = first.data_dir().to_str().unwrap().to_string();
 
-    let (status, printed) = tokio::task::spawn_blocking({
-        let data_dir = data_dir.clone();
-        move || run_belfry(&["serve", "--listen", "127.0.0.1:0", "--data-dir", &data_dir])
-    })
-    .await
-    .unwrap();
+    let (status, printed) =
+        run_belfry(&["serve", "--listen", "127.0.0.1:0", "--data-dir", &data_dir]).await;
     assert!(!status.success(), "the second node started: {printed}");
     assert!(printed.contains(&holder), "{printed}");
     assert!(!printed.contains("Locked"), "{printed}");
 
-    let (status, printed) = tokio::task::spawn_blocking(move || {
-        run_belfry(&["keys", "create", "--role", "admin", "--data-dir", &data_dir])
-    })
-    .await
-    .unwrap();
+    let (status, printed) =
+        run_belfry(&["keys", "create", "--role", "admin", "--data-dir", &data_dir]).await;
     assert!(
         !status.success(),
         "keys create opened a held store: {printed}"
