@@ -47,7 +47,7 @@ use crate::node::Node;
 use crate::report::{NodeReport, Report, percentiles};
 use crate::scenarios::{
     FAR_FUTURE_MS, Load, SETTLE, default_lead_ms, ingest_warnings, load_params, merge,
-    own_cpu_since, own_sample, percent_encode,
+    own_cpu_since, own_sample, spot_check,
 };
 use crate::stats::Percentiles;
 use crate::workload::{BodyWriter, Workload, now_ms, parse_instant_ms};
@@ -699,33 +699,6 @@ async fn ingest(args: KafkaIngestArgs) -> anyhow::Result<Report> {
     node.close().await;
     drop(broker);
     Ok(report)
-}
-
-/// Looks up 20 requests spread over the run with `GET /events/find`;
-/// returns `(found, checked)`.
-async fn spot_check(
-    client: &reqwest::Client,
-    node: &Node,
-    tenant: &str,
-    count: usize,
-) -> (usize, usize) {
-    let samples = 20.min(count);
-    let mut found = 0;
-    for k in 0..samples {
-        let url = format!(
-            "{}?id=e{}&tenant={}",
-            node.url("/events/find"),
-            k * count / samples.max(1),
-            percent_encode(tenant)
-        );
-        let ok = client
-            .get(url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success());
-        found += usize::from(ok);
-    }
-    (found, samples)
 }
 
 fn props_json(args: &KafkaCommonArgs) -> serde_json::Value {

@@ -330,7 +330,13 @@ pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
     if restart.is_some() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         rss_after_restart = session.node.sample().map(|s| s.rss_bytes);
-        let (found, checked) = spot_check(&session, &workload).await;
+        let (found, checked) = spot_check(
+            &session.client,
+            &session.node,
+            &session.tenant,
+            workload.len(),
+        )
+        .await;
         if found < checked {
             warnings.push(format!(
                 "after the restart only {found} of {checked} sampled acknowledged events were found"
@@ -369,20 +375,24 @@ pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// Looks up a few events spread over the workload with `GET /events/find`;
-/// returns `(found, checked)`.
-async fn spot_check(session: &Session, workload: &Workload) -> (usize, usize) {
-    let samples = 20.min(workload.len());
+/// Looks up 20 events `e<n>` spread over `count` with `GET
+/// /events/find`; returns `(found, checked)`.
+pub(crate) async fn spot_check(
+    client: &reqwest::Client,
+    node: &Node,
+    tenant: &str,
+    count: usize,
+) -> (usize, usize) {
+    let samples = 20.min(count);
     let mut found = 0;
     for k in 0..samples {
-        let index = k * workload.len() / samples.max(1);
         let url = format!(
-            "{}?id=e{index}&tenant={}",
-            session.node.url("/events/find"),
-            percent_encode(&session.tenant)
+            "{}?id=e{}&tenant={}",
+            node.url("/events/find"),
+            k * count / samples.max(1),
+            percent_encode(tenant)
         );
-        let ok = session
-            .client
+        let ok = client
             .get(url)
             .send()
             .await
