@@ -20,6 +20,7 @@
 //!   decisions where Belfry differs from BigBen);
 //! - `v1`: tenants and events under `/v1`;
 //! - `metrics`: `GET /metrics` and the per-request counters;
+//! - `console`: the web console at `/ui`, its files embedded;
 //! - [`auth`]: API keys, the [`auth::Principal`] of each request, tenant
 //!   isolation (the route table), masking of write-only secrets, the audit
 //!   log and the per-key rate limit (see `docs/security.md`).
@@ -39,6 +40,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 pub mod auth;
 mod bigben;
 pub mod cluster;
+mod console;
 pub mod error;
 pub mod extract;
 pub mod health;
@@ -83,6 +85,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(v1::routes())
         .merge(health::routes())
         .merge(openapi::routes())
+        .merge(console::routes())
         .route("/v1/cluster", get(cluster_status))
         .route(
             "/v1/keys",
@@ -90,6 +93,7 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/keys/{id}", delete(auth::routes::revoke))
         .route("/v1/audit", get(auth::routes::audit_log))
+        .route("/v1/whoami", get(auth::routes::whoami))
         .route("/metrics", get(metrics::scrape))
         .route_layer(from_fn_with_state(
             state.clone(),

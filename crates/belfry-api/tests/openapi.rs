@@ -49,6 +49,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("delete", "/v1/keys/{id}"),
     ("get", "/v1/audit"),
     ("get", "/metrics"),
+    ("get", "/v1/whoami"),
+    ("get", "/ui"),
+    ("get", "/ui/{asset}"),
 ];
 
 async fn document(h: &Harness) -> Value {
@@ -90,7 +93,8 @@ async fn the_document_is_openapi_3_1_and_documents_exactly_the_routes() {
         let concrete = path
             .replace("{tenant}", "acme")
             .replace("{id}", "x")
-            .replace("{type}", "UNIX");
+            .replace("{type}", "UNIX")
+            .replace("{asset}", "app.js");
         let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
         let answer = h.send(method.clone(), &concrete, None).await;
         assert_ne!(
@@ -114,7 +118,15 @@ async fn the_document_declares_bearer_keys_error_envelopes_and_links() {
     let scheme = &doc["components"]["securitySchemes"]["api_key"];
     assert_eq!(scheme["type"], "http");
     assert_eq!(scheme["scheme"], "bearer");
-    for public in ["/ping", "/health/live", "/health/ready", "/openapi.json"] {
+    for public in [
+        "/ping",
+        "/health/live",
+        "/health/ready",
+        "/openapi.json",
+        "/ui",
+        "/ui/{asset}",
+        "/v1/whoami",
+    ] {
         assert_eq!(
             doc["paths"][public]["get"]["security"],
             serde_json::json!([{}]),

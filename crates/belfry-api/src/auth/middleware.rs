@@ -54,6 +54,9 @@ pub(crate) fn rule(method: &Method, path: &str) -> Rule {
     let reads = method == Method::GET || method == Method::HEAD;
     match path {
         public if is_public_path(public) => Rule::Public,
+        // Anyone may ask; without a key it tells only whether keys are
+        // required (`authenticate` lets it through keyless).
+        WHOAMI => Rule::Public,
         "/events/cluster" | "/v1/cluster" | "/v1/audit" | "/v1/keys/{id}" | "/metrics" => {
             Rule::Admin
         }
@@ -86,13 +89,19 @@ pub(crate) fn rule(method: &Method, path: &str) -> Rule {
 }
 
 /// Paths that answer without a key, whatever the `Host`: they carry no
-/// data, and probes (load balancers, orchestrators) send neither.
+/// data, and probes (load balancers, orchestrators) send neither. The
+/// console's page and assets are public too: every datum it shows comes
+/// from the API, with the key the user enters.
 fn is_public_path(path: &str) -> bool {
     matches!(
         path,
         "/ping" | "/health/live" | "/health/ready" | "/openapi.json"
-    )
+    ) || crate::console::is_console_path(path)
 }
+
+/// `GET /v1/whoami`: public, but a key sent with it is checked (and
+/// described) as anywhere else.
+const WHOAMI: &str = "/v1/whoami";
 
 fn is_write(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
@@ -116,6 +125,11 @@ pub(crate) async fn authenticate(
         || !request.headers().contains_key(header::AUTHORIZATION);
     let principal = if keyless {
         if !auth.open_now().await {
+            if uri.path() == WHOAMI {
+                // Answers "no key" instead of 401, so a sign-in page can
+                // ask without logging an error.
+                return next.run(request).await;
+            }
             return with_challenge(family_error(
                 &uri,
                 unauthorized("an API key is required: send it as Authorization: Bearer bfy_..."),

@@ -11,7 +11,7 @@ use belfry_store::AuditPageParams;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::Principal;
+use super::{Principal, Scope};
 use crate::ApiState;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path, query_pairs, query_value};
@@ -242,6 +242,44 @@ pub(crate) async fn revoke(
     )
     .await;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `GET /v1/whoami`: the key the request carries, its role and tenant, so
+/// a client (the console) can show them and offer only what the key may
+/// do. Answers without a key too: then only whether the node runs open
+/// (an anonymous request anywhere else tells as much by its 401).
+#[utoipa::path(
+    get,
+    path = "/v1/whoami",
+    tag = "keys",
+    operation_id = "whoami",
+    summary = "The key this request carries: its id, role and tenant",
+    responses(
+        (status = 200, description = "The key (or none)", body = crate::openapi::schema::Whoami),
+        (status = 401, description = "A key was sent and it is not valid", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "This Host is not allowed while the node runs open", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+    )
+)]
+pub(crate) async fn whoami(principal: Option<axum::Extension<Principal>>) -> Json<serde_json::Value> {
+    let Some(axum::Extension(principal)) = principal else {
+        return Json(json!({
+            "key_id": null, "role": null, "tenant": null, "can_write": false, "open": false,
+        }));
+    };
+    let role = match &principal.scope {
+        Scope::Open | Scope::Admin => Role::Admin,
+        Scope::Tenant { role, .. } => *role,
+    };
+    Json(json!({
+        "key_id": principal.key.as_ref().map(ToString::to_string),
+        "role": role.as_str(),
+        "tenant": principal.tenant().map(TenantName::as_str),
+        "can_write": principal.can_write(),
+        "open": principal.scope == Scope::Open,
+    }))
 }
 
 /// Default and largest page of `GET /v1/audit`.

@@ -67,6 +67,9 @@ pub mod schema;
         crate::auth::routes::create,
         crate::auth::routes::revoke,
         crate::auth::routes::audit_log,
+        crate::auth::routes::whoami,
+        crate::console::page,
+        crate::console::file,
         openapi_json,
     ),
     tags(
@@ -77,6 +80,7 @@ pub mod schema;
         (name = "keys", description = "/v1 API keys and the audit log"),
         (name = "cluster", description = "Cluster view"),
         (name = "health", description = "Probes and this document; no key needed"),
+        (name = "console", description = "The web console's page and files; no key needed to load them (the page asks for one)"),
     )
 )]
 struct BelfryApi;

@@ -368,6 +368,23 @@ pub struct AuditPage {
     pub next: Option<String>,
 }
 
+/// `GET /v1/whoami`: the key a request carries.
+#[derive(ToSchema)]
+#[schema(example = json!({"key_id": "key_4f2a", "role": "read", "tenant": "acme/orders", "can_write": false, "open": false}))]
+pub struct Whoami {
+    /// `null` without a key (open mode, or none sent).
+    pub key_id: Option<String>,
+    /// `read`, `write`, `worker` or `admin` (open mode: `admin`); `null`
+    /// when no key was sent and keys are required.
+    pub role: Option<String>,
+    /// A tenant key's tenant; `null` for admins.
+    pub tenant: Option<String>,
+    /// Whether the key may change data.
+    pub can_write: bool,
+    /// Whether the node runs without keys (everyone is admin).
+    pub open: bool,
+}
+
 #[derive(ToSchema)]
 pub struct PartitionView {
     pub partition: u16,
