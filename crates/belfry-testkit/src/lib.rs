@@ -7,6 +7,8 @@
 //!   integration tests (start, kill -9, SIGTERM, restart).
 //! - [`kafka`]: [`KafkaBroker`], a Kafka-protocol test broker in its own
 //!   process (librdkafka's mock cluster), or an external one.
+//! - [`webdriver`]: [`Browser`], headless Chromium driven over the W3C
+//!   WebDriver protocol (Debian's `chromium` and `chromium-driver`).
 //! - this file: small JSON-over-HTTP helpers for tests.
 //!
 //! This crate must not depend on any belfry crate: `belfry-sinks`
@@ -20,11 +22,13 @@ pub mod kafka;
 pub mod postgres;
 pub mod process;
 pub mod receiver;
+pub mod webdriver;
 
 pub use kafka::KafkaBroker;
 pub use postgres::{PgError, PgServer};
 pub use process::{BelfryLaunch, BelfryProcess, HarnessError, free_port};
 pub use receiver::{LEAN_HEADERS, Receiver, RecordedRequest, Response, Rule};
+pub use webdriver::Browser;
 
 /// Installs rustls' `ring` provider as the process default. The workspace
 /// builds reqwest with `rustls-no-provider`, so building any client panics

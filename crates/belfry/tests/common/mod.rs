@@ -55,7 +55,7 @@ fn imports(python: &std::path::Path, module: &str) -> bool {
 }
 
 fn find_or_make_python(module: &str, unchecked: &str) -> Option<std::path::PathBuf> {
-    use std::path::{Path, PathBuf};
+    use std::path::PathBuf;
     use std::process::Command;
     if let Some(python) = std::env::var_os("BELFRY_TEST_PYTHON") {
         let python = PathBuf::from(python);
@@ -66,10 +66,7 @@ fn find_or_make_python(module: &str, unchecked: &str) -> Option<std::path::PathB
         );
         return Some(python);
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    let venv = target.join("belfry-test-venv");
+    let venv = target_dir().join("belfry-test-venv");
     let python = venv.join("bin").join("python");
     if imports(&python, module) {
         return Some(python);
@@ -106,4 +103,19 @@ fn find_or_make_python(module: &str, unchecked: &str) -> Option<std::path::PathB
         python.display()
     );
     Some(python)
+}
+
+/// The build's target folder: `CARGO_TARGET_DIR`, else the workspace's.
+pub fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+}
+
+/// Where a test keeps files for people to look at afterwards:
+/// `target/test-artifacts/{name}`, created if missing.
+pub fn test_artifacts(name: &str) -> std::path::PathBuf {
+    let dir = target_dir().join("test-artifacts").join(name);
+    std::fs::create_dir_all(&dir).expect("create the test artifacts folder");
+    dir
 }

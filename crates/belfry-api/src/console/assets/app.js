@@ -66,7 +66,7 @@ function renderWho() {
   element.append(
     h('span', { class: 'mono' }, who.key_id ?? ''),
     h('span', { class: 'role' }, who.role),
-    who.tenant ? h('span', {}, `tenant ${who.tenant}`) : null,
+    ...(who.tenant ? [h('span', {}, `tenant ${who.tenant}`)] : []),
     button('Sign out', signOut, { title: 'Forget the key in this tab' }),
   );
 }

@@ -3,7 +3,9 @@
 const NS = 'http://www.w3.org/2000/svg';
 const WIDTH = 640;
 const HEIGHT = 220;
-const PAD = { left: 56, right: 14, top: 12, bottom: 26 };
+const PAD = { left: 56, right: 24, top: 12, bottom: 26 };
+/** Time-axis spacings, in seconds: whole seconds below a minute, whole minutes above. */
+const TIME_TICKS_S = [5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
 
 function svg(tag, attrs = {}, text) {
   const element = document.createElementNS(NS, tag);
@@ -47,11 +49,11 @@ export function lineChart({ title, series, spanMs, nowMs = Date.now(), format = 
     chart.append(svg('text', { x: x0 - 6, y: y(v) + 4, 'text-anchor': 'end' }, format(v)));
   }
   chart.append(svg('line', { class: 'axis', x1: x0, x2: x0, y1: y0, y2: y1 }));
-  const tickMs = niceStep(spanMs / 5 / 1000) * 1000;
+  const tickMs = TIME_TICKS_S.find((s) => s * 1000 >= spanMs / 6) * 1000 || spanMs;
   for (let ago = 0; ago <= spanMs; ago += tickMs) {
     const tx = x(nowMs - ago);
     chart.append(svg('line', { class: 'axis', x1: tx, x2: tx, y1: y0, y2: y0 + 4 }));
-    const label = ago === 0 ? 'now' : `-${ago >= 120000 ? `${ago / 60000} min` : `${ago / 1000} s`}`;
+    const label = ago === 0 ? 'now' : `-${ago >= 60000 ? `${ago / 60000} min` : `${ago / 1000} s`}`;
     chart.append(svg('text', { x: tx, y: y0 + 17, 'text-anchor': 'middle' }, label));
   }
   series.forEach((s, index) => {

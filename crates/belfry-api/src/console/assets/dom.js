@@ -174,6 +174,17 @@ export function instant(text) {
   return text.replace('T', ' ');
 }
 
+/**
+ * A local time as the API writes it (`2027-03-28T03:00:00+02:00[Europe/Berlin]`)
+ * as `2027-03-28 03:00:00 +02:00`.
+ */
+export function localTime(text) {
+  if (!text) return '-';
+  const [time] = text.split('[');
+  const match = /^(.*?)(Z|[+-]\d\d:\d\d)$/.exec(time);
+  return match ? `${match[1].replace('T', ' ')} ${match[2]}` : time.replace('T', ' ');
+}
+
 /** An instant with how far from now it is: `… (in 5 s)`. */
 export function instantWithAge(text) {
   if (!text) return '-';

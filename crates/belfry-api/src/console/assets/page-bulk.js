@@ -7,10 +7,15 @@ import {
   badge, busy, confirmButton, field, fields, h, hashLink, instant, localInputToRfc3339, number, pageHead,
   panel, select, table,
 } from './dom.js';
-import { STATUSES } from './page-events.js';
 
 const POLL_MS = 1000;
-const ACTIONS = ['redrive', 'cancel', 'pause', 'resume'];
+/** Each action and the statuses its filter may name (events or schedules), the first preselected. */
+const ACTIONS = {
+  redrive: ['failed', 'missed', ''],
+  cancel: ['scheduled', 'retrying', ''],
+  pause: ['active', ''],
+  resume: ['paused', ''],
+};
 
 function done(action) {
   return (action.succeeded ?? 0) + (action.skipped ?? 0) + (action.failed ?? 0);
@@ -47,8 +52,13 @@ function cancelButton(ctx, action, after) {
 async function newForm(ctx) {
   const tenant = await ctx.tenant();
   const picker = await ctx.tenantPicker(tenant, () => {});
-  const action = select('action', ACTIONS.map((a) => [a, a]), 'redrive');
-  const status = select('status', STATUSES.map((s) => [s, s]), 'failed');
+  const action = select('action', Object.keys(ACTIONS).map((a) => [a, a]), 'redrive');
+  const status = h('select', { name: 'status' });
+  const statusesOf = () => {
+    status.replaceChildren(...ACTIONS[action.value].map((s) => h('option', { value: s }, s || 'any')));
+  };
+  statusesOf();
+  action.addEventListener('change', statusesOf);
   const from = h('input', { type: 'datetime-local', name: 'from', step: 1 });
   const to = h('input', { type: 'datetime-local', name: 'to', step: 1 });
   const submit = h('button', { type: 'submit', class: 'primary', dataset: { write: '' } }, 'Start');
@@ -63,7 +73,7 @@ async function newForm(ctx) {
             action: action.value,
             filter: {
               tenant: picker.value,
-              status: status.value,
+              status: status.value || undefined,
               from: localInputToRfc3339(from.value) || undefined,
               to: localInputToRfc3339(to.value) || undefined,
             },

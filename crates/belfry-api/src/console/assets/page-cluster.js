@@ -16,6 +16,11 @@ function partitionCell(partition, owner, colour) {
   }, String(partition.partition), h('small', {}, `e${partition.epoch}`));
 }
 
+function leaderText(leader) {
+  if (!leader) return 'none';
+  return leader.address && leader.address !== leader.node ? `${leader.node} (${leader.address})` : leader.node;
+}
+
 function draw(body, status) {
   const nodes = status.nodes;
   const colourOf = new Map(nodes.map((node, index) => [node.id, index]));
@@ -34,7 +39,7 @@ function draw(body, status) {
   body.replaceChildren(
     panel(null, fields([
       ['Mode', status.mode === 'single' ? 'single node (embedded store)' : 'cluster (PostgreSQL)'],
-      ['Leader', status.leader ? `${status.leader.node}${status.leader.address ? ` (${status.leader.address})` : ''}` : 'none'],
+      ['Leader', leaderText(status.leader)],
       ['Term', status.leader ? String(status.leader.term) : '-'],
       ['Nodes', String(nodes.length)],
       ['Partitions', `${number(cells.length)}${status.unowned?.length ? `, ${status.unowned.length} without an owner` : ''}`],

@@ -2,7 +2,7 @@
 // or all at once as a bulk action.
 
 import { api, query, tenantPath } from './api.js';
-import { badge, busy, button, h, number, pageHead, panel, table } from './dom.js';
+import { busy, button, h, number, pageHead, panel, table } from './dom.js';
 import { EVENT_COLUMNS, PAGE_SIZE, filterForm, listQuery, pager, redrive } from './page-events.js';
 
 /** Counting stops after this many pages of the largest size. */
@@ -74,7 +74,7 @@ export default {
       panel(null, form),
       panel(null,
         h('div', { class: 'page-head' },
-          h('p', { class: 'dead-count' }, badge(status), ` ${total} ${status} event${matching.counted === 1 ? '' : 's'} match`),
+          h('p', { class: 'dead-count' }, `${total} ${status} event${matching.counted === 1 ? '' : 's'} match`),
           h('div', { class: 'actions' }, actions)),
         table(columns, answer.events, { empty: `No ${status} event: nothing to redrive.`, rowAttrs: (e) => ({ dataset: { event: e.id } }) }),
         pager('dead', [], params, answer.next_cursor)),

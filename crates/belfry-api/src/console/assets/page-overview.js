@@ -12,6 +12,7 @@ const SCRAPE_MS = 2000;
 /** Five minutes of samples. */
 const KEEP = 150;
 const SPAN_MS = KEEP * SCRAPE_MS;
+const MIN_SPAN_MS = 60000;
 
 /** Computed samples, oldest first. */
 const history = [];
@@ -95,13 +96,19 @@ function cards(latest) {
     card('Partitions owned', number(latest.partitions), 'by this node'));
 }
 
+/** The plots' time span: what has been collected, from one to five minutes. */
+function span() {
+  const collected = history.length ? Date.now() - history[0].t : 0;
+  return Math.min(SPAN_MS, Math.max(MIN_SPAN_MS, Math.ceil(collected / 60000) * 60000));
+}
+
 function chart(title, unit, series, format) {
   const points = series.map(({ name, key }) => ({ name, points: history.map((s) => [s.t, s[key] ?? null]) }));
   const latest = (s) => {
     const value = s.points.length ? s.points[s.points.length - 1][1] : null;
     return value === null ? null : `${number(value)}${unit}`;
   };
-  return panel(title, lineChart({ title, series: points, spanMs: SPAN_MS, format }), legend(points, latest));
+  return panel(title, lineChart({ title, series: points, spanMs: span(), format }), legend(points, latest));
 }
 
 function charts() {

@@ -3,7 +3,7 @@
 
 import { api, query, seg, tenantPath } from './api.js';
 import {
-  badge, busy, button, field, fields, h, hashLink, instant, instantWithAge, pageHead, panel, table,
+  badge, busy, button, field, fields, h, hashLink, instant, instantWithAge, localTime, pageHead, panel, table,
 } from './dom.js';
 import { PAGE_SIZE, pager } from './page-events.js';
 
@@ -34,7 +34,7 @@ function nextOccurrence(schedule) {
   if (!schedule.next_occurrence) return h('span', { class: 'muted' }, schedule.status === 'paused' ? 'paused' : 'none');
   return h('span', {},
     instantWithAge(schedule.next_occurrence),
-    schedule.next_occurrence_local ? h('div', { class: 'muted small' }, `${schedule.next_occurrence_local} ${schedule.time_zone}`) : null);
+    schedule.next_occurrence_local ? h('div', { class: 'muted small' }, `${localTime(schedule.next_occurrence_local)} ${schedule.time_zone}`) : null);
 }
 
 async function renderList(container, ctx) {
@@ -103,7 +103,7 @@ async function renderDetail(container, ctx) {
       panel(`The expression's next ${UPCOMING} instants`,
         table([
           { label: 'UTC', cell: (o) => instant(o.utc) },
-          { label: `Local (${schedule.time_zone})`, cell: (o) => o.local },
+          { label: `Local (${schedule.time_zone})`, cell: (o) => localTime(o.local) },
         ], upcoming.occurrences, { empty: 'The expression has no further instant.' }),
         schedule.status === 'paused' ? h('p', { class: 'muted small' }, 'Paused: none of these fires until it is resumed.') : null),
       panel('History',
