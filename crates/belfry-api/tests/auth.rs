@@ -1239,3 +1239,131 @@ async fn tenant_names_with_slashes_are_matched_decoded() {
     node.stop().await;
     h.shutdown().await;
 }
+
+/// `POST /v1/keys` with `key` (none while open): the secret and the id.
+async fn created_key(node: &Served, key: Option<&str>, body: Value) -> (String, String) {
+    let mut call = Call::new("POST", "/v1/keys").json(body);
+    call.key = key;
+    let created = node.call(call).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    (
+        created.body["secret"].as_str().unwrap().to_string(),
+        created.body["id"].as_str().unwrap().to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whoami_describes_the_key_and_answers_without_one() {
+    let h = Harness::start().await;
+    let node = Served::start(&h, AuthOptions::default()).await;
+
+    // Open (no key exists): everyone is admin, and told so.
+    let open = node.call(Call::new("GET", "/v1/whoami")).await;
+    assert_eq!(open.status, 200, "{open:?}");
+    assert_eq!(
+        open.body,
+        json!({ "key_id": null, "role": "admin", "tenant": null, "can_write": true, "open": true })
+    );
+
+    // Keys made through the API: the node closes at once.
+    let (admin, admin_id) = created_key(&node, None, json!({ "role": "admin" })).await;
+    let (reader, reader_id) =
+        created_key(&node, Some(&admin), json!({ "tenant": "acme", "role": "read" })).await;
+    let (writer, writer_id) =
+        created_key(&node, Some(&admin), json!({ "tenant": "acme", "role": "write" })).await;
+
+    // Keys exist now: no key is "nobody" (200, not 401, so a sign-in page
+    // can ask), a bad key is refused as anywhere.
+    let anonymous = node.call(Call::new("GET", "/v1/whoami")).await;
+    assert_eq!(anonymous.status, 200, "{anonymous:?}");
+    assert_eq!(
+        anonymous.body,
+        json!({ "key_id": null, "role": null, "tenant": null, "can_write": false, "open": false })
+    );
+    let bad = node
+        .call(Call::new("GET", "/v1/whoami").key("bfy_not-a-key"))
+        .await;
+    assert_eq!(bad.status, 401, "{bad:?}");
+    // Nothing else opened up: other routes still need a key.
+    assert_eq!(node.call(Call::new("GET", "/v1/tenants")).await.status, 401);
+
+    for (secret, id, role, tenant, can_write) in [
+        (&admin, &admin_id, "admin", Value::Null, true),
+        (&reader, &reader_id, "read", json!("acme"), false),
+        (&writer, &writer_id, "write", json!("acme"), true),
+    ] {
+        let me = node.call(Call::new("GET", "/v1/whoami").key(secret)).await;
+        assert_eq!(me.status, 200, "{me:?}");
+        assert_eq!(
+            me.body,
+            json!({ "key_id": id, "role": role, "tenant": tenant,
+                    "can_write": can_write, "open": false }),
+        );
+        assert!(!me.text.contains(secret.as_str()));
+    }
+    node.stop().await;
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_is_served_without_a_key_under_a_strict_policy() {
+    let h = Harness::start().await;
+    stored_key(&h.store, None, Role::Admin, None).await;
+    let node = Served::start(&h, AuthOptions::default()).await;
+    assert_eq!(node.call(Call::new("GET", "/v1/tenants")).await.status, 401);
+
+    for (path, content_type) in [
+        ("/ui", "text/html; charset=utf-8"),
+        ("/ui/", "text/html; charset=utf-8"),
+        ("/ui/app.js", "text/javascript; charset=utf-8"),
+        ("/ui/console.css", "text/css; charset=utf-8"),
+        ("/ui/favicon.svg", "image/svg+xml"),
+    ] {
+        // Any Host: the files hold no data (the allow-list guards open mode).
+        let page = node
+            .call(Call::new("GET", path).header("Host", "console.example"))
+            .await;
+        assert_eq!(page.status, 200, "{path}: {page:?}");
+        assert_eq!(page.headers["content-type"], content_type, "{path}");
+        let policy = &page.headers["content-security-policy"];
+        for directive in [
+            "default-src 'self'",
+            "script-src 'self'",
+            "frame-ancestors 'none'",
+            "object-src 'none'",
+        ] {
+            assert!(policy.contains(directive), "{path}: {policy}");
+        }
+        assert!(!policy.contains("unsafe"), "{path}: {policy}");
+        assert_eq!(page.headers["x-content-type-options"], "nosniff");
+        assert_eq!(page.headers["x-frame-options"], "DENY");
+        assert_eq!(page.headers["cache-control"], "no-cache");
+
+        // Revalidation: the same version answers 304 without a body.
+        let etag = page.headers["etag"].clone();
+        let again = node
+            .call(Call::new("GET", path).header("If-None-Match", &etag))
+            .await;
+        assert_eq!(again.status, 304, "{path}: {again:?}");
+        assert!(again.text.is_empty());
+        let other = node
+            .call(Call::new("GET", path).header("If-None-Match", "\"0\""))
+            .await;
+        assert_eq!(other.status, 200, "{path}");
+    }
+    // The page loads its scripts from files only: no inline script.
+    let html = node.call(Call::new("GET", "/ui")).await.text;
+    assert!(html.contains("<script type=\"module\" src=\"/ui/app.js\"></script>"));
+    assert_eq!(html.matches("<script").count(), 1, "{html}");
+
+    for missing in ["/ui/nope.js", "/ui/..%2Fapp.js", "/ui/app.js%00"] {
+        let answer = node.call(Call::new("GET", missing)).await;
+        assert_eq!(answer.status, 404, "{missing}: {answer:?}");
+        assert!(answer.headers.contains_key("content-security-policy"));
+    }
+    // Writes are not routes of the console.
+    let write = node.call(Call::new("POST", "/ui").json(json!({}))).await;
+    assert_eq!(write.status, 405, "{write:?}");
+    node.stop().await;
+    h.shutdown().await;
+}

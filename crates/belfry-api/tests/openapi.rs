@@ -125,7 +125,6 @@ async fn the_document_declares_bearer_keys_error_envelopes_and_links() {
         "/openapi.json",
         "/ui",
         "/ui/{asset}",
-        "/v1/whoami",
     ] {
         assert_eq!(
             doc["paths"][public]["get"]["security"],

@@ -383,6 +383,18 @@ mod tests {
     }
 
     #[test]
+    fn the_console_and_whoami_are_public() {
+        for path in ["/ui", "/ui/", "/ui/{asset}"] {
+            assert_eq!(rule(&Method::GET, path), Rule::Public, "{path}");
+            assert!(is_public_path(path), "{path}");
+        }
+        assert_eq!(rule(&Method::GET, WHOAMI), Rule::Public);
+        // Public to route, but authenticated: a key sent is checked.
+        assert!(!is_public_path(WHOAMI));
+        assert_eq!(rule(&Method::GET, "/uix"), Rule::Admin);
+    }
+
+    #[test]
     fn unknown_routes_are_admin_only() {
         assert_eq!(rule(&Method::GET, "/v1/new-thing"), Rule::Admin);
         assert_eq!(rule(&Method::GET, "/ping"), Rule::Public);

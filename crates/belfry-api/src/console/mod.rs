@@ -241,4 +241,30 @@ mod tests {
         }
         assert_eq!(ASSETS[0].name, "index.html");
     }
+
+    #[test]
+    fn every_file_of_the_assets_folder_is_served_and_every_import_exists() {
+        let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/console/assets");
+        let mut on_disk: Vec<String> = std::fs::read_dir(folder)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        on_disk.sort_unstable();
+        let mut served: Vec<&str> = ASSETS.iter().map(|a| a.name).collect();
+        served.sort_unstable();
+        assert_eq!(on_disk, served);
+        for asset in ASSETS.iter().filter(|a| a.content_type == JS) {
+            let text = std::str::from_utf8(asset.body).unwrap();
+            for import in text.split("from './").skip(1) {
+                let name = import.split('\'').next().unwrap();
+                assert!(
+                    ASSETS.iter().any(|a| a.name == name),
+                    "{} imports {name}, which is not served",
+                    asset.name
+                );
+            }
+            // Data becomes text, never markup.
+            assert!(!text.contains("innerHTML"), "{}", asset.name);
+        }
+    }
 }
