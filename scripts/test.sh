@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs Belfry's whole test suite: formatting, lints, every crate's tests
-# (store conformance, API, delivery, crash tests against the real binary)
-# and a smoke run of belfry-bench. Needs the Rust toolchain (1.95); installs
-# PostgreSQL (apt) when it is missing, for the tests that start throwaway
-# database servers, and python3 with a venv holding PyPI's standardwebhooks
+# (store conformance, API, delivery, crash tests against the real binary,
+# the web console in headless Chromium) and a smoke run of belfry-bench.
+# Needs the Rust toolchain (1.95); installs PostgreSQL (apt) when it is
+# missing, for the tests that start throwaway database servers, Chromium
+# and its WebDriver (apt: chromium, chromium-driver) for the console's
+# browser tests, and python3 with a venv holding PyPI's standardwebhooks
 # (the independent signature verifier), confluent-kafka (the independent
 # Kafka client) and schemathesis (the OpenAPI contract fuzzer). The Kafka tests run against `belfry-kafka-mock`, librdkafka's
 # mock cluster in its own process, or against a real broker named by
@@ -17,23 +19,40 @@ cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+# Installs Debian packages with apt-get, as root or through sudo.
+# Usage: apt_install WHAT HINT PACKAGE... (WHAT and HINT for the messages).
+apt_install() {
+  local what="$1" hint="$2"
+  shift 2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      sudo="sudo"
+    else
+      echo "error: $what is missing and this user can neither install it (not root, no sudo)." >&2
+      echo "Install the package(s) $*${hint:+, $hint}." >&2
+      exit 1
+    fi
+  fi
+  if ! { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"; }; then
+    echo "error: installing $what with apt-get failed; install the package(s) $* by hand${hint:+, $hint}." >&2
+    exit 1
+  fi
+}
+
 echo "==> PostgreSQL binaries"
 # The PostgreSQL tests start their own throwaway servers from these binaries
 # (or use BELFRY_TEST_DATABASE_URL when it is set).
 if ! command -v pg_config >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-  if [ "$(id -u)" -eq 0 ]; then
-    sudo=""
-  elif command -v sudo >/dev/null 2>&1; then
-    sudo="sudo"
-  else
-    echo "error: PostgreSQL is not installed and this user can neither install it (not root, no sudo)." >&2
-    echo "Install the 'postgresql' package, or set BELFRY_TEST_DATABASE_URL to a server." >&2
-    exit 1
-  fi
-  if ! { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }; then
-    echo "error: installing PostgreSQL with apt-get failed; install the 'postgresql' package by hand." >&2
-    exit 1
-  fi
+  apt_install PostgreSQL "or set BELFRY_TEST_DATABASE_URL to a server" postgresql
+fi
+
+echo "==> Chromium and chromedriver"
+# The console's browser tests (crates/belfry/tests/console.rs) drive
+# Debian's headless Chromium through chromedriver (or the binaries named by
+# BELFRY_TEST_CHROMIUM and BELFRY_TEST_CHROMEDRIVER).
+if [ ! -x "${BELFRY_TEST_CHROMIUM:-/usr/bin/chromium}" ] || [ ! -x "${BELFRY_TEST_CHROMEDRIVER:-/usr/bin/chromedriver}" ]; then
+  apt_install Chromium "" chromium chromium-driver
 fi
 
 echo "==> Python clients (standardwebhooks, confluent-kafka, prometheus-client, schemathesis)"
@@ -43,18 +62,7 @@ echo "==> Python clients (standardwebhooks, confluent-kafka, prometheus-client, 
 # against its OpenAPI document with `schemathesis`),
 # in a venv under target/ (pinned there). Make sure python3 and its venv module exist.
 if ! command -v python3 >/dev/null 2>&1 || ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
-  if [ "$(id -u)" -eq 0 ]; then
-    sudo=""
-  elif command -v sudo >/dev/null 2>&1; then
-    sudo="sudo"
-  else
-    echo "error: python3 (with venv) is missing and this user cannot install it (not root, no sudo)." >&2
-    exit 1
-  fi
-  if ! { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv; }; then
-    echo "error: installing python3 with apt-get failed; install 'python3' and 'python3-venv' by hand." >&2
-    exit 1
-  fi
+  apt_install "python3 (with venv)" "" python3 python3-venv
 fi
 venv="${CARGO_TARGET_DIR:-target}/belfry-test-venv"
 if ! "$venv/bin/python" -c "import standardwebhooks, confluent_kafka, prometheus_client, schemathesis" >/dev/null 2>&1; then

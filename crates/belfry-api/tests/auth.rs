@@ -1267,10 +1267,18 @@ async fn whoami_describes_the_key_and_answers_without_one() {
 
     // Keys made through the API: the node closes at once.
     let (admin, admin_id) = created_key(&node, None, json!({ "role": "admin" })).await;
-    let (reader, reader_id) =
-        created_key(&node, Some(&admin), json!({ "tenant": "acme", "role": "read" })).await;
-    let (writer, writer_id) =
-        created_key(&node, Some(&admin), json!({ "tenant": "acme", "role": "write" })).await;
+    let (reader, reader_id) = created_key(
+        &node,
+        Some(&admin),
+        json!({ "tenant": "acme", "role": "read" }),
+    )
+    .await;
+    let (writer, writer_id) = created_key(
+        &node,
+        Some(&admin),
+        json!({ "tenant": "acme", "role": "write" }),
+    )
+    .await;
 
     // Keys exist now: no key is "nobody" (200, not 401, so a sign-in page
     // can ask), a bad key is refused as anywhere.

@@ -254,10 +254,7 @@ impl Browser {
     /// None matches (`no such element`).
     pub async fn find(&self, css: &str) -> Result<Element> {
         let value = self
-            .post(
-                "/element",
-                json!({ "using": "css selector", "value": css }),
-            )
+            .post("/element", json!({ "using": "css selector", "value": css }))
             .await?;
         element(&value, css)
     }
@@ -438,9 +435,7 @@ impl Browser {
 
     /// Ends the session (closing Chromium), then stops chromedriver.
     pub async fn quit(mut self) {
-        let _ = self
-            .session_call(reqwest::Method::DELETE, "", None)
-            .await;
+        let _ = self.session_call(reqwest::Method::DELETE, "", None).await;
         self.kill_group();
         if let Some(mut driver) = self.driver.take() {
             let _ = driver.wait().await;

@@ -32,7 +32,8 @@ struct Api {
 
 impl Api {
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut request = belfry_testkit::http_client().request(method.clone(), format!("{}{path}", self.base));
+        let mut request =
+            belfry_testkit::http_client().request(method.clone(), format!("{}{path}", self.base));
         if let Some(key) = &self.key {
             request = request.bearer_auth(key);
         }
@@ -45,12 +46,18 @@ impl Api {
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
         let status = response.status().as_u16();
         let text = response.text().await.unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     async fn ok(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
         let (status, answer) = self.call(method.clone(), path, body).await;
-        assert!((200..300).contains(&status), "{method} {path}: {status} {answer}");
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path}: {status} {answer}"
+        );
         answer
     }
 
@@ -67,14 +74,23 @@ impl Api {
     }
 
     /// Polls `path` until `done` holds for its answer.
-    async fn wait_for(&self, path: &str, what: &str, timeout: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    async fn wait_for(
+        &self,
+        path: &str,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
         let started = Instant::now();
         loop {
             let answer = self.get(path).await;
             if done(&answer) {
                 return answer;
             }
-            assert!(started.elapsed() < timeout, "{what} within {timeout:?}: last {answer}");
+            assert!(
+                started.elapsed() < timeout,
+                "{what} within {timeout:?}: last {answer}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -85,7 +101,10 @@ impl Api {
         let mut cursor = String::new();
         loop {
             let page = self
-                .get(&format!("/v1/tenants/{}/events?status={status}&limit=1000{cursor}", enc(tenant)))
+                .get(&format!(
+                    "/v1/tenants/{}/events?status={status}&limit=1000{cursor}",
+                    enc(tenant)
+                ))
                 .await;
             all.extend(page["events"].as_array().cloned().unwrap_or_default());
             match page["next_cursor"].as_str() {
@@ -122,9 +141,9 @@ struct Console {
 
 impl Console {
     async fn start(base: &str) -> Console {
-        let browser = Browser::start().await.unwrap_or_else(|e| {
-            panic!("the console test needs headless Chromium: {e}")
-        });
+        let browser = Browser::start()
+            .await
+            .unwrap_or_else(|e| panic!("the console test needs headless Chromium: {e}"));
         Console {
             browser,
             base: base.to_string(),
@@ -135,7 +154,11 @@ impl Console {
     /// Loads `/ui#{hash}` afresh and waits until page `ready` rendered.
     async fn load(&self, hash: &str, ready: &str) {
         self.browser
-            .goto(&format!("{}/ui?load={}#{hash}", self.base, common::now_ms()))
+            .goto(&format!(
+                "{}/ui?load={}#{hash}",
+                self.base,
+                common::now_ms()
+            ))
             .await
             .unwrap();
         self.wait_ready(ready).await;
@@ -170,7 +193,10 @@ impl Console {
             .wait_for(css, PAGE_DEADLINE)
             .await
             .unwrap_or_else(|e| panic!("click {css}: {e}"));
-        self.browser.click(&element).await.unwrap_or_else(|e| panic!("click {css}: {e}"));
+        self.browser
+            .click(&element)
+            .await
+            .unwrap_or_else(|e| panic!("click {css}: {e}"));
     }
 
     async fn type_into(&self, css: &str, text: &str) {
@@ -181,7 +207,10 @@ impl Console {
     /// Forgets which page rendered last, so the next wait sees a new render.
     async fn unmark(&self) {
         self.browser
-            .execute("delete document.getElementById('main').dataset.ready; return true;", vec![])
+            .execute(
+                "delete document.getElementById('main').dataset.ready; return true;",
+                vec![],
+            )
             .await
             .unwrap();
     }
@@ -191,8 +220,14 @@ impl Console {
         let script = format!("return document.getElementById('main').dataset.ready === '{name}';");
         if let Err(e) = self.browser.wait_until(&script, PAGE_DEADLINE).await {
             let banner = self.text("#banner").await;
-            let _ = self.browser.save_screenshot(&self.shots.join(format!("failed-{name}.png"))).await;
-            panic!("page {name} did not render: {e}; banner {banner:?}; console {:?}", self.browser.browser_logs().await);
+            let _ = self
+                .browser
+                .save_screenshot(&self.shots.join(format!("failed-{name}.png")))
+                .await;
+            panic!(
+                "page {name} did not render: {e}; banner {banner:?}; console {:?}",
+                self.browser.browser_logs().await
+            );
         }
         self.assert_no_console_errors(name).await;
     }
@@ -202,12 +237,19 @@ impl Console {
     async fn assert_no_console_errors(&self, what: &str) {
         let logs: Vec<LogEntry> = self.browser.browser_logs().await.unwrap();
         let severe: Vec<&LogEntry> = logs.iter().filter(|e| e.is_severe()).collect();
-        assert!(severe.is_empty(), "{what}: console errors {severe:#?} (all: {logs:#?})");
+        assert!(
+            severe.is_empty(),
+            "{what}: console errors {severe:#?} (all: {logs:#?})"
+        );
     }
 
     async fn text(&self, css: &str) -> String {
         match self.browser.find(css).await {
-            Ok(element) => self.browser.text(&element).await.unwrap_or_else(|e| panic!("text of {css}: {e}")),
+            Ok(element) => self
+                .browser
+                .text(&element)
+                .await
+                .unwrap_or_else(|e| panic!("text of {css}: {e}")),
             Err(e) => panic!("find {css}: {e}"),
         }
     }
@@ -220,7 +262,10 @@ impl Console {
             needle = json!(needle)
         );
         if let Err(e) = self.browser.wait_until(&script, PAGE_DEADLINE).await {
-            panic!("{css} never showed {needle:?}: {e}; it shows {:?}", self.text(css).await);
+            panic!(
+                "{css} never showed {needle:?}: {e}; it shows {:?}",
+                self.text(css).await
+            );
         }
     }
 
@@ -246,8 +291,11 @@ async fn populated_node(dir: &std::path::Path, receiver: &Receiver) -> (BelfryPr
         key: None,
     };
     let shop = "shop/orders";
-    api.put(&format!("/v1/tenants/{}", enc(shop)), json!({ "sink": { "type": "http", "url": receiver.url("/hook") } }))
-        .await;
+    api.put(
+        &format!("/v1/tenants/{}", enc(shop)),
+        json!({ "sink": { "type": "http", "url": receiver.url("/hook") } }),
+    )
+    .await;
     api.put(
         "/v1/tenants/shop%2Freports",
         json!({ "sink": { "type": "builtin", "processor": "log" } }),
@@ -259,8 +307,11 @@ async fn populated_node(dir: &std::path::Path, receiver: &Receiver) -> (BelfryPr
         json!({ "events": ids.iter().map(|id| json!({ "id": id, "deliver_at": at,
             "payload": format!("{{\"order\": \"{id}\"}}") })).collect::<Vec<_>>() })
     };
-    api.post(&format!("/v1/tenants/{}/events", enc(shop)), batch(&["order-1", "order-2", "order-3"], &now))
-        .await;
+    api.post(
+        &format!("/v1/tenants/{}/events", enc(shop)),
+        batch(&["order-1", "order-2", "order-3"], &now),
+    )
+    .await;
     api.wait_for(
         &format!("/v1/tenants/{}/events?status=failed", enc(shop)),
         "three failed events",
@@ -268,8 +319,11 @@ async fn populated_node(dir: &std::path::Path, receiver: &Receiver) -> (BelfryPr
         |page| page["events"].as_array().is_some_and(|e| e.len() == 3),
     )
     .await;
-    api.post(&format!("/v1/tenants/{}/events", enc(shop)), batch(&["order-4", "order-5", "order-6"], &now))
-        .await;
+    api.post(
+        &format!("/v1/tenants/{}/events", enc(shop)),
+        batch(&["order-4", "order-5", "order-6"], &now),
+    )
+    .await;
     api.wait_for(
         &format!("/v1/tenants/{}/events?status=delivered", enc(shop)),
         "three delivered events",
@@ -278,8 +332,11 @@ async fn populated_node(dir: &std::path::Path, receiver: &Receiver) -> (BelfryPr
     )
     .await;
     let later = common::rfc3339(common::now_ms() + 3_600_000);
-    api.post(&format!("/v1/tenants/{}/events", enc(shop)), batch(&["order-7"], &later))
-        .await;
+    api.post(
+        &format!("/v1/tenants/{}/events", enc(shop)),
+        batch(&["order-7"], &later),
+    )
+    .await;
     api.put(
         &format!("/v1/tenants/{}/schedules/nightly-report", enc(shop)),
         json!({ "expression": "30 2 * * *", "time_zone": "Europe/Berlin", "payload": "report" }),
@@ -319,7 +376,9 @@ async fn every_console_page_loads_cleanly_and_its_buttons_take_effect() {
     console.load("/overview", "signin").await;
     console.shot("signin").await;
     console.type_into("input[name=key]", &admin_secret).await;
-    console.click_to("form button[type=submit]", "overview").await;
+    console
+        .click_to("form button[type=submit]", "overview")
+        .await;
     let who = console.text("#who").await;
     assert!(who.contains(&admin_id) && who.contains("admin"), "{who}");
     // The key is in the tab's session storage, never in the URL.
@@ -335,71 +394,129 @@ async fn every_console_page_loads_cleanly_and_its_buttons_take_effect() {
         )
         .await
         .expect("the overview plots four charts with samples");
-    assert!(console.text("main").await.to_lowercase().contains("partitions owned"));
+    assert!(
+        console
+            .text("main")
+            .await
+            .to_lowercase()
+            .contains("partitions owned")
+    );
     console.assert_no_console_errors("overview polling").await;
     console.shot("overview").await;
 
     // Tenants.
-    console.click_to("#nav a[href='#/tenants']", "tenants").await;
+    console
+        .click_to("#nav a[href='#/tenants']", "tenants")
+        .await;
     let tenants = console.text("main").await;
-    assert!(tenants.contains(shop) && tenants.contains("shop/reports"), "{tenants}");
+    assert!(
+        tenants.contains(shop) && tenants.contains("shop/reports"),
+        "{tenants}"
+    );
     assert!(tenants.contains(&receiver.url("/hook")), "{tenants}");
     console.shot("tenants").await;
 
     // Events: the list, then the status filter through the form.
-    console.open(&format!("/events?tenant={}", enc(shop)), "events").await;
+    console
+        .open(&format!("/events?tenant={}", enc(shop)), "events")
+        .await;
     for id in ["order-1", "order-4", "order-7"] {
         console.wait_text("main table", id).await;
     }
-    console.click("select[name=status] option[value=failed]").await;
-    console.click_to("form.filters button[type=submit]", "events").await;
+    console
+        .click("select[name=status] option[value=failed]")
+        .await;
+    console
+        .click_to("form.filters button[type=submit]", "events")
+        .await;
     assert_eq!(console.count("main tbody tr").await, 3);
     assert!(console.text("main tbody").await.contains("order-2"));
-    assert!(console.browser.url().await.unwrap().contains("status=failed"));
+    assert!(
+        console
+            .browser
+            .url()
+            .await
+            .unwrap()
+            .contains("status=failed")
+    );
     console.shot("events").await;
 
     // One event with every attempt.
-    console.open(&format!("/events?tenant={}", enc(shop)), "events").await;
+    console
+        .open(&format!("/events?tenant={}", enc(shop)), "events")
+        .await;
     console.click_to("main a[href$='/order-4']", "events").await;
     console.wait_text("main", "Attempts (1)").await;
     assert!(console.text("main table").await.contains("delivered"));
-    assert!(console.text("main pre").await.contains("\"order\": \"order-4\""));
+    assert!(
+        console
+            .text("main pre")
+            .await
+            .contains("\"order\": \"order-4\"")
+    );
     console.shot("event").await;
 
     // Schedules: pause by clicking; the API agrees; resume on the detail page.
-    console.open(&format!("/schedules?tenant={}", enc(shop)), "schedules").await;
+    console
+        .open(&format!("/schedules?tenant={}", enc(shop)), "schedules")
+        .await;
     console.wait_text("main table", "nightly-report").await;
     console.wait_text("main table", "Europe/Berlin").await;
     console
-        .click_to("tr[data-schedule='nightly-report'] button[data-write]", "schedules")
+        .click_to(
+            "tr[data-schedule='nightly-report'] button[data-write]",
+            "schedules",
+        )
         .await;
     let schedule_path = format!("/v1/tenants/{}/schedules/nightly-report", enc(shop));
     assert_eq!(api.get(&schedule_path).await["status"], "paused");
-    console.wait_text("tr[data-schedule='nightly-report']", "paused").await;
-    console.wait_text("tr[data-schedule='nightly-report'] button", "Resume").await;
+    console
+        .wait_text("tr[data-schedule='nightly-report']", "paused")
+        .await;
+    console
+        .wait_text("tr[data-schedule='nightly-report'] button", "Resume")
+        .await;
     console.shot("schedules").await;
-    console.click_to("a[href$='/nightly-report']", "schedules").await;
+    console
+        .click_to("a[href$='/nightly-report']", "schedules")
+        .await;
     console.wait_text("main", "next 10 instants").await;
-    assert_eq!(console.count("main section:nth-of-type(2) tbody tr").await, 10);
+    assert_eq!(
+        console.count("main section:nth-of-type(2) tbody tr").await,
+        10
+    );
     console.shot("schedule").await;
     console.unmark().await;
     console.click("main .page-head button[data-write]").await;
-    api.wait_for(&schedule_path, "the schedule resumed", PAGE_DEADLINE, |s| s["status"] == "active")
-        .await;
+    api.wait_for(&schedule_path, "the schedule resumed", PAGE_DEADLINE, |s| {
+        s["status"] == "active"
+    })
+    .await;
     console.wait_text("main", "active").await;
     // A schedule with history.
-    console.open("/schedules/shop%2Freports/heartbeat", "schedules").await;
-    console.wait_text("main section:last-of-type table", "delivered").await;
+    console
+        .open("/schedules/shop%2Freports/heartbeat", "schedules")
+        .await;
+    console
+        .wait_text("main section:last-of-type table", "delivered")
+        .await;
     console
         .browser
-        .execute("document.querySelector('main section:last-of-type').scrollIntoView(); return true;", vec![])
+        .execute(
+            "document.querySelector('main section:last-of-type').scrollIntoView(); return true;",
+            vec![],
+        )
         .await
         .unwrap();
     console.shot("schedule-history").await;
 
     // Dead letters: three failed; redrive one by clicking; it is delivered.
-    console.open(&format!("/dead?tenant={}", enc(shop)), "dead").await;
-    console.wait_text("main .dead-count", "3 failed events match").await;
+    console
+        .open(&format!("/dead?tenant={}", enc(shop)), "dead")
+        .await;
+    console
+        .wait_text("main .dead-count", "3 failed events match")
+        .await;
     assert_eq!(console.count("main tbody tr").await, 3);
     console.shot("dead").await;
     let before = receiver.count();
@@ -414,19 +531,25 @@ async fn every_console_page_loads_cleanly_and_its_buttons_take_effect() {
     )
     .await;
     assert!(receiver.count() > before);
-    console.open(&format!("/dead?tenant={}", enc(shop)), "dead").await;
-    console.wait_text("main .dead-count", "2 failed events match").await;
+    console
+        .open(&format!("/dead?tenant={}", enc(shop)), "dead")
+        .await;
+    console
+        .wait_text("main .dead-count", "2 failed events match")
+        .await;
 
     // Cluster: one node owns all 64 partitions.
-    console.click_to("#nav a[href='#/cluster']", "cluster").await;
+    console
+        .click_to("#nav a[href='#/cluster']", "cluster")
+        .await;
     assert_eq!(console.count(".partition").await, 64);
     assert!(console.text("main").await.contains("single node"));
     console.shot("cluster").await;
 
     // Bulk actions (none yet).
     if std::env::var("SKIP_BULK").is_err() {
-    console.click_to("#nav a[href='#/bulk']", "bulk").await;
-    console.shot("bulk-empty").await;
+        console.click_to("#nav a[href='#/bulk']", "bulk").await;
+        console.shot("bulk-empty").await;
     }
 
     // The audit log names the admin key for the redrive.
@@ -440,23 +563,50 @@ async fn every_console_page_loads_cleanly_and_its_buttons_take_effect() {
     console.type_into("input[name=key]", &reader_secret).await;
     console.click_to("form button[type=submit]", "events").await;
     let nav = console.text("#nav").await;
-    assert!(!nav.contains("Overview") && !nav.contains("Cluster") && !nav.contains("Audit"), "{nav}");
+    assert!(
+        !nav.contains("Overview") && !nav.contains("Cluster") && !nav.contains("Audit"),
+        "{nav}"
+    );
     for (hash, page) in [
         (format!("/events?tenant={}", enc(shop)), "events"),
         (format!("/events/{}/order-1", enc(shop)), "events"),
         (format!("/schedules?tenant={}", enc(shop)), "schedules"),
-        (format!("/schedules/{}/nightly-report", enc(shop)), "schedules"),
+        (
+            format!("/schedules/{}/nightly-report", enc(shop)),
+            "schedules",
+        ),
         (format!("/dead?tenant={}", enc(shop)), "dead"),
-        (if std::env::var("SKIP_BULK").is_err() { "/bulk" } else { "/tenants" }.to_string(), if std::env::var("SKIP_BULK").is_err() { "bulk" } else { "tenants" }),
+        (
+            if std::env::var("SKIP_BULK").is_err() {
+                "/bulk"
+            } else {
+                "/tenants"
+            }
+            .to_string(),
+            if std::env::var("SKIP_BULK").is_err() {
+                "bulk"
+            } else {
+                "tenants"
+            },
+        ),
         ("/tenants".to_string(), "tenants"),
     ] {
         console.open(&hash, page).await;
-        assert_eq!(console.count("[data-write]").await, 0, "{hash} offers a write to a read key");
+        assert_eq!(
+            console.count("[data-write]").await,
+            0,
+            "{hash} offers a write to a read key"
+        );
         for label in ["Redrive", "Pause", "Resume", "Cancel", "Start"] {
-            assert!(!has_button(&console, label).await, "{hash}: a {label} button");
+            assert!(
+                !has_button(&console, label).await,
+                "{hash}: a {label} button"
+            );
         }
     }
-    console.open(&format!("/dead?tenant={}", enc(shop)), "dead").await;
+    console
+        .open(&format!("/dead?tenant={}", enc(shop)), "dead")
+        .await;
     console.shot("dead-read-only").await;
     // Admin pages are not offered: the router falls back to the events.
     console.open("/cluster", "events").await;
@@ -482,35 +632,62 @@ async fn one_click_redrives_a_thousand_failed_events_and_the_audit_log_names_the
         base: node.base_url(),
         key: Some(admin.expose().to_string()),
     };
-    let admin_id = api.get("/v1/whoami").await["key_id"].as_str().unwrap().to_string();
+    let admin_id = api.get("/v1/whoami").await["key_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let tenant = "bulk/tenant";
-    api.put(&format!("/v1/tenants/{}", enc(tenant)), json!({ "sink": { "type": "http", "url": receiver.url("/bulk") } }))
-        .await;
+    api.put(
+        &format!("/v1/tenants/{}", enc(tenant)),
+        json!({ "sink": { "type": "http", "url": receiver.url("/bulk") } }),
+    )
+    .await;
     let now = common::rfc3339(common::now_ms());
     let events: Vec<Value> = (0..EVENTS)
         .map(|i| json!({ "id": format!("e{i:04}"), "deliver_at": now, "payload": format!("{i}") }))
         .collect();
-    api.post(&format!("/v1/tenants/{}/events", enc(tenant)), json!({ "events": events }))
-        .await;
-    receiver.wait_for_count(EVENTS, DELIVERY_DEADLINE).await.unwrap();
+    api.post(
+        &format!("/v1/tenants/{}/events", enc(tenant)),
+        json!({ "events": events }),
+    )
+    .await;
+    receiver
+        .wait_for_count(EVENTS, DELIVERY_DEADLINE)
+        .await
+        .unwrap();
     let started = Instant::now();
     while api.events_in(tenant, "failed").await.len() < EVENTS {
-        assert!(started.elapsed() < DELIVERY_DEADLINE, "the 1,000 failures were not recorded");
+        assert!(
+            started.elapsed() < DELIVERY_DEADLINE,
+            "the 1,000 failures were not recorded"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
     let console = Console::start(&node.base_url()).await;
     console.load("/", "signin").await;
     console.type_into("input[name=key]", admin.expose()).await;
-    console.click_to("form button[type=submit]", "overview").await;
-    console.open(&format!("/dead?tenant={}", enc(tenant)), "dead").await;
-    console.wait_text("main .dead-count", "1,000 failed events match").await;
-    assert_eq!(console.count("main tbody tr").await, 50, "one page of 50 shown");
+    console
+        .click_to("form button[type=submit]", "overview")
+        .await;
+    console
+        .open(&format!("/dead?tenant={}", enc(tenant)), "dead")
+        .await;
+    console
+        .wait_text("main .dead-count", "1,000 failed events match")
+        .await;
+    assert_eq!(
+        console.count("main tbody tr").await,
+        50,
+        "one page of 50 shown"
+    );
     assert!(console.count("main a[rel=next]").await == 1);
     console.shot("dead-1000").await;
 
     // One click: a bulk redrive, followed on its page until it completes.
-    console.click_to("main .page-head button.primary[data-write]", "bulk").await;
+    console
+        .click_to("main .page-head button.primary[data-write]", "bulk")
+        .await;
     let script = "const e = document.querySelector('[data-bulk][data-state]'); \
                   return e !== null && e.dataset.state !== 'running' ? e.dataset.state : null;";
     let state = console
@@ -521,13 +698,23 @@ async fn one_click_redrives_a_thousand_failed_events_and_the_audit_log_names_the
     console.assert_no_console_errors("bulk progress").await;
     console.shot("bulk-action").await;
     assert_eq!(state, "completed");
-    assert!(console.text("main").await.contains("1,000 of 1,000"), "{}", console.text("main").await);
+    assert!(
+        console.text("main").await.contains("1,000 of 1,000"),
+        "{}",
+        console.text("main").await
+    );
 
     // Every one delivered: the receiver got 1,000 failures then 1,000 deliveries.
-    receiver.wait_for_count(2 * EVENTS, DELIVERY_DEADLINE).await.unwrap();
+    receiver
+        .wait_for_count(2 * EVENTS, DELIVERY_DEADLINE)
+        .await
+        .unwrap();
     let started = Instant::now();
     while api.events_in(tenant, "delivered").await.len() < EVENTS {
-        assert!(started.elapsed() < DELIVERY_DEADLINE, "not every redriven event was delivered");
+        assert!(
+            started.elapsed() < DELIVERY_DEADLINE,
+            "not every redriven event was delivered"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(api.events_in(tenant, "failed").await.is_empty());
@@ -536,8 +723,12 @@ async fn one_click_redrives_a_thousand_failed_events_and_the_audit_log_names_the
     console.click_to("#nav a[href='#/bulk']", "bulk").await;
     console.wait_text("main table", "completed").await;
     console.shot("bulk").await;
-    console.open(&format!("/dead?tenant={}", enc(tenant)), "dead").await;
-    console.wait_text("main .dead-count", "0 failed events match").await;
+    console
+        .open(&format!("/dead?tenant={}", enc(tenant)), "dead")
+        .await;
+    console
+        .wait_text("main .dead-count", "0 failed events match")
+        .await;
     console.open("/audit", "audit").await;
     console.wait_text("main table", "bulk_action_created").await;
     assert!(console.text("main table").await.contains(&admin_id));

@@ -263,7 +263,9 @@ pub(crate) async fn revoke(
         (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
     )
 )]
-pub(crate) async fn whoami(principal: Option<axum::Extension<Principal>>) -> Json<serde_json::Value> {
+pub(crate) async fn whoami(
+    principal: Option<axum::Extension<Principal>>,
+) -> Json<serde_json::Value> {
     let Some(axum::Extension(principal)) = principal else {
         return Json(json!({
             "key_id": null, "role": null, "tenant": null, "can_write": false, "open": false,

@@ -37,7 +37,10 @@ const PREFIX: &str = "/ui";
 
 /// Whether `path` is the console's page or one of its files.
 pub(crate) fn is_console_path(path: &str) -> bool {
-    path == PREFIX || path.strip_prefix(PREFIX).is_some_and(|r| r.starts_with('/'))
+    path == PREFIX
+        || path
+            .strip_prefix(PREFIX)
+            .is_some_and(|r| r.starts_with('/'))
 }
 
 /// One embedded file.
@@ -178,7 +181,10 @@ fn serve(index: usize, headers: &HeaderMap) -> Response {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         (
-            [(header::CONTENT_TYPE, HeaderValue::from_static(asset.content_type))],
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(asset.content_type),
+            )],
             asset.body,
         )
             .into_response()
