@@ -745,3 +745,51 @@ async fn one_click_redrives_a_thousand_failed_events_and_the_audit_log_names_the
 
     console.browser.quit().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_page_shows_every_node_the_leader_and_each_partitions_owner() {
+    let url = belfry_testkit::postgres::PgServer::shared()
+        .fresh_database()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for index in 0..3 {
+        let launch = BelfryLaunch::new(BIN, dir.path().join(format!("unused-{index}")))
+            .arg("--database-url")
+            .arg(&url);
+        nodes.push(BelfryProcess::start(launch).await.expect("node starts"));
+    }
+    let console = Console::start(&nodes[0].base_url()).await;
+    console.load("/cluster", "cluster").await;
+    // The leader spreads the partitions: three owners, every partition owned.
+    let spread = "const owners = new Set([...document.querySelectorAll('.partition')] \
+                  .map(p => [...p.classList].find(c => /^n\\d$/.test(c)))); \
+                  return document.querySelectorAll('main tbody tr').length === 3 \
+                  && document.querySelectorAll('.partition').length === 64 \
+                  && document.querySelectorAll('.partition.unowned').length === 0 \
+                  && owners.size === 3;";
+    console
+        .browser
+        .wait_until(spread, Duration::from_secs(90))
+        .await
+        .unwrap_or_else(|e| panic!("three nodes sharing the partitions: {e}"));
+    console.assert_no_console_errors("cluster polling").await;
+    let page = console.text("main").await;
+    assert!(page.contains("cluster (PostgreSQL)"), "{page}");
+    assert!(page.contains("Master") && page.contains("Slave"), "{page}");
+    let term: u64 = console
+        .browser
+        .execute(
+            "return [...document.querySelectorAll('dl.fields dt')] \
+             .find(dt => dt.textContent === 'Term').nextElementSibling.textContent;",
+            vec![],
+        )
+        .await
+        .unwrap()
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .expect("a term");
+    assert!(term >= 1, "{term}");
+    console.shot("cluster-three-nodes").await;
+    console.browser.quit().await;
+}

@@ -147,9 +147,11 @@ async function renderDetail(container, ctx) {
     shown = event;
   };
   await draw();
-  // While it is pending (also after a redrive here), follow it.
+  // While it is pending and due within a minute (also after a redrive
+  // here), follow it.
   ctx.every(2000, async () => {
-    if (pending(shown)) await draw();
+    const next = Date.parse(shown.next_attempt_at ?? shown.deliver_at);
+    if (pending(shown) && next - Date.now() < 60000) await draw();
   });
 }
 
