@@ -203,10 +203,7 @@ impl BulkKind {
         match (self, outcome) {
             (BulkKind::Cancel, CommandOutcome::Cancelled)
             | (BulkKind::Redrive, CommandOutcome::Redriven) => ItemOutcome::Succeeded,
-            (
-                BulkKind::Cancel,
-                CommandOutcome::NotFound | CommandOutcome::AlreadyFinished(_),
-            )
+            (BulkKind::Cancel, CommandOutcome::NotFound | CommandOutcome::AlreadyFinished(_))
             | (BulkKind::Redrive, CommandOutcome::NotFound | CommandOutcome::NotRedrivable(_)) => {
                 ItemOutcome::Skipped
             }
@@ -306,14 +303,15 @@ impl BulkFilter {
 pub enum BulkError {
     #[error("unknown action {0:?}; expected cancel, redrive, pause or resume")]
     UnknownAction(String),
-    #[error(
-        "{0} acts on schedules, which are filtered by status only; from and to filter events"
-    )]
+    #[error("{0} acts on schedules, which are filtered by status only; from and to filter events")]
     EventFilterOnSchedules(BulkKind),
     #[error("{} acts on {}; filter them by a status of theirs", .0, .0.acted_on())]
     WrongStatusKind(BulkKind),
     #[error("{kind} acts on {} only; status {status} never matches one", .kind.acted_on())]
-    StatusNeverActs { kind: BulkKind, status: &'static str },
+    StatusNeverActs {
+        kind: BulkKind,
+        status: &'static str,
+    },
 }
 
 /// Where a bulk action is in its life.
@@ -495,7 +493,9 @@ impl BulkAction {
 
     /// Whether `runner` holds the claim (lapsed or not).
     pub fn held_by(&self, runner: &str) -> bool {
-        self.claim.as_ref().is_some_and(|claim| claim.runner == runner)
+        self.claim
+            .as_ref()
+            .is_some_and(|claim| claim.runner == runner)
     }
 
     /// This action claimed by `runner` until `now + lease` (a new claim,
@@ -620,7 +620,10 @@ mod tests {
         assert!(early < late);
         assert_eq!(early.as_str().len(), ID_PREFIX.len() + 22);
         assert_eq!(BulkActionId::parse(early.as_str()), Some(early.clone()));
-        assert_ne!(early, BulkActionId::generate(ts(1_700_000_000_000)).unwrap());
+        assert_ne!(
+            early,
+            BulkActionId::generate(ts(1_700_000_000_000)).unwrap()
+        );
         let json = serde_json::to_string(&early).unwrap();
         assert_eq!(serde_json::from_str::<BulkActionId>(&json).unwrap(), early);
         for junk in [

@@ -123,7 +123,10 @@ impl EngineHandle {
     ///
     /// # Errors
     /// Unknown, already finished, or a store failure.
-    pub async fn cancel_bulk_action(&self, id: &BulkActionId) -> Result<BulkAction, CancelBulkError> {
+    pub async fn cancel_bulk_action(
+        &self,
+        id: &BulkActionId,
+    ) -> Result<BulkAction, CancelBulkError> {
         loop {
             let Some(mut action) = self.store().get_bulk_action(id).await? else {
                 return Err(CancelBulkError::NotFound(id.clone()));
@@ -264,8 +267,7 @@ async fn work_pages(
             }
             Err(PageError::Fail(error)) => {
                 tracing::error!(id = %action.id, %error, "bulk action failed");
-                return match save(shared, action, stop, |a, now| a.fail(error.clone(), now)).await
-                {
+                return match save(shared, action, stop, |a, now| a.fail(error.clone(), now)).await {
                     Ok(_) => Stop::Finished,
                     Err(why) => why,
                 };
@@ -464,9 +466,10 @@ async fn schedule_page(
 ) -> StoreResult<PageReport> {
     let tenant = action.tenant();
     let after = match &action.cursor {
-        Some(cursor) => Some(ScheduleId::new(cursor.id.clone()).map_err(|e| {
-            StoreError::Internal(format!("unreadable bulk action cursor: {e}"))
-        })?),
+        Some(cursor) => Some(
+            ScheduleId::new(cursor.id.clone())
+                .map_err(|e| StoreError::Internal(format!("unreadable bulk action cursor: {e}")))?,
+        ),
         None => None,
     };
     let schedules = handle
@@ -490,10 +493,7 @@ async fn schedule_page(
         if !action.filter.matches_schedule(state.schedule.status) {
             continue;
         }
-        match handle
-            .status_change(tenant, state.schedule, target)
-            .await
-        {
+        match handle.status_change(tenant, state.schedule, target).await {
             Ok(None) => tally.count(ItemOutcome::Skipped),
             Ok(Some((writes, _))) => {
                 changes.push(writes.len());

@@ -64,7 +64,10 @@ pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
         bulk += purged;
         if purged < PAGE {
             if bulk > 0 {
-                tracing::info!(purged = bulk, "retention sweep removed finished bulk actions");
+                tracing::info!(
+                    purged = bulk,
+                    "retention sweep removed finished bulk actions"
+                );
             }
             return Ok(total);
         }

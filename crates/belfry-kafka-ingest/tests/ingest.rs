@@ -696,10 +696,7 @@ impl Store for FaultyStore {
     async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
         self.inner.purge_audit(before, limit).await
     }
-    async fn create_bulk_action(
-        &self,
-        action: belfry_core::bulk::BulkAction,
-    ) -> StoreResult<bool> {
+    async fn create_bulk_action(&self, action: belfry_core::bulk::BulkAction) -> StoreResult<bool> {
         self.inner.create_bulk_action(action).await
     }
     async fn get_bulk_action(

@@ -31,9 +31,9 @@ use belfry_core::event::{Attempt, EventRecord, EventStatus};
 use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, Timestamp};
 use belfry_store::cluster::Coordinator;
 use belfry_store::{
-    Applied, ApplyParams, AuditPageParams, CountEventsParams, DuePageParams,
-    ListBulkActionsParams, ListEventsParams, PurgeBulkActionsParams, PurgeParams,
-    RunningBulkActionsParams, Store, StoreResult, StoreStats,
+    Applied, ApplyParams, AuditPageParams, CountEventsParams, DuePageParams, ListBulkActionsParams,
+    ListEventsParams, PurgeBulkActionsParams, PurgeParams, RunningBulkActionsParams, Store,
+    StoreResult, StoreStats,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::mpsc;

@@ -2004,10 +2004,15 @@ where
     let under_test = factory(partitions(4)).await;
     let store = &under_test.store;
     // Created in time order, across two tenants (one name extends the other).
-    let actions: Vec<_> = [("acme", 1_000), ("acme/x", 2_000), ("acme", 3_000), ("acme", 4_000)]
-        .into_iter()
-        .map(|(t, at)| bulk_action(t, at))
-        .collect();
+    let actions: Vec<_> = [
+        ("acme", 1_000),
+        ("acme/x", 2_000),
+        ("acme", 3_000),
+        ("acme", 4_000),
+    ]
+    .into_iter()
+    .map(|(t, at)| bulk_action(t, at))
+    .collect();
     for action in &actions {
         assert!(store.create_bulk_action(action.clone()).await.unwrap());
     }
@@ -2016,30 +2021,62 @@ where
         "an id is stored once"
     );
     assert_eq!(
-        store.get_bulk_action(&actions[1].id).await.unwrap().as_ref(),
+        store
+            .get_bulk_action(&actions[1].id)
+            .await
+            .unwrap()
+            .as_ref(),
         Some(&actions[1])
     );
     let unknown = bulk_action("acme", 9_000);
     assert_eq!(store.get_bulk_action(&unknown.id).await.unwrap(), None);
 
-    let list = |tenant_name: Option<&str>, before: Option<&belfry_core::bulk::BulkAction>, limit| {
-        ListBulkActionsParams {
-            tenant: tenant_name.map(tenant),
-            before: before.map(|a| a.id.clone()),
-            limit,
-        }
-    };
+    let list =
+        |tenant_name: Option<&str>, before: Option<&belfry_core::bulk::BulkAction>, limit| {
+            ListBulkActionsParams {
+                tenant: tenant_name.map(tenant),
+                before: before.map(|a| a.id.clone()),
+                limit,
+            }
+        };
     let newest_first: Vec<_> = actions.iter().rev().cloned().collect();
-    assert_eq!(store.list_bulk_actions(list(None, None, 10)).await.unwrap(), newest_first);
-    let acme: Vec<_> = newest_first.iter().filter(|a| a.tenant().as_str() == "acme").cloned().collect();
-    assert_eq!(store.list_bulk_actions(list(Some("acme"), None, 10)).await.unwrap(), acme);
     assert_eq!(
-        bulk_ids(&store.list_bulk_actions(list(Some("acme/x"), None, 10)).await.unwrap()),
+        store.list_bulk_actions(list(None, None, 10)).await.unwrap(),
+        newest_first
+    );
+    let acme: Vec<_> = newest_first
+        .iter()
+        .filter(|a| a.tenant().as_str() == "acme")
+        .cloned()
+        .collect();
+    assert_eq!(
+        store
+            .list_bulk_actions(list(Some("acme"), None, 10))
+            .await
+            .unwrap(),
+        acme
+    );
+    assert_eq!(
+        bulk_ids(
+            &store
+                .list_bulk_actions(list(Some("acme/x"), None, 10))
+                .await
+                .unwrap()
+        ),
         bulk_ids(&actions[1..2])
     );
-    assert!(store.list_bulk_actions(list(Some("other"), None, 10)).await.unwrap().is_empty());
+    assert!(
+        store
+            .list_bulk_actions(list(Some("other"), None, 10))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     // Pages of two, each before the previous page's last.
-    let first = store.list_bulk_actions(list(Some("acme"), None, 2)).await.unwrap();
+    let first = store
+        .list_bulk_actions(list(Some("acme"), None, 2))
+        .await
+        .unwrap();
     assert_eq!(bulk_ids(&first), bulk_ids(&acme[..2]));
     let second = store
         .list_bulk_actions(list(Some("acme"), first.last(), 2))
@@ -2050,16 +2087,27 @@ where
         .list_bulk_actions(list(None, Some(&actions[2]), 10))
         .await
         .unwrap();
-    assert_eq!(bulk_ids(&all_after), bulk_ids(&[actions[1].clone(), actions[0].clone()]));
+    assert_eq!(
+        bulk_ids(&all_after),
+        bulk_ids(&[actions[1].clone(), actions[0].clone()])
+    );
 
     // Running: every one so far, oldest first, paged after an id.
     let running = |after: Option<&belfry_core::bulk::BulkAction>, limit| RunningBulkActionsParams {
         after: after.map(|a| a.id.clone()),
         limit,
     };
-    assert_eq!(store.running_bulk_actions(running(None, 10)).await.unwrap(), actions);
     assert_eq!(
-        bulk_ids(&store.running_bulk_actions(running(Some(&actions[1]), 1)).await.unwrap()),
+        store.running_bulk_actions(running(None, 10)).await.unwrap(),
+        actions
+    );
+    assert_eq!(
+        bulk_ids(
+            &store
+                .running_bulk_actions(running(Some(&actions[1]), 1))
+                .await
+                .unwrap()
+        ),
         bulk_ids(&actions[2..3])
     );
 }
@@ -2083,8 +2131,16 @@ where
     let mut progressed = created.clone();
     progressed.record_page(
         &PageReport {
-            tally: BulkProgress { matched: 3, succeeded: 2, skipped: 1, failed: 0 },
-            cursor: Some(BulkCursor { at: Some(ts(50)), id: "e3".into() }),
+            tally: BulkProgress {
+                matched: 3,
+                succeeded: 2,
+                skipped: 1,
+                failed: 0,
+            },
+            cursor: Some(BulkCursor {
+                at: Some(ts(50)),
+                id: "e3".into(),
+            }),
             last: false,
         },
         ts(2_000),
@@ -2096,13 +2152,19 @@ where
         .expect("the first update from revision 0 lands");
     assert_eq!(stored.revision, 1);
     assert_eq!(stored.progress.matched, 3);
-    assert_eq!(store.get_bulk_action(&created.id).await.unwrap().as_ref(), Some(&stored));
+    assert_eq!(
+        store.get_bulk_action(&created.id).await.unwrap().as_ref(),
+        Some(&stored)
+    );
 
     // A second writer still at revision 0 changes nothing.
     let mut stale = created.clone();
     stale.cancel(ts(2_500)).unwrap();
     assert_eq!(store.update_bulk_action(stale).await.unwrap(), None);
-    assert_eq!(store.get_bulk_action(&created.id).await.unwrap().as_ref(), Some(&stored));
+    assert_eq!(
+        store.get_bulk_action(&created.id).await.unwrap().as_ref(),
+        Some(&stored)
+    );
 
     // The filter and the creation instant are not the update's to change.
     let mut renamed = stored.clone();
@@ -2120,13 +2182,22 @@ where
     assert_eq!(done.state, BulkState::Cancelled);
     assert!(
         store
-            .running_bulk_actions(RunningBulkActionsParams { after: None, limit: 10 })
+            .running_bulk_actions(RunningBulkActionsParams {
+                after: None,
+                limit: 10
+            })
             .await
             .unwrap()
             .is_empty()
     );
     // Unknown: nothing to update.
-    assert_eq!(store.update_bulk_action(bulk_action("acme", 9_000)).await.unwrap(), None);
+    assert_eq!(
+        store
+            .update_bulk_action(bulk_action("acme", 9_000))
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 /// Two runners claiming one action from the same revision, at once: on
@@ -2165,7 +2236,11 @@ where
         assert_eq!(&stored, winner);
         let holder = &stored.claim.as_ref().unwrap().runner;
         // Another runner sees the claim and may not take it before it lapses.
-        let other = if holder == "node-a" { "node-b" } else { "node-a" };
+        let other = if holder == "node-a" {
+            "node-b"
+        } else {
+            "node-a"
+        };
         assert!(!stored.claimable_by(other, ts(5_000)));
         assert!(stored.claimable_by(other, ts(11_000)));
         // A loser that saves from the old revision changes nothing.
@@ -2186,7 +2261,12 @@ where
     let under_test = factory(partitions(4)).await;
     let store = &under_test.store;
     let mut ids = Vec::new();
-    for (created, finished) in [(1_000, Some(5_000)), (2_000, Some(3_000)), (3_000, None), (4_000, Some(9_000))] {
+    for (created, finished) in [
+        (1_000, Some(5_000)),
+        (2_000, Some(3_000)),
+        (3_000, None),
+        (4_000, Some(9_000)),
+    ] {
         let action = bulk_action("acme", created);
         assert!(store.create_bulk_action(action.clone()).await.unwrap());
         if let Some(at) = finished {
@@ -2196,13 +2276,24 @@ where
         }
         ids.push(action.id);
     }
-    let purge = |limit| PurgeBulkActionsParams { finished_before: ts(6_000), limit };
+    let purge = |limit| PurgeBulkActionsParams {
+        finished_before: ts(6_000),
+        limit,
+    };
     assert_eq!(store.purge_bulk_actions(purge(1)).await.unwrap(), 1);
-    assert_eq!(store.get_bulk_action(&ids[1]).await.unwrap(), None, "oldest finished first");
+    assert_eq!(
+        store.get_bulk_action(&ids[1]).await.unwrap(),
+        None,
+        "oldest finished first"
+    );
     assert_eq!(store.purge_bulk_actions(purge(10)).await.unwrap(), 1);
     assert_eq!(store.purge_bulk_actions(purge(10)).await.unwrap(), 0);
     let left = store
-        .list_bulk_actions(ListBulkActionsParams { tenant: Some(tenant("acme")), before: None, limit: 10 })
+        .list_bulk_actions(ListBulkActionsParams {
+            tenant: Some(tenant("acme")),
+            before: None,
+            limit: 10,
+        })
         .await
         .unwrap();
     assert_eq!(
@@ -2211,7 +2302,11 @@ where
     );
     assert_eq!(
         store
-            .list_bulk_actions(ListBulkActionsParams { tenant: None, before: None, limit: 10 })
+            .list_bulk_actions(ListBulkActionsParams {
+                tenant: None,
+                before: None,
+                limit: 10
+            })
             .await
             .unwrap()
             .len(),

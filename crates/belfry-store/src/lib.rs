@@ -391,8 +391,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn create_bulk_action(&self, action: BulkAction) -> StoreResult<bool>;
     async fn get_bulk_action(&self, id: &BulkActionId) -> StoreResult<Option<BulkAction>>;
     /// A page of actions, newest first, at most `limit`.
-    async fn list_bulk_actions(&self, params: ListBulkActionsParams)
-    -> StoreResult<Vec<BulkAction>>;
+    async fn list_bulk_actions(
+        &self,
+        params: ListBulkActionsParams,
+    ) -> StoreResult<Vec<BulkAction>>;
     /// A page of the running actions, oldest first, at most `limit`: what
     /// runners look for work in (and resume after a restart).
     async fn running_bulk_actions(

@@ -13,9 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
-use belfry_core::bulk::{
-    BulkAction, BulkActionId, BulkFilter, BulkKind, BulkTarget, StatusFilter,
-};
+use belfry_core::bulk::{BulkAction, BulkActionId, BulkFilter, BulkKind, BulkTarget, StatusFilter};
 use belfry_core::{ScheduleStatus, Timestamp};
 use belfry_engine::bulk::CancelBulkError;
 use belfry_store::ListBulkActionsParams;
@@ -121,11 +119,7 @@ fn view(action: &BulkAction) -> Value {
 
 /// The action `id` if the principal may see it; otherwise, like an
 /// unknown one, 404.
-async fn visible(
-    state: &ApiState,
-    principal: &Principal,
-    id: &str,
-) -> Result<BulkAction, V1Error> {
+async fn visible(state: &ApiState, principal: &Principal, id: &str) -> Result<BulkAction, V1Error> {
     let parsed = BulkActionId::parse(id).ok_or_else(|| not_found(id))?;
     match state.engine.store().get_bulk_action(&parsed).await? {
         Some(action) if principal.sees(action.tenant()) => Ok(action),
@@ -172,7 +166,13 @@ pub(crate) async fn create(
         tracing::error!(%error, "cannot generate a bulk action id");
         V1Error(ApiError::internal())
     })?;
-    let action = BulkAction::new(id, kind, filter, principal.key.as_ref().map(|k| k.to_string()), now);
+    let action = BulkAction::new(
+        id,
+        kind,
+        filter,
+        principal.key.as_ref().map(|k| k.to_string()),
+        now,
+    );
     if !state.engine.create_bulk_action(action.clone()).await? {
         // 60 random bits collided within one millisecond.
         tracing::error!(id = %action.id, "a new bulk action's id already exists");
@@ -218,7 +218,8 @@ pub(crate) async fn list(
     principal: Principal,
     uri: Uri,
 ) -> Result<Response, V1Error> {
-    let invalid_query = |message: String| V1Error(ApiError::bad_request(code::INVALID_QUERY, message));
+    let invalid_query =
+        |message: String| V1Error(ApiError::bad_request(code::INVALID_QUERY, message));
     let mut tenant = None;
     let mut limit = state.options.default_list_limit;
     let mut before = None;
@@ -347,7 +348,10 @@ pub(crate) async fn cancel(
         Err(CancelBulkError::Finished(finished)) => Err(V1Error(ApiError::new(
             StatusCode::CONFLICT,
             code::ALREADY_FINISHED,
-            format!("the bulk action already finished ({})", finished.state.as_str()),
+            format!(
+                "the bulk action already finished ({})",
+                finished.state.as_str()
+            ),
         ))),
         Err(CancelBulkError::NotFound(_)) => Err(not_found(&id)),
         Err(CancelBulkError::Store(error)) => Err(error.into()),

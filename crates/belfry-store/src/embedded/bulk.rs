@@ -24,9 +24,7 @@ use fjall::{Database, Keyspace, KeyspaceCreateOptions};
 use super::auth::{decode, encode, lock, sync};
 use super::keys::{instant_bytes, tenant_prefix, tenant_prefix_end};
 use super::writer::internal;
-use crate::{
-    ListBulkActionsParams, PurgeBulkActionsParams, RunningBulkActionsParams, StoreResult,
-};
+use crate::{ListBulkActionsParams, PurgeBulkActionsParams, RunningBulkActionsParams, StoreResult};
 
 #[derive(Clone)]
 pub(crate) struct BulkKeyspaces {
@@ -112,7 +110,10 @@ impl BulkKeyspaces {
         }
     }
 
-    pub(crate) fn running(&self, params: &RunningBulkActionsParams) -> StoreResult<Vec<BulkAction>> {
+    pub(crate) fn running(
+        &self,
+        params: &RunningBulkActionsParams,
+    ) -> StoreResult<Vec<BulkAction>> {
         let start = match &params.after {
             Some(after) => Bound::Excluded(after.as_str().as_bytes().to_vec()),
             None => Bound::Unbounded,
