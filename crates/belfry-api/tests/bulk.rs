@@ -567,8 +567,8 @@ async fn roles_and_tenants_are_honoured() {
             .map(|a| a["id"].as_str().unwrap().to_string())
             .collect()
     };
-    assert_eq!(ids(&list(&reader, "").await), [acme_id.clone()]);
-    assert_eq!(ids(&list(&reader, "?tenant=acme").await), [acme_id.clone()]);
+    assert_eq!(ids(&list(&reader, "").await), [acme_id.as_str()]);
+    assert_eq!(ids(&list(&reader, "?tenant=acme").await), [acme_id.as_str()]);
     let foreign_list = list(&reader, "?tenant=beta").await;
     assert_eq!(
         foreign_list.status,
@@ -577,15 +577,15 @@ async fn roles_and_tenants_are_honoured() {
     );
     assert_eq!(
         ids(&list(&admin, "").await),
-        [beta_id.clone(), acme_id.clone()]
+        [beta_id.as_str(), acme_id.as_str()]
     );
-    assert_eq!(ids(&list(&admin, "?tenant=beta").await), [beta_id.clone()]);
+    assert_eq!(ids(&list(&admin, "?tenant=beta").await), [beta_id.as_str()]);
     // Pages of one, newest first.
     let first = list(&admin, "?limit=1").await;
-    assert_eq!(ids(&first), [beta_id.clone()]);
+    assert_eq!(ids(&first), [beta_id.as_str()]);
     let cursor = first.body["next_cursor"].as_str().unwrap().to_string();
     let second = list(&admin, &format!("?limit=1&cursor={cursor}")).await;
-    assert_eq!(ids(&second), [acme_id.clone()]);
+    assert_eq!(ids(&second), [acme_id.as_str()]);
     assert_eq!(second.body["next_cursor"], Value::Null);
     h.shutdown().await;
 }
