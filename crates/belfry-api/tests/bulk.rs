@@ -568,7 +568,10 @@ async fn roles_and_tenants_are_honoured() {
             .collect()
     };
     assert_eq!(ids(&list(&reader, "").await), [acme_id.as_str()]);
-    assert_eq!(ids(&list(&reader, "?tenant=acme").await), [acme_id.as_str()]);
+    assert_eq!(
+        ids(&list(&reader, "?tenant=acme").await),
+        [acme_id.as_str()]
+    );
     let foreign_list = list(&reader, "?tenant=beta").await;
     assert_eq!(
         foreign_list.status,

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::bulk::{
-    BulkAction, BulkActionId, BulkClaim, BulkCursor, BulkFilter, BulkKind, BulkProgress,
-    BulkState, StatusFilter,
+    BulkAction, BulkActionId, BulkClaim, BulkCursor, BulkFilter, BulkKind, BulkProgress, BulkState,
+    StatusFilter,
 };
 use belfry_core::event::{DeliveryOption, EventCommand};
 use belfry_core::{
-    Clock, EventId, EventKey, EventStatus, EventVersion, ManualClock, PartitionCount,
-    SystemClock, TenantName, Timestamp,
+    Clock, EventId, EventKey, EventStatus, EventVersion, ManualClock, PartitionCount, SystemClock,
+    TenantName, Timestamp,
 };
 use belfry_engine::{Engine, EngineHandle, EngineOptions};
 use belfry_sinks::Sinks;
@@ -174,7 +174,10 @@ async fn a_lapsed_claim_is_taken_over_and_resumes_after_the_cursor() {
     })
     .await;
     let untouched = store.get_bulk_action(&abandoned.id).await.unwrap().unwrap();
-    assert_eq!(untouched, abandoned, "claimed by another runner until it lapses");
+    assert_eq!(
+        untouched, abandoned,
+        "claimed by another runner until it lapses"
+    );
 
     clock.advance(Duration::from_secs(16));
     handle.poke_bulk_runner();

@@ -108,7 +108,11 @@ async fn kill_9_in_the_middle_of_a_bulk_action_resumes_it_after_restart() {
     };
     assert_eq!(done["state"], "completed", "{done}");
     let n = |field: &str| done[field].as_u64().unwrap() as usize;
-    assert_eq!(n("matched"), n("succeeded") + n("skipped") + n("failed"), "{done}");
+    assert_eq!(
+        n("matched"),
+        n("succeeded") + n("skipped") + n("failed"),
+        "{done}"
+    );
     assert_eq!(n("failed"), 0, "{done}");
     // At most the page in progress at the kill went uncounted (its events
     // were cancelled but not saved as such); nothing was counted twice.
