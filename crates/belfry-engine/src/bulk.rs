@@ -22,10 +22,11 @@
 //! A restart therefore resumes after the last saved page; a page applied
 //! but not saved is listed again (its items are then gone from a status
 //! filter, or skipped), so nothing is done twice and at most one page goes
-//! uncounted. Between pages the runner sees a cancel (its save conflicts
-//! with the cancel; the page is merged into the cancelled record) and a
-//! shutdown (it gives its claim up, so the next start or another node
-//! continues at once). A page whose read or write fails as a whole is
+//! uncounted. Before each page the runner reads the action again: a
+//! cancel stops it there (a cancel that lands during a page makes that
+//! page's save conflict; the page is merged into the cancelled record,
+//! still counted). A shutdown stops it between pages too, and it gives its
+//! claim up, so the next start or another node continues at once. A page whose read or write fails as a whole is
 //! retried with back-off, renewing the claim meanwhile; only an item whose
 //! own write failed counts as `failed`. A store error that is not
 //! `Unavailable` and persists [`MAX_FAILED_ATTEMPTS`] times fails the
@@ -256,6 +257,23 @@ async fn work_pages(
         if *stop.borrow() {
             release(shared, action).await;
             return Stop::Stopping;
+        }
+        // A cancel (or a takeover) since the last save stops the work
+        // before another page, not after it.
+        match shared.store.get_bulk_action(&action.id).await {
+            Ok(Some(fresh)) if fresh.revision != action.revision => {
+                if !fresh.held_by(&shared.bulk.runner_id) {
+                    return Stop::Lost;
+                }
+                if fresh.state != BulkState::Running {
+                    release(shared, fresh).await;
+                    return Stop::Finished;
+                }
+                action = fresh;
+            }
+            Ok(None) => return Stop::Lost,
+            // Unchanged; or the store failed, which the page retries.
+            Ok(Some(_)) | Err(_) => {}
         }
         let page = match page_with_retries(shared, &handle, &mut action, stop).await {
             Ok(page) => page,
@@ -573,8 +591,9 @@ async fn save(
     }
 }
 
-/// Gives the claim up (the node is stopping), so that the next start or
-/// another node continues at once. Best effort: otherwise it lapses.
+/// Gives the claim up (the node is stopping, or the action was cancelled),
+/// so that the next start or another node continues at once. Best
+/// effort: otherwise it lapses.
 async fn release(shared: &Shared, mut action: BulkAction) {
     action.release(&shared.bulk.runner_id);
     if let Err(error) = shared.store.update_bulk_action(action).await {
