@@ -28,6 +28,7 @@ pub mod code {
     pub const TENANT_NOT_FOUND: &str = "tenant_not_found";
     pub const EVENT_NOT_FOUND: &str = "event_not_found";
     pub const SCHEDULE_NOT_FOUND: &str = "schedule_not_found";
+    pub const BULK_ACTION_NOT_FOUND: &str = "bulk_action_not_found";
     pub const INVALID_CRON: &str = "invalid_cron";
     pub const INVALID_SCHEDULE: &str = "invalid_schedule";
     pub const NOT_FOUND: &str = "not_found";

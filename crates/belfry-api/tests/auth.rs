@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use belfry_api::{Auth, AuthMode, AuthOptions, auth};
 use belfry_core::auth::{ApiKey, AuditAction, KeySecret, Role};
+use belfry_core::bulk::{BulkAction, BulkActionId, BulkFilter, BulkKind};
 use belfry_core::{Clock, SystemClock, TenantName, Timestamp};
 use belfry_engine::EngineOptions;
 use belfry_store::SharedStore;
@@ -238,8 +239,30 @@ async fn stored_key(
     secret.expose().to_string()
 }
 
-/// Two tenants with an event and a schedule each, registered by `admin`.
-async fn two_tenants(node: &Served, admin: &str) {
+/// The id of the (finished) bulk action [`two_tenants`] stores for `tenant`.
+fn bulk_action_id(tenant: &str) -> BulkActionId {
+    BulkActionId::parse(&format!("bulk_000000000001{tenant}Action")).unwrap()
+}
+
+/// Two tenants with an event, a schedule and a finished bulk action each,
+/// registered by `admin`.
+async fn two_tenants(h: &Harness, node: &Served, admin: &str) {
+    for tenant in ["acme", "beta"] {
+        let mut action = BulkAction::new(
+            bulk_action_id(tenant),
+            BulkKind::Redrive,
+            BulkFilter {
+                tenant: TenantName::new(tenant).unwrap(),
+                status: None,
+                from: None,
+                to: None,
+            },
+            None,
+            now(),
+        );
+        action.cancel(now()).unwrap();
+        assert!(h.store.create_bulk_action(action).await.unwrap());
+    }
     for tenant in ["acme", "beta"] {
         let t = encode(tenant);
         let reply = node
@@ -360,6 +383,26 @@ fn routes(t: &str) -> Vec<(Call<'static>, u16)> {
             Call::new("GET", "/v1/cron/preview?expression=0%200%201%201%20%2A"),
             200,
         ),
+        (
+            Call::new("POST", "/v1/bulk-actions")
+                .json(json!({ "action": "cancel", "filter": { "tenant": t } })),
+            404,
+        ),
+        (
+            Call::new("GET", format!("/v1/bulk-actions?tenant={e}")),
+            404,
+        ),
+        (
+            Call::new("GET", format!("/v1/bulk-actions/{}", bulk_action_id(t))),
+            404,
+        ),
+        (
+            Call::new(
+                "POST",
+                format!("/v1/bulk-actions/{}/cancel", bulk_action_id(t)),
+            ),
+            404,
+        ),
         (Call::new("GET", "/v1/cluster"), 403),
         (Call::new("GET", "/v1/keys"), 200),
         (
@@ -394,10 +437,20 @@ async fn everything(h: &Harness) -> Value {
         })
         .await
         .unwrap();
+    let bulk_actions = h
+        .store
+        .list_bulk_actions(belfry_store::ListBulkActionsParams {
+            tenant: None,
+            before: None,
+            limit: 10_000,
+        })
+        .await
+        .unwrap();
     json!({
         "store": h.snapshot(&["acme", "beta"]).await,
         "keys": serde_json::to_value(&keys).unwrap(),
         "audit": serde_json::to_value(&audit).unwrap(),
+        "bulk_actions": serde_json::to_value(&bulk_actions).unwrap(),
     })
 }
 
@@ -453,7 +506,7 @@ async fn every_route_refuses_a_missing_or_bad_key_and_changes_nothing() {
     let h = Harness::start().await;
     let admin = stored_key(&h.store, None, Role::Admin, None).await;
     let node = Served::start(&h, AuthOptions::default()).await;
-    two_tenants(&node, &admin).await;
+    two_tenants(&h, &node, &admin).await;
     let before = everything(&h).await;
 
     let valid = KeySecret::generate().unwrap();
@@ -510,7 +563,7 @@ async fn another_tenants_key_sees_nothing_and_changes_nothing() {
     let admin = stored_key(&h.store, None, Role::Admin, None).await;
     let acme = stored_key(&h.store, Some("acme"), Role::Write, None).await;
     let node = Served::start(&h, AuthOptions::default()).await;
-    two_tenants(&node, &admin).await;
+    two_tenants(&h, &node, &admin).await;
     let before = everything(&h).await;
 
     for (call, expected) in routes("beta") {
@@ -545,6 +598,7 @@ async fn another_tenants_key_sees_nothing_and_changes_nothing() {
         "/v1/tenants/{}/events/e1",
         "/v1/tenants/{}",
         "/v1/tenants/{}/schedules/s1",
+        "/v1/bulk-actions?tenant={}",
     ] {
         let beta = node
             .call(Call::new("GET", path.replace("{}", "beta")).key(&acme))
@@ -642,7 +696,7 @@ async fn a_read_key_cannot_write() {
     let reader = stored_key(&h.store, Some("acme"), Role::Read, None).await;
     let worker = stored_key(&h.store, Some("acme"), Role::Worker, None).await;
     let node = Served::start(&h, AuthOptions::default()).await;
-    two_tenants(&node, &admin).await;
+    two_tenants(&h, &node, &admin).await;
     let before = everything(&h).await;
 
     for key in [&reader, &worker] {

@@ -286,6 +286,8 @@ pub enum AuditAction {
     TenantDeleted,
     EventsBulkCancelled,
     EventRedriven,
+    BulkActionCreated,
+    BulkActionCancelled,
 }
 
 impl AuditAction {
@@ -298,6 +300,8 @@ impl AuditAction {
             AuditAction::TenantDeleted => "tenant_deleted",
             AuditAction::EventsBulkCancelled => "events_bulk_cancelled",
             AuditAction::EventRedriven => "event_redriven",
+            AuditAction::BulkActionCreated => "bulk_action_created",
+            AuditAction::BulkActionCancelled => "bulk_action_cancelled",
         }
     }
 
@@ -311,6 +315,8 @@ impl AuditAction {
             AuditAction::TenantDeleted,
             AuditAction::EventsBulkCancelled,
             AuditAction::EventRedriven,
+            AuditAction::BulkActionCreated,
+            AuditAction::BulkActionCancelled,
         ]
         .into_iter()
         .find(|action| action.as_str() == text)
@@ -391,7 +397,7 @@ fn is_base62(byte: u8) -> bool {
 
 /// `len` uniformly random base62 characters (rejection sampling, so no
 /// character is likelier than another).
-fn random_base62(len: usize) -> Result<String, KeyError> {
+pub(crate) fn random_base62(len: usize) -> Result<String, KeyError> {
     let mut out = String::with_capacity(len);
     let mut buffer = [0u8; 64];
     while out.len() < len {
@@ -591,6 +597,9 @@ mod tests {
             AuditAction::TenantChanged,
             AuditAction::TenantDeleted,
             AuditAction::EventsBulkCancelled,
+            AuditAction::EventRedriven,
+            AuditAction::BulkActionCreated,
+            AuditAction::BulkActionCancelled,
         ] {
             assert_eq!(AuditAction::parse(action.as_str()), Some(action));
             assert_eq!(

@@ -27,9 +27,12 @@
 //!   planner of their occurrences and misfires.
 //! - [`assignment`]: how the cluster leader spreads partitions over nodes.
 //! - [`auth`]: API key secrets (format, checksum, hash), roles, audit entries.
+//! - [`bulk`]: bulk actions (cancel, redrive, pause, resume over a filter):
+//!   the record, its progress and the claim rule of its runners.
 
 pub mod assignment;
 pub mod auth;
+pub mod bulk;
 pub mod cron;
 pub mod event;
 pub mod fire;

@@ -199,6 +199,17 @@ impl ScheduleStatus {
             ScheduleStatus::Deleted => "deleted",
         }
     }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [
+            ScheduleStatus::Active,
+            ScheduleStatus::Paused,
+            ScheduleStatus::Completed,
+            ScheduleStatus::Deleted,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+    }
 }
 
 /// Missed occurrences that were not stored one by one.

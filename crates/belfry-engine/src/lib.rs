@@ -17,6 +17,8 @@
 //!   their entries;
 //! - [`schedules`]: recurring schedules: the control-event firing (plan,
 //!   store occurrences, move the control event) and their management;
+//! - [`bulk`]: the bulk action runner (cancel, redrive, pause, resume
+//!   over a filter, page by page, resumable, one node at a time);
 //! - [`purge`]: the background retention sweep;
 //! - [`quotas`]: per-tenant quotas on pending events, schedules and
 //!   payload size, checked before client writes;
@@ -43,6 +45,7 @@ use belfry_store::{Applied, ApplyParams, KeyedCommand, SharedStore, StoreResult}
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+pub mod bulk;
 pub mod dispatch;
 pub mod membership;
 pub mod options;
@@ -79,6 +82,7 @@ pub struct Engine {
     handle: EngineHandle,
     recorder_task: JoinHandle<()>,
     purge_task: JoinHandle<()>,
+    bulk_task: JoinHandle<()>,
 }
 
 /// What the API edge uses: apply commands (store, then wake the owning
@@ -113,6 +117,8 @@ pub(crate) struct Shared {
     /// Set once shutdown starts: no new delivery begins after it.
     pub(crate) stopping: AtomicBool,
     pub(crate) stop_signal: watch::Sender<bool>,
+    /// The bulk action runner's state (claims, wake-up).
+    pub(crate) bulk: bulk::BulkRunner,
 }
 
 impl Engine {
@@ -125,7 +131,7 @@ impl Engine {
         clock: Arc<dyn Clock>,
     ) -> Engine {
         let all: Vec<Ownership> = store.partitions().all().map(Ownership::forever).collect();
-        let engine = Engine::launch(options, store, sinks, clock);
+        let engine = Engine::launch(options, store, sinks, clock, "local".to_string());
         engine.handle.set_ownership(all);
         engine
     }
@@ -144,14 +150,16 @@ impl Engine {
         clock: Arc<dyn Clock>,
     ) -> Engine {
         options.read_ahead = std::time::Duration::ZERO;
-        Engine::launch(options, store, sinks, clock)
+        Engine::launch(options, store, sinks, clock, belfry_core::bulk::runner_id())
     }
 
+    /// `bulk_runner` names this node in bulk action claims.
     fn launch(
         options: EngineOptions,
         store: SharedStore,
         sinks: Sinks,
         clock: Arc<dyn Clock>,
+        bulk_runner: String,
     ) -> Engine {
         // Bounded: a delivery waits (holding its slot) while the recorder
         // is behind, so outcomes never pile up in memory.
@@ -174,9 +182,11 @@ impl Engine {
             outcomes: outcome_tx,
             stopping: AtomicBool::new(false),
             stop_signal,
+            bulk: bulk::BulkRunner::new(bulk_runner),
         });
         let recorder_task = tokio::spawn(recorder::run(shared.clone(), outcome_rx));
         let purge_task = tokio::spawn(purge::run(shared.clone()));
+        let bulk_task = tokio::spawn(bulk::run(shared.clone()));
         tracing::info!(
             partitions = shared.store.partitions().get(),
             window_ms = shared.options.window.as_millis() as u64,
@@ -186,6 +196,7 @@ impl Engine {
             handle: EngineHandle { inner: shared },
             recorder_task,
             purge_task,
+            bulk_task,
         }
     }
 
@@ -207,6 +218,11 @@ impl Engine {
         shared.limits.drop_queued(&shared);
         self.purge_task.abort();
         let grace = shared.options.shutdown_grace;
+        // Bulk actions stop at their next page boundary and give their
+        // claims up; they continue after the next start (or elsewhere).
+        if tokio::time::timeout(grace, self.bulk_task).await.is_err() {
+            tracing::warn!("a bulk action page was still running at the end of the shutdown grace");
+        }
         if tokio::time::timeout(grace, shared.limits.wait_idle())
             .await
             .is_err()

@@ -72,6 +72,21 @@ pub struct EngineOptions {
         rename = "repair_interval_ms"
     )]
     pub repair_interval: Duration,
+    /// Items a bulk action handles per page: one store read, one batch
+    /// of writes and one progress save each (`docs/api.md`).
+    pub bulk_page_size: usize,
+    /// How long a node's claim on a bulk action lasts unless renewed (every
+    /// page renews it): after a node dies, another takes its actions over
+    /// this long after its last page.
+    #[serde(with = "belfry_core::time::serde_millis", rename = "bulk_lease_ms")]
+    pub bulk_lease: Duration,
+    /// A pause between two pages of one bulk action, to spread a large
+    /// action's writes out. Zero: none.
+    #[serde(
+        with = "belfry_core::time::serde_millis",
+        rename = "bulk_page_pause_ms"
+    )]
+    pub bulk_page_pause: Duration,
     /// Per-tenant quotas; the node sets them from its `[limits]` section
     /// (not an `engine.*` key). Default here: none.
     #[serde(skip)]
@@ -108,6 +123,9 @@ impl Default for EngineOptions {
             schedule_max_missed_recorded: 100,
             read_ahead: Duration::from_millis(500),
             repair_interval: Duration::from_secs(5),
+            bulk_page_size: 200,
+            bulk_lease: Duration::from_secs(15),
+            bulk_page_pause: Duration::ZERO,
             quotas: crate::quotas::QuotaOptions::unlimited(),
         }
     }

@@ -1,10 +1,10 @@
 //! The background retention sweep: finished events and their attempt
 //! history go once they are older than `history_retention`, and so do
-//! audit log entries (kept like history).
+//! audit log entries and finished bulk actions (kept like history).
 
 use std::sync::Arc;
 
-use belfry_store::{PurgeParams, StoreResult};
+use belfry_store::{PurgeBulkActionsParams, PurgeParams, StoreResult};
 
 use crate::Shared;
 
@@ -48,6 +48,26 @@ pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
         if purged < PAGE {
             if audit > 0 {
                 tracing::info!(purged = audit, "retention sweep removed audit entries");
+            }
+            break;
+        }
+    }
+    let mut bulk = 0;
+    loop {
+        let purged = shared
+            .store
+            .purge_bulk_actions(PurgeBulkActionsParams {
+                finished_before: cut_off,
+                limit: PAGE,
+            })
+            .await?;
+        bulk += purged;
+        if purged < PAGE {
+            if bulk > 0 {
+                tracing::info!(
+                    purged = bulk,
+                    "retention sweep removed finished bulk actions"
+                );
             }
             return Ok(total);
         }

@@ -420,27 +420,50 @@ impl EngineHandle {
         id: &ScheduleId,
         status: ScheduleStatus,
     ) -> Result<ScheduleState, ScheduleOpError> {
-        let now = self.now();
-        let Some(mut schedule) = self
+        let Some(schedule) = self
             .read_schedule(tenant, id)
             .await?
             .and_then(|(_, s)| live(s))
         else {
             return Err(ScheduleOpError::NotFound(id.clone()));
         };
-        if schedule.status == ScheduleStatus::Completed || schedule.status == status {
-            return Ok(self.state(tenant, schedule, None));
+        match self.status_change(tenant, schedule.clone(), status).await? {
+            None => Ok(self.state(tenant, schedule, None)),
+            Some((commands, changed)) => {
+                self.apply(commands).await?;
+                Ok(self.state(tenant, changed, None))
+            }
         }
+    }
+
+    /// The writes that move a live `schedule` to `status` (active or
+    /// paused), and the schedule as they leave it; `None` when there is
+    /// nothing to change (it is completed, or in `status` already). Bulk
+    /// pauses and resumes apply many of these in one batch.
+    ///
+    /// # Errors
+    /// An unreadable definition, or a store failure.
+    pub(crate) async fn status_change(
+        &self,
+        tenant: &TenantName,
+        mut schedule: Schedule,
+        status: ScheduleStatus,
+    ) -> Result<Option<(Vec<KeyedCommand>, Schedule)>, ScheduleOpError> {
+        if schedule.status == ScheduleStatus::Completed || schedule.status == status {
+            return Ok(None);
+        }
+        let now = self.now();
         let spec = schedule.spec().map_err(ScheduleError::from)?;
         if status == ScheduleStatus::Active {
             schedule.progress.cursor = schedule.progress.cursor.max(now);
         }
         schedule.status = status;
         schedule.updated_at = now;
-        let mut commands = self.cancel_future_occurrences(tenant, id, now).await?;
+        let mut commands = self
+            .cancel_future_occurrences(tenant, &schedule.id, now)
+            .await?;
         commands.extend(self.control_commands(tenant, &mut schedule, &spec));
-        self.apply(commands).await?;
-        Ok(self.state(tenant, schedule, None))
+        Ok(Some((commands, schedule)))
     }
 
     /// Deletes a schedule and cancels its future occurrences; its

@@ -696,6 +696,39 @@ impl Store for FaultyStore {
     async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
         self.inner.purge_audit(before, limit).await
     }
+    async fn create_bulk_action(&self, action: belfry_core::bulk::BulkAction) -> StoreResult<bool> {
+        self.inner.create_bulk_action(action).await
+    }
+    async fn get_bulk_action(
+        &self,
+        id: &belfry_core::bulk::BulkActionId,
+    ) -> StoreResult<Option<belfry_core::bulk::BulkAction>> {
+        self.inner.get_bulk_action(id).await
+    }
+    async fn list_bulk_actions(
+        &self,
+        params: belfry_store::ListBulkActionsParams,
+    ) -> StoreResult<Vec<belfry_core::bulk::BulkAction>> {
+        self.inner.list_bulk_actions(params).await
+    }
+    async fn running_bulk_actions(
+        &self,
+        params: belfry_store::RunningBulkActionsParams,
+    ) -> StoreResult<Vec<belfry_core::bulk::BulkAction>> {
+        self.inner.running_bulk_actions(params).await
+    }
+    async fn update_bulk_action(
+        &self,
+        action: belfry_core::bulk::BulkAction,
+    ) -> StoreResult<Option<belfry_core::bulk::BulkAction>> {
+        self.inner.update_bulk_action(action).await
+    }
+    async fn purge_bulk_actions(
+        &self,
+        params: belfry_store::PurgeBulkActionsParams,
+    ) -> StoreResult<usize> {
+        self.inner.purge_bulk_actions(params).await
+    }
 }
 
 /// Two consumers in one group (two cluster nodes) while records flow: one

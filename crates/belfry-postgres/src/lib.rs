@@ -8,6 +8,7 @@
 //! - [`schema`](crate::schema): versioned migrations applied at connect;
 //! - `apply`: the write path, one transaction per [`Store::apply`];
 //! - `auth`: API keys and the audit log;
+//! - `bulk`: bulk actions, with their compare-and-set;
 //! - `coordinator`: the [`Coordinator`] contract on the database clock;
 //! - [`wakeups`]: NOTIFY payloads and the LISTEN connection;
 //! - `rows`: row ↔ domain conversions and `unnest` column arrays;
@@ -25,18 +26,21 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
+use belfry_core::bulk::{BulkAction, BulkActionId};
 use belfry_core::event::{Attempt, EventRecord, EventStatus};
 use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, Timestamp};
 use belfry_store::cluster::Coordinator;
 use belfry_store::{
-    Applied, ApplyParams, AuditPageParams, CountEventsParams, DuePageParams, ListEventsParams,
-    PurgeParams, Store, StoreResult, StoreStats,
+    Applied, ApplyParams, AuditPageParams, CountEventsParams, DuePageParams, ListBulkActionsParams,
+    ListEventsParams, PurgeBulkActionsParams, PurgeParams, RunningBulkActionsParams, Store,
+    StoreResult, StoreStats,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::mpsc;
 
 mod apply;
 mod auth;
+mod bulk;
 mod coordinator;
 mod error;
 mod notices;
@@ -707,6 +711,36 @@ impl Store for PostgresStore {
 
     async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
         self.auth_purge_audit(before, limit).await
+    }
+
+    async fn create_bulk_action(&self, action: BulkAction) -> StoreResult<bool> {
+        self.bulk_create(action).await
+    }
+
+    async fn get_bulk_action(&self, id: &BulkActionId) -> StoreResult<Option<BulkAction>> {
+        self.bulk_get(id).await
+    }
+
+    async fn list_bulk_actions(
+        &self,
+        params: ListBulkActionsParams,
+    ) -> StoreResult<Vec<BulkAction>> {
+        self.bulk_list(params).await
+    }
+
+    async fn running_bulk_actions(
+        &self,
+        params: RunningBulkActionsParams,
+    ) -> StoreResult<Vec<BulkAction>> {
+        self.bulk_running(params).await
+    }
+
+    async fn update_bulk_action(&self, action: BulkAction) -> StoreResult<Option<BulkAction>> {
+        self.bulk_update(action).await
+    }
+
+    async fn purge_bulk_actions(&self, params: PurgeBulkActionsParams) -> StoreResult<usize> {
+        self.bulk_purge(params).await
     }
 }
 

@@ -232,6 +232,31 @@ CREATE TABLE audit_log (
 );
 "#,
     },
+    Migration {
+        version: 6,
+        apply: Apply::InTransaction,
+        name: "bulk actions",
+        // The record is `action` (a `BulkAction` as JSON); the other
+        // columns mirror what statements filter and order by. Ids sort by
+        // creation time (listings are newest first); runners look for
+        // running actions; retention purges the oldest finished first.
+        // `revision` is the compare-and-set token of every update.
+        sql: r#"
+CREATE TABLE bulk_actions (
+    id          text COLLATE "C" PRIMARY KEY,
+    tenant      text COLLATE "C" NOT NULL,
+    state       text NOT NULL CHECK (state IN ('running', 'completed', 'cancelled', 'failed')),
+    revision    bigint NOT NULL,
+    finished_at bigint,
+    action      jsonb NOT NULL
+);
+
+CREATE INDEX bulk_actions_by_tenant ON bulk_actions (tenant, id);
+CREATE INDEX bulk_actions_running ON bulk_actions (id) WHERE state = 'running';
+CREATE INDEX bulk_actions_finished ON bulk_actions (finished_at, id)
+    WHERE finished_at IS NOT NULL;
+"#,
+    },
 ];
 
 /// Applies the missing migrations and returns the database's partition

@@ -101,6 +101,10 @@ macro_rules! store_conformance_tests {
             api_keys_put_find_list_touch_delete,
             audit_log_append_page_purge,
             audit_log_same_millisecond_in_recorded_order,
+            bulk_actions_create_get_and_list,
+            bulk_action_updates_compare_and_set,
+            bulk_action_claims_exclude_each_other,
+            bulk_actions_purge_only_old_finished,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -1964,4 +1968,348 @@ where
         seen.extend(got);
     }
     assert_eq!(seen, made);
+}
+
+// ---------------------------------------------------------------- bulk actions
+
+fn bulk_action(tenant_name: &str, created_ms: i64) -> belfry_core::bulk::BulkAction {
+    use belfry_core::bulk::{BulkAction, BulkActionId, BulkFilter, BulkKind, StatusFilter};
+    BulkAction::new(
+        BulkActionId::generate(ts(created_ms)).expect("random source"),
+        BulkKind::Redrive,
+        BulkFilter {
+            tenant: tenant(tenant_name),
+            status: Some(StatusFilter::Event(EventStatus::Failed)),
+            from: Some(ts(1)),
+            to: None,
+        },
+        Some("key_abc".into()),
+        ts(created_ms),
+    )
+}
+
+fn bulk_ids(actions: &[belfry_core::bulk::BulkAction]) -> Vec<String> {
+    actions.iter().map(|a| a.id.to_string()).collect()
+}
+
+/// Actions are stored whole, read back by id, listed newest first (all,
+/// or one tenant's, in pages), and the running ones oldest first.
+pub async fn bulk_actions_create_get_and_list<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    use crate::{ListBulkActionsParams, RunningBulkActionsParams};
+
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    // Created in time order, across two tenants (one name extends the other).
+    let actions: Vec<_> = [
+        ("acme", 1_000),
+        ("acme/x", 2_000),
+        ("acme", 3_000),
+        ("acme", 4_000),
+    ]
+    .into_iter()
+    .map(|(t, at)| bulk_action(t, at))
+    .collect();
+    for action in &actions {
+        assert!(store.create_bulk_action(action.clone()).await.unwrap());
+    }
+    assert!(
+        !store.create_bulk_action(actions[0].clone()).await.unwrap(),
+        "an id is stored once"
+    );
+    assert_eq!(
+        store
+            .get_bulk_action(&actions[1].id)
+            .await
+            .unwrap()
+            .as_ref(),
+        Some(&actions[1])
+    );
+    let unknown = bulk_action("acme", 9_000);
+    assert_eq!(store.get_bulk_action(&unknown.id).await.unwrap(), None);
+
+    let list =
+        |tenant_name: Option<&str>, before: Option<&belfry_core::bulk::BulkAction>, limit| {
+            ListBulkActionsParams {
+                tenant: tenant_name.map(tenant),
+                before: before.map(|a| a.id.clone()),
+                limit,
+            }
+        };
+    let newest_first: Vec<_> = actions.iter().rev().cloned().collect();
+    assert_eq!(
+        store.list_bulk_actions(list(None, None, 10)).await.unwrap(),
+        newest_first
+    );
+    let acme: Vec<_> = newest_first
+        .iter()
+        .filter(|a| a.tenant().as_str() == "acme")
+        .cloned()
+        .collect();
+    assert_eq!(
+        store
+            .list_bulk_actions(list(Some("acme"), None, 10))
+            .await
+            .unwrap(),
+        acme
+    );
+    assert_eq!(
+        bulk_ids(
+            &store
+                .list_bulk_actions(list(Some("acme/x"), None, 10))
+                .await
+                .unwrap()
+        ),
+        bulk_ids(&actions[1..2])
+    );
+    assert!(
+        store
+            .list_bulk_actions(list(Some("other"), None, 10))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Pages of two, each before the previous page's last.
+    let first = store
+        .list_bulk_actions(list(Some("acme"), None, 2))
+        .await
+        .unwrap();
+    assert_eq!(bulk_ids(&first), bulk_ids(&acme[..2]));
+    let second = store
+        .list_bulk_actions(list(Some("acme"), first.last(), 2))
+        .await
+        .unwrap();
+    assert_eq!(bulk_ids(&second), bulk_ids(&acme[2..]));
+    let all_after = store
+        .list_bulk_actions(list(None, Some(&actions[2]), 10))
+        .await
+        .unwrap();
+    assert_eq!(
+        bulk_ids(&all_after),
+        bulk_ids(&[actions[1].clone(), actions[0].clone()])
+    );
+
+    // Running: every one so far, oldest first, paged after an id.
+    let running = |after: Option<&belfry_core::bulk::BulkAction>, limit| RunningBulkActionsParams {
+        after: after.map(|a| a.id.clone()),
+        limit,
+    };
+    assert_eq!(
+        store.running_bulk_actions(running(None, 10)).await.unwrap(),
+        actions
+    );
+    assert_eq!(
+        bulk_ids(
+            &store
+                .running_bulk_actions(running(Some(&actions[1]), 1))
+                .await
+                .unwrap()
+        ),
+        bulk_ids(&actions[2..3])
+    );
+}
+
+/// An update lands only from the stored revision, which it increments;
+/// a finished action leaves the running ones; the filter never changes.
+pub async fn bulk_action_updates_compare_and_set<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    use belfry_core::bulk::{BulkCursor, BulkProgress, BulkState, PageReport};
+
+    use crate::RunningBulkActionsParams;
+
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let created = bulk_action("acme", 1_000);
+    assert!(store.create_bulk_action(created.clone()).await.unwrap());
+
+    let mut progressed = created.clone();
+    progressed.record_page(
+        &PageReport {
+            tally: BulkProgress {
+                matched: 3,
+                succeeded: 2,
+                skipped: 1,
+                failed: 0,
+            },
+            cursor: Some(BulkCursor {
+                at: Some(ts(50)),
+                id: "e3".into(),
+            }),
+            last: false,
+        },
+        ts(2_000),
+    );
+    let stored = store
+        .update_bulk_action(progressed.clone())
+        .await
+        .unwrap()
+        .expect("the first update from revision 0 lands");
+    assert_eq!(stored.revision, 1);
+    assert_eq!(stored.progress.matched, 3);
+    assert_eq!(
+        store.get_bulk_action(&created.id).await.unwrap().as_ref(),
+        Some(&stored)
+    );
+
+    // A second writer still at revision 0 changes nothing.
+    let mut stale = created.clone();
+    stale.cancel(ts(2_500)).unwrap();
+    assert_eq!(store.update_bulk_action(stale).await.unwrap(), None);
+    assert_eq!(
+        store.get_bulk_action(&created.id).await.unwrap().as_ref(),
+        Some(&stored)
+    );
+
+    // The filter and the creation instant are not the update's to change.
+    let mut renamed = stored.clone();
+    renamed.filter.tenant = tenant("other");
+    renamed.created_at = ts(5);
+    let kept = store.update_bulk_action(renamed).await.unwrap().unwrap();
+    assert_eq!(kept.filter, created.filter);
+    assert_eq!(kept.created_at, created.created_at);
+    assert_eq!(kept.revision, 2);
+
+    // Finishing takes it out of the running ones.
+    let mut done = kept.clone();
+    done.cancel(ts(3_000)).unwrap();
+    let done = store.update_bulk_action(done).await.unwrap().unwrap();
+    assert_eq!(done.state, BulkState::Cancelled);
+    assert!(
+        store
+            .running_bulk_actions(RunningBulkActionsParams {
+                after: None,
+                limit: 10
+            })
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Unknown: nothing to update.
+    assert_eq!(
+        store
+            .update_bulk_action(bulk_action("acme", 9_000))
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+/// Two runners claiming one action from the same revision, at once: on
+/// every backend exactly one claim lands, and the loser's later progress
+/// save from its stale revision is refused too.
+pub async fn bulk_action_claims_exclude_each_other<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    use std::time::Duration;
+
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let lease = Duration::from_secs(10);
+    for round in 0..20 {
+        let created = bulk_action("acme", 1_000 + round);
+        assert!(store.create_bulk_action(created.clone()).await.unwrap());
+        let claims: Vec<_> = ["node-a", "node-b", "node-c"]
+            .into_iter()
+            .map(|runner| {
+                let store = store.clone();
+                let claimed = created.claimed(runner, ts(1_000), lease).unwrap();
+                tokio::spawn(async move { store.update_bulk_action(claimed).await })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for claim in claims {
+            if let Some(stored) = claim.await.unwrap().unwrap() {
+                winners.push(stored);
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {winners:?}");
+        let winner = &winners[0];
+        let stored = store.get_bulk_action(&created.id).await.unwrap().unwrap();
+        assert_eq!(&stored, winner);
+        let holder = &stored.claim.as_ref().unwrap().runner;
+        // Another runner sees the claim and may not take it before it lapses.
+        let other = if holder == "node-a" {
+            "node-b"
+        } else {
+            "node-a"
+        };
+        assert!(!stored.claimable_by(other, ts(5_000)));
+        assert!(stored.claimable_by(other, ts(11_000)));
+        // A loser that saves from the old revision changes nothing.
+        let stale = created.claimed(other, ts(1_000), lease).unwrap();
+        assert_eq!(store.update_bulk_action(stale).await.unwrap(), None);
+    }
+}
+
+/// Retention: actions finished before the cut-off go (oldest first, up to
+/// the limit); running ones and those finished later stay.
+pub async fn bulk_actions_purge_only_old_finished<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    use crate::{ListBulkActionsParams, PurgeBulkActionsParams};
+
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let mut ids = Vec::new();
+    for (created, finished) in [
+        (1_000, Some(5_000)),
+        (2_000, Some(3_000)),
+        (3_000, None),
+        (4_000, Some(9_000)),
+    ] {
+        let action = bulk_action("acme", created);
+        assert!(store.create_bulk_action(action.clone()).await.unwrap());
+        if let Some(at) = finished {
+            let mut done = action.clone();
+            done.cancel(ts(at)).unwrap();
+            store.update_bulk_action(done).await.unwrap().unwrap();
+        }
+        ids.push(action.id);
+    }
+    let purge = |limit| PurgeBulkActionsParams {
+        finished_before: ts(6_000),
+        limit,
+    };
+    assert_eq!(store.purge_bulk_actions(purge(1)).await.unwrap(), 1);
+    assert_eq!(
+        store.get_bulk_action(&ids[1]).await.unwrap(),
+        None,
+        "oldest finished first"
+    );
+    assert_eq!(store.purge_bulk_actions(purge(10)).await.unwrap(), 1);
+    assert_eq!(store.purge_bulk_actions(purge(10)).await.unwrap(), 0);
+    let left = store
+        .list_bulk_actions(ListBulkActionsParams {
+            tenant: Some(tenant("acme")),
+            before: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        left.iter().map(|a| a.id.clone()).collect::<Vec<_>>(),
+        vec![ids[3].clone(), ids[2].clone()]
+    );
+    assert_eq!(
+        store
+            .list_bulk_actions(ListBulkActionsParams {
+                tenant: None,
+                before: None,
+                limit: 10
+            })
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
 }

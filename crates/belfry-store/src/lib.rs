@@ -33,6 +33,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
+use belfry_core::bulk::{BulkAction, BulkActionId};
 use belfry_core::event::{Attempt, CommandOutcome, Effect, EventCommand, EventRecord, EventStatus};
 use belfry_core::{
     DueCursor, EventId, EventKey, PartitionCount, PartitionId, RetryPolicy, TenantConfig,
@@ -232,6 +233,34 @@ pub struct AuditPageParams {
     pub limit: usize,
 }
 
+/// Parameters of [`Store::list_bulk_actions`]: newest first (descending
+/// id, which is creation order: see [`BulkActionId`]).
+#[derive(Debug, Clone)]
+pub struct ListBulkActionsParams {
+    /// Only this tenant's actions; `None`: every tenant's.
+    pub tenant: Option<TenantName>,
+    /// Exclusive cursor: the previous page's last (oldest) id.
+    pub before: Option<BulkActionId>,
+    pub limit: usize,
+}
+
+/// Parameters of [`Store::running_bulk_actions`]: actions in state
+/// `running`, oldest first (ascending id).
+#[derive(Debug, Clone)]
+pub struct RunningBulkActionsParams {
+    /// Exclusive cursor: the previous page's last id.
+    pub after: Option<BulkActionId>,
+    pub limit: usize,
+}
+
+/// Parameters of [`Store::purge_bulk_actions`].
+#[derive(Debug, Clone)]
+pub struct PurgeBulkActionsParams {
+    /// Actions that finished before this instant go.
+    pub finished_before: Timestamp,
+    pub limit: usize,
+}
+
 /// Size facts for operators and benchmarks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreStats {
@@ -353,4 +382,36 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Deletes up to `limit` entries older than `before` (oldest first);
     /// returns how many went. Kept like event history.
     async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize>;
+
+    // Bulk actions (`belfry_core::bulk`): few, small records, written once
+    // per page of their work. Every write is durable on `Ok`.
+
+    /// Stores a new action as given (its revision is 0). Returns `false`
+    /// and stores nothing when an action with its id exists.
+    async fn create_bulk_action(&self, action: BulkAction) -> StoreResult<bool>;
+    async fn get_bulk_action(&self, id: &BulkActionId) -> StoreResult<Option<BulkAction>>;
+    /// A page of actions, newest first, at most `limit`.
+    async fn list_bulk_actions(
+        &self,
+        params: ListBulkActionsParams,
+    ) -> StoreResult<Vec<BulkAction>>;
+    /// A page of the running actions, oldest first, at most `limit`: what
+    /// runners look for work in (and resume after a restart).
+    async fn running_bulk_actions(
+        &self,
+        params: RunningBulkActionsParams,
+    ) -> StoreResult<Vec<BulkAction>>;
+    /// Compare-and-set: replaces the stored action with `action` if the
+    /// stored revision is still `action.revision`, and answers what was
+    /// stored (with the revision incremented). `None`: nothing changed,
+    /// because another writer updated it first (or it is gone); re-read it.
+    ///
+    /// # Contract
+    /// Of concurrent updates made from the same revision, exactly one
+    /// succeeds, on every backend and across nodes.
+    async fn update_bulk_action(&self, action: BulkAction) -> StoreResult<Option<BulkAction>>;
+    /// Deletes up to `limit` actions that finished before the cut-off
+    /// (oldest finished first); running ones are never purged. Returns how
+    /// many went. Kept like event history.
+    async fn purge_bulk_actions(&self, params: PurgeBulkActionsParams) -> StoreResult<usize>;
 }

@@ -52,6 +52,11 @@ pub enum Command {
     /// them, send one again.
     Dead(crate::client::events::DeadArgs),
 
+    /// Bulk actions: cancel or redrive every event a filter matches, pause
+    /// or resume a tenant's schedules; they run on the node (create, get,
+    /// list, cancel).
+    Bulk(crate::client::bulk::BulkArgs),
+
     /// Show the cluster as a running node sees it: the leader and its
     /// term, each node and the partitions it owns.
     Cluster(crate::client::cluster::ClusterArgs),

@@ -49,6 +49,9 @@ fn main() -> ExitCode {
         cli::Command::Dead(args) => client::run(args.connection, async |client| {
             client::events::execute_dead(client, args.command).await
         }),
+        cli::Command::Bulk(args) => client::run(args.connection, async |client| {
+            client::bulk::execute(client, args.command).await
+        }),
         cli::Command::Cluster(args) => client::run(args.connection, client::cluster::execute),
     }
 }

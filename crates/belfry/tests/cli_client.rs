@@ -1,4 +1,4 @@
-//! The command-line client (`belfry events|tenants|schedules|dead|cluster`)
+//! The command-line client (`belfry events|tenants|schedules|dead|bulk|cluster`)
 //! against a real node and a real webhook receiver: the real binary, its
 //! output and its exit codes.
 
@@ -278,6 +278,92 @@ async fn a_dead_event_is_listed_and_redriven_through_the_cli() {
         "dead list",
     );
     assert_eq!(dead["events"].as_array().map(Vec::len), Some(0), "{dead}");
+}
+
+/// Three dead events redriven by one bulk action: created, followed, listed;
+/// refusals exit 1 with the server's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_events_are_redriven_in_bulk_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    receiver.push_rule(Rule::first(3, Response::status(400)));
+    let node = start_node(dir.path(), &[]).await;
+    let url = node.base_url();
+    ok(
+        &belfry(
+            &url,
+            &["tenants", "put", "acme", "--webhook", &receiver.url("/")],
+        )
+        .await,
+        "tenants put",
+    );
+    for id in ["d1", "d2", "d3"] {
+        ok(
+            &belfry(&url, &["events", "schedule", "acme", id, "--at", "+0s"]).await,
+            "events schedule",
+        );
+    }
+    for id in ["d1", "d2", "d3"] {
+        wait_for_status(&url, "acme", id, "failed").await;
+    }
+
+    let created = ok_json(
+        &belfry(
+            &url,
+            &[
+                "bulk", "create", "--tenant", "acme", "--action", "redrive", "--status", "failed",
+                "--json",
+            ],
+        )
+        .await,
+        "bulk create",
+    );
+    let id = created["id"].as_str().unwrap().to_string();
+    assert_eq!(created["filter"]["status"], "failed", "{created}");
+    let started = Instant::now();
+    let done = loop {
+        let view = ok_json(
+            &belfry(&url, &["bulk", "get", &id, "--json"]).await,
+            "bulk get",
+        );
+        if view["state"] != "running" {
+            break view;
+        }
+        assert!(
+            started.elapsed() < DELIVERY_DEADLINE,
+            "still running: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(done["state"], "completed", "{done}");
+    assert_eq!(done["succeeded"], 3, "{done}");
+    for id in ["d1", "d2", "d3"] {
+        wait_for_status(&url, "acme", id, "delivered").await;
+    }
+
+    let shown = ok(&belfry(&url, &["bulk", "get", &id]).await, "bulk get");
+    assert!(shown.contains("succeeded:"), "{shown}");
+    assert!(shown.contains("acme status=failed"), "{shown}");
+    let listed = ok(
+        &belfry(&url, &["bulk", "list", "--tenant", "acme"]).await,
+        "bulk list",
+    );
+    assert!(
+        listed.starts_with("ID") && listed.contains(&id) && listed.contains("completed"),
+        "{listed}"
+    );
+    let again = belfry(&url, &["bulk", "cancel", &id]).await;
+    assert_eq!(again.status.code(), Some(1), "{again:?}");
+    assert!(stderr(&again).contains("already_finished"), "{again:?}");
+    let bad = belfry(
+        &url,
+        &["bulk", "create", "--tenant", "acme", "--action", "delete"],
+    )
+    .await;
+    assert_eq!(bad.status.code(), Some(1), "{bad:?}");
+    assert!(stderr(&bad).contains("unknown action"), "{bad:?}");
+    let missing = belfry(&url, &["bulk", "create", "--action", "redrive"]).await;
+    assert_eq!(missing.status.code(), Some(2), "{missing:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

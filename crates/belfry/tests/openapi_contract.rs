@@ -31,6 +31,7 @@ async fn the_api_keeps_its_openapi_contract_under_schemathesis() {
     let node = BelfryProcess::start(launch).await.expect("node starts");
 
     let report = dir.path().join("schemathesis-report");
+    let workdir = dir.path().to_path_buf();
     let output = tokio::task::spawn_blocking({
         let schema = node.url("/openapi.json");
         let header = format!("Authorization: Bearer {}", admin.expose());
@@ -52,6 +53,9 @@ async fn the_api_keeps_its_openapi_contract_under_schemathesis() {
                 .args(["--output-truncate", "true"])
                 .arg("--report-dir")
                 .arg(&report)
+                // schemathesis keeps a cache in its working directory: keep
+                // it out of the source tree.
+                .current_dir(&workdir)
                 // No colours in the captured output.
                 .env("NO_COLOR", "1")
                 .output()

@@ -62,8 +62,18 @@ pub(crate) fn rule(method: &Method, path: &str) -> Rule {
         }
         "/v1/keys" if reads => Rule::Any,
         "/v1/keys" => Rule::Admin,
-        "/events/tenants" | "/v1/tenants" | "/v1/cron/preview" => Rule::Any,
-        "/events/tenant/register" | "/events/schedule" | "/cron" => Rule::AnyWriter,
+        "/events/tenants" | "/v1/tenants" | "/v1/cron/preview" | "/v1/bulk-actions/{id}" => {
+            Rule::Any
+        }
+        "/events/tenant/register"
+        | "/events/schedule"
+        | "/cron"
+        | "/v1/bulk-actions/{id}/cancel" => Rule::AnyWriter,
+        "/v1/bulk-actions" if reads => Rule::QueryTenant {
+            write: false,
+            hide: Hide::V1,
+        },
+        "/v1/bulk-actions" => Rule::AnyWriter,
         "/events/find" => Rule::QueryTenant {
             write: false,
             hide: Hide::BigBenStatus,
@@ -411,6 +421,23 @@ mod tests {
                 write: true,
                 hide: Hide::V1
             }
+        );
+    }
+
+    #[test]
+    fn bulk_actions_are_written_by_writers_and_read_per_tenant() {
+        assert_eq!(rule(&Method::POST, "/v1/bulk-actions"), Rule::AnyWriter);
+        assert_eq!(
+            rule(&Method::GET, "/v1/bulk-actions"),
+            Rule::QueryTenant {
+                write: false,
+                hide: Hide::V1
+            }
+        );
+        assert_eq!(rule(&Method::GET, "/v1/bulk-actions/{id}"), Rule::Any);
+        assert_eq!(
+            rule(&Method::POST, "/v1/bulk-actions/{id}/cancel"),
+            Rule::AnyWriter
         );
     }
 }

@@ -61,6 +61,10 @@ pub mod schema;
         crate::v1::schedules::resume,
         crate::v1::schedules::occurrences,
         crate::v1::schedules::preview,
+        crate::v1::bulk::create,
+        crate::v1::bulk::list,
+        crate::v1::bulk::get,
+        crate::v1::bulk::cancel,
         crate::cluster_status,
         crate::metrics::scrape,
         crate::auth::routes::list,
@@ -77,6 +81,7 @@ pub mod schema;
         (name = "tenants", description = "/v1 tenants; errors are `{\"error\": {\"code\", \"message\"}}`"),
         (name = "events", description = "/v1 one-shot events"),
         (name = "schedules", description = "/v1 recurring schedules"),
+        (name = "bulk-actions", description = "/v1 bulk actions: cancel, redrive, pause or resume everything a filter matches, in the background"),
         (name = "keys", description = "/v1 API keys and the audit log"),
         (name = "cluster", description = "Cluster view"),
         (name = "health", description = "Probes and this document; no key needed"),
@@ -185,6 +190,23 @@ fn add_links(document: &mut Value) {
                 ("PauseSchedule", "pause_schedule", tenant_and_id.clone()),
                 ("ResumeSchedule", "resume_schedule", tenant_and_id.clone()),
                 ("DeleteSchedule", "delete_schedule", tenant_and_id.clone()),
+            ],
+        ),
+        (
+            "/v1/bulk-actions",
+            "post",
+            &["202"],
+            vec![
+                (
+                    "GetBulkAction",
+                    "get_bulk_action",
+                    json!({ "id": "$response.body#/id" }),
+                ),
+                (
+                    "CancelBulkAction",
+                    "cancel_bulk_action",
+                    json!({ "id": "$response.body#/id" }),
+                ),
             ],
         ),
         (

@@ -310,6 +310,84 @@ pub struct Preview {
     pub occurrences: Vec<PreviewOccurrence>,
 }
 
+// ---- /v1 bulk actions ----
+
+/// What a bulk action does: `cancel` and `redrive` act on events,
+/// `pause` and `resume` on schedules.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum BulkActionKind {
+    Cancel,
+    Redrive,
+    Pause,
+    Resume,
+}
+
+/// Which items of one tenant a bulk action acts on.
+#[derive(ToSchema)]
+pub struct BulkFilterBody {
+    /// Required: a bulk action acts on one tenant.
+    pub tenant: String,
+    /// Events: `scheduled`, `retrying` (cancel) or `failed`, `missed`
+    /// (redrive). Schedules: `active` (pause) or `paused` (resume).
+    pub status: Option<String>,
+    /// Events only: RFC 3339, inclusive bound of deliver_at.
+    pub from: Option<String>,
+    /// Events only: RFC 3339, exclusive bound of deliver_at.
+    pub to: Option<String>,
+}
+
+/// Body of `POST /v1/bulk-actions`.
+#[derive(ToSchema)]
+#[schema(example = json!({"action": "redrive", "filter": {"tenant": "shop/orders", "status": "failed"}}))]
+pub struct CreateBulkAction {
+    pub action: BulkActionKind,
+    pub filter: BulkFilterBody,
+}
+
+/// The filter as given (absent fields were not given).
+#[derive(ToSchema)]
+pub struct BulkFilterView {
+    pub tenant: String,
+    #[schema(nullable = false)]
+    pub status: Option<String>,
+    #[schema(nullable = false)]
+    pub from: Option<String>,
+    #[schema(nullable = false)]
+    pub to: Option<String>,
+}
+
+/// A bulk action and its progress: `matched` grows as pages are read;
+/// each matched item is `succeeded`, `skipped` (its state no longer
+/// allowed the action) or `failed` (its write failed).
+#[derive(ToSchema)]
+pub struct BulkActionView {
+    pub id: String,
+    pub action: BulkActionKind,
+    pub filter: BulkFilterView,
+    /// `running`, `completed`, `cancelled` or `failed`.
+    pub state: String,
+    pub matched: u64,
+    pub succeeded: u64,
+    pub skipped: u64,
+    pub failed: u64,
+    /// The id of the key that created it; `null` in open mode.
+    pub created_by: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub finished_at: Option<String>,
+    /// Why it failed (state `failed`).
+    pub error: Option<String>,
+}
+
+#[derive(ToSchema)]
+pub struct BulkActionList {
+    /// Newest first.
+    pub bulk_actions: Vec<BulkActionView>,
+    /// Pass as `cursor` for the next page; `null` on the last.
+    pub next_cursor: Option<String>,
+}
+
 // ---- keys, audit, cluster ----
 
 /// Body of `POST /v1/keys`.

@@ -454,16 +454,32 @@ struct ListCursor {
     id: EventId,
 }
 
+/// A `status` of the listing's filter (and of a bulk action's); refused
+/// with `code`.
+pub(crate) fn parse_status(value: &str, code: &'static str) -> Result<EventStatus, ApiError> {
+    EventStatus::parse(value).ok_or_else(|| {
+        ApiError::bad_request(
+            code,
+            format!(
+                "unknown status {value:?}; expected scheduled, retrying, delivered, failed, \
+                 missed or cancelled"
+            ),
+        )
+    })
+}
+
+/// A `from` or `to` of the listing's filter (and of a bulk action's).
+pub(crate) fn parse_instant(name: &str, value: &str) -> Result<Timestamp, ApiError> {
+    Timestamp::parse_rfc3339(value).ok_or_else(|| {
+        ApiError::bad_request(
+            code::INVALID_TIME,
+            format!("{name} {value:?} is not an RFC 3339 instant with an offset"),
+        )
+    })
+}
+
 fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> {
     let invalid = |message: String| ApiError::bad_request(code::INVALID_QUERY, message);
-    let time = |name: &str, value: &str| {
-        Timestamp::parse_rfc3339(value).ok_or_else(|| {
-            ApiError::bad_request(
-                code::INVALID_TIME,
-                format!("{name} {value:?} is not an RFC 3339 instant with an offset"),
-            )
-        })
-    };
     let mut query = ListQuery {
         status: None,
         from: None,
@@ -473,16 +489,9 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
     };
     for (name, value) in query_pairs(uri)? {
         match name.as_str() {
-            "status" => {
-                query.status = Some(EventStatus::parse(&value).ok_or_else(|| {
-                    invalid(format!(
-                        "unknown status {value:?}; expected scheduled, retrying, delivered, \
-                         failed, missed or cancelled"
-                    ))
-                })?);
-            }
-            "from" => query.from = Some(time("from", &value)?),
-            "to" => query.to = Some(time("to", &value)?),
+            "status" => query.status = Some(parse_status(&value, code::INVALID_QUERY)?),
+            "from" => query.from = Some(parse_instant("from", &value)?),
+            "to" => query.to = Some(parse_instant("to", &value)?),
             "limit" => {
                 query.limit = value
                     .parse::<usize>()

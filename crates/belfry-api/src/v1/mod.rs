@@ -10,6 +10,7 @@
 //! - `events`: `/v1/tenants/{tenant}/events[/{id}[/attempts]]`;
 //! - `schedules`: `/v1/tenants/{tenant}/schedules[/{id}[/pause|/resume|/occurrences]]`
 //!   and `/v1/cron/preview`;
+//! - `bulk`: `/v1/bulk-actions[/{id}[/cancel]]`;
 //! - `views`: the JSON shapes answered.
 
 use axum::Router;
@@ -17,6 +18,7 @@ use axum::routing::{get, post};
 
 use crate::ApiState;
 
+pub(crate) mod bulk;
 pub(crate) mod events;
 pub(crate) mod schedules;
 pub(crate) mod signing;
@@ -70,4 +72,7 @@ pub(crate) fn routes() -> Router<ApiState> {
             get(schedules::occurrences),
         )
         .route("/v1/cron/preview", get(schedules::preview))
+        .route("/v1/bulk-actions", get(bulk::list).post(bulk::create))
+        .route("/v1/bulk-actions/{id}", get(bulk::get))
+        .route("/v1/bulk-actions/{id}/cancel", post(bulk::cancel))
 }

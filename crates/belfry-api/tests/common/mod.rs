@@ -48,7 +48,11 @@ pub struct Harness {
 
 /// Which store calls fail, and how. Off by default.
 #[derive(Debug, Default)]
-pub struct Faults(Mutex<Option<(FaultScope, StoreError)>>);
+pub struct Faults {
+    fault: Mutex<Option<(FaultScope, StoreError)>>,
+    /// How many calls were failed so far.
+    injected: std::sync::atomic::AtomicU64,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultScope {
@@ -63,21 +67,31 @@ pub enum FaultScope {
 
 impl Faults {
     pub fn set(&self, scope: FaultScope, error: StoreError) {
-        *self.0.lock().unwrap() = Some((scope, error));
+        *self.fault.lock().unwrap() = Some((scope, error));
     }
 
     pub fn clear(&self) {
-        *self.0.lock().unwrap() = None;
+        *self.fault.lock().unwrap() = None;
+    }
+
+    /// How many calls were failed so far.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn check(&self, call: FaultScope) -> StoreResult<()> {
-        match &*self.0.lock().unwrap() {
+        let result = match &*self.fault.lock().unwrap() {
             Some((FaultScope::ClientCalls, error)) if call != FaultScope::DuePages => {
                 Err(error.clone())
             }
             Some((scope, error)) if *scope == call => Err(error.clone()),
             _ => Ok(()),
+        };
+        if result.is_err() {
+            self.injected
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
+        result
     }
 }
 
@@ -165,6 +179,39 @@ impl Store for FaultyStore {
     async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
         self.inner.purge_audit(before, limit).await
     }
+    async fn create_bulk_action(&self, action: belfry_core::bulk::BulkAction) -> StoreResult<bool> {
+        self.inner.create_bulk_action(action).await
+    }
+    async fn get_bulk_action(
+        &self,
+        id: &belfry_core::bulk::BulkActionId,
+    ) -> StoreResult<Option<belfry_core::bulk::BulkAction>> {
+        self.inner.get_bulk_action(id).await
+    }
+    async fn list_bulk_actions(
+        &self,
+        params: belfry_store::ListBulkActionsParams,
+    ) -> StoreResult<Vec<belfry_core::bulk::BulkAction>> {
+        self.inner.list_bulk_actions(params).await
+    }
+    async fn running_bulk_actions(
+        &self,
+        params: belfry_store::RunningBulkActionsParams,
+    ) -> StoreResult<Vec<belfry_core::bulk::BulkAction>> {
+        self.inner.running_bulk_actions(params).await
+    }
+    async fn update_bulk_action(
+        &self,
+        action: belfry_core::bulk::BulkAction,
+    ) -> StoreResult<Option<belfry_core::bulk::BulkAction>> {
+        self.inner.update_bulk_action(action).await
+    }
+    async fn purge_bulk_actions(
+        &self,
+        params: belfry_store::PurgeBulkActionsParams,
+    ) -> StoreResult<usize> {
+        self.inner.purge_bulk_actions(params).await
+    }
 }
 
 /// An answer: status and body (JSON, `Null` when empty, a string when not JSON).
@@ -173,6 +220,7 @@ pub struct Answer {
     pub status: StatusCode,
     pub body: Value,
     pub content_type: Option<String>,
+    pub headers: axum::http::HeaderMap,
 }
 
 impl Harness {
@@ -286,9 +334,24 @@ impl Harness {
         content_type: Option<&str>,
         body: impl Into<Body>,
     ) -> Answer {
+        self.raw_as(None, method, path, content_type, body).await
+    }
+
+    /// [`Harness::raw`] with an API key (`Authorization: Bearer`).
+    pub async fn raw_as(
+        &self,
+        key: Option<&str>,
+        method: Method,
+        path: &str,
+        content_type: Option<&str>,
+        body: impl Into<Body>,
+    ) -> Answer {
         let mut request = Request::builder().method(method).uri(path);
         if let Some(content_type) = content_type {
             request = request.header("content-type", content_type);
+        }
+        if let Some(key) = key {
+            request = request.header("authorization", format!("Bearer {key}"));
         }
         let response = self
             .app
@@ -297,6 +360,7 @@ impl Harness {
             .await
             .unwrap();
         let status = response.status();
+        let headers = response.headers().clone();
         let content_type = response
             .headers()
             .get("content-type")
@@ -312,13 +376,26 @@ impl Harness {
             status,
             body,
             content_type,
+            headers,
         }
     }
 
     pub async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> Answer {
+        self.send_as(None, method, path, body).await
+    }
+
+    /// [`Harness::send`] with an API key (`Authorization: Bearer`).
+    pub async fn send_as(
+        &self,
+        key: Option<&str>,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Answer {
         match body {
             Some(body) => {
-                self.raw(
+                self.raw_as(
+                    key,
                     method,
                     path,
                     Some("application/json"),
@@ -326,7 +403,7 @@ impl Harness {
                 )
                 .await
             }
-            None => self.raw(method, path, None, Body::empty()).await,
+            None => self.raw_as(key, method, path, None, Body::empty()).await,
         }
     }
 

@@ -53,22 +53,15 @@ impl AuthKeyspaces {
         &self,
         work: impl FnOnce(&AuthKeyspaces) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || work(&this))
-            .await
-            .map_err(|e| StoreError::Internal(format!("auth store task failed: {e}")))?
+        super::blocking(self.clone(), work).await
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        // A panic while holding it left no partial write behind (each
-        // write is one insert), so a poisoned lock is still usable.
-        self.write
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        lock(&self.write)
     }
 
     fn sync(&self) -> StoreResult<()> {
-        self.db.persist(PersistMode::SyncAll).map_err(internal)
+        sync(&self.db)
     }
 
     pub(crate) fn put_key(&self, key: &ApiKey) -> StoreResult<bool> {
@@ -180,20 +173,32 @@ impl AuthKeyspaces {
     }
 }
 
+/// Takes a write lock of this file's kind: a panic while holding one left
+/// no partial write behind (each write is one insert or one batch), so a
+/// poisoned lock is still usable.
+pub(super) fn lock(mutex: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+/// Makes every write so far durable.
+pub(super) fn sync(db: &Database) -> StoreResult<()> {
+    db.persist(PersistMode::SyncAll).map_err(internal)
+}
+
 fn audit_key(at: Timestamp, id: &str) -> Vec<u8> {
     let mut key = instant_bytes(at).to_vec();
     key.extend_from_slice(id.as_bytes());
     key
 }
 
-fn encode<T: Serialize>(value: &T) -> StoreResult<Vec<u8>> {
+pub(super) fn encode<T: Serialize>(value: &T) -> StoreResult<Vec<u8>> {
     let mut out = vec![FORMAT_V1];
     serde_json::to_writer(&mut out, value)
         .map_err(|e| StoreError::Internal(format!("encoding failed: {e}")))?;
     Ok(out)
 }
 
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
+pub(super) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
     match bytes.split_first() {
         Some((&FORMAT_V1, rest)) => serde_json::from_slice(rest).map_err(corrupt),
         _ => Err(corrupt("unknown key or audit format")),

@@ -16,6 +16,7 @@
 //! | `finished` | partition u16 ++ finished_at ++ event key    | empty; drives retention |
 //! | `by_status_time` | tenant 0x00 status ++ event_time ++ id | empty; filtered listings |
 //! | `api_keys`, `audit` | see [`auth`] | API keys (by hash) and the audit log |
+//! | `bulk_actions`, `bulk_by_tenant`, `bulk_running`, `bulk_finished` | see [`bulk`] | bulk actions and their indexes |
 //!
 //! The listing index holds every event except engine-internal ones
 //! (schedules' control events); [`listing`] says how listings read it. A
@@ -64,6 +65,7 @@
 //! answered write.
 
 mod auth;
+mod bulk;
 pub mod keys;
 mod listing;
 mod owner;
@@ -77,6 +79,7 @@ use std::thread::JoinHandle;
 
 use async_trait::async_trait;
 use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
+use belfry_core::bulk::{BulkAction, BulkActionId};
 use belfry_core::event::{Attempt, EventRecord};
 use belfry_core::{
     DueCursor, EventKey, PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp,
@@ -87,7 +90,8 @@ use tokio::sync::oneshot;
 use self::writer::{Job, Keyspaces, Writer, internal};
 use crate::{
     Applied, ApplyParams, AuditPageParams, CountEventsParams, DuePageParams, KeyedCommand,
-    ListEventsParams, PartialApply, PurgeParams, Store, StoreError, StoreResult, StoreStats,
+    ListBulkActionsParams, ListEventsParams, PartialApply, PurgeBulkActionsParams, PurgeParams,
+    RunningBulkActionsParams, Store, StoreError, StoreResult, StoreStats,
 };
 
 /// Options of the embedded store.
@@ -135,6 +139,8 @@ pub struct EmbeddedStore {
     /// API keys and the audit log, written outside the group-commit
     /// writers ([`auth`]).
     auth: auth::AuthKeyspaces,
+    /// Bulk actions, written outside the group-commit writers too ([`bulk`]).
+    bulk: bulk::BulkKeyspaces,
     partitions: PartitionCount,
     /// One job queue per writer shard; shard `i` owns the partitions
     /// `p % shards.len() == i`, and shard 0 also writes tenants. Emptied
@@ -208,6 +214,7 @@ impl EmbeddedStore {
             db,
         };
         let auth = auth::AuthKeyspaces::open(&ks.db)?;
+        let bulk = bulk::BulkKeyspaces::open(&ks.db)?;
         let partitions = Self::settle_meta(&ks, options.partitions)?;
         // Every shard starts above the highest number any shard of any
         // earlier run handed out (the shard count may have changed).
@@ -226,6 +233,7 @@ impl EmbeddedStore {
             data_dir: options.data_dir.clone(),
             ks,
             auth,
+            bulk,
             partitions,
             shards: Vec::with_capacity(count),
             writers: Vec::with_capacity(count),
@@ -436,11 +444,19 @@ impl EmbeddedStore {
         &self,
         read: impl FnOnce(&Keyspaces) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
-        let ks = self.ks.clone();
-        tokio::task::spawn_blocking(move || read(&ks))
-            .await
-            .map_err(|e| StoreError::Internal(format!("read task failed: {e}")))?
+        blocking(self.ks.clone(), read).await
     }
+}
+
+/// Runs `work` on `state` on a blocking thread: fjall reads may wait on
+/// its version lock, which a flush holds while it fsyncs.
+pub(crate) async fn blocking<S: Send + 'static, T: Send + 'static>(
+    state: S,
+    work: impl FnOnce(&S) -> StoreResult<T> + Send + 'static,
+) -> StoreResult<T> {
+    tokio::task::spawn_blocking(move || work(&state))
+        .await
+        .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
 }
 
 #[cfg(any(test, feature = "failpoints"))]
@@ -749,5 +765,36 @@ impl Store for EmbeddedStore {
         self.auth
             .run(move |auth| auth.purge_audit(before, limit))
             .await
+    }
+
+    async fn create_bulk_action(&self, action: BulkAction) -> StoreResult<bool> {
+        self.bulk.run(move |bulk| bulk.create(&action)).await
+    }
+
+    async fn get_bulk_action(&self, id: &BulkActionId) -> StoreResult<Option<BulkAction>> {
+        let id = id.clone();
+        self.bulk.run(move |bulk| bulk.get(&id)).await
+    }
+
+    async fn list_bulk_actions(
+        &self,
+        params: ListBulkActionsParams,
+    ) -> StoreResult<Vec<BulkAction>> {
+        self.bulk.run(move |bulk| bulk.list(&params)).await
+    }
+
+    async fn running_bulk_actions(
+        &self,
+        params: RunningBulkActionsParams,
+    ) -> StoreResult<Vec<BulkAction>> {
+        self.bulk.run(move |bulk| bulk.running(&params)).await
+    }
+
+    async fn update_bulk_action(&self, action: BulkAction) -> StoreResult<Option<BulkAction>> {
+        self.bulk.run(move |bulk| bulk.update(&action)).await
+    }
+
+    async fn purge_bulk_actions(&self, params: PurgeBulkActionsParams) -> StoreResult<usize> {
+        self.bulk.run(move |bulk| bulk.purge(&params)).await
     }
 }

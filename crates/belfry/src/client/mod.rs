@@ -1,4 +1,4 @@
-//! The command-line client: `belfry events|tenants|schedules|dead|cluster …`
+//! The command-line client: `belfry events|tenants|schedules|dead|bulk|cluster …`
 //! talk to a running node over its `/v1` HTTP API.
 //!
 //! - [`Connection`]: `--url` (`BELFRY_URL`), `--key` (`BELFRY_KEY`, sent as
@@ -11,6 +11,7 @@
 //! usage errors and ours), 3 the node cannot be reached, 4 a server error
 //! (5xx, or an answer that is not JSON).
 
+pub mod bulk;
 pub mod cluster;
 pub mod events;
 pub mod schedules;
@@ -159,6 +160,10 @@ impl Client {
     /// A POST without a body (the action is in the path).
     pub async fn post(&self, path: &str) -> Result<Answer, Failure> {
         self.send(Method::POST, path, None).await
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<Answer, Failure> {
+        self.send(Method::POST, path, Some(body)).await
     }
 
     pub async fn delete(&self, path: &str) -> Result<Answer, Failure> {
