@@ -24,6 +24,11 @@ const PAGE_DEADLINE: Duration = Duration::from_secs(30);
 const DELIVERY_DEADLINE: Duration = Duration::from_secs(60);
 const BULK_DEADLINE: Duration = Duration::from_secs(180);
 
+/// A script answering the state of the bulk action shown once it left
+/// `running` (null while it runs).
+const BULK_FINISHED: &str = "const e = document.querySelector('[data-bulk][data-state]'); \
+     return e !== null && e.dataset.state !== 'running' ? e.dataset.state : null;";
+
 /// The node's `/v1` API with a key (or none while the node is open).
 struct Api {
     base: String,
@@ -550,6 +555,34 @@ async fn every_console_page_loads_cleanly_and_its_buttons_take_effect() {
     console.click_to("#nav a[href='#/bulk']", "bulk").await;
     console.wait_text("main", "No bulk action yet").await;
     console.shot("bulk-empty").await;
+    // Start one through the form: pause every active schedule of the tenant.
+    console
+        .click("select[name=action] option[value=pause]")
+        .await;
+    assert_eq!(
+        console
+            .browser
+            .execute(
+                "return document.querySelector('select[name=status]').value;",
+                vec![]
+            )
+            .await
+            .unwrap(),
+        "active"
+    );
+    console
+        .click_to("form.filters button[type=submit]", "bulk")
+        .await;
+    let state = console
+        .browser
+        .wait_until(BULK_FINISHED, PAGE_DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(state, "completed");
+    assert_eq!(api.get(&schedule_path).await["status"], "paused");
+    console.shot("bulk-pause").await;
+    console.click_to("main a[href='#/bulk']", "bulk").await;
+    console.wait_text("main table", "pause").await;
 
     // The audit log names the admin key for the redrive.
     console.click_to("#nav a[href='#/audit']", "audit").await;
@@ -629,6 +662,14 @@ async fn one_click_redrives_a_thousand_failed_events_and_the_audit_log_names_the
         json!({ "sink": { "type": "http", "url": receiver.url("/bulk") } }),
     )
     .await;
+    let console = Console::start(&node.base_url()).await;
+    console.load("/", "signin").await;
+    console.type_into("input[name=key]", admin.expose()).await;
+    console
+        .click_to("form button[type=submit]", "overview")
+        .await;
+    // The overview plots the failures as they happen.
+    let points = "return Number(document.querySelector('svg.chart')?.dataset.points ?? 0);";
     let now = common::rfc3339(common::now_ms());
     let events: Vec<Value> = (0..EVENTS)
         .map(|i| json!({ "id": format!("e{i:04}"), "deliver_at": now, "payload": format!("{i}") }))
@@ -651,12 +692,25 @@ async fn one_click_redrives_a_thousand_failed_events_and_the_audit_log_names_the
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    let console = Console::start(&node.base_url()).await;
-    console.load("/", "signin").await;
-    console.type_into("input[name=key]", admin.expose()).await;
+    let seen = console
+        .browser
+        .execute(points, vec![])
+        .await
+        .unwrap()
+        .as_u64()
+        .unwrap_or(0);
     console
-        .click_to("form button[type=submit]", "overview")
+        .browser
+        .wait_until(
+            &points.replace("return ", &format!("return {} < ", seen + 1)),
+            PAGE_DEADLINE,
+        )
+        .await
+        .expect("the overview keeps sampling");
+    console
+        .assert_no_console_errors("overview under load")
         .await;
+    console.shot("overview-under-load").await;
     console
         .open(&format!("/dead?tenant={}", enc(tenant)), "dead")
         .await;
@@ -675,11 +729,10 @@ async fn one_click_redrives_a_thousand_failed_events_and_the_audit_log_names_the
     console
         .click_to("main .page-head button.primary[data-write]", "bulk")
         .await;
-    let script = "const e = document.querySelector('[data-bulk][data-state]'); \
-                  return e !== null && e.dataset.state !== 'running' ? e.dataset.state : null;";
+
     let state = console
         .browser
-        .wait_until(script, BULK_DEADLINE)
+        .wait_until(BULK_FINISHED, BULK_DEADLINE)
         .await
         .expect("the bulk action finishes");
     console.assert_no_console_errors("bulk progress").await;

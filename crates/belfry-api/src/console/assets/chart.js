@@ -57,17 +57,24 @@ export function lineChart({ title, series, spanMs, nowMs = Date.now(), format = 
     chart.append(svg('text', { x: tx, y: y0 + 17, 'text-anchor': 'middle' }, label));
   }
   series.forEach((s, index) => {
-    let d = '';
-    let pen = false;
+    const colour = `s${index % 5}`;
+    // Runs of consecutive values; a run of one (between gaps) is a dot.
+    const runs = [[]];
     for (const [t, v] of s.points) {
       if (v === null || !Number.isFinite(v) || t < start) {
-        pen = false;
-        continue;
+        if (runs[runs.length - 1].length) runs.push([]);
+      } else {
+        runs[runs.length - 1].push([x(t).toFixed(1), y(v).toFixed(1)]);
       }
-      d += `${pen ? 'L' : 'M'}${x(t).toFixed(1)},${y(v).toFixed(1)}`;
-      pen = true;
     }
-    if (d) chart.append(svg('path', { class: `line s${index % 5}`, d }));
+    for (const run of runs) {
+      if (run.length === 1) {
+        chart.append(svg('circle', { class: `dot ${colour}`, cx: run[0][0], cy: run[0][1], r: 3 }));
+      } else if (run.length > 1) {
+        const d = run.map(([px, py], i) => `${i ? 'L' : 'M'}${px},${py}`).join('');
+        chart.append(svg('path', { class: `line ${colour}`, d }));
+      }
+    }
   });
   if (values.length === 0) {
     chart.append(svg('text', { class: 'nodata', x: (x0 + x1) / 2, y: (y0 + y1) / 2, 'text-anchor': 'middle' },

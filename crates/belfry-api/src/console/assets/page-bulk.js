@@ -88,7 +88,8 @@ async function newForm(ctx) {
 
 async function renderList(container, ctx) {
   const body = h('div');
-  container.append(pageHead('Bulk actions', 'Changes to every event matching a filter, run by the node in the background.'));
+  container.append(pageHead('Bulk actions',
+    'One change to every event (redrive, cancel) or schedule (pause, resume) of a tenant that a filter matches, run by the node in the background.'));
   if (ctx.canWrite) container.append(panel('Start a bulk action', await newForm(ctx)));
   container.append(body);
   const draw = async () => {

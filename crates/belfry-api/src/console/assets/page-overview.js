@@ -13,6 +13,8 @@ const SCRAPE_MS = 2000;
 const KEEP = 150;
 const SPAN_MS = KEEP * SCRAPE_MS;
 const MIN_SPAN_MS = 60000;
+/** Scrapes further apart than this are not compared. */
+const GAP_MS = 3 * SCRAPE_MS;
 
 /** Computed samples, oldest first. */
 const history = [];
@@ -50,7 +52,11 @@ function raw(samples) {
 async function scrape() {
   const now = raw(parse(await api('/metrics', { text: true })));
   const sample = { t: now.t, ...now.gauges, deadTotal: now.dead };
-  if (previous) {
+  if (previous && now.t - previous.t > GAP_MS) {
+    // The page was left meanwhile: a rate over the whole absence would
+    // smear it, so the plots show a gap instead.
+    history.push({ t: now.t, gap: true });
+  } else if (previous) {
     const seconds = (now.t - previous.t) / 1000;
     const per = (name) => rate(now[name], previous[name], seconds);
     Object.assign(sample, {
@@ -64,8 +70,8 @@ async function scrape() {
       p99: ms(quantileBetween(now.lateness, previous.lateness, 0.99)),
     });
     history.push(sample);
-    if (history.length > KEEP) history.shift();
   }
+  while (history.length > KEEP) history.shift();
   previous = now;
   return sample;
 }
@@ -146,7 +152,7 @@ export default {
     body);
     const draw = (latest) => body.replaceChildren(cards(latest), charts());
     let latest = await scrape();
-    if (history.length === 0) {
+    if (history.length === 0 || history[history.length - 1].gap) {
       // Rates need two scrapes: take the second one soon.
       await new Promise((resolve) => { setTimeout(resolve, 1000); });
       if (!ctx.alive()) return;
