@@ -122,13 +122,8 @@ impl LeaseId {
     /// The longest event version a lease id carries, in bytes.
     pub const MAX_VERSION_LEN: usize = 128;
     /// The longest binary form.
-    const MAX_RAW_LEN: usize = FIXED_LEN
-        + 2
-        + TenantName::MAX_LEN
-        + 2
-        + EventId::MAX_LEN
-        + 2
-        + Self::MAX_VERSION_LEN;
+    const MAX_RAW_LEN: usize =
+        FIXED_LEN + 2 + TenantName::MAX_LEN + 2 + EventId::MAX_LEN + 2 + Self::MAX_VERSION_LEN;
     /// The longest lease id on the wire, in characters.
     pub const MAX_LEN: usize = (Self::MAX_RAW_LEN * 4).div_ceil(3);
 

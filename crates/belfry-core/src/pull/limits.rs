@@ -48,7 +48,9 @@ pub const LEASE_EXPIRED_CODE: &str = "lease_expired";
 /// at most [`MAX_HEARTBEAT_INTERVAL`], so two heartbeats may be lost
 /// before the lease expires.
 pub fn heartbeat_interval(lease: Duration) -> Duration {
-    (lease / 3).min(MAX_HEARTBEAT_INTERVAL)
+    // Whole milliseconds: the API speaks in them.
+    let third = u64::try_from(lease.as_millis() / 3).unwrap_or(u64::MAX);
+    Duration::from_millis(third).min(MAX_HEARTBEAT_INTERVAL)
 }
 
 /// Why a request body was refused. Safe to show to a client.
@@ -114,8 +116,20 @@ impl ClaimBody {
         Ok(ClaimRequest {
             worker,
             max_events,
-            lease: millis("lease_ms", self.lease_ms, DEFAULT_LEASE, MIN_LEASE, MAX_LEASE)?,
-            wait: millis("wait_ms", self.wait_ms, DEFAULT_WAIT, Duration::ZERO, MAX_WAIT)?,
+            lease: millis(
+                "lease_ms",
+                self.lease_ms,
+                DEFAULT_LEASE,
+                MIN_LEASE,
+                MAX_LEASE,
+            )?,
+            wait: millis(
+                "wait_ms",
+                self.wait_ms,
+                DEFAULT_WAIT,
+                Duration::ZERO,
+                MAX_WAIT,
+            )?,
         })
     }
 }
@@ -227,7 +241,15 @@ impl FailBody {
         }
         let retry_after = self
             .retry_after_ms
-            .map(|ms| millis("retry_after_ms", Some(ms), Duration::ZERO, Duration::ZERO, MAX_DELAY))
+            .map(|ms| {
+                millis(
+                    "retry_after_ms",
+                    Some(ms),
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    MAX_DELAY,
+                )
+            })
             .transpose()?;
         Ok(FailRequest {
             code,
@@ -306,9 +328,10 @@ mod tests {
             (request.max_events, request.lease, request.wait),
             (1, DEFAULT_LEASE, Duration::ZERO)
         );
-        let request =
-            claim(r#"{"worker_id": "w", "max_events": 100, "lease_ms": 43200000, "wait_ms": 30000}"#)
-                .unwrap();
+        let request = claim(
+            r#"{"worker_id": "w", "max_events": 100, "lease_ms": 43200000, "wait_ms": 30000}"#,
+        )
+        .unwrap();
         assert_eq!(
             (request.max_events, request.lease, request.wait),
             (100, MAX_LEASE, MAX_WAIT)
@@ -341,7 +364,10 @@ mod tests {
             r#"{"worker_id": "w", "wait_ms": 18446744073709551615}"#,
         ] {
             let error = claim(body).unwrap_err();
-            assert!(matches!(error, PullRequestError::OutOfRange { .. }), "{body}");
+            assert!(
+                matches!(error, PullRequestError::OutOfRange { .. }),
+                "{body}"
+            );
             assert!(error.to_string().contains("_ms must be between"));
         }
         assert!(serde_json::from_str::<ClaimBody>(r#"{"worker_id": "w", "max": 1}"#).is_err());
@@ -350,7 +376,11 @@ mod tests {
 
     #[test]
     fn heartbeat_release_and_complete_bodies() {
-        let heartbeat = |json: &str| serde_json::from_str::<HeartbeatBody>(json).unwrap().validate();
+        let heartbeat = |json: &str| {
+            serde_json::from_str::<HeartbeatBody>(json)
+                .unwrap()
+                .validate()
+        };
         assert_eq!(heartbeat("{}"), Ok(None));
         assert_eq!(
             heartbeat(r#"{"extend_ms": 30000}"#),
@@ -358,11 +388,22 @@ mod tests {
         );
         assert!(heartbeat(r#"{"extend_ms": 10}"#).is_err());
         assert!(heartbeat(r#"{"extend_ms": 43200001}"#).is_err());
-        let release = |json: &str| serde_json::from_str::<ReleaseBody>(json).unwrap().validate();
+        let release = |json: &str| {
+            serde_json::from_str::<ReleaseBody>(json)
+                .unwrap()
+                .validate()
+        };
         assert_eq!(release("{}"), Ok(Duration::ZERO));
-        assert_eq!(release(r#"{"delay_ms": 500}"#), Ok(Duration::from_millis(500)));
+        assert_eq!(
+            release(r#"{"delay_ms": 500}"#),
+            Ok(Duration::from_millis(500))
+        );
         assert!(release(r#"{"delay_ms": 86400001}"#).is_err());
-        let complete = |json: &str| serde_json::from_str::<CompleteBody>(json).unwrap().validate();
+        let complete = |json: &str| {
+            serde_json::from_str::<CompleteBody>(json)
+                .unwrap()
+                .validate()
+        };
         assert_eq!(complete("{}"), Ok(None));
         assert_eq!(
             complete(r#"{"result": {"ok": true}}"#),
@@ -382,9 +423,11 @@ mod tests {
         let later = fail(r#"{"error": {"code": "x"}, "retry_after_ms": 1500}"#).unwrap();
         assert_eq!(later.retry_after, Some(Duration::from_millis(1500)));
         assert_eq!(later.describe(), "x");
-        assert!(fail(r#"{"error": {"code": "bad"}, "permanent": true}"#)
-            .unwrap()
-            .permanent);
+        assert!(
+            fail(r#"{"error": {"code": "bad"}, "permanent": true}"#)
+                .unwrap()
+                .permanent
+        );
         assert_eq!(
             fail(r#"{"error": {"code": "x"}, "permanent": true, "retry_after_ms": 1}"#),
             Err(PullRequestError::RetryAfterPermanent)
@@ -395,7 +438,10 @@ mod tests {
                 Err(PullRequestError::ErrorCode)
             );
         }
-        let long = format!(r#"{{"error": {{"code": "x", "message": "{}"}}}}"#, "m".repeat(4097));
+        let long = format!(
+            r#"{{"error": {{"code": "x", "message": "{}"}}}}"#,
+            "m".repeat(4097)
+        );
         assert_eq!(fail(&long), Err(PullRequestError::ErrorMessage));
         assert!(fail(r#"{"error": {"code": "x"}, "retry_after_ms": 86400001}"#).is_err());
         assert!(serde_json::from_str::<FailBody>(r#"{"permanent": true}"#).is_err());
@@ -404,7 +450,10 @@ mod tests {
     #[test]
     fn heartbeat_interval_is_a_third_capped_at_ten_seconds() {
         assert_eq!(heartbeat_interval(MIN_LEASE), Duration::from_millis(333));
-        assert_eq!(heartbeat_interval(Duration::from_secs(15)), Duration::from_secs(5));
+        assert_eq!(
+            heartbeat_interval(Duration::from_secs(15)),
+            Duration::from_secs(5)
+        );
         assert_eq!(heartbeat_interval(MAX_LEASE), MAX_HEARTBEAT_INTERVAL);
     }
 }

@@ -88,10 +88,16 @@ pub struct OpId(pub u64);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseCall {
     /// `None`: extend by the lease's own length.
-    Heartbeat { extend: Option<Duration> },
-    Complete { result: Option<String> },
+    Heartbeat {
+        extend: Option<Duration>,
+    },
+    Complete {
+        result: Option<String>,
+    },
     Fail(FailRequest),
-    Release { delay: Duration },
+    Release {
+        delay: Duration,
+    },
 }
 
 impl LeaseCall {
@@ -285,7 +291,10 @@ pub enum Action {
         partition: PartitionId,
         change: LeaseChange,
     },
-    Reply { call: CallId, reply: Reply },
+    Reply {
+        call: CallId,
+        reply: Reply,
+    },
     /// Tell the partition core of `partition` (of `epoch`) that `entry` is
     /// finished.
     Finish {
@@ -686,9 +695,9 @@ impl PullQueue {
         self.held.insert(
             held_key,
             Place::Ready {
-                    queue: entry.queue.clone(),
-                    cursor: entry.entry.clone(),
-                },
+                queue: entry.queue.clone(),
+                cursor: entry.entry.clone(),
+            },
         );
         self.ready.insert(entry);
     }
@@ -831,7 +840,10 @@ impl PullQueue {
                     unreachable!("`ready_entry` refuses versions a lease id cannot carry");
                 };
                 let expires_at = now.plus(lease_len);
-                let deadline_at = entry.policy.deadline(entry.record.event_time).max(expires_at);
+                let deadline_at = entry
+                    .policy
+                    .deadline(entry.record.event_time)
+                    .max(expires_at);
                 if let Some(place) = self
                     .held
                     .get_mut(&(entry.entry.key.clone(), entry.record.version.clone()))
@@ -906,10 +918,8 @@ impl PullQueue {
                 (Fate::Live, PersistResult::Done) => {
                     self.stats.granted += 1;
                     let id = record.lease.clone();
-                    self.held.insert(
-                        held_key,
-                        Place::Leased { lease: id.clone() },
-                    );
+                    self.held
+                        .insert(held_key, Place::Leased { lease: id.clone() });
                     self.timers.insert((record.expires_at, id.clone()));
                     let length = record.leased_at.until(record.expires_at);
                     self.leases.insert(
@@ -933,7 +943,15 @@ impl PullQueue {
                     );
                     if abandoned {
                         // Nobody will work on it: give it back at once.
-                        self.start_call(None, &id, LeaseCall::Release { delay: Duration::ZERO }, now, out);
+                        self.start_call(
+                            None,
+                            &id,
+                            LeaseCall::Release {
+                                delay: Duration::ZERO,
+                            },
+                            now,
+                            out,
+                        );
                     } else {
                         granted.push(GrantedLease {
                             lease: id,
@@ -957,9 +975,9 @@ impl PullQueue {
                     self.held.insert(
                         held_key,
                         Place::Ready {
-                                queue: entry.queue.clone(),
-                                cursor: entry.entry.clone(),
-                            },
+                            queue: entry.queue.clone(),
+                            cursor: entry.entry.clone(),
+                        },
                     );
                     self.dirty.insert(tenant);
                     self.ready.insert(entry);
