@@ -46,7 +46,9 @@
 //! expiry, and the end of a lease ([`Action::PersistLease`]), each fenced
 //! by the partition's epoch and checked against the stored lease; the store
 //! answers [`PersistResult`]. A write in flight on a lease holds back its
-//! expiry (the call came in time) and queues later calls on it.
+//! expiry (the call came in time) and queues later calls on it; after the
+//! write, those that came before the expiry are handled in order, and the
+//! lease expires at the first that came after it.
 //!
 //! # Guarantees (checked by the simulation, `tests/pull_simulation.rs`)
 //! - Never early: an entry is leased only at or after its due instant

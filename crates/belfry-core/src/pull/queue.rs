@@ -417,8 +417,9 @@ struct Lease {
     length: Duration,
     state: LeaseState,
     busy: Option<Busy>,
-    /// Calls that arrived while `busy`, answered in order after it.
-    queued: VecDeque<(CallId, LeaseCall)>,
+    /// Calls that arrived while `busy` (and when), answered in order
+    /// after it.
+    queued: VecDeque<(CallId, LeaseCall, Timestamp)>,
     /// Its version ended while `busy`.
     cancel_seen: bool,
 }
@@ -1054,7 +1055,7 @@ impl PullQueue {
                     if lease.queued.len() >= MAX_QUEUED_CALLS_PER_LEASE {
                         Reply::Error(PullError::TooManyCalls)
                     } else {
-                        lease.queued.push_back((call, request));
+                        lease.queued.push_back((call, request, now));
                         return;
                     }
                 }
@@ -1210,7 +1211,7 @@ impl PullQueue {
             partition: lease.partition,
             change,
         });
-        for (call, _) in queued {
+        for (call, _, _) in queued {
             out.push(Action::Reply {
                 call,
                 reply: Reply::Error(PullError::LeaseLost),
@@ -1306,8 +1307,10 @@ impl PullQueue {
         self.after_write(id, now, out);
     }
 
-    /// A lease whose write was answered: expire it if its time is up,
-    /// else start the calls that waited.
+    /// A lease whose write was answered: the calls that waited and came
+    /// before its expiry are started in order (they were in time); once
+    /// none is left, or the next came at or after the expiry, a lease past
+    /// its expiry expires.
     fn after_write(&mut self, id: &LeaseId, now: Timestamp, out: &mut Vec<Action>) {
         loop {
             let Some(lease) = self.leases.get_mut(id) else {
@@ -1316,11 +1319,15 @@ impl PullQueue {
             if lease.busy.is_some() {
                 return;
             }
-            if lease.state == LeaseState::Active && lease.expires_at <= now {
+            let in_time = lease
+                .queued
+                .front()
+                .is_some_and(|(_, _, arrived)| *arrived < lease.expires_at);
+            if lease.state == LeaseState::Active && !in_time && lease.expires_at <= now {
                 self.expire(id, now, out);
                 return;
             }
-            let Some((call, request)) = lease.queued.pop_front() else {
+            let Some((call, request, _)) = lease.queued.pop_front() else {
                 return;
             };
             self.call(call, id, request, now, out);
@@ -1342,7 +1349,7 @@ impl PullQueue {
                 finish: Finish::Done,
             });
         }
-        for (call, request) in lease.queued {
+        for (call, request, _) in lease.queued {
             self.call(call, id, request, now, out);
         }
     }
@@ -1500,7 +1507,7 @@ impl PullQueue {
             let in_flight = lease.busy.and_then(|busy| busy.call);
             for call in in_flight
                 .into_iter()
-                .chain(lease.queued.into_iter().map(|(call, _)| call))
+                .chain(lease.queued.into_iter().map(|(call, _, _)| call))
             {
                 out.push(Action::Reply {
                     call,
