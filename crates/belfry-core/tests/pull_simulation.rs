@@ -274,7 +274,7 @@ struct Worker {
 #[derive(Debug, Clone)]
 enum Sent {
     Claim { tenant: TenantName },
-    OnLease(OnLease),
+    OnLease(Box<OnLease>),
 }
 
 /// A call on a lease in flight.
@@ -1122,7 +1122,7 @@ impl Sim {
         let Some(lease) = self.workers[w].leases.get(&local) else {
             return Ok(None);
         };
-        let sent = Sent::OnLease(OnLease {
+        let sent = Sent::OnLease(Box::new(OnLease {
             lease: lease.granted.lease.clone(),
             local,
             request: request.clone(),
@@ -1132,7 +1132,7 @@ impl Sim {
             after_heartbeat,
             first_success: lease.succeeded.clone(),
             valid: after_heartbeat.is_none() && self.valid_now(lease),
-        });
+        }));
         let id = lease.granted.lease.clone();
         let call = self.send(w, sent);
         if let Some(lease) = self.workers[w].leases.get_mut(&local) {
