@@ -55,8 +55,8 @@
 //!   recorded), failed or cancelled, and the queue and cores hold nothing.
 //!
 //! # Running
-//! - `cargo test -p belfry-core --test pull_simulation`: 1,000 seeds of 80
-//!   steps (about 8 s of CPU in debug, on `BELFRY_PULL_SIM_THREADS`
+//! - `cargo test -p belfry-core --test pull_simulation`: 1,000 seeds of 40
+//!   steps (about 6 s of CPU in debug, on `BELFRY_PULL_SIM_THREADS`
 //!   threads, all cores by default) and a replay check; add
 //!   `-- --nocapture` for the counters.
 //! - Replay one seed: `BELFRY_PULL_SIM_SEED=1234 BELFRY_PULL_SIM_TRACE=1
@@ -97,7 +97,7 @@ mod support;
 /// Seeds of the default run.
 const DEFAULT_SEEDS: u64 = 1_000;
 /// Steps per seed of the default run.
-const DEFAULT_STEPS: u64 = 80;
+const DEFAULT_STEPS: u64 = 40;
 /// Where the simulated clock starts.
 const T0: i64 = 1_000_000_000;
 /// How long the drain may take, simulated.
