@@ -4,8 +4,9 @@
 //! A [`PullQueue`] runs against a model store (event records changed by
 //! clients through [`belfry_core::event::transition`], plus the recorded
 //! lease of each event and the fencing epoch of each partition), a model
-//! of each partition core (an entry fires when due and stays outstanding
-//! until the queue finishes it; `RetryAt` holds it back), a manual clock,
+//! of each partition core (an entry fires when due, at most a bound per
+//! tenant at once, and stays outstanding until the queue finishes it;
+//! `RetryAt` holds it back), a manual clock,
 //! a seeded PRNG (splitmix64) and random workers. Store writes complete
 //! after random delays, out of order, and fail while the store is down.
 //!

@@ -823,7 +823,9 @@ impl PullQueue {
                 waiter.request.worker.clone(),
                 waiter.request.lease,
             );
-            let want = (waiter.request.max_events as usize).min(room);
+            // At least one: a claim for none would be granted nothing, over
+            // and over.
+            let want = (waiter.request.max_events.max(1) as usize).min(room);
             let deadline = waiter.deadline;
             let entries = self.ready.take(tenant, want);
             self.next_op += 1;
