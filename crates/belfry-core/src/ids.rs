@@ -86,6 +86,42 @@ name_type!(
     500
 );
 
+name_type!(
+    /// A named queue of a pull tenant (see `crate::pull`); events of one
+    /// queue are leased in due order, queues of a tenant in turn.
+    QueueName,
+    "queue",
+    64
+);
+name_type!(
+    /// The name a pull worker gives itself: shown in its leases and in the
+    /// attempt history, never trusted for anything.
+    WorkerId,
+    "worker id",
+    128
+);
+
+impl QueueName {
+    /// The queue of an event that names none.
+    pub fn default_queue() -> QueueName {
+        QueueName(String::from("default"))
+    }
+}
+
+impl TryFrom<String> for QueueName {
+    type Error = IdError;
+    fn try_from(value: String) -> Result<Self, IdError> {
+        QueueName::new(value)
+    }
+}
+
+impl TryFrom<String> for WorkerId {
+    type Error = IdError;
+    fn try_from(value: String) -> Result<Self, IdError> {
+        WorkerId::new(value)
+    }
+}
+
 impl TryFrom<String> for TenantName {
     type Error = IdError;
     fn try_from(value: String) -> Result<Self, IdError> {

@@ -25,6 +25,10 @@
 //!   repairs) and the delivery slot policy ([`fire::DeliverySlots`]).
 //! - [`schedule`]: recurring schedules as control events, and the pure
 //!   planner of their occurrences and misfires.
+//! - [`pull`]: pull workers' leases: lease ids, the lease API's limits and
+//!   request validation, and one node's pull queue as a pure state machine
+//!   ([`pull::PullQueue`]: ready entries, long-polling claims, fenced
+//!   leases, heartbeats, expiry, retries).
 //! - [`assignment`]: how the cluster leader spreads partitions over nodes.
 //! - [`auth`]: API key secrets (format, checksum, hash), roles, audit entries.
 //! - [`bulk`]: bulk actions (cancel, redrive, pause, resume over a filter):
@@ -38,6 +42,7 @@ pub mod event;
 pub mod fire;
 pub mod ids;
 pub mod partition;
+pub mod pull;
 pub mod retry;
 pub mod schedule;
 pub mod tenant;
@@ -49,7 +54,7 @@ pub use event::{
     Attempt, AttemptReport, CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord,
     EventStatus, Transition, TransitionContext,
 };
-pub use ids::{EventId, EventKey, EventVersion, IdError, TenantName};
+pub use ids::{EventId, EventKey, EventVersion, IdError, QueueName, TenantName, WorkerId};
 pub use partition::{PartitionCount, PartitionId, partition_ranges};
 pub use retry::{RetryPolicy, Verdict};
 pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};

@@ -1,0 +1,131 @@
+//! Ready entries of the pull queue: per tenant, per named queue, in due
+//! order inside a queue and in turn across a tenant's queues.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use crate::ids::{QueueName, TenantName};
+use crate::partition::PartitionId;
+use crate::timer::DueCursor;
+
+use super::queue::ReadyEntry;
+
+/// One tenant's ready entries.
+#[derive(Debug, Default)]
+struct TenantQueues {
+    /// Entries by queue, in due order. Only looked up; the order of
+    /// serving comes from `turn`.
+    queues: HashMap<QueueName, BTreeMap<DueCursor, ReadyEntry>>,
+    /// The non-empty queues, the next to serve first.
+    turn: VecDeque<QueueName>,
+    len: usize,
+}
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub(super) struct ReadyQueues {
+    tenants: HashMap<TenantName, TenantQueues>,
+    len: usize,
+}
+
+impl ReadyQueues {
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(super) fn len_of(&self, tenant: &TenantName) -> usize {
+        self.tenants.get(tenant).map_or(0, |t| t.len)
+    }
+
+    pub(super) fn contains(&self, entry: &ReadyEntry) -> bool {
+        self.tenants
+            .get(&entry.entry.key.tenant)
+            .and_then(|t| t.queues.get(&entry.queue))
+            .is_some_and(|q| q.contains_key(&entry.entry))
+    }
+
+    /// Adds `entry` at its due position; a new queue joins the end of its
+    /// tenant's turn. The caller checks [`Self::contains`] first.
+    pub(super) fn insert(&mut self, entry: ReadyEntry) {
+        let tenant = self
+            .tenants
+            .entry(entry.entry.key.tenant.clone())
+            .or_default();
+        let queue = tenant.queues.entry(entry.queue.clone()).or_default();
+        if queue.is_empty() {
+            tenant.turn.push_back(entry.queue.clone());
+        }
+        if queue.insert(entry.entry.clone(), entry).is_none() {
+            tenant.len += 1;
+            self.len += 1;
+        }
+    }
+
+    pub(super) fn remove(
+        &mut self,
+        tenant: &TenantName,
+        queue: &QueueName,
+        cursor: &DueCursor,
+    ) -> Option<ReadyEntry> {
+        let queues = self.tenants.get_mut(tenant)?;
+        let entries = queues.queues.get_mut(queue)?;
+        let removed = entries.remove(cursor)?;
+        if entries.is_empty() {
+            queues.queues.remove(queue);
+            queues.turn.retain(|q| q != queue);
+        }
+        queues.len -= 1;
+        self.len -= 1;
+        if queues.len == 0 {
+            self.tenants.remove(tenant);
+        }
+        Some(removed)
+    }
+
+    /// Takes up to `n` of `tenant`'s entries: the earliest of each queue in
+    /// turn, so one busy queue cannot starve the others.
+    pub(super) fn take(&mut self, tenant: &TenantName, n: usize) -> Vec<ReadyEntry> {
+        let mut taken = Vec::new();
+        while taken.len() < n {
+            let Some(queues) = self.tenants.get_mut(tenant) else {
+                break;
+            };
+            let Some(queue) = queues.turn.pop_front() else {
+                break;
+            };
+            let Some(entries) = queues.queues.get_mut(&queue) else {
+                continue;
+            };
+            if let Some((_, entry)) = entries.pop_first() {
+                queues.len -= 1;
+                self.len -= 1;
+                taken.push(entry);
+            }
+            if entries.is_empty() {
+                queues.queues.remove(&queue);
+            } else {
+                queues.turn.push_back(queue);
+            }
+            if queues.len == 0 {
+                self.tenants.remove(tenant);
+            }
+        }
+        taken
+    }
+
+    /// Removes every entry of `partition`, in due order.
+    pub(super) fn remove_partition(&mut self, partition: PartitionId) -> Vec<ReadyEntry> {
+        let mut doomed: Vec<(TenantName, QueueName, DueCursor)> = Vec::new();
+        for (tenant, queues) in &self.tenants {
+            for (queue, entries) in &queues.queues {
+                for entry in entries.values().filter(|e| e.partition == partition) {
+                    doomed.push((tenant.clone(), queue.clone(), entry.entry.clone()));
+                }
+            }
+        }
+        doomed.sort_by(|a, b| a.2.cmp(&b.2));
+        doomed
+            .into_iter()
+            .filter_map(|(tenant, queue, cursor)| self.remove(&tenant, &queue, &cursor))
+            .collect()
+    }
+}
