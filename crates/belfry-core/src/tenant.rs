@@ -109,6 +109,29 @@ pub enum SinkConfig {
     Kafka(KafkaTarget),
     /// A processor built into Belfry (BigBen's `CUSTOM_CLASS`), by name.
     Builtin(BuiltinTarget),
+    /// Nothing is pushed: workers claim the due events with leases
+    /// (`crate::pull`, `docs/pull.md`).
+    Pull(PullTarget),
+}
+
+/// A pull tenant's defaults for its events' attempts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PullTarget {
+    /// Attempts (failed or expired leases) after which an event fails;
+    /// [`crate::pull::limits::DEFAULT_MAX_ATTEMPTS`] when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+}
+
+/// The most attempts a pull tenant may give its events.
+pub const MAX_PULL_ATTEMPTS: u32 = 1000;
+
+impl PullTarget {
+    /// The attempt cap of the tenant's events.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+            .unwrap_or(crate::pull::limits::DEFAULT_MAX_ATTEMPTS)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,6 +241,8 @@ pub enum SinkConfigError {
     EmptyTopic,
     #[error("processor name must not be empty")]
     EmptyProcessor,
+    #[error("max_attempts must be between 1 and {MAX_PULL_ATTEMPTS}")]
+    MaxAttempts,
 }
 
 /// At most [`ECHO_LIMIT`] characters of `text`.
@@ -241,7 +266,17 @@ impl SinkConfig {
                 Err(SinkConfigError::EmptyProcessor)
             }
             SinkConfig::Builtin(_) => Ok(()),
+            SinkConfig::Pull(PullTarget {
+                max_attempts: Some(max),
+            }) if !(1..=MAX_PULL_ATTEMPTS).contains(max) => Err(SinkConfigError::MaxAttempts),
+            SinkConfig::Pull(_) => Ok(()),
         }
+    }
+
+    /// Whether the tenant's events are claimed by workers rather than
+    /// pushed.
+    pub fn is_pull(&self) -> bool {
+        matches!(self, SinkConfig::Pull(_))
     }
 }
 
@@ -424,6 +459,25 @@ mod tests {
         assert_eq!(
             with(vec![("x".into(), "v".repeat(MAX_HEADER_VALUE_LEN))]),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn pull_attempts_are_bounded() {
+        let pull = |max_attempts| SinkConfig::Pull(PullTarget { max_attempts });
+        assert_eq!(pull(None).validate(), Ok(()));
+        assert_eq!(pull(Some(1)).validate(), Ok(()));
+        assert_eq!(pull(Some(MAX_PULL_ATTEMPTS)).validate(), Ok(()));
+        assert_eq!(pull(Some(0)).validate(), Err(SinkConfigError::MaxAttempts));
+        assert_eq!(
+            pull(Some(MAX_PULL_ATTEMPTS + 1)).validate(),
+            Err(SinkConfigError::MaxAttempts)
+        );
+        let json = serde_json::to_string(&pull(None)).unwrap();
+        assert_eq!(json, r#"{"type":"pull"}"#);
+        assert_eq!(
+            serde_json::from_str::<SinkConfig>(&json).unwrap(),
+            pull(None)
         );
     }
 

@@ -416,6 +416,7 @@ fn channel_of(sink: &belfry_core::SinkConfig) -> belfry_metrics::Channel {
         belfry_core::SinkConfig::Http(_) => belfry_metrics::Channel::Http,
         belfry_core::SinkConfig::Kafka(_) => belfry_metrics::Channel::Kafka,
         belfry_core::SinkConfig::Builtin(_) => belfry_metrics::Channel::Log,
+        belfry_core::SinkConfig::Pull(_) => belfry_metrics::Channel::Pull,
     }
 }
 

@@ -307,6 +307,8 @@ pub enum Channel {
     Http,
     Kafka,
     Log,
+    /// A lease of a pull tenant's event, ended by its worker.
+    Pull,
 }
 
 impl Channel {
@@ -315,6 +317,7 @@ impl Channel {
             Channel::Http => "http",
             Channel::Kafka => "kafka",
             Channel::Log => "log",
+            Channel::Pull => "pull",
         }
     }
 }

@@ -84,6 +84,9 @@ pub struct Sinks {
     egress: Arc<egress::EgressPolicy>,
 }
 
+/// Why a pull tenant's event is not delivered by a sink.
+const NOT_PUSHED: &str = "a pull tenant's events are claimed by workers, not pushed";
+
 /// Why this build refuses Kafka tenants.
 #[cfg(not(feature = "kafka"))]
 const NO_KAFKA: &str = "MESSAGING (Kafka) delivery is not available in this build of Belfry (built without the cargo feature kafka)";
@@ -138,7 +141,7 @@ impl Sinks {
     /// An unknown built-in processor, or a channel this build lacks.
     pub fn check_supported(config: &SinkConfig) -> Result<(), String> {
         match config {
-            SinkConfig::Http(_) => Ok(()),
+            SinkConfig::Http(_) | SinkConfig::Pull(_) => Ok(()),
             SinkConfig::Builtin(target)
                 if BUILTIN_PROCESSORS.contains(&target.processor.as_str()) =>
             {
@@ -166,7 +169,7 @@ impl Sinks {
             SinkConfig::Kafka(target) => {
                 kafka::settings::validate(&target.props).map_err(|e| e.to_string())
             }
-            SinkConfig::Http(_) | SinkConfig::Builtin(_) => Ok(()),
+            SinkConfig::Http(_) | SinkConfig::Builtin(_) | SinkConfig::Pull(_) => Ok(()),
         }
     }
 
@@ -217,6 +220,9 @@ impl Sinks {
             SinkConfig::Kafka(_) => self.kafka.deliver(delivery).await,
             #[cfg(not(feature = "kafka"))]
             SinkConfig::Kafka(_) => DeliveryResult::failed(Verdict::Permanent, None, NO_KAFKA),
+            // The engine hands a pull tenant's events to its pull queue;
+            // one that reaches a sink is kept for a later attempt.
+            SinkConfig::Pull(_) => DeliveryResult::failed(Verdict::Retry, None, NOT_PUSHED),
         }
     }
 }

@@ -29,7 +29,7 @@ pub fn sink(sink: &SinkConfig) -> SinkConfig {
                 }
             }
         }
-        SinkConfig::Builtin(_) => {}
+        SinkConfig::Builtin(_) | SinkConfig::Pull(_) => {}
     }
     shown
 }

@@ -1,6 +1,7 @@
 //! `POST /events/tenant/register` and `GET /events/tenants`, in BigBen's
 //! `ProcessorConfig` shape:
-//! `{"tenant": "...", "type": "HTTP" | "MESSAGING" | "CUSTOM_CLASS", "props": {...}}`.
+//! `{"tenant": "...", "type": "HTTP" | "MESSAGING" | "CUSTOM_CLASS", "props": {...}}`,
+//! and Belfry's own `"PULL"` (`props`: `{"max_attempts"?}`) for pull tenants.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +10,7 @@ use axum::extract::State;
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
-use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget};
+use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget, PullTarget};
 use belfry_core::{SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
 use serde::Deserialize;
@@ -201,9 +202,24 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
             })?;
             SinkConfig::Builtin(BuiltinTarget { processor })
         }
+        "PULL" => {
+            let max_attempts = match props.remove("max_attempts") {
+                None | Some(Value::Null) => None,
+                Some(value) => Some(
+                    value
+                        .as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| invalid("props.max_attempts must be a whole number"))?,
+                ),
+            };
+            if let Some(name) = props.keys().next() {
+                return Err(invalid(format!("props.{name} does not apply to type PULL")));
+            }
+            SinkConfig::Pull(PullTarget { max_attempts })
+        }
         other => {
             return Err(invalid(format!(
-                "unknown type {other:?}; expected HTTP, MESSAGING or CUSTOM_CLASS"
+                "unknown type {other:?}; expected HTTP, MESSAGING, CUSTOM_CLASS or PULL"
             )));
         }
     };
@@ -263,6 +279,8 @@ pub(crate) fn render(tenant: &TenantConfig) -> Value {
             "CUSTOM_CLASS",
             json!({ "eventProcessorClass": target.processor }),
         ),
+        // BigBen has no pull type: shown under Belfry's own name.
+        SinkConfig::Pull(target) => ("PULL", json!({ "max_attempts": target.max_attempts() })),
     };
     json!({ "tenant": tenant.name.as_str(), "type": kind, "props": props })
 }

@@ -153,14 +153,15 @@ pub struct Attempts {
 pub struct PutTenant {
     /// `{"type": "http", "url", "headers"?, "timeout_ms"?}`,
     /// `{"type": "builtin", "processor": "log"}` or
-    /// `{"type": "kafka", "topic", "props", "key"?, "transactional"?}`.
+    /// `{"type": "kafka", "topic", "props", "key"?, "transactional"?}` or
+    /// `{"type": "pull", "max_attempts"?}`.
     pub sink: Sink,
 }
 
 /// A sink (see `docs/api.md`); write-only values answer as `****`.
 #[derive(ToSchema)]
 pub struct Sink {
-    /// `http`, `builtin` or `kafka`.
+    /// `http`, `builtin`, `kafka` or `pull`.
     #[schema(rename = "type")]
     pub kind: String,
     pub url: Option<String>,
@@ -172,6 +173,9 @@ pub struct Sink {
     pub props: Option<BTreeMap<String, String>>,
     pub key: Option<String>,
     pub transactional: Option<bool>,
+    /// `pull` only: attempts after which an event fails (default 20).
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_attempts: Option<u32>,
 }
 
 #[derive(ToSchema)]

@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
-use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget};
+use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget, PullTarget};
 use belfry_core::{SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
 use serde::Deserialize;
@@ -32,7 +32,8 @@ pub(crate) struct PutTenant {
 /// {...}, "timeout_ms": ...}` or `{"type": "builtin", "processor": "log"}`
 /// (or `{"type": "kafka", "topic": ..., "props": {...}, "key": "event_id"}`
 /// where supported; `key` is `event_id` (default), `tenant_event_id` or
-/// `none`; `"transactional": true` is the fenced mode).
+/// `none`; `"transactional": true` is the fenced mode), or `{"type":
+/// "pull", "max_attempts": 20}` (workers claim the events).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a sink object")]
 struct SinkSpec {
@@ -48,6 +49,7 @@ struct SinkSpec {
     props: Option<Value>,
     key: Option<Value>,
     transactional: Option<Value>,
+    max_attempts: Option<Value>,
 }
 
 /// `value` as a string, or a message naming `field`.
@@ -96,6 +98,7 @@ impl SinkSpec {
             props,
             key,
             transactional,
+            max_attempts,
         } = self;
         let kind = string_field(Some(kind), "sink.type")?.unwrap_or_default();
         let url = string_field(url, "sink.url")?;
@@ -120,6 +123,15 @@ impl SinkSpec {
             Some(Value::Bool(on)) => Some(on),
             Some(_) => return Err(invalid_sink("sink.transactional must be true or false")),
         };
+        let max_attempts = match max_attempts {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(
+                value
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| invalid_sink("sink.max_attempts must be a whole number"))?,
+            ),
+        };
         let unexpected = |fields: &[(&str, bool)]| -> Result<(), V1Error> {
             match fields.iter().find(|(_, present)| *present) {
                 Some((name, _)) => Err(invalid_sink(format!(
@@ -136,6 +148,7 @@ impl SinkSpec {
                     ("props", props.is_some()),
                     ("key", key.is_some()),
                     ("transactional", transactional.is_some()),
+                    ("max_attempts", max_attempts.is_some()),
                 ])?;
                 SinkConfig::Http(HttpTarget {
                     url: url.ok_or_else(|| invalid_sink("sink.url is required for type http"))?,
@@ -152,6 +165,7 @@ impl SinkSpec {
                     ("props", props.is_some()),
                     ("key", key.is_some()),
                     ("transactional", transactional.is_some()),
+                    ("max_attempts", max_attempts.is_some()),
                 ])?;
                 SinkConfig::Builtin(BuiltinTarget {
                     processor: processor.ok_or_else(|| {
@@ -165,6 +179,7 @@ impl SinkSpec {
                     ("headers", headers.is_some()),
                     ("timeout_ms", timeout_ms.is_some()),
                     ("processor", processor.is_some()),
+                    ("max_attempts", max_attempts.is_some()),
                 ])?;
                 SinkConfig::Kafka(KafkaTarget {
                     topic: topic
@@ -174,9 +189,22 @@ impl SinkSpec {
                     transactional: transactional.unwrap_or(false),
                 })
             }
+            "pull" => {
+                unexpected(&[
+                    ("url", url.is_some()),
+                    ("headers", headers.is_some()),
+                    ("timeout_ms", timeout_ms.is_some()),
+                    ("processor", processor.is_some()),
+                    ("topic", topic.is_some()),
+                    ("props", props.is_some()),
+                    ("key", key.is_some()),
+                    ("transactional", transactional.is_some()),
+                ])?;
+                SinkConfig::Pull(PullTarget { max_attempts })
+            }
             other => {
                 return Err(invalid_sink(format!(
-                    "unknown sink type {other:?}; expected http, builtin or kafka"
+                    "unknown sink type {other:?}; expected http, builtin, kafka or pull"
                 )));
             }
         };
