@@ -89,9 +89,10 @@ use tokio::sync::oneshot;
 
 use self::writer::{Job, Keyspaces, Writer, internal};
 use crate::{
-    Applied, ApplyParams, AuditPageParams, CountEventsParams, DuePageParams, KeyedCommand,
-    ListBulkActionsParams, ListEventsParams, PartialApply, PurgeBulkActionsParams, PurgeParams,
-    RunningBulkActionsParams, Store, StoreError, StoreResult, StoreStats,
+    Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, CountEventsParams, DuePageParams,
+    KeyedCommand, LeaseWriteOutcome, ListBulkActionsParams, ListEventsParams, PartialApply,
+    PurgeBulkActionsParams, PurgeParams, RecordLeasesParams, RunningBulkActionsParams, Store,
+    StoreError, StoreResult, StoreStats, StoredLease,
 };
 
 /// Options of the embedded store.
@@ -592,6 +593,28 @@ impl Store for EmbeddedStore {
             return Ok(Vec::new());
         }
         self.apply_sharded(params).await
+    }
+
+    async fn record_leases(
+        &self,
+        params: RecordLeasesParams,
+    ) -> StoreResult<Vec<LeaseWriteOutcome>> {
+        let _ = params;
+        Err(StoreError::Unavailable(
+            "pull leases are not stored yet".into(),
+        ))
+    }
+
+    async fn change_lease(&self, params: ChangeLeaseParams) -> StoreResult<LeaseWriteOutcome> {
+        let _ = params;
+        Err(StoreError::Unavailable(
+            "pull leases are not stored yet".into(),
+        ))
+    }
+
+    async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>> {
+        let _ = key;
+        Ok(None)
     }
 
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
