@@ -31,9 +31,10 @@ use belfry_core::event::{Attempt, EventRecord, EventStatus};
 use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, Timestamp};
 use belfry_store::cluster::Coordinator;
 use belfry_store::{
-    Applied, ApplyParams, AuditPageParams, CountEventsParams, DuePageParams, ListBulkActionsParams,
-    ListEventsParams, PurgeBulkActionsParams, PurgeParams, RunningBulkActionsParams, Store,
-    StoreResult, StoreStats,
+    Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, CountEventsParams, DuePageParams,
+    LeaseWriteOutcome, ListBulkActionsParams, ListEventsParams, PurgeBulkActionsParams,
+    PurgeParams, RecordLeasesParams, RunningBulkActionsParams, Store, StoreResult, StoreStats,
+    StoredLease,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::mpsc;
@@ -390,6 +391,28 @@ impl Store for PostgresStore {
             .await
             .map_err(db_error)?;
         Ok(())
+    }
+
+    async fn record_leases(
+        &self,
+        params: RecordLeasesParams,
+    ) -> StoreResult<Vec<LeaseWriteOutcome>> {
+        let _ = params;
+        Err(StoreError::Unavailable(
+            "pull leases are not stored yet".into(),
+        ))
+    }
+
+    async fn change_lease(&self, params: ChangeLeaseParams) -> StoreResult<LeaseWriteOutcome> {
+        let _ = params;
+        Err(StoreError::Unavailable(
+            "pull leases are not stored yet".into(),
+        ))
+    }
+
+    async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>> {
+        let _ = key;
+        Ok(None)
     }
 
     async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {

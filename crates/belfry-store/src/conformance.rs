@@ -15,6 +15,7 @@
 
 use std::any::Any;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use belfry_core::event::{
@@ -27,25 +28,43 @@ use belfry_core::{
     SigningSecrets, SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
 };
 
+use belfry_core::WorkerId;
+use belfry_core::pull::{LeaseChange, LeaseId, LeaseNonce, LeaseRecord, Resolution};
+
 use crate::{
-    Applied, ApplyParams, CountEventsParams, DuePageParams, EmbeddedOptions, EmbeddedStore,
-    KeyedCommand, ListEventsParams, PurgeParams, SharedStore,
+    Applied, ApplyParams, ChangeLeaseParams, CountEventsParams, DuePageParams, EmbeddedOptions,
+    EmbeddedStore, Fence, KeyedCommand, LeaseWriteOutcome, ListEventsParams, PurgeParams,
+    RecordLeasesParams, SharedStore, StoredLeaseState,
 };
 
 /// A store made for one case, with whatever must live as long as it (a
 /// temporary directory, a database).
 pub struct StoreUnderTest {
     pub store: SharedStore,
+    /// Moves a partition's fencing epoch forward (a hand-over), for
+    /// backends with several owners; `None` on a single-owner backend,
+    /// whose epoch never moves.
+    pub move_epoch: Option<EpochMover>,
     /// Dropped after `store` (field order).
     _keep_alive: Box<dyn Any + Send>,
 }
+
+/// See [`StoreUnderTest::move_epoch`]: answers the partition's new epoch.
+pub type EpochMover =
+    Box<dyn Fn(PartitionId) -> Pin<Box<dyn Future<Output = u64> + Send>> + Send + Sync>;
 
 impl StoreUnderTest {
     pub fn new(store: SharedStore, keep_alive: impl Any + Send) -> Self {
         StoreUnderTest {
             store,
+            move_epoch: None,
             _keep_alive: Box::new(keep_alive),
         }
+    }
+
+    pub fn with_epoch_mover(mut self, mover: EpochMover) -> Self {
+        self.move_epoch = Some(mover);
+        self
     }
 }
 
@@ -105,6 +124,12 @@ macro_rules! store_conformance_tests {
             bulk_action_updates_compare_and_set,
             bulk_action_claims_exclude_each_other,
             bulk_actions_purge_only_old_finished,
+            lease_granted_once_per_version,
+            lease_extend_complete_and_repeats,
+            lease_retry_dead_and_release_move_the_event,
+            lease_fenced_by_epoch_and_lease_id,
+            lease_of_cancelled_or_moved_event_is_void,
+            concurrent_grants_of_one_version_one_wins,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -2311,5 +2336,583 @@ where
             .unwrap()
             .len(),
         2
+    );
+}
+
+// ------------------------------------------------------------ pull leases
+
+/// The lease of attempt `attempt` on `key`'s current version, under
+/// `epoch`, told apart by `nonce`; granted at `leased_at` for 1 s.
+async fn grant_of(
+    store: &SharedStore,
+    key: &EventKey,
+    attempt: u32,
+    epoch: u64,
+    nonce: u8,
+    leased_at: i64,
+) -> LeaseRecord {
+    let record = get(store, key).await.expect("the event exists");
+    LeaseRecord {
+        lease: LeaseId::new(
+            key.clone(),
+            record.version,
+            attempt,
+            epoch,
+            LeaseNonce([nonce; 16]),
+        )
+        .expect("a short version"),
+        partition: record.partition,
+        worker: WorkerId::new("w-1").expect("valid worker id"),
+        leased_at: ts(leased_at),
+        expires_at: ts(leased_at + 1_000),
+        deadline_at: ts(leased_at + 60_000),
+    }
+}
+
+async fn record_lease(store: &SharedStore, grant: &LeaseRecord) -> LeaseWriteOutcome {
+    let mut outcomes = store
+        .record_leases(RecordLeasesParams {
+            fence: Fence {
+                partition: grant.partition,
+                epoch: grant.lease.epoch(),
+            },
+            grants: vec![grant.clone()],
+        })
+        .await
+        .expect("record_leases");
+    assert_eq!(outcomes.len(), 1, "one outcome per grant");
+    outcomes.pop().expect("one outcome")
+}
+
+async fn change(
+    store: &SharedStore,
+    grant: &LeaseRecord,
+    change: LeaseChange,
+    at: i64,
+) -> LeaseWriteOutcome {
+    store
+        .change_lease(ChangeLeaseParams {
+            fence: Fence {
+                partition: grant.partition,
+                epoch: grant.lease.epoch(),
+            },
+            lease: grant.lease.clone(),
+            change,
+            at: ts(at),
+        })
+        .await
+        .expect("change_lease")
+}
+
+fn resolve(resolution: Resolution, verdict: Option<Verdict>, started_at: i64) -> LeaseChange {
+    LeaseChange::Resolve {
+        resolution,
+        report: verdict.map(|verdict| AttemptReport {
+            started_at: ts(started_at),
+            duration_ms: 5,
+            verdict,
+            http_status: None,
+            error: (verdict != Verdict::Delivered).then(|| "boom".to_string()),
+        }),
+    }
+}
+
+async fn lease_state(store: &SharedStore, key: &EventKey) -> Option<StoredLeaseState> {
+    store
+        .get_lease(key)
+        .await
+        .expect("get_lease")
+        .map(|lease| lease.state)
+}
+
+/// One live lease per version: a repeat of the same lease is `Done`, any
+/// other grant is refused while it lives; after its expiry only the next
+/// attempt number (attempts + 1) may be granted.
+pub async fn lease_granted_once_per_version<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("pull", "job-1");
+    apply_one(store, 0, &k, upsert(1_000, "v1")).await;
+    assert_eq!(store.get_lease(&k).await.unwrap(), None);
+
+    let first = grant_of(store, &k, 1, 0, 1, 1_000).await;
+    assert_eq!(record_lease(store, &first).await, LeaseWriteOutcome::Done);
+    let stored = store.get_lease(&k).await.unwrap().expect("recorded");
+    assert_eq!(stored.record, first);
+    assert_eq!(stored.state, StoredLeaseState::Live);
+    assert_eq!(
+        record_lease(store, &first).await,
+        LeaseWriteOutcome::Done,
+        "a repeat of the same grant"
+    );
+
+    let rival = grant_of(store, &k, 1, 0, 2, 1_500).await;
+    assert_eq!(record_lease(store, &rival).await, LeaseWriteOutcome::Lost);
+    // After the expiry: not the attempt after next, only attempts + 1.
+    let skipping = grant_of(store, &k, 2, 0, 3, 2_500).await;
+    assert_eq!(
+        record_lease(store, &skipping).await,
+        LeaseWriteOutcome::Lost
+    );
+    let after_expiry = grant_of(store, &k, 1, 0, 4, 2_500).await;
+    assert_eq!(
+        record_lease(store, &after_expiry).await,
+        LeaseWriteOutcome::Done
+    );
+    assert_eq!(
+        store.get_lease(&k).await.unwrap().expect("recorded").record,
+        after_expiry
+    );
+    // The superseded lease is lost for every call.
+    assert_eq!(
+        change(
+            store,
+            &first,
+            LeaseChange::Extend {
+                expires_at: ts(9_000)
+            },
+            2_600
+        )
+        .await,
+        LeaseWriteOutcome::Lost
+    );
+    // A version the event does not have.
+    let mut stale = after_expiry.clone();
+    stale.lease = LeaseId::new(
+        k.clone(),
+        EventVersion::from_string("v0".into()),
+        1,
+        0,
+        LeaseNonce([5; 16]),
+    )
+    .unwrap();
+    assert_eq!(
+        record_lease(store, &stale).await,
+        LeaseWriteOutcome::Cancelled
+    );
+    // Grants of a batch are answered one by one, in order.
+    let other = key("pull", "job-2");
+    apply_one(store, 0, &other, upsert(1_000, "w1")).await;
+    let other_grant = grant_of(store, &other, 1, 0, 6, 3_000).await;
+    if other_grant.partition == after_expiry.partition {
+        let outcomes = store
+            .record_leases(RecordLeasesParams {
+                fence: Fence {
+                    partition: other_grant.partition,
+                    epoch: 0,
+                },
+                grants: vec![other_grant.clone(), stale, after_expiry],
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            outcomes,
+            vec![
+                LeaseWriteOutcome::Done,
+                LeaseWriteOutcome::Cancelled,
+                LeaseWriteOutcome::Done
+            ]
+        );
+    } else {
+        assert_eq!(
+            record_lease(store, &other_grant).await,
+            LeaseWriteOutcome::Done
+        );
+    }
+    // Nothing of this touched the events.
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Scheduled);
+    assert_eq!(record.attempts, 0);
+    assert!(store.attempts(&k, 10).await.unwrap().is_empty());
+}
+
+/// A heartbeat moves the expiry; a complete delivers the event with its
+/// attempt in the history; the same complete again is `Done`, anything
+/// else on the ended lease `Lost`.
+pub async fn lease_extend_complete_and_repeats<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("pull", "job-1");
+    apply_one(store, 0, &k, upsert(1_000, "v1")).await;
+    let lease = grant_of(store, &k, 1, 0, 1, 1_000).await;
+    assert_eq!(record_lease(store, &lease).await, LeaseWriteOutcome::Done);
+
+    let extend = LeaseChange::Extend {
+        expires_at: ts(30_000),
+    };
+    assert_eq!(
+        change(store, &lease, extend.clone(), 1_500).await,
+        LeaseWriteOutcome::Done
+    );
+    let stored = store.get_lease(&k).await.unwrap().unwrap();
+    assert_eq!(stored.record.expires_at, ts(30_000));
+    assert_eq!(stored.state, StoredLeaseState::Live);
+    // Extended: a rival grant after the first expiry is still refused.
+    let rival = grant_of(store, &k, 1, 0, 2, 5_000).await;
+    assert_eq!(record_lease(store, &rival).await, LeaseWriteOutcome::Lost);
+
+    let complete = resolve(
+        Resolution::Delivered {
+            result: Some("{\"ok\":true}".into()),
+        },
+        Some(Verdict::Delivered),
+        1_000,
+    );
+    assert_eq!(
+        change(store, &lease, complete.clone(), 2_000).await,
+        LeaseWriteOutcome::Done
+    );
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Delivered);
+    assert_eq!(record.next_fire_at, None);
+    assert_eq!(record.finished_at, Some(ts(2_000)));
+    assert!(all_due(store).await.is_empty());
+    let history = store.attempts(&k, 10).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].number, 1);
+    assert_eq!(history[0].verdict, Verdict::Delivered);
+    assert!(matches!(
+        lease_state(store, &k).await,
+        Some(StoredLeaseState::Resolved(Resolution::Delivered { .. }))
+    ));
+
+    assert_eq!(
+        change(store, &lease, complete, 2_100).await,
+        LeaseWriteOutcome::Done,
+        "the same complete again"
+    );
+    assert_eq!(store.attempts(&k, 10).await.unwrap().len(), 1);
+    let fail = resolve(
+        Resolution::Dead {
+            reason: "nope".into(),
+        },
+        Some(Verdict::Permanent),
+        1_000,
+    );
+    assert_eq!(
+        change(store, &lease, fail, 2_200).await,
+        LeaseWriteOutcome::Lost
+    );
+    assert_eq!(
+        change(store, &lease, extend, 2_300).await,
+        LeaseWriteOutcome::Lost
+    );
+    assert_eq!(get(store, &k).await.unwrap().status, EventStatus::Delivered);
+}
+
+/// A release gives the event back due at its instant with no attempt; a
+/// retry counts one and makes it due at the instant given (the due index
+/// follows); a dead end fails it with its reason.
+pub async fn lease_retry_dead_and_release_move_the_event<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("pull", "job-1");
+    apply_one(store, 0, &k, upsert(1_000, "v1")).await;
+    let partition = get(store, &k).await.unwrap().partition;
+
+    let first = grant_of(store, &k, 1, 0, 1, 1_000).await;
+    assert_eq!(record_lease(store, &first).await, LeaseWriteOutcome::Done);
+    let release = resolve(Resolution::Released { at: ts(4_000) }, None, 0);
+    assert_eq!(
+        change(store, &first, release, 1_200).await,
+        LeaseWriteOutcome::Done
+    );
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Scheduled);
+    assert_eq!(record.attempts, 0);
+    assert_eq!(record.next_fire_at, Some(ts(4_000)));
+    assert_eq!(
+        due(store, partition, None, i64::MAX, 10).await,
+        vec![cursor(4_000, &k)]
+    );
+    assert!(store.attempts(&k, 10).await.unwrap().is_empty());
+
+    // Released: the same attempt number again, under another nonce.
+    let second = grant_of(store, &k, 1, 0, 2, 4_000).await;
+    assert_eq!(record_lease(store, &second).await, LeaseWriteOutcome::Done);
+    let retry = resolve(
+        Resolution::Retry { at: ts(9_000) },
+        Some(Verdict::Retry),
+        4_000,
+    );
+    assert_eq!(
+        change(store, &second, retry, 4_500).await,
+        LeaseWriteOutcome::Done
+    );
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Retrying);
+    assert_eq!(record.attempts, 1);
+    assert_eq!(record.next_fire_at, Some(ts(9_000)));
+    assert_eq!(record.last_error.as_deref(), Some("boom"));
+    assert_eq!(
+        due(store, partition, None, i64::MAX, 10).await,
+        vec![cursor(9_000, &k)]
+    );
+
+    // The next lease must carry the next attempt number.
+    let same_number = grant_of(store, &k, 1, 0, 3, 9_000).await;
+    assert_eq!(
+        record_lease(store, &same_number).await,
+        LeaseWriteOutcome::Lost
+    );
+    let third = grant_of(store, &k, 2, 0, 4, 9_000).await;
+    assert_eq!(record_lease(store, &third).await, LeaseWriteOutcome::Done);
+    let dead = resolve(
+        Resolution::Dead {
+            reason: "gave up after 2 attempts: lease_expired".into(),
+        },
+        Some(Verdict::Retry),
+        9_000,
+    );
+    assert_eq!(
+        change(store, &third, dead, 10_000).await,
+        LeaseWriteOutcome::Done
+    );
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Failed);
+    assert_eq!(record.attempts, 2);
+    assert_eq!(
+        record.last_error.as_deref(),
+        Some("gave up after 2 attempts: lease_expired")
+    );
+    assert_eq!(record.next_fire_at, None);
+    assert!(due(store, partition, None, i64::MAX, 10).await.is_empty());
+    let history = store.attempts(&k, 10).await.unwrap();
+    let numbers: Vec<(u32, Verdict)> = history.iter().map(|a| (a.number, a.verdict)).collect();
+    assert_eq!(numbers, vec![(1, Verdict::Retry), (2, Verdict::Retry)]);
+    assert_eq!(
+        count(store, "pull", EventStatus::Failed).await,
+        1,
+        "listed with the dead letters"
+    );
+}
+
+async fn count(store: &SharedStore, tenant_name: &str, status: EventStatus) -> u64 {
+    store
+        .count_events(CountEventsParams {
+            tenant: tenant(tenant_name),
+            status,
+            at_most: 100,
+        })
+        .await
+        .unwrap()
+}
+
+/// Every write names the epoch and the exact lease: another nonce, an
+/// epoch other than the lease's, or (where epochs move) a partition
+/// handed over since the grant is `Lost`, and the new epoch may grant the
+/// event again at once.
+pub async fn lease_fenced_by_epoch_and_lease_id<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("pull", "job-1");
+    apply_one(store, 0, &k, upsert(1_000, "v1")).await;
+    let lease = grant_of(store, &k, 1, 0, 1, 1_000).await;
+    assert_eq!(record_lease(store, &lease).await, LeaseWriteOutcome::Done);
+    let extend = LeaseChange::Extend {
+        expires_at: ts(5_000),
+    };
+
+    let mut forged = lease.clone();
+    forged.lease = LeaseId::new(
+        k.clone(),
+        lease.lease.version().clone(),
+        1,
+        0,
+        LeaseNonce([9; 16]),
+    )
+    .unwrap();
+    assert_eq!(
+        change(store, &forged, extend.clone(), 1_100).await,
+        LeaseWriteOutcome::Lost
+    );
+    let mismatched = store
+        .change_lease(ChangeLeaseParams {
+            fence: Fence {
+                partition: lease.partition,
+                epoch: 7,
+            },
+            lease: lease.lease.clone(),
+            change: extend.clone(),
+            at: ts(1_100),
+        })
+        .await
+        .unwrap();
+    assert_eq!(mismatched, LeaseWriteOutcome::Lost);
+    let wrong_partition = PartitionId((lease.partition.0 + 1) % 4);
+    let outcomes = store
+        .record_leases(RecordLeasesParams {
+            fence: Fence {
+                partition: wrong_partition,
+                epoch: 0,
+            },
+            grants: vec![grant_of(store, &k, 1, 0, 2, 1_100).await],
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcomes, vec![LeaseWriteOutcome::Lost]);
+    assert_eq!(
+        store.get_lease(&k).await.unwrap().unwrap().record,
+        lease,
+        "nothing refused was written"
+    );
+
+    let Some(move_epoch) = &under_test.move_epoch else {
+        return;
+    };
+    let epoch = move_epoch(lease.partition).await;
+    assert!(epoch > 0);
+    assert_eq!(
+        change(store, &lease, extend, 1_200).await,
+        LeaseWriteOutcome::Lost,
+        "the partition moved"
+    );
+    assert_eq!(lease_state(store, &k).await, Some(StoredLeaseState::Voided));
+    let old_epoch = grant_of(store, &k, 1, 0, 3, 1_200).await;
+    assert_eq!(
+        record_lease(store, &old_epoch).await,
+        LeaseWriteOutcome::Lost
+    );
+    // The old lease has not expired, but its epoch is over.
+    let new_epoch = grant_of(store, &k, 1, epoch, 4, 1_200).await;
+    assert_eq!(
+        record_lease(store, &new_epoch).await,
+        LeaseWriteOutcome::Done
+    );
+    let complete = resolve(
+        Resolution::Delivered { result: None },
+        Some(Verdict::Delivered),
+        1_200,
+    );
+    assert_eq!(
+        change(store, &lease, complete.clone(), 1_300).await,
+        LeaseWriteOutcome::Lost
+    );
+    assert_eq!(
+        change(store, &new_epoch, complete, 1_300).await,
+        LeaseWriteOutcome::Done
+    );
+    assert_eq!(get(store, &k).await.unwrap().status, EventStatus::Delivered);
+}
+
+/// A cancel or a move through `apply` voids the lease: every later change
+/// on it is `Cancelled`, and the moved event's new version can be leased.
+pub async fn lease_of_cancelled_or_moved_event_is_void<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let cancelled = key("pull", "cancelled");
+    let moved = key("pull", "moved");
+    apply_one(store, 0, &cancelled, upsert(1_000, "c1")).await;
+    apply_one(store, 0, &moved, upsert(1_000, "m1")).await;
+    let cancelled_lease = grant_of(store, &cancelled, 1, 0, 1, 1_000).await;
+    let moved_lease = grant_of(store, &moved, 1, 0, 2, 1_000).await;
+    assert_eq!(
+        record_lease(store, &cancelled_lease).await,
+        LeaseWriteOutcome::Done
+    );
+    assert_eq!(
+        record_lease(store, &moved_lease).await,
+        LeaseWriteOutcome::Done
+    );
+
+    apply_one(store, 1_100, &cancelled, EventCommand::Cancel).await;
+    apply_one(store, 1_100, &moved, upsert(8_000, "m2")).await;
+    let complete = resolve(
+        Resolution::Delivered { result: None },
+        Some(Verdict::Delivered),
+        1_000,
+    );
+    for lease in [&cancelled_lease, &moved_lease] {
+        assert_eq!(
+            change(
+                store,
+                lease,
+                LeaseChange::Extend {
+                    expires_at: ts(9_000)
+                },
+                1_200
+            )
+            .await,
+            LeaseWriteOutcome::Cancelled
+        );
+        assert_eq!(
+            change(store, lease, complete.clone(), 1_200).await,
+            LeaseWriteOutcome::Cancelled
+        );
+        assert_eq!(
+            lease_state(store, lease.lease.key()).await,
+            Some(StoredLeaseState::Voided)
+        );
+    }
+    assert_eq!(
+        get(store, &cancelled).await.unwrap().status,
+        EventStatus::Cancelled
+    );
+    let record = get(store, &moved).await.unwrap();
+    assert_eq!(record.status, EventStatus::Scheduled);
+    assert_eq!(record.next_fire_at, Some(ts(8_000)));
+    assert!(store.attempts(&moved, 10).await.unwrap().is_empty());
+
+    // The new version is free at once, though the old lease lives on paper.
+    let again = grant_of(store, &moved, 1, 0, 3, 1_300).await;
+    assert_eq!(record_lease(store, &again).await, LeaseWriteOutcome::Done);
+    assert_eq!(
+        record_lease(store, &cancelled_lease).await,
+        LeaseWriteOutcome::Cancelled
+    );
+}
+
+/// Racing grants of one version under different nonces: exactly one is
+/// recorded.
+pub async fn concurrent_grants_of_one_version_one_wins<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("pull", "contended");
+    apply_one(store, 0, &k, upsert(1_000, "v1")).await;
+    let mut tasks = Vec::new();
+    for nonce in 0..16u8 {
+        let grant = grant_of(store, &k, 1, 0, nonce, 1_000).await;
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            (record_lease(&store, &grant).await, grant)
+        }));
+    }
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (outcome, grant) = task.await.expect("task");
+        if outcome == LeaseWriteOutcome::Done {
+            winners.push(grant);
+        } else {
+            assert_eq!(outcome, LeaseWriteOutcome::Lost);
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one grant wins");
+    assert_eq!(
+        store.get_lease(&k).await.unwrap().unwrap().record,
+        winners[0]
     );
 }

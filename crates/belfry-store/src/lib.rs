@@ -35,6 +35,7 @@ use async_trait::async_trait;
 use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::bulk::{BulkAction, BulkActionId};
 use belfry_core::event::{Attempt, CommandOutcome, Effect, EventCommand, EventRecord, EventStatus};
+use belfry_core::pull::{LeaseChange, LeaseId, LeaseRecord, PersistResult, Resolution};
 use belfry_core::{
     DueCursor, EventId, EventKey, PartitionCount, PartitionId, RetryPolicy, TenantConfig,
     TenantName, Timestamp,
@@ -44,6 +45,7 @@ pub mod cluster;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod embedded;
+pub mod lease;
 
 pub use embedded::{EmbeddedOptions, EmbeddedStore};
 
@@ -261,6 +263,74 @@ pub struct PurgeBulkActionsParams {
     pub limit: usize,
 }
 
+/// How a fenced lease write went ([`Store::record_leases`],
+/// [`Store::change_lease`]). A store error is `Err` instead (the runtime
+/// answers it as [`PersistResult::Unavailable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseWriteOutcome {
+    /// Written (or already written exactly so: the call was a repeat).
+    Done,
+    /// Fenced: the partition's epoch moved, or the stored lease is not
+    /// this one (superseded, another live lease, never recorded, or ended
+    /// differently). Nothing changed.
+    Lost,
+    /// The event is no longer pending at the lease's version (cancelled,
+    /// moved, finished, gone). Nothing changed.
+    Cancelled,
+}
+
+impl From<LeaseWriteOutcome> for PersistResult {
+    fn from(outcome: LeaseWriteOutcome) -> Self {
+        match outcome {
+            LeaseWriteOutcome::Done => PersistResult::Done,
+            LeaseWriteOutcome::Lost => PersistResult::Lost,
+            LeaseWriteOutcome::Cancelled => PersistResult::Cancelled,
+        }
+    }
+}
+
+/// Parameters of [`Store::record_leases`]: the grants of one partition.
+#[derive(Debug, Clone)]
+pub struct RecordLeasesParams {
+    /// The partition every grant's event belongs to, and the epoch they
+    /// are granted under (each lease id carries it too).
+    pub fence: Fence,
+    pub grants: Vec<LeaseRecord>,
+}
+
+/// Parameters of [`Store::change_lease`].
+#[derive(Debug, Clone)]
+pub struct ChangeLeaseParams {
+    /// The lease's partition and the epoch it was granted under.
+    pub fence: Fence,
+    pub lease: LeaseId,
+    pub change: LeaseChange,
+    /// The transition's "now" (the event's `updated_at`, `finished_at`);
+    /// injected so stores never read a clock.
+    pub at: Timestamp,
+}
+
+/// The lease recorded for an event (one per event: the latest grant).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredLease {
+    /// As granted; `expires_at` as last extended.
+    pub record: LeaseRecord,
+    pub state: StoredLeaseState,
+}
+
+/// Where a recorded lease stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredLeaseState {
+    /// Not ended: held until `record.expires_at` (the caller compares it
+    /// with its clock; the store reads none).
+    Live,
+    /// Ended by a resolve, which the store applied to the event.
+    Resolved(Resolution),
+    /// Void without a resolve: the event is no longer pending at the
+    /// lease's version (cancelled or moved), or its partition's epoch moved.
+    Voided,
+}
+
 /// Size facts for operators and benchmarks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreStats {
@@ -302,6 +372,56 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         }
         Ok(records)
     }
+
+    // Pull leases (`belfry_core::pull`, `docs/pull.md`): one recorded lease
+    // per event, written atomically with the event change it implies,
+    // durable on `Ok`, and fenced like `apply` (the partition's epoch is
+    // checked in the same transaction or writer group as the write).
+
+    /// Records the grants of one partition; one outcome per grant, in
+    /// order.
+    ///
+    /// # Contract
+    /// A grant is recorded only while the partition's epoch is
+    /// `fence.epoch` (else `Lost`), the event is pending at the lease's
+    /// version (else `Cancelled`) with `attempt - 1` attempts (else
+    /// `Lost`), and it has no live lease: one recorded under the current
+    /// epoch, not ended, whose expiry is after the grant's `leased_at`
+    /// (else `Lost`). Idempotent by lease id: recording a lease that is
+    /// already recorded and not ended answers `Done` and changes nothing.
+    /// Of concurrent grants of one version, at most one is `Done`.
+    ///
+    /// # Errors
+    /// Backend failures: nothing is acknowledged, though the write may
+    /// have taken effect (a repeat then answers `Done`).
+    async fn record_leases(
+        &self,
+        params: RecordLeasesParams,
+    ) -> StoreResult<Vec<LeaseWriteOutcome>>;
+
+    /// Extends or resolves the recorded lease.
+    ///
+    /// # Contract
+    /// Fenced by the partition's epoch and by the lease id (nonce
+    /// included): any other epoch or lease is `Lost`; an event no longer
+    /// pending at the lease's version is `Cancelled` (a cancel or move
+    /// through [`Store::apply`] thereby ends the lease). A resolve moves
+    /// the event like a push attempt does ([`belfry_core::event::transition`]):
+    /// `Delivered` → delivered; `Retry { at }` → retrying, due at `at` (the
+    /// due index follows); `Dead { reason }` → failed with `reason` as its
+    /// last error; `Released { at }` → still pending, due at `at`, no
+    /// attempt counted. The `report`, when given, goes into the attempt
+    /// history with the next attempt number. Repeating the resolve a lease
+    /// ended with answers `Done` and changes nothing; any other change of
+    /// an ended lease is `Lost`. Extending a live lease sets its expiry.
+    ///
+    /// # Errors
+    /// Backend failures, as for [`Store::record_leases`].
+    async fn change_lease(&self, params: ChangeLeaseParams) -> StoreResult<LeaseWriteOutcome>;
+
+    /// The recorded lease of an event, if any: for answers after a
+    /// restart, and for tests.
+    async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>>;
 
     /// Pending events of a partition in `(next_fire_at, key)` order.
     async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>>;

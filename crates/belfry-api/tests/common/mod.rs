@@ -133,6 +133,21 @@ impl Store for FaultyStore {
         }
         self.inner.apply(params).await
     }
+    async fn record_leases(
+        &self,
+        params: belfry_store::RecordLeasesParams,
+    ) -> StoreResult<Vec<belfry_store::LeaseWriteOutcome>> {
+        self.inner.record_leases(params).await
+    }
+    async fn change_lease(
+        &self,
+        params: belfry_store::ChangeLeaseParams,
+    ) -> StoreResult<belfry_store::LeaseWriteOutcome> {
+        self.inner.change_lease(params).await
+    }
+    async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<belfry_store::StoredLease>> {
+        self.inner.get_lease(key).await
+    }
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
         self.faults.check(FaultScope::ClientCalls)?;
         self.inner.get_event(key).await

@@ -15,6 +15,7 @@
 //! | `attempts` | event key ++ 0x00 ++ started_at ++ seq       | format byte + postcard `Attempt` |
 //! | `finished` | partition u16 ++ finished_at ++ event key    | empty; drives retention |
 //! | `by_status_time` | tenant 0x00 status ++ event_time ++ id | empty; filtered listings |
+//! | `leases`   | `tenant 0x00 id`                             | JSON lease (`crate::lease`): the event's latest pull lease |
 //! | `api_keys`, `audit` | see [`auth`] | API keys (by hash) and the audit log |
 //! | `bulk_actions`, `bulk_by_tenant`, `bulk_running`, `bulk_finished` | see [`bulk`] | bulk actions and their indexes |
 //!
@@ -88,10 +89,12 @@ use fjall::{Database, KeyspaceCreateOptions, PersistMode};
 use tokio::sync::oneshot;
 
 use self::writer::{Job, Keyspaces, Writer, internal};
+use crate::lease::LeaseDoc;
 use crate::{
-    Applied, ApplyParams, AuditPageParams, CountEventsParams, DuePageParams, KeyedCommand,
-    ListBulkActionsParams, ListEventsParams, PartialApply, PurgeBulkActionsParams, PurgeParams,
-    RunningBulkActionsParams, Store, StoreError, StoreResult, StoreStats,
+    Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, CountEventsParams, DuePageParams,
+    KeyedCommand, LeaseWriteOutcome, ListBulkActionsParams, ListEventsParams, PartialApply,
+    PurgeBulkActionsParams, PurgeParams, RecordLeasesParams, RunningBulkActionsParams, Store,
+    StoreError, StoreResult, StoreStats, StoredLease,
 };
 
 /// Options of the embedded store.
@@ -210,6 +213,9 @@ impl EmbeddedStore {
                 .map_err(internal)?,
             by_status_time: db
                 .keyspace("by_status_time", tuning::write_heavy)
+                .map_err(internal)?,
+            leases: db
+                .keyspace("leases", KeyspaceCreateOptions::default)
                 .map_err(internal)?,
             db,
         };
@@ -592,6 +598,36 @@ impl Store for EmbeddedStore {
             return Ok(Vec::new());
         }
         self.apply_sharded(params).await
+    }
+
+    /// Through the writer shard of the fence's partition, in its group.
+    async fn record_leases(
+        &self,
+        params: RecordLeasesParams,
+    ) -> StoreResult<Vec<LeaseWriteOutcome>> {
+        if params.grants.is_empty() {
+            return Ok(Vec::new());
+        }
+        let shard = self.shard_of(params.fence.partition);
+        self.submit(shard, |reply| Job::RecordLeases { params, reply })
+            .await
+    }
+
+    /// Through the writer shard of the lease's event, in its group.
+    async fn change_lease(&self, params: ChangeLeaseParams) -> StoreResult<LeaseWriteOutcome> {
+        let shard = self.shard_of(self.partitions.partition_of(params.lease.key()));
+        self.submit(shard, |reply| Job::ChangeLease { params, reply })
+            .await
+    }
+
+    async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>> {
+        let encoded = keys::event_key(key);
+        let Some(bytes) = self.ks.leases.get(&encoded).map_err(internal)? else {
+            return Ok(None);
+        };
+        let stored = LeaseDoc::decode(&bytes)?;
+        let record = read_event(&self.ks, &encoded)?;
+        Ok(Some(crate::lease::reported(stored, record.as_ref(), None)))
     }
 
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {

@@ -38,7 +38,11 @@ use rustc_hash::FxHashMap as HashMap;
 use tokio::sync::oneshot;
 
 use super::keys;
-use crate::{Applied, ApplyParams, PurgeParams, StoreError, StoreResult};
+use crate::lease::{LeaseDoc, decide_change, decide_grant};
+use crate::{
+    Applied, ApplyParams, ChangeLeaseParams, LeaseWriteOutcome, PurgeParams, RecordLeasesParams,
+    StoreError, StoreResult, StoredLease,
+};
 
 /// The most commands one group takes before it commits. Bounds the
 /// overlay's memory and the latency of the first job of a group.
@@ -56,6 +60,9 @@ pub struct Keyspaces {
     pub finished: Keyspace,
     /// The listing index: `tenant 0x00 status event_time id`.
     pub by_status_time: Keyspace,
+    /// Pull leases: `tenant 0x00 id` → JSON [`LeaseDoc`], the event's
+    /// latest lease.
+    pub leases: Keyspace,
 }
 
 /// A write request and where to send its answer.
@@ -76,6 +83,14 @@ pub enum Job {
         params: PurgeParams,
         reply: oneshot::Sender<StoreResult<usize>>,
     },
+    RecordLeases {
+        params: RecordLeasesParams,
+        reply: oneshot::Sender<StoreResult<Vec<LeaseWriteOutcome>>>,
+    },
+    ChangeLease {
+        params: ChangeLeaseParams,
+        reply: oneshot::Sender<StoreResult<LeaseWriteOutcome>>,
+    },
 }
 
 /// An answer held back until the group is durable.
@@ -86,6 +101,14 @@ enum Answer {
     ),
     PutTenant(oneshot::Sender<StoreResult<()>>, StoreResult<()>),
     DeleteTenant(oneshot::Sender<StoreResult<bool>>, StoreResult<bool>),
+    RecordLeases(
+        oneshot::Sender<StoreResult<Vec<LeaseWriteOutcome>>>,
+        StoreResult<Vec<LeaseWriteOutcome>>,
+    ),
+    ChangeLease(
+        oneshot::Sender<StoreResult<LeaseWriteOutcome>>,
+        StoreResult<LeaseWriteOutcome>,
+    ),
 }
 
 impl Answer {
@@ -102,6 +125,8 @@ impl Answer {
             Answer::Apply(reply, result) => drop(reply.send(settle(result, failure))),
             Answer::PutTenant(reply, result) => drop(reply.send(settle(result, failure))),
             Answer::DeleteTenant(reply, result) => drop(reply.send(settle(result, failure))),
+            Answer::RecordLeases(reply, result) => drop(reply.send(settle(result, failure))),
+            Answer::ChangeLease(reply, result) => drop(reply.send(settle(result, failure))),
         }
     }
 }
@@ -130,6 +155,9 @@ struct Group {
     tenants: HashMap<TenantName, Option<TenantConfig>>,
     /// New history entries by key; their keys are unique.
     attempts: Vec<(Vec<u8>, Attempt)>,
+    /// Leases as the group sees them, by encoded event key: the state
+    /// after the jobs so far, and whether it differs from what is stored.
+    leases: HashMap<Vec<u8>, (Option<StoredLease>, bool)>,
     commands: usize,
     answers: Vec<Answer>,
 }
@@ -275,6 +303,16 @@ impl Writer {
                 }
                 group.answers.push(Answer::DeleteTenant(reply, existed));
             }
+            Job::RecordLeases { params, reply } => {
+                group.commands += params.grants.len().max(1);
+                let result = self.stage_grants(params, group);
+                group.answers.push(Answer::RecordLeases(reply, result));
+            }
+            Job::ChangeLease { params, reply } => {
+                group.commands += 1;
+                let result = self.stage_lease_change(params, group);
+                group.answers.push(Answer::ChangeLease(reply, result));
+            }
             Job::Purge { reply, .. } => {
                 // `run` never stages a purge; answer rather than drop it.
                 let _ = reply.send(Err(StoreError::Internal("purge staged in a group".into())));
@@ -330,6 +368,90 @@ impl Writer {
             }
         }
         Ok(results)
+    }
+
+    /// Records grants on top of the group's overlay ([`decide_grant`]; a
+    /// single owner: every fence's epoch is current).
+    fn stage_grants(
+        &mut self,
+        params: RecordLeasesParams,
+        group: &mut Group,
+    ) -> StoreResult<Vec<LeaseWriteOutcome>> {
+        let encoded: Vec<Vec<u8>> = params
+            .grants
+            .iter()
+            .map(|grant| keys::event_key(grant.lease.key()))
+            .collect();
+        self.load_missing(&encoded, group)?;
+        self.load_leases(&encoded, group)?;
+        let mut outcomes = Vec::with_capacity(params.grants.len());
+        for (grant, encoded) in params.grants.iter().zip(&encoded) {
+            // Another partition's key belongs to another writer.
+            if self.partitions.partition_of(grant.lease.key()) != params.fence.partition {
+                outcomes.push(LeaseWriteOutcome::Lost);
+                continue;
+            }
+            let record = group.events.get(encoded).and_then(|s| s.current.as_ref());
+            let stored = group.leases.get(encoded).and_then(|(l, _)| l.as_ref());
+            let (outcome, write) =
+                decide_grant(params.fence, params.fence.epoch, record, stored, grant);
+            if let Some(lease) = write {
+                group.leases.insert(encoded.clone(), (Some(lease), true));
+            }
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    /// Extends or resolves a lease on top of the group's overlay
+    /// ([`decide_change`]), moving its event in the same group.
+    fn stage_lease_change(
+        &mut self,
+        params: ChangeLeaseParams,
+        group: &mut Group,
+    ) -> StoreResult<LeaseWriteOutcome> {
+        let encoded = vec![keys::event_key(params.lease.key())];
+        self.load_missing(&encoded, group)?;
+        self.load_leases(&encoded, group)?;
+        let encoded = &encoded[0];
+        let record = group.events.get(encoded).and_then(|s| s.current.as_ref());
+        let stored = group.leases.get(encoded).and_then(|(l, _)| l.as_ref());
+        let (outcome, write) = decide_change(params.fence.epoch, record, stored, &params);
+        if let Some(write) = write {
+            group
+                .leases
+                .insert(encoded.clone(), (Some(write.lease), true));
+            if let (Some(next), Some(slot)) = (write.record, group.events.get_mut(encoded)) {
+                slot.current = Some(next);
+                slot.dirty = true;
+            }
+            if let Some(attempt) = write.attempt {
+                self.attempt_seq += 1;
+                let key = keys::attempt_key_raw(encoded, attempt.started_at, self.attempt_seq);
+                group.attempts.push((key, attempt));
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Reads the stored lease of every key whose lease is not yet in the
+    /// overlay.
+    fn load_leases(&self, encoded: &[Vec<u8>], group: &mut Group) -> StoreResult<()> {
+        let mut loaded = Vec::new();
+        for key in encoded {
+            if group.leases.contains_key(key) || loaded.iter().any(|(k, _)| k == key) {
+                continue;
+            }
+            let stored = match self.ks.leases.get(key).map_err(internal)? {
+                Some(bytes) => Some(LeaseDoc::decode(&bytes)?),
+                None => None,
+            };
+            loaded.push((key.clone(), stored));
+        }
+        for (key, stored) in loaded {
+            group.leases.insert(key, (stored, false));
+        }
+        Ok(())
     }
 
     /// Reads the stored state of every key not yet in the overlay, in key
@@ -459,6 +581,16 @@ impl Writer {
                 }
             }
         }
+        let mut leases: Vec<(&Vec<u8>, &StoredLease)> = group
+            .leases
+            .iter()
+            .filter(|(_, (_, dirty))| *dirty)
+            .filter_map(|(key, (lease, _))| lease.as_ref().map(|lease| (key, lease)))
+            .collect();
+        leases.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (key, lease) in leases {
+            batch.insert(&ks.leases, key.as_slice(), LeaseDoc::encode(lease)?);
+        }
         let mut attempts: Vec<&(Vec<u8>, Attempt)> = group.attempts.iter().collect();
         attempts.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         for (key, attempt) in attempts {
@@ -519,6 +651,7 @@ impl Writer {
             if let Some(listed) = Listed::of(&record) {
                 batch.remove(&ks.by_status_time, listed.key(&encoded));
             }
+            batch.remove(&ks.leases, encoded.as_slice());
             batch.remove(&ks.events, encoded);
             for attempt in ks.attempts.prefix(keys::attempts_prefix(&key)) {
                 batch.remove(&ks.attempts, attempt.key().map_err(internal)?);
