@@ -357,6 +357,22 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
                 tracing::debug!(partition = %partition.id, "lease lapsed before delivery; holding the event");
                 return done(retry_later());
             }
+            // A pull tenant's event waits for a worker's claim: the pull
+            // queue holds it, outstanding here until it finishes it.
+            if let belfry_core::SinkConfig::Pull(target) = &tenant.sink {
+                crate::pull::ready(
+                    shared,
+                    belfry_core::pull::ReadyEntry {
+                        entry,
+                        partition: partition.id,
+                        epoch: partition.lease.epoch,
+                        record,
+                        queue: crate::pull::queue_of(),
+                        policy: crate::pull::policy(shared, target.max_attempts()),
+                    },
+                );
+                return;
+            }
             belfry_metrics::attempt_started(
                 record.attempts == 0,
                 Duration::from_millis(

@@ -11,6 +11,8 @@
 //!   assignment, lease renewal, hand-overs) that grants ownership;
 //! - [`ownership`]: which partitions this node fires, under which epoch and
 //!   until when (all of them, forever, on a single node);
+//! - [`pull`]: the runtime of this node's pull queue (pull tenants'
+//!   leases: claims, calls, fenced lease writes);
 //! - [`dispatch`]: delivery slots ([`belfry_core::fire::DeliverySlots`]),
 //!   the fire-time check against the store, the claim, the delivery;
 //! - [`recorder`]: batches attempt outcomes into the store and finishes
@@ -51,6 +53,7 @@ pub mod membership;
 pub mod options;
 pub mod ownership;
 pub mod partition;
+pub mod pull;
 pub mod purge;
 pub mod quotas;
 mod reads;
@@ -83,6 +86,7 @@ pub struct Engine {
     recorder_task: JoinHandle<()>,
     purge_task: JoinHandle<()>,
     bulk_task: JoinHandle<()>,
+    pull_task: JoinHandle<()>,
 }
 
 /// What the API edge uses: apply commands (store, then wake the owning
@@ -119,6 +123,8 @@ pub(crate) struct Shared {
     pub(crate) stop_signal: watch::Sender<bool>,
     /// The bulk action runner's state (claims, wake-up).
     pub(crate) bulk: bulk::BulkRunner,
+    /// The pull queue of pull tenants' events and its waiting requests.
+    pub(crate) pull: pull::PullRuntime,
 }
 
 impl Engine {
@@ -165,6 +171,7 @@ impl Engine {
         // is behind, so outcomes never pile up in memory.
         let (outcome_tx, outcome_rx) = mpsc::channel(options.max_in_flight.max(64));
         let (stop_signal, _) = watch::channel(false);
+        let options_pull = options.pull.clone();
         let shared = Arc::new(Shared {
             limits: dispatch::Limits::new(&options),
             quotas: quotas::Quotas::new(options.quotas.clone()),
@@ -183,10 +190,12 @@ impl Engine {
             stopping: AtomicBool::new(false),
             stop_signal,
             bulk: bulk::BulkRunner::new(bulk_runner),
+            pull: pull::PullRuntime::new(&options_pull),
         });
         let recorder_task = tokio::spawn(recorder::run(shared.clone(), outcome_rx));
         let purge_task = tokio::spawn(purge::run(shared.clone()));
         let bulk_task = tokio::spawn(bulk::run(shared.clone()));
+        let pull_task = tokio::spawn(pull::run_timer(shared.clone()));
         tracing::info!(
             partitions = shared.store.partitions().get(),
             window_ms = shared.options.window.as_millis() as u64,
@@ -197,6 +206,7 @@ impl Engine {
             recorder_task,
             purge_task,
             bulk_task,
+            pull_task,
         }
     }
 
@@ -217,6 +227,10 @@ impl Engine {
         // Entries queued for a slot stay pending in the store.
         shared.limits.drop_queued(&shared);
         self.purge_task.abort();
+        // Claims and calls waiting on the pull queue answer `unavailable`;
+        // leases stay recorded and expire in the store's terms.
+        let _ = self.pull_task.await;
+        shared.pull.drop_waiting();
         let grace = shared.options.shutdown_grace;
         // Bulk actions stop at their next page boundary and give their
         // claims up; they continue after the next start (or elsewhere).
@@ -377,6 +391,31 @@ impl EngineHandle {
             .broadcast(|| belfry_core::fire::Input::Reload, self.inner.clock.now());
     }
 
+    /// A worker's claim of `tenant`'s due events (a pull tenant's; the
+    /// caller checked the key reaches it). Waits up to the claim's wait;
+    /// dropping the future abandons the claim.
+    pub async fn pull_claim(
+        &self,
+        tenant: TenantName,
+        request: belfry_core::pull::ClaimRequest,
+    ) -> belfry_core::pull::Reply {
+        pull::claim(&self.inner, tenant, request).await
+    }
+
+    /// A call on a lease; the caller checked the key reaches its tenant.
+    pub async fn pull_call(
+        &self,
+        lease: belfry_core::pull::LeaseId,
+        request: belfry_core::pull::LeaseCall,
+    ) -> belfry_core::pull::Reply {
+        pull::call(&self.inner, lease, request).await
+    }
+
+    /// The pull queue's counters.
+    pub fn pull_stats(&self) -> belfry_core::pull::PullStats {
+        self.inner.pull.stats()
+    }
+
     /// Runs one retention sweep now (the background sweep runs every
     /// `purge_interval_ms`). Returns how many finished events went.
     ///
@@ -488,6 +527,9 @@ impl EngineHandle {
         grace: std::time::Duration,
     ) -> impl std::future::Future<Output = bool> + Send + 'static {
         let (tasks, runtimes) = self.inner.owned.release(partitions);
+        for runtime in &runtimes {
+            pull::partition_lost(&self.inner, runtime);
+        }
         let shared = self.inner.clone();
         async move {
             for task in tasks {

@@ -91,6 +91,10 @@ pub struct EngineOptions {
     /// (not an `engine.*` key). Default here: none.
     #[serde(skip)]
     pub quotas: crate::quotas::QuotaOptions,
+    /// The pull queue's bounds; the node sets them from its `[pull]`
+    /// section (not an `engine.*` key).
+    #[serde(skip)]
+    pub pull: crate::pull::PullOptions,
 }
 
 impl EngineOptions {
@@ -127,6 +131,7 @@ impl Default for EngineOptions {
             bulk_lease: Duration::from_secs(15),
             bulk_page_pause: Duration::ZERO,
             quotas: crate::quotas::QuotaOptions::unlimited(),
+            pull: crate::pull::PullOptions::default(),
         }
     }
 }

@@ -139,6 +139,18 @@ impl OwnedPartitions {
         }
     }
 
+    /// The runtime of `partition` if this node holds it under `epoch`.
+    pub(crate) fn runtime_at(
+        &self,
+        partition: PartitionId,
+        epoch: u64,
+    ) -> Option<Arc<PartitionRuntime>> {
+        self.lock()
+            .get(&partition)
+            .filter(|slot| slot.runtime.lease.epoch == epoch)
+            .map(|slot| slot.runtime.clone())
+    }
+
     /// Applies an input built per partition to every owned core.
     pub(crate) fn broadcast(&self, input: impl Fn() -> Input, now: Timestamp) {
         let runtimes: Vec<_> = self.lock().values().map(|s| s.runtime.clone()).collect();
@@ -178,8 +190,10 @@ impl OwnedPartitions {
             })
             .map(|(id, _)| *id)
             .collect();
+        let mut lost_runtimes = Vec::new();
         for id in &lost {
             if let Some(slot) = slots.remove(id) {
+                lost_runtimes.push(slot.runtime.clone());
                 belfry_metrics::lease_lost();
                 slot.runtime.lease.revoke();
                 let _ = slot.stop.send(true);
@@ -225,6 +239,11 @@ impl OwnedPartitions {
                 slots.len(),
                 partition_ranges(slots.keys().copied())
             );
+        }
+        // Outside the lock: the pull queue finishes entries through it.
+        drop(slots);
+        for runtime in &lost_runtimes {
+            crate::pull::partition_lost(shared, runtime);
         }
     }
 

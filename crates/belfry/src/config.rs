@@ -73,6 +73,8 @@ pub struct Config {
     pub tls: TlsOptions,
     /// Per-tenant quotas: pending events, schedules, payload size.
     pub limits: QuotaOptions,
+    /// The pull queue's bounds (`docs/pull.md`).
+    pub pull: belfry_engine::pull::PullOptions,
     /// Kafka: `[kafka.ingest]` consumes event requests from topics.
     #[cfg(feature = "kafka")]
     pub kafka: KafkaConfig,
@@ -109,6 +111,7 @@ impl Default for Config {
             server: ServerOptions::default(),
             tls: TlsOptions::default(),
             limits: QuotaOptions::default(),
+            pull: belfry_engine::pull::PullOptions::default(),
             #[cfg(feature = "kafka")]
             kafka: KafkaConfig::default(),
         }
@@ -205,6 +208,7 @@ impl Config {
         }
         // The engine checks the quotas; `[limits]` is their one home.
         config.engine.quotas = config.limits.clone();
+        config.engine.pull = config.pull.clone();
         config.validate()?;
         Ok(config)
     }
@@ -266,6 +270,17 @@ impl Config {
             "engine.purge_interval_ms",
             engine.purge_interval.as_millis(),
         );
+        let pull = &self.pull;
+        for (name, value) in [
+            ("pull.max_ready", pull.max_ready),
+            ("pull.max_ready_per_tenant", pull.max_ready_per_tenant),
+            ("pull.max_leases", pull.max_leases),
+            ("pull.max_waiters", pull.max_waiters),
+            ("pull.max_waiters_per_tenant", pull.max_waiters_per_tenant),
+            ("pull.max_remembered", pull.max_remembered),
+        ] {
+            at_least_one(name, value as u128);
+        }
         let retry = &engine.retry;
         at_least_one(
             "engine.retry.initial_delay_ms",

@@ -1,0 +1,367 @@
+//! The runtime of this node's [`PullQueue`]: pull tenants' fired entries,
+//! workers' claims and calls on leases.
+//!
+//! The queue decides everything (`belfry_core::pull`); this module performs
+//! its actions and feeds the results back, as [`crate::partition`] does for
+//! the partition cores:
+//! - `PersistGrants` / `PersistLease` → fenced store writes on their own
+//!   task → `Persisted`;
+//! - `Reply` → the request waiting for it (a oneshot per [`CallId`]);
+//! - `Finish` → the partition core of that epoch (ignored when this node
+//!   no longer holds it: the new owner fires the event again).
+//!
+//! One timer task sends `Tick` at the queue's `next_wake`. A request whose
+//! caller went away (a dropped long-poll) sends `Abandon`.
+//!
+//! Not wired yet (`docs/pull.md`): a cancel or move of a held version is
+//! found at the lease's next write (the store answers `Cancelled`), not
+//! pushed to the queue as `VersionEnded`; named queues (every entry is in
+//! the `default` queue).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use belfry_core::pull::{
+    Action, AttemptPolicy, CallId, ClaimRequest, Input, LeaseCall, LeaseId, LeaseRecord,
+    NonceSource, PersistResult, PullConfig, PullError, PullQueue, PullStats, ReadyEntry, Reply,
+};
+use belfry_core::{QueueName, TenantName};
+use belfry_store::{ChangeLeaseParams, Fence, RecordLeasesParams};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, oneshot};
+
+use crate::Shared;
+use crate::partition::PartitionRuntime;
+
+/// Longest sleep of the timer task between ticks: the wall clock may jump.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// The pull queue's bounds: the node's `[pull]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PullOptions {
+    /// Entries ready or being granted on this node; more go back to their
+    /// partition and fire again after a pause.
+    pub max_ready: usize,
+    /// … of one tenant.
+    pub max_ready_per_tenant: usize,
+    /// Leases held plus grants being recorded; claims wait at the bound.
+    pub max_leases: usize,
+    /// Claims long-polling; more are `429 too_many_waiters`.
+    pub max_waiters: usize,
+    /// … of one tenant.
+    pub max_waiters_per_tenant: usize,
+    /// Outcomes remembered to answer a repeated call the same way.
+    pub max_remembered: usize,
+}
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        let config = PullConfig::default();
+        PullOptions {
+            max_ready: config.max_ready,
+            max_ready_per_tenant: config.max_ready_per_tenant,
+            max_leases: config.max_leases,
+            max_waiters: config.max_waiters,
+            max_waiters_per_tenant: config.max_waiters_per_tenant,
+            max_remembered: config.max_remembered,
+        }
+    }
+}
+
+impl PullOptions {
+    pub fn config(&self) -> PullConfig {
+        PullConfig {
+            max_ready: self.max_ready,
+            max_ready_per_tenant: self.max_ready_per_tenant,
+            max_leases: self.max_leases,
+            max_waiters: self.max_waiters,
+            max_waiters_per_tenant: self.max_waiters_per_tenant,
+            max_remembered: self.max_remembered,
+            ..PullConfig::default()
+        }
+    }
+}
+
+/// The node's pull queue and the requests waiting for its answers.
+#[derive(Debug)]
+pub(crate) struct PullRuntime {
+    queue: Mutex<PullQueue>,
+    /// One per claim or call in progress; bounded by the queue's waiter
+    /// and per-lease call bounds (a refused request is answered at once).
+    replies: Mutex<HashMap<CallId, oneshot::Sender<Reply>>>,
+    next_call: AtomicU64,
+    /// Pokes the timer task: the queue's next wake-up may be earlier.
+    wake: Notify,
+}
+
+impl PullRuntime {
+    pub(crate) fn new(options: &PullOptions) -> Self {
+        let nonces = NonceSource::random().unwrap_or_else(|error| {
+            // Nonces only tell leases of one attempt apart; the fencing
+            // (epoch, attempt, store check) does not depend on them.
+            tracing::warn!(%error, "no OS randomness for lease nonces; seeding from the time");
+            let seed = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            NonceSource::from_seed(seed)
+        });
+        PullRuntime {
+            queue: Mutex::new(PullQueue::new(options.config(), nonces)),
+            replies: Mutex::new(HashMap::new()),
+            next_call: AtomicU64::new(0),
+            wake: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PullQueue> {
+        // Poison means a panic inside `handle`; the queue is then suspect,
+        // but every lease is fenced in the store, so going on is safe.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn replies(&self) -> MutexGuard<'_, HashMap<CallId, oneshot::Sender<Reply>>> {
+        self.replies.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops every waiting request's sender (shutdown): they answer
+    /// `unavailable`.
+    pub(crate) fn drop_waiting(&self) {
+        self.replies().clear();
+    }
+
+    pub(crate) fn stats(&self) -> PullStats {
+        self.lock().stats().clone()
+    }
+}
+
+/// Feeds `input` to the queue and performs what it asks for.
+pub(crate) fn handle(shared: &Arc<Shared>, input: Input) {
+    let actions = shared.pull.lock().handle(input, shared.clock.now());
+    perform(shared, actions, None);
+    shared.pull.wake.notify_one();
+}
+
+/// Hands a fired entry of a pull tenant to the queue. It stays
+/// outstanding in its partition core until the queue finishes it.
+pub(crate) fn ready(shared: &Arc<Shared>, entry: ReadyEntry) {
+    handle(shared, Input::Ready(vec![entry]));
+}
+
+/// The attempts of a pull tenant's event: its tenant's cap, the node's
+/// retry policy.
+pub(crate) fn policy(shared: &Shared, max_attempts: u32) -> AttemptPolicy {
+    AttemptPolicy {
+        max_attempts,
+        retry: shared.options.retry.clone(),
+    }
+}
+
+/// The queue every entry goes to until events name theirs.
+pub(crate) fn queue_of() -> QueueName {
+    QueueName::default_queue()
+}
+
+/// This node no longer holds `released` (already removed from the owned
+/// partitions): its leases are void, and its entries held here are
+/// finished on it, so a hand-over waiting for its outstanding entries
+/// ends.
+pub(crate) fn partition_lost(shared: &Arc<Shared>, released: &Arc<PartitionRuntime>) {
+    let actions = shared.pull.lock().handle(
+        Input::PartitionLost {
+            partition: released.id,
+        },
+        shared.clock.now(),
+    );
+    perform(shared, actions, Some(released));
+    shared.pull.wake.notify_one();
+}
+
+/// Sends `Abandon` if dropped before its answer came (the caller went
+/// away: a dropped long-poll connection).
+struct Pending {
+    shared: Arc<Shared>,
+    call: CallId,
+    answered: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.shared.pull.replies().remove(&self.call);
+            handle(&self.shared, Input::Abandon { call: self.call });
+        }
+    }
+}
+
+/// Sends `make(call)` to the queue and waits for its reply.
+async fn ask(shared: &Arc<Shared>, make: impl FnOnce(CallId) -> Input) -> Reply {
+    let call = CallId(shared.pull.next_call.fetch_add(1, Ordering::Relaxed));
+    let (sender, receiver) = oneshot::channel();
+    shared.pull.replies().insert(call, sender);
+    let mut pending = Pending {
+        shared: shared.clone(),
+        call,
+        answered: false,
+    };
+    handle(shared, make(call));
+    let reply = receiver.await;
+    pending.answered = true;
+    // The sender is only dropped unanswered when the engine stops.
+    reply.unwrap_or(Reply::Error(PullError::Unavailable))
+}
+
+/// A worker's claim of `tenant`'s due events.
+pub(crate) async fn claim(
+    shared: &Arc<Shared>,
+    tenant: TenantName,
+    request: ClaimRequest,
+) -> Reply {
+    ask(shared, |call| Input::Claim {
+        call,
+        tenant,
+        request,
+    })
+    .await
+}
+
+/// A call on a lease; the caller checked it may reach the lease's tenant.
+pub(crate) async fn call(shared: &Arc<Shared>, lease: LeaseId, request: LeaseCall) -> Reply {
+    ask(shared, |call| Input::Call {
+        call,
+        lease,
+        request,
+    })
+    .await
+}
+
+/// Performs `actions`; a `Finish` goes to the owned partition of its
+/// epoch, else to `released` if it is that one.
+fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<PartitionRuntime>>) {
+    for action in actions {
+        match action {
+            Action::PersistGrants { op, grants, .. } => {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let results = record_grants(&shared, grants).await;
+                    handle(&shared, Input::Persisted { op, results });
+                });
+            }
+            Action::PersistLease {
+                op,
+                lease,
+                partition,
+                change,
+            } => {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let params = ChangeLeaseParams {
+                        fence: Fence {
+                            partition,
+                            epoch: lease.epoch(),
+                        },
+                        lease,
+                        change,
+                        at: shared.clock.now(),
+                    };
+                    let result = match shared.store.change_lease(params).await {
+                        Ok(outcome) => outcome.into(),
+                        Err(error) => {
+                            tracing::warn!(%error, "recording a lease change failed");
+                            PersistResult::Unavailable
+                        }
+                    };
+                    handle(
+                        &shared,
+                        Input::Persisted {
+                            op,
+                            results: vec![result],
+                        },
+                    );
+                });
+            }
+            Action::Reply { call, reply } => {
+                if let Some(sender) = shared.pull.replies().remove(&call) {
+                    // The caller may have gone meanwhile; nothing to do.
+                    let _ = sender.send(reply);
+                }
+            }
+            Action::Finish {
+                partition,
+                epoch,
+                entry,
+                finish,
+            } => {
+                let runtime = shared.owned.runtime_at(partition, epoch).or_else(|| {
+                    released
+                        .filter(|r| r.id == partition && r.lease.epoch == epoch)
+                        .cloned()
+                });
+                if let Some(runtime) = runtime {
+                    crate::dispatch::finish(shared, &runtime, entry, finish);
+                }
+            }
+        }
+    }
+}
+
+/// Records grants, one store call per partition (each fenced by its
+/// epoch); one result per grant, in order.
+async fn record_grants(shared: &Shared, grants: Vec<LeaseRecord>) -> Vec<PersistResult> {
+    let mut results = vec![PersistResult::Unavailable; grants.len()];
+    let mut groups: Vec<(Fence, Vec<usize>)> = Vec::new();
+    for (index, grant) in grants.iter().enumerate() {
+        let fence = Fence {
+            partition: grant.partition,
+            epoch: grant.lease.epoch(),
+        };
+        match groups.iter_mut().find(|(f, _)| *f == fence) {
+            Some((_, indexes)) => indexes.push(index),
+            None => groups.push((fence, vec![index])),
+        }
+    }
+    for (fence, indexes) in groups {
+        let params = RecordLeasesParams {
+            fence,
+            grants: indexes.iter().map(|&i| grants[i].clone()).collect(),
+        };
+        match shared.store.record_leases(params).await {
+            Ok(outcomes) => {
+                for (&index, outcome) in indexes.iter().zip(outcomes) {
+                    results[index] = outcome.into();
+                }
+            }
+            Err(error) => tracing::warn!(%error, "recording lease grants failed"),
+        }
+    }
+    results
+}
+
+/// Sends `Tick` at the queue's next wake-up until the engine stops.
+pub(crate) async fn run_timer(shared: Arc<Shared>) {
+    let mut stop = shared.stop_signal.subscribe();
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        let notified = shared.pull.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let now = shared.clock.now();
+        let wake_at = shared.pull.lock().next_wake();
+        let sleep_for = wake_at.map_or(MAX_SLEEP, |at| now.until(at).min(MAX_SLEEP));
+        if sleep_for.is_zero() {
+            handle(&shared, Input::Tick);
+            tokio::task::yield_now().await;
+            continue;
+        }
+        tokio::select! {
+            biased;
+            _ = stop.changed() => break,
+            _ = notified => {}
+            _ = tokio::time::sleep(sleep_for) => handle(&shared, Input::Tick),
+        }
+    }
+}
