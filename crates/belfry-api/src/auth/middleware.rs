@@ -32,6 +32,12 @@ pub(crate) enum Rule {
     PathTenant { write: bool, hide: Hide },
     /// The same for the `tenant` query parameter.
     QueryTenant { write: bool, hide: Hide },
+    /// Pull workers: the `{tenant}` path segment must be the principal's
+    /// own tenant (else 404) and its key a `worker` one, or an admin.
+    PullTenant,
+    /// Calls on a lease: `worker` keys and admins; the handler checks the
+    /// lease's tenant (another tenant's lease is `409 lease_lost`).
+    Worker,
 }
 
 /// How a route answers for a tenant that does not exist, so that a
@@ -90,6 +96,8 @@ pub(crate) fn rule(method: &Method, path: &str) -> Rule {
             write: true,
             hide: Hide::BigBenNoCron,
         },
+        "/v1/tenants/{tenant}/leases" => Rule::PullTenant,
+        lease_path if lease_path.starts_with("/v1/leases/{lease_id}/") => Rule::Worker,
         tenant_path if tenant_path.starts_with("/v1/tenants/{tenant}") => Rule::PathTenant {
             write: !reads,
             hide: Hide::V1,
@@ -112,6 +120,17 @@ fn is_public_path(path: &str) -> bool {
 /// `GET /v1/whoami`: public, but a key sent with it is checked (and
 /// described) as anywhere else.
 const WHOAMI: &str = "/v1/whoami";
+
+/// A tenant key with the `worker` role.
+fn is_worker(principal: &Principal) -> bool {
+    matches!(
+        principal.scope,
+        Scope::Tenant {
+            role: belfry_core::auth::Role::Worker,
+            ..
+        }
+    )
+}
 
 fn is_write(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
@@ -316,6 +335,28 @@ pub(crate) async fn authorize(
             return forbidden("only an admin key may use this route");
         }
         Rule::Admin => {}
+        Rule::Worker if !principal.is_admin() && !is_worker(&principal) => {
+            return forbidden("only a worker key or an admin key may call leases");
+        }
+        Rule::Worker => {}
+        Rule::PullTenant => {
+            let (mut parts, body) = request.into_parts();
+            let params = RawPathParams::from_request_parts(&mut parts, &state).await;
+            let tenant = params.as_ref().ok().and_then(|p| {
+                p.iter()
+                    .find(|(key, _)| *key == "tenant")
+                    .and_then(|(_, value)| TenantName::new(value).ok())
+            });
+            if let Some(tenant) = tenant {
+                if !principal.sees(&tenant) {
+                    return hidden(Hide::V1, &tenant, None, None);
+                }
+                if !principal.may_pull(&tenant) {
+                    return forbidden("only a worker key of this tenant or an admin key may claim");
+                }
+            }
+            return next.run(Request::from_parts(parts, body)).await;
+        }
         Rule::PathTenant { write, hide } => {
             let (mut parts, body) = request.into_parts();
             let params = RawPathParams::from_request_parts(&mut parts, &state).await;

@@ -188,6 +188,15 @@ impl Principal {
         }
     }
 
+    /// Whether the principal may claim `tenant`'s events and call their
+    /// leases: admins, and `worker` keys of that tenant.
+    pub fn may_pull(&self, tenant: &TenantName) -> bool {
+        match &self.scope {
+            Scope::Open | Scope::Admin => true,
+            Scope::Tenant { tenant: own, role } => own == tenant && *role == Role::Worker,
+        }
+    }
+
     /// Whether the principal may change `tenant`'s data.
     pub fn may_write(&self, tenant: &TenantName) -> bool {
         self.sees(tenant) && self.can_write()

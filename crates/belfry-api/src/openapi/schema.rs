@@ -597,3 +597,92 @@ pub struct StatusOk {
     #[schema(example = "OK")]
     pub status: String,
 }
+
+// ---- /v1 leases (pull workers, docs/pull.md) ----
+
+/// Body of `POST /v1/tenants/{tenant}/leases`.
+#[derive(ToSchema)]
+#[schema(example = json!({"worker_id": "w-7", "max_events": 10, "lease_ms": 30000, "wait_ms": 20000}))]
+pub struct ClaimLeases {
+    /// 1 to 128 bytes, no control characters.
+    pub worker_id: String,
+    #[schema(minimum = 1, maximum = 100)]
+    pub max_events: Option<u64>,
+    #[schema(minimum = 1000, maximum = 43200000)]
+    pub lease_ms: Option<u64>,
+    #[schema(minimum = 0, maximum = 30000)]
+    pub wait_ms: Option<u64>,
+}
+
+#[derive(ToSchema)]
+pub struct LeaseView {
+    pub lease_id: String,
+    pub event: EventView,
+    pub queue: String,
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub due_at: String,
+    pub leased_at: String,
+    pub lease_expires_at: String,
+    pub deadline_at: String,
+    pub heartbeat_interval_ms: u64,
+}
+
+#[derive(ToSchema)]
+pub struct LeaseList {
+    pub leases: Vec<LeaseView>,
+}
+
+/// Body of a heartbeat (`{}`: the lease's own length).
+#[derive(ToSchema)]
+pub struct HeartbeatLease {
+    #[schema(minimum = 1000, maximum = 43200000)]
+    pub extend_ms: Option<u64>,
+}
+
+#[derive(ToSchema)]
+pub struct HeartbeatAnswer {
+    pub lease_expires_at: String,
+    pub cancel_requested: bool,
+}
+
+/// Body of a completion.
+#[derive(ToSchema)]
+pub struct CompleteLease {
+    /// Any JSON, its text up to 64 KiB.
+    #[schema(value_type = Object)]
+    pub result: Option<Value>,
+}
+
+#[derive(ToSchema)]
+pub struct LeaseErrorBody {
+    /// 1 to 64 letters, digits, `_`, `-`, `.`.
+    pub code: String,
+    /// Up to 4096 bytes.
+    pub message: Option<String>,
+}
+
+/// Body of a failure.
+#[derive(ToSchema)]
+pub struct FailLease {
+    pub error: LeaseErrorBody,
+    #[schema(minimum = 0, maximum = 86400000)]
+    pub retry_after_ms: Option<u64>,
+    pub permanent: Option<bool>,
+}
+
+/// Body of a release.
+#[derive(ToSchema)]
+pub struct ReleaseLease {
+    #[schema(minimum = 0, maximum = 86400000)]
+    pub delay_ms: Option<u64>,
+}
+
+/// Where the event stands after a lease ended.
+#[derive(ToSchema)]
+pub struct LeaseState {
+    /// `delivered`, `scheduled` or `failed`.
+    pub state: String,
+    #[schema(nullable = false)]
+    pub next_attempt_at: Option<String>,
+}

@@ -20,6 +20,7 @@ use crate::ApiState;
 
 pub(crate) mod bulk;
 pub(crate) mod events;
+pub(crate) mod leases;
 pub(crate) mod schedules;
 pub(crate) mod signing;
 pub(crate) mod tenants;
@@ -75,4 +76,9 @@ pub(crate) fn routes() -> Router<ApiState> {
         .route("/v1/bulk-actions", get(bulk::list).post(bulk::create))
         .route("/v1/bulk-actions/{id}", get(bulk::get))
         .route("/v1/bulk-actions/{id}/cancel", post(bulk::cancel))
+        .route("/v1/tenants/{tenant}/leases", post(leases::claim))
+        .route("/v1/leases/{lease_id}/heartbeat", post(leases::heartbeat))
+        .route("/v1/leases/{lease_id}/complete", post(leases::complete))
+        .route("/v1/leases/{lease_id}/fail", post(leases::fail))
+        .route("/v1/leases/{lease_id}/release", post(leases::release))
 }
