@@ -47,6 +47,11 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/bulk-actions"),
     ("get", "/v1/bulk-actions/{id}"),
     ("post", "/v1/bulk-actions/{id}/cancel"),
+    ("post", "/v1/tenants/{tenant}/leases"),
+    ("post", "/v1/leases/{lease_id}/heartbeat"),
+    ("post", "/v1/leases/{lease_id}/complete"),
+    ("post", "/v1/leases/{lease_id}/fail"),
+    ("post", "/v1/leases/{lease_id}/release"),
     ("get", "/v1/cluster"),
     ("get", "/v1/keys"),
     ("post", "/v1/keys"),
@@ -97,6 +102,7 @@ async fn the_document_is_openapi_3_1_and_documents_exactly_the_routes() {
         let concrete = path
             .replace("{tenant}", "acme")
             .replace("{id}", "x")
+            .replace("{lease_id}", "x")
             .replace("{type}", "UNIX")
             .replace("{asset}", "app.js");
         let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
