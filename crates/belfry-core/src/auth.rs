@@ -47,7 +47,8 @@ pub enum Role {
     /// Everything `read` may, plus change the tenant's events, schedules
     /// and its own registration.
     Write,
-    /// For pull workers (not built yet); until then it reads like `read`.
+    /// For pull workers: claims and lease calls of its tenant, and reads
+    /// like `read`.
     Worker,
     /// Every route, every tenant; no tenant of its own.
     Admin,
