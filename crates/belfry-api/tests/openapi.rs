@@ -159,6 +159,16 @@ async fn the_document_declares_bearer_keys_error_envelopes_and_links() {
     let refusal = &doc["paths"]["/events/schedule"]["post"]["responses"]["400"]["content"]["application/json"]
         ["schema"]["oneOf"];
     assert_eq!(refusal[0]["type"], "array", "{refusal}");
+    // The shared error answers (`V1Errors`) are listed on every route that
+    // names them, with the error envelope.
+    let rotate = &doc["paths"]["/v1/tenants/{tenant}/signing-secrets/rotate"]["post"]["responses"];
+    for status in ["400", "401", "403", "404", "429", "500", "503"] {
+        assert_eq!(
+            rotate[status]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/V1Error",
+            "{status}: {rotate}"
+        );
+    }
     // Every operationId a link names exists.
     let mut operation_ids = Vec::new();
     let mut targets = Vec::new();

@@ -151,15 +151,7 @@ async fn apply_once(store: &PostgresStore, params: &ApplyParams) -> Result<Vec<A
     let keys: BTreeSet<&EventKey> = params.commands.iter().map(|c| &c.key).collect();
     let tenants: Vec<&str> = keys.iter().map(|k| k.tenant.as_str()).collect();
     let ids: Vec<&str> = keys.iter().map(|k| k.id.as_str()).collect();
-    let statement = tx
-        .prepare_cached(&format!(
-            "SELECT {EVENT_COLUMNS_E} FROM events e
-             JOIN unnest($1::text[], $2::text[]) AS k(tenant, id)
-               ON e.tenant = k.tenant AND e.id = k.id
-             ORDER BY e.tenant, e.id
-             FOR UPDATE OF e"
-        ))
-        .await?;
+    let statement = tx.prepare_cached(&lock_events_sql()).await?;
     let mut slots: HashMap<EventKey, Slot> = HashMap::with_capacity(keys.len());
     for row in tx.query(&statement, &[&tenants, &ids]).await? {
         let record = record_from_row(&row)?;
@@ -248,22 +240,10 @@ async fn apply_once(store: &PostgresStore, params: &ApplyParams) -> Result<Vec<A
     }
     let payloads = wakeups.finish();
 
-    let update_sql = format!(
-        "UPDATE events AS e SET partition = u.partition, version = u.version,
-             event_time = u.event_time, payload = u.payload, delivery = u.delivery,
-             status = u.status, next_fire_at = u.next_fire_at, attempts = u.attempts,
-             last_error = u.last_error, triggered_at = u.triggered_at,
-             created_at = u.created_at, updated_at = u.updated_at,
-             finished_at = u.finished_at
-         FROM {UNNEST_EVENTS}
-         WHERE e.tenant = u.tenant AND e.id = u.id"
-    );
+    let update_sql = update_events_sql();
     let insert_sql =
         format!("INSERT INTO events ({EVENT_COLUMNS}) SELECT {EVENT_COLUMNS} FROM {UNNEST_EVENTS}");
-    let history_sql = "INSERT INTO attempts (tenant, id, version, number, started_at, \
-         duration_ms, verdict, http_status, error)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], \
-         $6::int8[], $7::text[], $8::int4[], $9::text[])";
+    let history_sql = INSERT_HISTORY_SQL;
     let notify_sql =
         format!("SELECT count(pg_notify('{CHANNEL}', p)) FROM unnest($1::text[]) AS p");
 
@@ -303,6 +283,38 @@ async fn apply_once(store: &PostgresStore, params: &ApplyParams) -> Result<Vec<A
     // 5. Durable on return.
     tx.commit().await?;
     Ok(applied)
+}
+
+/// Updates existing rows to the records of [`EventColumns::params`].
+pub(crate) fn update_events_sql() -> String {
+    format!(
+        "UPDATE events AS e SET partition = u.partition, version = u.version,
+             event_time = u.event_time, payload = u.payload, delivery = u.delivery,
+             status = u.status, next_fire_at = u.next_fire_at, attempts = u.attempts,
+             last_error = u.last_error, triggered_at = u.triggered_at,
+             created_at = u.created_at, updated_at = u.updated_at,
+             finished_at = u.finished_at
+         FROM {UNNEST_EVENTS}
+         WHERE e.tenant = u.tenant AND e.id = u.id"
+    )
+}
+
+/// Appends the history entries of [`AttemptColumns::params`].
+pub(crate) const INSERT_HISTORY_SQL: &str = "INSERT INTO attempts (tenant, id, version, number, \
+     started_at, duration_ms, verdict, http_status, error)
+     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], \
+     $6::int8[], $7::text[], $8::int4[], $9::text[])";
+
+/// Locks and reads the events of `($1 tenants, $2 ids)` in key order (the
+/// same order for every caller, so calls cannot deadlock on existing rows).
+pub(crate) fn lock_events_sql() -> String {
+    format!(
+        "SELECT {EVENT_COLUMNS_E} FROM events e
+         JOIN unnest($1::text[], $2::text[]) AS k(tenant, id)
+           ON e.tenant = k.tenant AND e.id = k.id
+         ORDER BY e.tenant, e.id
+         FOR UPDATE OF e"
+    )
 }
 
 fn record_key(slot: &Slot) -> Option<&EventKey> {

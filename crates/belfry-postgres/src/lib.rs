@@ -44,6 +44,7 @@ mod auth;
 mod bulk;
 mod coordinator;
 mod error;
+mod leases;
 mod notices;
 mod rows;
 pub mod schema;
@@ -397,22 +398,15 @@ impl Store for PostgresStore {
         &self,
         params: RecordLeasesParams,
     ) -> StoreResult<Vec<LeaseWriteOutcome>> {
-        let _ = params;
-        Err(StoreError::Unavailable(
-            "pull leases are not stored yet".into(),
-        ))
+        leases::record_leases(self, params).await
     }
 
     async fn change_lease(&self, params: ChangeLeaseParams) -> StoreResult<LeaseWriteOutcome> {
-        let _ = params;
-        Err(StoreError::Unavailable(
-            "pull leases are not stored yet".into(),
-        ))
+        leases::change_lease(self, params).await
     }
 
     async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>> {
-        let _ = key;
-        Ok(None)
+        leases::get_lease(self, key).await
     }
 
     async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
@@ -673,6 +667,9 @@ impl Store for PostgresStore {
                  ), history AS (
                      DELETE FROM attempts a USING gone g
                      WHERE a.tenant = g.tenant AND a.id = g.id
+                 ), leases AS (
+                     DELETE FROM leases l USING gone g
+                     WHERE l.tenant = g.tenant AND l.id = g.id
                  )
                  SELECT count(*) FROM gone",
             )

@@ -257,6 +257,23 @@ CREATE INDEX bulk_actions_finished ON bulk_actions (finished_at, id)
     WHERE finished_at IS NOT NULL;
 "#,
     },
+    Migration {
+        version: 7,
+        apply: Apply::InTransaction,
+        name: "pull leases",
+        // One row per event: its latest pull lease, as the JSON document
+        // of `belfry_store::lease::LeaseDoc` (lease id, worker, times, how
+        // it ended). Read and written only by key, under the event's row
+        // lock; purged with the event.
+        sql: r#"
+CREATE TABLE leases (
+    tenant text COLLATE "C" NOT NULL,
+    id     text COLLATE "C" NOT NULL,
+    lease  jsonb NOT NULL,
+    PRIMARY KEY (tenant, id)
+);
+"#,
+    },
 ];
 
 /// Applies the missing migrations and returns the database's partition

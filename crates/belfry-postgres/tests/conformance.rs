@@ -1,5 +1,6 @@
 //! The whole store conformance suite on PostgreSQL: a fresh database per
-//! case on the test binary's shared throwaway server.
+//! case on the test binary's shared throwaway server. Partition epochs move
+//! as a hand-over moves them: `epoch + 1` on the partition's row.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use belfry_testkit::PgServer;
 async fn postgres_factory(partitions: PartitionCount) -> StoreUnderTest {
     let url = PgServer::shared().fresh_database().await;
     let store = PostgresStore::connect(PostgresOptions {
-        url,
+        url: url.clone(),
         partitions,
         pool_size: 8,
         notify_horizon: Duration::from_secs(60),
@@ -20,7 +21,23 @@ async fn postgres_factory(partitions: PartitionCount) -> StoreUnderTest {
     })
     .await
     .expect("connect to the test database");
-    StoreUnderTest::new(Arc::new(store), ())
+    StoreUnderTest::new(Arc::new(store), ()).with_epoch_mover(Box::new(move |partition| {
+        let url = url.clone();
+        Box::pin(async move {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("connect to the test database");
+            tokio::spawn(connection);
+            let row = client
+                .query_one(
+                    "UPDATE partitions SET epoch = epoch + 1 WHERE partition = $1 RETURNING epoch",
+                    &[&i32::from(partition.0)],
+                )
+                .await
+                .expect("move the epoch");
+            u64::try_from(row.get::<_, i64>(0)).expect("a positive epoch")
+        })
+    }))
 }
 
 belfry_store::store_conformance_tests!(postgres_factory);

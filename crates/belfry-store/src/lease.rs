@@ -27,7 +27,7 @@ use crate::{
 
 /// What a change does when it is `Done` and writes something.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LeaseWrite {
+pub struct LeaseWrite {
     pub lease: StoredLease,
     /// The event after a resolve (`None`: unchanged).
     pub record: Option<EventRecord>,
@@ -39,7 +39,7 @@ pub(crate) struct LeaseWrite {
 /// as the backend read it under its lock (the embedded store, a single
 /// owner, passes `fence.epoch`). `Done` with `Some`: write that lease;
 /// `Done` with `None`: already recorded (a repeat).
-pub(crate) fn decide_grant(
+pub fn decide_grant(
     fence: Fence,
     current_epoch: u64,
     record: Option<&EventRecord>,
@@ -88,7 +88,7 @@ pub(crate) fn decide_grant(
 /// What `params` does to the recorded lease `stored` of the event
 /// `record`, on a partition whose epoch is `current_epoch` (see
 /// [`decide_grant`]). `Done` with `None`: a repeat, nothing to write.
-pub(crate) fn decide_change(
+pub fn decide_change(
     current_epoch: u64,
     record: Option<&EventRecord>,
     stored: Option<&StoredLease>,
@@ -151,7 +151,7 @@ pub(crate) fn decide_change(
 
 /// The state a lease is reported in by `get_lease`: a live lease whose
 /// event left its version, or whose epoch is not the partition's, is void.
-pub(crate) fn reported(
+pub fn reported(
     mut stored: StoredLease,
     record: Option<&EventRecord>,
     current_epoch: Option<u64>,
@@ -243,7 +243,7 @@ fn resolve(
 /// The stored form of a [`StoredLease`] (the embedded store's value, and
 /// PostgreSQL's `resolution` column for the end).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct LeaseDoc {
+pub struct LeaseDoc {
     pub lease: LeaseId,
     pub partition: PartitionId,
     pub worker: WorkerId,

@@ -89,13 +89,9 @@ impl From<&ApiKey> for KeyView {
     responses(
         (status = 201, description = "The key and its secret, shown once", body = crate::openapi::schema::CreatedKey),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn create(
@@ -205,12 +201,8 @@ pub(crate) async fn list(
     responses(
         (status = 204, description = "Revoked"),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn revoke(
@@ -300,11 +292,7 @@ const AUDIT_PAGE_MAX: usize = 1_000;
     responses(
         (status = 200, description = "A page", body = crate::openapi::schema::AuditPage),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn audit_log(

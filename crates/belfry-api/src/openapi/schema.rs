@@ -25,6 +25,37 @@ pub struct V1ErrorDetail {
     pub message: String,
 }
 
+/// The answers every authenticated `/v1` route may give besides its own:
+/// no valid key, a key that may not do this, a rate limit or quota, an
+/// internal error and an unavailable store, each with [`V1Error`]. Listed
+/// once here and named last in each route's `responses(...)`.
+pub struct V1Errors;
+
+impl utoipa::IntoResponses for V1Errors {
+    fn responses() -> BTreeMap<String, utoipa::openapi::RefOr<utoipa::openapi::Response>> {
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        [
+            ("401", "No valid key"),
+            ("403", "The key may not do this"),
+            ("429", "Rate limit or quota"),
+            ("500", "Internal error (details only in the log)"),
+            ("503", "Store unavailable; retry"),
+        ]
+        .into_iter()
+        .map(|(status, description)| {
+            let body = ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("V1Error")))
+                .build();
+            let response = ResponseBuilder::new()
+                .description(description)
+                .content("application/json", body)
+                .build();
+            (status.to_string(), response.into())
+        })
+        .collect()
+    }
+}
+
 /// BigBen's error envelope.
 #[derive(ToSchema)]
 #[schema(example = json!({"message": "tenant must not be null"}))]

@@ -140,14 +140,10 @@ async fn visible(state: &ApiState, principal: &Principal, id: &str) -> Result<Bu
         (status = 202, description = "Started; follow it at Location", body = crate::openapi::schema::BulkActionView,
             headers(("Location" = String, description = "/v1/bulk-actions/{id}"))),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn create(
@@ -316,14 +312,10 @@ pub(crate) async fn get(
     params(("id" = String, Path, description = "Bulk action id, bulk_...")),
     responses(
         (status = 200, description = "Cancelled", body = crate::openapi::schema::BulkActionView),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown bulk action", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Already finished", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn cancel(

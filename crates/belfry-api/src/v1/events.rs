@@ -148,14 +148,10 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView, V1Error> {
         (status = 201, description = "Scheduled", body = crate::openapi::schema::EventView),
         (status = 200, description = "Updated (moved when deliver_at changed)", body = crate::openapi::schema::EventView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn put(
@@ -185,12 +181,8 @@ pub(crate) async fn put(
     responses(
         (status = 200, description = "The event", body = crate::openapi::schema::EventView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn get(
@@ -216,14 +208,10 @@ pub(crate) async fn get(
     responses(
         (status = 200, description = "Cancelled", body = crate::openapi::schema::EventView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Already finished", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn cancel(
@@ -257,14 +245,10 @@ pub(crate) async fn cancel(
     responses(
         (status = 200, description = "Pending again, due now", body = crate::openapi::schema::EventView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant or event", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Not failed or missed", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn redrive(
@@ -317,14 +301,10 @@ pub(crate) async fn redrive(
     responses(
         (status = 200, description = "Per-item results in input order", body = crate::openapi::schema::BatchAnswer),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn batch(
@@ -540,12 +520,8 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
     responses(
         (status = 200, description = "A page", body = crate::openapi::schema::EventList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn list(
@@ -620,12 +596,8 @@ pub(crate) async fn list(
     responses(
         (status = 200, description = "The attempts", body = crate::openapi::schema::Attempts),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn attempts(

@@ -88,14 +88,10 @@ struct Rotated {
     responses(
         (status = 200, description = "The new secret, shown once", body = crate::openapi::schema::Rotated),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn rotate(

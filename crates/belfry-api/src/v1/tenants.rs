@@ -268,12 +268,8 @@ pub(crate) async fn list(
     responses(
         (status = 200, description = "The tenant", body = crate::openapi::schema::TenantView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn get(
@@ -301,14 +297,10 @@ pub(crate) async fn get(
         (status = 201, description = "Registered; the answer carries signing_secret once", body = crate::openapi::schema::TenantView),
         (status = 200, description = "Replaced", body = crate::openapi::schema::TenantView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn put(
@@ -366,14 +358,10 @@ pub(crate) async fn put(
     responses(
         (status = 204, description = "Removed"),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn delete(

@@ -1,0 +1,236 @@
+//! Pull leases on PostgreSQL ([`Store::record_leases`](belfry_store::Store::record_leases),
+//! [`Store::change_lease`](belfry_store::Store::change_lease)): one
+//! transaction per call, fenced like [`crate::apply`].
+//!
+//! 1. The partition's row is read `FOR SHARE`: no hand-over can commit
+//!    between the epoch check and our commit.
+//! 2. The events are locked `FOR UPDATE` in key order, then their lease
+//!    rows: two grants of one version serialize on the event's row, and
+//!    the second reads the first's lease (each statement takes a fresh
+//!    snapshot under READ COMMITTED).
+//! 3. [`belfry_store::lease`] decides; the lease rows, the event and its
+//!    history are written, and the transaction commits (durable:
+//!    `synchronous_commit = on`). An owner's write to its own partition
+//!    needs no wake-up notification.
+
+use std::collections::HashMap;
+
+use belfry_core::EventKey;
+use belfry_core::event::EventRecord;
+use belfry_store::lease::{LeaseDoc, decide_change, decide_grant, reported};
+use belfry_store::{
+    ChangeLeaseParams, Fence, LeaseWriteOutcome, RecordLeasesParams, StoreResult, StoredLease,
+};
+use deadpool_postgres::Transaction;
+
+use crate::PostgresStore;
+use crate::apply::{INSERT_HISTORY_SQL, lock_events_sql, update_events_sql};
+use crate::error::{StoreError, db_error, pool_error};
+use crate::rows::{AttemptColumns, EventColumns, record_from_row};
+
+pub(crate) async fn record_leases(
+    store: &PostgresStore,
+    params: RecordLeasesParams,
+) -> StoreResult<Vec<LeaseWriteOutcome>> {
+    if params.grants.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut client = store.pool.get().await.map_err(pool_error)?;
+    let tx = client.transaction().await.map_err(db_error)?;
+    let Some(epoch) = current_epoch(&tx, params.fence).await? else {
+        return Ok(vec![LeaseWriteOutcome::Lost; params.grants.len()]);
+    };
+    let keys: Vec<&EventKey> = params.grants.iter().map(|g| g.lease.key()).collect();
+    let (records, mut leases) = lock(&tx, &keys).await?;
+    let mut outcomes = Vec::with_capacity(params.grants.len());
+    let mut written: HashMap<EventKey, StoredLease> = HashMap::new();
+    for grant in &params.grants {
+        let key = grant.lease.key();
+        if store.partitions.partition_of(key) != params.fence.partition {
+            outcomes.push(LeaseWriteOutcome::Lost);
+            continue;
+        }
+        let (outcome, write) = decide_grant(
+            params.fence,
+            epoch,
+            records.get(key),
+            leases.get(key),
+            grant,
+        );
+        if let Some(lease) = write {
+            leases.insert(key.clone(), lease.clone());
+            written.insert(key.clone(), lease);
+        }
+        outcomes.push(outcome);
+    }
+    write_leases(&tx, written.values()).await?;
+    tx.commit().await.map_err(db_error)?;
+    Ok(outcomes)
+}
+
+pub(crate) async fn change_lease(
+    store: &PostgresStore,
+    params: ChangeLeaseParams,
+) -> StoreResult<LeaseWriteOutcome> {
+    let mut client = store.pool.get().await.map_err(pool_error)?;
+    let tx = client.transaction().await.map_err(db_error)?;
+    let Some(epoch) = current_epoch(&tx, params.fence).await? else {
+        return Ok(LeaseWriteOutcome::Lost);
+    };
+    let key = params.lease.key();
+    let (records, leases) = lock(&tx, &[key]).await?;
+    let (outcome, write) = decide_change(epoch, records.get(key), leases.get(key), &params);
+    let Some(write) = write else {
+        return Ok(outcome);
+    };
+    write_leases(&tx, [&write.lease]).await?;
+    if let Some(record) = &write.record {
+        let mut columns = EventColumns::default();
+        columns.push(record);
+        let statement = tx
+            .prepare_cached(&update_events_sql())
+            .await
+            .map_err(db_error)?;
+        tx.execute(&statement, &columns.params())
+            .await
+            .map_err(db_error)?;
+    }
+    if let Some(attempt) = &write.attempt {
+        let mut history = AttemptColumns::default();
+        history.push(key, attempt);
+        let statement = tx
+            .prepare_cached(INSERT_HISTORY_SQL)
+            .await
+            .map_err(db_error)?;
+        tx.execute(&statement, &history.params())
+            .await
+            .map_err(db_error)?;
+    }
+    tx.commit().await.map_err(db_error)?;
+    Ok(outcome)
+}
+
+pub(crate) async fn get_lease(
+    store: &PostgresStore,
+    key: &EventKey,
+) -> StoreResult<Option<StoredLease>> {
+    let client = store.pool.get().await.map_err(pool_error)?;
+    let statement = client
+        .prepare_cached(
+            "SELECT l.lease::text, p.epoch FROM leases l
+             LEFT JOIN partitions p ON p.partition = $3
+             WHERE l.tenant = $1 AND l.id = $2",
+        )
+        .await
+        .map_err(db_error)?;
+    let partition = i32::from(store.partitions.partition_of(key).0);
+    let Some(row) = client
+        .query_opt(
+            &statement,
+            &[&key.tenant.as_str(), &key.id.as_str(), &partition],
+        )
+        .await
+        .map_err(db_error)?
+    else {
+        return Ok(None);
+    };
+    let lease = LeaseDoc::decode(row.get::<_, String>(0).as_bytes())?;
+    let epoch = row
+        .get::<_, Option<i64>>(1)
+        .and_then(|e| u64::try_from(e).ok());
+    let record = belfry_store::Store::get_event(store, key).await?;
+    Ok(Some(reported(lease, record.as_ref(), epoch)))
+}
+
+/// The partition's epoch, read `FOR SHARE` (held until commit); `None`
+/// when the partition has no row (then nothing may be written for it).
+async fn current_epoch(tx: &Transaction<'_>, fence: Fence) -> StoreResult<Option<u64>> {
+    let statement = tx
+        .prepare_cached("SELECT epoch FROM partitions WHERE partition = $1 FOR SHARE")
+        .await
+        .map_err(db_error)?;
+    let row = tx
+        .query_opt(&statement, &[&i32::from(fence.partition.0)])
+        .await
+        .map_err(db_error)?;
+    Ok(row.and_then(|row| u64::try_from(row.get::<_, i64>(0)).ok()))
+}
+
+type Locked = (
+    HashMap<EventKey, EventRecord>,
+    HashMap<EventKey, StoredLease>,
+);
+
+/// Locks the events of `keys`, then their lease rows, in key order.
+async fn lock(tx: &Transaction<'_>, keys: &[&EventKey]) -> StoreResult<Locked> {
+    let mut sorted: Vec<&EventKey> = keys.to_vec();
+    sorted.sort();
+    sorted.dedup();
+    let tenants: Vec<&str> = sorted.iter().map(|k| k.tenant.as_str()).collect();
+    let ids: Vec<&str> = sorted.iter().map(|k| k.id.as_str()).collect();
+    let statement = tx
+        .prepare_cached(&lock_events_sql())
+        .await
+        .map_err(db_error)?;
+    let mut records = HashMap::with_capacity(sorted.len());
+    for row in tx
+        .query(&statement, &[&tenants, &ids])
+        .await
+        .map_err(db_error)?
+    {
+        let record = record_from_row(&row)?;
+        records.insert(record.key.clone(), record);
+    }
+    let statement = tx
+        .prepare_cached(
+            "SELECT l.lease::text FROM leases l
+             JOIN unnest($1::text[], $2::text[]) AS k(tenant, id)
+               ON l.tenant = k.tenant AND l.id = k.id
+             ORDER BY l.tenant, l.id
+             FOR UPDATE OF l",
+        )
+        .await
+        .map_err(db_error)?;
+    let mut leases = HashMap::with_capacity(sorted.len());
+    for row in tx
+        .query(&statement, &[&tenants, &ids])
+        .await
+        .map_err(db_error)?
+    {
+        let lease = LeaseDoc::decode(row.get::<_, String>(0).as_bytes())?;
+        leases.insert(lease.record.lease.key().clone(), lease);
+    }
+    Ok((records, leases))
+}
+
+/// Inserts or replaces the lease rows.
+async fn write_leases<'a>(
+    tx: &Transaction<'_>,
+    leases: impl IntoIterator<Item = &'a StoredLease>,
+) -> StoreResult<()> {
+    let mut tenants = Vec::new();
+    let mut ids = Vec::new();
+    let mut docs = Vec::new();
+    for lease in leases {
+        let key = lease.record.lease.key();
+        tenants.push(key.tenant.as_str().to_owned());
+        ids.push(key.id.as_str().to_owned());
+        let doc = LeaseDoc::encode(lease)?;
+        docs.push(String::from_utf8(doc).map_err(|e| StoreError::Internal(e.to_string()))?);
+    }
+    if docs.is_empty() {
+        return Ok(());
+    }
+    let statement = tx
+        .prepare_cached(
+            "INSERT INTO leases (tenant, id, lease)
+             SELECT t, i, d::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) AS u(t, i, d)
+             ON CONFLICT (tenant, id) DO UPDATE SET lease = EXCLUDED.lease",
+        )
+        .await
+        .map_err(db_error)?;
+    tx.execute(&statement, &[&tenants, &ids, &docs])
+        .await
+        .map_err(db_error)?;
+    Ok(())
+}
