@@ -220,7 +220,9 @@ impl Engine {
     pub async fn shutdown(self) {
         let shared = self.handle.inner.clone();
         shared.stopping.store(true, Ordering::SeqCst);
-        let _ = shared.stop_signal.send(true);
+        // `send_replace` stores the value even while no task has subscribed
+        // yet (`send` would drop it), so a task that starts later still sees it.
+        shared.stop_signal.send_replace(true);
         for task in shared.owned.stop_all() {
             let _ = task.await;
         }
