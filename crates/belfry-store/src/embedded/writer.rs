@@ -98,6 +98,14 @@ pub enum Job {
     },
 }
 
+impl Job {
+    /// A purge or a delete reads the stored records and indexes itself,
+    /// so it runs alone, never on top of a group's unwritten overlay.
+    fn runs_alone(&self) -> bool {
+        matches!(self, Job::Purge { .. } | Job::DeleteFinished { .. })
+    }
+}
+
 /// An answer held back until the group is durable.
 enum Answer {
     Apply(
@@ -278,9 +286,7 @@ impl Writer {
         tracing::debug!("embedded store writer stopped");
     }
 
-    /// Runs a purge or a delete, which read the stored records and indexes
-    /// themselves and so run alone, never on top of a group's unwritten
-    /// overlay. Hands any other job back.
+    /// Runs a job that [runs alone](Job::runs_alone); hands any other back.
     fn run_alone(&self, job: Job) -> Option<Job> {
         match job {
             Job::Purge { params, reply } => drop(reply.send(self.purge(&params))),
