@@ -286,6 +286,7 @@ pub enum AuditAction {
     TenantDeleted,
     EventsBulkCancelled,
     EventRedriven,
+    EventDeleted,
     BulkActionCreated,
     BulkActionCancelled,
 }
@@ -300,6 +301,7 @@ impl AuditAction {
             AuditAction::TenantDeleted => "tenant_deleted",
             AuditAction::EventsBulkCancelled => "events_bulk_cancelled",
             AuditAction::EventRedriven => "event_redriven",
+            AuditAction::EventDeleted => "event_deleted",
             AuditAction::BulkActionCreated => "bulk_action_created",
             AuditAction::BulkActionCancelled => "bulk_action_cancelled",
         }
@@ -315,6 +317,7 @@ impl AuditAction {
             AuditAction::TenantDeleted,
             AuditAction::EventsBulkCancelled,
             AuditAction::EventRedriven,
+            AuditAction::EventDeleted,
             AuditAction::BulkActionCreated,
             AuditAction::BulkActionCancelled,
         ]
@@ -598,6 +601,7 @@ mod tests {
             AuditAction::TenantDeleted,
             AuditAction::EventsBulkCancelled,
             AuditAction::EventRedriven,
+            AuditAction::EventDeleted,
             AuditAction::BulkActionCreated,
             AuditAction::BulkActionCancelled,
         ] {
