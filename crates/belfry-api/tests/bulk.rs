@@ -317,12 +317,20 @@ async fn five_hundred_failed_events_are_deleted_in_bulk() {
 
     assert_eq!(count(&h, "acme", EventStatus::Failed).await, 0);
     assert_eq!(count(&h, "acme", EventStatus::Scheduled).await, 1);
-    let key_of = |id: &str| belfry_core::EventKey::new(
-        TenantName::new("acme").unwrap(),
-        belfry_core::EventId::new(id).unwrap(),
-    );
+    let key_of = |id: &str| {
+        belfry_core::EventKey::new(
+            TenantName::new("acme").unwrap(),
+            belfry_core::EventId::new(id).unwrap(),
+        )
+    };
     assert_eq!(h.store.get_event(&key_of("e0499")).await.unwrap(), None);
-    assert!(h.store.attempts(&key_of("e0000"), 10).await.unwrap().is_empty());
+    assert!(
+        h.store
+            .attempts(&key_of("e0000"), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let gone = single(writer.unwrap().to_string(), "e0000").await;
     assert_eq!(gone.status, StatusCode::NOT_FOUND, "{gone:?}");
     assert_eq!(receiver.count(), 500, "nothing was sent again");

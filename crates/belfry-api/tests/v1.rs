@@ -499,7 +499,9 @@ async fn a_finished_event_is_deleted_with_its_history() {
     let history = h.get("/v1/tenants/acme/events/dead/attempts").await;
     assert!(
         history.status == StatusCode::NOT_FOUND
-            || history.body["attempts"].as_array().is_some_and(Vec::is_empty),
+            || history.body["attempts"]
+                .as_array()
+                .is_some_and(Vec::is_empty),
         "{history:?}"
     );
     let listed = h.get("/v1/tenants/acme/events?status=failed").await;

@@ -1724,7 +1724,13 @@ where
             .collect(),
     )
     .await;
-    apply_one(store, 1_000, &failed, attempt("v1", Verdict::Permanent, 1_000)).await;
+    apply_one(
+        store,
+        1_000,
+        &failed,
+        attempt("v1", Verdict::Permanent, 1_000),
+    )
+    .await;
     apply_one(store, 1_000, &cancelled, EventCommand::Cancel).await;
     apply_one(store, 1_000, &other_tenant, EventCommand::Cancel).await;
     let lease = grant_of(store, &pulled, 1, 0, 1, 1_000).await;
@@ -1767,14 +1773,22 @@ where
         get(store, &pending).await.unwrap().status,
         EventStatus::Scheduled
     );
-    assert_eq!(all_due(store).await.len(), 1, "the pending one is still due");
+    assert_eq!(
+        all_due(store).await.len(),
+        1,
+        "the pending one is still due"
+    );
     assert!(get(store, &other_tenant).await.is_some());
     let listed = store
         .list_events(list_params("t", None, None, None, None, 100))
         .await
         .unwrap();
     assert_eq!(page_ids(&listed), ["pending"]);
-    for status in [EventStatus::Failed, EventStatus::Cancelled, EventStatus::Delivered] {
+    for status in [
+        EventStatus::Failed,
+        EventStatus::Cancelled,
+        EventStatus::Delivered,
+    ] {
         let filtered = store
             .list_events(list_params("t", Some(status), None, None, None, 100))
             .await

@@ -546,7 +546,10 @@ async fn every_console_page_loads_cleanly_and_its_buttons_take_effect() {
     let delete = "tr[data-event='order-3'] button.danger";
     console.click(delete).await;
     console.wait_text(delete, "Really delete?").await;
-    assert!(api.events_in(shop, "failed").await.len() == 2, "asked, not done");
+    assert!(
+        api.events_in(shop, "failed").await.len() == 2,
+        "asked, not done"
+    );
     console.click_to(delete, "dead").await;
     console
         .wait_text("main .dead-count", "1 failed event match")

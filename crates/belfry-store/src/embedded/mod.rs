@@ -772,7 +772,10 @@ impl Store for EmbeddedStore {
         let mut pending = Vec::new();
         for (shard, (indexes, keys)) in parts.into_iter().enumerate() {
             if !keys.is_empty() {
-                pending.push((indexes, self.send(shard, |reply| Job::DeleteFinished { keys, reply })));
+                pending.push((
+                    indexes,
+                    self.send(shard, |reply| Job::DeleteFinished { keys, reply }),
+                ));
             }
         }
         // Every part sent is awaited before answering, even after a failure.

@@ -176,7 +176,9 @@ pub async fn execute_dead(client: &Client, command: DeadCommand) -> Result<(), F
             // 204: nothing to show but what went.
             client.post(&path).await?;
             if client.json {
-                print(&json!({ "tenant": event.tenant, "id": event.id, "deleted": true }).to_string());
+                print(
+                    &json!({ "tenant": event.tenant, "id": event.id, "deleted": true }).to_string(),
+                );
             } else {
                 print(&format!("deleted {} of {}", event.id, event.tenant));
             }
