@@ -1798,7 +1798,10 @@ where
     }
 
     assert_eq!(
-        store.delete_finished(&[failed.clone()]).await.unwrap(),
+        store
+            .delete_finished(std::slice::from_ref(&failed))
+            .await
+            .unwrap(),
         [false],
         "deleting twice"
     );
