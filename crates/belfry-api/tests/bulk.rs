@@ -250,6 +250,7 @@ async fn five_hundred_failed_events_are_deleted_in_bulk() {
     let (_, writer) = key(&h, Some("acme"), Role::Write).await;
     let (_, reader) = key(&h, Some("acme"), Role::Read).await;
     let (_, other) = key(&h, Some("beta"), Role::Write).await;
+    let writer_secret = writer.clone();
     let writer = Some(writer.as_str());
     let registered = h
         .send_as(
@@ -331,7 +332,7 @@ async fn five_hundred_failed_events_are_deleted_in_bulk() {
             .unwrap()
             .is_empty()
     );
-    let gone = single(writer.unwrap().to_string(), "e0000").await;
+    let gone = single(writer_secret, "e0000").await;
     assert_eq!(gone.status, StatusCode::NOT_FOUND, "{gone:?}");
     assert_eq!(receiver.count(), 500, "nothing was sent again");
     h.shutdown().await;
