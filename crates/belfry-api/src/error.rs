@@ -35,6 +35,9 @@ pub mod code {
     pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
     pub const ALREADY_FINISHED: &str = "already_finished";
     pub const NOT_REDRIVABLE: &str = "not_redrivable";
+    /// Deleting an event that is still scheduled or retrying (409):
+    /// cancel it first.
+    pub const EVENT_PENDING: &str = "event_pending";
     pub const NOT_IMPLEMENTED: &str = "not_implemented";
     pub const STORE_UNAVAILABLE: &str = "store_unavailable";
     /// No key, or a malformed, unknown, revoked or expired one (401).

@@ -1,5 +1,6 @@
 //! `/v1/bulk-actions` through the real router, engine and embedded store:
-//! a bulk redrive of a thousand dead events, cancels paged and stopped,
+//! a bulk redrive of a thousand dead events, a bulk delete of 500 (and the
+//! single delete's roles), cancels paged and stopped,
 //! schedules paused and resumed in bulk, store failures retried, roles,
 //! and bad input refused without a change.
 
@@ -234,6 +235,106 @@ async fn a_thousand_failed_events_are_redriven_in_bulk_and_delivered() {
         .collect();
     assert_eq!(ids, [again_id.as_str(), id.as_str()]);
     assert_eq!(listed.body["next_cursor"], Value::Null);
+    h.shutdown().await;
+}
+
+/// A bulk delete of 500 failed events (three pages of 200) takes each
+/// with its history and leaves the pending ones; a delete needs a status
+/// filter and a finished status. The single delete is a writer's: a
+/// reader is refused (403), another tenant's writer finds nothing (404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_failed_events_are_deleted_in_bulk() {
+    let receiver = Receiver::start().await;
+    receiver.set_default_status(410);
+    let h = Harness::start().await;
+    let (_, writer) = key(&h, Some("acme"), Role::Write).await;
+    let (_, reader) = key(&h, Some("acme"), Role::Read).await;
+    let (_, other) = key(&h, Some("beta"), Role::Write).await;
+    let writer_secret = writer.clone();
+    let writer = Some(writer.as_str());
+    let registered = h
+        .send_as(
+            writer,
+            Method::PUT,
+            "/v1/tenants/acme",
+            Some(&json!({ "sink": { "type": "http", "url": receiver.url("/hook") } })),
+        )
+        .await;
+    assert_eq!(registered.status, StatusCode::CREATED, "{registered:?}");
+    schedule(&h, writer, "acme", 500, &from_now(-1_000)).await;
+    wait_until("500 failed events", || async {
+        count(&h, "acme", EventStatus::Failed).await == 500
+    })
+    .await;
+    let later = h
+        .send_as(
+            writer,
+            Method::PUT,
+            "/v1/tenants/acme/events/later",
+            Some(&json!({ "deliver_at": FUTURE })),
+        )
+        .await;
+    assert_eq!(later.status, StatusCode::CREATED, "{later:?}");
+
+    let single = |key: String, id: &str| {
+        call(
+            &h,
+            key,
+            Method::POST,
+            format!("/v1/tenants/acme/events/{id}/delete"),
+        )
+    };
+    let refused = single(reader.clone(), "e0000").await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{refused:?}");
+    let foreign = single(other.clone(), "e0000").await;
+    assert_eq!(foreign.status, StatusCode::NOT_FOUND, "{foreign:?}");
+    for bad in [
+        json!({ "action": "delete", "filter": { "tenant": "acme" } }),
+        json!({ "action": "delete", "filter": { "tenant": "acme", "status": "scheduled" } }),
+        json!({ "action": "delete", "filter": { "tenant": "acme", "status": "paused" } }),
+    ] {
+        let answer = create(&h, writer, bad.clone()).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad}: {answer:?}");
+        assert_eq!(answer.body["error"]["code"], "invalid_request");
+    }
+    assert_eq!(count(&h, "acme", EventStatus::Failed).await, 500);
+
+    let created = create(
+        &h,
+        writer,
+        json!({ "action": "delete", "filter": { "tenant": "acme", "status": "failed" } }),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::ACCEPTED, "{created:?}");
+    assert_eq!(created.body["action"], "delete");
+    let id = created.body["id"].as_str().unwrap().to_string();
+    let done = finished(&h, writer, &id).await;
+    assert_eq!(done["state"], "completed", "{done}");
+    assert_eq!(done["matched"], 500, "{done}");
+    assert_eq!(done["succeeded"], 500, "{done}");
+    assert_eq!(done["skipped"], 0, "{done}");
+    assert_eq!(done["failed"], 0, "{done}");
+    assert_balanced(&done);
+
+    assert_eq!(count(&h, "acme", EventStatus::Failed).await, 0);
+    assert_eq!(count(&h, "acme", EventStatus::Scheduled).await, 1);
+    let key_of = |id: &str| {
+        belfry_core::EventKey::new(
+            TenantName::new("acme").unwrap(),
+            belfry_core::EventId::new(id).unwrap(),
+        )
+    };
+    assert_eq!(h.store.get_event(&key_of("e0499")).await.unwrap(), None);
+    assert!(
+        h.store
+            .attempts(&key_of("e0000"), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let gone = single(writer_secret, "e0000").await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND, "{gone:?}");
+    assert_eq!(receiver.count(), 500, "nothing was sent again");
     h.shutdown().await;
 }
 

@@ -35,6 +35,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("delete", "/v1/tenants/{tenant}/events/{id}"),
     ("get", "/v1/tenants/{tenant}/events/{id}/attempts"),
     ("post", "/v1/tenants/{tenant}/events/{id}/redrive"),
+    ("post", "/v1/tenants/{tenant}/events/{id}/delete"),
     ("get", "/v1/tenants/{tenant}/schedules"),
     ("get", "/v1/tenants/{tenant}/schedules/{id}"),
     ("put", "/v1/tenants/{tenant}/schedules/{id}"),

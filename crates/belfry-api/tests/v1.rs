@@ -446,6 +446,93 @@ async fn a_failed_event_is_redriven_and_delivered() {
     h.shutdown().await;
 }
 
+/// A finished event is deleted with its history (204), audited, and its
+/// id is free again; a pending one is refused with 409 `event_pending`,
+/// an unknown or already deleted one with 404, and neither changes
+/// anything.
+#[tokio::test]
+async fn a_finished_event_is_deleted_with_its_history() {
+    let receiver = Receiver::start().await;
+    receiver.set_default_status(400);
+    let h = Harness::start().await;
+    h.put(
+        "/v1/tenants/acme",
+        &json!({ "sink": { "type": "http", "url": receiver.url("/hook") } }),
+    )
+    .await;
+    h.put(
+        "/v1/tenants/acme/events/dead",
+        &json!({ "deliver_at": from_now(-5) }),
+    )
+    .await;
+    h.put(
+        "/v1/tenants/acme/events/later",
+        &json!({ "deliver_at": FUTURE }),
+    )
+    .await;
+    wait_for_status(&h, "acme", "dead", "failed").await;
+
+    let before = h.snapshot(&[]).await;
+    let pending = h
+        .post("/v1/tenants/acme/events/later/delete", &json!({}))
+        .await;
+    assert_error(&pending, StatusCode::CONFLICT, "event_pending");
+    let unknown = h
+        .post("/v1/tenants/acme/events/nope/delete", &json!({}))
+        .await;
+    assert_error(&unknown, StatusCode::NOT_FOUND, "event_not_found");
+    let bad = h
+        .post("/v1/tenants/acme/events/a%0Ab/delete", &json!({}))
+        .await;
+    assert_error(&bad, StatusCode::BAD_REQUEST, "invalid_name");
+    assert_eq!(h.snapshot(&[]).await, before);
+
+    let deleted = h
+        .post("/v1/tenants/acme/events/dead/delete", &json!({}))
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    assert_error(
+        &h.get("/v1/tenants/acme/events/dead").await,
+        StatusCode::NOT_FOUND,
+        "event_not_found",
+    );
+    let history = h.get("/v1/tenants/acme/events/dead/attempts").await;
+    assert!(
+        history.status == StatusCode::NOT_FOUND
+            || history.body["attempts"]
+                .as_array()
+                .is_some_and(Vec::is_empty),
+        "{history:?}"
+    );
+    let listed = h.get("/v1/tenants/acme/events?status=failed").await;
+    assert_eq!(listed.body["events"], json!([]), "{listed:?}");
+    let again = h
+        .post("/v1/tenants/acme/events/dead/delete", &json!({}))
+        .await;
+    assert_error(&again, StatusCode::NOT_FOUND, "event_not_found");
+    let audit = h.get("/v1/audit").await;
+    let entries: Vec<&Value> = audit.body["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "event_deleted")
+        .collect();
+    assert_eq!(entries.len(), 1, "{audit:?}");
+    assert_eq!(entries[0]["tenant"], "acme");
+    assert_eq!(entries[0]["target"], "dead");
+
+    // The id is free: scheduling it again creates a new event.
+    let created = h
+        .put(
+            "/v1/tenants/acme/events/dead",
+            &json!({ "deliver_at": FUTURE }),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.body["attempts"], 0);
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn bad_event_requests_change_nothing() {
     let h = Harness::start().await;

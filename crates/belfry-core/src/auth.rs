@@ -287,6 +287,7 @@ pub enum AuditAction {
     TenantDeleted,
     EventsBulkCancelled,
     EventRedriven,
+    EventDeleted,
     BulkActionCreated,
     BulkActionCancelled,
 }
@@ -301,6 +302,7 @@ impl AuditAction {
             AuditAction::TenantDeleted => "tenant_deleted",
             AuditAction::EventsBulkCancelled => "events_bulk_cancelled",
             AuditAction::EventRedriven => "event_redriven",
+            AuditAction::EventDeleted => "event_deleted",
             AuditAction::BulkActionCreated => "bulk_action_created",
             AuditAction::BulkActionCancelled => "bulk_action_cancelled",
         }
@@ -316,6 +318,7 @@ impl AuditAction {
             AuditAction::TenantDeleted,
             AuditAction::EventsBulkCancelled,
             AuditAction::EventRedriven,
+            AuditAction::EventDeleted,
             AuditAction::BulkActionCreated,
             AuditAction::BulkActionCancelled,
         ]
@@ -599,6 +602,7 @@ mod tests {
             AuditAction::TenantDeleted,
             AuditAction::EventsBulkCancelled,
             AuditAction::EventRedriven,
+            AuditAction::EventDeleted,
             AuditAction::BulkActionCreated,
             AuditAction::BulkActionCancelled,
         ] {

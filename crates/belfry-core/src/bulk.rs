@@ -1,4 +1,4 @@
-//! Bulk actions: one action (cancel, redrive, pause, resume) over every
+//! Bulk actions: one action (cancel, redrive, delete, pause, resume) over every
 //! item of one tenant that a filter matches, run in the background page by
 //! page, resumable after a restart, and advanced by one runner at a time.
 //!
@@ -125,6 +125,9 @@ pub enum BulkKind {
     Cancel,
     /// Send failed or missed events again, each as a new version.
     Redrive,
+    /// Delete finished events with their history. Needs a status filter
+    /// (one finished status), so nothing is deleted by omission.
+    Delete,
     /// Pause active schedules.
     Pause,
     /// Resume paused schedules.
@@ -139,9 +142,10 @@ pub enum BulkTarget {
 }
 
 impl BulkKind {
-    pub const ALL: [BulkKind; 4] = [
+    pub const ALL: [BulkKind; 5] = [
         BulkKind::Cancel,
         BulkKind::Redrive,
+        BulkKind::Delete,
         BulkKind::Pause,
         BulkKind::Resume,
     ];
@@ -150,13 +154,14 @@ impl BulkKind {
         match self {
             BulkKind::Cancel => "cancel",
             BulkKind::Redrive => "redrive",
+            BulkKind::Delete => "delete",
             BulkKind::Pause => "pause",
             BulkKind::Resume => "resume",
         }
     }
 
     /// # Errors
-    /// Anything but `cancel`, `redrive`, `pause` or `resume`.
+    /// Anything but `cancel`, `redrive`, `delete`, `pause` or `resume`.
     pub fn parse(text: &str) -> Result<BulkKind, BulkError> {
         BulkKind::ALL
             .into_iter()
@@ -166,7 +171,7 @@ impl BulkKind {
 
     pub fn target(self) -> BulkTarget {
         match self {
-            BulkKind::Cancel | BulkKind::Redrive => BulkTarget::Events,
+            BulkKind::Cancel | BulkKind::Redrive | BulkKind::Delete => BulkTarget::Events,
             BulkKind::Pause | BulkKind::Resume => BulkTarget::Schedules,
         }
     }
@@ -179,6 +184,7 @@ impl BulkKind {
             (BulkKind::Redrive, StatusFilter::Event(status)) => {
                 matches!(status, EventStatus::Failed | EventStatus::Missed)
             }
+            (BulkKind::Delete, StatusFilter::Event(status)) => !status.is_pending(),
             (BulkKind::Pause, StatusFilter::Schedule(status)) => status == ScheduleStatus::Active,
             (BulkKind::Resume, StatusFilter::Schedule(status)) => status == ScheduleStatus::Paused,
             _ => false,
@@ -190,6 +196,7 @@ impl BulkKind {
         match self {
             BulkKind::Cancel => "scheduled or retrying events",
             BulkKind::Redrive => "failed or missed events",
+            BulkKind::Delete => "delivered, failed, missed or cancelled events",
             BulkKind::Pause => "active schedules",
             BulkKind::Resume => "paused schedules",
         }
@@ -198,7 +205,9 @@ impl BulkKind {
     /// How the outcome of one event command counts: what the action is
     /// for (`succeeded`), or an item whose state no longer allowed it
     /// (`skipped`: a cancel of an event that finished meanwhile, a redrive
-    /// of one already redriven). Anything else is a failure.
+    /// of one already redriven). Anything else is a failure. (A delete
+    /// runs no command: an event it finds still pending, or gone, is
+    /// `skipped`.)
     pub fn classify(self, outcome: &CommandOutcome) -> ItemOutcome {
         match (self, outcome) {
             (BulkKind::Cancel, CommandOutcome::Cancelled)
@@ -256,8 +265,12 @@ impl BulkFilter {
     /// [`BulkError::EventFilterOnSchedules`] (`from`/`to` for a schedule
     /// action), [`BulkError::WrongStatusKind`] (a schedule status for an
     /// event action or the reverse), [`BulkError::StatusNeverActs`] (a
-    /// status the action never changes: nothing could ever succeed).
+    /// status the action never changes: nothing could ever succeed),
+    /// [`BulkError::StatusRequired`] (a delete without a status).
     pub fn validate(&self, kind: BulkKind) -> Result<(), BulkError> {
+        if kind == BulkKind::Delete && self.status.is_none() {
+            return Err(BulkError::StatusRequired(kind));
+        }
         if kind.target() == BulkTarget::Schedules && (self.from.is_some() || self.to.is_some()) {
             return Err(BulkError::EventFilterOnSchedules(kind));
         }
@@ -301,8 +314,10 @@ impl BulkFilter {
 /// Why a bulk action request was refused. Safe to show to a client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BulkError {
-    #[error("unknown action {0:?}; expected cancel, redrive, pause or resume")]
+    #[error("unknown action {0:?}; expected cancel, redrive, delete, pause or resume")]
     UnknownAction(String),
+    #[error("{} acts on {}; name one of these statuses in the filter", .0, .0.acted_on())]
+    StatusRequired(BulkKind),
     #[error("{0} acts on schedules, which are filtered by status only; from and to filter events")]
     EventFilterOnSchedules(BulkKind),
     #[error("{} acts on {}; filter them by a status of theirs", .0, .0.acted_on())]
@@ -653,9 +668,10 @@ mod tests {
             );
         }
         assert_eq!(
-            BulkKind::parse("delete"),
-            Err(BulkError::UnknownAction("delete".into()))
+            BulkKind::parse("purge"),
+            Err(BulkError::UnknownAction("purge".into()))
         );
+        assert_eq!(BulkKind::Delete.target(), BulkTarget::Events);
         assert_eq!(BulkKind::Cancel.target(), BulkTarget::Events);
         assert_eq!(BulkKind::Resume.target(), BulkTarget::Schedules);
     }
@@ -666,6 +682,22 @@ mod tests {
         let schedule = |s| Some(StatusFilter::Schedule(s));
         assert_eq!(filter(None).validate(BulkKind::Redrive), Ok(()));
         assert_eq!(filter(None).validate(BulkKind::Pause), Ok(()));
+        assert_eq!(
+            filter(None).validate(BulkKind::Delete),
+            Err(BulkError::StatusRequired(BulkKind::Delete))
+        );
+        for finished in [
+            EventStatus::Delivered,
+            EventStatus::Failed,
+            EventStatus::Missed,
+            EventStatus::Cancelled,
+        ] {
+            assert_eq!(filter(event(finished)).validate(BulkKind::Delete), Ok(()));
+        }
+        assert!(matches!(
+            filter(event(EventStatus::Scheduled)).validate(BulkKind::Delete),
+            Err(BulkError::StatusNeverActs { .. })
+        ));
         assert_eq!(
             filter(event(EventStatus::Missed)).validate(BulkKind::Redrive),
             Ok(())

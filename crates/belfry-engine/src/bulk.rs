@@ -16,6 +16,9 @@
 //! 2. apply the page's commands in one batch through the ordinary write
 //!    path ([`EngineHandle::apply`], so timers are armed and disarmed as
 //!    for a client's request); a redrive gives each event a new version;
+//!    a delete removes the page's events that are still finished, in one
+//!    call to [`belfry_store::Store::delete_finished`] (no timer to touch:
+//!    finished events have none);
 //! 3. save the tally and the cursor past the page, renewing the claim, in
 //!    one compare-and-set ([`belfry_store::Store::update_bulk_action`]).
 //!
@@ -44,7 +47,7 @@ use belfry_core::bulk::{
     ItemOutcome, PageReport,
 };
 use belfry_core::schedule::ScheduleId;
-use belfry_core::{EventCommand, EventId, EventVersion, Timestamp};
+use belfry_core::{EventCommand, EventId, EventKey, EventVersion, Timestamp};
 use belfry_store::{
     Applied, KeyedCommand, ListEventsParams, RunningBulkActionsParams, StoreError, StoreResult,
 };
@@ -431,6 +434,24 @@ async fn event_page(
         at: Some(record.event_time),
         id: record.key.id.as_str().to_string(),
     });
+    let mut tally = BulkProgress::default();
+    if action.kind == BulkKind::Delete {
+        let keys: Vec<EventKey> = records.into_iter().map(|record| record.key).collect();
+        if !keys.is_empty() {
+            for deleted in shared.store.delete_finished(&keys).await? {
+                tally.count(if deleted {
+                    ItemOutcome::Succeeded
+                } else {
+                    ItemOutcome::Skipped
+                });
+            }
+        }
+        return Ok(PageReport {
+            tally,
+            cursor,
+            last,
+        });
+    }
     let commands: Vec<KeyedCommand> = records
         .into_iter()
         .map(|record| KeyedCommand {
@@ -444,7 +465,6 @@ async fn event_page(
             fence: None,
         })
         .collect();
-    let mut tally = BulkProgress::default();
     if !commands.is_empty() {
         for result in apply_page(handle, commands).await? {
             tally.count(match result {

@@ -689,6 +689,53 @@ impl Store for PostgresStore {
         usize::try_from(purged).map_err(|_| corrupt(format_args!("purge count {purged}")))
     }
 
+    async fn delete_finished(&self, keys: &[EventKey]) -> StoreResult<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        // One statement, one transaction. A row a concurrent apply holds is
+        // waited for and its status checked again once that commits (a
+        // redrive makes it pending: kept).
+        let statement = client
+            .prepare_cached(
+                "WITH gone AS (
+                     DELETE FROM events e
+                     USING unnest($1::text[], $2::text[]) AS k(tenant, id)
+                     WHERE e.tenant = k.tenant AND e.id = k.id
+                       AND e.finished_at IS NOT NULL
+                     RETURNING e.tenant, e.id
+                 ), history AS (
+                     DELETE FROM attempts a USING gone g
+                     WHERE a.tenant = g.tenant AND a.id = g.id
+                 ), leases AS (
+                     DELETE FROM leases l USING gone g
+                     WHERE l.tenant = g.tenant AND l.id = g.id
+                 )
+                 SELECT tenant, id FROM gone",
+            )
+            .await
+            .map_err(db_error)?;
+        let tenants: Vec<&str> = keys.iter().map(|key| key.tenant.as_str()).collect();
+        let ids: Vec<&str> = keys.iter().map(|key| key.id.as_str()).collect();
+        let gone: std::collections::HashSet<(String, String)> = client
+            .query(&statement, &[&tenants, &ids])
+            .await
+            .map_err(db_error)?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        // A key named twice is deleted once; its repeat answers `false`.
+        let mut answered = std::collections::HashSet::new();
+        Ok(keys
+            .iter()
+            .map(|key| {
+                let pair = (key.tenant.as_str().to_string(), key.id.as_str().to_string());
+                gone.contains(&pair) && answered.insert(pair)
+            })
+            .collect())
+    }
+
     async fn stats(&self) -> StoreResult<StoreStats> {
         let client = self.client().await?;
         let bytes: i64 = client

@@ -115,6 +115,7 @@ macro_rules! store_conformance_tests {
             filtered_listing_reads_only_its_page,
             attempts_history_in_order,
             purge_removes_only_old_finished,
+            delete_finished_takes_only_finished_events,
             names_with_slashes_and_non_ascii,
             concurrent_applies_all_land,
             api_keys_put_find_list_touch_delete,
@@ -1698,6 +1699,130 @@ where
     assert_eq!(store.purge_finished(params.clone()).await.unwrap(), 2);
     assert_eq!(store.purge_finished(params).await.unwrap(), 0);
     assert!(get(store, &new_done).await.is_some());
+}
+
+/// `delete_finished` takes a finished event with its history, lease,
+/// listing and count entries; a pending or unknown one stays and answers
+/// `false`, as does a second delete; the id can then be scheduled again
+/// as a new event.
+pub async fn delete_finished_takes_only_finished_events<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let [failed, cancelled, pulled, pending, other_tenant] =
+        ["failed", "cancelled", "pulled", "pending", "other"].map(|id| key("t", id));
+    let other_tenant = EventKey::new(tenant("u"), other_tenant.id);
+    apply(
+        store,
+        0,
+        [&failed, &cancelled, &pulled, &pending, &other_tenant]
+            .into_iter()
+            .map(|k| command(k, upsert(1_000, "v1")))
+            .collect(),
+    )
+    .await;
+    apply_one(
+        store,
+        1_000,
+        &failed,
+        attempt("v1", Verdict::Permanent, 1_000),
+    )
+    .await;
+    apply_one(store, 1_000, &cancelled, EventCommand::Cancel).await;
+    apply_one(store, 1_000, &other_tenant, EventCommand::Cancel).await;
+    let lease = grant_of(store, &pulled, 1, 0, 1, 1_000).await;
+    assert_eq!(record_lease(store, &lease).await, LeaseWriteOutcome::Done);
+    let complete = resolve(
+        Resolution::Delivered { result: None },
+        Some(Verdict::Delivered),
+        1_000,
+    );
+    assert_eq!(
+        change(store, &lease, complete, 1_500).await,
+        LeaseWriteOutcome::Done
+    );
+    assert!(store.get_lease(&pulled).await.unwrap().is_some());
+    assert_eq!(store.attempts(&failed, 10).await.unwrap().len(), 1);
+
+    let ghost = key("t", "ghost");
+    let deleted = store
+        .delete_finished(&[
+            failed.clone(),
+            pending.clone(),
+            ghost,
+            cancelled.clone(),
+            pulled.clone(),
+            failed.clone(),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        deleted,
+        [true, false, false, true, true, false],
+        "finished ones go once; pending and unknown ones stay"
+    );
+    for gone in [&failed, &cancelled, &pulled] {
+        assert_eq!(get(store, gone).await, None);
+        assert!(store.attempts(gone, 10).await.unwrap().is_empty());
+        assert_eq!(store.get_lease(gone).await.unwrap(), None);
+    }
+    assert_eq!(
+        get(store, &pending).await.unwrap().status,
+        EventStatus::Scheduled
+    );
+    assert_eq!(
+        all_due(store).await.len(),
+        1,
+        "the pending one is still due"
+    );
+    assert!(get(store, &other_tenant).await.is_some());
+    let listed = store
+        .list_events(list_params("t", None, None, None, None, 100))
+        .await
+        .unwrap();
+    assert_eq!(page_ids(&listed), ["pending"]);
+    for status in [
+        EventStatus::Failed,
+        EventStatus::Cancelled,
+        EventStatus::Delivered,
+    ] {
+        let filtered = store
+            .list_events(list_params("t", Some(status), None, None, None, 100))
+            .await
+            .unwrap();
+        assert!(filtered.is_empty(), "no {status:?} event is listed");
+        assert_eq!(count(store, "t", status).await, 0);
+    }
+
+    assert_eq!(
+        store
+            .delete_finished(std::slice::from_ref(&failed))
+            .await
+            .unwrap(),
+        [false],
+        "deleting twice"
+    );
+    assert!(store.delete_finished(&[]).await.unwrap().is_empty());
+    // The id is free: scheduling it again creates a new event, and the
+    // retention sweep finds nothing left of the old one.
+    let again = apply_one(store, 2_000, &failed, upsert(5_000, "v2")).await;
+    assert_eq!(again.outcome, CommandOutcome::Created);
+    assert_eq!(get(store, &failed).await.unwrap().attempts, 0);
+    let purged = store
+        .purge_finished(PurgeParams {
+            finished_before: ts(i64::MAX),
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(purged, 1, "only the other tenant's cancelled event");
+    assert_eq!(
+        get(store, &failed).await.unwrap().status,
+        EventStatus::Scheduled
+    );
 }
 
 pub async fn names_with_slashes_and_non_ascii<F, Fut>(factory: F)

@@ -475,6 +475,23 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// finished before the cut-off. Returns how many went.
     async fn purge_finished(&self, params: PurgeParams) -> StoreResult<usize>;
 
+    /// Deletes the events of `keys` that are finished (delivered, failed,
+    /// missed or cancelled) when the call runs, as the retention sweep
+    /// does: the record, its index entries, its attempt history and its
+    /// lease. Answers per key, in order, whether it was deleted (`false`:
+    /// unknown, already gone, or still pending). Atomic per event and
+    /// durable on `Ok`; the id can be scheduled again afterwards, as a new
+    /// event.
+    ///
+    /// Not fenced: a finished event is no owner's work. A concurrent write
+    /// of the same event (a redrive) lands either before (the event is
+    /// pending: not deleted) or after (it finds no event).
+    ///
+    /// # Errors
+    /// Backend failures: nothing is acknowledged, though some events may
+    /// be gone (a repeat answers `false` for them).
+    async fn delete_finished(&self, keys: &[EventKey]) -> StoreResult<Vec<bool>>;
+
     async fn stats(&self) -> StoreResult<StoreStats>;
 
     // API keys and the audit log (see `docs/security.md`). Keys are few

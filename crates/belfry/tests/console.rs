@@ -542,6 +542,26 @@ async fn every_console_page_loads_cleanly_and_its_buttons_take_effect() {
     console
         .wait_text("main .dead-count", "2 failed events match")
         .await;
+    // Delete one: the first click only asks, the second deletes it.
+    let delete = "tr[data-event='order-3'] button.danger";
+    console.click(delete).await;
+    console.wait_text(delete, "Really delete?").await;
+    assert!(
+        api.events_in(shop, "failed").await.len() == 2,
+        "asked, not done"
+    );
+    console.click_to(delete, "dead").await;
+    console
+        .wait_text("main .dead-count", "1 failed event match")
+        .await;
+    let (status, _) = api
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/tenants/{}/events/order-3", enc(shop)),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404, "deleted");
 
     // Cluster: one node owns all 64 partitions.
     console
@@ -587,6 +607,7 @@ async fn every_console_page_loads_cleanly_and_its_buttons_take_effect() {
     // The audit log names the admin key for the redrive.
     console.click_to("#nav a[href='#/audit']", "audit").await;
     console.wait_text("main table", "event_redriven").await;
+    console.wait_text("main table", "event_deleted").await;
     assert!(console.text("main table").await.contains(&admin_id));
     console.shot("audit").await;
 

@@ -53,6 +53,7 @@ pub mod schema;
         crate::v1::events::cancel,
         crate::v1::events::attempts,
         crate::v1::events::redrive,
+        crate::v1::events::delete,
         crate::v1::schedules::list,
         crate::v1::schedules::get,
         crate::v1::schedules::put,

@@ -347,13 +347,14 @@ pub struct Preview {
 
 // ---- /v1 bulk actions ----
 
-/// What a bulk action does: `cancel` and `redrive` act on events,
-/// `pause` and `resume` on schedules.
+/// What a bulk action does: `cancel`, `redrive` and `delete` act on
+/// events, `pause` and `resume` on schedules.
 #[derive(ToSchema)]
 #[schema(rename_all = "snake_case")]
 pub enum BulkActionKind {
     Cancel,
     Redrive,
+    Delete,
     Pause,
     Resume,
 }
@@ -363,8 +364,10 @@ pub enum BulkActionKind {
 pub struct BulkFilterBody {
     /// Required: a bulk action acts on one tenant.
     pub tenant: String,
-    /// Events: `scheduled`, `retrying` (cancel) or `failed`, `missed`
-    /// (redrive). Schedules: `active` (pause) or `paused` (resume).
+    /// Events: `scheduled`, `retrying` (cancel), `failed`, `missed`
+    /// (redrive) or `delivered`, `failed`, `missed`, `cancelled` (delete,
+    /// which requires one). Schedules: `active` (pause) or `paused`
+    /// (resume).
     pub status: Option<String>,
     /// Events only: RFC 3339, inclusive bound of deliver_at.
     pub from: Option<String>,

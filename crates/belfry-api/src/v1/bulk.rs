@@ -1,4 +1,4 @@
-//! `/v1/bulk-actions`: one action (cancel, redrive, pause, resume) over
+//! `/v1/bulk-actions`: one action (cancel, redrive, delete, pause, resume) over
 //! every event or schedule of one tenant that a filter matches, as a
 //! resource that runs in the background (`belfry_engine::bulk`).
 //!

@@ -1,5 +1,5 @@
-//! `/v1/tenants/{tenant}/events`: schedule, read, cancel, list and inspect
-//! events.
+//! `/v1/tenants/{tenant}/events`: schedule, read, cancel, redrive, delete,
+//! list and inspect events.
 //!
 //! Writes (`PUT`, batch `POST`) need the tenant to be registered; reads and
 //! cancels do not, because events outlive a tenant's registration.
@@ -225,7 +225,10 @@ pub(crate) async fn cancel(
         CommandOutcome::AlreadyFinished(status) => Err(V1Error(ApiError::new(
             StatusCode::CONFLICT,
             code::ALREADY_FINISHED,
-            format!("the event already finished with status {}", status.as_str()),
+            format!(
+                "the event already finished with status {}; POST .../delete removes it",
+                status.as_str()
+            ),
         ))),
         _ => Err(event_not_found(&key)),
     }
@@ -279,6 +282,60 @@ pub(crate) async fn redrive(
             format!(
                 "only failed or missed events can be redriven; this one is {}",
                 status.as_str()
+            ),
+        ))),
+        _ => Err(event_not_found(&key)),
+    }
+}
+
+/// Deletes a finished event (`POST .../events/{id}/delete`) with its
+/// attempt history, as the retention sweep would: 204. 409
+/// `event_pending` while it is scheduled or retrying (cancel it first);
+/// 404 if unknown. The id can then be scheduled again as a new event.
+/// Recorded in the audit log with who did it.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/events/{id}/delete",
+    tag = "events",
+    operation_id = "delete_event",
+    summary = "Delete a finished event and its history",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant or event", body = crate::openapi::schema::V1Error),
+        (status = 409, description = "Still pending: cancel it first", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1Errors
+    )
+)]
+pub(crate) async fn delete(
+    State(state): State<ApiState>,
+    principal: Principal,
+    V1Path((tenant, id)): V1Path<(String, String)>,
+) -> Result<Response, V1Error> {
+    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let store = state.engine.store();
+    if store.delete_finished(std::slice::from_ref(&key)).await? == [true] {
+        crate::auth::routes::audit(
+            &state,
+            &principal,
+            AuditAction::EventDeleted,
+            Some(&key.tenant),
+            Some(key.id.as_str().to_string()),
+        )
+        .await;
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    // Not deleted: say why (it may have changed since; either answer was
+    // true at some instant during the request).
+    match store.get_event(&key).await? {
+        Some(record) if record.status.is_pending() => Err(V1Error(ApiError::new(
+            StatusCode::CONFLICT,
+            code::EVENT_PENDING,
+            format!(
+                "the event is still {}; cancel it first (DELETE on the event)",
+                record.status.as_str()
             ),
         ))),
         _ => Err(event_not_found(&key)),

@@ -53,6 +53,10 @@ pub(crate) fn routes() -> Router<ApiState> {
             "/v1/tenants/{tenant}/events/{id}/redrive",
             post(events::redrive),
         )
+        .route(
+            "/v1/tenants/{tenant}/events/{id}/delete",
+            post(events::delete),
+        )
         .route("/v1/tenants/{tenant}/schedules", get(schedules::list))
         .route(
             "/v1/tenants/{tenant}/schedules/{id}",

@@ -167,6 +167,10 @@ impl Store for FaultyStore {
     async fn purge_finished(&self, params: PurgeParams) -> StoreResult<usize> {
         self.inner.purge_finished(params).await
     }
+    async fn delete_finished(&self, keys: &[EventKey]) -> StoreResult<Vec<bool>> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.delete_finished(keys).await
+    }
     async fn stats(&self) -> StoreResult<StoreStats> {
         self.inner.stats().await
     }

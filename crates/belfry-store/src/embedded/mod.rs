@@ -759,6 +759,48 @@ impl Store for EmbeddedStore {
         Ok(purged)
     }
 
+    async fn delete_finished(&self, keys: &[EventKey]) -> StoreResult<Vec<bool>> {
+        // Each shard deletes its own partitions' events (no other thread
+        // writes them); the parts run at once.
+        let mut parts: Vec<(Vec<usize>, Vec<EventKey>)> =
+            (0..self.shards.len()).map(|_| Default::default()).collect();
+        for (index, key) in keys.iter().enumerate() {
+            let shard = self.shard_of(self.partitions.partition_of(key));
+            parts[shard].0.push(index);
+            parts[shard].1.push(key.clone());
+        }
+        let mut pending = Vec::new();
+        for (shard, (indexes, keys)) in parts.into_iter().enumerate() {
+            if !keys.is_empty() {
+                pending.push((
+                    indexes,
+                    self.send(shard, |reply| Job::DeleteFinished { keys, reply }),
+                ));
+            }
+        }
+        // Every part sent is awaited before answering, even after a failure.
+        let mut deleted = vec![false; keys.len()];
+        let mut failure = None;
+        for (indexes, answer) in pending {
+            let answer = match answer {
+                Ok(receiver) => receiver.await.unwrap_or_else(|_| Err(writer_gone())),
+                Err(error) => Err(error),
+            };
+            match answer {
+                Ok(part) => {
+                    for (index, gone) in indexes.into_iter().zip(part) {
+                        deleted[index] = gone;
+                    }
+                }
+                Err(error) => failure = Some(error),
+            }
+        }
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(deleted),
+        }
+    }
+
     async fn stats(&self) -> StoreResult<StoreStats> {
         let disk_bytes = self.ks.db.disk_space().map_err(internal)?;
         Ok(StoreStats {

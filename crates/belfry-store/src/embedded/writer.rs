@@ -32,7 +32,7 @@
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use belfry_core::event::{Attempt, EventRecord, EventStatus, TransitionContext, transition};
-use belfry_core::{PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp};
+use belfry_core::{EventKey, PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp};
 use fjall::{Database, Keyspace, OwnedWriteBatch, PersistMode};
 use rustc_hash::FxHashMap as HashMap;
 use tokio::sync::oneshot;
@@ -83,6 +83,11 @@ pub enum Job {
         params: PurgeParams,
         reply: oneshot::Sender<StoreResult<usize>>,
     },
+    /// Events of this shard's partitions, to delete if finished.
+    DeleteFinished {
+        keys: Vec<EventKey>,
+        reply: oneshot::Sender<StoreResult<Vec<bool>>>,
+    },
     RecordLeases {
         params: RecordLeasesParams,
         reply: oneshot::Sender<StoreResult<Vec<LeaseWriteOutcome>>>,
@@ -91,6 +96,14 @@ pub enum Job {
         params: ChangeLeaseParams,
         reply: oneshot::Sender<StoreResult<LeaseWriteOutcome>>,
     },
+}
+
+impl Job {
+    /// A purge or a delete reads the stored records and indexes itself,
+    /// so it runs alone, never on top of a group's unwritten overlay.
+    fn runs_alone(&self) -> bool {
+        matches!(self, Job::Purge { .. } | Job::DeleteFinished { .. })
+    }
 }
 
 /// An answer held back until the group is durable.
@@ -251,18 +264,15 @@ impl Writer {
         while let Ok(first) = self.jobs.recv() {
             let mut next = Some(first);
             while let Some(job) = next.take() {
-                // A purge reads the indexes, so it runs alone, never on top
-                // of a group's unwritten overlay.
-                if let Job::Purge { params, reply } = job {
-                    let _ = reply.send(self.purge(&params));
+                let Some(job) = self.run_alone(job) else {
                     next = self.jobs.try_recv().ok();
                     continue;
-                }
+                };
                 let mut group = Group::default();
                 self.stage(job, &mut group);
                 while group.commands < MAX_GROUP_COMMANDS {
                     match self.jobs.try_recv() {
-                        Ok(job @ Job::Purge { .. }) => {
+                        Ok(job) if job.runs_alone() => {
                             next = Some(job);
                             break;
                         }
@@ -274,6 +284,16 @@ impl Writer {
             }
         }
         tracing::debug!("embedded store writer stopped");
+    }
+
+    /// Runs a job that [runs alone](Job::runs_alone); hands any other back.
+    fn run_alone(&self, job: Job) -> Option<Job> {
+        match job {
+            Job::Purge { params, reply } => drop(reply.send(self.purge(&params))),
+            Job::DeleteFinished { keys, reply } => drop(reply.send(self.delete_finished(&keys))),
+            job => return Some(job),
+        }
+        None
     }
 
     fn stage(&mut self, job: Job, group: &mut Group) {
@@ -313,9 +333,12 @@ impl Writer {
                 let result = self.stage_lease_change(params, group);
                 group.answers.push(Answer::ChangeLease(reply, result));
             }
+            // `run` never stages these; answer rather than drop them.
             Job::Purge { reply, .. } => {
-                // `run` never stages a purge; answer rather than drop it.
                 let _ = reply.send(Err(StoreError::Internal("purge staged in a group".into())));
+            }
+            Job::DeleteFinished { reply, .. } => {
+                let _ = reply.send(Err(StoreError::Internal("delete staged in a group".into())));
             }
         }
     }
@@ -648,21 +671,78 @@ impl Writer {
             if record.status.is_pending() || record.finished_at != Some(finished_at) {
                 continue;
             }
-            if let Some(listed) = Listed::of(&record) {
-                batch.remove(&ks.by_status_time, listed.key(&encoded));
-            }
-            batch.remove(&ks.leases, encoded.as_slice());
-            batch.remove(&ks.events, encoded);
-            for attempt in ks.attempts.prefix(keys::attempts_prefix(&key)) {
-                batch.remove(&ks.attempts, attempt.key().map_err(internal)?);
-            }
+            self.remove_finished(&mut batch, &encoded, &record)?;
             purged += 1;
         }
+        self.commit_alone(batch)?;
+        Ok(purged)
+    }
+
+    /// Deletes the events of `keys` (all of this shard's partitions) that
+    /// are finished, with their history, lease and index entries; per key,
+    /// whether it went. One batch: every event goes, or none. Durable when
+    /// it returns.
+    fn delete_finished(&self, keys: &[EventKey]) -> StoreResult<Vec<bool>> {
+        let ks = &self.ks;
+        let mut batch = ks.db.batch();
+        let mut deleted = Vec::with_capacity(keys.len());
+        // A key named twice goes once: the repeat finds it gone.
+        let mut gone = rustc_hash::FxHashSet::default();
+        for key in keys {
+            let encoded = keys::event_key(key);
+            let record = match ks.events.get(&encoded).map_err(internal)? {
+                Some(bytes) if !gone.contains(&encoded) => keys::decode_record(&bytes)?,
+                _ => {
+                    deleted.push(false);
+                    continue;
+                }
+            };
+            if record.status.is_pending() {
+                deleted.push(false);
+                continue;
+            }
+            if let Some(at) = record.finished_at {
+                batch.remove(
+                    &ks.finished,
+                    keys::finished_key_raw(record.partition, at, &encoded),
+                );
+            }
+            self.remove_finished(&mut batch, &encoded, &record)?;
+            gone.insert(encoded);
+            deleted.push(true);
+        }
+        self.commit_alone(batch)?;
+        Ok(deleted)
+    }
+
+    /// Adds to `batch` the removal of a finished event's record, listing
+    /// entry, lease and history (not its finished index entry, which the
+    /// caller knows).
+    fn remove_finished(
+        &self,
+        batch: &mut OwnedWriteBatch,
+        encoded: &[u8],
+        record: &EventRecord,
+    ) -> StoreResult<()> {
+        let ks = &self.ks;
+        if let Some(listed) = Listed::of(record) {
+            batch.remove(&ks.by_status_time, listed.key(encoded));
+        }
+        batch.remove(&ks.leases, encoded);
+        batch.remove(&ks.events, encoded);
+        for attempt in ks.attempts.prefix(keys::attempts_prefix(&record.key)) {
+            batch.remove(&ks.attempts, attempt.key().map_err(internal)?);
+        }
+        Ok(())
+    }
+
+    /// Commits and fsyncs a batch of a job that runs alone.
+    fn commit_alone(&self, batch: OwnedWriteBatch) -> StoreResult<()> {
         if !batch.is_empty() {
             batch.commit().map_err(internal)?;
-            ks.db.persist(PersistMode::SyncAll).map_err(internal)?;
+            self.ks.db.persist(PersistMode::SyncAll).map_err(internal)?;
         }
-        Ok(purged)
+        Ok(())
     }
 }
 

@@ -1,5 +1,5 @@
 //! `belfry bulk …`: bulk actions through `/v1/bulk-actions` (cancel,
-//! redrive, pause or resume everything a filter matches, in the
+//! redrive, delete, pause or resume everything a filter matches, in the
 //! background on the node).
 
 use clap::{Args, Subcommand};
@@ -17,7 +17,7 @@ pub struct BulkArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum BulkCommand {
-    /// Start a bulk action over one tenant's events (cancel, redrive) or
+    /// Start a bulk action over one tenant's events (cancel, redrive, delete) or
     /// schedules (pause, resume); it runs on the node, follow it with
     /// `bulk get`.
     Create(CreateArgs),
@@ -35,12 +35,13 @@ pub struct CreateArgs {
     #[arg(long, value_name = "TENANT")]
     pub tenant: String,
 
-    /// cancel, redrive (events), pause or resume (schedules)
+    /// cancel, redrive, delete (events), pause or resume (schedules)
     #[arg(long, value_name = "ACTION")]
     pub action: String,
 
     /// Only items in this status: an event's (scheduled, retrying, failed,
-    /// missed) or a schedule's (active, paused)
+    /// missed; delivered, failed, missed or cancelled for delete, which
+    /// requires one) or a schedule's (active, paused)
     #[arg(long, value_name = "STATUS")]
     pub status: Option<String>,
 

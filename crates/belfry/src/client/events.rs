@@ -1,14 +1,17 @@
 //! `belfry events …` and `belfry dead …`: one tenant's events through
 //! `/v1/tenants/{tenant}/events`.
 //!
-//! `dead` is the failed events (`events list --status failed`) and
-//! `POST …/events/{id}/redrive`, which sends one again.
+//! `dead` is the failed events (`events list --status failed`),
+//! `POST …/events/{id}/redrive`, which sends one again, and
+//! `POST …/events/{id}/delete`, which deletes a finished one.
 
 use belfry_core::{Clock, SystemClock, Timestamp};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use super::{Client, Connection, Failure, Fields, Table, next_page, query, segment, show, text};
+use super::{
+    Client, Connection, Failure, Fields, Table, next_page, print, query, segment, show, text,
+};
 
 #[derive(Debug, Args)]
 pub struct EventsArgs {
@@ -110,6 +113,10 @@ pub enum DeadCommand {
     /// Send a failed or missed event again, now, as a new version (its
     /// history is kept).
     Redrive(EventRef),
+    /// Delete a finished event and its attempt history (a pending one is
+    /// refused: cancel it first). Many at once: `bulk create --action
+    /// delete --status failed`.
+    Delete(EventRef),
 }
 
 #[derive(Debug, Args)]
@@ -162,6 +169,19 @@ pub async fn execute_dead(client: &Client, command: DeadCommand) -> Result<(), F
             let path = format!("{}/redrive", event_path(&event)?);
             let answer = client.post(&path).await?;
             show(client, &answer, render_event);
+            Ok(())
+        }
+        DeadCommand::Delete(event) => {
+            let path = format!("{}/delete", event_path(&event)?);
+            // 204: nothing to show but what went.
+            client.post(&path).await?;
+            if client.json {
+                print(
+                    &json!({ "tenant": event.tenant, "id": event.id, "deleted": true }).to_string(),
+                );
+            } else {
+                print(&format!("deleted {} of {}", event.id, event.tenant));
+            }
             Ok(())
         }
     }

@@ -1,4 +1,4 @@
-// Bulk actions: redrive, cancel, pause or resume every event matching a
+// Bulk actions: redrive, cancel, delete, pause or resume every event matching a
 // filter, run by the node in the background; their progress, polled while
 // any runs; a form to start one.
 
@@ -13,6 +13,8 @@ const POLL_MS = 1000;
 const ACTIONS = {
   redrive: ['failed', 'missed', ''],
   cancel: ['scheduled', 'retrying', ''],
+  // A delete must name a finished status: nothing is deleted by omission.
+  delete: ['failed', 'missed', 'delivered', 'cancelled'],
   pause: ['active', ''],
   resume: ['paused', ''],
 };
@@ -89,7 +91,7 @@ async function newForm(ctx) {
 async function renderList(container, ctx) {
   const body = h('div');
   container.append(pageHead('Bulk actions',
-    'One change to every event (redrive, cancel) or schedule (pause, resume) of a tenant that a filter matches, run by the node in the background.'));
+    'One change to every event (redrive, cancel, delete) or schedule (pause, resume) of a tenant that a filter matches, run by the node in the background.'));
   if (ctx.canWrite) container.append(panel('Start a bulk action', await newForm(ctx)));
   container.append(body);
   const draw = async () => {

@@ -1,9 +1,9 @@
-// Dead letters: a tenant's failed (or missed) events, redriven one by one
-// or all at once as a bulk action.
+// Dead letters: a tenant's failed (or missed) events, redriven or deleted
+// one by one or all at once as a bulk action.
 
 import { api, query, tenantPath } from './api.js';
-import { busy, button, h, number, pageHead, panel, table } from './dom.js';
-import { EVENT_COLUMNS, PAGE_SIZE, filterForm, listQuery, pager, redrive } from './page-events.js';
+import { busy, button, confirmButton, h, number, pageHead, panel, table } from './dom.js';
+import { EVENT_COLUMNS, PAGE_SIZE, deleteEvent, filterForm, listQuery, pager, redrive } from './page-events.js';
 
 /** Counting stops after this many pages of the largest size. */
 const COUNT_PAGES = 10;
@@ -51,24 +51,33 @@ export default {
       columns.push({
         label: '',
         cell: (event) => {
-          const element = button('Redrive', () => busy(element, () => redrive(tenant, event.id), reload),
+          const again = button('Redrive', () => busy(again, () => redrive(tenant, event.id), reload),
             { write: true, title: 'Send it again now, as a new version' });
-          return element;
+          const remove = confirmButton('Delete', 'Really delete?',
+            (element) => busy(element, () => deleteEvent(tenant, event.id), reload),
+            { write: true, title: 'Delete it and its attempt history' });
+          return h('div', { class: 'actions' }, [again, remove]);
         },
       });
     }
+    // One bulk action over every event matching this filter; its page follows it.
+    const bulk = (element, action) => busy(element, () => api('/v1/bulk-actions', {
+      method: 'POST',
+      body: {
+        action,
+        filter: { tenant, status, from: params.get('from') || undefined, to: params.get('to') || undefined },
+      },
+    }), (created) => ctx.go('bulk', [created.id]));
     const actions = [];
     if (ctx.canWrite && matching.counted > 0) {
-      const all = button(`Redrive all ${total} ${status}`, () => busy(all, () => api('/v1/bulk-actions', {
-        method: 'POST',
-        body: {
-          action: 'redrive',
-          filter: { tenant, status, from: params.get('from') || undefined, to: params.get('to') || undefined },
-        },
-      }), (created) => ctx.go('bulk', [created.id])), {
+      const all = button(`Redrive all ${total} ${status}`, () => bulk(all, 'redrive'), {
         kind: 'primary', write: true, title: 'One bulk action that redrives every event matching this filter',
       });
-      actions.push(all);
+      const deleteAll = confirmButton(`Delete all ${total} ${status}`, `Really delete all ${total}?`,
+        (element) => bulk(element, 'delete'), {
+          write: true, title: 'One bulk action that deletes every event matching this filter, with its history',
+        });
+      actions.push(all, deleteAll);
     }
     container.append(
       panel(null, form),
@@ -76,7 +85,7 @@ export default {
         h('div', { class: 'page-head' },
           h('p', { class: 'dead-count' }, `${total} ${status} event${matching.counted === 1 ? '' : 's'} match`),
           h('div', { class: 'actions' }, actions)),
-        table(columns, answer.events, { empty: `No ${status} event: nothing to redrive.`, rowAttrs: (e) => ({ dataset: { event: e.id } }) }),
+        table(columns, answer.events, { empty: `No ${status} event: nothing to redrive or delete.`, rowAttrs: (e) => ({ dataset: { event: e.id } }) }),
         pager('dead', [], params, answer.next_cursor)),
     );
   },

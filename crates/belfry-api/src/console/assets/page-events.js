@@ -16,6 +16,11 @@ export function redrive(tenant, id) {
   return api(tenantPath(tenant, `/events/${seg(id)}/redrive`), { method: 'POST' });
 }
 
+/** `POST …/events/{id}/delete`: a finished event, deleted with its history. */
+export function deleteEvent(tenant, id) {
+  return api(tenantPath(tenant, `/events/${seg(id)}/delete`), { method: 'POST' });
+}
+
 /** The filter form shared by the event and dead-letter lists. */
 export async function filterForm(ctx, page, tenant, { statuses = STATUSES, anyStatus = true } = {}) {
   const params = ctx.params;
