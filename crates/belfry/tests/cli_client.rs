@@ -357,11 +357,22 @@ async fn dead_events_are_redriven_in_bulk_through_the_cli() {
     assert!(stderr(&again).contains("already_finished"), "{again:?}");
     let bad = belfry(
         &url,
-        &["bulk", "create", "--tenant", "acme", "--action", "delete"],
+        &["bulk", "create", "--tenant", "acme", "--action", "explode"],
     )
     .await;
     assert_eq!(bad.status.code(), Some(1), "{bad:?}");
     assert!(stderr(&bad).contains("unknown action"), "{bad:?}");
+    // A delete must name a finished status: nothing goes by omission.
+    let unfiltered = belfry(
+        &url,
+        &["bulk", "create", "--tenant", "acme", "--action", "delete"],
+    )
+    .await;
+    assert_eq!(unfiltered.status.code(), Some(1), "{unfiltered:?}");
+    assert!(
+        stderr(&unfiltered).contains("invalid_request"),
+        "{unfiltered:?}"
+    );
     let missing = belfry(&url, &["bulk", "create", "--action", "redrive"]).await;
     assert_eq!(missing.status.code(), Some(2), "{missing:?}");
 }
