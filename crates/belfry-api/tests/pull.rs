@@ -574,3 +574,39 @@ async fn bad_lease_call_bodies_are_refused_naming_the_field_and_change_nothing()
     assert_eq!(done.status, StatusCode::OK, "the lease is intact: {done:?}");
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    let path = "/v1/tenants/jobs/schedules/tick";
+    let created = h
+        .put(
+            path,
+            &json!({ "expression": "@every 1s", "type": "every", "payload": "tock" }),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..2 {
+        let lease = claim_one(&h, "jobs").await;
+        let id = lease["event"]["id"].as_str().unwrap().to_string();
+        assert!(id.starts_with("tick@"), "{lease}");
+        assert_eq!(lease["event"]["payload"], "tock");
+        assert_eq!(lease["attempt"], 1);
+        assert!(now() >= instant(&lease["due_at"]), "never early");
+        let done = lease_call(&h, &lease, "complete", json!({})).await;
+        assert_eq!(done.status, StatusCode::OK, "{done:?}");
+        assert!(seen.insert(id), "each occurrence is claimed once");
+    }
+    let history = h.get(&format!("{path}/occurrences")).await;
+    let delivered = history.body["occurrences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["status"] == "delivered")
+        .count();
+    assert!(delivered >= 2, "{history:?}");
+    h.shutdown().await;
+}
