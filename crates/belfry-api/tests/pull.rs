@@ -414,7 +414,6 @@ async fn a_long_poll_is_answered_when_an_event_comes_due_during_its_wait() {
 
 /// A key stored directly (as the CLI does); returns its secret.
 async fn stored_key(h: &Harness, tenant: Option<&str>, role: belfry_core::auth::Role) -> String {
-    use belfry_store::Store;
     let secret = belfry_core::auth::KeySecret::generate().unwrap();
     let key = belfry_core::auth::ApiKey::new(
         &secret,
