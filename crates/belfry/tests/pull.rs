@@ -161,6 +161,54 @@ async fn a_stopped_worker_loses_its_lease_and_another_completes_the_event() {
     assert!(attempts.to_string().contains("lease_expired"), "{attempts}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_complete_or_release_answers_the_same_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = start_node(dir.path()).await;
+    pull_tenant(&node, "jobs").await;
+    let ids = ["done".to_string(), "given-back".to_string()];
+    schedule(&node, "jobs", &ids, now_ms()).await;
+    let base = node.base_url();
+    let mut leases = HashMap::new();
+    for _ in 0..2 {
+        let lease = claim_one(&base, "jobs", "a", 30000).await;
+        leases.insert(lease["event"]["id"].as_str().unwrap().to_string(), lease);
+    }
+    let done = &leases["done"];
+    assert_eq!(lease_call(&base, done, "complete").await.0, 200);
+    let given_back = &leases["given-back"];
+    let id = given_back["lease_id"].as_str().unwrap();
+    let release = json!({ "delay_ms": 3_600_000 });
+    let (status, first) = call(&base, &format!("/v1/leases/{id}/release"), &release)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{first}");
+
+    // The worker never read those answers (say): it repeats its calls
+    // after the node restarted.
+    node.kill_9();
+    node.restart().await.expect("restart after kill -9");
+    let base = node.base_url();
+    let (status, body) = lease_call(&base, done, "complete").await;
+    assert_eq!(status, 200, "a repeat answers the same: {body}");
+    assert_eq!(body["state"], "delivered");
+    let (status, again) = call(&base, &format!("/v1/leases/{id}/release"), &release)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again, first);
+    // Any other call on them is lease_lost.
+    for (lease, what) in [
+        (done, "heartbeat"),
+        (done, "release"),
+        (given_back, "complete"),
+    ] {
+        let (status, body) = lease_call(&base, lease, what).await;
+        assert_eq!(status, 409, "{what}: {body}");
+        assert_eq!(body["error"]["code"], "lease_lost", "{body}");
+    }
+}
+
 /// One answer a worker got: `None` when the node did not answer.
 #[derive(Debug, Clone)]
 struct Answered {
@@ -323,6 +371,38 @@ async fn kill_9_of_the_node_while_workers_hold_leases_ends_every_event_once() {
         .filter(|(_, leases)| leases.len() > 1)
         .collect();
     assert!(twice.is_empty(), "ended by two leases: {twice:?}");
+    // A call is repeated until answered, and a repeated complete answers
+    // the same after the restart: every delivered event was completed
+    // with a 200. (A repeated fail after a restart is `lease_lost`: the
+    // store's resolution does not tell a worker's failure from an expiry.)
+    let completed: HashSet<&str> = answers
+        .iter()
+        .filter(|a| a.call == "complete" && matches!(a.answer, Some((200, _))))
+        .map(|a| a.event.as_str())
+        .collect();
+    let delivered_ids: HashSet<&str> = delivered
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(completed, delivered_ids, "delivered events without a 200");
+    // Every other lease of an event was told it was lost.
+    let mut lost_leases = HashSet::new();
+    for a in &answers {
+        if matches!(&a.answer, Some((409, code)) if code == "lease_lost") {
+            lost_leases.insert(a.lease.as_str());
+        }
+    }
+    for a in &answers {
+        let unanswered_fail = a.call == "fail" && a.answer.is_none();
+        let ending = unanswered_fail
+            || ended
+                .get(a.event.as_str())
+                .is_some_and(|l| l.contains(a.lease.as_str()));
+        assert!(
+            ending || lost_leases.contains(a.lease.as_str()),
+            "a lease neither ended its event nor was lost: {a:?}"
+        );
+    }
     let lost = answers
         .iter()
         .filter(|a| matches!(a.answer, Some((409, _))))
