@@ -146,21 +146,40 @@ async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Result<T,
         )
     };
     if error.is_data() {
-        return Err(wrong_shape(error.to_string()));
+        let mut parser = serde_json::Deserializer::from_slice(&bytes);
+        return Err(wrong_shape(
+            field_error::<T, _>(&mut parser).unwrap_or_else(|| error.to_string()),
+        ));
     }
     // serde_json reports some type mismatches (a number where an enum's
     // string belongs) as syntax errors; if the body is valid JSON, it is
     // a shape problem, and the tree-based parse names it better.
     match serde_json::from_slice::<serde_json::Value>(&bytes) {
-        Ok(tree) => Err(wrong_shape(match serde_json::from_value::<T>(tree) {
-            Err(better) => better.to_string(),
-            Ok(_) => error.to_string(),
-        })),
+        Ok(tree) => Err(wrong_shape(
+            field_error::<T, _>(tree).unwrap_or_else(|| error.to_string()),
+        )),
         Err(_) => Err(ApiError::bad_request(
             code::INVALID_JSON,
             format!("request body is not valid JSON: {error}"),
         )),
     }
+}
+
+/// Deserializes `T` again tracking where it fails: the error prefixed
+/// with the field's path (`error.code: ...`), so the client is told which
+/// field is wrong. `None` if it does not fail this time.
+fn field_error<'de, T: DeserializeOwned, D>(input: D) -> Option<String>
+where
+    D: serde::Deserializer<'de, Error = serde_json::Error>,
+{
+    let error = serde_path_to_error::deserialize::<_, T>(input).err()?;
+    let path = error.path().to_string();
+    let inner = error.into_inner();
+    Some(if path == "." {
+        inner.to_string()
+    } else {
+        format!("{path}: {inner}")
+    })
 }
 
 fn check_content_type(req: &Request) -> Result<(), ApiError> {

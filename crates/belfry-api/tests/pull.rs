@@ -226,3 +226,386 @@ async fn claims_of_a_push_tenant_or_with_bad_bodies_are_refused() {
     assert_eq!(empty.body, json!({ "leases": [] }));
     h.shutdown().await;
 }
+
+/// Claims `tenant`'s due events as `body` says (a worker id is added).
+async fn claim(h: &Harness, tenant: &str, body: serde_json::Value) -> Vec<serde_json::Value> {
+    let mut body = body;
+    body["worker_id"] = json!("w-1");
+    let answer = h.post(&format!("/v1/tenants/{tenant}/leases"), &body).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    answer.body["leases"].as_array().unwrap().clone()
+}
+
+fn instant(value: &serde_json::Value) -> belfry_core::Timestamp {
+    belfry_core::Timestamp::parse_rfc3339(value.as_str().unwrap()).unwrap()
+}
+
+fn now() -> belfry_core::Timestamp {
+    use belfry_core::Clock;
+    belfry_core::SystemClock.now()
+}
+
+/// A pull tenant `jobs` with one event `e1` due at once.
+async fn one_due_event(h: &Harness) {
+    let tenant = h
+        .put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    assert_eq!(tenant.status, StatusCode::CREATED, "{tenant:?}");
+    let put = h
+        .put(
+            "/v1/tenants/jobs/events/e1",
+            &json!({ "deliver_at": common::from_now(50), "payload": "work" }),
+        )
+        .await;
+    assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+}
+
+async fn lease_call(
+    h: &Harness,
+    lease: &serde_json::Value,
+    call: &str,
+    body: serde_json::Value,
+) -> common::Answer {
+    let id = lease["lease_id"].as_str().unwrap();
+    h.post(&format!("/v1/leases/{id}/{call}"), &body).await
+}
+
+#[tokio::test]
+async fn a_release_counts_no_attempt_and_offers_the_event_again_after_its_delay() {
+    let h = Harness::start().await;
+    one_due_event(&h).await;
+    let first = claim_one(&h, "jobs").await;
+    assert_eq!(first["attempt"], 1);
+    let released = lease_call(&h, &first, "release", json!({ "delay_ms": 1500 })).await;
+    assert_eq!(released.status, StatusCode::OK, "{released:?}");
+    assert_eq!(released.body["state"], "scheduled");
+    let again_at = instant(&released.body["next_attempt_at"]);
+    assert!(
+        claim(&h, "jobs", json!({})).await.is_empty(),
+        "not offered before the delay"
+    );
+    let second = claim_one(&h, "jobs").await;
+    assert!(now() >= again_at, "offered before its delay ended");
+    assert_eq!(second["event"]["id"], "e1");
+    assert_eq!(second["attempt"], 1, "a release counts no attempt");
+    assert_ne!(second["lease_id"], first["lease_id"]);
+    let old = lease_call(&h, &first, "heartbeat", json!({})).await;
+    assert_eq!(old.status, StatusCode::CONFLICT, "{old:?}");
+    assert_eq!(old.body["error"]["code"], "lease_lost");
+    let done = lease_call(&h, &second, "complete", json!({})).await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    let event = h.get("/v1/tenants/jobs/events/e1").await;
+    assert_eq!(event.body["status"], "delivered", "{event:?}");
+    assert_eq!(event.body["attempts"], 1, "{event:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_heartbeat_extends_the_lease_but_never_past_its_deadline() {
+    let mut engine = belfry_engine::EngineOptions {
+        shutdown_grace: std::time::Duration::from_millis(500),
+        ..Default::default()
+    };
+    // The deadline is the event's instant plus its backlog limit.
+    engine.retry.backlog_limit = std::time::Duration::from_secs(20);
+    let h = Harness::with_engine_options(Default::default(), engine).await;
+    one_due_event(&h).await;
+    let leases = claim(&h, "jobs", json!({ "wait_ms": 20000, "lease_ms": 2000 })).await;
+    let lease = &leases[0];
+    let deadline = instant(&lease["deadline_at"]);
+    let event_time = instant(&lease["event"]["deliver_at"]);
+    assert_eq!(
+        deadline,
+        event_time.plus(std::time::Duration::from_secs(20))
+    );
+    let first_expiry = instant(&lease["lease_expires_at"]);
+    let beat = lease_call(&h, lease, "heartbeat", json!({ "extend_ms": 5000 })).await;
+    assert_eq!(beat.status, StatusCode::OK, "{beat:?}");
+    let extended = instant(&beat.body["lease_expires_at"]);
+    assert!(extended > first_expiry, "{extended:?} > {first_expiry:?}");
+    assert!(extended < deadline);
+    let beat = lease_call(&h, lease, "heartbeat", json!({ "extend_ms": 600000 })).await;
+    assert_eq!(beat.status, StatusCode::OK, "{beat:?}");
+    assert_eq!(instant(&beat.body["lease_expires_at"]), deadline, "capped");
+    assert_eq!(beat.body["cancel_requested"], false);
+    let done = lease_call(&h, lease, "complete", json!({})).await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_lost_counted_and_the_event_offered_again() {
+    let h = Harness::start().await;
+    one_due_event(&h).await;
+    let first = claim(&h, "jobs", json!({ "wait_ms": 20000, "lease_ms": 1000 })).await;
+    let first = &first[0];
+    assert_eq!(first["attempt"], 1);
+    // Never heartbeated: it expires, then the event comes due after its
+    // back-off.
+    let second = claim_one(&h, "jobs").await;
+    assert!(now() >= instant(&first["lease_expires_at"]));
+    assert_eq!(second["event"]["id"], "e1");
+    assert_eq!(second["attempt"], 2, "the expiry counted an attempt");
+    for call in ["heartbeat", "complete", "release"] {
+        let late = lease_call(&h, first, call, json!({})).await;
+        assert_eq!(late.status, StatusCode::CONFLICT, "{call}: {late:?}");
+        assert_eq!(late.body["error"]["code"], "lease_lost", "{late:?}");
+    }
+    let attempts = h.get("/v1/tenants/jobs/events/e1/attempts").await;
+    assert_eq!(attempts.status, StatusCode::OK, "{attempts:?}");
+    assert!(
+        attempts.body.to_string().contains("lease_expired"),
+        "{attempts:?}"
+    );
+    let done = lease_call(&h, &second, "complete", json!({})).await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    let event = h.get("/v1/tenants/jobs/events/e1").await;
+    assert_eq!(event.body["status"], "delivered", "{event:?}");
+    assert_eq!(event.body["attempts"], 2, "{event:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cancelled_leased_event_asks_its_worker_to_stop_and_cannot_complete() {
+    let h = Harness::start().await;
+    one_due_event(&h).await;
+    let lease = claim_one(&h, "jobs").await;
+    let cancel = h.delete("/v1/tenants/jobs/events/e1").await;
+    assert!(cancel.status.is_success(), "{cancel:?}");
+    let beat = lease_call(&h, &lease, "heartbeat", json!({ "extend_ms": 60000 })).await;
+    assert_eq!(beat.status, StatusCode::OK, "{beat:?}");
+    assert_eq!(beat.body["cancel_requested"], true, "{beat:?}");
+    for call in ["complete", "release"] {
+        let answer = lease_call(&h, &lease, call, json!({})).await;
+        assert_eq!(answer.status, StatusCode::CONFLICT, "{call}: {answer:?}");
+        assert_eq!(answer.body["error"]["code"], "lease_lost", "{answer:?}");
+    }
+    let event = h.get("/v1/tenants/jobs/events/e1").await;
+    assert_eq!(event.body["status"], "cancelled", "{event:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_long_poll_is_answered_when_an_event_comes_due_during_its_wait() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    let started = std::time::Instant::now();
+    let (leases, put) = tokio::join!(claim(&h, "jobs", json!({ "wait_ms": 20000 })), async {
+        // Scheduled once the claim is (very likely) parked; either
+        // order must answer the claim with the event.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        h.put(
+            "/v1/tenants/jobs/events/late",
+            &json!({ "deliver_at": common::from_now(700) }),
+        )
+        .await
+    });
+    assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    assert_eq!(leases[0]["event"]["id"], "late");
+    assert!(now() >= instant(&leases[0]["due_at"]), "never early");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "answered when due, not at the end of the wait"
+    );
+    h.shutdown().await;
+}
+
+/// A key stored directly (as the CLI does); returns its secret.
+async fn stored_key(h: &Harness, tenant: Option<&str>, role: belfry_core::auth::Role) -> String {
+    let secret = belfry_core::auth::KeySecret::generate().unwrap();
+    let key = belfry_core::auth::ApiKey::new(
+        &secret,
+        tenant.map(|t| belfry_core::TenantName::new(t).unwrap()),
+        role,
+        now(),
+        None,
+    )
+    .unwrap();
+    assert!(h.store.put_api_key(key).await.unwrap());
+    secret.expose().to_string()
+}
+
+#[tokio::test]
+async fn only_worker_keys_of_the_tenant_and_admins_claim_and_call_leases() {
+    use axum::http::Method;
+    use belfry_core::auth::Role;
+    let h = Harness::start().await;
+    let admin = stored_key(&h, None, Role::Admin).await;
+    let reader = stored_key(&h, Some("acme"), Role::Read).await;
+    let writer = stored_key(&h, Some("acme"), Role::Write).await;
+    let worker = stored_key(&h, Some("acme"), Role::Worker).await;
+    let stranger = stored_key(&h, Some("beta"), Role::Worker).await;
+    for tenant in ["acme", "beta"] {
+        let put = h
+            .send_as(
+                Some(&admin),
+                Method::PUT,
+                &format!("/v1/tenants/{tenant}"),
+                Some(&json!({ "sink": { "type": "pull" } })),
+            )
+            .await;
+        assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+        for id in ["e1", "e2"] {
+            let event = h
+                .send_as(
+                    Some(&admin),
+                    Method::PUT,
+                    &format!("/v1/tenants/{tenant}/events/{id}"),
+                    Some(&json!({ "deliver_at": common::from_now(0) })),
+                )
+                .await;
+            assert_eq!(event.status, StatusCode::CREATED, "{event:?}");
+        }
+    }
+    let claim_as = |key: &str| {
+        let key = key.to_string();
+        let h = &h;
+        async move {
+            h.send_as(
+                Some(&key),
+                Method::POST,
+                "/v1/tenants/acme/leases",
+                Some(&json!({ "worker_id": "w", "wait_ms": 20000 })),
+            )
+            .await
+        }
+    };
+    for key in [&reader, &writer] {
+        let answer = claim_as(key).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{answer:?}");
+    }
+    let answer = claim_as(&stranger).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND, "{answer:?}");
+    let anonymous = h
+        .post("/v1/tenants/acme/leases", &json!({ "worker_id": "w" }))
+        .await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED, "{anonymous:?}");
+    let mut leases = Vec::new();
+    for key in [&worker, &admin] {
+        let answer = claim_as(key).await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        assert_eq!(answer.body["leases"].as_array().unwrap().len(), 1);
+        leases.push(
+            answer.body["leases"][0]["lease_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    let call_as = |key: &str, lease: &str, call: &str| {
+        let (key, path) = (key.to_string(), format!("/v1/leases/{lease}/{call}"));
+        let h = &h;
+        async move {
+            h.send_as(Some(&key), Method::POST, &path, Some(&json!({})))
+                .await
+        }
+    };
+    for key in [&reader, &writer] {
+        let answer = call_as(key, &leases[0], "complete").await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{answer:?}");
+    }
+    let answer = call_as(&stranger, &leases[0], "complete").await;
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{answer:?}");
+    assert_eq!(answer.body["error"]["code"], "lease_lost");
+    // The stranger's refusal changed nothing: the owners still end them.
+    let done = call_as(&worker, &leases[0], "complete").await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    let done = call_as(&admin, &leases[1], "complete").await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    for id in ["e1", "e2"] {
+        let other = h.event("beta", id).await.unwrap();
+        assert_eq!(other.attempts, 0, "beta's events untouched: {other:?}");
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_lease_call_bodies_are_refused_naming_the_field_and_change_nothing() {
+    let h = Harness::start().await;
+    one_due_event(&h).await;
+    let lease = claim_one(&h, "jobs").await;
+    let before = h.snapshot(&[]).await;
+    let long_result = "x".repeat(64 * 1024 + 1);
+    for (call, body, field) in [
+        ("heartbeat", json!({ "extend_ms": 999 }), "extend_ms"),
+        (
+            "heartbeat",
+            json!({ "extend_ms": 43_200_001u64 }),
+            "extend_ms",
+        ),
+        ("heartbeat", json!({ "extend_ms": -1 }), "extend_ms"),
+        ("heartbeat", json!({ "extend": 5000 }), "extend"),
+        ("complete", json!({ "result": long_result }), "result"),
+        ("fail", json!({}), "error"),
+        ("fail", json!({ "error": { "code": "a b" } }), "code"),
+        (
+            "fail",
+            json!({ "error": { "code": "x" }, "retry_after_ms": 86_400_001u64 }),
+            "retry_after_ms",
+        ),
+        (
+            "fail",
+            json!({ "error": { "code": "x", "message": "m".repeat(4097) } }),
+            "message",
+        ),
+        ("release", json!({ "delay_ms": 86_400_001u64 }), "delay_ms"),
+        ("release", json!({ "delay_ms": "soon" }), "delay_ms"),
+    ] {
+        let answer = lease_call(&h, &lease, call, body).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{call}: {answer:?}");
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{call}: {message} names {field}");
+    }
+    let id = lease["lease_id"].as_str().unwrap();
+    let not_json = h
+        .raw(
+            axum::http::Method::POST,
+            &format!("/v1/leases/{id}/complete"),
+            Some("application/json"),
+            "{",
+        )
+        .await;
+    assert_eq!(not_json.status, StatusCode::BAD_REQUEST, "{not_json:?}");
+    assert_eq!(h.snapshot(&[]).await, before);
+    let done = lease_call(&h, &lease, "complete", json!({})).await;
+    assert_eq!(done.status, StatusCode::OK, "the lease is intact: {done:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    let path = "/v1/tenants/jobs/schedules/tick";
+    let created = h
+        .put(
+            path,
+            &json!({ "expression": "@every 1s", "type": "every", "payload": "tock" }),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..2 {
+        let lease = claim_one(&h, "jobs").await;
+        let id = lease["event"]["id"].as_str().unwrap().to_string();
+        assert!(id.starts_with("tick@"), "{lease}");
+        assert_eq!(lease["event"]["payload"], "tock");
+        assert_eq!(lease["attempt"], 1);
+        assert!(now() >= instant(&lease["due_at"]), "never early");
+        let done = lease_call(&h, &lease, "complete", json!({})).await;
+        assert_eq!(done.status, StatusCode::OK, "{done:?}");
+        assert!(seen.insert(id), "each occurrence is claimed once");
+    }
+    let history = h.get(&format!("{path}/occurrences")).await;
+    let delivered = history.body["occurrences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["status"] == "delivered")
+        .count();
+    assert!(delivered >= 2, "{history:?}");
+    h.shutdown().await;
+}

@@ -26,9 +26,10 @@ use std::time::Duration;
 use belfry_core::pull::{
     Action, AttemptPolicy, CallId, ClaimRequest, Input, LeaseCall, LeaseId, LeaseRecord,
     NonceSource, PersistResult, PullConfig, PullError, PullQueue, PullStats, ReadyEntry, Reply,
+    Resolution,
 };
 use belfry_core::{QueueName, TenantName};
-use belfry_store::{ChangeLeaseParams, Fence, RecordLeasesParams};
+use belfry_store::{ChangeLeaseParams, Fence, RecordLeasesParams, StoredLeaseState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot};
 
@@ -229,12 +230,42 @@ pub(crate) async fn claim(
 
 /// A call on a lease; the caller checked it may reach the lease's tenant.
 pub(crate) async fn call(shared: &Arc<Shared>, lease: LeaseId, request: LeaseCall) -> Reply {
-    ask(shared, |call| Input::Call {
+    let complete = matches!(request, LeaseCall::Complete { .. });
+    let release = matches!(request, LeaseCall::Release { .. });
+    let reply = ask(shared, |call| Input::Call {
         call,
-        lease,
+        lease: lease.clone(),
         request,
     })
-    .await
+    .await;
+    if matches!(reply, Reply::Error(PullError::LeaseLost)) && (complete || release) {
+        return recorded_outcome(shared, &lease, complete)
+            .await
+            .unwrap_or(reply);
+    }
+    reply
+}
+
+/// The answer to a repeated complete (or release) that this node no
+/// longer remembers (it restarted after recording it, perhaps before the
+/// worker read the answer): the store's resolution of exactly this lease,
+/// if it is the one the call asks for. A repeat answers the same.
+async fn recorded_outcome(shared: &Shared, lease: &LeaseId, complete: bool) -> Option<Reply> {
+    let stored = shared.store.get_lease(lease.key()).await.ok()??;
+    if stored.record.lease != *lease {
+        return None;
+    }
+    match stored.state {
+        StoredLeaseState::Resolved(Resolution::Delivered { .. }) if complete => {
+            Some(Reply::Completed)
+        }
+        StoredLeaseState::Resolved(Resolution::Released { at }) if !complete => {
+            Some(Reply::Released {
+                next_attempt_at: at,
+            })
+        }
+        _ => None,
+    }
 }
 
 /// Performs `actions`; a `Finish` goes to the owned partition of its
