@@ -25,6 +25,7 @@ use crate::auth::Principal;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path, query_pairs};
 use crate::v1::events::{parse_instant, parse_status};
+use crate::v1::invalid_request;
 use crate::v1::tenants::{tenant_name, tenant_not_found};
 
 /// Body of `POST /v1/bulk-actions`.
@@ -42,10 +43,6 @@ struct FilterBody {
     status: Option<String>,
     from: Option<String>,
     to: Option<String>,
-}
-
-fn invalid(message: impl Into<String>) -> V1Error {
-    V1Error(ApiError::bad_request(code::INVALID_REQUEST, message))
 }
 
 fn not_found(id: &str) -> V1Error {
@@ -68,7 +65,7 @@ fn parse_filter(kind: BulkKind, body: FilterBody) -> Result<BulkFilter, V1Error>
             ScheduleStatus::parse(&text)
                 .filter(|status| *status != ScheduleStatus::Deleted)
                 .ok_or_else(|| {
-                    invalid(format!(
+                    invalid_request(format!(
                         "unknown status {text:?}; expected active, paused or completed"
                     ))
                 })?,
@@ -83,7 +80,9 @@ fn parse_filter(kind: BulkKind, body: FilterBody) -> Result<BulkFilter, V1Error>
         from: instant("from", body.from)?,
         to: instant("to", body.to)?,
     };
-    filter.validate(kind).map_err(|e| invalid(e.to_string()))?;
+    filter
+        .validate(kind)
+        .map_err(|e| invalid_request(e.to_string()))?;
     Ok(filter)
 }
 
@@ -151,7 +150,7 @@ pub(crate) async fn create(
     principal: Principal,
     V1Json(body): V1Json<CreateBulkAction>,
 ) -> Result<Response, V1Error> {
-    let kind = BulkKind::parse(&body.action).map_err(|e| invalid(e.to_string()))?;
+    let kind = BulkKind::parse(&body.action).map_err(|e| invalid_request(e.to_string()))?;
     let filter = parse_filter(kind, body.filter)?;
     // Writers only (the route table); here, their own tenant only.
     if !principal.sees(&filter.tenant) {

@@ -18,14 +18,11 @@ use serde_json::{Value, json};
 
 use crate::ApiState;
 use crate::auth::Principal;
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, V1Error};
 use crate::extract::{V1Json, V1Path};
+use crate::v1::invalid_request;
 use crate::v1::tenants::{tenant_name, tenant_not_found};
 use crate::v1::views::EventView;
-
-fn invalid(message: impl Into<String>) -> V1Error {
-    V1Error(ApiError::bad_request(code::INVALID_REQUEST, message))
-}
 
 fn pull_error(error: PullError) -> V1Error {
     let status = match error {
@@ -111,11 +108,13 @@ pub(crate) async fn claim(
     V1Json(body): V1Json<ClaimBody>,
 ) -> Result<Response, V1Error> {
     let name = tenant_name(tenant)?;
-    let request = body.validate().map_err(|e| invalid(e.to_string()))?;
+    let request = body
+        .validate()
+        .map_err(|e| invalid_request(e.to_string()))?;
     match state.engine.store().get_tenant(&name).await? {
         Some(tenant) if matches!(tenant.sink, SinkConfig::Pull(_)) => {}
         Some(_) => {
-            return Err(invalid(format!(
+            return Err(invalid_request(format!(
                 "tenant {name:?} is not a pull tenant (its sink is not {{\"type\": \"pull\"}})"
             )));
         }
@@ -127,7 +126,7 @@ pub(crate) async fn claim(
 /// The lease named in the path, if the principal reaches its tenant; a
 /// lease of another tenant is as unknown as one never issued.
 fn lease_of(principal: &Principal, text: &str) -> Result<LeaseId, V1Error> {
-    let lease = LeaseId::parse(text).map_err(|e| invalid(format!("lease_id: {e}")))?;
+    let lease = LeaseId::parse(text).map_err(|e| invalid_request(format!("lease_id: {e}")))?;
     if !principal.may_pull(lease.tenant()) {
         return Err(pull_error(PullError::LeaseLost));
     }
@@ -164,7 +163,7 @@ macro_rules! lease_route {
             V1Json(body): V1Json<$body>,
         ) -> Result<Response, V1Error> {
             let lease = lease_of(&principal, &lease)?;
-            let $validated = body.validate().map_err(|e| invalid(e.to_string()))?;
+            let $validated = body.validate().map_err(|e| invalid_request(e.to_string()))?;
             answer(state.engine.pull_call(lease, $make).await)
         }
     };

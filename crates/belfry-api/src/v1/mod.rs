@@ -11,12 +11,15 @@
 //! - `schedules`: `/v1/tenants/{tenant}/schedules[/{id}[/pause|/resume|/occurrences]]`
 //!   and `/v1/cron/preview`;
 //! - `bulk`: `/v1/bulk-actions[/{id}[/cancel]]`;
+//! - `leases`: pull workers' `/v1/tenants/{tenant}/leases` and
+//!   `/v1/leases/{lease_id}/heartbeat|complete|fail|release`;
 //! - `views`: the JSON shapes answered.
 
 use axum::Router;
 use axum::routing::{get, post};
 
 use crate::ApiState;
+use crate::error::{ApiError, V1Error, code};
 
 pub(crate) mod bulk;
 pub(crate) mod events;
@@ -25,6 +28,11 @@ pub(crate) mod schedules;
 pub(crate) mod signing;
 pub(crate) mod tenants;
 pub(crate) mod views;
+
+/// A `400 invalid_request` with this message (bad input in a body or path).
+pub(crate) fn invalid_request(message: impl Into<String>) -> V1Error {
+    V1Error(ApiError::bad_request(code::INVALID_REQUEST, message))
+}
 
 pub(crate) fn routes() -> Router<ApiState> {
     Router::new()
