@@ -149,14 +149,16 @@ pub(crate) async fn ready(
         )
             .into_response()
     };
+    // The store first: during an outage partitions also reload (and fail),
+    // and the cause an operator needs to see is the store.
+    if !probe.store_answers(&state).await {
+        return not_ready("store_unavailable", "the store does not answer");
+    }
     if !state.engine.partitions_loaded().all() {
         return not_ready(
             "partitions_loading",
             "owned partitions are still loading their due events",
         );
-    }
-    if !probe.store_answers(&state).await {
-        return not_ready("store_unavailable", "the store does not answer");
     }
     Json(HealthStatus {
         status: "ready",
