@@ -126,3 +126,22 @@ async fn ready_waits_for_the_partitions_first_window_page() {
     assert!(h.state.engine.partitions_loaded().all());
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_outage_reads_store_unavailable_while_partitions_also_cannot_load() {
+    // Down from the start: the partitions never load and the store does
+    // not answer; the cause to report is the store.
+    let h = Harness::with_fault_from_start(
+        FaultScope::Everything,
+        StoreError::Unavailable("connection refused".into()),
+    )
+    .await;
+    let loaded = h.state.engine.partitions_loaded();
+    assert!(!loaded.all(), "{loaded:?}");
+    let down = ready_becomes(&h, StatusCode::SERVICE_UNAVAILABLE).await;
+    assert_eq!(down.body["reason"], "store_unavailable", "{down:?}");
+
+    h.faults.clear();
+    ready_becomes(&h, StatusCode::OK).await;
+    h.shutdown().await;
+}

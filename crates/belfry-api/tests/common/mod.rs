@@ -63,6 +63,9 @@ pub enum FaultScope {
     /// Only the engine's due-index page reads: partitions cannot load
     /// their windows.
     DuePages,
+    /// Both: the whole store is down (the API's calls and the partitions'
+    /// loading alike).
+    Everything,
 }
 
 impl Faults {
@@ -84,6 +87,7 @@ impl Faults {
             Some((FaultScope::ClientCalls, error)) if call != FaultScope::DuePages => {
                 Err(error.clone())
             }
+            Some((FaultScope::Everything, error)) => Err(error.clone()),
             Some((scope, error)) if *scope == call => Err(error.clone()),
             _ => Ok(()),
         };
