@@ -10,21 +10,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
-use belfry_core::event::Attempt;
 use belfry_core::tenant::HttpTarget;
 use belfry_core::{
-    DueCursor, EventId, EventKey, EventRecord, EventStatus, PartitionCount, SinkConfig,
-    SystemClock, TenantConfig, TenantName, Timestamp,
+    EventId, EventKey, EventRecord, EventStatus, PartitionCount, SinkConfig, SystemClock,
+    TenantConfig, TenantName, Timestamp,
 };
 use belfry_engine::{Engine, EngineOptions};
 use belfry_kafka_ingest::{Format, Ingest, IngestOptions, header};
 use belfry_sinks::Sinks;
-use belfry_store::{
-    Applied, ApplyParams, AuditPageParams, DuePageParams, EmbeddedOptions, EmbeddedStore,
-    ListEventsParams, PurgeParams, SharedStore, Store, StoreError, StoreResult, StoreStats,
-};
+use belfry_store::interpose::{Interposed, Interposer, StoreCall};
+use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore, StoreError, StoreResult};
 use belfry_testkit::{KafkaBroker, Receiver};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
@@ -62,10 +57,10 @@ impl Node {
             .unwrap(),
         );
         let failing = Arc::new(AtomicBool::new(false));
-        let faulty: SharedStore = Arc::new(FaultyStore {
-            inner: store.clone(),
-            failing: failing.clone(),
-        });
+        let faulty: SharedStore = Arc::new(Interposed::new(
+            store.clone(),
+            Arc::new(Outage(failing.clone())),
+        ));
         let sinks = Sinks::new(Default::default()).unwrap();
         let options = EngineOptions {
             shutdown_grace: Duration::from_millis(500),
@@ -611,141 +606,24 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
-/// The embedded store with a switch that fails client writes and tenant
-/// reads (`StoreError::Unavailable`), as a database outage would; the
-/// engine's own calls (due pages, outcomes) keep working.
+/// A switch that fails client writes and tenant reads of the embedded
+/// store (`StoreError::Unavailable`), as a database outage would; the
+/// engine's own calls (due pages, fenced outcomes) keep working.
 #[derive(Debug)]
-struct FaultyStore {
-    inner: SharedStore,
-    failing: Arc<AtomicBool>,
-}
+struct Outage(Arc<AtomicBool>);
 
-impl FaultyStore {
-    fn check(&self) -> StoreResult<()> {
-        if self.failing.load(Ordering::SeqCst) {
+impl Interposer for Outage {
+    fn before(&self, call: StoreCall<'_>) -> StoreResult<()> {
+        let client_call = match call {
+            StoreCall::GetTenant => true,
+            StoreCall::Apply(params) => params.commands.iter().all(|c| c.fence.is_none()),
+            _ => false,
+        };
+        if client_call && self.0.load(Ordering::SeqCst) {
             Err(StoreError::Unavailable("test outage".into()))
         } else {
             Ok(())
         }
-    }
-}
-
-#[async_trait]
-impl Store for FaultyStore {
-    fn partitions(&self) -> PartitionCount {
-        self.inner.partitions()
-    }
-    async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()> {
-        self.inner.put_tenant(tenant).await
-    }
-    async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
-        self.check()?;
-        self.inner.get_tenant(name).await
-    }
-    async fn list_tenants(&self) -> StoreResult<Vec<TenantConfig>> {
-        self.inner.list_tenants().await
-    }
-    async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool> {
-        self.inner.delete_tenant(name).await
-    }
-    async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
-        if params.commands.iter().all(|c| c.fence.is_none()) {
-            self.check()?;
-        }
-        self.inner.apply(params).await
-    }
-    async fn record_leases(
-        &self,
-        params: belfry_store::RecordLeasesParams,
-    ) -> StoreResult<Vec<belfry_store::LeaseWriteOutcome>> {
-        self.inner.record_leases(params).await
-    }
-    async fn change_lease(
-        &self,
-        params: belfry_store::ChangeLeaseParams,
-    ) -> StoreResult<belfry_store::LeaseWriteOutcome> {
-        self.inner.change_lease(params).await
-    }
-    async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<belfry_store::StoredLease>> {
-        self.inner.get_lease(key).await
-    }
-    async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
-        self.inner.get_event(key).await
-    }
-    async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>> {
-        self.inner.due_page(params).await
-    }
-    async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>> {
-        self.inner.list_events(params).await
-    }
-    async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>> {
-        self.inner.attempts(key, limit).await
-    }
-    async fn purge_finished(&self, params: PurgeParams) -> StoreResult<usize> {
-        self.inner.purge_finished(params).await
-    }
-    async fn delete_finished(&self, keys: &[EventKey]) -> StoreResult<Vec<bool>> {
-        self.inner.delete_finished(keys).await
-    }
-    async fn stats(&self) -> StoreResult<StoreStats> {
-        self.inner.stats().await
-    }
-    async fn put_api_key(&self, key: ApiKey) -> StoreResult<bool> {
-        self.inner.put_api_key(key).await
-    }
-    async fn api_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>> {
-        self.inner.api_key_by_hash(hash).await
-    }
-    async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>> {
-        self.inner.list_api_keys().await
-    }
-    async fn delete_api_key(&self, id: &KeyId) -> StoreResult<Option<ApiKey>> {
-        self.inner.delete_api_key(id).await
-    }
-    async fn touch_api_key(&self, id: &KeyId, at: Timestamp) -> StoreResult<()> {
-        self.inner.touch_api_key(id, at).await
-    }
-    async fn append_audit(&self, entry: AuditEntry) -> StoreResult<()> {
-        self.inner.append_audit(entry).await
-    }
-    async fn list_audit(&self, params: AuditPageParams) -> StoreResult<Vec<AuditEntry>> {
-        self.inner.list_audit(params).await
-    }
-    async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
-        self.inner.purge_audit(before, limit).await
-    }
-    async fn create_bulk_action(&self, action: belfry_core::bulk::BulkAction) -> StoreResult<bool> {
-        self.inner.create_bulk_action(action).await
-    }
-    async fn get_bulk_action(
-        &self,
-        id: &belfry_core::bulk::BulkActionId,
-    ) -> StoreResult<Option<belfry_core::bulk::BulkAction>> {
-        self.inner.get_bulk_action(id).await
-    }
-    async fn list_bulk_actions(
-        &self,
-        params: belfry_store::ListBulkActionsParams,
-    ) -> StoreResult<Vec<belfry_core::bulk::BulkAction>> {
-        self.inner.list_bulk_actions(params).await
-    }
-    async fn running_bulk_actions(
-        &self,
-        params: belfry_store::RunningBulkActionsParams,
-    ) -> StoreResult<Vec<belfry_core::bulk::BulkAction>> {
-        self.inner.running_bulk_actions(params).await
-    }
-    async fn update_bulk_action(
-        &self,
-        action: belfry_core::bulk::BulkAction,
-    ) -> StoreResult<Option<belfry_core::bulk::BulkAction>> {
-        self.inner.update_bulk_action(action).await
-    }
-    async fn purge_bulk_actions(
-        &self,
-        params: belfry_store::PurgeBulkActionsParams,
-    ) -> StoreResult<usize> {
-        self.inner.purge_bulk_actions(params).await
     }
 }
 

@@ -45,6 +45,7 @@ pub mod cluster;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod embedded;
+pub mod interpose;
 pub mod lease;
 
 pub use embedded::{EmbeddedOptions, EmbeddedStore};

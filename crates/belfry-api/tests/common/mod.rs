@@ -6,23 +6,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use belfry_api::{ApiOptions, ApiState, Auth, AuthOptions, SingleNode};
-use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
-use belfry_core::event::Attempt;
-use belfry_core::{
-    DueCursor, EventId, EventKey, EventRecord, PartitionCount, SystemClock, TenantConfig,
-    TenantName, Timestamp,
-};
+use belfry_core::{EventId, EventKey, EventRecord, PartitionCount, SystemClock, TenantName};
 use belfry_engine::{Engine, EngineOptions};
 use belfry_sinks::Sinks;
+use belfry_store::interpose::{Interposed, Interposer, StoreCall};
 use belfry_store::{
-    Applied, ApplyParams, AuditPageParams, DuePageParams, EmbeddedOptions, EmbeddedStore,
-    ListEventsParams, PurgeParams, SharedStore, Store, StoreError, StoreResult, StoreStats,
+    EmbeddedOptions, EmbeddedStore, ListEventsParams, SharedStore, StoreError, StoreResult,
 };
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -99,141 +92,31 @@ impl Faults {
     }
 }
 
-/// The real embedded store behind a fault switch: every call goes to it
-/// unless a fault is set for that call. The engine's own calls (purges,
-/// stats) are never failed, and its due pages only by [`FaultScope::DuePages`].
-#[derive(Debug)]
-struct FaultyStore {
-    inner: SharedStore,
-    faults: Arc<Faults>,
-}
-
-#[async_trait]
-impl Store for FaultyStore {
-    fn partitions(&self) -> PartitionCount {
-        self.inner.partitions()
-    }
-    async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()> {
-        self.faults.check(FaultScope::ClientCalls)?;
-        self.inner.put_tenant(tenant).await
-    }
-    async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
-        self.faults.check(FaultScope::ClientCalls)?;
-        self.inner.get_tenant(name).await
-    }
-    async fn list_tenants(&self) -> StoreResult<Vec<TenantConfig>> {
-        self.faults.check(FaultScope::ClientCalls)?;
-        self.inner.list_tenants().await
-    }
-    async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool> {
-        self.faults.check(FaultScope::ClientCalls)?;
-        self.inner.delete_tenant(name).await
-    }
-    async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
-        // Outcomes recorded by the engine carry a fence; only client
-        // commands (no fence) are failed.
-        if params.commands.iter().all(|c| c.fence.is_none()) {
-            self.faults.check(FaultScope::Apply)?;
+/// The real embedded store behind this fault switch: every call goes to
+/// it unless a fault is set for that call. The engine's own calls (purges,
+/// stats, fenced outcomes) are never failed, and its due pages only by
+/// [`FaultScope::DuePages`].
+impl Interposer for Faults {
+    fn before(&self, call: StoreCall<'_>) -> StoreResult<()> {
+        match call {
+            // Outcomes recorded by the engine carry a fence; only client
+            // commands (no fence) are failed.
+            StoreCall::Apply(params) if params.commands.iter().all(|c| c.fence.is_none()) => {
+                self.check(FaultScope::Apply)
+            }
+            StoreCall::DuePage => self.check(FaultScope::DuePages),
+            StoreCall::PutTenant
+            | StoreCall::GetTenant
+            | StoreCall::ListTenants
+            | StoreCall::DeleteTenant
+            | StoreCall::GetEvent
+            | StoreCall::GetEvents
+            | StoreCall::ListEvents
+            | StoreCall::CountEvents
+            | StoreCall::Attempts
+            | StoreCall::DeleteFinished => self.check(FaultScope::ClientCalls),
+            _ => Ok(()),
         }
-        self.inner.apply(params).await
-    }
-    async fn record_leases(
-        &self,
-        params: belfry_store::RecordLeasesParams,
-    ) -> StoreResult<Vec<belfry_store::LeaseWriteOutcome>> {
-        self.inner.record_leases(params).await
-    }
-    async fn change_lease(
-        &self,
-        params: belfry_store::ChangeLeaseParams,
-    ) -> StoreResult<belfry_store::LeaseWriteOutcome> {
-        self.inner.change_lease(params).await
-    }
-    async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<belfry_store::StoredLease>> {
-        self.inner.get_lease(key).await
-    }
-    async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
-        self.faults.check(FaultScope::ClientCalls)?;
-        self.inner.get_event(key).await
-    }
-    async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>> {
-        self.faults.check(FaultScope::DuePages)?;
-        self.inner.due_page(params).await
-    }
-    async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>> {
-        self.faults.check(FaultScope::ClientCalls)?;
-        self.inner.list_events(params).await
-    }
-    async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>> {
-        self.faults.check(FaultScope::ClientCalls)?;
-        self.inner.attempts(key, limit).await
-    }
-    async fn purge_finished(&self, params: PurgeParams) -> StoreResult<usize> {
-        self.inner.purge_finished(params).await
-    }
-    async fn delete_finished(&self, keys: &[EventKey]) -> StoreResult<Vec<bool>> {
-        self.faults.check(FaultScope::ClientCalls)?;
-        self.inner.delete_finished(keys).await
-    }
-    async fn stats(&self) -> StoreResult<StoreStats> {
-        self.inner.stats().await
-    }
-    async fn put_api_key(&self, key: ApiKey) -> StoreResult<bool> {
-        self.inner.put_api_key(key).await
-    }
-    async fn api_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>> {
-        self.inner.api_key_by_hash(hash).await
-    }
-    async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>> {
-        self.inner.list_api_keys().await
-    }
-    async fn delete_api_key(&self, id: &KeyId) -> StoreResult<Option<ApiKey>> {
-        self.inner.delete_api_key(id).await
-    }
-    async fn touch_api_key(&self, id: &KeyId, at: Timestamp) -> StoreResult<()> {
-        self.inner.touch_api_key(id, at).await
-    }
-    async fn append_audit(&self, entry: AuditEntry) -> StoreResult<()> {
-        self.inner.append_audit(entry).await
-    }
-    async fn list_audit(&self, params: AuditPageParams) -> StoreResult<Vec<AuditEntry>> {
-        self.inner.list_audit(params).await
-    }
-    async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
-        self.inner.purge_audit(before, limit).await
-    }
-    async fn create_bulk_action(&self, action: belfry_core::bulk::BulkAction) -> StoreResult<bool> {
-        self.inner.create_bulk_action(action).await
-    }
-    async fn get_bulk_action(
-        &self,
-        id: &belfry_core::bulk::BulkActionId,
-    ) -> StoreResult<Option<belfry_core::bulk::BulkAction>> {
-        self.inner.get_bulk_action(id).await
-    }
-    async fn list_bulk_actions(
-        &self,
-        params: belfry_store::ListBulkActionsParams,
-    ) -> StoreResult<Vec<belfry_core::bulk::BulkAction>> {
-        self.inner.list_bulk_actions(params).await
-    }
-    async fn running_bulk_actions(
-        &self,
-        params: belfry_store::RunningBulkActionsParams,
-    ) -> StoreResult<Vec<belfry_core::bulk::BulkAction>> {
-        self.inner.running_bulk_actions(params).await
-    }
-    async fn update_bulk_action(
-        &self,
-        action: belfry_core::bulk::BulkAction,
-    ) -> StoreResult<Option<belfry_core::bulk::BulkAction>> {
-        self.inner.update_bulk_action(action).await
-    }
-    async fn purge_bulk_actions(
-        &self,
-        params: belfry_store::PurgeBulkActionsParams,
-    ) -> StoreResult<usize> {
-        self.inner.purge_bulk_actions(params).await
     }
 }
 
@@ -297,10 +180,7 @@ impl Harness {
         if let Some((scope, error)) = fault {
             faults.set(scope, error);
         }
-        let faulty: SharedStore = Arc::new(FaultyStore {
-            inner: store.clone(),
-            faults: faults.clone(),
-        });
+        let faulty: SharedStore = Arc::new(Interposed::new(store.clone(), faults.clone()));
         let sinks = Sinks::new(Default::default()).unwrap();
         let engine = Engine::start(engine_options, faulty, sinks, Arc::new(SystemClock));
         let state = ApiState {
