@@ -87,8 +87,16 @@ fn node_unavailable() -> V1Error {
 enum ForwardError {
     #[error("this node has not joined the cluster")]
     NotJoined,
+    /// Without its URL: the log names the node, not its address or the
+    /// lease.
     #[error("{0}")]
-    Http(#[from] reqwest::Error),
+    Http(reqwest::Error),
+}
+
+impl From<reqwest::Error> for ForwardError {
+    fn from(error: reqwest::Error) -> Self {
+        ForwardError::Http(error.without_url())
+    }
 }
 
 /// POSTs `body` to `path` on the node at `url` as a forwarded request,
