@@ -26,9 +26,32 @@ pub struct ClusterMember {
     pub role: Role,
 }
 
+/// The owner of a partition as this node last saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionOwner {
+    pub node: String,
+    /// Where to reach it: `http://` or `https://` and its advertised
+    /// address.
+    pub url: String,
+    pub epoch: u64,
+}
+
 /// The API's view of the cluster. Exactly one member should be the Master.
 pub trait ClusterView: Send + Sync + std::fmt::Debug + 'static {
     fn members(&self) -> Vec<ClusterMember>;
+
+    /// The live node owning `partition` (`None` on a single node, or when
+    /// no live node owns it right now).
+    fn owner_of(&self, partition: belfry_core::PartitionId) -> Option<PartitionOwner> {
+        let _ = partition;
+        None
+    }
+
+    /// Where to reach live node `node` (`http://…` or `https://…`).
+    fn url_of(&self, node: &str) -> Option<String> {
+        let _ = node;
+        None
+    }
 
     /// The detailed view of `GET /v1/cluster`; `None` for a single node,
     /// whose view the API builds from its own engine.

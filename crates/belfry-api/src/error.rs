@@ -40,6 +40,9 @@ pub mod code {
     pub const EVENT_PENDING: &str = "event_pending";
     pub const NOT_IMPLEMENTED: &str = "not_implemented";
     pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+    /// Cluster mode: the node holding a lease's partition cannot be
+    /// reached right now (or is not known yet); nothing changed; retry.
+    pub const NODE_UNAVAILABLE: &str = "node_unavailable";
     /// No key, or a malformed, unknown, revoked or expired one (401).
     pub const UNAUTHORIZED: &str = "unauthorized";
     /// The key may not do this: a `read` key writing, a tenant key on an

@@ -37,6 +37,23 @@ impl<T: DeserializeOwned> FromRequest<ApiState> for V1Json<T> {
     }
 }
 
+/// A JSON body for the native API, and its bytes as they came (to forward
+/// the request to another node unchanged).
+#[derive(Debug)]
+pub struct V1JsonBytes<T>(pub T, pub bytes::Bytes);
+
+impl<T: DeserializeOwned> FromRequest<ApiState> for V1JsonBytes<T> {
+    type Rejection = V1Error;
+
+    async fn from_request(req: Request, state: &ApiState) -> Result<Self, Self::Rejection> {
+        let bytes = read_body(req, state.options.max_body_bytes)
+            .await
+            .map_err(V1Error)?;
+        let value = parse_json(&bytes).map_err(V1Error)?;
+        Ok(V1JsonBytes(value, bytes))
+    }
+}
+
 /// A JSON body for BigBen's routes.
 #[derive(Debug)]
 pub struct BigBenJson<T>(pub T);
@@ -105,6 +122,11 @@ pub fn query_value<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a 
 
 /// Reads and parses a JSON body under the rules in the module docs.
 async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Result<T, ApiError> {
+    parse_json(&read_body(req, limit).await?)
+}
+
+/// Reads a JSON body's bytes (content type and size checked).
+async fn read_body(req: Request, limit: usize) -> Result<bytes::Bytes, ApiError> {
     check_content_type(&req)?;
     let too_large = || {
         ApiError::new(
@@ -135,7 +157,12 @@ async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Result<T,
             ));
         }
     };
-    let error = match serde_json::from_slice(&bytes) {
+    Ok(bytes)
+}
+
+/// Parses a JSON body; a wrong shape names the field.
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let error = match serde_json::from_slice(bytes) {
         Ok(value) => return Ok(value),
         Err(error) => error,
     };
@@ -146,7 +173,7 @@ async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Result<T,
         )
     };
     if error.is_data() {
-        let mut parser = serde_json::Deserializer::from_slice(&bytes);
+        let mut parser = serde_json::Deserializer::from_slice(bytes);
         return Err(wrong_shape(
             field_error::<T, _>(&mut parser).unwrap_or_else(|| error.to_string()),
         ));
@@ -154,7 +181,7 @@ async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Result<T,
     // serde_json reports some type mismatches (a number where an enum's
     // string belongs) as syntax errors; if the body is valid JSON, it is
     // a shape problem, and the tree-based parse names it better.
-    match serde_json::from_slice::<serde_json::Value>(&bytes) {
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
         Ok(tree) => Err(wrong_shape(
             field_error::<T, _>(tree).unwrap_or_else(|| error.to_string()),
         )),

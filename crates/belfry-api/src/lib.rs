@@ -53,8 +53,8 @@ mod v1;
 
 pub use auth::{Auth, AuthMode, AuthOptions, Principal};
 pub use cluster::{
-    ClusterMember, ClusterStatus, ClusterView, LeaderStatus, NodeView, PartitionView, Role,
-    SingleNode,
+    ClusterMember, ClusterStatus, ClusterView, LeaderStatus, NodeView, PartitionOwner,
+    PartitionView, Role, SingleNode,
 };
 pub use options::ApiOptions;
 

@@ -13,6 +13,9 @@
 //!   until when (all of them, forever, on a single node);
 //! - [`pull`]: the runtime of this node's pull queue (pull tenants'
 //!   leases: claims, calls, fenced lease writes);
+//! - `pull_peers`: pull claims across a cluster (announcements of
+//!   unclaimed ready entries, sent and heard; claims parked here woken by
+//!   another node's);
 //! - [`dispatch`]: delivery slots ([`belfry_core::fire::DeliverySlots`]),
 //!   the fire-time check against the store, the claim, the delivery;
 //! - [`recorder`]: batches attempt outcomes into the store and finishes
@@ -54,6 +57,7 @@ pub mod options;
 pub mod ownership;
 pub mod partition;
 pub mod pull;
+mod pull_peers;
 pub mod purge;
 pub mod quotas;
 mod reads;
@@ -125,6 +129,8 @@ pub(crate) struct Shared {
     pub(crate) bulk: bulk::BulkRunner,
     /// The pull queue of pull tenants' events and its waiting requests.
     pub(crate) pull: pull::PullRuntime,
+    /// In a cluster: the other nodes' ready pull entries (announcements).
+    pub(crate) pull_peers: pull_peers::PullPeers,
 }
 
 impl Engine {
@@ -191,6 +197,7 @@ impl Engine {
             stop_signal,
             bulk: bulk::BulkRunner::new(bulk_runner),
             pull: pull::PullRuntime::new(&options_pull),
+            pull_peers: pull_peers::PullPeers::default(),
         });
         let recorder_task = tokio::spawn(recorder::run(shared.clone(), outcome_rx));
         let purge_task = tokio::spawn(purge::run(shared.clone()));

@@ -37,7 +37,7 @@ use crate::Shared;
 use crate::partition::PartitionRuntime;
 
 /// Longest sleep of the timer task between ticks: the wall clock may jump.
-const MAX_SLEEP: Duration = Duration::from_secs(1);
+pub(crate) const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 /// The pull queue's bounds: the node's `[pull]` section.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,7 +117,7 @@ impl PullRuntime {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, PullQueue> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, PullQueue> {
         // Poison means a panic inside `handle`; the queue is then suspect,
         // but every lease is fenced in the store, so going on is safe.
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
@@ -143,6 +143,7 @@ pub(crate) fn handle(shared: &Arc<Shared>, input: Input) {
     let actions = shared.pull.lock().handle(input, shared.clock.now());
     perform(shared, actions, None);
     shared.pull.wake.notify_one();
+    shared.pull_peers.queue_changed();
 }
 
 /// Hands a fired entry of a pull tenant to the queue. It stays
@@ -178,6 +179,7 @@ pub(crate) fn partition_lost(shared: &Arc<Shared>, released: &Arc<PartitionRunti
     );
     perform(shared, actions, Some(released));
     shared.pull.wake.notify_one();
+    shared.pull_peers.queue_changed();
 }
 
 /// Sends `Abandon` if dropped before its answer came (the caller went
@@ -199,8 +201,19 @@ impl Drop for Pending {
 
 /// Sends `make(call)` to the queue and waits for its reply.
 async fn ask(shared: &Arc<Shared>, make: impl FnOnce(CallId) -> Input) -> Reply {
+    ask_until(shared, make, std::future::pending()).await
+}
+
+/// [`ask`], withdrawing a parked claim once `withdraw` resolves
+/// ([`Input::Withdraw`]): it is answered at once, empty unless its grant
+/// was being recorded.
+pub(crate) async fn ask_until(
+    shared: &Arc<Shared>,
+    make: impl FnOnce(CallId) -> Input,
+    withdraw: impl std::future::Future<Output = ()>,
+) -> Reply {
     let call = CallId(shared.pull.next_call.fetch_add(1, Ordering::Relaxed));
-    let (sender, receiver) = oneshot::channel();
+    let (sender, mut receiver) = oneshot::channel();
     shared.pull.replies().insert(call, sender);
     let mut pending = Pending {
         shared: shared.clone(),
@@ -208,7 +221,14 @@ async fn ask(shared: &Arc<Shared>, make: impl FnOnce(CallId) -> Input) -> Reply 
         answered: false,
     };
     handle(shared, make(call));
-    let reply = receiver.await;
+    let reply = tokio::select! {
+        biased;
+        reply = &mut receiver => reply,
+        () = withdraw => {
+            handle(shared, Input::Withdraw { call });
+            receiver.await
+        }
+    };
     pending.answered = true;
     // The sender is only dropped unanswered when the engine stops.
     reply.unwrap_or(Reply::Error(PullError::Unavailable))

@@ -20,13 +20,17 @@
 //!   [`CHANGE_CHANNEL`](belfry_store::cluster::CHANGE_CHANNEL) inside the
 //!   changing transaction (so they arrive only once committed): every node
 //!   runs a membership round at once instead of at its next tick.
+//! - Pull tenants' unclaimed ready entries are announced with `pg_notify`
+//!   on [`PULL_READY_CHANNEL`](belfry_store::cluster::PULL_READY_CHANNEL),
+//!   outside any transaction (a hint, `docs/pull.md`).
 
 use std::time::Duration;
 
 use belfry_core::PartitionId;
 use belfry_store::StoreResult;
 use belfry_store::cluster::{
-    CHANGE_CHANNEL, LeaderLease, NodeId, NodeInfo, NodeStatus, OwnedPartition, PartitionAssignment,
+    CHANGE_CHANNEL, LeaderLease, NodeId, NodeInfo, NodeStatus, OwnedPartition, PULL_READY_CHANNEL,
+    PartitionAssignment,
 };
 
 use crate::PostgresStore;
@@ -413,6 +417,29 @@ pub(crate) async fn assignments(store: &PostgresStore) -> StoreResult<Vec<Partit
             })
         })
         .collect()
+}
+
+/// One `pg_notify` per payload (autocommit): `NODE \n TENANT \n …`, see
+/// [`crate::wakeups::pull_ready_payloads`].
+pub(crate) async fn announce_pull_ready(
+    store: &PostgresStore,
+    node: &NodeId,
+    tenants: &[belfry_core::TenantName],
+) -> StoreResult<()> {
+    let payloads = crate::wakeups::pull_ready_payloads(&node.0, tenants);
+    if payloads.is_empty() {
+        return Ok(());
+    }
+    let client = store.client().await?;
+    let statement = client
+        .prepare_cached("SELECT count(pg_notify($1, p)) FROM unnest($2::text[]) AS p")
+        .await
+        .map_err(db_error)?;
+    client
+        .query_one(&statement, &[&PULL_READY_CHANNEL, &payloads])
+        .await
+        .map_err(db_error)?;
+    Ok(())
 }
 
 pub(crate) async fn leader(store: &PostgresStore) -> StoreResult<Option<LeaderLease>> {

@@ -890,4 +890,12 @@ impl Coordinator for PostgresStore {
     async fn leader(&self) -> StoreResult<Option<belfry_store::cluster::LeaderLease>> {
         coordinator::leader(self).await
     }
+
+    async fn announce_pull_ready(
+        &self,
+        node: &belfry_store::cluster::NodeId,
+        tenants: &[belfry_core::TenantName],
+    ) -> StoreResult<()> {
+        coordinator::announce_pull_ready(self, node, tenants).await
+    }
 }

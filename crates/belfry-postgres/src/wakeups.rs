@@ -54,11 +54,14 @@
 //! The same connection also listens on the coordinator's channel
 //! ([`belfry_store::cluster::CHANGE_CHANNEL`]): a partition revoked,
 //! released or granted, a node joined or left. Those yield
-//! [`Wakeup::Cluster`], on which a node runs its membership round at once.
+//! [`Wakeup::Cluster`], on which a node runs its membership round at once,
+//! and on [`belfry_store::cluster::PULL_READY_CHANNEL`]: another node holds
+//! ready entries of pull tenants that no claim there took
+//! ([`Wakeup::PullReady`]; payload: the node id, then one tenant per line).
 
 use std::time::Duration;
 
-use belfry_core::{EventKey, PartitionId, Timestamp};
+use belfry_core::{EventKey, PartitionId, TenantName, Timestamp};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
@@ -96,6 +99,41 @@ pub enum Wakeup {
     /// The cluster changed (partition map, membership or leader lease):
     /// run a membership round now rather than at the next tick.
     Cluster,
+    /// `node` holds ready entries of these pull tenants that no claim on
+    /// it took ([`belfry_store::cluster::PULL_READY_CHANNEL`]).
+    PullReady {
+        node: String,
+        tenants: Vec<TenantName>,
+    },
+}
+
+/// The payloads announcing `tenants` for `node`: the node id, then one
+/// tenant per line, each under [`MAX_PAYLOAD`] bytes (a tenant name is far
+/// shorter).
+pub(crate) fn pull_ready_payloads(node: &str, tenants: &[TenantName]) -> Vec<String> {
+    let mut payloads = Vec::new();
+    let mut current = node.to_string();
+    for tenant in tenants {
+        if current.len() + 1 + tenant.as_str().len() > MAX_PAYLOAD && current.len() > node.len() {
+            payloads.push(std::mem::replace(&mut current, node.to_string()));
+        }
+        current.push('\n');
+        current.push_str(tenant.as_str());
+    }
+    if current.len() > node.len() {
+        payloads.push(current);
+    }
+    payloads
+}
+
+/// Decodes a [`pull_ready_payloads`] payload; `None` if malformed.
+fn decode_pull_ready(payload: &str) -> Option<Wakeup> {
+    let mut lines = payload.lines();
+    let node = lines.next().filter(|n| !n.is_empty())?.to_string();
+    let tenants = lines
+        .map(|line| TenantName::new(line).ok())
+        .collect::<Option<Vec<_>>>()?;
+    Some(Wakeup::PullReady { node, tenants })
 }
 
 /// Packs timer effects into as few payloads as fit.
@@ -205,8 +243,9 @@ async fn listen_once(
     let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
     let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
     let listen_sql = format!(
-        "LISTEN {CHANNEL}; LISTEN {}",
-        belfry_store::cluster::CHANGE_CHANNEL
+        "LISTEN {CHANNEL}; LISTEN {}; LISTEN {}",
+        belfry_store::cluster::CHANGE_CHANNEL,
+        belfry_store::cluster::PULL_READY_CHANNEL
     );
     let listen = client.batch_execute(&listen_sql);
     tokio::pin!(listen);
@@ -235,6 +274,15 @@ async fn listen_once(
                 let wakeups = match note.channel() {
                     CHANNEL => decode(note.payload()),
                     belfry_store::cluster::CHANGE_CHANNEL => vec![Wakeup::Cluster],
+                    belfry_store::cluster::PULL_READY_CHANNEL => {
+                        match decode_pull_ready(note.payload()) {
+                            Some(wakeup) => vec![wakeup],
+                            None => {
+                                tracing::warn!("ignoring a malformed pull announcement");
+                                Vec::new()
+                            }
+                        }
+                    }
                     _ => Vec::new(),
                 };
                 for wakeup in wakeups {
@@ -308,6 +356,29 @@ mod tests {
                 kind: WakeupKind::Disarm,
             }
         );
+    }
+
+    #[test]
+    fn pull_announcements_round_trip_in_payloads_that_fit() {
+        let tenants: Vec<TenantName> = (0..2_000)
+            .map(|i| TenantName::new(format!("tenant-{i}")).unwrap())
+            .collect();
+        let payloads = pull_ready_payloads("node-1", &tenants);
+        assert!(payloads.len() > 1);
+        assert!(payloads.iter().all(|p| p.len() <= MAX_PAYLOAD));
+        let mut decoded = Vec::new();
+        for payload in &payloads {
+            match decode_pull_ready(payload) {
+                Some(Wakeup::PullReady { node, tenants }) => {
+                    assert_eq!(node, "node-1");
+                    decoded.extend(tenants);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(decoded, tenants);
+        assert!(pull_ready_payloads("node-1", &[]).is_empty());
+        assert!(decode_pull_ready("").is_none());
     }
 
     #[test]

@@ -36,11 +36,13 @@
 //!   membership changed (PostgreSQL: `NOTIFY` on
 //!   [`CHANGE_CHANNEL`]), so nodes react without waiting for their next tick.
 //!   They are only hints: every node still runs its round each tick.
+//! - **Pull announcements.** [`Coordinator::announce_pull_ready`] carries
+//!   the same kind of hint for pull workers' claims (see `docs/pull.md`).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use belfry_core::PartitionId;
+use belfry_core::{PartitionId, TenantName};
 
 use crate::StoreResult;
 
@@ -48,6 +50,10 @@ use crate::StoreResult;
 /// (a partition revoked, released or granted; a node joined or left; the
 /// leader lease released).
 pub const CHANGE_CHANNEL: &str = "belfry_cluster";
+
+/// The notification channel on which nodes announce pull tenants' ready
+/// entries that no claim on them took (`docs/pull.md`, "In a cluster").
+pub const PULL_READY_CHANNEL: &str = "belfry_pull_ready";
 
 /// A node's identity in the cluster: unique per process start.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -171,4 +177,13 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug + 'static {
 
     /// The current leader lease, if any holder's lease is unexpired.
     async fn leader(&self) -> StoreResult<Option<LeaderLease>>;
+
+    /// Tells the other nodes that `node` holds ready entries of these pull
+    /// tenants that no claim on it took (PostgreSQL: `NOTIFY` on
+    /// [`PULL_READY_CHANNEL`]). A hint, repeated while it holds; a backend
+    /// without notifications does nothing.
+    async fn announce_pull_ready(&self, node: &NodeId, tenants: &[TenantName]) -> StoreResult<()> {
+        let _ = (node, tenants);
+        Ok(())
+    }
 }

@@ -5,17 +5,20 @@
 //! `belfry_engine::membership`), and pumps the database's wake-ups into it:
 //! timer wake-ups (events created or moved through other nodes) go to the
 //! engine, cluster changes (a partition revoked or released, a node joined
-//! or left) make the membership loop run a round at once. When `stop`
+//! or left) make the membership loop run a round at once, pull
+//! announcements (another node's unclaimed ready entries) go to the
+//! engine's pull claims. When `stop`
 //! resolves, the loop hands every partition over and leaves (the returned
 //! task ends then).
 
 use std::sync::Arc;
 
 use belfry_api::{
-    ClusterMember, ClusterStatus, ClusterView, LeaderStatus, NodeView, PartitionView, Role,
+    ClusterMember, ClusterStatus, ClusterView, LeaderStatus, NodeView, PartitionOwner,
+    PartitionView, Role,
 };
 use belfry_core::event::Effect;
-use belfry_core::{PartitionCount, SystemClock};
+use belfry_core::{PartitionCount, PartitionId, SystemClock};
 use belfry_engine::membership::{ClusterSnapshot, Membership};
 use belfry_engine::{Engine, EngineHandle};
 use belfry_sinks::Sinks;
@@ -56,6 +59,9 @@ pub async fn start(
         address: address.to_string(),
     };
     tracing::info!(node = %node.id, %address, "joining the cluster");
+    engine
+        .handle()
+        .join_pull_cluster(node.id.clone(), coordinator.clone());
     let membership = Membership::new(node, config.cluster.clone(), coordinator, engine.handle());
 
     let handle: EngineHandle = engine.handle();
@@ -81,11 +87,22 @@ pub async fn start(
                     poked.poke();
                 }
                 Wakeup::Cluster => poked.poke(),
+                Wakeup::PullReady { node, tenants } => {
+                    handle.pull_ready_elsewhere(&node, &tenants);
+                }
             }
         }
     });
     let task = tokio::spawn(membership.clone().run(stop));
-    Ok((engine, Arc::new(MembershipView(membership)), task))
+    let view = MembershipView {
+        membership,
+        scheme: if config.tls.cert_file.is_some() {
+            "https"
+        } else {
+            "http"
+        },
+    };
+    Ok((engine, Arc::new(view), task))
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -101,13 +118,40 @@ pub async fn start(
 }
 
 /// `/events/cluster` from the membership loop's last snapshot: every live
-/// node by its advertised address, the leader as `Master`.
+/// node by its advertised address, the leader as `Master`; partition
+/// owners for forwarding pull workers' calls.
 #[derive(Debug)]
-pub struct MembershipView(pub Arc<Membership>);
+pub struct MembershipView {
+    pub membership: Arc<Membership>,
+    /// How nodes reach each other: the scheme of this node's own listener
+    /// (every node of a cluster is expected to serve alike).
+    pub scheme: &'static str,
+}
 
 impl ClusterView for MembershipView {
+    fn owner_of(&self, partition: PartitionId) -> Option<PartitionOwner> {
+        let snapshot = self.membership.snapshot();
+        let assignment = snapshot
+            .assignments
+            .iter()
+            .find(|a| a.partition == partition)?;
+        let owner = assignment.owner.as_ref()?;
+        let node = snapshot.nodes.iter().find(|n| &n.info.id == owner)?;
+        Some(PartitionOwner {
+            node: owner.0.clone(),
+            url: format!("{}://{}", self.scheme, node.info.address),
+            epoch: assignment.epoch,
+        })
+    }
+
+    fn url_of(&self, node: &str) -> Option<String> {
+        let snapshot = self.membership.snapshot();
+        let found = snapshot.nodes.iter().find(|n| n.info.id.0 == node)?;
+        Some(format!("{}://{}", self.scheme, found.info.address))
+    }
+
     fn members(&self) -> Vec<ClusterMember> {
-        let snapshot = self.0.snapshot();
+        let snapshot = self.membership.snapshot();
         let leader = snapshot.leader.as_ref().map(|l| &l.holder);
         let mut members: Vec<ClusterMember> = snapshot
             .nodes
@@ -124,7 +168,7 @@ impl ClusterView for MembershipView {
         if members.is_empty() {
             // Before the first round: at least show this node.
             members.push(ClusterMember {
-                address: self.0.node().address.clone(),
+                address: self.membership.node().address.clone(),
                 role: Role::Slave,
             });
         }
@@ -132,7 +176,7 @@ impl ClusterView for MembershipView {
     }
 
     fn status(&self) -> Option<ClusterStatus> {
-        Some(cluster_status(&self.0.snapshot()))
+        Some(cluster_status(&self.membership.snapshot()))
     }
 }
 
@@ -194,7 +238,6 @@ fn cluster_status(snapshot: &ClusterSnapshot) -> ClusterStatus {
 mod tests {
     use std::time::Duration;
 
-    use belfry_core::PartitionId;
     use belfry_store::cluster::{LeaderLease, NodeStatus};
 
     use super::*;

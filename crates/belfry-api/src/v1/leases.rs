@@ -3,11 +3,13 @@
 //!
 //! Bodies are validated by `belfry_core::pull::limits`; the engine's pull
 //! queue answers. A dropped request (a long-poll whose worker went away)
-//! abandons its claim: the engine's waiting future is dropped with it.
+//! abandons its claim: the engine's waiting future is dropped with it. In
+//! a cluster, calls on leases other nodes hold are forwarded there, and
+//! claims reach other nodes' ready entries too (see [`super::forward`]).
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use belfry_core::SinkConfig;
 use belfry_core::pull::{
@@ -19,12 +21,13 @@ use serde_json::{Value, json};
 use crate::ApiState;
 use crate::auth::Principal;
 use crate::error::{ApiError, V1Error};
-use crate::extract::{V1Json, V1Path};
+use crate::extract::{V1Json, V1JsonBytes, V1Path};
+use crate::v1::forward;
 use crate::v1::invalid_request;
 use crate::v1::tenants::{tenant_name, tenant_not_found};
 use crate::v1::views::EventView;
 
-fn pull_error(error: PullError) -> V1Error {
+pub(super) fn pull_error(error: PullError) -> V1Error {
     let status = match error {
         PullError::LeaseLost => StatusCode::CONFLICT,
         PullError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -37,7 +40,7 @@ fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn lease_view(lease: &GrantedLease) -> Value {
+pub(super) fn lease_view(lease: &GrantedLease) -> Value {
     json!({
         "lease_id": lease.lease.to_string(),
         "event": EventView::from(&lease.record),
@@ -104,6 +107,7 @@ fn answer(reply: Reply) -> Result<Response, V1Error> {
 )]
 pub(crate) async fn claim(
     State(state): State<ApiState>,
+    headers: HeaderMap,
     V1Path(tenant): V1Path<String>,
     V1Json(body): V1Json<ClaimBody>,
 ) -> Result<Response, V1Error> {
@@ -119,6 +123,9 @@ pub(crate) async fn claim(
             )));
         }
         None => return Err(tenant_not_found(&name)),
+    }
+    if let Some(answered) = forward::claim(&state, &headers, &name, &request).await {
+        return answered;
     }
     answer(state.engine.pull_claim(name, request).await)
 }
@@ -153,17 +160,22 @@ macro_rules! lease_route {
                 (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
                 (status = 429, description = "Too many calls on this lease, or rate limit", body = crate::openapi::schema::V1Error),
                 (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-                (status = 503, description = "Store unavailable; nothing changed; retry", body = crate::openapi::schema::V1Error)
+                (status = 503, description = "Store unavailable, or (cluster) the node holding the lease cannot be reached; nothing changed; retry", body = crate::openapi::schema::V1Error)
             )
         )]
         pub(crate) async fn $name(
             State(state): State<ApiState>,
             principal: Principal,
+            headers: HeaderMap,
             V1Path(lease): V1Path<String>,
-            V1Json(body): V1Json<$body>,
+            V1JsonBytes(body, raw): V1JsonBytes<$body>,
         ) -> Result<Response, V1Error> {
             let lease = lease_of(&principal, &lease)?;
             let $validated = body.validate().map_err(|e| invalid_request(e.to_string()))?;
+            if let Some(owner) = forward::lease_owner(&state, &headers, &lease)? {
+                let path = format!(concat!("/v1/leases/{}/", $call), lease);
+                return forward::lease_call(&state, &headers, &owner, &path, raw).await;
+            }
             answer(state.engine.pull_call(lease, $make).await)
         }
     };

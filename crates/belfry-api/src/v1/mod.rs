@@ -13,6 +13,8 @@
 //! - `bulk`: `/v1/bulk-actions[/{id}[/cancel]]`;
 //! - `leases`: pull workers' `/v1/tenants/{tenant}/leases` and
 //!   `/v1/leases/{lease_id}/heartbeat|complete|fail|release`;
+//! - `forward`: cluster mode, pull workers' calls and claims reaching
+//!   the nodes that hold their leases and entries;
 //! - `views`: the JSON shapes answered.
 
 use axum::Router;
@@ -23,6 +25,7 @@ use crate::error::{ApiError, V1Error, code};
 
 pub(crate) mod bulk;
 pub(crate) mod events;
+pub(crate) mod forward;
 pub(crate) mod leases;
 pub(crate) mod schedules;
 pub(crate) mod signing;

@@ -15,6 +15,9 @@
 //!   execution deadline.
 //! - [`queue`]: [`PullQueue`], one node's share of the pull channel as a
 //!   state machine `handle(input, now) -> actions`.
+//! - [`announce`]: in a cluster, when a node announces a tenant's
+//!   unclaimed ready entries ([`Announcer`]) and which other nodes did
+//!   ([`ReadyElsewhere`]), so claims reach entries other nodes hold.
 //!
 //! # The queue
 //! [`PullQueue`] holds, all bounded by [`PullConfig`]:
@@ -68,12 +71,14 @@
 //!   remembered `<= max_remembered`, calls queued per lease
 //!   `<= MAX_QUEUED_CALLS_PER_LEASE`.
 
+pub mod announce;
 pub mod lease_id;
 pub mod limits;
 pub mod policy;
 pub mod queue;
 mod ready;
 
+pub use announce::{AnnounceConfig, Announcer, ReadyElsewhere};
 pub use lease_id::{LeaseId, LeaseIdError, LeaseNonce, NonceSource};
 pub use limits::{
     ClaimBody, ClaimRequest, CompleteBody, FailBody, FailRequest, HeartbeatBody, PullRequestError,

@@ -156,6 +156,10 @@ pub enum Input {
     /// The worker behind a claim went away: no answer is wanted, and what
     /// was being granted to it is released.
     Abandon { call: CallId },
+    /// The runtime wants a parked claim answered now (it will look for
+    /// entries on other nodes): a waiting claim is answered with an empty
+    /// list; one whose grant is being recorded is answered by its grant.
+    Withdraw { call: CallId },
     /// The answer to [`Action::PersistGrants`] (one result per grant, in
     /// order) or [`Action::PersistLease`] (one result).
     Persisted {
@@ -543,6 +547,20 @@ impl PullQueue {
         self.held.contains_key(&(key.clone(), version.clone()))
     }
 
+    /// Tenants with ready entries and no claim waiting for them, while
+    /// leases may still be granted: what a cluster node announces to the
+    /// others (see [`super::announce`]).
+    pub fn unclaimed_tenants(&self) -> Vec<TenantName> {
+        if self.lease_room() == 0 {
+            return Vec::new();
+        }
+        self.ready
+            .tenants()
+            .filter(|tenant| self.waiting_of(tenant) == 0)
+            .cloned()
+            .collect()
+    }
+
     /// New leases (grants included) that fit.
     pub fn lease_room(&self) -> usize {
         self.config
@@ -589,6 +607,7 @@ impl PullQueue {
                 request,
             } => self.call(call, &lease, request, now, &mut out),
             Input::Abandon { call } => self.abandon(call),
+            Input::Withdraw { call } => self.withdraw(call, &mut out),
             Input::Persisted { op, results } => {
                 if self.grants.contains_key(&op) {
                     self.grants_persisted(op, results, now, &mut out);
@@ -762,6 +781,26 @@ impl PullQueue {
                 self.remove_waiter(seq);
             }
             None => {}
+        }
+    }
+
+    fn withdraw(&mut self, call: CallId, out: &mut Vec<Action>) {
+        let Some(&seq) = self.waiter_of_call.get(&call) else {
+            return;
+        };
+        let Some(waiter) = self.waiters.get(&seq) else {
+            return;
+        };
+        if waiter.granting.is_some() {
+            return;
+        }
+        let deadline = waiter.deadline;
+        self.deadlines.remove(&(deadline, seq));
+        if let Some(waiter) = self.remove_waiter(seq) {
+            out.push(Action::Reply {
+                call: waiter.call,
+                reply: Reply::Leases(Vec::new()),
+            });
         }
     }
 

@@ -36,6 +36,11 @@ impl ReadyQueues {
         self.tenants.get(tenant).map_or(0, |t| t.len)
     }
 
+    /// Tenants with ready entries.
+    pub(super) fn tenants(&self) -> impl Iterator<Item = &TenantName> {
+        self.tenants.keys()
+    }
+
     pub(super) fn contains(&self, entry: &ReadyEntry) -> bool {
         self.tenants
             .get(&entry.entry.key.tenant)

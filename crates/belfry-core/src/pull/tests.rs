@@ -1121,3 +1121,27 @@ fn remembered_outcomes_are_bounded_in_time_and_number() {
     h.at(60_000).handle(Input::Tick);
     assert_eq!((h.queue.remembered_len(), h.queue.held()), (0, 0));
 }
+
+#[test]
+fn a_withdrawn_claim_answers_empty_at_once_unless_its_grant_is_being_recorded() {
+    let mut h = Harness::new();
+    let (waiting, _) = h.at(0).claim("t", 1, 30_000, 10_000);
+    let actions = h.at(5).handle(Input::Withdraw { call: waiting });
+    assert_eq!(reply_to(waiting, &actions), Reply::Leases(Vec::new()));
+    assert_eq!(h.queue.waiters_len(), 0);
+    assert_eq!(h.queue.unclaimed_tenants(), Vec::<TenantName>::new());
+
+    // An entry nobody waits for is what a cluster node announces.
+    h.at(10).offer(vec![ready("t", "e1", 10)]);
+    assert_eq!(h.queue.unclaimed_tenants(), vec![tenant("t")]);
+    let (granting, actions) = h.at(20).claim("t", 1, 30_000, 10_000);
+    assert!(no_reply(granting, &actions), "its grant is being recorded");
+    assert!(h.queue.unclaimed_tenants().is_empty());
+    let withdrawn = h.at(21).handle(Input::Withdraw { call: granting });
+    assert!(no_reply(granting, &withdrawn), "the grant answers it");
+    let done = h.persist(&actions, PersistResult::Done);
+    match reply_to(granting, &done) {
+        Reply::Leases(leases) => assert_eq!(ids(&leases), ["e1"]),
+        other => panic!("expected its lease, got {other:?}"),
+    }
+}

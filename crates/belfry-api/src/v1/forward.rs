@@ -1,0 +1,325 @@
+//! Cluster mode: pull workers' requests reaching a node that cannot answer
+//! them alone (`docs/pull.md`, "In a cluster").
+//!
+//! - **A call on a lease** is answered by the node owning the partition of
+//!   the lease's event. Another node forwards it there unchanged (path,
+//!   body, `Authorization`: the owner authenticates the worker again) with
+//!   the [`FORWARDED`] header, and answers with the owner's answer. A
+//!   request that carries the header is never forwarded again: it is
+//!   answered from this node's own state. An owner that cannot be reached
+//!   (or is not known yet) is `503 node_unavailable`; nothing changed.
+//! - **A claim** takes this node's own ready entries first, then asks the
+//!   nodes that announced ready entries of the tenant (a claim for the rest
+//!   with `wait_ms` 0, the worker's own key), and merges the leases. With
+//!   nothing found it parks here until its wait ends, an entry comes due
+//!   here, or another node announces the tenant (then it looks there).
+//!
+//! Forwards are bounded ([`MAX_FORWARDS`] at once over the node) and
+//! pooled (one HTTP client per process). Answers never name another
+//! node's address.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use belfry_core::TenantName;
+use belfry_core::pull::{ClaimRequest, LeaseId, Reply};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use crate::ApiState;
+use crate::cluster::PartitionOwner;
+use crate::error::{ApiError, V1Error, code};
+
+/// Marks a request forwarded by another node (its value: that node's id).
+pub(crate) const FORWARDED: HeaderName = HeaderName::from_static("belfry-forwarded");
+
+/// Forwards in flight at once from this node; more wait for a place.
+const MAX_FORWARDS: usize = 256;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// A forwarded request never long-polls; the owner answers after one
+/// store write (or a few queued on the same lease).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn client() -> &'static reqwest::Client {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        // Err means another provider is already installed: fine, use it.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::builder()
+            .tls_backend_rustls()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(FORWARD_TIMEOUT)
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(MAX_FORWARDS)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_else(|error| {
+                // Only a broken TLS setup fails here; forwards then fail
+                // (503) instead of the node refusing to start.
+                tracing::error!(%error, "cannot build the client for forwarding to other nodes");
+                reqwest::Client::new()
+            })
+    })
+}
+
+fn permits() -> &'static Semaphore {
+    static PERMITS: Semaphore = Semaphore::const_new(MAX_FORWARDS);
+    &PERMITS
+}
+
+/// Whether another node forwarded this request.
+fn is_forwarded(headers: &HeaderMap) -> bool {
+    headers.contains_key(&FORWARDED)
+}
+
+fn node_unavailable() -> V1Error {
+    V1Error(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        code::NODE_UNAVAILABLE,
+        "the node holding this lease cannot be reached right now; nothing changed; retry",
+    ))
+}
+
+/// Why a forward got no answer (logged, never answered).
+#[derive(Debug, thiserror::Error)]
+enum ForwardError {
+    #[error("this node has not joined the cluster")]
+    NotJoined,
+    /// Without its URL: the log names the node, not its address or the
+    /// lease.
+    #[error("{0}")]
+    Http(reqwest::Error),
+}
+
+impl From<reqwest::Error> for ForwardError {
+    fn from(error: reqwest::Error) -> Self {
+        ForwardError::Http(error.without_url())
+    }
+}
+
+/// POSTs `body` to `path` on the node at `url` as a forwarded request,
+/// with the worker's `Authorization`.
+async fn post(
+    state: &ApiState,
+    headers: &HeaderMap,
+    url: &str,
+    path: &str,
+    body: bytes::Bytes,
+) -> Result<(StatusCode, bytes::Bytes), ForwardError> {
+    let node = state.engine.cluster_node().ok_or(ForwardError::NotJoined)?;
+    let _permit = permits().acquire().await;
+    let mut request = client()
+        .post(format!("{url}{path}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(FORWARDED, node.0.as_str())
+        .body(body);
+    if let Some(authorization) = headers.get(header::AUTHORIZATION) {
+        request = request.header(header::AUTHORIZATION, authorization);
+    }
+    let response = request.send().await?;
+    let status = StatusCode::from_u16(response.status().as_u16())
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    Ok((status, response.bytes().await?))
+}
+
+/// Where a call on `lease` must go: `None` to answer it here.
+///
+/// # Errors
+/// `503 node_unavailable` when the lease may be live on a node this one
+/// cannot name right now (no live owner, or this node's view is older
+/// than the lease).
+pub(crate) fn lease_owner(
+    state: &ApiState,
+    headers: &HeaderMap,
+    lease: &LeaseId,
+) -> Result<Option<PartitionOwner>, V1Error> {
+    let Some(me) = state.engine.cluster_node() else {
+        return Ok(None);
+    };
+    if is_forwarded(headers) {
+        return Ok(None);
+    }
+    let partition = state.engine.store().partitions().partition_of(lease.key());
+    if state
+        .engine
+        .owned_epoch(partition)
+        .is_some_and(|epoch| epoch >= lease.epoch())
+    {
+        return Ok(None);
+    }
+    match state.cluster.owner_of(partition) {
+        // Being handed to or from this node: this node's answer stands.
+        Some(owner) if owner.node == me.0 => Ok(None),
+        // A later epoch voided the lease: answered here (`lease_lost`,
+        // or a repeat's recorded outcome).
+        Some(owner) if owner.epoch > lease.epoch() => Ok(None),
+        Some(owner) if owner.epoch == lease.epoch() => Ok(Some(owner)),
+        _ => Err(node_unavailable()),
+    }
+}
+
+/// Forwards a call on a lease to its owner and answers what it answered.
+pub(crate) async fn lease_call(
+    state: &ApiState,
+    headers: &HeaderMap,
+    owner: &PartitionOwner,
+    path: &str,
+    body: bytes::Bytes,
+) -> Result<Response, V1Error> {
+    match post(state, headers, &owner.url, path, body).await {
+        Ok((status, body)) => Ok((
+            status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response()),
+        Err(error) => {
+            tracing::warn!(%error, node = %owner.node, "forwarding a lease call failed");
+            Err(node_unavailable())
+        }
+    }
+}
+
+/// What a claim got: its leases as answered to the worker, or an error.
+fn leases_of(reply: Reply) -> Result<Vec<Value>, V1Error> {
+    match reply {
+        Reply::Leases(leases) => Ok(leases.iter().map(super::leases::lease_view).collect()),
+        Reply::Error(error) => Err(super::leases::pull_error(error)),
+        other => {
+            tracing::error!(
+                ?other,
+                "a claim was answered with something else than leases"
+            );
+            Err(V1Error(ApiError::internal()))
+        }
+    }
+}
+
+/// Asks `node` for up to `want` leases of `tenant` at once; `None` when
+/// it could not be asked.
+async fn claim_on(
+    state: &ApiState,
+    headers: &HeaderMap,
+    node: &str,
+    tenant: &TenantName,
+    request: &ClaimRequest,
+    want: usize,
+) -> Option<Vec<Value>> {
+    let url = state.cluster.url_of(node)?;
+    let path = format!(
+        "/v1/tenants/{}/leases",
+        percent_encoding::utf8_percent_encode(tenant.as_str(), percent_encoding::NON_ALPHANUMERIC)
+    );
+    let body = json!({
+        "worker_id": request.worker.as_str(),
+        "max_events": want,
+        "lease_ms": u64::try_from(request.lease.as_millis()).unwrap_or(u64::MAX),
+        "wait_ms": 0,
+    });
+    match post(state, headers, &url, &path, body.to_string().into()).await {
+        Ok((StatusCode::OK, body)) => {
+            let mut answer: Value = serde_json::from_slice(&body).ok()?;
+            match answer.get_mut("leases").map(Value::take) {
+                Some(Value::Array(leases)) => Some(leases),
+                _ => Some(Vec::new()),
+            }
+        }
+        Ok((status, _)) => {
+            tracing::debug!(%status, node, "a claim forwarded to another node was refused");
+            Some(Vec::new())
+        }
+        Err(error) => {
+            tracing::warn!(%error, node, "forwarding a claim failed");
+            None
+        }
+    }
+}
+
+/// Fills `leases` up to the claim's `max_events` from the nodes that
+/// announced ready entries of `tenant`.
+async fn claim_elsewhere(
+    state: &ApiState,
+    headers: &HeaderMap,
+    tenant: &TenantName,
+    request: &ClaimRequest,
+    leases: &mut Vec<Value>,
+) {
+    let max = request.max_events as usize;
+    for node in state.engine.pull_nodes_with_ready(tenant) {
+        let want = max.saturating_sub(leases.len());
+        if want == 0 {
+            return;
+        }
+        match claim_on(state, headers, &node, tenant, request, want).await {
+            Some(got) => {
+                if got.len() < want {
+                    state.engine.pull_node_drained(tenant, &node);
+                }
+                leases.extend(got);
+            }
+            None => state.engine.pull_node_unreachable(&node),
+        }
+    }
+}
+
+fn leases_answer(leases: Vec<Value>) -> Response {
+    axum::Json(json!({ "leases": leases })).into_response()
+}
+
+/// A claim on a cluster node: see the module documentation. `None` when
+/// this node answers it alone (a single node, or a forwarded claim).
+pub(crate) async fn claim(
+    state: &ApiState,
+    headers: &HeaderMap,
+    tenant: &TenantName,
+    request: &ClaimRequest,
+) -> Option<Result<Response, V1Error>> {
+    state.engine.cluster_node()?;
+    if is_forwarded(headers) {
+        return None;
+    }
+    Some(claim_in_cluster(state, headers, tenant, request).await)
+}
+
+async fn claim_in_cluster(
+    state: &ApiState,
+    headers: &HeaderMap,
+    tenant: &TenantName,
+    request: &ClaimRequest,
+) -> Result<Response, V1Error> {
+    let engine = &state.engine;
+    let deadline = tokio::time::Instant::now() + request.wait;
+    let at_once = ClaimRequest {
+        wait: Duration::ZERO,
+        ..request.clone()
+    };
+    // Before looking elsewhere: an announcement meanwhile is not missed.
+    let mut watch = engine.pull_watch_elsewhere(tenant);
+    let mut leases = leases_of(engine.pull_claim(tenant.clone(), at_once).await)?;
+    loop {
+        claim_elsewhere(state, headers, tenant, request, &mut leases).await;
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if !leases.is_empty() || remaining.is_zero() {
+            return Ok(leases_answer(leases));
+        }
+        // Parked here until the wait ends, an entry comes due here, or
+        // another node announces the tenant.
+        let parked = ClaimRequest {
+            wait: remaining,
+            ..request.clone()
+        };
+        let reply = engine
+            .pull_claim_until(tenant.clone(), parked, watch.changed())
+            .await;
+        leases = leases_of(reply)?;
+        if !leases.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(leases_answer(leases));
+        }
+        watch = engine.pull_watch_elsewhere(tenant);
+    }
+}
