@@ -3,7 +3,7 @@
 mod common;
 
 use axum::http::StatusCode;
-use common::Harness;
+use common::{FaultScope, Harness};
 use serde_json::json;
 
 #[tokio::test]
@@ -365,6 +365,45 @@ async fn an_expired_lease_is_lost_counted_and_the_event_offered_again() {
     h.shutdown().await;
 }
 
+fn engine(h: &Harness) -> belfry_engine::EngineHandle {
+    h.engine.as_ref().expect("the engine runs").handle()
+}
+
+/// Waits until the event is fired to the pull queue (outstanding in its
+/// partition core, ready in the queue).
+async fn wait_ready(h: &Harness) {
+    let engine = engine(h);
+    common::wait_until("the event handed to the pull queue", || {
+        let engine = engine.clone();
+        async move { engine.outstanding() == 1 }
+    })
+    .await;
+}
+
+fn lease_writes_fail(h: &Harness) {
+    h.faults.set(
+        FaultScope::LeaseWrites,
+        belfry_store::StoreError::Unavailable("lease writes down".into()),
+    );
+}
+
+/// The lease's next heartbeat says `cancel_requested` (lease writes fail
+/// meanwhile: the queue answers from what it was told, not from the
+/// store), and its complete and release are `lease_lost`.
+async fn assert_cancel_requested(h: &Harness, lease: &serde_json::Value) {
+    lease_writes_fail(h);
+    let beat = lease_call(h, lease, "heartbeat", json!({ "extend_ms": 60000 })).await;
+    assert_eq!(beat.status, StatusCode::OK, "{beat:?}");
+    assert_eq!(beat.body["cancel_requested"], true, "{beat:?}");
+    for call in ["complete", "release"] {
+        let answer = lease_call(h, lease, call, json!({})).await;
+        assert_eq!(answer.status, StatusCode::CONFLICT, "{call}: {answer:?}");
+        assert_eq!(answer.body["error"]["code"], "lease_lost", "{answer:?}");
+    }
+    assert_eq!(h.faults.injected(), 0, "no lease write was needed");
+    h.faults.clear();
+}
+
 #[tokio::test]
 async fn a_cancelled_leased_event_asks_its_worker_to_stop_and_cannot_complete() {
     let h = Harness::start().await;
@@ -372,16 +411,96 @@ async fn a_cancelled_leased_event_asks_its_worker_to_stop_and_cannot_complete() 
     let lease = claim_one(&h, "jobs").await;
     let cancel = h.delete("/v1/tenants/jobs/events/e1").await;
     assert!(cancel.status.is_success(), "{cancel:?}");
-    let beat = lease_call(&h, &lease, "heartbeat", json!({ "extend_ms": 60000 })).await;
-    assert_eq!(beat.status, StatusCode::OK, "{beat:?}");
-    assert_eq!(beat.body["cancel_requested"], true, "{beat:?}");
-    for call in ["complete", "release"] {
-        let answer = lease_call(&h, &lease, call, json!({})).await;
-        assert_eq!(answer.status, StatusCode::CONFLICT, "{call}: {answer:?}");
-        assert_eq!(answer.body["error"]["code"], "lease_lost", "{answer:?}");
-    }
+    assert_eq!(
+        engine(&h).pull_stats().cancelled,
+        1,
+        "the queue knows before the cancel is answered"
+    );
+    assert_cancel_requested(&h, &lease).await;
     let event = h.get("/v1/tenants/jobs/events/e1").await;
     assert_eq!(event.body["status"], "cancelled", "{event:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cancel_made_through_another_node_reaches_the_queue_by_its_wake_up() {
+    use belfry_core::event::{Effect, EventCommand};
+    let h = Harness::start().await;
+    one_due_event(&h).await;
+    let lease = claim_one(&h, "jobs").await;
+    // Another node's cancel: written to the shared store, then announced
+    // (NOTIFY in a cluster) as a bare wake-up without the record.
+    let key = belfry_core::EventKey::new(
+        belfry_core::TenantName::new("jobs").unwrap(),
+        belfry_core::EventId::new("e1").unwrap(),
+    );
+    let applied = h
+        .store
+        .apply(belfry_store::ApplyParams {
+            commands: vec![belfry_store::KeyedCommand {
+                key: key.clone(),
+                command: EventCommand::Cancel,
+                fence: None,
+            }],
+            now: now(),
+            retry: Default::default(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(engine(&h).pull_stats().cancelled, 0, "not told yet");
+    let at = instant(&lease["due_at"]);
+    engine(&h).wake(applied[0].partition, key, Effect::Disarm { at });
+    let handle = engine(&h);
+    common::wait_until("the queue told of the cancel", || {
+        let handle = handle.clone();
+        async move { handle.pull_stats().cancelled == 1 }
+    })
+    .await;
+    assert_cancel_requested(&h, &lease).await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_ready_event_cancelled_before_any_claim_is_never_leased() {
+    let h = Harness::start().await;
+    one_due_event(&h).await;
+    wait_ready(&h).await;
+    let cancel = h.delete("/v1/tenants/jobs/events/e1").await;
+    assert!(cancel.status.is_success(), "{cancel:?}");
+    assert_eq!(engine(&h).pull_stats().cancelled, 1, "dropped at once");
+    assert_eq!(engine(&h).outstanding(), 0, "and finished in its core");
+    lease_writes_fail(&h);
+    assert!(
+        claim(&h, "jobs", json!({ "wait_ms": 300 }))
+            .await
+            .is_empty()
+    );
+    assert_eq!(h.faults.injected(), 0, "no grant was even tried");
+    assert_eq!(engine(&h).pull_stats().granted, 0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_moved_ready_event_is_leased_at_its_new_instant_only() {
+    let h = Harness::start().await;
+    one_due_event(&h).await;
+    wait_ready(&h).await;
+    let moved = h
+        .put(
+            "/v1/tenants/jobs/events/e1",
+            &json!({ "deliver_at": common::from_now(1500), "payload": "work" }),
+        )
+        .await;
+    assert_eq!(moved.status, StatusCode::OK, "{moved:?}");
+    assert_eq!(engine(&h).pull_stats().cancelled, 1, "the old version left");
+    let new_instant = instant(&moved.body["deliver_at"]);
+    let lease = claim_one(&h, "jobs").await;
+    assert!(now() >= new_instant, "leased before its new instant");
+    assert_eq!(instant(&lease["due_at"]), new_instant);
+    assert_eq!(lease["attempt"], 1);
+    let done = lease_call(&h, &lease, "complete", json!({})).await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    assert_eq!(engine(&h).pull_stats().granted, 1, "leased once");
     h.shutdown().await;
 }
 

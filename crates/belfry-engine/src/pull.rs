@@ -13,22 +13,25 @@
 //! One timer task sends `Tick` at the queue's `next_wake`. A request whose
 //! caller went away (a dropped long-poll) sends `Abandon`.
 //!
-//! Not wired yet (`docs/pull.md`): a cancel or move of a held version is
-//! found at the lease's next write (the store answers `Cancelled`), not
-//! pushed to the queue as `VersionEnded`; named queues (every entry is in
-//! the `default` queue).
+//! A cancel or move of a version the queue holds is pushed to it as
+//! `VersionEnded`: a change made through this node from the command's
+//! answer ([`versions_ended`], before the API answers), a change made
+//! through another node when its wake-up arrives ([`changed_elsewhere`]
+//! reads the record). A wake-up that never comes leaves the store's fence:
+//! the grant or the lease's next write answers `Cancelled`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use belfry_core::event::EventRecord;
 use belfry_core::pull::{
     Action, AttemptPolicy, CallId, ClaimRequest, Input, LeaseCall, LeaseId, LeaseRecord,
     NonceSource, PersistResult, PullConfig, PullError, PullQueue, PullStats, ReadyEntry, Reply,
     Resolution,
 };
-use belfry_core::{QueueName, TenantName};
+use belfry_core::{EventKey, EventVersion, QueueName, TenantName};
 use belfry_store::{ChangeLeaseParams, Fence, RecordLeasesParams, StoredLeaseState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot};
@@ -143,6 +146,73 @@ pub(crate) fn handle(shared: &Arc<Shared>, input: Input) {
     let actions = shared.pull.lock().handle(input, shared.clock.now());
     perform(shared, actions, None);
     shared.pull.wake.notify_one();
+}
+
+/// Tells the queue that the versions of `key` it holds other than
+/// `current`'s pending one ended (`current`: the record after a change,
+/// `None` if it does not exist). Cheap when nothing of `key` is held.
+pub(crate) fn versions_ended(shared: &Arc<Shared>, key: &EventKey, current: Option<&EventRecord>) {
+    let ended = ended_versions(shared, key, current);
+    if !ended.is_empty() {
+        let now = shared.clock.now();
+        let actions = {
+            let mut queue = shared.pull.lock();
+            ended
+                .into_iter()
+                .flat_map(|version| {
+                    queue.handle(
+                        Input::VersionEnded {
+                            key: key.clone(),
+                            version,
+                        },
+                        now,
+                    )
+                })
+                .collect()
+        };
+        perform(shared, actions, None);
+        shared.pull.wake.notify_one();
+    }
+}
+
+/// The held versions of `key` that `current` no longer has pending.
+fn ended_versions(
+    shared: &Shared,
+    key: &EventKey,
+    current: Option<&EventRecord>,
+) -> Vec<EventVersion> {
+    let queue = shared.pull.lock();
+    if queue.holds_nothing() {
+        return Vec::new();
+    }
+    let live = current
+        .filter(|record| record.status.is_pending())
+        .map(|record| &record.version);
+    queue
+        .held_versions(key)
+        .into_iter()
+        .filter(|version| Some(version) != live)
+        .collect()
+}
+
+/// `key` was changed through another node (its wake-up arrived): if the
+/// queue holds a version of it, the record is read to tell whether that
+/// version ended.
+pub(crate) fn changed_elsewhere(shared: &Arc<Shared>, key: EventKey) {
+    if shared.pull.lock().held_versions(&key).is_empty() {
+        return;
+    }
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        match shared.store.get_event(&key).await {
+            Ok(record) => versions_ended(&shared, &key, record.as_ref()),
+            // The store's fence still stops the version: its grant or its
+            // lease's next write answers `Cancelled`.
+            Err(error) => {
+                tracing::warn!(%error, "reading a changed event of the pull queue failed")
+            }
+        }
+    });
 }
 
 /// Hands a fired entry of a pull tenant to the queue. It stays

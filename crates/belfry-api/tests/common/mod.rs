@@ -63,6 +63,9 @@ pub enum FaultScope {
     /// Only the engine's due-index page reads: partitions cannot load
     /// their windows.
     DuePages,
+    /// Only the pull queue's lease writes (grants and changes): what the
+    /// queue answers without the store still answers.
+    LeaseWrites,
 }
 
 impl Faults {
@@ -81,7 +84,9 @@ impl Faults {
 
     fn check(&self, call: FaultScope) -> StoreResult<()> {
         let result = match &*self.fault.lock().unwrap() {
-            Some((FaultScope::ClientCalls, error)) if call != FaultScope::DuePages => {
+            Some((FaultScope::ClientCalls, error))
+                if !matches!(call, FaultScope::DuePages | FaultScope::LeaseWrites) =>
+            {
                 Err(error.clone())
             }
             Some((scope, error)) if *scope == call => Err(error.clone()),
@@ -137,12 +142,14 @@ impl Store for FaultyStore {
         &self,
         params: belfry_store::RecordLeasesParams,
     ) -> StoreResult<Vec<belfry_store::LeaseWriteOutcome>> {
+        self.faults.check(FaultScope::LeaseWrites)?;
         self.inner.record_leases(params).await
     }
     async fn change_lease(
         &self,
         params: belfry_store::ChangeLeaseParams,
     ) -> StoreResult<belfry_store::LeaseWriteOutcome> {
+        self.faults.check(FaultScope::LeaseWrites)?;
         self.inner.change_lease(params).await
     }
     async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<belfry_store::StoredLease>> {
@@ -535,6 +542,19 @@ pub fn encode(text: &str) -> String {
 pub const FUTURE: &str = "2099-01-31T04:00:30Z";
 
 /// An RFC 3339 instant `offset_ms` from now (negative: in the past).
+/// Polls `condition` until it holds, or fails with `what` at the deadline.
+pub async fn wait_until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !condition().await {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub fn from_now(offset_ms: i64) -> String {
     use belfry_core::Clock;
     belfry_core::Timestamp::from_millis(SystemClock.now().as_millis() + offset_ms).to_rfc3339()

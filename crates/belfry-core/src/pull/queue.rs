@@ -432,7 +432,9 @@ pub struct PullQueue {
     ready: ReadyQueues,
     /// Ready plus being granted, per tenant (the ready bounds).
     pending_by_tenant: HashMap<TenantName, usize>,
-    held: HashMap<(EventKey, EventVersion), Place>,
+    /// Ordered so that the versions of one key are found together
+    /// ([`Self::held_versions`]).
+    held: BTreeMap<(EventKey, EventVersion), Place>,
     grants: BTreeMap<OpId, GrantBatch>,
     granting_items: usize,
     leases: HashMap<LeaseId, Lease>,
@@ -464,7 +466,7 @@ impl PullQueue {
             nonces,
             ready: ReadyQueues::default(),
             pending_by_tenant: HashMap::new(),
-            held: HashMap::new(),
+            held: BTreeMap::new(),
             grants: BTreeMap::new(),
             granting_items: 0,
             leases: HashMap::new(),
@@ -541,6 +543,22 @@ impl PullQueue {
     /// tell whether to send [`Input::VersionEnded`].
     pub fn holds(&self, key: &EventKey, version: &EventVersion) -> bool {
         self.held.contains_key(&(key.clone(), version.clone()))
+    }
+
+    /// Whether nothing is held: the runtime skips its look-ups then.
+    pub fn holds_nothing(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// The versions of `key` held (ready, being granted or leased): those
+    /// no longer pending in the store are for [`Input::VersionEnded`].
+    pub fn held_versions(&self, key: &EventKey) -> Vec<EventVersion> {
+        let lowest = (key.clone(), EventVersion::from_string(String::new()));
+        self.held
+            .range(lowest..)
+            .take_while(|((held, _), _)| held == key)
+            .map(|((_, version), _)| version.clone())
+            .collect()
     }
 
     /// New leases (grants included) that fit.

@@ -802,6 +802,30 @@ fn a_write_in_flight_holds_back_the_expiry() {
 }
 
 #[test]
+fn the_held_versions_of_a_key_are_listed_for_the_runtime() {
+    let mut h = Harness::new();
+    assert!(h.queue.holds_nothing());
+    h.offer(vec![
+        ready("t", "a", 0),
+        ready("t", "b", 0),
+        ready("u", "a", 0),
+    ]);
+    assert!(!h.queue.holds_nothing());
+    assert_eq!(
+        h.queue.held_versions(&key("t", "a")),
+        [EventVersion::from_string("v-a".into())]
+    );
+    assert!(h.queue.held_versions(&key("t", "c")).is_empty());
+    let leased = h.grant("t", 2, 30_000);
+    assert_eq!(leased.len(), 2);
+    assert_eq!(
+        h.queue.held_versions(&key("t", "b")),
+        [EventVersion::from_string("v-b".into())],
+        "leased versions are held too"
+    );
+}
+
+#[test]
 fn a_cancel_of_a_ready_entry_finishes_it() {
     let mut h = Harness::new();
     h.offer(vec![ready("t", "a", 0), ready("t", "b", 0)]);
