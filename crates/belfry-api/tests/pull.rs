@@ -728,3 +728,166 @@ async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
     assert!(delivered >= 2, "{history:?}");
     h.shutdown().await;
 }
+
+/// Waits until `n` events are handed to the pull queue.
+async fn wait_outstanding(h: &Harness, n: usize) {
+    let engine = engine(h);
+    common::wait_until("events handed to the pull queue", || {
+        let engine = engine.clone();
+        async move { engine.outstanding() == n }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn events_name_their_queue_and_claims_take_from_theirs_in_turn() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    for (id, queue) in [
+        ("a1", "alpha"),
+        ("a2", "alpha"),
+        ("a3", "alpha"),
+        ("b1", "beta"),
+    ] {
+        let put = h
+            .put(
+                &format!("/v1/tenants/jobs/events/{id}"),
+                &json!({ "deliver_at": common::from_now(0), "queue": queue }),
+            )
+            .await;
+        assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+        assert_eq!(put.body["queue"], queue);
+    }
+    let plain = h
+        .put(
+            "/v1/tenants/jobs/events/d1",
+            &json!({ "deliver_at": common::from_now(0), "queue": "default" }),
+        )
+        .await;
+    assert_eq!(plain.body.get("queue"), None, "the default is not shown");
+    wait_outstanding(&h, 5).await;
+    let beta = claim(&h, "jobs", json!({ "max_events": 5, "queues": ["beta"] })).await;
+    assert_eq!(beta.len(), 1, "{beta:?}");
+    assert_eq!(beta[0]["queue"], "beta");
+    assert_eq!(beta[0]["event"]["queue"], "beta");
+    assert_eq!(beta[0]["event"]["id"], "b1");
+    // Queues take turns: one of each before a second of alpha.
+    let two = claim(&h, "jobs", json!({ "max_events": 2 })).await;
+    let mut queues: Vec<&str> = two.iter().map(|l| l["queue"].as_str().unwrap()).collect();
+    queues.sort_unstable();
+    assert_eq!(queues, ["alpha", "default"], "{two:?}");
+    assert!(
+        claim(&h, "jobs", json!({ "queues": ["beta", "default"] }))
+            .await
+            .is_empty(),
+        "nothing left in those queues"
+    );
+    let rest = claim(&h, "jobs", json!({ "max_events": 5, "queues": ["alpha"] })).await;
+    assert_eq!(rest.len(), 2, "{rest:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_event_caps_its_own_attempts_and_backs_off_its_own_way() {
+    let h = Harness::start().await;
+    h.put(
+        "/v1/tenants/jobs",
+        &json!({ "sink": { "type": "pull", "max_attempts": 5 } }),
+    )
+    .await;
+    let put = h
+        .put(
+            "/v1/tenants/jobs/events/once",
+            &json!({ "deliver_at": common::from_now(0), "max_attempts": 1 }),
+        )
+        .await;
+    assert_eq!(put.body["max_attempts"], 1, "{put:?}");
+    let lease = claim_one(&h, "jobs").await;
+    assert_eq!(lease["max_attempts"], 1);
+    let failed = lease_call(&h, &lease, "fail", json!({ "error": { "code": "boom" } })).await;
+    assert_eq!(failed.body["state"], "failed", "{failed:?}");
+    let backoff = json!({ "initial_delay_ms": 100, "multiplier": 1.5, "max_delay_ms": 200 });
+    let put = h
+        .put(
+            "/v1/tenants/jobs/events/quick",
+            &json!({ "deliver_at": common::from_now(0), "backoff": backoff }),
+        )
+        .await;
+    assert_eq!(put.body["backoff"], backoff, "{put:?}");
+    let lease = claim_one(&h, "jobs").await;
+    assert_eq!(lease["max_attempts"], 5, "the tenant's cap");
+    let before = now();
+    let failed = lease_call(&h, &lease, "fail", json!({ "error": { "code": "boom" } })).await;
+    assert_eq!(failed.body["state"], "scheduled", "{failed:?}");
+    let next = instant(&failed.body["next_attempt_at"]);
+    assert!(
+        next < before.plus(std::time::Duration::from_millis(1000)),
+        "the event's 100 ms back-off, not the node's 1 s: {next:?} after {before:?}"
+    );
+    let again = claim_one(&h, "jobs").await;
+    assert_eq!(again["attempt"], 2);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_queue_and_attempt_fields_are_refused_naming_the_field() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    let before = h.snapshot(&["jobs"]).await;
+    for (fields, named) in [
+        (json!({ "queue": "a b" }), "queue"),
+        (json!({ "queue": "" }), "queue"),
+        (json!({ "queue": "q".repeat(65) }), "queue"),
+        (json!({ "max_attempts": 0 }), "max_attempts"),
+        (json!({ "max_attempts": 1001 }), "max_attempts"),
+        (json!({ "max_attempts": "many" }), "max_attempts"),
+        (
+            json!({ "backoff": { "multiplier": 0.5 } }),
+            "backoff.multiplier",
+        ),
+        (
+            json!({ "backoff": { "initial_delay_ms": 0 } }),
+            "backoff.initial_delay_ms",
+        ),
+        (
+            json!({ "backoff": { "initial_delay_ms": 500, "max_delay_ms": 100 } }),
+            "backoff.max_delay_ms",
+        ),
+        (json!({ "backoff": { "jitter": 1 } }), "jitter"),
+    ] {
+        let mut body = fields.clone();
+        body["deliver_at"] = json!(common::from_now(1000));
+        let answer = h.put("/v1/tenants/jobs/events/bad", &body).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{fields}: {answer:?}"
+        );
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{message:?} names {named}");
+        let batch = h
+            .post(
+                "/v1/tenants/jobs/events",
+                &json!({ "events": [{ "id": "bad", "deliver_at": body["deliver_at"], "queue": body.get("queue"), "max_attempts": body.get("max_attempts"), "backoff": body.get("backoff") }] }),
+            )
+            .await;
+        assert_ne!(
+            batch.body["results"][0]["status"], "created",
+            "{fields}: {batch:?}"
+        );
+    }
+    for (body, named) in [
+        (json!({ "worker_id": "w", "queues": [] }), "queues"),
+        (json!({ "worker_id": "w", "queues": ["a b"] }), "queues"),
+        (json!({ "worker_id": "w", "queues": "alpha" }), "queues"),
+    ] {
+        let answer = h.post("/v1/tenants/jobs/leases", &body).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{body}: {answer:?}");
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{message:?} names {named}");
+    }
+    assert_eq!(h.snapshot(&["jobs"]).await, before);
+    h.shutdown().await;
+}

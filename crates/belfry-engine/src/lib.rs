@@ -574,7 +574,12 @@ impl Shared {
         }
     }
 
-    fn send_effect(&self, partition: belfry_core::PartitionId, key: EventKey, effect: &Effect) {
+    pub(crate) fn send_effect(
+        &self,
+        partition: belfry_core::PartitionId,
+        key: EventKey,
+        effect: &Effect,
+    ) {
         let input = match *effect {
             Effect::Arm { at } => Input::Offer(DueCursor { due: at, key }),
             Effect::Disarm { at } => Input::Remove(DueCursor { due: at, key }),

@@ -25,13 +25,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use belfry_core::event::EventRecord;
+use belfry_core::event::{Effect, EventRecord, PullSettings};
 use belfry_core::pull::{
-    Action, AttemptPolicy, CallId, ClaimRequest, Input, LeaseCall, LeaseId, LeaseRecord,
-    NonceSource, PersistResult, PullConfig, PullError, PullQueue, PullStats, ReadyEntry, Reply,
-    Resolution,
+    Action, AttemptPolicy, CallId, ClaimRequest, Input, LeaseCall, LeaseChange, LeaseId,
+    LeaseRecord, NonceSource, PersistResult, PullConfig, PullError, PullQueue, PullStats,
+    ReadyEntry, Reply, Resolution,
 };
-use belfry_core::{EventKey, EventVersion, QueueName, TenantName};
+use belfry_core::tenant::PullTarget;
+use belfry_core::{EventKey, EventVersion, TenantName};
 use belfry_store::{ChangeLeaseParams, Fence, RecordLeasesParams, StoredLeaseState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot};
@@ -221,18 +222,17 @@ pub(crate) fn ready(shared: &Arc<Shared>, entry: ReadyEntry) {
     handle(shared, Input::Ready(vec![entry]));
 }
 
-/// The attempts of a pull tenant's event: its tenant's cap, the node's
-/// retry policy.
-pub(crate) fn policy(shared: &Shared, max_attempts: u32) -> AttemptPolicy {
+/// The attempts of a pull tenant's event: its own cap, else its tenant's;
+/// its own back-off, else the node's retry policy (whose backlog limit is
+/// the deadline either way).
+pub(crate) fn policy(shared: &Shared, tenant: &PullTarget, event: &PullSettings) -> AttemptPolicy {
+    let node = &shared.options.retry;
     AttemptPolicy {
-        max_attempts,
-        retry: shared.options.retry.clone(),
+        max_attempts: event.max_attempts.unwrap_or_else(|| tenant.max_attempts()),
+        retry: event
+            .backoff
+            .map_or_else(|| node.clone(), |backoff| backoff.apply_to(node)),
     }
-}
-
-/// The queue every entry goes to until events name theirs.
-pub(crate) fn queue_of() -> QueueName {
-    QueueName::default_queue()
 }
 
 /// This node no longer holds `released` (already removed from the owned
@@ -358,6 +358,15 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
             } => {
                 let shared = shared.clone();
                 tokio::spawn(async move {
+                    // The event's next attempt, once the change is recorded.
+                    let next_at = match &change {
+                        LeaseChange::Resolve {
+                            resolution: Resolution::Retry { at } | Resolution::Released { at },
+                            ..
+                        } => Some(*at),
+                        _ => None,
+                    };
+                    let key = lease.key().clone();
                     let params = ChangeLeaseParams {
                         fence: Fence {
                             partition,
@@ -381,6 +390,13 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
                             results: vec![result],
                         },
                     );
+                    // After the queue finished the entry in its core (as the
+                    // recorder does for a push retry): armed now, the next
+                    // attempt fires at its instant, not at the next repair
+                    // page.
+                    if let (PersistResult::Done, Some(at)) = (result, next_at) {
+                        shared.send_effect(partition, key, &Effect::Arm { at });
+                    }
                 });
             }
             Action::Reply { call, reply } => {

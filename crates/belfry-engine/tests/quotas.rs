@@ -104,6 +104,7 @@ fn upsert(tenant_name: &str, id: &str, at: i64, payload: &str) -> KeyedCommand {
             payload: Some(payload.to_string()),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::generate(),
+            pull: Default::default(),
         },
         fence: None,
     }

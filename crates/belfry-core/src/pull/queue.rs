@@ -504,6 +504,11 @@ impl PullQueue {
         self.ready.len_of(tenant)
     }
 
+    /// Ready entries of `tenant` in `queue`.
+    pub fn ready_in(&self, tenant: &TenantName, queue: &QueueName) -> usize {
+        self.ready.len_in(tenant, queue)
+    }
+
     /// Ready plus being granted, of one tenant (bounded by
     /// `max_ready_per_tenant`).
     pub fn pending_of(&self, tenant: &TenantName) -> usize {
@@ -823,19 +828,30 @@ impl PullQueue {
         }
     }
 
+    /// Serves `tenant`'s waiting claims oldest first; a claim that names
+    /// queues with nothing ready is passed over (it keeps its place).
     fn serve_tenant(&mut self, tenant: &TenantName, now: Timestamp, out: &mut Vec<Action>) {
-        while self.ready.len_of(tenant) > 0 {
-            let Some(seq) = self.waiting.get(tenant).and_then(|s| s.first().copied()) else {
+        let waiting: Vec<u64> = self
+            .waiting
+            .get(tenant)
+            .map(|seqs| seqs.iter().copied().collect())
+            .unwrap_or_default();
+        for seq in waiting {
+            if self.ready.len_of(tenant) == 0 {
                 return;
-            };
+            }
             let room = self.lease_room();
             if room == 0 {
                 self.starved = true;
                 return;
             }
             let Some(waiter) = self.waiters.get(&seq) else {
-                return;
+                continue;
             };
+            let only = waiter.request.queues.as_ref();
+            if !self.ready.has_for(tenant, only) {
+                continue;
+            }
             let (call, worker, lease_len) = (
                 waiter.call,
                 waiter.request.worker.clone(),
@@ -845,7 +861,7 @@ impl PullQueue {
             // and over.
             let want = (waiter.request.max_events.max(1) as usize).min(room);
             let deadline = waiter.deadline;
-            let entries = self.ready.take(tenant, want);
+            let entries = self.ready.take(tenant, want, only);
             self.next_op += 1;
             let op = OpId(self.next_op);
             let mut items = Vec::with_capacity(entries.len());
