@@ -702,10 +702,19 @@ async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
     let created = h
         .put(
             path,
-            &json!({ "expression": "@every 1s", "type": "every", "payload": "tock" }),
+            &json!({ "expression": "@every 1s", "type": "every", "payload": "tock",
+                     "queue": "ticks", "max_attempts": 4 }),
         )
         .await;
     assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.body["queue"], "ticks", "{created:?}");
+    let bad = h
+        .put(
+            "/v1/tenants/jobs/schedules/bad",
+            &json!({ "expression": "@every 1s", "type": "every", "max_attempts": 0 }),
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{bad:?}");
     let mut seen = std::collections::HashSet::new();
     for _ in 0..2 {
         let lease = claim_one(&h, "jobs").await;
@@ -713,6 +722,8 @@ async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
         assert!(id.starts_with("tick@"), "{lease}");
         assert_eq!(lease["event"]["payload"], "tock");
         assert_eq!(lease["attempt"], 1);
+        assert_eq!(lease["queue"], "ticks", "the schedule's queue");
+        assert_eq!(lease["max_attempts"], 4, "the schedule's cap");
         assert!(now() >= instant(&lease["due_at"]), "never early");
         let done = lease_call(&h, &lease, "complete", json!({})).await;
         assert_eq!(done.status, StatusCode::OK, "{done:?}");

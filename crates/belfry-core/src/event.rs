@@ -122,6 +122,12 @@ impl PullSettings {
     pub fn queue(&self) -> QueueName {
         self.queue.clone().unwrap_or_else(QueueName::default_queue)
     }
+
+    /// Nothing set: the event takes its queue, cap and back-off from its
+    /// tenant and node.
+    pub fn is_default(&self) -> bool {
+        *self == PullSettings::default()
+    }
 }
 
 /// What one finished delivery attempt reports.

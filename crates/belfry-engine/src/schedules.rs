@@ -274,7 +274,7 @@ fn occurrence_commands(
                 payload: schedule.payload.clone(),
                 delivery: schedule.delivery,
                 new_version: id.event_version(),
-                pull: Default::default(),
+                pull: schedule.pull.clone(),
             },
             fence: None,
         });

@@ -256,6 +256,7 @@ async fn schedules_are_capped_per_tenant() {
             created_at: now,
             updated_at: now,
             progress: Progress::starting_after(now),
+            pull: Default::default(),
         }
     };
     node.handle.put_schedule(&a, schedule("s1")).await.unwrap();

@@ -299,6 +299,14 @@ pub struct PutSchedule {
     pub misfire: Option<Misfire>,
     #[schema(maximum = 18446744073709551615.0)]
     pub catch_up_window_ms: Option<u64>,
+    /// Pull tenants: the queue of its occurrences (default `default`).
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
+    pub queue: Option<String>,
+    /// Pull tenants: its occurrences' attempt cap (else the tenant's).
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_attempts: Option<u32>,
+    /// Pull tenants: its occurrences' back-off (else the node's).
+    pub backoff: Option<Backoff>,
 }
 
 #[derive(ToSchema)]
@@ -330,6 +338,9 @@ pub struct ScheduleView {
     pub max_occurrences: Option<u64>,
     pub misfire: Misfire,
     pub catch_up_window_ms: u64,
+    pub queue: Option<String>,
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<Backoff>,
     pub occurrences: u64,
     pub last_occurrence: Option<String>,
     pub missed: MissedView,

@@ -59,16 +59,16 @@ struct BatchItem {
 /// (`docs/pull.md`): its named queue, its attempt cap and back-off.
 #[derive(Debug, Default)]
 pub(crate) struct PullFields {
-    queue: Option<String>,
-    max_attempts: Option<u32>,
-    backoff: Option<BackoffBody>,
+    pub queue: Option<String>,
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<BackoffBody>,
 }
 
 /// `backoff` on the wire; omitted fields take the node's defaults
 /// (1 s, ×2, at most 1 h, and never below `initial_delay_ms`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a backoff object")]
-struct BackoffBody {
+pub(crate) struct BackoffBody {
     initial_delay_ms: Option<u64>,
     multiplier: Option<f64>,
     max_delay_ms: Option<u64>,
