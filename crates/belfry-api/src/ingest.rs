@@ -277,7 +277,12 @@ pub async fn schedule_v1(
                 )));
                 continue;
             };
-            match crate::v1::events::upsert(deliver_at, record.payload, record.delivery) {
+            match crate::v1::events::upsert(
+                deliver_at,
+                record.payload,
+                record.delivery,
+                Default::default(),
+            ) {
                 Ok(command) => command,
                 Err(error) => {
                     answers.push(Some(rejected(

@@ -15,7 +15,7 @@ use belfry_core::{Clock, EventStatus, SystemClock, TenantName};
 use belfry_engine::EngineOptions;
 use belfry_store::{AuditPageParams, CountEventsParams, ListBulkActionsParams, StoreError};
 use belfry_testkit::Receiver;
-use common::{Answer, DEADLINE, FUTURE, FaultScope, Harness, from_now};
+use common::{Answer, DEADLINE, FUTURE, FaultScope, Harness, from_now, wait_until};
 use serde_json::{Value, json};
 
 /// A key stored directly (as `belfry keys create` does): `(id, secret)`.
@@ -43,19 +43,6 @@ async fn count(h: &Harness, tenant: &str, status: EventStatus) -> u64 {
         })
         .await
         .unwrap()
-}
-
-/// Polls `condition` until it holds, or fails with `what` at the deadline.
-async fn wait_until<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !condition().await {
-        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Polls the action until it is no longer running; returns its view.

@@ -3,7 +3,7 @@
 mod common;
 
 use axum::http::StatusCode;
-use common::Harness;
+use common::{FaultScope, Harness};
 use serde_json::json;
 
 #[tokio::test]
@@ -365,6 +365,45 @@ async fn an_expired_lease_is_lost_counted_and_the_event_offered_again() {
     h.shutdown().await;
 }
 
+fn engine(h: &Harness) -> belfry_engine::EngineHandle {
+    h.engine.as_ref().expect("the engine runs").handle()
+}
+
+/// Waits until the event is fired to the pull queue (outstanding in its
+/// partition core, ready in the queue).
+async fn wait_ready(h: &Harness) {
+    let engine = engine(h);
+    common::wait_until("the event handed to the pull queue", || {
+        let engine = engine.clone();
+        async move { engine.outstanding() == 1 }
+    })
+    .await;
+}
+
+fn lease_writes_fail(h: &Harness) {
+    h.faults.set(
+        FaultScope::LeaseWrites,
+        belfry_store::StoreError::Unavailable("lease writes down".into()),
+    );
+}
+
+/// The lease's next heartbeat says `cancel_requested` (lease writes fail
+/// meanwhile: the queue answers from what it was told, not from the
+/// store), and its complete and release are `lease_lost`.
+async fn assert_cancel_requested(h: &Harness, lease: &serde_json::Value) {
+    lease_writes_fail(h);
+    let beat = lease_call(h, lease, "heartbeat", json!({ "extend_ms": 60000 })).await;
+    assert_eq!(beat.status, StatusCode::OK, "{beat:?}");
+    assert_eq!(beat.body["cancel_requested"], true, "{beat:?}");
+    for call in ["complete", "release"] {
+        let answer = lease_call(h, lease, call, json!({})).await;
+        assert_eq!(answer.status, StatusCode::CONFLICT, "{call}: {answer:?}");
+        assert_eq!(answer.body["error"]["code"], "lease_lost", "{answer:?}");
+    }
+    assert_eq!(h.faults.injected(), 0, "no lease write was needed");
+    h.faults.clear();
+}
+
 #[tokio::test]
 async fn a_cancelled_leased_event_asks_its_worker_to_stop_and_cannot_complete() {
     let h = Harness::start().await;
@@ -372,16 +411,96 @@ async fn a_cancelled_leased_event_asks_its_worker_to_stop_and_cannot_complete() 
     let lease = claim_one(&h, "jobs").await;
     let cancel = h.delete("/v1/tenants/jobs/events/e1").await;
     assert!(cancel.status.is_success(), "{cancel:?}");
-    let beat = lease_call(&h, &lease, "heartbeat", json!({ "extend_ms": 60000 })).await;
-    assert_eq!(beat.status, StatusCode::OK, "{beat:?}");
-    assert_eq!(beat.body["cancel_requested"], true, "{beat:?}");
-    for call in ["complete", "release"] {
-        let answer = lease_call(&h, &lease, call, json!({})).await;
-        assert_eq!(answer.status, StatusCode::CONFLICT, "{call}: {answer:?}");
-        assert_eq!(answer.body["error"]["code"], "lease_lost", "{answer:?}");
-    }
+    assert_eq!(
+        engine(&h).pull_stats().cancelled,
+        1,
+        "the queue knows before the cancel is answered"
+    );
+    assert_cancel_requested(&h, &lease).await;
     let event = h.get("/v1/tenants/jobs/events/e1").await;
     assert_eq!(event.body["status"], "cancelled", "{event:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cancel_made_through_another_node_reaches_the_queue_by_its_wake_up() {
+    use belfry_core::event::{Effect, EventCommand};
+    let h = Harness::start().await;
+    one_due_event(&h).await;
+    let lease = claim_one(&h, "jobs").await;
+    // Another node's cancel: written to the shared store, then announced
+    // (NOTIFY in a cluster) as a bare wake-up without the record.
+    let key = belfry_core::EventKey::new(
+        belfry_core::TenantName::new("jobs").unwrap(),
+        belfry_core::EventId::new("e1").unwrap(),
+    );
+    let applied = h
+        .store
+        .apply(belfry_store::ApplyParams {
+            commands: vec![belfry_store::KeyedCommand {
+                key: key.clone(),
+                command: EventCommand::Cancel,
+                fence: None,
+            }],
+            now: now(),
+            retry: Default::default(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(engine(&h).pull_stats().cancelled, 0, "not told yet");
+    let at = instant(&lease["due_at"]);
+    engine(&h).wake(applied[0].partition, key, Effect::Disarm { at });
+    let handle = engine(&h);
+    common::wait_until("the queue told of the cancel", || {
+        let handle = handle.clone();
+        async move { handle.pull_stats().cancelled == 1 }
+    })
+    .await;
+    assert_cancel_requested(&h, &lease).await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_ready_event_cancelled_before_any_claim_is_never_leased() {
+    let h = Harness::start().await;
+    one_due_event(&h).await;
+    wait_ready(&h).await;
+    let cancel = h.delete("/v1/tenants/jobs/events/e1").await;
+    assert!(cancel.status.is_success(), "{cancel:?}");
+    assert_eq!(engine(&h).pull_stats().cancelled, 1, "dropped at once");
+    assert_eq!(engine(&h).outstanding(), 0, "and finished in its core");
+    lease_writes_fail(&h);
+    assert!(
+        claim(&h, "jobs", json!({ "wait_ms": 300 }))
+            .await
+            .is_empty()
+    );
+    assert_eq!(h.faults.injected(), 0, "no grant was even tried");
+    assert_eq!(engine(&h).pull_stats().granted, 0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_moved_ready_event_is_leased_at_its_new_instant_only() {
+    let h = Harness::start().await;
+    one_due_event(&h).await;
+    wait_ready(&h).await;
+    let moved = h
+        .put(
+            "/v1/tenants/jobs/events/e1",
+            &json!({ "deliver_at": common::from_now(1500), "payload": "work" }),
+        )
+        .await;
+    assert_eq!(moved.status, StatusCode::OK, "{moved:?}");
+    assert_eq!(engine(&h).pull_stats().cancelled, 1, "the old version left");
+    let new_instant = instant(&moved.body["deliver_at"]);
+    let lease = claim_one(&h, "jobs").await;
+    assert!(now() >= new_instant, "leased before its new instant");
+    assert_eq!(instant(&lease["due_at"]), new_instant);
+    assert_eq!(lease["attempt"], 1);
+    let done = lease_call(&h, &lease, "complete", json!({})).await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    assert_eq!(engine(&h).pull_stats().granted, 1, "leased once");
     h.shutdown().await;
 }
 
@@ -583,10 +702,19 @@ async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
     let created = h
         .put(
             path,
-            &json!({ "expression": "@every 1s", "type": "every", "payload": "tock" }),
+            &json!({ "expression": "@every 1s", "type": "every", "payload": "tock",
+                     "queue": "ticks", "max_attempts": 4 }),
         )
         .await;
     assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.body["queue"], "ticks", "{created:?}");
+    let bad = h
+        .put(
+            "/v1/tenants/jobs/schedules/bad",
+            &json!({ "expression": "@every 1s", "type": "every", "max_attempts": 0 }),
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{bad:?}");
     let mut seen = std::collections::HashSet::new();
     for _ in 0..2 {
         let lease = claim_one(&h, "jobs").await;
@@ -594,6 +722,8 @@ async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
         assert!(id.starts_with("tick@"), "{lease}");
         assert_eq!(lease["event"]["payload"], "tock");
         assert_eq!(lease["attempt"], 1);
+        assert_eq!(lease["queue"], "ticks", "the schedule's queue");
+        assert_eq!(lease["max_attempts"], 4, "the schedule's cap");
         assert!(now() >= instant(&lease["due_at"]), "never early");
         let done = lease_call(&h, &lease, "complete", json!({})).await;
         assert_eq!(done.status, StatusCode::OK, "{done:?}");
@@ -607,5 +737,168 @@ async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
         .filter(|o| o["status"] == "delivered")
         .count();
     assert!(delivered >= 2, "{history:?}");
+    h.shutdown().await;
+}
+
+/// Waits until `n` events are handed to the pull queue.
+async fn wait_outstanding(h: &Harness, n: usize) {
+    let engine = engine(h);
+    common::wait_until("events handed to the pull queue", || {
+        let engine = engine.clone();
+        async move { engine.outstanding() == n }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn events_name_their_queue_and_claims_take_from_theirs_in_turn() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    for (id, queue) in [
+        ("a1", "alpha"),
+        ("a2", "alpha"),
+        ("a3", "alpha"),
+        ("b1", "beta"),
+    ] {
+        let put = h
+            .put(
+                &format!("/v1/tenants/jobs/events/{id}"),
+                &json!({ "deliver_at": common::from_now(0), "queue": queue }),
+            )
+            .await;
+        assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+        assert_eq!(put.body["queue"], queue);
+    }
+    let plain = h
+        .put(
+            "/v1/tenants/jobs/events/d1",
+            &json!({ "deliver_at": common::from_now(0), "queue": "default" }),
+        )
+        .await;
+    assert_eq!(plain.body.get("queue"), None, "the default is not shown");
+    wait_outstanding(&h, 5).await;
+    let beta = claim(&h, "jobs", json!({ "max_events": 5, "queues": ["beta"] })).await;
+    assert_eq!(beta.len(), 1, "{beta:?}");
+    assert_eq!(beta[0]["queue"], "beta");
+    assert_eq!(beta[0]["event"]["queue"], "beta");
+    assert_eq!(beta[0]["event"]["id"], "b1");
+    // Queues take turns: one of each before a second of alpha.
+    let two = claim(&h, "jobs", json!({ "max_events": 2 })).await;
+    let mut queues: Vec<&str> = two.iter().map(|l| l["queue"].as_str().unwrap()).collect();
+    queues.sort_unstable();
+    assert_eq!(queues, ["alpha", "default"], "{two:?}");
+    assert!(
+        claim(&h, "jobs", json!({ "queues": ["beta", "default"] }))
+            .await
+            .is_empty(),
+        "nothing left in those queues"
+    );
+    let rest = claim(&h, "jobs", json!({ "max_events": 5, "queues": ["alpha"] })).await;
+    assert_eq!(rest.len(), 2, "{rest:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_event_caps_its_own_attempts_and_backs_off_its_own_way() {
+    let h = Harness::start().await;
+    h.put(
+        "/v1/tenants/jobs",
+        &json!({ "sink": { "type": "pull", "max_attempts": 5 } }),
+    )
+    .await;
+    let put = h
+        .put(
+            "/v1/tenants/jobs/events/once",
+            &json!({ "deliver_at": common::from_now(0), "max_attempts": 1 }),
+        )
+        .await;
+    assert_eq!(put.body["max_attempts"], 1, "{put:?}");
+    let lease = claim_one(&h, "jobs").await;
+    assert_eq!(lease["max_attempts"], 1);
+    let failed = lease_call(&h, &lease, "fail", json!({ "error": { "code": "boom" } })).await;
+    assert_eq!(failed.body["state"], "failed", "{failed:?}");
+    let backoff = json!({ "initial_delay_ms": 100, "multiplier": 1.5, "max_delay_ms": 200 });
+    let put = h
+        .put(
+            "/v1/tenants/jobs/events/quick",
+            &json!({ "deliver_at": common::from_now(0), "backoff": backoff }),
+        )
+        .await;
+    assert_eq!(put.body["backoff"], backoff, "{put:?}");
+    let lease = claim_one(&h, "jobs").await;
+    assert_eq!(lease["max_attempts"], 5, "the tenant's cap");
+    let before = now();
+    let failed = lease_call(&h, &lease, "fail", json!({ "error": { "code": "boom" } })).await;
+    assert_eq!(failed.body["state"], "scheduled", "{failed:?}");
+    let next = instant(&failed.body["next_attempt_at"]);
+    assert!(
+        next < before.plus(std::time::Duration::from_millis(1000)),
+        "the event's 100 ms back-off, not the node's 1 s: {next:?} after {before:?}"
+    );
+    let again = claim_one(&h, "jobs").await;
+    assert_eq!(again["attempt"], 2);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_queue_and_attempt_fields_are_refused_naming_the_field() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    let before = h.snapshot(&["jobs"]).await;
+    for (fields, named) in [
+        (json!({ "queue": "a b" }), "queue"),
+        (json!({ "queue": "" }), "queue"),
+        (json!({ "queue": "q".repeat(65) }), "queue"),
+        (json!({ "max_attempts": 0 }), "max_attempts"),
+        (json!({ "max_attempts": 1001 }), "max_attempts"),
+        (json!({ "max_attempts": "many" }), "max_attempts"),
+        (
+            json!({ "backoff": { "multiplier": 0.5 } }),
+            "backoff.multiplier",
+        ),
+        (
+            json!({ "backoff": { "initial_delay_ms": 0 } }),
+            "backoff.initial_delay_ms",
+        ),
+        (
+            json!({ "backoff": { "initial_delay_ms": 500, "max_delay_ms": 100 } }),
+            "backoff.max_delay_ms",
+        ),
+        (json!({ "backoff": { "jitter": 1 } }), "jitter"),
+    ] {
+        let mut body = fields.clone();
+        body["deliver_at"] = json!(common::from_now(1000));
+        let answer = h.put("/v1/tenants/jobs/events/bad", &body).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{fields}: {answer:?}"
+        );
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{message:?} names {named}");
+        let batch = h
+            .post(
+                "/v1/tenants/jobs/events",
+                &json!({ "events": [{ "id": "bad", "deliver_at": body["deliver_at"], "queue": body.get("queue"), "max_attempts": body.get("max_attempts"), "backoff": body.get("backoff") }] }),
+            )
+            .await;
+        assert_ne!(
+            batch.body["results"][0]["status"], "created",
+            "{fields}: {batch:?}"
+        );
+    }
+    for (body, named) in [
+        (json!({ "worker_id": "w", "queues": [] }), "queues"),
+        (json!({ "worker_id": "w", "queues": ["a b"] }), "queues"),
+        (json!({ "worker_id": "w", "queues": "alpha" }), "queues"),
+    ] {
+        let answer = h.post("/v1/tenants/jobs/leases", &body).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{body}: {answer:?}");
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{message:?} names {named}");
+    }
+    assert_eq!(h.snapshot(&["jobs"]).await, before);
     h.shutdown().await;
 }

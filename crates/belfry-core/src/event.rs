@@ -7,9 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{EventKey, EventVersion};
+use crate::ids::{EventKey, EventVersion, QueueName};
 use crate::partition::PartitionId;
-use crate::retry::{RetryPolicy, Verdict};
+use crate::retry::{Backoff, RetryPolicy, Verdict};
 use crate::time::Timestamp;
 
 /// How the delivered body is shaped (BigBen's `deliveryOption`).
@@ -98,6 +98,36 @@ pub struct EventRecord {
     pub updated_at: Timestamp,
     /// When the event reached a terminal status; drives retention.
     pub finished_at: Option<Timestamp>,
+    /// For pull tenants. Left out of the record's own serde form: the
+    /// stores keep it apart so records written before it existed still
+    /// read (the embedded store after the record, PostgreSQL in columns
+    /// with defaults).
+    #[serde(skip)]
+    pub pull: PullSettings,
+}
+
+/// What a pull tenant's workers get besides the payload (`docs/pull.md`):
+/// the event's named queue, and its own attempt cap and back-off (else its
+/// tenant's). Push tenants' deliveries ignore it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PullSettings {
+    /// `None`: the `default` queue.
+    pub queue: Option<QueueName>,
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<Backoff>,
+}
+
+impl PullSettings {
+    /// The queue the event is claimed from.
+    pub fn queue(&self) -> QueueName {
+        self.queue.clone().unwrap_or_else(QueueName::default_queue)
+    }
+
+    /// Nothing set: the event takes its queue, cap and back-off from its
+    /// tenant and node.
+    pub fn is_default(&self) -> bool {
+        *self == PullSettings::default()
+    }
 }
 
 /// What one finished delivery attempt reports.
@@ -131,6 +161,8 @@ pub enum EventCommand {
         event_time: Timestamp,
         payload: Option<String>,
         delivery: DeliveryOption,
+        /// Replaces the event's, like the payload.
+        pull: PullSettings,
         /// The version to use if this upsert starts a new one.
         new_version: EventVersion,
     },
@@ -261,12 +293,14 @@ pub fn transition(
             event_time,
             payload,
             delivery,
+            pull,
             new_version,
         } => match current {
             Some(existing) if existing.status != EventStatus::Cancelled => {
                 let mut next = existing.clone();
                 next.payload = payload;
                 next.delivery = delivery;
+                next.pull = pull;
                 next.updated_at = now;
                 if existing.event_time == event_time {
                     // Same place in the timer, new content: re-arming it
@@ -318,6 +352,7 @@ pub fn transition(
                     created_at: now,
                     updated_at: now,
                     finished_at: None,
+                    pull,
                 }),
                 outcome: CommandOutcome::Created,
                 effects: vec![Effect::Arm { at: event_time }],
@@ -458,10 +493,12 @@ pub fn transition(
             new_version,
         } => match current {
             Some(existing) if existing.status.is_pending() && existing.version == expected => {
+                // Control events keep their settings (they have none).
                 let upsert = EventCommand::Upsert {
                     event_time,
                     payload,
                     delivery,
+                    pull: existing.pull.clone(),
                     new_version,
                 };
                 transition(key, current, upsert, ctx)
@@ -537,6 +574,7 @@ mod tests {
             payload: Some("p".into()),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::from_string(version.into()),
+            pull: Default::default(),
         }
     }
 

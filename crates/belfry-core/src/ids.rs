@@ -13,6 +13,21 @@ pub enum IdError {
     TooLong { what: &'static str, max: usize },
     #[error("{what} must not contain control characters")]
     ControlCharacter { what: &'static str },
+    #[error("{what} may contain only letters, digits, '_', '.' and '-'")]
+    NotPlain { what: &'static str },
+}
+
+/// Names that go into URLs and metrics unescaped: ASCII letters, digits,
+/// `_`, `.` and `-` only.
+fn plain(what: &'static str, value: &str) -> Result<(), IdError> {
+    if value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+    {
+        Ok(())
+    } else {
+        Err(IdError::NotPlain { what })
+    }
 }
 
 fn validate(what: &'static str, max: usize, value: &str) -> Result<(), IdError> {
@@ -30,6 +45,9 @@ fn validate(what: &'static str, max: usize, value: &str) -> Result<(), IdError> 
 
 macro_rules! name_type {
     ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr) => {
+        name_type!($(#[$doc])* $name, $what, $max, |_: &str| Ok(()));
+    };
+    ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr, $extra:expr) => {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
@@ -45,6 +63,8 @@ macro_rules! name_type {
             pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
                 let value = value.into();
                 validate($what, $max, &value)?;
+                let extra: fn(&str) -> Result<(), IdError> = $extra;
+                extra(&value)?;
                 Ok($name(value))
             }
 
@@ -88,10 +108,12 @@ name_type!(
 
 name_type!(
     /// A named queue of a pull tenant (see `crate::pull`); events of one
-    /// queue are leased in due order, queues of a tenant in turn.
+    /// queue are leased in due order, queues of a tenant in turn. 1–64
+    /// letters, digits, `_`, `.`, `-`.
     QueueName,
     "queue",
-    64
+    64,
+    |value| plain("queue", value)
 );
 name_type!(
     /// The name a pull worker gives itself: shown in its leases and in the
@@ -273,6 +295,25 @@ mod tests {
             TenantName::new("x".repeat(201)),
             Err(IdError::TooLong { .. })
         ));
+    }
+
+    #[test]
+    fn queue_names_are_plain() {
+        for good in ["default", "emails.high-prio_2", &"q".repeat(64)] {
+            assert!(QueueName::new(good).is_ok(), "{good}");
+        }
+        for bad in ["a b", "a/b", "é", "q:1"] {
+            assert_eq!(
+                QueueName::new(bad),
+                Err(IdError::NotPlain { what: "queue" }),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            QueueName::new("q".repeat(65)),
+            Err(IdError::TooLong { .. })
+        ));
+        assert!(serde_json::from_str::<QueueName>(r#""a b""#).is_err());
     }
 
     #[test]

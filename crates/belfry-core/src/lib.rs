@@ -52,11 +52,11 @@ pub mod timer;
 pub use cron::{CronError, CronKind, CronSpec, OccurrenceId};
 pub use event::{
     Attempt, AttemptReport, CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord,
-    EventStatus, Transition, TransitionContext,
+    EventStatus, PullSettings, Transition, TransitionContext,
 };
 pub use ids::{EventId, EventKey, EventVersion, IdError, QueueName, TenantName, WorkerId};
 pub use partition::{PartitionCount, PartitionId, partition_ranges};
-pub use retry::{RetryPolicy, Verdict};
+pub use retry::{Backoff, RetryPolicy, Verdict};
 pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};
 pub use tenant::{SigningSecrets, SinkConfig, TenantConfig};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

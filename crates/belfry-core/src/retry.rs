@@ -105,6 +105,107 @@ impl RetryPolicy {
     }
 }
 
+/// A pull event's own back-off (`docs/pull.md`): the first retry after
+/// `initial_delay_ms`, each further one `multiplier` times the one before,
+/// at most `max_delay_ms` apart. It replaces the delays of the node's
+/// [`RetryPolicy`]; the backlog limit (the execution deadline) stays the
+/// node's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backoff {
+    pub initial_delay_ms: u64,
+    pub multiplier: Multiplier,
+    pub max_delay_ms: u64,
+}
+
+/// The growth of a [`Backoff`]: finite, from 1 to [`Backoff::MAX_MULTIPLIER`]
+/// (checked when built, so equality is total).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "f64", into = "f64")]
+pub struct Multiplier(f64);
+
+// Never NaN: `Multiplier::new` is the only way in (serde's too).
+impl Eq for Multiplier {}
+
+impl TryFrom<f64> for Multiplier {
+    type Error = BackoffError;
+    fn try_from(value: f64) -> Result<Self, BackoffError> {
+        Multiplier::new(value)
+    }
+}
+
+impl From<Multiplier> for f64 {
+    fn from(value: Multiplier) -> f64 {
+        value.0
+    }
+}
+
+impl Multiplier {
+    /// # Errors
+    /// Not finite, below 1 or above [`Backoff::MAX_MULTIPLIER`].
+    pub fn new(value: f64) -> Result<Self, BackoffError> {
+        if value.is_finite() && (1.0..=Backoff::MAX_MULTIPLIER).contains(&value) {
+            Ok(Multiplier(value))
+        } else {
+            Err(BackoffError::Multiplier)
+        }
+    }
+
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+/// Why a back-off was refused; the message names the field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BackoffError {
+    #[error("backoff.initial_delay_ms must be between 1 and 86400000 (24 h)")]
+    InitialDelay,
+    #[error("backoff.max_delay_ms must be between backoff.initial_delay_ms and 86400000 (24 h)")]
+    MaxDelay,
+    #[error("backoff.multiplier must be a number between 1 and 100")]
+    Multiplier,
+}
+
+impl Backoff {
+    /// The longest delay either field may give: 24 h.
+    pub const MAX_DELAY_MS: u64 = 86_400_000;
+    pub const MAX_MULTIPLIER: f64 = 100.0;
+
+    /// A validated back-off.
+    ///
+    /// # Errors
+    /// A field out of its range (see [`BackoffError`]).
+    pub fn new(
+        initial_delay_ms: u64,
+        multiplier: f64,
+        max_delay_ms: u64,
+    ) -> Result<Self, BackoffError> {
+        if !(1..=Self::MAX_DELAY_MS).contains(&initial_delay_ms) {
+            return Err(BackoffError::InitialDelay);
+        }
+        if !(initial_delay_ms..=Self::MAX_DELAY_MS).contains(&max_delay_ms) {
+            return Err(BackoffError::MaxDelay);
+        }
+        Ok(Backoff {
+            initial_delay_ms,
+            multiplier: Multiplier::new(multiplier)?,
+            max_delay_ms,
+        })
+    }
+
+    /// `base` with this back-off's delays (no quick phase) and `base`'s
+    /// backlog limit.
+    pub fn apply_to(&self, base: &RetryPolicy) -> RetryPolicy {
+        RetryPolicy {
+            fast_retries: 1,
+            initial_delay: Duration::from_millis(self.initial_delay_ms),
+            multiplier: self.multiplier.get(),
+            max_delay: Duration::from_millis(self.max_delay_ms),
+            backlog_limit: base.backlog_limit,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,5 +310,23 @@ mod tests {
             policy.next_delay(1, t0, at_10s),
             Some(Duration::from_millis(500))
         );
+    }
+
+    #[test]
+    fn a_backoff_replaces_the_delays_and_keeps_the_deadline() {
+        let base = RetryPolicy::default();
+        let backoff = Backoff::new(100, 3.0, 1_000).unwrap();
+        let policy = backoff.apply_to(&base);
+        assert_eq!(delays_ms(&policy, 5), [100, 300, 900, 1_000, 1_000]);
+        assert_eq!(policy.backlog_limit, base.backlog_limit);
+        assert_eq!(Backoff::new(0, 2.0, 10), Err(BackoffError::InitialDelay));
+        assert_eq!(Backoff::new(10, 2.0, 9), Err(BackoffError::MaxDelay));
+        assert_eq!(
+            Backoff::new(10, 2.0, Backoff::MAX_DELAY_MS + 1),
+            Err(BackoffError::MaxDelay)
+        );
+        for bad in [0.5, f64::NAN, f64::INFINITY, 101.0] {
+            assert_eq!(Backoff::new(10, bad, 10), Err(BackoffError::Multiplier));
+        }
     }
 }

@@ -318,8 +318,21 @@ struct Believed {
 #[derive(Debug, Clone)]
 struct ClaimView {
     tenant: TenantName,
+    /// The queues it takes from (all: `None`).
+    queues: Option<BTreeSet<QueueName>>,
     granting: bool,
     abandoned: bool,
+}
+
+impl ClaimView {
+    fn takes(&self, queue: &QueueName) -> bool {
+        self.queues.as_ref().is_none_or(|only| only.contains(queue))
+    }
+
+    /// Parked in the queue: neither being granted nor given up.
+    fn parked(&self) -> bool {
+        !self.granting && !self.abandoned
+    }
 }
 
 #[derive(Debug, Default)]
@@ -624,13 +637,23 @@ impl Sim {
                 q.waiters_of(tenant) <= c.max_waiters_per_tenant,
                 "{tenant:?}: waiters over the per-tenant bound"
             );
-            ensure!(
-                q.lease_room() == 0 || q.ready_of(tenant) == 0 || q.waiting_of(tenant) == 0,
-                "{tenant:?}: {} ready entries wait while {} claims wait (lease room {})",
-                q.ready_of(tenant),
-                q.waiting_of(tenant),
-                q.lease_room()
-            );
+            if q.lease_room() == 0 {
+                continue;
+            }
+            for queue in &self.knobs.queues {
+                let ready = q.ready_in(tenant, queue);
+                let parked = self
+                    .claims
+                    .iter()
+                    .find(|(_, view)| view.tenant == *tenant && view.parked() && view.takes(queue));
+                ensure!(
+                    ready == 0 || parked.is_none(),
+                    "{tenant:?}: {ready} ready entries of {queue:?} wait while {:?} waits for them \
+                     (lease room {})",
+                    parked.map(|(call, _)| call),
+                    q.lease_room()
+                );
+            }
         }
         Ok(())
     }
@@ -706,12 +729,22 @@ impl Sim {
             return Err(format!("a grant for {call:?}, which is not a claim"));
         };
         ensure!(!view.abandoned, "a grant for abandoned {call:?}");
-        for (older, other) in self.claims.range(..call) {
+        for grant in grants {
+            let key = grant.lease.key();
+            let Some(queue) = self.events.get(key).map(|stored| stored.queue.clone()) else {
+                continue;
+            };
             ensure!(
-                other.tenant != view.tenant || other.granting || other.abandoned,
-                "{call:?} served before the older waiting {older:?} of {:?}",
-                view.tenant
+                view.takes(&queue),
+                "{call:?} taking {:?} granted {key:?} of {queue:?}",
+                view.queues
             );
+            for (older, other) in self.claims.range(..call) {
+                ensure!(
+                    other.tenant != view.tenant || !other.parked() || !other.takes(&queue),
+                    "{call:?} granted {key:?} of {queue:?} before the older waiting {older:?}"
+                );
+            }
         }
         if let Some(view) = self.claims.get_mut(&call) {
             view.granting = true;
@@ -1073,6 +1106,7 @@ impl Sim {
             } else {
                 self.rng.range(100, 5_000)
             }),
+            queues: self.claim_queues(),
         };
         let call = self.send(
             w,
@@ -1085,6 +1119,7 @@ impl Sim {
             call,
             ClaimView {
                 tenant: tenant.clone(),
+                queues: request.queues.clone(),
                 granting: false,
                 abandoned: false,
             },
@@ -1094,6 +1129,23 @@ impl Sim {
             tenant,
             request,
         })
+    }
+
+    /// A third of the claims name a random non-empty subset of the
+    /// queues; the others take from all.
+    fn claim_queues(&mut self) -> Option<BTreeSet<QueueName>> {
+        if !self.rng.per_mille(333) {
+            return None;
+        }
+        let queues = self.knobs.queues.clone();
+        let first = self.rng.usize(0, queues.len() - 1);
+        let mut only = BTreeSet::from([queues[first].clone()]);
+        for queue in queues {
+            if self.rng.per_mille(300) {
+                only.insert(queue);
+            }
+        }
+        Some(only)
     }
 
     /// Whether `lease` is one its worker may rightly use now.
@@ -1687,6 +1739,7 @@ impl Sim {
                     payload: Some("p".into()),
                     delivery: DeliveryOption::FullEvent,
                     new_version,
+                    pull: Default::default(),
                 },
             )?;
         }
@@ -1714,6 +1767,7 @@ impl Sim {
                 payload: Some("moved".into()),
                 delivery: DeliveryOption::FullEvent,
                 new_version: self.version(),
+                pull: Default::default(),
             }
         };
         self.client_change(key, command)

@@ -2058,6 +2058,7 @@ impl Sim {
             payload: Some(payload),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::from_string(format!("v{}", self.next_version)),
+            pull: Default::default(),
         };
         self.client(key, command)
     }
@@ -2946,6 +2947,7 @@ fn fairness_steps(sim: &mut Sim, hung: usize) -> Result<i64, String> {
             payload: None,
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::from_string(format!("v{}", sim.next_version)),
+            pull: Default::default(),
         };
         sim.store.apply(&key, command, sim.now, &sim.knobs.retry);
         key
@@ -3075,6 +3077,7 @@ mod known_core_bugs {
             payload: None,
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::from_string(version.into()),
+            pull: Default::default(),
         };
         let retry = RetryPolicy::default();
         let context = TransitionContext {

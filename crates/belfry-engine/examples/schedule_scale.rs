@@ -101,6 +101,7 @@ async fn main() {
                     created_at: zero,
                     updated_at: zero,
                     progress: Progress::starting_after(zero),
+                    pull: Default::default(),
                 };
                 handle.put_schedule(&tenant, schedule).await.is_ok()
             }

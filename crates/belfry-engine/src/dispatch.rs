@@ -366,9 +366,9 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
                         entry,
                         partition: partition.id,
                         epoch: partition.lease.epoch,
+                        queue: record.pull.queue(),
+                        policy: crate::pull::policy(shared, target, &record.pull),
                         record,
-                        queue: crate::pull::queue_of(),
-                        policy: crate::pull::policy(shared, target.max_attempts()),
                     },
                 );
                 return;

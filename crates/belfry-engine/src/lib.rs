@@ -388,8 +388,11 @@ impl EngineHandle {
     /// A timer effect made by another node (e.g. an event created through
     /// it), pushed here by the database: applied if this node owns the
     /// partition.
+    /// A version the pull queue holds is checked against the store: the
+    /// change may have ended it (cancelled, moved).
     pub fn wake(&self, partition: belfry_core::PartitionId, key: EventKey, effect: Effect) {
-        self.inner.send_effect(partition, key, &effect);
+        self.inner.send_effect(partition, key.clone(), &effect);
+        pull::changed_elsewhere(&self.inner, key);
     }
 
     /// Wake-ups may have been missed (the push channel reconnected): every
@@ -564,15 +567,26 @@ impl Shared {
     /// Sends the timer effects of applied commands to their partitions.
     /// Partitions owned elsewhere learn of them through the store's push
     /// channel (cluster mode) or their loader.
-    pub(crate) fn route_effects(&self, applied: &[Applied]) {
+    /// A pull tenant's version held by the pull queue that the command
+    /// ended (cancelled, moved) is dropped from the queue at once (see
+    /// [`pull::versions_ended`]).
+    pub(crate) fn route_effects(self: &Arc<Self>, applied: &[Applied]) {
         for item in applied {
             for effect in &item.effects {
                 self.send_effect(item.partition, item.key.clone(), effect);
             }
+            if !item.effects.is_empty() {
+                pull::versions_ended(self, &item.key, item.record.as_ref());
+            }
         }
     }
 
-    fn send_effect(&self, partition: belfry_core::PartitionId, key: EventKey, effect: &Effect) {
+    pub(crate) fn send_effect(
+        &self,
+        partition: belfry_core::PartitionId,
+        key: EventKey,
+        effect: &Effect,
+    ) {
         let input = match *effect {
             Effect::Arm { at } => Input::Offer(DueCursor { due: at, key }),
             Effect::Disarm { at } => Input::Remove(DueCursor { due: at, key }),

@@ -13,22 +13,26 @@
 //! One timer task sends `Tick` at the queue's `next_wake`. A request whose
 //! caller went away (a dropped long-poll) sends `Abandon`.
 //!
-//! Not wired yet (`docs/pull.md`): a cancel or move of a held version is
-//! found at the lease's next write (the store answers `Cancelled`), not
-//! pushed to the queue as `VersionEnded`; named queues (every entry is in
-//! the `default` queue).
+//! A cancel or move of a version the queue holds is pushed to it as
+//! `VersionEnded`: a change made through this node from the command's
+//! answer ([`versions_ended`], before the API answers), a change made
+//! through another node when its wake-up arrives ([`changed_elsewhere`]
+//! reads the record). A wake-up that never comes leaves the store's fence:
+//! the grant or the lease's next write answers `Cancelled`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use belfry_core::event::{Effect, EventRecord, PullSettings};
 use belfry_core::pull::{
-    Action, AttemptPolicy, CallId, ClaimRequest, Input, LeaseCall, LeaseId, LeaseRecord,
-    NonceSource, PersistResult, PullConfig, PullError, PullQueue, PullStats, ReadyEntry, Reply,
-    Resolution,
+    Action, AttemptPolicy, CallId, ClaimRequest, Input, LeaseCall, LeaseChange, LeaseId,
+    LeaseRecord, NonceSource, PersistResult, PullConfig, PullError, PullQueue, PullStats,
+    ReadyEntry, Reply, Resolution,
 };
-use belfry_core::{QueueName, TenantName};
+use belfry_core::tenant::PullTarget;
+use belfry_core::{EventKey, EventVersion, TenantName};
 use belfry_store::{ChangeLeaseParams, Fence, RecordLeasesParams, StoredLeaseState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot};
@@ -146,24 +150,90 @@ pub(crate) fn handle(shared: &Arc<Shared>, input: Input) {
     shared.pull_peers.queue_changed();
 }
 
+/// Tells the queue that the versions of `key` it holds other than
+/// `current`'s pending one ended (`current`: the record after a change,
+/// `None` if it does not exist). Cheap when nothing of `key` is held.
+pub(crate) fn versions_ended(shared: &Arc<Shared>, key: &EventKey, current: Option<&EventRecord>) {
+    let ended = ended_versions(shared, key, current);
+    if !ended.is_empty() {
+        let now = shared.clock.now();
+        let actions = {
+            let mut queue = shared.pull.lock();
+            ended
+                .into_iter()
+                .flat_map(|version| {
+                    queue.handle(
+                        Input::VersionEnded {
+                            key: key.clone(),
+                            version,
+                        },
+                        now,
+                    )
+                })
+                .collect()
+        };
+        perform(shared, actions, None);
+        shared.pull.wake.notify_one();
+    }
+}
+
+/// The held versions of `key` that `current` no longer has pending.
+fn ended_versions(
+    shared: &Shared,
+    key: &EventKey,
+    current: Option<&EventRecord>,
+) -> Vec<EventVersion> {
+    let queue = shared.pull.lock();
+    if queue.holds_nothing() {
+        return Vec::new();
+    }
+    let live = current
+        .filter(|record| record.status.is_pending())
+        .map(|record| &record.version);
+    queue
+        .held_versions(key)
+        .into_iter()
+        .filter(|version| Some(version) != live)
+        .collect()
+}
+
+/// `key` was changed through another node (its wake-up arrived): if the
+/// queue holds a version of it, the record is read to tell whether that
+/// version ended.
+pub(crate) fn changed_elsewhere(shared: &Arc<Shared>, key: EventKey) {
+    if shared.pull.lock().held_versions(&key).is_empty() {
+        return;
+    }
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        match shared.store.get_event(&key).await {
+            Ok(record) => versions_ended(&shared, &key, record.as_ref()),
+            // The store's fence still stops the version: its grant or its
+            // lease's next write answers `Cancelled`.
+            Err(error) => {
+                tracing::warn!(%error, "reading a changed event of the pull queue failed")
+            }
+        }
+    });
+}
+
 /// Hands a fired entry of a pull tenant to the queue. It stays
 /// outstanding in its partition core until the queue finishes it.
 pub(crate) fn ready(shared: &Arc<Shared>, entry: ReadyEntry) {
     handle(shared, Input::Ready(vec![entry]));
 }
 
-/// The attempts of a pull tenant's event: its tenant's cap, the node's
-/// retry policy.
-pub(crate) fn policy(shared: &Shared, max_attempts: u32) -> AttemptPolicy {
+/// The attempts of a pull tenant's event: its own cap, else its tenant's;
+/// its own back-off, else the node's retry policy (whose backlog limit is
+/// the deadline either way).
+pub(crate) fn policy(shared: &Shared, tenant: &PullTarget, event: &PullSettings) -> AttemptPolicy {
+    let node = &shared.options.retry;
     AttemptPolicy {
-        max_attempts,
-        retry: shared.options.retry.clone(),
+        max_attempts: event.max_attempts.unwrap_or_else(|| tenant.max_attempts()),
+        retry: event
+            .backoff
+            .map_or_else(|| node.clone(), |backoff| backoff.apply_to(node)),
     }
-}
-
-/// The queue every entry goes to until events name theirs.
-pub(crate) fn queue_of() -> QueueName {
-    QueueName::default_queue()
 }
 
 /// This node no longer holds `released` (already removed from the owned
@@ -308,6 +378,15 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
             } => {
                 let shared = shared.clone();
                 tokio::spawn(async move {
+                    // The event's next attempt, once the change is recorded.
+                    let next_at = match &change {
+                        LeaseChange::Resolve {
+                            resolution: Resolution::Retry { at } | Resolution::Released { at },
+                            ..
+                        } => Some(*at),
+                        _ => None,
+                    };
+                    let key = lease.key().clone();
                     let params = ChangeLeaseParams {
                         fence: Fence {
                             partition,
@@ -331,6 +410,13 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
                             results: vec![result],
                         },
                     );
+                    // After the queue finished the entry in its core (as the
+                    // recorder does for a push retry): armed now, the next
+                    // attempt fires at its instant, not at the next repair
+                    // page.
+                    if let (PersistResult::Done, Some(at)) = (result, next_at) {
+                        shared.send_effect(partition, key, &Effect::Arm { at });
+                    }
                 });
             }
             Action::Reply { call, reply } => {

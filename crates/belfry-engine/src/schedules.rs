@@ -274,6 +274,7 @@ fn occurrence_commands(
                 payload: schedule.payload.clone(),
                 delivery: schedule.delivery,
                 new_version: id.event_version(),
+                pull: schedule.pull.clone(),
             },
             fence: None,
         });
@@ -316,6 +317,7 @@ fn control_upsert(
             payload: Some(schedule.to_json()),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::generate(),
+            pull: Default::default(),
         },
         fence,
     }

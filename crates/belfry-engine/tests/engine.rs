@@ -135,6 +135,7 @@ fn upsert(tenant: &str, id: &str, at: Timestamp) -> KeyedCommand {
             payload: Some(format!("payload of {id}")),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::generate(),
+            pull: Default::default(),
         },
         fence: None,
     }
@@ -254,6 +255,7 @@ async fn changes_right_before_the_instant_win_over_what_was_read_ahead() {
         payload: Some("the new payload".to_string()),
         delivery: DeliveryOption::PayloadOnly,
         new_version: EventVersion::generate(),
+        pull: Default::default(),
     };
     let cancel = KeyedCommand {
         key: key("t", "cancelled"),

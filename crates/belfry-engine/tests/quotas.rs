@@ -104,6 +104,7 @@ fn upsert(tenant_name: &str, id: &str, at: i64, payload: &str) -> KeyedCommand {
             payload: Some(payload.to_string()),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::generate(),
+            pull: Default::default(),
         },
         fence: None,
     }
@@ -255,6 +256,7 @@ async fn schedules_are_capped_per_tenant() {
             created_at: now,
             updated_at: now,
             progress: Progress::starting_after(now),
+            pull: Default::default(),
         }
     };
     node.handle.put_schedule(&a, schedule("s1")).await.unwrap();

@@ -73,6 +73,7 @@ fn definition(id: &str, expression: &str, payload: &str) -> Schedule {
         created_at: now,
         updated_at: now,
         progress: Progress::starting_after(now),
+        pull: Default::default(),
     }
 }
 

@@ -915,6 +915,7 @@ impl Sim {
                 payload: Some(format!("c{}", self.counter)),
                 delivery,
                 new_version: EventVersion::generate(),
+                pull: Default::default(),
             },
             fence: None,
         };

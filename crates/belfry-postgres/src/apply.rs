@@ -293,7 +293,8 @@ pub(crate) fn update_events_sql() -> String {
              status = u.status, next_fire_at = u.next_fire_at, attempts = u.attempts,
              last_error = u.last_error, triggered_at = u.triggered_at,
              created_at = u.created_at, updated_at = u.updated_at,
-             finished_at = u.finished_at
+             finished_at = u.finished_at, queue = u.queue,
+             max_attempts = u.max_attempts, backoff = u.backoff
          FROM {UNNEST_EVENTS}
          WHERE e.tenant = u.tenant AND e.id = u.id"
     )

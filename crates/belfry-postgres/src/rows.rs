@@ -1,9 +1,10 @@
 //! Conversions between rows and domain values, and the column arrays that
 //! batched writes pass to `unnest`.
 
-use belfry_core::event::{Attempt, DeliveryOption, EventRecord, EventStatus};
+use belfry_core::event::{Attempt, DeliveryOption, EventRecord, EventStatus, PullSettings};
 use belfry_core::{
-    DueCursor, EventId, EventKey, EventVersion, PartitionId, TenantName, Timestamp, Verdict,
+    Backoff, DueCursor, EventId, EventKey, EventVersion, PartitionId, QueueName, TenantName,
+    Timestamp, Verdict,
 };
 use tokio_postgres::Row;
 
@@ -12,12 +13,12 @@ use crate::error::{StoreError, corrupt};
 /// The columns of `events`, in the order [`record_from_row`] reads them.
 pub(crate) const EVENT_COLUMNS: &str = "tenant, id, partition, version, event_time, payload, \
      delivery, status, next_fire_at, attempts, last_error, triggered_at, created_at, \
-     updated_at, finished_at";
+     updated_at, finished_at, queue, max_attempts, backoff";
 
 /// [`EVENT_COLUMNS`] qualified with the alias `e`, for joins.
 pub(crate) const EVENT_COLUMNS_E: &str = "e.tenant, e.id, e.partition, e.version, e.event_time, \
      e.payload, e.delivery, e.status, e.next_fire_at, e.attempts, e.last_error, e.triggered_at, \
-     e.created_at, e.updated_at, e.finished_at";
+     e.created_at, e.updated_at, e.finished_at, e.queue, e.max_attempts, e.backoff";
 
 pub(crate) fn delivery_to_str(delivery: DeliveryOption) -> &'static str {
     match delivery {
@@ -109,6 +110,26 @@ pub(crate) fn record_from_row(row: &Row) -> Result<EventRecord, StoreError> {
         created_at: Timestamp::from_millis(row.get(12)),
         updated_at: Timestamp::from_millis(row.get(13)),
         finished_at: timestamp(row.get(14)),
+        pull: pull_from_row(row)?,
+    })
+}
+
+/// Reads the `queue, max_attempts, backoff` columns (15–17).
+fn pull_from_row(row: &Row) -> Result<PullSettings, StoreError> {
+    let queue: String = row.get(15);
+    let max_attempts: Option<i32> = row.get(16);
+    let backoff: Option<String> = row.get(17);
+    Ok(PullSettings {
+        queue: (queue != QueueName::default_queue().as_str())
+            .then(|| QueueName::new(queue))
+            .transpose()
+            .map_err(corrupt)?,
+        max_attempts: max_attempts
+            .map(|max| u32::try_from(max).map_err(|_| corrupt(format_args!("max_attempts {max}"))))
+            .transpose()?,
+        backoff: backoff
+            .map(|text| serde_json::from_str::<Backoff>(&text).map_err(corrupt))
+            .transpose()?,
     })
 }
 
@@ -157,6 +178,9 @@ pub(crate) struct EventColumns {
     pub created_at: Vec<i64>,
     pub updated_at: Vec<i64>,
     pub finished_at: Vec<Option<i64>>,
+    pub queue: Vec<String>,
+    pub max_attempts: Vec<Option<i32>>,
+    pub backoff: Vec<Option<String>>,
 }
 
 impl EventColumns {
@@ -179,6 +203,20 @@ impl EventColumns {
         self.updated_at.push(record.updated_at.as_millis());
         self.finished_at
             .push(record.finished_at.map(Timestamp::as_millis));
+        self.queue.push(record.pull.queue().as_str().to_owned());
+        self.max_attempts.push(
+            record
+                .pull
+                .max_attempts
+                .map(|max| i32::try_from(max).unwrap_or(i32::MAX)),
+        );
+        // A `Backoff` is numbers only: its JSON cannot fail.
+        self.backoff.push(
+            record
+                .pull
+                .backoff
+                .and_then(|backoff| serde_json::to_string(&backoff).ok()),
+        );
     }
 
     pub fn is_empty(&self) -> bool {
@@ -186,7 +224,7 @@ impl EventColumns {
     }
 
     /// The parameters in [`EVENT_COLUMNS`] order.
-    pub fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 15] {
+    pub fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 18] {
         [
             &self.tenant,
             &self.id,
@@ -203,17 +241,21 @@ impl EventColumns {
             &self.created_at,
             &self.updated_at,
             &self.finished_at,
+            &self.queue,
+            &self.max_attempts,
+            &self.backoff,
         ]
     }
 }
 
-/// `unnest(...) AS u(<EVENT_COLUMNS>)` over the 15 parameters of
+/// `unnest(...) AS u(<EVENT_COLUMNS>)` over the 18 parameters of
 /// [`EventColumns::params`].
 pub(crate) const UNNEST_EVENTS: &str = "unnest($1::text[], $2::text[], $3::int4[], $4::text[], \
      $5::int8[], $6::text[], $7::text[], $8::text[], $9::int8[], $10::int8[], $11::text[], \
-     $12::int8[], $13::int8[], $14::int8[], $15::int8[]) AS u(tenant, id, partition, version, \
-     event_time, payload, delivery, status, next_fire_at, attempts, last_error, triggered_at, \
-     created_at, updated_at, finished_at)";
+     $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::text[], $17::int4[], $18::text[]) \
+     AS u(tenant, id, partition, version, event_time, payload, delivery, status, next_fire_at, \
+     attempts, last_error, triggered_at, created_at, updated_at, finished_at, queue, \
+     max_attempts, backoff)";
 
 /// History entries as one array per column, for `unnest`.
 #[derive(Debug, Default)]

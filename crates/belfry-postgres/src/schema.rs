@@ -274,6 +274,20 @@ CREATE TABLE leases (
 );
 "#,
     },
+    Migration {
+        version: 8,
+        apply: Apply::InTransaction,
+        name: "pull settings of events",
+        // An event's `PullSettings`: its named queue (rows written before
+        // read as `default`), its attempt cap and its back-off (the
+        // `Backoff` as JSON text); NULL: its tenant's. Constant defaults:
+        // adding the columns rewrites no row.
+        sql: r#"
+ALTER TABLE events ADD COLUMN queue text NOT NULL DEFAULT 'default';
+ALTER TABLE events ADD COLUMN max_attempts integer;
+ALTER TABLE events ADD COLUMN backoff text;
+"#,
+    },
 ];
 
 /// Applies the missing migrations and returns the database's partition

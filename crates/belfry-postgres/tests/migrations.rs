@@ -120,7 +120,10 @@ async fn index_build_does_not_block_writes_and_two_nodes_migrate_at_once() {
         assert_eq!(store.partitions(), PartitionCount::new(4).unwrap());
     }
     assert_eq!(index_state(&observer).await, Some(true));
-    assert_eq!(applied_versions(&observer).await, vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(
+        applied_versions(&observer).await,
+        vec![1, 2, 3, 4, 5, 6, 7, 8]
+    );
     let events: i64 = observer
         .query_one("SELECT count(*) FROM events", &[])
         .await
@@ -164,7 +167,10 @@ async fn an_invalid_index_left_by_a_failed_build_is_rebuilt() {
             && !definition.contains("UNIQUE"),
         "{definition}"
     );
-    assert_eq!(applied_versions(&client).await, vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(
+        applied_versions(&client).await,
+        vec![1, 2, 3, 4, 5, 6, 7, 8]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,4 +215,28 @@ async fn upgrade_from_version_2_keeps_the_partition_count() {
     .unwrap();
     // Created with 4 partitions at version 2: the count stays.
     assert_eq!(store.partitions(), PartitionCount::new(4).unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_written_before_pull_settings_read_as_the_default_queue() {
+    let url = database_at_version_2().await;
+    connect(&url)
+        .await
+        .execute(INSERT_EVENT, &[&"old"])
+        .await
+        .unwrap();
+    let store = tokio::time::timeout(
+        Duration::from_secs(20),
+        PostgresStore::connect(options(url.clone(), 4)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let key = belfry_core::EventKey::new(
+        belfry_core::TenantName::new("t").unwrap(),
+        belfry_core::EventId::new("old").unwrap(),
+    );
+    let record = store.get_event(&key).await.unwrap().expect("kept");
+    assert_eq!(record.pull, belfry_core::PullSettings::default());
+    assert_eq!(record.pull.queue().as_str(), "default");
 }

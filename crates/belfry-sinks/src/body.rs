@@ -165,6 +165,7 @@ mod tests {
             created_at: at,
             updated_at: at,
             finished_at: None,
+            pull: Default::default(),
         }
     }
 

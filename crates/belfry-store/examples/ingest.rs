@@ -168,6 +168,7 @@ fn create(tenant: &TenantName, i: u64) -> KeyedCommand {
             payload: Some(format!("{{\"order\":{i},\"action\":\"remind\"}}")),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::from_string(format!("{i:032x}")),
+            pull: Default::default(),
         },
         fence: None,
     }

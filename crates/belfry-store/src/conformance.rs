@@ -92,6 +92,7 @@ macro_rules! store_conformance_tests {
             partitions_are_reported,
             tenants_put_get_list_replace_delete,
             create_then_get,
+            pull_settings_are_kept_and_replaced,
             get_events_in_input_order,
             same_instant_update_keeps_version,
             move_starts_a_new_version,
@@ -163,6 +164,7 @@ fn upsert(at: i64, version: &str) -> EventCommand {
         payload: Some(format!("payload-{version}")),
         delivery: DeliveryOption::FullEvent,
         new_version: EventVersion::from_string(version.into()),
+        pull: Default::default(),
     }
 }
 
@@ -435,6 +437,63 @@ where
     assert_eq!(record.partition, partition);
     assert_eq!(get(store, &k).await, Some(record));
     assert_eq!(all_due(store).await, vec![(partition, cursor(5_000, &k))]);
+}
+
+/// An event's pull settings (queue, attempt cap, back-off) are stored
+/// with it, kept through attempts, and replaced by an upsert like its
+/// payload; an event without them reads the defaults.
+pub async fn pull_settings_are_kept_and_replaced<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(8)).await;
+    let store = &under_test.store;
+    let settings = belfry_core::PullSettings {
+        queue: Some(belfry_core::QueueName::new("emails.high-1").expect("valid queue")),
+        max_attempts: Some(7),
+        backoff: Some(belfry_core::Backoff::new(250, 1.5, 60_000).expect("valid back-off")),
+    };
+    let with = |at, version: &str, pull: &belfry_core::PullSettings| match upsert(at, version) {
+        EventCommand::Upsert {
+            event_time,
+            payload,
+            delivery,
+            new_version,
+            ..
+        } => EventCommand::Upsert {
+            event_time,
+            payload,
+            delivery,
+            new_version,
+            pull: pull.clone(),
+        },
+        other => other,
+    };
+    let k = key("t", "pulled");
+    let plain = key("t", "plain");
+    apply_one(store, 1_000, &k, with(5_000, "v1", &settings)).await;
+    apply_one(store, 1_000, &plain, upsert(5_000, "p1")).await;
+    assert_eq!(get(store, &k).await.expect("stored").pull, settings);
+    assert_eq!(
+        get(store, &plain).await.expect("stored").pull,
+        belfry_core::PullSettings::default()
+    );
+    apply_one(store, 5_000, &k, attempt("v1", Verdict::Retry, 5_000)).await;
+    let retried = get(store, &k).await.expect("stored");
+    assert_eq!(retried.attempts, 1);
+    assert_eq!(retried.pull, settings, "kept through attempts");
+    let listed = store
+        .get_events(std::slice::from_ref(&k))
+        .await
+        .expect("read");
+    assert_eq!(listed[0].as_ref().map(|r| &r.pull), Some(&settings));
+    apply_one(store, 6_000, &k, with(9_000, "v2", &Default::default())).await;
+    assert_eq!(
+        get(store, &k).await.expect("stored").pull,
+        belfry_core::PullSettings::default(),
+        "replaced by the next upsert"
+    );
 }
 
 pub async fn get_events_in_input_order<F, Fut>(factory: F)

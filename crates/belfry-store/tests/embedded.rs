@@ -42,6 +42,7 @@ fn upsert(id: &str, at: i64) -> KeyedCommand {
             payload: Some(format!("payload {id}")),
             delivery: DeliveryOption::PayloadOnly,
             new_version: EventVersion::from_string(format!("v-{id}")),
+            pull: Default::default(),
         },
         fence: None,
     }

@@ -157,6 +157,8 @@ pub(crate) async fn create(
         catch_up_window: request
             .catch_up_window_ms
             .map_or(DEFAULT_CATCH_UP_WINDOW, Duration::from_millis),
+        // BigBen's cron requests have no such fields.
+        pull: Default::default(),
     }
     .into_schedule(id)?;
     schedule

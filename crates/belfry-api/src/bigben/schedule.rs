@@ -462,6 +462,7 @@ async fn check_item(
             payload: request.payload,
             delivery,
             new_version: EventVersion::generate(),
+            pull: Default::default(),
         },
         fence: None,
     };

@@ -95,6 +95,15 @@ pub struct PutEvent {
     pub payload: Option<String>,
     /// Default `full_event`; `payload_only` needs `payload`.
     pub delivery: Option<Delivery>,
+    /// Pull tenants: the named queue workers claim it from (default
+    /// `default`); ignored for push tenants.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
+    pub queue: Option<String>,
+    /// Pull tenants: attempts before the event fails (else the tenant's).
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_attempts: Option<u32>,
+    /// Pull tenants: the back-off between attempts (else the node's).
+    pub backoff: Option<Backoff>,
 }
 
 /// One item of a batch.
@@ -104,6 +113,24 @@ pub struct BatchItem {
     pub deliver_at: String,
     pub payload: Option<String>,
     pub delivery: Option<Delivery>,
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
+    pub queue: Option<String>,
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<Backoff>,
+}
+
+/// A pull event's back-off: the first retry after `initial_delay_ms`,
+/// each further one `multiplier` times longer, at most `max_delay_ms`.
+/// Omitted fields: 1,000 ms, 2, 3,600,000 ms (at least `initial_delay_ms`).
+#[derive(ToSchema)]
+pub struct Backoff {
+    #[schema(minimum = 1, maximum = 86400000)]
+    pub initial_delay_ms: Option<u64>,
+    #[schema(minimum = 1, maximum = 100)]
+    pub multiplier: Option<f64>,
+    #[schema(minimum = 1, maximum = 86400000)]
+    pub max_delay_ms: Option<u64>,
 }
 
 /// Body of `POST /v1/tenants/{tenant}/events`.
@@ -134,6 +161,12 @@ pub struct EventView {
     pub finished_at: Option<String>,
     pub payload: Option<String>,
     pub delivery: Delivery,
+    /// Set on the event (pull tenants); absent: `default`.
+    pub queue: Option<String>,
+    /// Set on the event (pull tenants); absent: the tenant's.
+    pub max_attempts: Option<u32>,
+    /// Set on the event (pull tenants); absent: the node's.
+    pub backoff: Option<Backoff>,
 }
 
 #[derive(ToSchema)]
@@ -266,6 +299,14 @@ pub struct PutSchedule {
     pub misfire: Option<Misfire>,
     #[schema(maximum = 18446744073709551615.0)]
     pub catch_up_window_ms: Option<u64>,
+    /// Pull tenants: the queue of its occurrences (default `default`).
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
+    pub queue: Option<String>,
+    /// Pull tenants: its occurrences' attempt cap (else the tenant's).
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_attempts: Option<u32>,
+    /// Pull tenants: its occurrences' back-off (else the node's).
+    pub backoff: Option<Backoff>,
 }
 
 #[derive(ToSchema)]
@@ -297,6 +338,9 @@ pub struct ScheduleView {
     pub max_occurrences: Option<u64>,
     pub misfire: Misfire,
     pub catch_up_window_ms: u64,
+    pub queue: Option<String>,
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<Backoff>,
     pub occurrences: u64,
     pub last_occurrence: Option<String>,
     pub missed: MissedView,
@@ -646,6 +690,10 @@ pub struct ClaimLeases {
     pub lease_ms: Option<u64>,
     #[schema(minimum = 0, maximum = 30000)]
     pub wait_ms: Option<u64>,
+    /// Only events of these named queues (1 to 32 names); omitted: all of
+    /// the tenant's queues, in turn.
+    #[schema(min_items = 1, max_items = 32)]
+    pub queues: Option<Vec<String>>,
 }
 
 #[derive(ToSchema)]

@@ -9,9 +9,10 @@ use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
+use belfry_core::tenant::MAX_PULL_ATTEMPTS;
 use belfry_core::{
-    CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus, EventVersion,
-    TenantName, Timestamp,
+    Backoff, CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus,
+    EventVersion, PullSettings, QueueName, RetryPolicy, TenantName, Timestamp,
 };
 use belfry_store::{Applied, KeyedCommand, ListEventsParams, StoreError};
 use serde::Deserialize;
@@ -36,6 +37,9 @@ pub(crate) struct PutEvent {
     deliver_at: String,
     payload: Option<String>,
     delivery: Option<Delivery>,
+    queue: Option<String>,
+    max_attempts: Option<u32>,
+    backoff: Option<BackoffBody>,
 }
 
 /// One item of a batch: the same as [`PutEvent`] plus its id.
@@ -46,6 +50,67 @@ struct BatchItem {
     deliver_at: String,
     payload: Option<String>,
     delivery: Option<Delivery>,
+    queue: Option<String>,
+    max_attempts: Option<u32>,
+    backoff: Option<BackoffBody>,
+}
+
+/// The fields of an event that only pull tenants' workers see
+/// (`docs/pull.md`): its named queue, its attempt cap and back-off.
+#[derive(Debug, Default)]
+pub(crate) struct PullFields {
+    pub queue: Option<String>,
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<BackoffBody>,
+}
+
+/// `backoff` on the wire; omitted fields take the node's defaults
+/// (1 s, ×2, at most 1 h, and never below `initial_delay_ms`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a backoff object")]
+pub(crate) struct BackoffBody {
+    initial_delay_ms: Option<u64>,
+    multiplier: Option<f64>,
+    max_delay_ms: Option<u64>,
+}
+
+impl PullFields {
+    /// Validates them; an error names the field.
+    pub(crate) fn settings(self) -> Result<PullSettings, ApiError> {
+        let invalid = |message: String| ApiError::bad_request(code::INVALID_REQUEST, message);
+        let queue = self
+            .queue
+            .map(|name| QueueName::new(name).map_err(|e| invalid(format!("queue is invalid: {e}"))))
+            .transpose()?
+            // Stored as no queue: the same event either way.
+            .filter(|queue| *queue != QueueName::default_queue());
+        if let Some(max) = self.max_attempts
+            && !(1..=MAX_PULL_ATTEMPTS).contains(&max)
+        {
+            return Err(invalid(format!(
+                "max_attempts must be between 1 and {MAX_PULL_ATTEMPTS}"
+            )));
+        }
+        let backoff = self
+            .backoff
+            .map(|body| {
+                let defaults = RetryPolicy::default();
+                let initial = body
+                    .initial_delay_ms
+                    .unwrap_or(defaults.initial_delay.as_millis() as u64);
+                let max = body
+                    .max_delay_ms
+                    .unwrap_or((defaults.max_delay.as_millis() as u64).max(initial));
+                Backoff::new(initial, body.multiplier.unwrap_or(defaults.multiplier), max)
+                    .map_err(|e| invalid(e.to_string()))
+            })
+            .transpose()?;
+        Ok(PullSettings {
+            queue,
+            max_attempts: self.max_attempts,
+            backoff,
+        })
+    }
 }
 
 /// Body of `POST /v1/tenants/{tenant}/events`. Items are parsed one by one
@@ -72,6 +137,7 @@ pub(crate) fn upsert(
     deliver_at: &str,
     payload: Option<String>,
     delivery: Option<Delivery>,
+    pull: PullFields,
 ) -> Result<EventCommand, ApiError> {
     let event_time = Timestamp::parse_rfc3339(deliver_at).ok_or_else(|| {
         ApiError::bad_request(
@@ -93,6 +159,7 @@ pub(crate) fn upsert(
         event_time,
         payload,
         delivery,
+        pull: pull.settings()?,
         new_version: EventVersion::generate(),
     })
 }
@@ -161,7 +228,12 @@ pub(crate) async fn put(
 ) -> Result<Response, V1Error> {
     let tenant = tenant_name(tenant)?;
     let id = event_id(id)?;
-    let command = upsert(&body.deliver_at, body.payload, body.delivery)?;
+    let pull = PullFields {
+        queue: body.queue,
+        max_attempts: body.max_attempts,
+        backoff: body.backoff,
+    };
+    let command = upsert(&body.deliver_at, body.payload, body.delivery, pull)?;
     require_tenant(&state, &tenant).await?;
     let applied = apply_one(&state, EventKey::new(tenant, id), command).await?;
     let status = match applied.outcome {
@@ -391,7 +463,12 @@ pub(crate) async fn batch(
             .map_err(|e| ApiError::bad_request(code::INVALID_REQUEST, e.to_string()))
             .and_then(|item| {
                 let id = event_id(item.id)?;
-                let command = upsert(&item.deliver_at, item.payload, item.delivery)?;
+                let pull = PullFields {
+                    queue: item.queue,
+                    max_attempts: item.max_attempts,
+                    backoff: item.backoff,
+                };
+                let command = upsert(&item.deliver_at, item.payload, item.delivery, pull)?;
                 Ok((id, command))
             });
         let slot = planned.map(|(id, command)| {

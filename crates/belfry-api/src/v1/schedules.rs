@@ -17,7 +17,7 @@ use belfry_core::schedule::{
     DEFAULT_CATCH_UP_WINDOW, MissedSummary, Progress, ScheduleError, local_time,
 };
 use belfry_core::{
-    CronKind, CronSpec, DeliveryOption, EventId, MisfirePolicy, Schedule, ScheduleId,
+    CronKind, CronSpec, DeliveryOption, EventId, MisfirePolicy, PullSettings, Schedule, ScheduleId,
     ScheduleStatus, TenantName, Timestamp,
 };
 use belfry_engine::schedules::{PutOutcome, ScheduleOpError, ScheduleState};
@@ -27,7 +27,7 @@ use serde_json::json;
 use crate::ApiState;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path, query_pairs};
-use crate::v1::events::{decode_cursor, encode_cursor};
+use crate::v1::events::{BackoffBody, PullFields, decode_cursor, encode_cursor};
 use crate::v1::tenants::{tenant_name, tenant_not_found};
 use crate::v1::views::Delivery;
 
@@ -87,6 +87,9 @@ pub(crate) struct PutSchedule {
     max_occurrences: Option<u64>,
     misfire: Option<Misfire>,
     catch_up_window_ms: Option<u64>,
+    queue: Option<String>,
+    max_attempts: Option<u32>,
+    backoff: Option<BackoffBody>,
 }
 
 /// Everything a schedule definition is built from, whichever API it came
@@ -102,6 +105,8 @@ pub(crate) struct Definition {
     pub max_occurrences: Option<u64>,
     pub misfire: MisfirePolicy,
     pub catch_up_window: Duration,
+    /// For its occurrences (pull tenants).
+    pub pull: PullSettings,
 }
 
 impl Definition {
@@ -139,6 +144,7 @@ impl Definition {
             created_at: zero,
             updated_at: zero,
             progress: Progress::starting_after(zero),
+            pull: self.pull,
         })
     }
 }
@@ -223,6 +229,13 @@ pub(crate) struct ScheduleView {
     pub max_occurrences: Option<u64>,
     pub misfire: Misfire,
     pub catch_up_window_ms: u64,
+    /// Given to its occurrences, shown when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<belfry_core::Backoff>,
     /// Occurrences handled so far (created or recorded as missed).
     pub occurrences: u64,
     pub last_occurrence: Option<String>,
@@ -258,6 +271,9 @@ impl From<&ScheduleState> for ScheduleView {
             misfire: schedule.misfire.into(),
             catch_up_window_ms: u64::try_from(schedule.catch_up_window.as_millis())
                 .unwrap_or(u64::MAX),
+            queue: schedule.pull.queue.as_ref().map(|q| q.as_str().to_string()),
+            max_attempts: schedule.pull.max_attempts,
+            backoff: schedule.pull.backoff,
             occurrences: schedule.progress.occurrences,
             last_occurrence: schedule.progress.last_occurrence.map(Timestamp::to_rfc3339),
             missed: schedule.progress.missed.into(),
@@ -311,6 +327,12 @@ pub(crate) async fn put(
         catch_up_window: body
             .catch_up_window_ms
             .map_or(DEFAULT_CATCH_UP_WINDOW, Duration::from_millis),
+        pull: PullFields {
+            queue: body.queue,
+            max_attempts: body.max_attempts,
+            backoff: body.backoff,
+        }
+        .settings()?,
     }
     .into_schedule(id)?;
     // Validated before the tenant lookup: a bad expression is a 400

@@ -1,7 +1,7 @@
 //! The JSON shapes the native API answers with.
 
 use belfry_core::{
-    Attempt, DeliveryOption, EventRecord, SinkConfig, TenantConfig, Timestamp, Verdict,
+    Attempt, Backoff, DeliveryOption, EventRecord, SinkConfig, TenantConfig, Timestamp, Verdict,
 };
 use serde::{Deserialize, Serialize};
 
@@ -73,6 +73,13 @@ pub(crate) struct EventView {
     pub finished_at: Option<String>,
     pub payload: Option<String>,
     pub delivery: Delivery,
+    /// A pull tenant's event's own settings, shown when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<Backoff>,
 }
 
 impl From<&EventRecord> for EventView {
@@ -92,6 +99,9 @@ impl From<&EventRecord> for EventView {
             finished_at: rfc3339(record.finished_at),
             payload: record.payload.clone(),
             delivery: record.delivery.into(),
+            queue: record.pull.queue.as_ref().map(|q| q.as_str().to_string()),
+            max_attempts: record.pull.max_attempts,
+            backoff: record.pull.backoff,
         }
     }
 }

@@ -59,6 +59,9 @@ pub enum FaultScope {
     /// Both: the whole store is down (the API's calls and the partitions'
     /// loading alike).
     Everything,
+    /// Only the pull queue's lease writes (grants and changes): what the
+    /// queue answers without the store still answers.
+    LeaseWrites,
 }
 
 impl Faults {
@@ -77,7 +80,9 @@ impl Faults {
 
     fn check(&self, call: FaultScope) -> StoreResult<()> {
         let result = match &*self.fault.lock().unwrap() {
-            Some((FaultScope::ClientCalls, error)) if call != FaultScope::DuePages => {
+            Some((FaultScope::ClientCalls, error))
+                if !matches!(call, FaultScope::DuePages | FaultScope::LeaseWrites) =>
+            {
                 Err(error.clone())
             }
             Some((FaultScope::Everything, error)) => Err(error.clone()),
@@ -105,6 +110,9 @@ impl Interposer for Faults {
                 self.check(FaultScope::Apply)
             }
             StoreCall::DuePage => self.check(FaultScope::DuePages),
+            StoreCall::RecordLeases | StoreCall::ChangeLease => {
+                self.check(FaultScope::LeaseWrites)
+            }
             StoreCall::PutTenant
             | StoreCall::GetTenant
             | StoreCall::ListTenants
@@ -117,6 +125,107 @@ impl Interposer for Faults {
             | StoreCall::DeleteFinished => self.check(FaultScope::ClientCalls),
             _ => Ok(()),
         }
+        self.inner.apply(params).await
+    }
+    async fn record_leases(
+        &self,
+        params: belfry_store::RecordLeasesParams,
+    ) -> StoreResult<Vec<belfry_store::LeaseWriteOutcome>> {
+        self.faults.check(FaultScope::LeaseWrites)?;
+        self.inner.record_leases(params).await
+    }
+    async fn change_lease(
+        &self,
+        params: belfry_store::ChangeLeaseParams,
+    ) -> StoreResult<belfry_store::LeaseWriteOutcome> {
+        self.faults.check(FaultScope::LeaseWrites)?;
+        self.inner.change_lease(params).await
+    }
+    async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<belfry_store::StoredLease>> {
+        self.inner.get_lease(key).await
+    }
+    async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.get_event(key).await
+    }
+    async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>> {
+        self.faults.check(FaultScope::DuePages)?;
+        self.inner.due_page(params).await
+    }
+    async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.list_events(params).await
+    }
+    async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.attempts(key, limit).await
+    }
+    async fn purge_finished(&self, params: PurgeParams) -> StoreResult<usize> {
+        self.inner.purge_finished(params).await
+    }
+    async fn delete_finished(&self, keys: &[EventKey]) -> StoreResult<Vec<bool>> {
+        self.faults.check(FaultScope::ClientCalls)?;
+        self.inner.delete_finished(keys).await
+    }
+    async fn stats(&self) -> StoreResult<StoreStats> {
+        self.inner.stats().await
+    }
+    async fn put_api_key(&self, key: ApiKey) -> StoreResult<bool> {
+        self.inner.put_api_key(key).await
+    }
+    async fn api_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>> {
+        self.inner.api_key_by_hash(hash).await
+    }
+    async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>> {
+        self.inner.list_api_keys().await
+    }
+    async fn delete_api_key(&self, id: &KeyId) -> StoreResult<Option<ApiKey>> {
+        self.inner.delete_api_key(id).await
+    }
+    async fn touch_api_key(&self, id: &KeyId, at: Timestamp) -> StoreResult<()> {
+        self.inner.touch_api_key(id, at).await
+    }
+    async fn append_audit(&self, entry: AuditEntry) -> StoreResult<()> {
+        self.inner.append_audit(entry).await
+    }
+    async fn list_audit(&self, params: AuditPageParams) -> StoreResult<Vec<AuditEntry>> {
+        self.inner.list_audit(params).await
+    }
+    async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
+        self.inner.purge_audit(before, limit).await
+    }
+    async fn create_bulk_action(&self, action: belfry_core::bulk::BulkAction) -> StoreResult<bool> {
+        self.inner.create_bulk_action(action).await
+    }
+    async fn get_bulk_action(
+        &self,
+        id: &belfry_core::bulk::BulkActionId,
+    ) -> StoreResult<Option<belfry_core::bulk::BulkAction>> {
+        self.inner.get_bulk_action(id).await
+    }
+    async fn list_bulk_actions(
+        &self,
+        params: belfry_store::ListBulkActionsParams,
+    ) -> StoreResult<Vec<belfry_core::bulk::BulkAction>> {
+        self.inner.list_bulk_actions(params).await
+    }
+    async fn running_bulk_actions(
+        &self,
+        params: belfry_store::RunningBulkActionsParams,
+    ) -> StoreResult<Vec<belfry_core::bulk::BulkAction>> {
+        self.inner.running_bulk_actions(params).await
+    }
+    async fn update_bulk_action(
+        &self,
+        action: belfry_core::bulk::BulkAction,
+    ) -> StoreResult<Option<belfry_core::bulk::BulkAction>> {
+        self.inner.update_bulk_action(action).await
+    }
+    async fn purge_bulk_actions(
+        &self,
+        params: belfry_store::PurgeBulkActionsParams,
+    ) -> StoreResult<usize> {
+        self.inner.purge_bulk_actions(params).await
     }
 }
 
@@ -419,6 +528,19 @@ pub fn encode(text: &str) -> String {
 pub const FUTURE: &str = "2099-01-31T04:00:30Z";
 
 /// An RFC 3339 instant `offset_ms` from now (negative: in the past).
+/// Polls `condition` until it holds, or fails with `what` at the deadline.
+pub async fn wait_until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !condition().await {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub fn from_now(offset_ms: i64) -> String {
     use belfry_core::Clock;
     belfry_core::Timestamp::from_millis(SystemClock.now().as_millis() + offset_ms).to_rfc3339()

@@ -5,14 +5,17 @@
 //! which gives typed values or a [`PullRequestError`] whose message is safe
 //! to show to a client. Defaults apply to absent fields.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::ids::{IdError, WorkerId};
+use crate::ids::{IdError, QueueName, WorkerId};
 
 /// Most events one claim may lease.
 pub const MAX_EVENTS_PER_CLAIM: u32 = 100;
+/// Most queues one claim may name.
+pub const MAX_QUEUES_PER_CLAIM: usize = 32;
 /// `max_events` when a claim does not say.
 pub const DEFAULT_EVENTS_PER_CLAIM: u32 = 1;
 /// Longest long-poll of a claim.
@@ -62,6 +65,10 @@ pub enum PullRequestError {
     WorkerId(IdError),
     #[error("max_events must be between 1 and {MAX_EVENTS_PER_CLAIM}")]
     MaxEvents,
+    #[error("queues must name 1 to {MAX_QUEUES_PER_CLAIM} queues (omit it for all)")]
+    QueueCount,
+    #[error("invalid queues item: {0}")]
+    Queue(IdError),
     #[error("{field} must be between {min_ms} and {max_ms}")]
     OutOfRange {
         field: &'static str,
@@ -86,6 +93,7 @@ pub struct ClaimBody {
     pub max_events: Option<u64>,
     pub lease_ms: Option<u64>,
     pub wait_ms: Option<u64>,
+    pub queues: Option<Vec<String>>,
 }
 
 /// A validated [`ClaimBody`].
@@ -98,6 +106,9 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// Up to [`MAX_WAIT`].
     pub wait: Duration,
+    /// Only events of these queues (1 to [`MAX_QUEUES_PER_CLAIM`]); all
+    /// of the tenant's: `None`.
+    pub queues: Option<BTreeSet<QueueName>>,
 }
 
 impl ClaimBody {
@@ -113,9 +124,22 @@ impl ClaimBody {
                 .filter(|n| (1..=MAX_EVENTS_PER_CLAIM).contains(n))
                 .ok_or(PullRequestError::MaxEvents)?,
         };
+        let queues = self
+            .queues
+            .map(|names| {
+                if !(1..=MAX_QUEUES_PER_CLAIM).contains(&names.len()) {
+                    return Err(PullRequestError::QueueCount);
+                }
+                names
+                    .into_iter()
+                    .map(|name| QueueName::new(name).map_err(PullRequestError::Queue))
+                    .collect()
+            })
+            .transpose()?;
         Ok(ClaimRequest {
             worker,
             max_events,
+            queues,
             lease: millis(
                 "lease_ms",
                 self.lease_ms,
@@ -372,6 +396,33 @@ mod tests {
         }
         assert!(serde_json::from_str::<ClaimBody>(r#"{"worker_id": "w", "max": 1}"#).is_err());
         assert!(serde_json::from_str::<ClaimBody>(r#"{"max_events": -1}"#).is_err());
+    }
+
+    #[test]
+    fn a_claim_may_name_its_queues() {
+        assert_eq!(claim(r#"{"worker_id": "w"}"#).unwrap().queues, None);
+        let request = claim(r#"{"worker_id": "w", "queues": ["b", "a", "b"]}"#).unwrap();
+        let names: Vec<&str> = request
+            .queues
+            .iter()
+            .flatten()
+            .map(|q| q.as_str())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(
+            claim(r#"{"worker_id": "w", "queues": []}"#),
+            Err(PullRequestError::QueueCount)
+        );
+        let many: Vec<String> = (0..=MAX_QUEUES_PER_CLAIM)
+            .map(|i| format!("q{i}"))
+            .collect();
+        let body = serde_json::json!({ "worker_id": "w", "queues": many }).to_string();
+        assert_eq!(claim(&body), Err(PullRequestError::QueueCount));
+        let bad = claim(r#"{"worker_id": "w", "queues": ["a b"]}"#).unwrap_err();
+        assert!(
+            bad.to_string().starts_with("invalid queues item: queue"),
+            "{bad}"
+        );
     }
 
     #[test]

@@ -436,7 +436,9 @@ pub struct PullQueue {
     ready: ReadyQueues,
     /// Ready plus being granted, per tenant (the ready bounds).
     pending_by_tenant: HashMap<TenantName, usize>,
-    held: HashMap<(EventKey, EventVersion), Place>,
+    /// Ordered so that the versions of one key are found together
+    /// ([`Self::held_versions`]).
+    held: BTreeMap<(EventKey, EventVersion), Place>,
     grants: BTreeMap<OpId, GrantBatch>,
     granting_items: usize,
     leases: HashMap<LeaseId, Lease>,
@@ -468,7 +470,7 @@ impl PullQueue {
             nonces,
             ready: ReadyQueues::default(),
             pending_by_tenant: HashMap::new(),
-            held: HashMap::new(),
+            held: BTreeMap::new(),
             grants: BTreeMap::new(),
             granting_items: 0,
             leases: HashMap::new(),
@@ -504,6 +506,11 @@ impl PullQueue {
 
     pub fn ready_of(&self, tenant: &TenantName) -> usize {
         self.ready.len_of(tenant)
+    }
+
+    /// Ready entries of `tenant` in `queue`.
+    pub fn ready_in(&self, tenant: &TenantName, queue: &QueueName) -> usize {
+        self.ready.len_in(tenant, queue)
     }
 
     /// Ready plus being granted, of one tenant (bounded by
@@ -558,6 +565,22 @@ impl PullQueue {
             .tenants()
             .filter(|tenant| self.waiting_of(tenant) == 0)
             .cloned()
+            .collect()
+    }
+
+    /// Whether nothing is held: the runtime skips its look-ups then.
+    pub fn holds_nothing(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// The versions of `key` held (ready, being granted or leased): those
+    /// no longer pending in the store are for [`Input::VersionEnded`].
+    pub fn held_versions(&self, key: &EventKey) -> Vec<EventVersion> {
+        let lowest = (key.clone(), EventVersion::from_string(String::new()));
+        self.held
+            .range(lowest..)
+            .take_while(|((held, _), _)| held == key)
+            .map(|((_, version), _)| version.clone())
             .collect()
     }
 
@@ -844,19 +867,30 @@ impl PullQueue {
         }
     }
 
+    /// Serves `tenant`'s waiting claims oldest first; a claim that names
+    /// queues with nothing ready is passed over (it keeps its place).
     fn serve_tenant(&mut self, tenant: &TenantName, now: Timestamp, out: &mut Vec<Action>) {
-        while self.ready.len_of(tenant) > 0 {
-            let Some(seq) = self.waiting.get(tenant).and_then(|s| s.first().copied()) else {
+        let waiting: Vec<u64> = self
+            .waiting
+            .get(tenant)
+            .map(|seqs| seqs.iter().copied().collect())
+            .unwrap_or_default();
+        for seq in waiting {
+            if self.ready.len_of(tenant) == 0 {
                 return;
-            };
+            }
             let room = self.lease_room();
             if room == 0 {
                 self.starved = true;
                 return;
             }
             let Some(waiter) = self.waiters.get(&seq) else {
-                return;
+                continue;
             };
+            let only = waiter.request.queues.as_ref();
+            if !self.ready.has_for(tenant, only) {
+                continue;
+            }
             let (call, worker, lease_len) = (
                 waiter.call,
                 waiter.request.worker.clone(),
@@ -866,7 +900,7 @@ impl PullQueue {
             // and over.
             let want = (waiter.request.max_events.max(1) as usize).min(room);
             let deadline = waiter.deadline;
-            let entries = self.ready.take(tenant, want);
+            let entries = self.ready.take(tenant, want, only);
             self.next_op += 1;
             let op = OpId(self.next_op);
             let mut items = Vec::with_capacity(entries.len());

@@ -1,7 +1,7 @@
 //! Ready entries of the pull queue: per tenant, per named queue, in due
 //! order inside a queue and in turn across a tenant's queues.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::ids::{QueueName, TenantName};
 use crate::partition::PartitionId;
@@ -39,6 +39,23 @@ impl ReadyQueues {
     /// Tenants with ready entries.
     pub(super) fn tenants(&self) -> impl Iterator<Item = &TenantName> {
         self.tenants.keys()
+    }
+
+    /// Entries of `tenant` in `queue`.
+    pub(super) fn len_in(&self, tenant: &TenantName, queue: &QueueName) -> usize {
+        self.tenants
+            .get(tenant)
+            .and_then(|t| t.queues.get(queue))
+            .map_or(0, BTreeMap::len)
+    }
+
+    /// Whether `tenant` has an entry in one of `only` (any queue: `None`).
+    pub(super) fn has_for(&self, tenant: &TenantName, only: Option<&BTreeSet<QueueName>>) -> bool {
+        match (self.tenants.get(tenant), only) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(queues), Some(only)) => only.iter().any(|q| queues.queues.contains_key(q)),
+        }
     }
 
     pub(super) fn contains(&self, entry: &ReadyEntry) -> bool {
@@ -86,15 +103,29 @@ impl ReadyQueues {
         Some(removed)
     }
 
-    /// Takes up to `n` of `tenant`'s entries: the earliest of each queue in
-    /// turn, so one busy queue cannot starve the others.
-    pub(super) fn take(&mut self, tenant: &TenantName, n: usize) -> Vec<ReadyEntry> {
+    /// Takes up to `n` of `tenant`'s entries from the queues in `only`
+    /// (all: `None`): the earliest of each queue in turn, so one busy
+    /// queue cannot starve the others. A queue served goes to the end of
+    /// its tenant's turn.
+    pub(super) fn take(
+        &mut self,
+        tenant: &TenantName,
+        n: usize,
+        only: Option<&BTreeSet<QueueName>>,
+    ) -> Vec<ReadyEntry> {
         let mut taken = Vec::new();
         while taken.len() < n {
             let Some(queues) = self.tenants.get_mut(tenant) else {
                 break;
             };
-            let Some(queue) = queues.turn.pop_front() else {
+            let Some(next) = queues
+                .turn
+                .iter()
+                .position(|q| only.is_none_or(|only| only.contains(q)))
+            else {
+                break;
+            };
+            let Some(queue) = queues.turn.remove(next) else {
                 break;
             };
             let Some(entries) = queues.queues.get_mut(&queue) else {

@@ -66,6 +66,7 @@ fn ready_in(tenant_name: &str, id: &str, due: i64, queue: &str, attempts: u32) -
             created_at: ts(0),
             updated_at: ts(0),
             finished_at: None,
+            pull: Default::default(),
         },
         queue: QueueName::new(queue).unwrap(),
         policy: policy(),
@@ -121,6 +122,18 @@ impl Harness {
         lease_ms: u64,
         wait_ms: u64,
     ) -> (CallId, Vec<Action>) {
+        self.claim_in(tenant_name, max, lease_ms, wait_ms, None)
+    }
+
+    /// A claim of the events of `queues` only (all: `None`).
+    fn claim_in(
+        &mut self,
+        tenant_name: &str,
+        max: u32,
+        lease_ms: u64,
+        wait_ms: u64,
+        queues: Option<&[&str]>,
+    ) -> (CallId, Vec<Action>) {
         let call = self.call_id();
         let actions = self.handle(Input::Claim {
             call,
@@ -130,6 +143,12 @@ impl Harness {
                 max_events: max,
                 lease: Duration::from_millis(lease_ms),
                 wait: Duration::from_millis(wait_ms),
+                queues: queues.map(|names| {
+                    names
+                        .iter()
+                        .map(|name| QueueName::new(*name).unwrap())
+                        .collect()
+                }),
             },
         });
         (call, actions)
@@ -350,6 +369,54 @@ fn due_order_inside_a_queue_and_queues_in_turn() {
         ["big-1", "small-1", "big-2", "small-2", "big-3"]
     );
     assert_eq!(ids(&h.grant("t", 5, 30_000)), ["big-4"]);
+}
+
+#[test]
+fn a_claim_naming_queues_gets_only_theirs_and_lets_others_pass() {
+    let mut h = Harness::new();
+    let (small, _) = h.claim_in("t", 1, 30_000, 20_000, Some(&["small"]));
+    let (any, _) = h.claim("t", 1, 30_000, 20_000);
+    let actions = h.at(100).offer(vec![
+        ready_in("t", "big-1", 10, "big", 0),
+        ready_in("t", "small-1", 50, "small", 0),
+    ]);
+    let done = h.persist(&actions, PersistResult::Done);
+    let all = [actions, done].concat();
+    let leased = |call| match reply_to(call, &all) {
+        Reply::Leases(leases) => leases,
+        other => panic!("expected leases, got {other:?}"),
+    };
+    assert_eq!(
+        ids(&leased(small)),
+        ["small-1"],
+        "the older claim, its queue"
+    );
+    assert_eq!(ids(&leased(any)), ["big-1"]);
+    let leases = leased(small);
+    assert_eq!(leases[0].queue.as_str(), "small");
+    // A claim of a queue with nothing ready waits; the entry of another
+    // queue stays for a claim that takes it, even a newer one.
+    let (other, actions) = h.claim_in("t", 1, 30_000, 20_000, Some(&["other"]));
+    assert!(no_reply(other, &actions));
+    let actions = h.offer(vec![ready_in("t", "big-2", 20, "big", 0)]);
+    assert!(no_reply(other, &actions));
+    assert_eq!(
+        h.queue
+            .ready_in(&tenant("t"), &QueueName::new("big").unwrap()),
+        1
+    );
+    assert_eq!(ids(&h.grant("t", 5, 30_000)), ["big-2"]);
+    assert_eq!(
+        h.queue.waiting_of(&tenant("t")),
+        1,
+        "the other claim still waits"
+    );
+    let actions = h.offer(vec![ready_in("t", "other-1", 30, "other", 0)]);
+    let done = h.persist(&actions, PersistResult::Done);
+    match reply_to(other, &[actions, done].concat()) {
+        Reply::Leases(leases) => assert_eq!(ids(&leases), ["other-1"]),
+        reply => panic!("expected leases, got {reply:?}"),
+    }
 }
 
 #[test]
@@ -799,6 +866,30 @@ fn a_write_in_flight_holds_back_the_expiry() {
             ..
         }
     ));
+}
+
+#[test]
+fn the_held_versions_of_a_key_are_listed_for_the_runtime() {
+    let mut h = Harness::new();
+    assert!(h.queue.holds_nothing());
+    h.offer(vec![
+        ready("t", "a", 0),
+        ready("t", "b", 0),
+        ready("u", "a", 0),
+    ]);
+    assert!(!h.queue.holds_nothing());
+    assert_eq!(
+        h.queue.held_versions(&key("t", "a")),
+        [EventVersion::from_string("v-a".into())]
+    );
+    assert!(h.queue.held_versions(&key("t", "c")).is_empty());
+    let leased = h.grant("t", 2, 30_000);
+    assert_eq!(leased.len(), 2);
+    assert_eq!(
+        h.queue.held_versions(&key("t", "b")),
+        [EventVersion::from_string("v-b".into())],
+        "leased versions are held too"
+    );
 }
 
 #[test]

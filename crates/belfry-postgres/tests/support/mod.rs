@@ -56,6 +56,7 @@ pub fn upsert(key: &EventKey, at: i64, version: &str) -> KeyedCommand {
             payload: Some("p".into()),
             delivery: DeliveryOption::PayloadOnly,
             new_version: EventVersion::from_string(version.into()),
+            pull: Default::default(),
         },
         fence: None,
     }

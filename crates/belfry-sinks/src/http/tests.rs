@@ -82,6 +82,7 @@ fn event(tenant: &TenantConfig, id: &str, delivery: DeliveryOption) -> EventReco
         created_at: at,
         updated_at: at,
         finished_at: None,
+        pull: Default::default(),
     }
 }
 

@@ -67,6 +67,7 @@ fn event(tenant: &TenantConfig, id: &str, payload: String) -> EventRecord {
         created_at: at,
         updated_at: at,
         finished_at: None,
+        pull: Default::default(),
     }
 }
 

@@ -68,6 +68,7 @@ mod tests {
             created_at: at,
             updated_at: at,
             finished_at: None,
+            pull: Default::default(),
         };
         let result = LogSink
             .deliver(Delivery {

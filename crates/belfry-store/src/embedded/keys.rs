@@ -12,7 +12,7 @@
 //!
 //! Values carry a leading format byte so a later layout can be told apart.
 
-use belfry_core::event::{Attempt, EventRecord, EventStatus};
+use belfry_core::event::{Attempt, EventRecord, EventStatus, PullSettings};
 use belfry_core::{DueCursor, EventId, EventKey, PartitionId, TenantConfig, TenantName, Timestamp};
 
 use crate::{StoreError, StoreResult};
@@ -21,6 +21,9 @@ use crate::{StoreError, StoreResult};
 const SEPARATOR: u8 = 0x00;
 /// Format byte of event, attempt and tenant values.
 const VALUE_FORMAT_V1: u8 = 1;
+/// Format byte of an event record followed by its [`PullSettings`]
+/// (postcard, one after the other). A V1 record has the default settings.
+const RECORD_FORMAT_V2: u8 = 2;
 
 pub const META_PARTITIONS: &[u8] = b"partitions";
 pub const META_SCHEMA: &[u8] = b"schema_version";
@@ -287,12 +290,28 @@ pub fn attempt_key_raw(encoded_key: &[u8], started_at: Timestamp, seq: u64) -> V
     out
 }
 
+/// V1 while the pull settings are the default (most events: push
+/// tenants'), V2 otherwise.
 pub fn encode_record(record: &EventRecord) -> StoreResult<Vec<u8>> {
-    encode_postcard(record)
+    let mut out = encode_postcard(record)?;
+    if record.pull != PullSettings::default() {
+        out[0] = RECORD_FORMAT_V2;
+        postcard::to_io(&record.pull, &mut out)
+            .map_err(|e| StoreError::Internal(format!("encoding failed: {e}")))?;
+    }
+    Ok(out)
 }
 
 pub fn decode_record(bytes: &[u8]) -> StoreResult<EventRecord> {
-    decode_postcard(bytes)
+    match bytes.split_first() {
+        Some((&RECORD_FORMAT_V2, rest)) => {
+            let (mut record, tail): (EventRecord, _) =
+                postcard::take_from_bytes(rest).map_err(corrupt)?;
+            record.pull = postcard::from_bytes(tail).map_err(corrupt)?;
+            Ok(record)
+        }
+        _ => decode_postcard(bytes),
+    }
 }
 
 pub fn encode_attempt(attempt: &Attempt) -> StoreResult<Vec<u8>> {
@@ -407,6 +426,40 @@ mod tests {
         let max = Timestamp::from_millis(i64::MAX);
         assert!(bytes < finished_before(PartitionId(3), Timestamp::from_millis(i64::MIN)));
         assert!(finished_key_raw(PartitionId(1), max, &event_key(&key("z", "z"))) < bytes);
+    }
+
+    #[test]
+    fn records_without_pull_settings_stay_in_format_1() {
+        use belfry_core::event::{EventCommand, TransitionContext, transition};
+        let k = key("t", "e");
+        let make = |pull: PullSettings| {
+            let command = EventCommand::Upsert {
+                event_time: Timestamp::from_millis(5),
+                payload: Some("p".into()),
+                delivery: Default::default(),
+                pull,
+                new_version: belfry_core::EventVersion::from_string("v".into()),
+            };
+            let ctx = TransitionContext {
+                now: Timestamp::from_millis(1),
+                partition: PartitionId(0),
+                retry: &Default::default(),
+            };
+            transition(&k, None, command, ctx).next.unwrap()
+        };
+        let plain = make(PullSettings::default());
+        let bytes = encode_record(&plain).unwrap();
+        assert_eq!(bytes[0], VALUE_FORMAT_V1, "readable by older builds");
+        assert_eq!(decode_record(&bytes).unwrap(), plain);
+        let pulled = make(PullSettings {
+            queue: Some(belfry_core::QueueName::new("q").unwrap()),
+            max_attempts: Some(3),
+            backoff: None,
+        });
+        let bytes = encode_record(&pulled).unwrap();
+        assert_eq!(bytes[0], RECORD_FORMAT_V2);
+        assert_eq!(decode_record(&bytes).unwrap(), pulled);
+        assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
     }
 
     #[test]

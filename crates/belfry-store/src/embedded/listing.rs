@@ -291,6 +291,7 @@ mod tests {
                 payload: None,
                 delivery: DeliveryOption::FullEvent,
                 new_version: EventVersion::from_string("v".into()),
+                pull: Default::default(),
             },
             fence: None,
         }
