@@ -556,6 +556,12 @@ pub struct PullCommonArgs {
     /// `wait_ms` of each claim: how long it long-polls (0–30,000).
     #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(0..=30_000))]
     pub wait_ms: u64,
+    /// Start this many `belfry serve --database-url` nodes on one
+    /// PostgreSQL database (a throwaway server, or `--database-url`'s)
+    /// instead of one node: the events are scheduled round-robin over
+    /// the nodes, and worker `i` claims and completes on node `i mod N`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16), conflicts_with = "target")]
+    pub nodes: u16,
     /// `lease_ms` of each claim (1,000–43,200,000).
     #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1_000..=43_200_000))]
     pub lease_ms: u64,
@@ -657,6 +663,8 @@ mod tests {
             "2s",
             "--workers",
             "3",
+            "--nodes",
+            "3",
         ])
         .unwrap();
         let Scenario::Pull(PullArgs {
@@ -668,6 +676,7 @@ mod tests {
         assert_eq!(args.rate, 500);
         assert_eq!(args.duration, Duration::from_secs(2));
         assert_eq!(args.common.workers, 3);
+        assert_eq!(args.common.nodes, 3);
         assert_eq!(args.common.max_events, 100);
         assert_eq!(args.common.wait_ms, 5_000);
 
@@ -698,6 +707,7 @@ mod tests {
             ["--wait-ms", "30001"],
             ["--lease-ms", "999"],
             ["--workers", "0"],
+            ["--nodes", "17"],
         ] {
             let mut argv = vec!["belfry-bench", "pull", "throughput"];
             argv.extend(bad);

@@ -1,9 +1,11 @@
 //! The `pull` scenarios: workers of a pull tenant (`docs/pull.md`)
 //! claiming leases over HTTP and completing each.
 //!
-//! 1. The node (started, `--database-url`, or `--target`) gets a `PULL`
-//!    tenant; the events `e<n>` are scheduled through
-//!    `POST /events/schedule` as in the other scenarios.
+//! 1. The node (started, `--database-url`, or `--target`; or `--nodes N`
+//!    nodes on one PostgreSQL database, the `cluster` scenario's harness)
+//!    gets a `PULL` tenant; the events `e<n>` are scheduled through
+//!    `POST /events/schedule` as in the other scenarios (round-robin over
+//!    the nodes).
 //! 2. `--workers` workers each loop: `POST /v1/tenants/{t}/leases`
 //!    (`max_events`, `wait_ms`: a long-poll), then one
 //!    `POST /v1/leases/{id}/complete` per lease, all of a batch at once (so
@@ -20,6 +22,12 @@
 //!
 //! The run ends when every event was completed once, or at its deadline;
 //! the workers' open long-polls are dropped then (the node abandons them).
+//!
+//! With `--nodes N`, worker `i` claims and completes on node `i mod N`.
+//! Until claims reach across nodes (`docs/pull.md`, "Cluster"), a claim
+//! sees only the partitions its node owns, so every node needs a worker
+//! (`--workers` at least `--nodes`); once they do, the same run measures
+//! cross-node claims.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,16 +38,20 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
+use belfry_testkit::BelfryProcess;
+
 use crate::cli::{PullArgs, PullCommonArgs, PullMode};
+use crate::cluster::{Cluster, Launch, sample_nodes, sum_between};
+use crate::database::{Database, PostgresCpu};
 use crate::load::{self, Bodies, IngestReport};
 use crate::mixed::sleep_until_ms;
-use crate::node::Node;
+use crate::node::{Node, partitions_arg};
 use crate::report::{NodeReport, Report, percentiles};
 use crate::scenarios::{
     Load, database_param, default_lead_ms, ingest_warnings, load_params, merge, own_cpu_since,
     own_sample, percent_encode,
 };
-use crate::stats::{CpuSplit, Percentiles};
+use crate::stats::{CpuSplit, Percentiles, ProcessSample};
 use crate::workload::{Workload, now_ms, parse_instant_ms};
 
 /// The targets on one node.
@@ -153,8 +165,10 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// What every worker needs.
 struct Crew {
     client: reqwest::Client,
-    claim_url: String,
-    base_url: String,
+    /// Every node's base URL; worker `i` works on node `i mod N`.
+    base_urls: Vec<String>,
+    /// The tenant, percent-encoded for paths.
+    tenant_path: String,
     common: PullCommonArgs,
     workload: Workload,
     tally: Tally,
@@ -201,27 +215,37 @@ async fn measure(
     }
     let connections = common.workers * (common.max_events as usize + 1) + load.concurrency;
     let client = load::client(connections)?;
-    let node = Node::open(&common.node, &client).await?;
+    let nodes = Nodes::open(common, &client).await?;
     let tenant = common
         .node
         .tenant
         .clone()
         .unwrap_or_else(|| format!("bench-pull-{}", now_ms()));
-    node.register_tenant_config(
-        &client,
-        &json!({"tenant": tenant, "type": "PULL", "props": {}}),
-    )
-    .await
-    .with_context(|| node.logs_tail())?;
+    let first_node = Node::Running {
+        base_url: nodes.base_urls()[0].clone(),
+        pid: None,
+    };
+    first_node
+        .register_tenant_config(
+            &client,
+            &json!({"tenant": tenant, "type": "PULL", "props": {}}),
+        )
+        .await
+        .with_context(|| nodes.logs_tail())?;
 
     let lead_ms = common.lead_ms.unwrap_or_else(|| default_lead_ms(count));
     let first_due = now_ms() + i64::try_from(lead_ms).unwrap_or(i64::MAX);
     let workload = Workload::uniform(&tenant, count, first_due, spread_ms, load.payload_bytes);
     let last_due = workload.due_ms.iter().copied().max().unwrap_or(first_due);
     let bodies = Bodies::prebuilt(workload.request_bodies(load.batch));
+    let schedule_urls: Vec<String> = nodes
+        .base_urls()
+        .iter()
+        .map(|base| format!("{base}/events/schedule"))
+        .collect();
     let ingest = load::run(
         &client,
-        &[node.url("/events/schedule")],
+        &schedule_urls,
         bodies,
         load.batch,
         load.concurrency,
@@ -229,6 +253,12 @@ async fn measure(
     )
     .await;
     let mut warnings = ingest_warnings(&ingest);
+    if common.workers < usize::from(common.nodes) {
+        warnings.push(format!(
+            "{} workers on {} nodes: a node without a worker has its events claimed only once claims reach across nodes",
+            common.workers, common.nodes
+        ));
+    }
     if ingest.finished_at_ms > first_due {
         warnings.push(format!(
             "ingest finished {} ms after the first due instant (raise --lead-ms)",
@@ -238,8 +268,8 @@ async fn measure(
 
     let crew = Arc::new(Crew {
         client,
-        claim_url: node.url(&format!("/v1/tenants/{}/leases", percent_encode(&tenant))),
-        base_url: node.base_url(),
+        base_urls: nodes.base_urls(),
+        tenant_path: percent_encode(&tenant),
         common: common.clone(),
         tally: Tally::new(workload.len()),
         workload,
@@ -251,8 +281,8 @@ async fn measure(
     if mode == "throughput" {
         sleep_until_ms(first_due).await;
     }
-    let node_before = node.sample();
-    let pg_before = node.postgres_cpu().await;
+    let node_before = nodes.samples(&[]);
+    let pg_before = nodes.postgres_cpu().await;
     let bench_before = own_sample();
     let started_ms = now_ms();
     let mut workers = tokio::task::JoinSet::new();
@@ -265,17 +295,22 @@ async fn measure(
     crew.stop.store(true, Ordering::Relaxed);
     // Drops the long-polls still open: the node abandons those claims.
     workers.shutdown().await;
-    let node_after = node.sample();
-    let postgres_cpu = pg_since_node(&node, pg_before).await;
+    let node_after = nodes.samples(&node_before);
+    let postgres_cpu = match (nodes.postgres_cpu().await, pg_before) {
+        (Some(after), Some(before)) => Some(crate::database::minus(after, before)),
+        _ => None,
+    };
     let bench_cpu = own_cpu_since(bench_before);
-    let node_pull_metrics = scrape_pull_metrics(&crew.client, &node.base_url()).await;
+    let node_pull_metrics = scrape_pull_metrics(&crew.client, &crew.base_urls[0]).await;
+    let node_cpu = (node_before.iter().all(Option::is_some) && !node_before.is_empty())
+        .then(|| sum_between(&node_before, &node_after));
 
     let pull = summarize(
         mode,
         &crew,
         &ingest,
         started_ms,
-        node_before.zip(node_after).map(|(b, a)| a.cpu_since(&b)),
+        node_cpu,
         bench_cpu,
         node_pull_metrics,
     );
@@ -300,15 +335,17 @@ async fn measure(
                 "count": count, "lead_ms": lead_ms, "grace_ms": common.grace_ms,
                 "workers": common.workers, "max_events": common.max_events,
                 "wait_ms": common.wait_ms, "lease_ms": common.lease_ms,
-                "node": node.base_url(), "database": database_param(&common.node),
+                "nodes": nodes.base_urls(), "database": nodes.database(common),
             }),
         ),
         warnings,
         ingest: Some(ingest),
         delivery: None,
-        node: node_before
-            .zip(node_after)
-            .map(|(b, a)| NodeReport::between(&b, &a)),
+        // One node: its RSS and CPU; several: their CPU is in `pull`.
+        node: match (node_before.as_slice(), node_after.as_slice()) {
+            ([Some(before)], [Some(after)]) => Some(NodeReport::between(before, after)),
+            _ => None,
+        },
         backlog: None,
         cluster: None,
         mixed: None,
@@ -320,14 +357,107 @@ async fn measure(
         load_average_after: None,
         bench_cpu,
     };
-    node.close().await;
+    nodes.close().await;
     Ok(report)
 }
 
-/// PostgreSQL's CPU since `before`, for a node on `--database-url`.
-async fn pg_since_node(node: &Node, before: Option<CpuSplit>) -> Option<CpuSplit> {
-    let after = node.postgres_cpu().await?;
-    Some(crate::database::minus(after, before?))
+/// The node or nodes under test.
+enum Nodes {
+    One(Node),
+    /// `--nodes N`: the `cluster` scenario's harness.
+    Cluster {
+        cluster: Cluster,
+        database: Database,
+        postgres_cpu: Option<PostgresCpu>,
+    },
+}
+
+impl Nodes {
+    async fn open(common: &PullCommonArgs, client: &reqwest::Client) -> anyhow::Result<Nodes> {
+        if common.nodes <= 1 {
+            return Ok(Nodes::One(Node::open(&common.node, client).await?));
+        }
+        let database = Database::create(common.node.database_url.as_deref()).await?;
+        let launch = Launch {
+            belfry_bin: common.node.belfry_bin.as_ref(),
+            nodes: common.nodes,
+            node_args: &common.node.node_args,
+            node_env: &common.node.node_env,
+        };
+        let cluster = Cluster::start(&launch, &database.url).await?;
+        cluster
+            .wait_settled(
+                client,
+                usize::from(common.nodes),
+                partitions_arg(&common.node.node_args),
+            )
+            .await?;
+        let postgres_cpu = PostgresCpu::start(&database.url).await;
+        Ok(Nodes::Cluster {
+            cluster,
+            database,
+            postgres_cpu,
+        })
+    }
+
+    fn base_urls(&self) -> Vec<String> {
+        match self {
+            Nodes::One(node) => vec![node.base_url()],
+            Nodes::Cluster { cluster, .. } => {
+                cluster.nodes.iter().map(BelfryProcess::base_url).collect()
+            }
+        }
+    }
+
+    /// Each node's resource use now (a node that died keeps `previous`).
+    fn samples(&self, previous: &[Option<ProcessSample>]) -> Vec<Option<ProcessSample>> {
+        match self {
+            Nodes::One(node) => vec![node.sample()],
+            Nodes::Cluster { cluster, .. } => sample_nodes(cluster, previous),
+        }
+    }
+
+    async fn postgres_cpu(&self) -> Option<CpuSplit> {
+        match self {
+            Nodes::One(node) => node.postgres_cpu().await,
+            Nodes::Cluster { postgres_cpu, .. } => Some(postgres_cpu.as_ref()?.total().await),
+        }
+    }
+
+    fn database(&self, common: &PullCommonArgs) -> &'static str {
+        match self {
+            Nodes::One(_) => database_param(&common.node),
+            Nodes::Cluster { .. } => "postgres",
+        }
+    }
+
+    fn logs_tail(&self) -> String {
+        match self {
+            Nodes::One(node) => node.logs_tail(),
+            Nodes::Cluster { cluster, .. } => cluster
+                .nodes
+                .first()
+                .map(|n| n.logs_tail(20))
+                .unwrap_or_default(),
+        }
+    }
+
+    async fn close(self) {
+        match self {
+            Nodes::One(node) => node.close().await,
+            Nodes::Cluster {
+                mut cluster,
+                database,
+                postgres_cpu,
+            } => {
+                for node in &mut cluster.nodes {
+                    node.kill_9();
+                }
+                drop(postgres_cpu);
+                database.drop_external().await;
+            }
+        }
+    }
 }
 
 /// Waits until `expected` events were completed or `deadline_ms` passed,
@@ -356,10 +486,12 @@ async fn work(crew: Arc<Crew>, index: usize) {
         "lease_ms": crew.common.lease_ms,
     });
     let tally = &crew.tally;
+    let base_url = &crew.base_urls[index % crew.base_urls.len()];
+    let claim_url = format!("{base_url}/v1/tenants/{}/leases", crew.tenant_path);
     while !crew.stop.load(Ordering::Relaxed) {
         let sent = Instant::now();
         tally.claims.fetch_add(1, Ordering::Relaxed);
-        let answer = match post(&crew.client, &crew.claim_url, &body).await {
+        let answer = match post(&crew.client, &claim_url, &body).await {
             Ok((200, answer)) => answer,
             Ok((status, answer)) => {
                 tally.claim_errors.fetch_add(1, Ordering::Relaxed);
@@ -403,7 +535,8 @@ async fn work(crew: Arc<Crew>, index: usize) {
                     samples.lease_late_ms.push(leased - due);
                     samples.received_late_ms.push(received_ms - asked);
                     if let Some(id) = lease["lease_id"].as_str() {
-                        completes.spawn(complete(Arc::clone(&crew), id.to_string(), index));
+                        let url = format!("{base_url}/v1/leases/{id}/complete");
+                        completes.spawn(complete(Arc::clone(&crew), url, index));
                     }
                 }
             }
@@ -415,10 +548,10 @@ async fn work(crew: Arc<Crew>, index: usize) {
     }
 }
 
-/// Completes one lease; marks its event done on `200`.
-async fn complete(crew: Arc<Crew>, lease_id: String, index: usize) {
+/// Completes one lease (`url`: its complete route on the node that
+/// granted it); marks its event done on `200`.
+async fn complete(crew: Arc<Crew>, url: String, index: usize) {
     let tally = &crew.tally;
-    let url = format!("{}/v1/leases/{lease_id}/complete", crew.base_url);
     let sent = Instant::now();
     match post(&crew.client, &url, &json!({})).await {
         Ok((200, _)) => {
