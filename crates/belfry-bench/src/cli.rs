@@ -556,6 +556,11 @@ pub struct PullCommonArgs {
     /// `wait_ms` of each claim: how long it long-polls (0–30,000).
     #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(0..=30_000))]
     pub wait_ms: u64,
+    /// Complete a claim's leases in one `POST
+    /// /v1/tenants/{t}/leases/complete` instead of one `POST
+    /// /v1/leases/{id}/complete` per lease.
+    #[arg(long)]
+    pub batch_complete: bool,
     /// Start this many `belfry serve --database-url` nodes on one
     /// PostgreSQL database (a throwaway server, or `--database-url`'s)
     /// instead of one node: the events are scheduled round-robin over
@@ -688,6 +693,7 @@ mod tests {
             "1000",
             "--max-events",
             "10",
+            "--batch-complete",
             "--json",
         ])
         .unwrap();
@@ -699,6 +705,7 @@ mod tests {
         };
         assert_eq!(args.count, 1000);
         assert_eq!(args.common.max_events, 10);
+        assert!(args.common.batch_complete);
         assert!(args.common.output.json);
 
         // The API's limits are refused before any node starts.

@@ -15,6 +15,9 @@
 //!    answer − the instant the event was scheduled for, this machine's
 //!    wall clock); per call, its latency.
 //!
+//! With `--batch-complete` a worker completes a claim's leases in one
+//! `POST /v1/tenants/{t}/leases/complete` instead.
+//!
 //! `lateness`: events come due at `--rate` for `--duration` while the
 //! workers wait. `throughput`: `--count` events due at one instant, the
 //! workers start claiming then; claim-and-complete events/s from the first
@@ -72,6 +75,8 @@ pub struct PullReport {
     pub max_events: u32,
     pub wait_ms: u64,
     pub lease_ms: u64,
+    /// A claim's leases were completed in one batch request.
+    pub batch_complete: bool,
     /// Events scheduled and acknowledged.
     pub events: usize,
     /// Events completed (`200` to a complete), each counted once.
@@ -337,6 +342,7 @@ async fn measure(
                 "count": count, "lead_ms": lead_ms, "grace_ms": common.grace_ms,
                 "workers": common.workers, "max_events": common.max_events,
                 "wait_ms": common.wait_ms, "lease_ms": common.lease_ms,
+                "batch_complete": common.batch_complete,
                 "nodes": nodes.base_urls(), "database": nodes.database(common),
             }),
         ),
@@ -515,7 +521,7 @@ async fn work(crew: Arc<Crew>, index: usize) {
             tally.empty_claims.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let mut completes = tokio::task::JoinSet::new();
+        let mut to_complete = Vec::with_capacity(leases.len());
         {
             let mut samples = lock(&tally.samples);
             samples.claim_latency_us.push(claim_us);
@@ -537,8 +543,7 @@ async fn work(crew: Arc<Crew>, index: usize) {
                     samples.lease_late_ms.push(leased - due);
                     samples.received_late_ms.push(received_ms - asked);
                     if let Some(id) = lease["lease_id"].as_str() {
-                        let url = format!("{base_url}/v1/leases/{id}/complete");
-                        completes.spawn(complete(Arc::clone(&crew), url, index));
+                        to_complete.push((id.to_string(), index));
                     }
                 }
             }
@@ -546,7 +551,70 @@ async fn work(crew: Arc<Crew>, index: usize) {
         tally
             .leases
             .fetch_add(leases.len() as u64, Ordering::Relaxed);
-        while completes.join_next().await.is_some() {}
+        if crew.common.batch_complete {
+            complete_batch(&crew, base_url, to_complete).await;
+        } else {
+            let mut completes = tokio::task::JoinSet::new();
+            for (id, index) in to_complete {
+                let url = format!("{base_url}/v1/leases/{id}/complete");
+                completes.spawn(complete(Arc::clone(&crew), url, index));
+            }
+            while completes.join_next().await.is_some() {}
+        }
+    }
+}
+
+/// Completes a claim's leases in one `POST
+/// /v1/tenants/{t}/leases/complete`; marks each event done whose item
+/// answered `delivered`.
+async fn complete_batch(crew: &Crew, base_url: &str, leases: Vec<(String, usize)>) {
+    let tally = &crew.tally;
+    let url = format!("{base_url}/v1/tenants/{}/leases/complete", crew.tenant_path);
+    let body = json!({
+        "leases": leases.iter().map(|(id, _)| json!({ "lease_id": id })).collect::<Vec<_>>(),
+    });
+    let sent = Instant::now();
+    match post(&crew.client, &url, &body).await {
+        Ok((200, answer)) => {
+            let took = micros(sent.elapsed());
+            let results = answer["results"].as_array().cloned().unwrap_or_default();
+            for ((_, index), result) in leases.iter().zip(&results) {
+                if result["state"] == "delivered" {
+                    mark_done(crew, *index, took);
+                } else {
+                    tally.complete_errors.fetch_add(1, Ordering::Relaxed);
+                    tally.error(format!("a batch item answered {result}"));
+                }
+            }
+        }
+        Ok((status, answer)) => {
+            tally
+                .complete_errors
+                .fetch_add(leases.len() as u64, Ordering::Relaxed);
+            tally.error(format!("batch complete answered {status}: {answer}"));
+        }
+        Err(error) => {
+            tally
+                .complete_errors
+                .fetch_add(leases.len() as u64, Ordering::Relaxed);
+            tally.error(format!("batch complete failed: {error:#}"));
+        }
+    }
+}
+
+/// Event `index` was completed, answered after `took_us`.
+fn mark_done(crew: &Crew, index: usize, took_us: i64) {
+    let tally = &crew.tally;
+    let first = {
+        let mut samples = lock(&tally.samples);
+        samples.complete_latency_us.push(took_us);
+        !std::mem::replace(&mut samples.done[index], true)
+    };
+    tally
+        .last_complete_ms
+        .fetch_max(now_ms(), Ordering::Relaxed);
+    if first && tally.completed.fetch_add(1, Ordering::Relaxed) + 1 >= crew.workload.len() {
+        crew.all_done.notify_one();
     }
 }
 
@@ -556,23 +624,7 @@ async fn complete(crew: Arc<Crew>, url: String, index: usize) {
     let tally = &crew.tally;
     let sent = Instant::now();
     match post(&crew.client, &url, &json!({})).await {
-        Ok((200, _)) => {
-            let took = micros(sent.elapsed());
-            let first = {
-                let mut samples = lock(&tally.samples);
-                samples.complete_latency_us.push(took);
-                !std::mem::replace(&mut samples.done[index], true)
-            };
-            tally
-                .last_complete_ms
-                .fetch_max(now_ms(), Ordering::Relaxed);
-            if first {
-                tally.completed.fetch_add(1, Ordering::Relaxed);
-                if tally.completed.load(Ordering::Relaxed) >= crew.workload.len() {
-                    crew.all_done.notify_one();
-                }
-            }
-        }
+        Ok((200, _)) => mark_done(&crew, index, micros(sent.elapsed())),
         Ok((status, answer)) => {
             tally.complete_errors.fetch_add(1, Ordering::Relaxed);
             tally.error(format!("complete answered {status}: {answer}"));
@@ -667,6 +719,7 @@ fn summarize(
         max_events: crew.common.max_events,
         wait_ms: crew.common.wait_ms,
         lease_ms: crew.common.lease_ms,
+        batch_complete: crew.common.batch_complete,
         events: usize::try_from(ingest.acknowledged_events).unwrap_or(usize::MAX),
         completed,
         missing: crew.workload.len() - leased_events,
@@ -700,8 +753,16 @@ pub(crate) fn rows(pull: &PullReport, rows: &mut Vec<(String, String)>) {
     rows.push((
         "pull workers".into(),
         format!(
-            "{} workers, max_events {}, wait_ms {}, lease_ms {}",
-            pull.workers, pull.max_events, pull.wait_ms, pull.lease_ms
+            "{} workers, max_events {}, wait_ms {}, lease_ms {}, completes {}",
+            pull.workers,
+            pull.max_events,
+            pull.wait_ms,
+            pull.lease_ms,
+            if pull.batch_complete {
+                "batched per claim"
+            } else {
+                "one request per lease"
+            }
         ),
     ));
     rows.push((

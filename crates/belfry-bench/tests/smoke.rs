@@ -411,6 +411,7 @@ fn pull_workers_complete_every_event_once_never_early() {
         "2",
         "--lead-ms",
         "2000",
+        "--batch-complete",
     ]);
     for (report, events) in [(&lateness, 200), (&throughput, 300)] {
         assert_all_acknowledged(report, events);
