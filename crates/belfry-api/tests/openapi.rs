@@ -49,6 +49,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/bulk-actions/{id}"),
     ("post", "/v1/bulk-actions/{id}/cancel"),
     ("post", "/v1/tenants/{tenant}/leases"),
+    ("post", "/v1/tenants/{tenant}/leases/complete"),
     ("post", "/v1/leases/{lease_id}/heartbeat"),
     ("post", "/v1/leases/{lease_id}/complete"),
     ("post", "/v1/leases/{lease_id}/fail"),

@@ -902,3 +902,122 @@ async fn bad_queue_and_attempt_fields_are_refused_naming_the_field() {
     assert_eq!(h.snapshot(&["jobs"]).await, before);
     h.shutdown().await;
 }
+
+/// Claims until `count` leases of `tenant` are held.
+async fn claim_n(h: &Harness, tenant: &str, count: usize) -> Vec<serde_json::Value> {
+    let mut leases = Vec::new();
+    while leases.len() < count {
+        leases.extend(claim(h, tenant, json!({ "max_events": 100, "wait_ms": 20000 })).await);
+    }
+    leases
+}
+
+#[tokio::test]
+async fn a_batch_completes_each_lease_on_its_own_and_a_bad_batch_changes_nothing() {
+    let h = Harness::start().await;
+    for tenant in ["jobs", "other"] {
+        h.put(
+            &format!("/v1/tenants/{tenant}"),
+            &json!({ "sink": { "type": "pull" } }),
+        )
+        .await;
+    }
+    for (tenant, id) in [
+        ("jobs", "e0"),
+        ("jobs", "e1"),
+        ("jobs", "e2"),
+        ("other", "o1"),
+    ] {
+        let put = h
+            .put(
+                &format!("/v1/tenants/{tenant}/events/{id}"),
+                &json!({ "deliver_at": common::from_now(50), "payload": "work" }),
+            )
+            .await;
+        assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+    }
+    let mut jobs = claim_n(&h, "jobs", 3).await;
+    jobs.sort_by_key(|l| l["event"]["id"].as_str().unwrap().to_string());
+    let other = claim_n(&h, "other", 1).await;
+    let id = |lease: &serde_json::Value| lease["lease_id"].as_str().unwrap().to_string();
+    let route = "/v1/tenants/jobs/leases/complete";
+
+    let too_many: Vec<_> = (0..101)
+        .map(|_| json!({ "lease_id": id(&jobs[0]) }))
+        .collect();
+    for (body, names) in [
+        (json!({ "leases": [] }), "leases"),
+        (json!({ "leases": too_many }), "leases"),
+        (
+            json!({ "leases": [{ "lease_id": id(&jobs[0]) }, { "lease_id": "garbage" }] }),
+            "leases[1].lease_id",
+        ),
+        (
+            json!({ "leases": [{ "lease_id": id(&jobs[0]), "result": "x".repeat(70_000) }] }),
+            "leases[0].result",
+        ),
+    ] {
+        let answer = h.post(route, &body).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+        assert_eq!(answer.body["error"]["code"], "invalid_request");
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(names), "{message} names {names}");
+    }
+    let unknown_field = h
+        .post(
+            route,
+            &json!({ "leases": [{ "lease_id": id(&jobs[0]), "extra": 1 }] }),
+        )
+        .await;
+    assert_eq!(
+        unknown_field.status,
+        StatusCode::BAD_REQUEST,
+        "{unknown_field:?}"
+    );
+    let e0 = h.get("/v1/tenants/jobs/events/e0").await;
+    assert_eq!(
+        e0.body["status"], "scheduled",
+        "a bad batch changed nothing: {e0:?}"
+    );
+
+    let answer = h
+        .post(
+            route,
+            &json!({ "leases": [
+                { "lease_id": id(&jobs[0]), "result": { "rows": 3 } },
+                { "lease_id": id(&jobs[1]) },
+                { "lease_id": id(&other[0]) },
+                { "lease_id": id(&jobs[0]) },
+            ] }),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let results = answer.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4, "{answer:?}");
+    assert_eq!(
+        results[0],
+        json!({ "lease_id": id(&jobs[0]), "state": "delivered" })
+    );
+    assert_eq!(
+        results[1],
+        json!({ "lease_id": id(&jobs[1]), "state": "delivered" })
+    );
+    // Another tenant's lease is as unknown as one never issued.
+    assert_eq!(results[2]["lease_id"], id(&other[0]));
+    assert_eq!(results[2]["error"]["code"], "lease_lost", "{answer:?}");
+    // A repeat answers as the first did.
+    assert_eq!(results[3]["state"], "delivered", "{answer:?}");
+    for (tenant, event, status) in [
+        ("jobs", "e0", "delivered"),
+        ("jobs", "e1", "delivered"),
+        ("jobs", "e2", "scheduled"),
+        ("other", "o1", "scheduled"),
+    ] {
+        let found = h.get(&format!("/v1/tenants/{tenant}/events/{event}")).await;
+        assert_eq!(found.body["status"], status, "{tenant}/{event}: {found:?}");
+    }
+    // The other tenant's lease is still held by its worker.
+    let done = lease_call(&h, &other[0], "complete", json!({})).await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    h.shutdown().await;
+}

@@ -66,6 +66,12 @@ pub enum Scenario {
     /// `ingest` from a topic, `burst` and `steady` delivery to a
     /// `MESSAGING` tenant's topic, read back by a consumer here.
     Kafka(KafkaArgs),
+    /// Workers of a pull tenant (`{"type": "pull"}`) claiming leases over
+    /// HTTP (`POST /v1/tenants/{t}/leases`) and completing each: `lateness`
+    /// (workers long-polling while events come due: `leased_at` − due, and
+    /// as the worker saw it) and `throughput` (a backlog of due events:
+    /// claim-and-complete events/s, the node's CPU per event).
+    Pull(PullArgs),
 }
 
 /// Which node to measure and how to start it.
@@ -510,6 +516,97 @@ pub struct KafkaSteadyArgs {
     pub output: OutputArgs,
 }
 
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    #[command(subcommand)]
+    pub mode: PullMode,
+}
+
+impl PullArgs {
+    pub fn output(&self) -> &OutputArgs {
+        match &self.mode {
+            PullMode::Lateness(args) => &args.common.output,
+            PullMode::Throughput(args) => &args.common.output,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PullMode {
+    /// `--rate` events/s coming due for `--duration` while the workers
+    /// long-poll: lateness from due to leased (the node's `leased_at` −
+    /// `due_at`, and the claim's answer at the worker − the instant).
+    /// Target: p99 <= 10 ms on one node.
+    Lateness(PullLatenessArgs),
+    /// `--count` events due at one instant; the workers start claiming
+    /// then: claim-and-complete events/s and the node's CPU per event.
+    /// Target: >= 20,000 events/s on one node.
+    Throughput(PullThroughputArgs),
+}
+
+/// The workers, and the node they work for.
+#[derive(Debug, Args, Clone)]
+pub struct PullCommonArgs {
+    /// Workers, each with one claim at a time.
+    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    pub workers: usize,
+    /// `max_events` of each claim (1–100).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub max_events: u32,
+    /// `wait_ms` of each claim: how long it long-polls (0–30,000).
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(0..=30_000))]
+    pub wait_ms: u64,
+    /// Complete a claim's leases in one `POST
+    /// /v1/tenants/{t}/leases/complete` instead of one `POST
+    /// /v1/leases/{id}/complete` per lease.
+    #[arg(long)]
+    pub batch_complete: bool,
+    /// Start this many `belfry serve --database-url` nodes on one
+    /// PostgreSQL database (a throwaway server, or `--database-url`'s)
+    /// instead of one node: the events are scheduled round-robin over
+    /// the nodes, and worker `i` claims and completes on node `i mod N`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16), conflicts_with = "target")]
+    pub nodes: u16,
+    /// `lease_ms` of each claim (1,000–43,200,000).
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1_000..=43_200_000))]
+    pub lease_ms: u64,
+    /// Time from the start of scheduling to the first due instant
+    /// [default: 5 s + 50 µs per event].
+    #[arg(long)]
+    pub lead_ms: Option<u64>,
+    /// How long after the last due instant to wait for every event to be
+    /// completed.
+    #[arg(long, default_value_t = 60_000)]
+    pub grace_ms: u64,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PullLatenessArgs {
+    /// Events per second coming due.
+    #[arg(long, default_value_t = 1_000)]
+    pub rate: u64,
+    /// How long events keep coming due: `20s`, `500ms`, `2m` or seconds.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    pub duration: Duration,
+    #[command(flatten)]
+    pub common: PullCommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PullThroughputArgs {
+    /// Events due at one instant (the backlog).
+    #[arg(long, default_value_t = 100_000)]
+    pub count: usize,
+    #[command(flatten)]
+    pub common: PullCommonArgs,
+}
+
 fn parse_key_value(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
@@ -557,6 +654,72 @@ mod tests {
         );
         assert!(parse_key_value("=x").is_err());
         assert!(parse_key_value("novalue").is_err());
+    }
+
+    #[test]
+    fn pull_arguments_parse_with_defaults_and_limits() {
+        let cli = Cli::try_parse_from([
+            "belfry-bench",
+            "pull",
+            "lateness",
+            "--rate",
+            "500",
+            "--duration",
+            "2s",
+            "--workers",
+            "3",
+            "--nodes",
+            "3",
+        ])
+        .unwrap();
+        let Scenario::Pull(PullArgs {
+            mode: PullMode::Lateness(args),
+        }) = cli.scenario
+        else {
+            panic!("not pull lateness");
+        };
+        assert_eq!(args.rate, 500);
+        assert_eq!(args.duration, Duration::from_secs(2));
+        assert_eq!(args.common.workers, 3);
+        assert_eq!(args.common.nodes, 3);
+        assert_eq!(args.common.max_events, 100);
+        assert_eq!(args.common.wait_ms, 5_000);
+
+        let cli = Cli::try_parse_from([
+            "belfry-bench",
+            "pull",
+            "throughput",
+            "--count",
+            "1000",
+            "--max-events",
+            "10",
+            "--batch-complete",
+            "--json",
+        ])
+        .unwrap();
+        let Scenario::Pull(PullArgs {
+            mode: PullMode::Throughput(args),
+        }) = cli.scenario
+        else {
+            panic!("not pull throughput");
+        };
+        assert_eq!(args.count, 1000);
+        assert_eq!(args.common.max_events, 10);
+        assert!(args.common.batch_complete);
+        assert!(args.common.output.json);
+
+        // The API's limits are refused before any node starts.
+        for bad in [
+            ["--max-events", "101"],
+            ["--wait-ms", "30001"],
+            ["--lease-ms", "999"],
+            ["--workers", "0"],
+            ["--nodes", "17"],
+        ] {
+            let mut argv = vec!["belfry-bench", "pull", "throughput"];
+            argv.extend(bad);
+            assert!(Cli::try_parse_from(&argv).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

@@ -46,15 +46,24 @@ const SETTLE_DEADLINE: Duration = Duration::from_secs(90);
 /// How often cluster views are polled.
 const POLL: Duration = Duration::from_millis(100);
 
+/// How to start a cluster's nodes (the `cluster` scenario's arguments,
+/// or `pull --nodes`).
+pub(crate) struct Launch<'a> {
+    pub(crate) belfry_bin: Option<&'a std::path::PathBuf>,
+    pub(crate) nodes: u16,
+    pub(crate) node_args: &'a [String],
+    pub(crate) node_env: &'a [(String, String)],
+}
+
 /// The nodes under test.
-struct Cluster {
-    nodes: Vec<BelfryProcess>,
+pub(crate) struct Cluster {
+    pub(crate) nodes: Vec<BelfryProcess>,
     /// Each node's (unused) data dir; deleted at the end.
     _dirs: Vec<TempDir>,
 }
 
 /// One `/events/cluster` + `/v1/cluster` reading.
-struct View {
+pub(crate) struct View {
     members: usize,
     master: Option<String>,
     /// Advertised address → partitions it owns.
@@ -107,8 +116,8 @@ fn address_of(base_url: &str) -> &str {
 }
 
 impl Cluster {
-    async fn start(args: &ClusterArgs, database_url: &str) -> anyhow::Result<Cluster> {
-        let binary = match &args.belfry_bin {
+    pub(crate) async fn start(args: &Launch<'_>, database_url: &str) -> anyhow::Result<Cluster> {
+        let binary = match args.belfry_bin {
             Some(path) => path.clone(),
             None => crate::node::default_binary()?,
         };
@@ -128,10 +137,10 @@ impl Cluster {
             let mut launch = BelfryLaunch::new(&binary, dir.path().join("unused"))
                 .arg("--database-url")
                 .arg(database_url);
-            for arg in &args.node_args {
+            for arg in args.node_args {
                 launch = launch.arg(arg);
             }
-            for (key, value) in &args.node_env {
+            for (key, value) in args.node_env {
                 launch = launch.env(key, value);
             }
             let node = BelfryProcess::start(launch)
@@ -149,7 +158,7 @@ impl Cluster {
 
     /// Polls until every live node shows `size` members, one Master, and
     /// every partition owned; returns the first node's view then.
-    async fn wait_settled(
+    pub(crate) async fn wait_settled(
         &self,
         client: &reqwest::Client,
         size: usize,
@@ -187,7 +196,7 @@ impl Cluster {
 
 /// CPU of each node (by index) at one moment; a dead node keeps its last
 /// sample.
-fn sample_nodes(
+pub(crate) fn sample_nodes(
     cluster: &Cluster,
     previous: &[Option<ProcessSample>],
 ) -> Vec<Option<ProcessSample>> {
@@ -203,7 +212,10 @@ fn sample_nodes(
         .collect()
 }
 
-fn sum_between(before: &[Option<ProcessSample>], after: &[Option<ProcessSample>]) -> CpuSplit {
+pub(crate) fn sum_between(
+    before: &[Option<ProcessSample>],
+    after: &[Option<ProcessSample>],
+) -> CpuSplit {
     before
         .iter()
         .zip(after)
@@ -265,7 +277,13 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
     let load_before = load_average();
     let database = Database::create(args.database_url.as_deref()).await?;
     let started = Instant::now();
-    let mut cluster = Cluster::start(&args, &database.url).await?;
+    let launch = Launch {
+        belfry_bin: args.belfry_bin.as_ref(),
+        nodes: args.nodes,
+        node_args: &args.node_args,
+        node_env: &args.node_env,
+    };
+    let mut cluster = Cluster::start(&launch, &database.url).await?;
     let client = load::client(load.concurrency)?;
     let view = cluster
         .wait_settled(&client, nodes, usize::from(args.partitions))
@@ -508,6 +526,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
         mixed: None,
         hung: None,
         kafka: None,
+        pull: None,
         postgres_cpu: None,
         load_average_before: None,
         load_average_after: None,

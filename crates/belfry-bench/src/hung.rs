@@ -280,6 +280,7 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
         mixed: None,
         hung: Some(hung),
         kafka: None,
+        pull: None,
         postgres_cpu,
         load_average_before: None,
         load_average_after: None,

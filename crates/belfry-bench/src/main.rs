@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //! - [`cli`]: the subcommands (`ingest`, `steady`, `mixed`, `burst`,
-//!   `backlog`, `receive`, `cluster`, `hung`, `schedules`, `kafka`) and
+//!   `backlog`, `receive`, `cluster`, `hung`, `schedules`, `kafka`, `pull`) and
 //!   their options;
 //! - [`scenarios`]: what each one does, start to end;
 //! - [`mixed`]: the `mixed` scenario: a steady firing rate measured while
@@ -15,6 +15,9 @@
 //!   created over `/v1`, their occurrences measured like events;
 //! - [`kafka`]: the `kafka` scenarios: ingestion from a topic, delivery
 //!   to a `MESSAGING` tenant's topic, with the broker in its own process;
+//! - [`pull`]: the `pull` scenarios: workers of a pull tenant claiming
+//!   and completing leases (`lateness` while events come due,
+//!   `throughput` on a backlog);
 //! - [`failover`]: what a kill -9 of the Master did to the deliveries;
 //! - [`node`]: the node under test (started from the `belfry` binary, on
 //!   the embedded store or `--database-url`, or `--target`), tenant
@@ -44,6 +47,7 @@ mod load;
 mod mixed;
 mod node;
 mod plots;
+mod pull;
 mod report;
 mod scenarios;
 mod schedules;
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
         Scenario::Cluster(args) => args.output.clone(),
         Scenario::Schedules(args) => args.output.clone(),
         Scenario::Kafka(args) => args.output().clone(),
+        Scenario::Pull(args) => args.output().clone(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(output.threads.max(1))
@@ -94,6 +99,7 @@ fn main() -> ExitCode {
             Scenario::Cluster(args) => cluster::run(args).await,
             Scenario::Schedules(args) => schedules::run(args).await,
             Scenario::Kafka(args) => kafka::run(args).await,
+            Scenario::Pull(args) => pull::run(args).await,
         }
     });
     match result {

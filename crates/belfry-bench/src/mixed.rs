@@ -157,6 +157,7 @@ pub async fn run(args: MixedArgs) -> anyhow::Result<Report> {
         mixed: Some(mixed),
         hung: None,
         kafka: None,
+        pull: None,
         postgres_cpu,
         load_average_before: None,
         load_average_after: None,

@@ -254,7 +254,7 @@ impl Node {
 
 /// The value of `--partitions N` among the node's extra arguments, else
 /// the node's default (64).
-fn partitions_arg(args: &[String]) -> usize {
+pub(crate) fn partitions_arg(args: &[String]) -> usize {
     let mut value = None;
     for (i, arg) in args.iter().enumerate() {
         if arg == "--partitions" {

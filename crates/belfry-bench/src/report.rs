@@ -24,6 +24,8 @@ pub struct Report {
     /// The `kafka` scenarios: the broker, the topics and what only Kafka
     /// shows (answers, dead letters, record timestamps).
     pub kafka: Option<crate::kafka::KafkaReport>,
+    /// The `pull` scenarios: the workers, their lateness and rate.
+    pub pull: Option<crate::pull::PullReport>,
     /// A node started with `--database-url`: PostgreSQL's CPU over the
     /// same interval as `node.cpu_during_run` (its backends of the run's
     /// database and its WAL writer, checkpointer and background writer).
@@ -355,6 +357,9 @@ impl Report {
                     load(self.load_average_after)
                 ),
             ));
+        }
+        if let Some(pull) = &self.pull {
+            crate::pull::rows(pull, &mut rows);
         }
         for warning in &self.warnings {
             rows.push(("WARNING".into(), warning.clone()));

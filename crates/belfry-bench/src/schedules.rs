@@ -145,6 +145,7 @@ pub async fn run(args: SchedulesArgs) -> anyhow::Result<Report> {
         mixed: None,
         hung: None,
         kafka: None,
+        pull: None,
         postgres_cpu: None,
         load_average_before: None,
         load_average_after: None,

@@ -387,3 +387,46 @@ fn kafka_ingests_from_a_topic_and_delivers_to_one() {
         "{burst:#}"
     );
 }
+
+#[test]
+fn pull_workers_complete_every_event_once_never_early() {
+    let lateness = bench(&[
+        "pull",
+        "lateness",
+        "--rate",
+        "100",
+        "--duration",
+        "2s",
+        "--workers",
+        "2",
+        "--lead-ms",
+        "2000",
+    ]);
+    let throughput = bench(&[
+        "pull",
+        "throughput",
+        "--count",
+        "300",
+        "--workers",
+        "2",
+        "--lead-ms",
+        "2000",
+        "--batch-complete",
+    ]);
+    for (report, events) in [(&lateness, 200), (&throughput, 300)] {
+        assert_all_acknowledged(report, events);
+        let pull = &report["pull"];
+        assert_eq!(pull["completed"], events, "{report:#}");
+        assert_eq!(pull["missing"], 0, "{report:#}");
+        assert_eq!(pull["early"], 0, "{report:#}");
+        assert_eq!(pull["complete_errors"], 0, "{report:#}");
+        assert!(pull["lease_lateness_ms"]["p50"].is_number(), "{report:#}");
+        assert!(pull["events_per_s"].as_f64().unwrap() > 0.0, "{report:#}");
+        // The node's own counters agree with the workers.
+        assert_eq!(
+            pull["node_pull_metrics"]["belfry_pull_lease_ends_total{outcome=\"completed\"}"],
+            events as f64,
+            "{report:#}"
+        );
+    }
+}

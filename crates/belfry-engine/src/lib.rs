@@ -471,6 +471,7 @@ impl EngineHandle {
                 .map(|(p, epoch)| (p.0, epoch))
                 .collect(),
             in_flight: self.in_flight(),
+            pull: self.inner.pull.metrics_state(),
             ..belfry_metrics::NodeState::default()
         };
         let mut oldest: Option<Timestamp> = None;

@@ -140,6 +140,23 @@ impl PullRuntime {
     pub(crate) fn stats(&self) -> PullStats {
         self.lock().stats().clone()
     }
+
+    /// The queue's sizes and counters for `/metrics`, under one lock.
+    pub(crate) fn metrics_state(&self) -> belfry_metrics::PullState {
+        let queue = self.lock();
+        let stats = queue.stats();
+        belfry_metrics::PullState {
+            ready: queue.ready_len() + queue.granting_len(),
+            leases: queue.leases_len(),
+            parked_claims: queue.waiters_len(),
+            granted: stats.granted,
+            completed: stats.completed,
+            failed: stats.failed,
+            released: stats.released,
+            expired: stats.expired,
+            refused: stats.refused,
+        }
+    }
 }
 
 /// Feeds `input` to the queue and performs what it asks for.
@@ -310,12 +327,33 @@ pub(crate) async fn claim(
     tenant: TenantName,
     request: ClaimRequest,
 ) -> Reply {
-    ask(shared, |call| Input::Claim {
+    let arrived = std::time::Instant::now();
+    let reply = ask(shared, |call| Input::Claim {
         call,
         tenant,
         request,
     })
-    .await
+    .await;
+    record_claim_metrics(&reply, arrived.elapsed());
+    reply
+}
+
+/// The claim's wait, and each lease's lateness from due to leased.
+fn record_claim_metrics(reply: &Reply, waited: Duration) {
+    match reply {
+        Reply::Leases(leases) => {
+            belfry_metrics::claim_answered(!leases.is_empty(), waited);
+            for lease in leases {
+                let late_ms = lease.leased_at.as_millis() - lease.due_at.as_millis();
+                belfry_metrics::lease_granted(
+                    lease.attempt <= 1,
+                    Duration::from_millis(u64::try_from(late_ms).unwrap_or(0)),
+                );
+            }
+        }
+        Reply::Error(error) => belfry_metrics::pull_error(error.code()),
+        _ => {}
+    }
 }
 
 /// A call on a lease; the caller checked it may reach the lease's tenant.
@@ -328,10 +366,15 @@ pub(crate) async fn call(shared: &Arc<Shared>, lease: LeaseId, request: LeaseCal
         request,
     })
     .await;
-    if matches!(reply, Reply::Error(PullError::LeaseLost)) && (complete || release) {
-        return recorded_outcome(shared, &lease, complete)
+    let reply = if matches!(reply, Reply::Error(PullError::LeaseLost)) && (complete || release) {
+        recorded_outcome(shared, &lease, complete)
             .await
-            .unwrap_or(reply);
+            .unwrap_or(reply)
+    } else {
+        reply
+    };
+    if let Reply::Error(error) = &reply {
+        belfry_metrics::pull_error(error.code());
     }
     reply
 }

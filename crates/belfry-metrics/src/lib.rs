@@ -61,6 +61,11 @@ const BATCH_BUCKETS: &[f64] = &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 163
 const REQUEST_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
+/// A claim is answered at once, or long-polls up to its `wait_ms` (30 s
+/// at most).
+const CLAIM_WAIT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
+];
 
 pub const FIRE_LATENESS: Metric = Metric {
     name: "belfry_fire_lateness_seconds",
@@ -216,6 +221,69 @@ pub const KAFKA_LAG: Metric = Metric {
     help: "Records of the ingest topics' partitions assigned to this node not consumed yet (librdkafka's consumer lag, summed; refreshed every 5 s).",
     labels: &[],
 };
+pub const PULL_READY: Metric = Metric {
+    name: "belfry_pull_ready_entries",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "Due entries of pull tenants held by this node's pull queue, waiting for a claim or being granted (node bound: pull.max_ready).",
+    labels: &[],
+};
+pub const PULL_LEASES: Metric = Metric {
+    name: "belfry_pull_leases_held",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "Leases this node holds: active, being recorded, cancelled until their expiry (node bound: pull.max_leases).",
+    labels: &[],
+};
+pub const PULL_PARKED: Metric = Metric {
+    name: "belfry_pull_claims_parked",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "Workers' claims parked on this node: long-polling or being granted (node bound: pull.max_waiters).",
+    labels: &[],
+};
+pub const PULL_GRANTS: Metric = Metric {
+    name: "belfry_pull_grants_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Leases granted and recorded by this node's pull queue.",
+    labels: &[],
+};
+pub const PULL_LEASE_ENDS: Metric = Metric {
+    name: "belfry_pull_lease_ends_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Leases ended and recorded, by outcome: completed (delivered), failed (reported by the worker; retried or dead), released (no attempt counted), expired (no heartbeat in time: a failed attempt).",
+    labels: &["outcome"],
+};
+pub const PULL_REFUSED: Metric = Metric {
+    name: "belfry_pull_refused_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Due entries the pull queue refused because its ready bounds were reached; they stay in the store and fire again after a pause.",
+    labels: &[],
+};
+pub const PULL_ERRORS: Metric = Metric {
+    name: "belfry_pull_errors_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Workers' claims and lease calls answered with an error, by code: lease_lost (expired, ended, superseded or moved), too_many_waiters, too_many_calls, store_unavailable.",
+    labels: &["code"],
+};
+pub const PULL_CLAIM_WAIT: Metric = Metric {
+    name: "belfry_pull_claim_wait_seconds",
+    kind: Kind::Histogram(CLAIM_WAIT_BUCKETS),
+    unit: Some(Unit::Seconds),
+    help: "From a claim's arrival to its answer, by result: leases (at least one granted) or empty (its wait ended with nothing due).",
+    labels: &["result"],
+};
+pub const PULL_LEASE_LATENESS: Metric = Metric {
+    name: "belfry_pull_lease_lateness_seconds",
+    kind: Kind::Histogram(LATENESS_BUCKETS),
+    unit: Some(Unit::Seconds),
+    help: "How late a lease was granted after its entry was due (leased_at - due_at; never negative). attempt=first: attempt 1 (the event's instant, or the end of a release's delay); attempt=retry: a later attempt (its back-off).",
+    labels: &["attempt"],
+};
 
 /// Every metric, for descriptions and `docs/operations.md`.
 pub const ALL: &[Metric] = &[
@@ -241,6 +309,15 @@ pub const ALL: &[Metric] = &[
     STORE_BATCH,
     KAFKA_INGESTED,
     KAFKA_LAG,
+    PULL_READY,
+    PULL_LEASES,
+    PULL_PARKED,
+    PULL_GRANTS,
+    PULL_LEASE_ENDS,
+    PULL_REFUSED,
+    PULL_ERRORS,
+    PULL_CLAIM_WAIT,
+    PULL_LEASE_LATENESS,
 ];
 
 /// Renders the Prometheus text of this process's metrics.
@@ -445,6 +522,40 @@ pub fn kafka_lag(records: i64) {
     gauge!(KAFKA_LAG.name).set(records.max(0) as f64);
 }
 
+/// A granted lease whose entry was due `lateness` before `leased_at`;
+/// `first_attempt`: attempt 1.
+pub fn lease_granted(first_attempt: bool, lateness: Duration) {
+    let attempt = if first_attempt { "first" } else { "retry" };
+    histogram!(PULL_LEASE_LATENESS.name, "attempt" => attempt).record(lateness.as_secs_f64());
+}
+
+/// A claim answered after `waited`; `granted`: with at least one lease.
+pub fn claim_answered(granted: bool, waited: Duration) {
+    let result = if granted { "leases" } else { "empty" };
+    histogram!(PULL_CLAIM_WAIT.name, "result" => result).record(waited.as_secs_f64());
+}
+
+/// A worker's claim or lease call answered with the error `code` (the
+/// pull queue's closed set of codes, `PullError::code`).
+pub fn pull_error(code: &'static str) {
+    counter!(PULL_ERRORS.name, "code" => code).increment(1);
+}
+
+/// The pull queue's state and counters, read when `/metrics` is scraped.
+#[derive(Debug, Clone, Default)]
+pub struct PullState {
+    /// Ready entries plus entries being granted.
+    pub ready: usize,
+    pub leases: usize,
+    pub parked_claims: usize,
+    pub granted: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub released: u64,
+    pub expired: u64,
+    pub refused: u64,
+}
+
 /// The node's state, read when `/metrics` is scraped.
 #[derive(Debug, Clone, Default)]
 pub struct NodeState {
@@ -457,6 +568,7 @@ pub struct NodeState {
     pub window_repairs: u64,
     pub overdue: usize,
     pub oldest_overdue_age: Duration,
+    pub pull: PullState,
 }
 
 /// Sets the gauges read from the node's state. A partition owned before
@@ -480,6 +592,23 @@ pub fn set_node_state(state: &NodeState, previously_owned: &[u16]) {
     counter!(WINDOW_REPAIRS.name).absolute(state.window_repairs);
     gauge!(OVERDUE.name).set(state.overdue as f64);
     gauge!(OLDEST_OVERDUE_AGE.name).set(state.oldest_overdue_age.as_secs_f64());
+    set_pull_state(&state.pull);
+}
+
+fn set_pull_state(pull: &PullState) {
+    gauge!(PULL_READY.name).set(pull.ready as f64);
+    gauge!(PULL_LEASES.name).set(pull.leases as f64);
+    gauge!(PULL_PARKED.name).set(pull.parked_claims as f64);
+    counter!(PULL_GRANTS.name).absolute(pull.granted);
+    counter!(PULL_REFUSED.name).absolute(pull.refused);
+    for (outcome, count) in [
+        ("completed", pull.completed),
+        ("failed", pull.failed),
+        ("released", pull.released),
+        ("expired", pull.expired),
+    ] {
+        counter!(PULL_LEASE_ENDS.name, "outcome" => outcome).absolute(count);
+    }
 }
 
 #[cfg(test)]
@@ -521,9 +650,17 @@ mod tests {
         attempt_started(true, Duration::from_millis(3));
         attempt_ended(Channel::Http, Outcome::Delivered, Duration::from_millis(7));
         events_ended(Ended::Failed, 2);
+        lease_granted(true, Duration::from_millis(4));
+        claim_answered(false, Duration::from_millis(700));
+        pull_error("lease_lost");
         set_node_state(
             &NodeState {
                 partitions: vec![(3, 7)],
+                pull: PullState {
+                    ready: 5,
+                    completed: 9,
+                    ..PullState::default()
+                },
                 ..NodeState::default()
             },
             &[],
@@ -547,6 +684,15 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# HELP belfry_deliveries_total"), "{text}");
+        for line in [
+            r#"belfry_pull_lease_lateness_seconds_bucket{attempt="first",le="0.005"} 1"#,
+            r#"belfry_pull_claim_wait_seconds_bucket{result="empty",le="1"} 1"#,
+            r#"belfry_pull_errors_total{code="lease_lost"} 1"#,
+            r#"belfry_pull_lease_ends_total{outcome="completed"} 9"#,
+            "belfry_pull_ready_entries 5",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
         // The same exporter on a second install.
         assert!(install().is_ok());
     }

@@ -246,3 +246,127 @@ async fn metrics_parse_and_agree_with_what_the_receiver_saw() {
         "45 schedules and 45 outcomes were committed"
     );
 }
+
+/// `POST path` with `body`; the status and the JSON answer.
+async fn post(node: &BelfryProcess, path: &str, body: &Value) -> (u16, Value) {
+    post_json(&node.url(path), body).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_metrics_count_claims_lease_ends_and_lost_leases() {
+    let Some(python) = parser_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let node = BelfryProcess::start(BelfryLaunch::new(
+        env!("CARGO_BIN_EXE_belfry"),
+        dir.path().join("data"),
+    ))
+    .await
+    .expect("belfry starts");
+    let tenant = "metrics-pull";
+    let (status, body) = belfry_testkit::put_json(
+        &node.url(&format!("/v1/tenants/{tenant}")),
+        &json!({ "sink": { "type": "pull" } }),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let at = rfc3339(now_ms() + 300);
+    let events: Vec<Value> = (0..3)
+        .map(|i| json!({ "id": format!("job-{i}"), "deliver_at": at, "payload": "p" }))
+        .collect();
+    let (status, body) = post(
+        &node,
+        &format!("/v1/tenants/{tenant}/events"),
+        &json!({ "events": events }),
+    )
+    .await;
+    assert!(status == 200 || status == 201, "{status} {body}");
+
+    // Long-poll until all three are leased (they may come in several
+    // answers as they come due).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut leases = Vec::new();
+    while leases.len() < 3 {
+        assert!(Instant::now() < deadline, "only {} leased", leases.len());
+        let (status, body) = post(
+            &node,
+            &format!("/v1/tenants/{tenant}/leases"),
+            &json!({ "worker_id": "w1", "max_events": 3, "wait_ms": 2000 }),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        leases.extend(
+            body["leases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l["lease_id"].as_str().unwrap().to_string()),
+        );
+    }
+    for id in &leases[..2] {
+        let (status, body) = post(&node, &format!("/v1/leases/{id}/complete"), &json!({})).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = post(
+        &node,
+        &format!("/v1/leases/{}/fail", leases[2]),
+        &json!({ "error": { "code": "bad_input" }, "permanent": true }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // A completed lease is not held any more: its heartbeat is lost.
+    let (status, body) = post(
+        &node,
+        &format!("/v1/leases/{}/heartbeat", leases[0]),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+
+    let text = scrape(&node).await;
+    assert!(
+        !text.contains(tenant),
+        "a tenant name is in a label:\n{text}"
+    );
+    let samples = parse(&python, &text).await;
+    let ends = |outcome| {
+        value(
+            &samples,
+            "belfry_pull_lease_ends_total",
+            &[("outcome", outcome)],
+        )
+    };
+    assert_eq!(value(&samples, "belfry_pull_grants_total", &[]), 3.0);
+    assert_eq!(ends("completed"), 2.0);
+    assert_eq!(ends("failed"), 1.0);
+    assert_eq!(ends("released"), 0.0);
+    assert_eq!(ends("expired"), 0.0);
+    assert_eq!(
+        value(
+            &samples,
+            "belfry_pull_errors_total",
+            &[("code", "lease_lost")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "belfry_pull_lease_lateness_seconds_count",
+            &[("attempt", "first")]
+        ),
+        3.0
+    );
+    assert!(
+        value(
+            &samples,
+            "belfry_pull_claim_wait_seconds_count",
+            &[("result", "leases")]
+        ) >= 1.0
+    );
+    assert_eq!(value(&samples, "belfry_pull_ready_entries", &[]), 0.0);
+    assert_eq!(value(&samples, "belfry_pull_leases_held", &[]), 0.0);
+    assert_eq!(value(&samples, "belfry_pull_claims_parked", &[]), 0.0);
+    assert_eq!(value(&samples, "belfry_pull_refused_total", &[]), 0.0);
+}

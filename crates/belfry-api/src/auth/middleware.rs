@@ -96,7 +96,7 @@ pub(crate) fn rule(method: &Method, path: &str) -> Rule {
             write: true,
             hide: Hide::BigBenNoCron,
         },
-        "/v1/tenants/{tenant}/leases" => Rule::PullTenant,
+        "/v1/tenants/{tenant}/leases" | "/v1/tenants/{tenant}/leases/complete" => Rule::PullTenant,
         lease_path if lease_path.starts_with("/v1/leases/{lease_id}/") => Rule::Worker,
         tenant_path if tenant_path.starts_with("/v1/tenants/{tenant}") => Rule::PathTenant {
             write: !reads,

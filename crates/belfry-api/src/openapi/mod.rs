@@ -71,6 +71,7 @@ pub mod schema;
         crate::v1::leases::complete,
         crate::v1::leases::fail,
         crate::v1::leases::release,
+        crate::v1::lease_batch::complete_batch,
         crate::cluster_status,
         crate::metrics::scrape,
         crate::auth::routes::list,

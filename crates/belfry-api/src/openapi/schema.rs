@@ -760,6 +760,48 @@ pub struct ReleaseLease {
     pub delay_ms: Option<u64>,
 }
 
+/// One lease of `POST /v1/tenants/{tenant}/leases/complete`.
+#[derive(ToSchema)]
+pub struct CompleteLeaseItem {
+    pub lease_id: String,
+    /// Any JSON, its text up to 64 KiB.
+    #[schema(value_type = Object)]
+    pub result: Option<Value>,
+}
+
+/// Body of `POST /v1/tenants/{tenant}/leases/complete`.
+#[derive(ToSchema)]
+#[schema(example = json!({"leases": [{"lease_id": "AAAB…", "result": {"rows": 3}}, {"lease_id": "AAAC…"}]}))]
+pub struct CompleteLeases {
+    /// 1 to 100 leases of the path's tenant.
+    #[schema(min_items = 1, max_items = 100)]
+    pub leases: Vec<CompleteLeaseItem>,
+}
+
+/// The error of one item.
+#[derive(ToSchema)]
+pub struct CompleteLeaseError {
+    /// `lease_lost`, `too_many_calls` or `store_unavailable`.
+    pub code: String,
+    pub message: String,
+}
+
+/// One lease's outcome: `state` (`delivered`) or `error`.
+#[derive(ToSchema)]
+pub struct CompleteLeaseOutcome {
+    pub lease_id: String,
+    #[schema(nullable = false)]
+    pub state: Option<String>,
+    #[schema(nullable = false)]
+    pub error: Option<CompleteLeaseError>,
+}
+
+#[derive(ToSchema)]
+pub struct CompleteLeasesAnswer {
+    /// In the request's order.
+    pub results: Vec<CompleteLeaseOutcome>,
+}
+
 /// Where the event stands after a lease ended.
 #[derive(ToSchema)]
 pub struct LeaseState {

@@ -15,6 +15,8 @@
 //!   `/v1/leases/{lease_id}/heartbeat|complete|fail|release`;
 //! - `forward`: cluster mode, pull workers' calls and claims reaching
 //!   the nodes that hold their leases and entries;
+//! - `lease_batch`: `/v1/tenants/{tenant}/leases/complete`, up to 100
+//!   completions in one request;
 //! - `views`: the JSON shapes answered.
 
 use axum::Router;
@@ -26,6 +28,7 @@ use crate::error::{ApiError, V1Error, code};
 pub(crate) mod bulk;
 pub(crate) mod events;
 pub(crate) mod forward;
+pub(crate) mod lease_batch;
 pub(crate) mod leases;
 pub(crate) mod schedules;
 pub(crate) mod signing;
@@ -92,6 +95,10 @@ pub(crate) fn routes() -> Router<ApiState> {
         .route("/v1/bulk-actions/{id}", get(bulk::get))
         .route("/v1/bulk-actions/{id}/cancel", post(bulk::cancel))
         .route("/v1/tenants/{tenant}/leases", post(leases::claim))
+        .route(
+            "/v1/tenants/{tenant}/leases/complete",
+            post(lease_batch::complete_batch),
+        )
         .route("/v1/leases/{lease_id}/heartbeat", post(leases::heartbeat))
         .route("/v1/leases/{lease_id}/complete", post(leases::complete))
         .route("/v1/leases/{lease_id}/fail", post(leases::fail))

@@ -1,0 +1,125 @@
+//! `POST /v1/tenants/{tenant}/leases/complete`: a worker completes up to
+//! 100 leases of its tenant in one request (`docs/pull.md`).
+//!
+//! Each item goes through the same path as `POST
+//! /v1/leases/{lease_id}/complete` (the pull queue, a fenced store write
+//! per lease); the items are sent together, so the store's group commit
+//! records them in one batch. Each item is answered on its own, in
+//! order: `{"lease_id", "state": "delivered"}` or `{"lease_id", "error":
+//! {"code", "message"}}` (`lease_lost` for a lease of another tenant, as
+//! for one never issued). A body out of the limits is `400` and changes
+//! nothing.
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use belfry_core::pull::{CompleteBody, LeaseCall, LeaseId, PullError, Reply};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::ApiState;
+use crate::error::V1Error;
+use crate::extract::{V1Json, V1Path};
+use crate::v1::invalid_request;
+use crate::v1::tenants::tenant_name;
+
+/// Most leases one request completes (a claim's most events).
+pub const MAX_BATCH_COMPLETES: usize = belfry_core::pull::limits::MAX_EVENTS_PER_CLAIM as usize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompleteBatchBody {
+    leases: Vec<CompleteBatchItem>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompleteBatchItem {
+    lease_id: String,
+    #[serde(default)]
+    result: Option<Value>,
+}
+
+/// One item's outcome, as answered.
+fn item_answer(lease_id: &str, reply: Reply) -> Value {
+    match reply {
+        Reply::Completed => json!({ "lease_id": lease_id, "state": "delivered" }),
+        Reply::Error(error) => item_error(lease_id, error),
+        // A complete is answered `Completed` or an error.
+        _ => item_error(lease_id, PullError::Unavailable),
+    }
+}
+
+fn item_error(lease_id: &str, error: PullError) -> Value {
+    json!({
+        "lease_id": lease_id,
+        "error": { "code": error.code(), "message": error.to_string() },
+    })
+}
+
+/// Completes several leases of one tenant; one answer per lease, in order.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/leases/complete",
+    tag = "leases",
+    operation_id = "complete_leases",
+    summary = "Complete up to 100 leases of a tenant at once; each lease answered on its own",
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
+    request_body(content = crate::openapi::schema::CompleteLeases, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Each lease's outcome, in order", body = crate::openapi::schema::CompleteLeasesAnswer),
+        (status = 400, description = "Bad input (no lease, more than 100, a malformed lease id, a result too large); nothing was changed", body = crate::openapi::schema::V1Error),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
+        (status = 413, description = "Body too large", body = crate::openapi::schema::V1Error),
+        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit", body = crate::openapi::schema::V1Error),
+        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error)
+    )
+)]
+pub(crate) async fn complete_batch(
+    State(state): State<ApiState>,
+    V1Path(tenant): V1Path<String>,
+    V1Json(body): V1Json<CompleteBatchBody>,
+) -> Result<Response, V1Error> {
+    let tenant = tenant_name(tenant)?;
+    if body.leases.is_empty() || body.leases.len() > MAX_BATCH_COMPLETES {
+        return Err(invalid_request(format!(
+            "leases must hold 1 to {MAX_BATCH_COMPLETES} items"
+        )));
+    }
+    // Every item is validated before any is sent: a bad body changes
+    // nothing.
+    let mut calls = Vec::with_capacity(body.leases.len());
+    for (index, item) in body.leases.into_iter().enumerate() {
+        let lease = LeaseId::parse(&item.lease_id)
+            .map_err(|e| invalid_request(format!("leases[{index}].lease_id: {e}")))?;
+        let result = CompleteBody {
+            result: item.result,
+        }
+        .validate()
+        .map_err(|e| invalid_request(format!("leases[{index}].{e}")))?;
+        calls.push((item.lease_id, lease, result));
+    }
+    let answers = futures::future::join_all(calls.into_iter().map(|(text, lease, result)| {
+        let engine = &state.engine;
+        let tenant = &tenant;
+        async move {
+            // The route admitted the key for the path's tenant only: a
+            // lease of another tenant is as unknown as one never issued.
+            if lease.tenant() != tenant {
+                belfry_metrics::pull_error(PullError::LeaseLost.code());
+                return item_error(&text, PullError::LeaseLost);
+            }
+            item_answer(
+                &text,
+                engine
+                    .pull_call(lease, LeaseCall::Complete { result })
+                    .await,
+            )
+        }
+    }))
+    .await;
+    Ok(Json(json!({ "results": answers })).into_response())
+}
