@@ -552,3 +552,87 @@ async fn done_when_3_workers_and_2_nodes_process_events_through_kill_9_of_a_work
         records.iter().filter(|r| r.call != "sent").count(),
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_keep_their_queues_and_a_batch_completion_reaches_both_nodes_through_one() {
+    let url = PgServer::shared().fresh_database().await;
+    let (nodes, _dirs) = two_nodes(&url).await;
+    let owned = owned_by(&nodes[0], &nodes).await;
+    pull_tenant(&nodes[0], "q").await;
+    let a = nodes[0].base_url();
+    // Node 1's partitions only: every lease the worker gets through node 0
+    // comes from the other node.
+    let alpha = ids_in("q", "alpha-", &owned[1], 3);
+    let beta = ids_in("q", "beta-", &owned[1], 3);
+    let due = rfc3339(now_ms());
+    for (ids, queue) in [(&alpha, "alpha"), (&beta, "beta")] {
+        for id in ids {
+            let (status, body) = put_json(
+                &nodes[1].url(&format!("/v1/tenants/q/events/{id}")),
+                &json!({ "deliver_at": due, "queue": queue }),
+            )
+            .await;
+            assert_eq!(status, 201, "{body}");
+        }
+    }
+
+    // A claim naming `beta` gets only beta's events, through node 0.
+    let mut leases: Vec<Value> = Vec::new();
+    let deadline = Instant::now() + SETTLE;
+    while leases.len() < beta.len() {
+        assert!(Instant::now() < deadline, "claimed only {leases:?}");
+        let body =
+            json!({ "worker_id": "w", "max_events": 10, "wait_ms": 1_000, "queues": ["beta"] });
+        let (status, answer) = call(&a, "/v1/tenants/q/leases", &body)
+            .await
+            .expect("the node answers");
+        assert_eq!(status, 200, "{answer}");
+        for lease in answer["leases"].as_array().unwrap() {
+            assert_eq!(lease["queue"], "beta", "{lease}");
+            leases.push(lease.clone());
+        }
+    }
+    // Then alpha's, with no queue named.
+    while leases.len() < beta.len() + alpha.len() {
+        assert!(Instant::now() < deadline, "claimed only {leases:?}");
+        leases.extend(claim(&a, "q", "w", 10, 30_000, 1_000).await);
+    }
+
+    // One batch through node 0 completes leases node 1 holds, and answers
+    // a stale one (completed already through node 1) on its own.
+    let (status, done) = lease_call(&nodes[1].base_url(), &leases[0], "complete").await;
+    assert_eq!(status, 200, "{done}");
+    let items: Vec<Value> = leases
+        .iter()
+        .map(|lease| json!({ "lease_id": lease["lease_id"] }))
+        .collect();
+    let forged = {
+        let mut text = leases[1]["lease_id"].as_str().unwrap().to_string();
+        text.pop();
+        text.push(if text.ends_with('A') { 'B' } else { 'A' });
+        text
+    };
+    let mut with_forged = items.clone();
+    with_forged.push(json!({ "lease_id": forged }));
+    let (status, answer) = call(
+        &a,
+        "/v1/tenants/q/leases/complete",
+        &json!({ "leases": with_forged }),
+    )
+    .await
+    .expect("the node answers");
+    assert_eq!(status, 200, "{answer}");
+    let results = answer["results"].as_array().unwrap();
+    assert_eq!(results.len(), leases.len() + 1, "{answer}");
+    for (result, lease) in results.iter().zip(&leases) {
+        assert_eq!(result["lease_id"], lease["lease_id"], "in order: {answer}");
+        assert_eq!(result["state"], "delivered", "{result}");
+    }
+    let last = results.last().unwrap();
+    assert!(last.get("state").is_none(), "{last}");
+    assert!(last["error"]["code"].is_string(), "{last}");
+    for id in alpha.iter().chain(&beta) {
+        let (_, event) = get_json(&nodes[0].url(&format!("/v1/tenants/q/events/{id}"))).await;
+        assert_eq!(event["status"], "delivered", "{event}");
+    }
+}

@@ -185,6 +185,42 @@ pub(crate) async fn lease_call(
     }
 }
 
+/// Completes one lease of a batch completion on its owner (`result`: the
+/// validated JSON text). `Err`: the error to answer for that item, as
+/// `(code, message)` — the owner's own, or `node_unavailable`.
+pub(crate) async fn complete_on(
+    state: &ApiState,
+    headers: &HeaderMap,
+    owner: &PartitionOwner,
+    lease_text: &str,
+    result: Option<&str>,
+) -> Result<(), (String, String)> {
+    let path = format!("/v1/leases/{lease_text}/complete");
+    let body = match result {
+        Some(result) => format!(r#"{{"result":{result}}}"#),
+        None => "{}".to_owned(),
+    };
+    let unavailable = || {
+        let V1Error(error) = node_unavailable();
+        (error.code.to_owned(), error.message)
+    };
+    match post(state, headers, &owner.url, &path, body.into()).await {
+        Ok((StatusCode::OK, _)) => Ok(()),
+        Ok((_, body)) => {
+            let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
+            let error = &answer["error"];
+            match (error["code"].as_str(), error["message"].as_str()) {
+                (Some(code), Some(message)) => Err((code.to_owned(), message.to_owned())),
+                _ => Err(unavailable()),
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, node = %owner.node, "forwarding a lease completion failed");
+            Err(unavailable())
+        }
+    }
+}
+
 /// What a claim got: its leases as answered to the worker, or an error.
 fn leases_of(reply: Reply) -> Result<Vec<Value>, V1Error> {
     match reply {
@@ -215,12 +251,15 @@ async fn claim_on(
         "/v1/tenants/{}/leases",
         percent_encoding::utf8_percent_encode(tenant.as_str(), percent_encoding::NON_ALPHANUMERIC)
     );
-    let body = json!({
+    let mut body = json!({
         "worker_id": request.worker.as_str(),
         "max_events": want,
         "lease_ms": u64::try_from(request.lease.as_millis()).unwrap_or(u64::MAX),
         "wait_ms": 0,
     });
+    if let Some(queues) = &request.queues {
+        body["queues"] = queues.iter().map(|queue| queue.as_str()).collect();
+    }
     match post(state, headers, &url, &path, body.to_string().into()).await {
         Ok((StatusCode::OK, body)) => {
             let mut answer: Value = serde_json::from_slice(&body).ok()?;

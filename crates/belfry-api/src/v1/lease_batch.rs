@@ -8,10 +8,12 @@
 //! order: `{"lease_id", "state": "delivered"}` or `{"lease_id", "error":
 //! {"code", "message"}}` (`lease_lost` for a lease of another tenant, as
 //! for one never issued). A body out of the limits is `400` and changes
-//! nothing.
+//! nothing. In a cluster, an item whose lease another node holds is
+//! completed there (`forward::complete_on`), as a single call would be.
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use belfry_core::pull::{CompleteBody, LeaseCall, LeaseId, PullError, Reply};
 use serde::Deserialize;
@@ -20,6 +22,7 @@ use serde_json::{Value, json};
 use crate::ApiState;
 use crate::error::V1Error;
 use crate::extract::{V1Json, V1Path};
+use crate::v1::forward;
 use crate::v1::invalid_request;
 use crate::v1::tenants::tenant_name;
 
@@ -43,18 +46,23 @@ struct CompleteBatchItem {
 /// One item's outcome, as answered.
 fn item_answer(lease_id: &str, reply: Reply) -> Value {
     match reply {
-        Reply::Completed => json!({ "lease_id": lease_id, "state": "delivered" }),
+        Reply::Completed => item_delivered(lease_id),
         Reply::Error(error) => item_error(lease_id, error),
         // A complete is answered `Completed` or an error.
         _ => item_error(lease_id, PullError::Unavailable),
     }
 }
 
+fn item_delivered(lease_id: &str) -> Value {
+    json!({ "lease_id": lease_id, "state": "delivered" })
+}
+
 fn item_error(lease_id: &str, error: PullError) -> Value {
-    json!({
-        "lease_id": lease_id,
-        "error": { "code": error.code(), "message": error.to_string() },
-    })
+    item_error_as(lease_id, error.code(), &error.to_string())
+}
+
+fn item_error_as(lease_id: &str, code: &str, message: &str) -> Value {
+    json!({ "lease_id": lease_id, "error": { "code": code, "message": message } })
 }
 
 /// Completes several leases of one tenant; one answer per lease, in order.
@@ -69,17 +77,15 @@ fn item_error(lease_id: &str, error: PullError) -> Value {
     responses(
         (status = 200, description = "Each lease's outcome, in order", body = crate::openapi::schema::CompleteLeasesAnswer),
         (status = 400, description = "Bad input (no lease, more than 100, a malformed lease id, a result too large); nothing was changed", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1Errors
     )
 )]
 pub(crate) async fn complete_batch(
     State(state): State<ApiState>,
+    headers: HeaderMap,
     V1Path(tenant): V1Path<String>,
     V1Json(body): V1Json<CompleteBatchBody>,
 ) -> Result<Response, V1Error> {
@@ -103,7 +109,8 @@ pub(crate) async fn complete_batch(
         calls.push((item.lease_id, lease, result));
     }
     let answers = futures::future::join_all(calls.into_iter().map(|(text, lease, result)| {
-        let engine = &state.engine;
+        let state = &state;
+        let headers = &headers;
         let tenant = &tenant;
         async move {
             // The route admitted the key for the path's tenant only: a
@@ -112,12 +119,24 @@ pub(crate) async fn complete_batch(
                 belfry_metrics::pull_error(PullError::LeaseLost.code());
                 return item_error(&text, PullError::LeaseLost);
             }
-            item_answer(
-                &text,
-                engine
-                    .pull_call(lease, LeaseCall::Complete { result })
-                    .await,
-            )
+            match forward::lease_owner(state, headers, &lease) {
+                Ok(None) => item_answer(
+                    &text,
+                    state
+                        .engine
+                        .pull_call(lease, LeaseCall::Complete { result })
+                        .await,
+                ),
+                Ok(Some(owner)) => {
+                    match forward::complete_on(state, headers, &owner, &text, result.as_deref())
+                        .await
+                    {
+                        Ok(()) => item_delivered(&text),
+                        Err((code, message)) => item_error_as(&text, &code, &message),
+                    }
+                }
+                Err(V1Error(error)) => item_error_as(&text, error.code, &error.message),
+            }
         }
     }))
     .await;
