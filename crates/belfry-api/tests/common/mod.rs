@@ -110,7 +110,9 @@ impl Interposer for Faults {
                 self.check(FaultScope::Apply)
             }
             StoreCall::DuePage => self.check(FaultScope::DuePages),
-            StoreCall::RecordLeases | StoreCall::ChangeLease => self.check(FaultScope::LeaseWrites),
+            StoreCall::RecordLeases | StoreCall::ChangeLease | StoreCall::ChangeLeases => {
+                self.check(FaultScope::LeaseWrites)
+            }
             StoreCall::PutTenant
             | StoreCall::GetTenant
             | StoreCall::ListTenants
