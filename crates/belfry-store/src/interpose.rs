@@ -36,7 +36,8 @@ pub enum StoreCall<'a> {
     GetEvents,
     RecordLeases,
     ChangeLease,
-    ChangeLeases,
+    /// The batch, so an interposer can count its changes.
+    ChangeLeases(&'a ChangeLeasesParams),
     GetLease,
     DuePage,
     ListEvents,
@@ -129,7 +130,7 @@ impl Store for Interposed {
         &self,
         params: ChangeLeasesParams,
     ) -> StoreResult<Vec<LeaseWriteOutcome>> {
-        self.interposer.before(StoreCall::ChangeLeases)?;
+        self.interposer.before(StoreCall::ChangeLeases(&params))?;
         self.inner.change_leases(params).await
     }
     async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>> {
