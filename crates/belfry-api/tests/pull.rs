@@ -1021,3 +1021,95 @@ async fn a_batch_completes_each_lease_on_its_own_and_a_bad_batch_changes_nothing
     assert_eq!(done.status, StatusCode::OK, "{done:?}");
     h.shutdown().await;
 }
+
+/// Completes answered through the lease writer: many at once go to the
+/// store in few `change_leases` calls (group commit), and when one writer
+/// shard's commit fails, no change of the batch reads as done; the
+/// worker's repeat then completes both.
+#[tokio::test]
+async fn completes_are_written_in_batches_and_a_failed_shard_reads_as_unavailable() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    let shard = |id: &str| {
+        let key = belfry_core::EventKey::new(
+            belfry_core::TenantName::new("jobs").unwrap(),
+            belfry_core::EventId::new(id).unwrap(),
+        );
+        h.embedded.writer_shard(&key)
+    };
+    let ids: Vec<String> = (0..40).map(|i| format!("e{i}")).collect();
+    for id in &ids {
+        let put = h
+            .put(
+                &format!("/v1/tenants/jobs/events/{id}"),
+                &json!({ "deliver_at": common::from_now(50), "payload": "work" }),
+            )
+            .await;
+        assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+    }
+    let leases = claim_n(&h, "jobs", ids.len()).await;
+    let route = "/v1/tenants/jobs/leases/complete";
+    let items: Vec<_> = leases
+        .iter()
+        .map(|l| json!({ "lease_id": l["lease_id"] }))
+        .collect();
+    let (calls_before, changes_before) = h.faults.lease_batches();
+    let answer = h.post(route, &json!({ "leases": items })).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    for result in answer.body["results"].as_array().unwrap() {
+        assert_eq!(result["state"], "delivered", "{answer:?}");
+    }
+    let (calls, changes) = h.faults.lease_batches();
+    let (calls, changes) = (calls - calls_before, changes - changes_before);
+    assert_eq!(
+        changes,
+        ids.len() as u64,
+        "every complete went through a batch"
+    );
+    assert!(calls <= 4, "{changes} completes took {calls} store calls");
+
+    // Two events of different writer shards; the first one's commit fails.
+    let failing = "f-0".to_string();
+    let other = (1..)
+        .map(|i| format!("f-{i}"))
+        .find(|id| shard(id) != shard(&failing))
+        .unwrap();
+    for id in [&failing, &other] {
+        h.put(
+            &format!("/v1/tenants/jobs/events/{id}"),
+            &json!({ "deliver_at": common::from_now(50), "payload": "work" }),
+        )
+        .await;
+    }
+    let leases = claim_n(&h, "jobs", 2).await;
+    let items: Vec<_> = leases
+        .iter()
+        .map(|l| json!({ "lease_id": l["lease_id"] }))
+        .collect();
+    let failing_key = belfry_core::EventKey::new(
+        belfry_core::TenantName::new("jobs").unwrap(),
+        belfry_core::EventId::new(&failing).unwrap(),
+    );
+    h.embedded.fail_commits_of(&failing_key, 1);
+    let answer = h.post(route, &json!({ "leases": items.clone() })).await;
+    let results = answer.body["results"].as_array().unwrap();
+    for (lease, result) in leases.iter().zip(results) {
+        if lease["event"]["id"] == failing.as_str() {
+            assert_ne!(result["state"], "delivered", "{answer:?}");
+            assert_eq!(result["error"]["code"], "store_unavailable", "{answer:?}");
+        }
+    }
+    let found = h.get(&format!("/v1/tenants/jobs/events/{failing}")).await;
+    assert_eq!(found.body["status"], "scheduled", "{found:?}");
+    // The repeat: the part that did commit answers as a repeat does.
+    let answer = h.post(route, &json!({ "leases": items })).await;
+    for result in answer.body["results"].as_array().unwrap() {
+        assert_eq!(result["state"], "delivered", "{answer:?}");
+    }
+    for id in [&failing, &other] {
+        let found = h.get(&format!("/v1/tenants/jobs/events/{id}")).await;
+        assert_eq!(found.body["status"], "delivered", "{found:?}");
+    }
+    h.shutdown().await;
+}

@@ -91,6 +91,7 @@ pub struct Engine {
     purge_task: JoinHandle<()>,
     bulk_task: JoinHandle<()>,
     pull_task: JoinHandle<()>,
+    lease_writer_task: Option<JoinHandle<()>>,
 }
 
 /// What the API edge uses: apply commands (store, then wake the owning
@@ -203,6 +204,11 @@ impl Engine {
         let purge_task = tokio::spawn(purge::run(shared.clone()));
         let bulk_task = tokio::spawn(bulk::run(shared.clone()));
         let pull_task = tokio::spawn(pull::run_timer(shared.clone()));
+        let lease_writer_task = shared
+            .pull
+            .lease_writes
+            .take_receiver()
+            .map(|writes| tokio::spawn(pull::run_lease_writer(shared.clone(), writes)));
         tracing::info!(
             partitions = shared.store.partitions().get(),
             window_ms = shared.options.window.as_millis() as u64,
@@ -214,6 +220,7 @@ impl Engine {
             purge_task,
             bulk_task,
             pull_task,
+            lease_writer_task,
         }
     }
 
@@ -241,6 +248,15 @@ impl Engine {
         let _ = self.pull_task.await;
         shared.pull.drop_waiting();
         let grace = shared.options.shutdown_grace;
+        // Lease changes already queued are written (and answered); later
+        // ones are written alone.
+        if let Some(task) = self.lease_writer_task
+            && tokio::time::timeout(grace, task).await.is_err()
+        {
+            tracing::warn!(
+                "lease changes were still being written at the end of the shutdown grace"
+            );
+        }
         // Bulk actions stop at their next page boundary and give their
         // claims up; they continue after the next start (or elsewhere).
         if tokio::time::timeout(grace, self.bulk_task).await.is_err() {

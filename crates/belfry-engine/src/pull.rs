@@ -4,8 +4,10 @@
 //! The queue decides everything (`belfry_core::pull`); this module performs
 //! its actions and feeds the results back, as [`crate::partition`] does for
 //! the partition cores:
-//! - `PersistGrants` / `PersistLease` → fenced store writes on their own
-//!   task → `Persisted`;
+//! - `PersistGrants` → a fenced store write on its own task → `Persisted`;
+//! - `PersistLease` → the lease writer ([`run_lease_writer`]), which
+//!   writes whatever is queued with one `change_leases` call (group
+//!   commit: one commit for many completes) → `Persisted` each;
 //! - `Reply` → the request waiting for it (a oneshot per [`CallId`]);
 //! - `Finish` → the partition core of that epoch (ignored when this node
 //!   no longer holds it: the new owner fires the event again).
@@ -28,14 +30,17 @@ use std::time::Duration;
 use belfry_core::event::{Effect, EventRecord, PullSettings};
 use belfry_core::pull::{
     Action, AttemptPolicy, CallId, ClaimRequest, Input, LeaseCall, LeaseChange, LeaseId,
-    LeaseRecord, NonceSource, PersistResult, PullConfig, PullError, PullQueue, PullStats,
+    LeaseRecord, NonceSource, OpId, PersistResult, PullConfig, PullError, PullQueue, PullStats,
     ReadyEntry, Reply, Resolution,
 };
 use belfry_core::tenant::PullTarget;
 use belfry_core::{EventKey, EventVersion, TenantName};
-use belfry_store::{ChangeLeaseParams, Fence, RecordLeasesParams, StoredLeaseState};
+use belfry_core::{PartitionId, Timestamp};
+use belfry_store::{
+    ChangeLeaseParams, ChangeLeasesParams, Fence, RecordLeasesParams, StoredLeaseState,
+};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::Shared;
 use crate::partition::PartitionRuntime;
@@ -100,6 +105,8 @@ pub(crate) struct PullRuntime {
     next_call: AtomicU64,
     /// Pokes the timer task: the queue's next wake-up may be earlier.
     wake: Notify,
+    /// Lease changes on their way to the store, a batch at a time.
+    pub(crate) lease_writes: LeaseWrites,
 }
 
 impl PullRuntime {
@@ -118,6 +125,7 @@ impl PullRuntime {
             replies: Mutex::new(HashMap::new()),
             next_call: AtomicU64::new(0),
             wake: Notify::new(),
+            lease_writes: LeaseWrites::new(options.max_leases),
         }
     }
 
@@ -418,50 +426,7 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
                 lease,
                 partition,
                 change,
-            } => {
-                let shared = shared.clone();
-                tokio::spawn(async move {
-                    // The event's next attempt, once the change is recorded.
-                    let next_at = match &change {
-                        LeaseChange::Resolve {
-                            resolution: Resolution::Retry { at } | Resolution::Released { at },
-                            ..
-                        } => Some(*at),
-                        _ => None,
-                    };
-                    let key = lease.key().clone();
-                    let params = ChangeLeaseParams {
-                        fence: Fence {
-                            partition,
-                            epoch: lease.epoch(),
-                        },
-                        lease,
-                        change,
-                        at: shared.clock.now(),
-                    };
-                    let result = match shared.store.change_lease(params).await {
-                        Ok(outcome) => outcome.into(),
-                        Err(error) => {
-                            tracing::warn!(%error, "recording a lease change failed");
-                            PersistResult::Unavailable
-                        }
-                    };
-                    handle(
-                        &shared,
-                        Input::Persisted {
-                            op,
-                            results: vec![result],
-                        },
-                    );
-                    // After the queue finished the entry in its core (as the
-                    // recorder does for a push retry): armed now, the next
-                    // attempt fires at its instant, not at the next repair
-                    // page.
-                    if let (PersistResult::Done, Some(at)) = (result, next_at) {
-                        shared.send_effect(partition, key, &Effect::Arm { at });
-                    }
-                });
-            }
+            } => queue_lease_write(shared, op, lease, partition, change),
             Action::Reply { call, reply } => {
                 if let Some(sender) = shared.pull.replies().remove(&call) {
                     // The caller may have gone meanwhile; nothing to do.
@@ -483,6 +448,184 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
                     crate::dispatch::finish(shared, &runtime, entry, finish);
                 }
             }
+        }
+    }
+}
+
+/// Most lease changes written by one [`Store::change_leases`] call.
+///
+/// [`Store::change_leases`]: belfry_store::Store::change_leases
+const MAX_LEASE_BATCH: usize = 256;
+
+/// Lease batches being written at once: one slow batch (a PostgreSQL
+/// transaction waiting on a lock) does not hold up every heartbeat, while
+/// what queues meanwhile still goes out together. Safe because the queue
+/// has at most one write in flight per lease.
+const LEASE_BATCHES_IN_FLIGHT: usize = 4;
+
+/// A `PersistLease` waiting for the lease writer.
+#[derive(Debug)]
+pub(crate) struct LeaseWrite {
+    op: OpId,
+    partition: PartitionId,
+    /// The event's next attempt, to arm once the change is recorded.
+    next_at: Option<Timestamp>,
+    params: ChangeLeaseParams,
+}
+
+/// The lease writer's queue: at most one write is in flight per lease
+/// (the queue's `busy` op), so `max_leases` bounds it.
+#[derive(Debug)]
+pub(crate) struct LeaseWrites {
+    sender: mpsc::Sender<LeaseWrite>,
+    /// Taken by [`run_lease_writer`] when the engine starts.
+    receiver: Mutex<Option<mpsc::Receiver<LeaseWrite>>>,
+}
+
+impl LeaseWrites {
+    fn new(max_leases: usize) -> Self {
+        let (sender, receiver) = mpsc::channel(max_leases.max(1));
+        LeaseWrites {
+            sender,
+            receiver: Mutex::new(Some(receiver)),
+        }
+    }
+
+    pub(crate) fn take_receiver(&self) -> Option<mpsc::Receiver<LeaseWrite>> {
+        self.receiver
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+}
+
+/// Hands a lease change to the lease writer. Should its queue be full or
+/// closed (shutdown), the change is written alone on its own task.
+fn queue_lease_write(
+    shared: &Arc<Shared>,
+    op: OpId,
+    lease: LeaseId,
+    partition: PartitionId,
+    change: LeaseChange,
+) {
+    let next_at = match &change {
+        LeaseChange::Resolve {
+            resolution: Resolution::Retry { at } | Resolution::Released { at },
+            ..
+        } => Some(*at),
+        _ => None,
+    };
+    let write = LeaseWrite {
+        op,
+        partition,
+        next_at,
+        params: ChangeLeaseParams {
+            fence: Fence {
+                partition,
+                epoch: lease.epoch(),
+            },
+            lease,
+            change,
+            at: shared.clock.now(),
+        },
+    };
+    if let Err(error) = shared.pull.lease_writes.sender.try_send(write) {
+        let write = error.into_inner();
+        let shared = shared.clone();
+        tokio::spawn(async move { write_leases(&shared, vec![write]).await });
+    }
+}
+
+/// Group commit for lease writes: takes whatever is queued (up to
+/// [`MAX_LEASE_BATCH`]) and writes it with one `change_leases` call (up to
+/// [`LEASE_BATCHES_IN_FLIGHT`] calls at once), then feeds each result
+/// back. At shutdown the queue is closed and drained.
+pub(crate) async fn run_lease_writer(shared: Arc<Shared>, mut writes: mpsc::Receiver<LeaseWrite>) {
+    let mut stop = shared.stop_signal.subscribe();
+    let mut closed = false;
+    let mut batch = Vec::with_capacity(MAX_LEASE_BATCH);
+    let mut in_flight = tokio::task::JoinSet::new();
+    loop {
+        if in_flight.len() >= LEASE_BATCHES_IN_FLIGHT {
+            in_flight.join_next().await;
+        }
+        tokio::select! {
+            biased;
+            // 0 only once closed and empty: everything queued is written.
+            received = writes.recv_many(&mut batch, MAX_LEASE_BATCH) => {
+                if received == 0 {
+                    break;
+                }
+            }
+            _ = stop.wait_for(|stop| *stop), if !closed => {
+                writes.close();
+                closed = true;
+                continue;
+            }
+        }
+        let shared = shared.clone();
+        let batch = std::mem::replace(&mut batch, Vec::with_capacity(MAX_LEASE_BATCH));
+        in_flight.spawn(async move { write_leases(&shared, batch).await });
+        // Finished batches are reaped as we go; the bound above waits.
+        while in_flight.try_join_next().is_some() {}
+    }
+    while in_flight.join_next().await.is_some() {}
+    tracing::debug!("pull lease writer stopped");
+}
+
+/// Writes `batch` in one store call and feeds every result to the queue
+/// (a store error answers each `Unavailable`: none reads as done).
+async fn write_leases(shared: &Arc<Shared>, batch: Vec<LeaseWrite>) {
+    // What is needed after the write: the op, and the event to arm.
+    let mut writes = Vec::with_capacity(batch.len());
+    let mut changes = Vec::with_capacity(batch.len());
+    for write in batch {
+        let arm = write
+            .next_at
+            .map(|at| (write.partition, write.params.lease.key().clone(), at));
+        writes.push((write.op, arm));
+        changes.push(write.params);
+    }
+    let count = changes.len();
+    let results: Vec<PersistResult> = match shared
+        .store
+        .change_leases(ChangeLeasesParams { changes })
+        .await
+    {
+        Ok(outcomes) if outcomes.len() == count => outcomes.into_iter().map(Into::into).collect(),
+        Ok(_) => {
+            tracing::warn!("recording lease changes answered a wrong number of outcomes");
+            vec![PersistResult::Unavailable; count]
+        }
+        Err(error) => {
+            tracing::warn!(%error, changes = count, "recording lease changes failed");
+            vec![PersistResult::Unavailable; count]
+        }
+    };
+    let now = shared.clock.now();
+    let actions = {
+        let mut queue = shared.pull.lock();
+        let mut actions = Vec::new();
+        for ((op, _), result) in writes.iter().zip(&results) {
+            actions.extend(queue.handle(
+                Input::Persisted {
+                    op: *op,
+                    results: vec![*result],
+                },
+                now,
+            ));
+        }
+        actions
+    };
+    perform(shared, actions, None);
+    shared.pull.wake.notify_one();
+    shared.pull_peers.queue_changed();
+    // After the queue finished the entries in their cores (as the
+    // recorder does for a push retry): armed now, the next attempt fires
+    // at its instant, not at the next repair page.
+    for ((_, arm), result) in writes.into_iter().zip(results) {
+        if let (PersistResult::Done, Some((partition, key, at))) = (result, arm) {
+            shared.send_effect(partition, key, &Effect::Arm { at });
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Pull leases on PostgreSQL ([`Store::record_leases`](belfry_store::Store::record_leases),
-//! [`Store::change_lease`](belfry_store::Store::change_lease)): one
+//! [`Store::change_lease`](belfry_store::Store::change_lease),
+//! [`Store::change_leases`](belfry_store::Store::change_leases)): one
 //! transaction per call, fenced like [`crate::apply`].
 //!
 //! 1. The partition's row is read `FOR SHARE`: no hand-over can commit
@@ -13,13 +14,14 @@
 //!    `synchronous_commit = on`). An owner's write to its own partition
 //!    needs no wake-up notification.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
-use belfry_core::EventKey;
 use belfry_core::event::EventRecord;
+use belfry_core::{EventKey, PartitionId};
 use belfry_store::lease::{LeaseDoc, decide_change, decide_grant, reported};
 use belfry_store::{
-    ChangeLeaseParams, Fence, LeaseWriteOutcome, RecordLeasesParams, StoreResult, StoredLease,
+    ChangeLeaseParams, ChangeLeasesParams, Fence, LeaseWriteOutcome, RecordLeasesParams,
+    StoreResult, StoredLease,
 };
 use deadpool_postgres::Transaction;
 
@@ -110,6 +112,76 @@ pub(crate) async fn change_lease(
     Ok(outcome)
 }
 
+/// Many changes in one transaction: the partitions' rows `FOR SHARE` in
+/// partition order, then the events and leases in key order (the order
+/// every caller locks in, so batches cannot deadlock each other), then
+/// each change decided in input order on what the earlier ones wrote.
+pub(crate) async fn change_leases(
+    store: &PostgresStore,
+    params: ChangeLeasesParams,
+) -> StoreResult<Vec<LeaseWriteOutcome>> {
+    let changes = params.changes;
+    if changes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut client = store.pool.get().await.map_err(pool_error)?;
+    let tx = client.transaction().await.map_err(db_error)?;
+    let epochs = current_epochs(&tx, changes.iter().map(|c| c.fence.partition)).await?;
+    let keys: Vec<&EventKey> = changes.iter().map(|c| c.lease.key()).collect();
+    let (mut records, mut leases) = lock(&tx, &keys).await?;
+    let mut outcomes = Vec::with_capacity(changes.len());
+    let mut written_leases: HashMap<EventKey, StoredLease> = HashMap::new();
+    let mut written_records: HashMap<EventKey, EventRecord> = HashMap::new();
+    let mut history = AttemptColumns::default();
+    for change in &changes {
+        let key = change.lease.key();
+        // A partition without a row: nothing may be written for it.
+        let Some(&epoch) = epochs.get(&change.fence.partition) else {
+            outcomes.push(LeaseWriteOutcome::Lost);
+            continue;
+        };
+        let (outcome, write) = decide_change(epoch, records.get(key), leases.get(key), change);
+        outcomes.push(outcome);
+        let Some(write) = write else {
+            continue;
+        };
+        leases.insert(key.clone(), write.lease.clone());
+        written_leases.insert(key.clone(), write.lease);
+        if let Some(record) = write.record {
+            records.insert(key.clone(), record.clone());
+            written_records.insert(key.clone(), record);
+        }
+        if let Some(attempt) = &write.attempt {
+            history.push(key, attempt);
+        }
+    }
+    write_leases(&tx, written_leases.values()).await?;
+    if !written_records.is_empty() {
+        let mut columns = EventColumns::default();
+        for record in written_records.values() {
+            columns.push(record);
+        }
+        let statement = tx
+            .prepare_cached(&update_events_sql())
+            .await
+            .map_err(db_error)?;
+        tx.execute(&statement, &columns.params())
+            .await
+            .map_err(db_error)?;
+    }
+    if !history.is_empty() {
+        let statement = tx
+            .prepare_cached(INSERT_HISTORY_SQL)
+            .await
+            .map_err(db_error)?;
+        tx.execute(&statement, &history.params())
+            .await
+            .map_err(db_error)?;
+    }
+    tx.commit().await.map_err(db_error)?;
+    Ok(outcomes)
+}
+
 pub(crate) async fn get_lease(
     store: &PostgresStore,
     key: &EventKey,
@@ -154,6 +226,32 @@ async fn current_epoch(tx: &Transaction<'_>, fence: Fence) -> StoreResult<Option
         .await
         .map_err(db_error)?;
     Ok(row.and_then(|row| u64::try_from(row.get::<_, i64>(0)).ok()))
+}
+
+/// The epochs of `partitions`, their rows read `FOR SHARE` in partition
+/// order; a partition without a row is left out.
+async fn current_epochs(
+    tx: &Transaction<'_>,
+    partitions: impl Iterator<Item = PartitionId>,
+) -> StoreResult<HashMap<PartitionId, u64>> {
+    let wanted: BTreeSet<i32> = partitions.map(|p| i32::from(p.0)).collect();
+    let wanted: Vec<i32> = wanted.into_iter().collect();
+    let statement = tx
+        .prepare_cached(
+            "SELECT partition, epoch FROM partitions WHERE partition = ANY($1)
+             ORDER BY partition FOR SHARE",
+        )
+        .await
+        .map_err(db_error)?;
+    let rows = tx.query(&statement, &[&wanted]).await.map_err(db_error)?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| {
+            let partition = u16::try_from(row.get::<_, i32>(0)).ok()?;
+            let epoch = u64::try_from(row.get::<_, i64>(1)).ok()?;
+            Some((PartitionId(partition), epoch))
+        })
+        .collect())
 }
 
 type Locked = (

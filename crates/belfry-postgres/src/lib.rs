@@ -31,10 +31,10 @@ use belfry_core::event::{Attempt, EventRecord, EventStatus};
 use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, Timestamp};
 use belfry_store::cluster::Coordinator;
 use belfry_store::{
-    Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, CountEventsParams, DuePageParams,
-    LeaseWriteOutcome, ListBulkActionsParams, ListEventsParams, PurgeBulkActionsParams,
-    PurgeParams, RecordLeasesParams, RunningBulkActionsParams, Store, StoreResult, StoreStats,
-    StoredLease,
+    Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, ChangeLeasesParams,
+    CountEventsParams, DuePageParams, LeaseWriteOutcome, ListBulkActionsParams, ListEventsParams,
+    PurgeBulkActionsParams, PurgeParams, RecordLeasesParams, RunningBulkActionsParams, Store,
+    StoreResult, StoreStats, StoredLease,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::mpsc;
@@ -403,6 +403,13 @@ impl Store for PostgresStore {
 
     async fn change_lease(&self, params: ChangeLeaseParams) -> StoreResult<LeaseWriteOutcome> {
         leases::change_lease(self, params).await
+    }
+
+    async fn change_leases(
+        &self,
+        params: ChangeLeasesParams,
+    ) -> StoreResult<Vec<LeaseWriteOutcome>> {
+        leases::change_leases(self, params).await
     }
 
     async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>> {

@@ -32,9 +32,9 @@ use belfry_core::WorkerId;
 use belfry_core::pull::{LeaseChange, LeaseId, LeaseNonce, LeaseRecord, Resolution};
 
 use crate::{
-    Applied, ApplyParams, ChangeLeaseParams, CountEventsParams, DuePageParams, EmbeddedOptions,
-    EmbeddedStore, Fence, KeyedCommand, LeaseWriteOutcome, ListEventsParams, PurgeParams,
-    RecordLeasesParams, SharedStore, StoredLeaseState,
+    Applied, ApplyParams, ChangeLeaseParams, ChangeLeasesParams, CountEventsParams, DuePageParams,
+    EmbeddedOptions, EmbeddedStore, Fence, KeyedCommand, LeaseWriteOutcome, ListEventsParams,
+    PurgeParams, RecordLeasesParams, SharedStore, StoredLeaseState,
 };
 
 /// A store made for one case, with whatever must live as long as it (a
@@ -132,6 +132,8 @@ macro_rules! store_conformance_tests {
             lease_fenced_by_epoch_and_lease_id,
             lease_of_cancelled_or_moved_event_is_void,
             concurrent_grants_of_one_version_one_wins,
+            lease_batch_answers_each_change_truthfully,
+            lease_batch_fenced_change_is_lost_alone,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -2568,6 +2570,19 @@ async fn record_lease(store: &SharedStore, grant: &LeaseRecord) -> LeaseWriteOut
     outcomes.pop().expect("one outcome")
 }
 
+/// A change of `grant`'s lease, fenced by its own partition and epoch.
+fn change_of(grant: &LeaseRecord, change: LeaseChange, at: i64) -> ChangeLeaseParams {
+    ChangeLeaseParams {
+        fence: Fence {
+            partition: grant.partition,
+            epoch: grant.lease.epoch(),
+        },
+        lease: grant.lease.clone(),
+        change,
+        at: ts(at),
+    }
+}
+
 async fn change(
     store: &SharedStore,
     grant: &LeaseRecord,
@@ -2575,17 +2590,20 @@ async fn change(
     at: i64,
 ) -> LeaseWriteOutcome {
     store
-        .change_lease(ChangeLeaseParams {
-            fence: Fence {
-                partition: grant.partition,
-                epoch: grant.lease.epoch(),
-            },
-            lease: grant.lease.clone(),
-            change,
-            at: ts(at),
-        })
+        .change_lease(change_of(grant, change, at))
         .await
         .expect("change_lease")
+}
+
+async fn change_all(store: &SharedStore, changes: &[ChangeLeaseParams]) -> Vec<LeaseWriteOutcome> {
+    let outcomes = store
+        .change_leases(ChangeLeasesParams {
+            changes: changes.to_vec(),
+        })
+        .await
+        .expect("change_leases");
+    assert_eq!(outcomes.len(), changes.len(), "one outcome per change");
+    outcomes
 }
 
 fn resolve(resolution: Resolution, verdict: Option<Verdict>, started_at: i64) -> LeaseChange {
@@ -3098,5 +3116,173 @@ where
     assert_eq!(
         store.get_lease(&k).await.unwrap().unwrap().record,
         winners[0]
+    );
+}
+
+/// A batch of changes answers each one as `change_lease` would, in order
+/// (a later change of one lease sees the earlier), and writes only the
+/// `Done` ones; the same batch again is answered as repeats are.
+pub async fn lease_batch_answers_each_change_truthfully<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let names = ["done", "forged", "stale", "cancelled", "extended", "twice"];
+    let mut leases = Vec::new();
+    for (nonce, name) in names.iter().enumerate() {
+        let k = key("pull", name);
+        apply_one(store, 0, &k, upsert(1_000, name)).await;
+        let lease = grant_of(store, &k, 1, 0, nonce as u8, 1_000).await;
+        assert_eq!(record_lease(store, &lease).await, LeaseWriteOutcome::Done);
+        leases.push(lease);
+    }
+    let [done, forged, stale, cancelled, extended, twice] = &leases[..] else {
+        unreachable!("six leases");
+    };
+    apply_one(store, 1_100, cancelled.lease.key(), EventCommand::Cancel).await;
+
+    let complete = resolve(
+        Resolution::Delivered { result: None },
+        Some(Verdict::Delivered),
+        1_000,
+    );
+    let mut wrong_nonce = forged.clone();
+    wrong_nonce.lease = LeaseId::new(
+        forged.lease.key().clone(),
+        forged.lease.version().clone(),
+        1,
+        0,
+        LeaseNonce([99; 16]),
+    )
+    .unwrap();
+    let mut stale_epoch = change_of(stale, complete.clone(), 1_200);
+    stale_epoch.fence.epoch = 7;
+    let extend = LeaseChange::Extend {
+        expires_at: ts(30_000),
+    };
+    let batch = vec![
+        change_of(done, complete.clone(), 1_200),
+        change_of(&wrong_nonce, complete.clone(), 1_200),
+        stale_epoch,
+        change_of(cancelled, complete.clone(), 1_200),
+        change_of(extended, extend.clone(), 1_200),
+        change_of(twice, extend, 1_200),
+        change_of(twice, complete.clone(), 1_300),
+    ];
+    use LeaseWriteOutcome::{Cancelled, Done, Lost};
+    let expected = vec![Done, Lost, Lost, Cancelled, Done, Done, Done];
+    assert_eq!(change_all(store, &batch).await, expected);
+
+    for finished in [done, twice] {
+        let k = finished.lease.key();
+        assert_eq!(get(store, k).await.unwrap().status, EventStatus::Delivered);
+        assert_eq!(store.attempts(k, 10).await.unwrap().len(), 1);
+        assert!(matches!(
+            lease_state(store, k).await,
+            Some(StoredLeaseState::Resolved(Resolution::Delivered { .. }))
+        ));
+    }
+    for untouched in [forged, stale] {
+        let k = untouched.lease.key();
+        let record = get(store, k).await.unwrap();
+        assert_eq!(record.status, EventStatus::Scheduled, "{k:?}");
+        assert_eq!(record.attempts, 0);
+        assert!(store.attempts(k, 10).await.unwrap().is_empty());
+        let stored = store.get_lease(k).await.unwrap().unwrap();
+        assert_eq!(stored.record, *untouched, "nothing refused was written");
+        assert_eq!(stored.state, StoredLeaseState::Live);
+    }
+    let k = cancelled.lease.key();
+    assert_eq!(get(store, k).await.unwrap().status, EventStatus::Cancelled);
+    assert!(store.attempts(k, 10).await.unwrap().is_empty());
+    let stored = store
+        .get_lease(extended.lease.key())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.record.expires_at, ts(30_000));
+    assert_eq!(stored.state, StoredLeaseState::Live);
+
+    // The same batch again: the completes are repeats (`Done`, no second
+    // attempt); the extend of the ended lease `twice` is now `Lost`.
+    let expected = vec![Done, Lost, Lost, Cancelled, Done, Lost, Done];
+    assert_eq!(change_all(store, &batch).await, expected);
+    for finished in [done, twice] {
+        assert_eq!(
+            store
+                .attempts(finished.lease.key(), 10)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+    assert_eq!(
+        get(store, forged.lease.key()).await.unwrap().status,
+        EventStatus::Scheduled
+    );
+    assert!(change_all(store, &[]).await.is_empty());
+}
+
+/// Where epochs move: a change under a partition handed over since its
+/// grant is `Lost` and changes nothing, while the rest of its batch (in
+/// other partitions) is written.
+pub async fn lease_batch_fenced_change_is_lost_alone<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let Some(move_epoch) = &under_test.move_epoch else {
+        return;
+    };
+    let moved = key("pull", "moved");
+    apply_one(store, 0, &moved, upsert(1_000, "m1")).await;
+    let moved_lease = grant_of(store, &moved, 1, 0, 1, 1_000).await;
+    // A key of another partition than `moved`'s.
+    let mut kept = None;
+    for n in 0..64 {
+        let k = key("pull", &format!("kept-{n}"));
+        apply_one(store, 0, &k, upsert(1_000, "k1")).await;
+        if get(store, &k).await.unwrap().partition != moved_lease.partition {
+            kept = Some(k);
+            break;
+        }
+    }
+    let kept = kept.expect("a key in another partition");
+    let kept_lease = grant_of(store, &kept, 1, 0, 2, 1_000).await;
+    for lease in [&moved_lease, &kept_lease] {
+        assert_eq!(record_lease(store, lease).await, LeaseWriteOutcome::Done);
+    }
+    move_epoch(moved_lease.partition).await;
+
+    let complete = resolve(
+        Resolution::Delivered { result: None },
+        Some(Verdict::Delivered),
+        1_000,
+    );
+    let batch = vec![
+        change_of(&moved_lease, complete.clone(), 1_200),
+        change_of(&kept_lease, complete, 1_200),
+    ];
+    assert_eq!(
+        change_all(store, &batch).await,
+        vec![LeaseWriteOutcome::Lost, LeaseWriteOutcome::Done]
+    );
+    assert_eq!(
+        get(store, &moved).await.unwrap().status,
+        EventStatus::Scheduled
+    );
+    assert!(store.attempts(&moved, 10).await.unwrap().is_empty());
+    assert_eq!(
+        lease_state(store, &moved).await,
+        Some(StoredLeaseState::Voided)
+    );
+    assert_eq!(
+        get(store, &kept).await.unwrap().status,
+        EventStatus::Delivered
     );
 }

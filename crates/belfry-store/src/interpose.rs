@@ -15,10 +15,10 @@ use belfry_core::event::{Attempt, EventRecord};
 use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, Timestamp};
 
 use crate::{
-    Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, CountEventsParams, DuePageParams,
-    LeaseWriteOutcome, ListBulkActionsParams, ListEventsParams, PurgeBulkActionsParams,
-    PurgeParams, RecordLeasesParams, RunningBulkActionsParams, SharedStore, Store, StoreResult,
-    StoreStats, StoredLease,
+    Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, ChangeLeasesParams,
+    CountEventsParams, DuePageParams, LeaseWriteOutcome, ListBulkActionsParams, ListEventsParams,
+    PurgeBulkActionsParams, PurgeParams, RecordLeasesParams, RunningBulkActionsParams, SharedStore,
+    Store, StoreResult, StoreStats, StoredLease,
 };
 
 /// Which [`Store`] method is being called (with the params an interposer
@@ -36,6 +36,8 @@ pub enum StoreCall<'a> {
     GetEvents,
     RecordLeases,
     ChangeLease,
+    /// The batch, so an interposer can count its changes.
+    ChangeLeases(&'a ChangeLeasesParams),
     GetLease,
     DuePage,
     ListEvents,
@@ -123,6 +125,13 @@ impl Store for Interposed {
     async fn change_lease(&self, params: ChangeLeaseParams) -> StoreResult<LeaseWriteOutcome> {
         self.interposer.before(StoreCall::ChangeLease)?;
         self.inner.change_lease(params).await
+    }
+    async fn change_leases(
+        &self,
+        params: ChangeLeasesParams,
+    ) -> StoreResult<Vec<LeaseWriteOutcome>> {
+        self.interposer.before(StoreCall::ChangeLeases(&params))?;
+        self.inner.change_leases(params).await
     }
     async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>> {
         self.interposer.before(StoreCall::GetLease)?;

@@ -311,6 +311,13 @@ pub struct ChangeLeaseParams {
     pub at: Timestamp,
 }
 
+/// Parameters of [`Store::change_leases`]: changes of any leases, of any
+/// partitions, written together.
+#[derive(Debug, Clone, Default)]
+pub struct ChangeLeasesParams {
+    pub changes: Vec<ChangeLeaseParams>,
+}
+
 /// The lease recorded for an event (one per event: the latest grant).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredLease {
@@ -419,6 +426,34 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// Backend failures, as for [`Store::record_leases`].
     async fn change_lease(&self, params: ChangeLeaseParams) -> StoreResult<LeaseWriteOutcome>;
+
+    /// [`Store::change_lease`] for many leases at once (group commit):
+    /// one outcome per change, in order, durable on `Ok`.
+    ///
+    /// # Contract
+    /// Each change has exactly the semantics of `change_lease`, fenced the
+    /// same way, applied in input order (a later change of the same lease
+    /// sees the earlier one). A fenced change answers `Lost` for itself
+    /// only; the others go on. Backends write the whole batch in one
+    /// commit where they can (one transaction on PostgreSQL, one writer
+    /// group per shard on the embedded store).
+    ///
+    /// # Errors
+    /// Backend failures, for the whole batch: no change is acknowledged,
+    /// though any of them may have taken effect (the embedded store
+    /// commits each shard's part on its own, so some parts may be durable
+    /// while another failed). A repeat then answers each change as a
+    /// repeat does (`Done` for a resolve already applied).
+    async fn change_leases(
+        &self,
+        params: ChangeLeasesParams,
+    ) -> StoreResult<Vec<LeaseWriteOutcome>> {
+        let mut outcomes = Vec::with_capacity(params.changes.len());
+        for change in params.changes {
+            outcomes.push(self.change_lease(change).await?);
+        }
+        Ok(outcomes)
+    }
 
     /// The recorded lease of an event, if any: for answers after a
     /// restart, and for tests.

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // Each test binary uses a different part of this.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +46,9 @@ pub struct Faults {
     fault: Mutex<Option<(FaultScope, StoreError)>>,
     /// How many calls were failed so far.
     injected: std::sync::atomic::AtomicU64,
+    /// `change_leases` calls made, and the changes they carried.
+    lease_batches: std::sync::atomic::AtomicU64,
+    batched_changes: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +80,14 @@ impl Faults {
     /// How many calls were failed so far.
     pub fn injected(&self) -> u64 {
         self.injected.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// `(calls, changes)` of `change_leases` so far.
+    pub fn lease_batches(&self) -> (u64, u64) {
+        (
+            self.lease_batches.load(Ordering::SeqCst),
+            self.batched_changes.load(Ordering::SeqCst),
+        )
     }
 
     fn check(&self, call: FaultScope) -> StoreResult<()> {
@@ -110,6 +122,13 @@ impl Interposer for Faults {
                 self.check(FaultScope::Apply)
             }
             StoreCall::DuePage => self.check(FaultScope::DuePages),
+            StoreCall::ChangeLeases(params) => {
+                let counted = self.check(FaultScope::LeaseWrites);
+                let changes = params.changes.len() as u64;
+                self.lease_batches.fetch_add(1, Ordering::SeqCst);
+                self.batched_changes.fetch_add(changes, Ordering::SeqCst);
+                counted
+            }
             StoreCall::RecordLeases | StoreCall::ChangeLease => self.check(FaultScope::LeaseWrites),
             StoreCall::PutTenant
             | StoreCall::GetTenant

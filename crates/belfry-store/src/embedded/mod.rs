@@ -91,10 +91,10 @@ use tokio::sync::oneshot;
 use self::writer::{Job, Keyspaces, Writer, internal};
 use crate::lease::LeaseDoc;
 use crate::{
-    Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, CountEventsParams, DuePageParams,
-    KeyedCommand, LeaseWriteOutcome, ListBulkActionsParams, ListEventsParams, PartialApply,
-    PurgeBulkActionsParams, PurgeParams, RecordLeasesParams, RunningBulkActionsParams, Store,
-    StoreError, StoreResult, StoreStats, StoredLease,
+    Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, ChangeLeasesParams,
+    CountEventsParams, DuePageParams, KeyedCommand, LeaseWriteOutcome, ListBulkActionsParams,
+    ListEventsParams, PartialApply, PurgeBulkActionsParams, PurgeParams, RecordLeasesParams,
+    RunningBulkActionsParams, Store, StoreError, StoreResult, StoreStats, StoredLease,
 };
 
 /// Options of the embedded store.
@@ -618,6 +618,68 @@ impl Store for EmbeddedStore {
         let shard = self.shard_of(self.partitions.partition_of(params.lease.key()));
         self.submit(shard, |reply| Job::ChangeLease { params, reply })
             .await
+    }
+
+    /// One job per writer shard holding any of the changes, staged in one
+    /// group there (one commit and fsync per shard for the whole batch).
+    async fn change_leases(
+        &self,
+        params: ChangeLeasesParams,
+    ) -> StoreResult<Vec<LeaseWriteOutcome>> {
+        let total = params.changes.len();
+        let mut parts: Vec<(Vec<usize>, Vec<ChangeLeaseParams>)> =
+            (0..self.shards.len()).map(|_| Default::default()).collect();
+        for (index, change) in params.changes.into_iter().enumerate() {
+            let shard = self.shard_of(self.partitions.partition_of(change.lease.key()));
+            parts[shard].0.push(index);
+            parts[shard].1.push(change);
+        }
+        let pending: Vec<_> = parts
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (_, changes))| !changes.is_empty())
+            .map(|(shard, (indexes, changes))| {
+                (
+                    indexes,
+                    self.send(shard, |reply| Job::ChangeLeases { changes, reply }),
+                )
+            })
+            .collect();
+        // Every part sent is awaited, even after a failure, so that the
+        // answer comes only once no part is still in flight. A failed part
+        // fails the whole batch: its changes must not read as `Done`, and
+        // a repeat of the parts that did commit answers the same.
+        let mut outcomes: Vec<Option<LeaseWriteOutcome>> = vec![None; total];
+        let mut failure = None;
+        for (indexes, answer) in pending {
+            let answer = match answer {
+                Ok(receiver) => receiver.await.unwrap_or_else(|_| Err(writer_gone())),
+                Err(error) => Err(error),
+            };
+            match answer {
+                Ok(part) if part.len() == indexes.len() => {
+                    for (index, outcome) in indexes.into_iter().zip(part) {
+                        outcomes[index] = Some(outcome);
+                    }
+                }
+                Ok(_) => {
+                    failure = Some(StoreError::Internal(
+                        "a writer shard lost an outcome".into(),
+                    ))
+                }
+                Err(error) => failure = Some(error),
+            }
+        }
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        outcomes
+            .into_iter()
+            .map(|outcome| {
+                // Every index went to exactly one part.
+                outcome.ok_or_else(|| StoreError::Internal("a lease change was lost".into()))
+            })
+            .collect()
     }
 
     async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>> {

@@ -96,6 +96,12 @@ pub enum Job {
         params: ChangeLeaseParams,
         reply: oneshot::Sender<StoreResult<LeaseWriteOutcome>>,
     },
+    /// Lease changes of this shard's partitions, staged in order in one
+    /// group (one commit for all).
+    ChangeLeases {
+        changes: Vec<ChangeLeaseParams>,
+        reply: oneshot::Sender<StoreResult<Vec<LeaseWriteOutcome>>>,
+    },
 }
 
 impl Job {
@@ -122,6 +128,10 @@ enum Answer {
         oneshot::Sender<StoreResult<LeaseWriteOutcome>>,
         StoreResult<LeaseWriteOutcome>,
     ),
+    ChangeLeases(
+        oneshot::Sender<StoreResult<Vec<LeaseWriteOutcome>>>,
+        StoreResult<Vec<LeaseWriteOutcome>>,
+    ),
 }
 
 impl Answer {
@@ -140,6 +150,7 @@ impl Answer {
             Answer::DeleteTenant(reply, result) => drop(reply.send(settle(result, failure))),
             Answer::RecordLeases(reply, result) => drop(reply.send(settle(result, failure))),
             Answer::ChangeLease(reply, result) => drop(reply.send(settle(result, failure))),
+            Answer::ChangeLeases(reply, result) => drop(reply.send(settle(result, failure))),
         }
     }
 }
@@ -333,6 +344,11 @@ impl Writer {
                 let result = self.stage_lease_change(params, group);
                 group.answers.push(Answer::ChangeLease(reply, result));
             }
+            Job::ChangeLeases { changes, reply } => {
+                group.commands += changes.len().max(1);
+                let result = self.stage_lease_changes(changes, group);
+                group.answers.push(Answer::ChangeLeases(reply, result));
+            }
             // `run` never stages these; answer rather than drop them.
             Job::Purge { reply, .. } => {
                 let _ = reply.send(Err(StoreError::Internal("purge staged in a group".into())));
@@ -433,17 +449,52 @@ impl Writer {
         params: ChangeLeaseParams,
         group: &mut Group,
     ) -> StoreResult<LeaseWriteOutcome> {
-        let encoded = vec![keys::event_key(params.lease.key())];
-        self.load_missing(&encoded, group)?;
-        self.load_leases(&encoded, group)?;
-        let encoded = &encoded[0];
+        let encoded = keys::event_key(params.lease.key());
+        self.load_for_changes(std::slice::from_ref(&encoded), group)?;
+        Ok(self.decide_and_stage(&params, &encoded, group))
+    }
+
+    /// [`Self::stage_lease_change`] for each change, in order. Everything
+    /// is read before anything is staged, so a read failure stages none
+    /// of them (and answers the error for all).
+    fn stage_lease_changes(
+        &mut self,
+        changes: Vec<ChangeLeaseParams>,
+        group: &mut Group,
+    ) -> StoreResult<Vec<LeaseWriteOutcome>> {
+        let encoded: Vec<Vec<u8>> = changes
+            .iter()
+            .map(|change| keys::event_key(change.lease.key()))
+            .collect();
+        self.load_for_changes(&encoded, group)?;
+        Ok(changes
+            .iter()
+            .zip(&encoded)
+            .map(|(params, encoded)| self.decide_and_stage(params, encoded, group))
+            .collect())
+    }
+
+    /// Puts the events and leases of `encoded` in the overlay.
+    fn load_for_changes(&self, encoded: &[Vec<u8>], group: &mut Group) -> StoreResult<()> {
+        self.load_missing(encoded, group)?;
+        self.load_leases(encoded, group)
+    }
+
+    /// Decides one change on the overlay (which holds its event and lease)
+    /// and stages what it writes.
+    fn decide_and_stage(
+        &mut self,
+        params: &ChangeLeaseParams,
+        encoded: &[u8],
+        group: &mut Group,
+    ) -> LeaseWriteOutcome {
         let record = group.events.get(encoded).and_then(|s| s.current.as_ref());
         let stored = group.leases.get(encoded).and_then(|(l, _)| l.as_ref());
-        let (outcome, write) = decide_change(params.fence.epoch, record, stored, &params);
+        let (outcome, write) = decide_change(params.fence.epoch, record, stored, params);
         if let Some(write) = write {
             group
                 .leases
-                .insert(encoded.clone(), (Some(write.lease), true));
+                .insert(encoded.to_vec(), (Some(write.lease), true));
             if let (Some(next), Some(slot)) = (write.record, group.events.get_mut(encoded)) {
                 slot.current = Some(next);
                 slot.dirty = true;
@@ -454,7 +505,7 @@ impl Writer {
                 group.attempts.push((key, attempt));
             }
         }
-        Ok(outcome)
+        outcome
     }
 
     /// Reads the stored lease of every key whose lease is not yet in the
