@@ -59,9 +59,12 @@ pub(crate) struct StoreProbe {
 }
 
 impl StoreProbe {
-    async fn store_answers(&self, state: &ApiState) -> bool {
+    /// Whether the store answered a probe read: the last result if it is
+    /// recent, unless `fresh` asks for a new probe.
+    async fn store_answers(&self, state: &ApiState, fresh: bool) -> bool {
         let mut last = self.last.lock().await;
         if let Some((at, answered)) = *last
+            && !fresh
             && at.elapsed() < STORE_PROBE_REUSE
         {
             return answered;
@@ -150,11 +153,14 @@ pub(crate) async fn ready(
             .into_response()
     };
     // The store first: during an outage partitions also reload (and fail),
-    // and the cause an operator needs to see is the store.
-    if !probe.store_answers(&state).await {
+    // and the cause an operator needs to see is the store. Partitions not
+    // loaded ask it afresh: a reused "answered" may predate the outage
+    // that keeps them from loading.
+    let loaded = state.engine.partitions_loaded().all();
+    if !probe.store_answers(&state, !loaded).await {
         return not_ready("store_unavailable", "the store does not answer");
     }
-    if !state.engine.partitions_loaded().all() {
+    if !loaded {
         return not_ready(
             "partitions_loading",
             "owned partitions are still loading their due events",

@@ -46,7 +46,10 @@ async fn ready_is_503_while_postgres_is_down_and_200_once_it_is_back() {
     server.stop_immediate().unwrap();
     let down = answers(&node, "/health/ready", 503).await;
     assert_eq!(down["status"], "not_ready", "{down}");
-    assert_eq!(down["reason"], "store_unavailable", "{down}");
+    assert_eq!(
+        down["reason"], "store_unavailable",
+        "the outage, not the partitions reloading because of it: {down}"
+    );
     let text = down.to_string();
     for internal in ["postgres", "127.0.0.1", "5432", "connection"] {
         assert!(
