@@ -153,7 +153,11 @@ pub(crate) async fn authenticate(
     let keyless = auth.options().mode == super::AuthMode::None
         || !request.headers().contains_key(header::AUTHORIZATION);
     let principal = if keyless {
-        if !auth.open_now().await {
+        let open = match auth.open_now().await {
+            Ok(open) => open,
+            Err(error) => return family_error(&uri, ApiError::from_store(&error)),
+        };
+        if !open {
             if uri.path() == WHOAMI {
                 // Answers "no key" instead of 401, so a sign-in page can
                 // ask without logging an error.

@@ -421,31 +421,35 @@ impl Auth {
     }
 
     /// Whether a request without a key is let in now (as [`Principal::OPEN`]).
-    pub(crate) async fn open_now(&self) -> bool {
+    ///
+    /// # Errors
+    /// The store could not tell whether keys exist: the request is not let
+    /// in, and is answered as a store outage (503), not as a missing key.
+    pub(crate) async fn open_now(&self) -> Result<bool, belfry_store::StoreError> {
         if self.options.mode == AuthMode::None {
-            return true;
+            return Ok(true);
         }
         if !self.open_without_keys {
-            return false;
+            return Ok(false);
         }
         if self.keys_exist.load(Ordering::Acquire) {
             // Once a key exists the node stays closed until a check finds
             // none (every key revoked).
             if !self.recheck_due() {
-                return false;
+                return Ok(false);
             }
         } else if !self.recheck_due() {
-            return true;
+            return Ok(true);
         }
         match self.store.list_api_keys().await {
             Ok(keys) => {
                 self.keys_exist.store(!keys.is_empty(), Ordering::Release);
-                keys.is_empty()
+                Ok(keys.is_empty())
             }
             Err(error) => {
-                // Unknown: closed is the safe answer.
-                tracing::warn!(%error, "cannot tell whether API keys exist; refusing keyless requests");
-                false
+                // Unknown: ask again at the next request.
+                *lock(&self.keys_checked) = None;
+                Err(error)
             }
         }
     }
