@@ -10,7 +10,7 @@ use belfry_testkit::{BelfryLaunch, BelfryProcess, get_json, post_json, put_json}
 use serde_json::{Value, json};
 
 mod common;
-use common::{now_ms, rfc3339};
+use common::{call, now_ms, rfc3339};
 
 /// Generous bound for anything the node must finish.
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -43,24 +43,6 @@ async fn schedule(node: &BelfryProcess, tenant: &str, ids: &[String], at_ms: i64
         .await;
         assert!(status == 200 || status == 201, "{status} {body}");
     }
-}
-
-/// `POST path` with `body` as a worker; `None` when the node did not
-/// answer (killed, restarting).
-async fn call(base: &str, path: &str, body: &Value) -> Option<(u16, Value)> {
-    let response = belfry_testkit::http_client()
-        .post(format!("{base}{path}"))
-        .timeout(Duration::from_secs(40))
-        .json(body)
-        .send()
-        .await
-        .ok()?;
-    let status = response.status().as_u16();
-    let bytes = response.bytes().await.ok()?;
-    Some((
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    ))
 }
 
 fn claim_body(worker: &str, max_events: u32, lease_ms: u64) -> Value {

@@ -16,7 +16,7 @@ use belfry_testkit::{BelfryLaunch, BelfryProcess, get_json, post_json, put_json}
 use serde_json::{Value, json};
 
 mod common;
-use common::{now_ms, rfc3339};
+use common::{call, now_ms, rfc3339};
 
 const SETTLE: Duration = Duration::from_secs(60);
 const PARTITIONS: u16 = 64;
@@ -139,23 +139,6 @@ async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: impl Ite
     for future in set {
         future.await;
     }
-}
-
-/// `POST path` with `body`; `None` when the node did not answer.
-async fn call(base: &str, path: &str, body: &Value) -> Option<(u16, Value)> {
-    let response = belfry_testkit::http_client()
-        .post(format!("{base}{path}"))
-        .timeout(Duration::from_secs(40))
-        .json(body)
-        .send()
-        .await
-        .ok()?;
-    let status = response.status().as_u16();
-    let bytes = response.bytes().await.ok()?;
-    Some((
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    ))
 }
 
 async fn claim(

@@ -119,3 +119,25 @@ pub fn test_artifacts(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).expect("create the test artifacts folder");
     dir
 }
+
+/// `POST path` with a JSON `body` (40 s at most); `None` when the node
+/// did not answer (killed, restarting).
+pub async fn call(
+    base: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> Option<(u16, serde_json::Value)> {
+    let response = belfry_testkit::http_client()
+        .post(format!("{base}{path}"))
+        .timeout(std::time::Duration::from_secs(40))
+        .json(body)
+        .send()
+        .await
+        .ok()?;
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.ok()?;
+    Some((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    ))
+}
