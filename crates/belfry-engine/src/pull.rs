@@ -630,9 +630,17 @@ async fn write_leases(shared: &Arc<Shared>, batch: Vec<LeaseWrite>) {
     }
 }
 
+/// How many partitions' grant writes one claim keeps in flight at once.
+/// Sent together, they share the store's group commits (a claim of 100
+/// events touches dozens of partitions); awaited one after the other, each
+/// waited for its own fsync.
+const GRANT_WRITES_IN_FLIGHT: usize = 16;
+
 /// Records grants, one store call per partition (each fenced by its
-/// epoch); one result per grant, in order.
+/// epoch), up to [`GRANT_WRITES_IN_FLIGHT`] calls at once; one result per
+/// grant, in order.
 async fn record_grants(shared: &Shared, grants: Vec<LeaseRecord>) -> Vec<PersistResult> {
+    use futures::StreamExt as _;
     let mut results = vec![PersistResult::Unavailable; grants.len()];
     let mut groups: Vec<(Fence, Vec<usize>)> = Vec::new();
     for (index, grant) in grants.iter().enumerate() {
@@ -645,12 +653,16 @@ async fn record_grants(shared: &Shared, grants: Vec<LeaseRecord>) -> Vec<Persist
             None => groups.push((fence, vec![index])),
         }
     }
-    for (fence, indexes) in groups {
+    let writes = groups.into_iter().map(|(fence, indexes)| {
         let params = RecordLeasesParams {
             fence,
             grants: indexes.iter().map(|&i| grants[i].clone()).collect(),
         };
-        match shared.store.record_leases(params).await {
+        async move { (indexes, shared.store.record_leases(params).await) }
+    });
+    let mut answers = futures::stream::iter(writes).buffer_unordered(GRANT_WRITES_IN_FLIGHT);
+    while let Some((indexes, answer)) = answers.next().await {
+        match answer {
             Ok(outcomes) => {
                 for (&index, outcome) in indexes.iter().zip(outcomes) {
                     results[index] = outcome.into();

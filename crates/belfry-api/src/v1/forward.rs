@@ -224,7 +224,15 @@ pub(crate) async fn complete_on(
 /// What a claim got: its leases as answered to the worker, or an error.
 fn leases_of(reply: Reply) -> Result<Vec<Value>, V1Error> {
     match reply {
-        Reply::Leases(leases) => Ok(leases.iter().map(super::leases::lease_view).collect()),
+        Reply::Leases(leases) => leases
+            .iter()
+            .map(|lease| {
+                serde_json::to_value(super::leases::lease_view(lease)).map_err(|error| {
+                    tracing::error!(%error, "a lease could not be put in an answer");
+                    V1Error(ApiError::internal())
+                })
+            })
+            .collect(),
         Reply::Error(error) => Err(super::leases::pull_error(error)),
         other => {
             tracing::error!(

@@ -67,6 +67,7 @@
 
 mod auth;
 mod bulk;
+mod journal_sync;
 pub mod keys;
 mod listing;
 mod owner;
@@ -217,6 +218,7 @@ impl EmbeddedStore {
             leases: db
                 .keyspace("leases", KeyspaceCreateOptions::default)
                 .map_err(internal)?,
+            journal_sync: Default::default(),
             db,
         };
         let auth = auth::AuthKeyspaces::open(&ks.db)?;

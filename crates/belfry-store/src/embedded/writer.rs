@@ -33,7 +33,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 
 use belfry_core::event::{Attempt, EventRecord, EventStatus, TransitionContext, transition};
 use belfry_core::{EventKey, PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp};
-use fjall::{Database, Keyspace, OwnedWriteBatch, PersistMode};
+use fjall::{Database, Keyspace, OwnedWriteBatch};
 use rustc_hash::FxHashMap as HashMap;
 use tokio::sync::oneshot;
 
@@ -63,6 +63,8 @@ pub struct Keyspaces {
     /// Pull leases: `tenant 0x00 id` → JSON [`LeaseDoc`], the event's
     /// latest lease.
     pub leases: Keyspace,
+    /// The writer shards' shared fsync of fjall's one journal.
+    pub journal_sync: std::sync::Arc<super::journal_sync::JournalSync>,
 }
 
 /// A write request and where to send its answer.
@@ -689,7 +691,7 @@ impl Writer {
             return Ok(());
         }
         batch.commit().map_err(internal)?;
-        ks.db.persist(PersistMode::SyncAll).map_err(internal)
+        ks.journal_sync.persist_committed(&ks.db).map_err(internal)
     }
 
     /// Deletes up to `limit` events that finished before the cut-off, with
@@ -791,7 +793,10 @@ impl Writer {
     fn commit_alone(&self, batch: OwnedWriteBatch) -> StoreResult<()> {
         if !batch.is_empty() {
             batch.commit().map_err(internal)?;
-            self.ks.db.persist(PersistMode::SyncAll).map_err(internal)?;
+            self.ks
+                .journal_sync
+                .persist_committed(&self.ks.db)
+                .map_err(internal)?;
         }
         Ok(())
     }
