@@ -58,7 +58,7 @@ struct SinkSpec {
 
 /// A pull sink's fields (`max_attempts`, `backoff`, `queues`) as plain
 /// JSON, read by [`pull_target`] for `/v1` and BigBen registrations alike.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct PullSpec {
     pub max_attempts: Option<Value>,
     pub backoff: Option<Value>,
@@ -66,7 +66,7 @@ pub(crate) struct PullSpec {
 }
 
 impl PullSpec {
-    /// Whether any field is given (they apply to pull sinks only).
+    /// The first field given, if any (they apply to pull sinks only).
     fn first_given(&self) -> Option<&'static str> {
         [
             ("max_attempts", &self.max_attempts),
