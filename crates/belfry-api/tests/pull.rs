@@ -451,10 +451,17 @@ fn engine(h: &Harness) -> belfry_engine::EngineHandle {
 /// Waits until the event is fired to the pull queue (outstanding in its
 /// partition core, ready in the queue).
 async fn wait_ready(h: &Harness) {
+    wait_ready_entries(h, 1).await;
+}
+
+/// Waits until `n` entries are ready in the pull queue. Not the partition
+/// cores' outstanding count: an entry is outstanding from when it is
+/// popped, before its record is read and it reaches the queue.
+async fn wait_ready_entries(h: &Harness, n: usize) {
     let engine = engine(h);
-    common::wait_until("the event handed to the pull queue", || {
+    common::wait_until("events handed to the pull queue", || {
         let engine = engine.clone();
-        async move { engine.outstanding() == 1 }
+        async move { engine.metrics_state().pull.ready == n }
     })
     .await;
 }
@@ -819,16 +826,6 @@ async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
     h.shutdown().await;
 }
 
-/// Waits until `n` events are handed to the pull queue.
-async fn wait_outstanding(h: &Harness, n: usize) {
-    let engine = engine(h);
-    common::wait_until("events handed to the pull queue", || {
-        let engine = engine.clone();
-        async move { engine.outstanding() == n }
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn events_name_their_queue_and_claims_take_from_theirs_in_turn() {
     let h = Harness::start().await;
@@ -856,7 +853,7 @@ async fn events_name_their_queue_and_claims_take_from_theirs_in_turn() {
         )
         .await;
     assert_eq!(plain.body.get("queue"), None, "the default is not shown");
-    wait_outstanding(&h, 5).await;
+    wait_ready_entries(&h, 5).await;
     let beta = claim(&h, "jobs", json!({ "max_events": 5, "queues": ["beta"] })).await;
     assert_eq!(beta.len(), 1, "{beta:?}");
     assert_eq!(beta[0]["queue"], "beta");
@@ -1044,7 +1041,7 @@ async fn declared_queues_refuse_events_schedules_and_claims_naming_others() {
         )
         .await;
     assert_eq!(declared.status, StatusCode::OK, "{declared:?}");
-    wait_outstanding(&h, 1).await;
+    wait_ready_entries(&h, 1).await;
 
     let before = h.snapshot(&["jobs"]).await;
     let refused = |answer: &common::Answer, field: &str| {
@@ -1126,7 +1123,7 @@ async fn declared_queues_refuse_events_schedules_and_claims_naming_others() {
         )
         .await;
     assert_eq!(schedule.status, StatusCode::CREATED, "{schedule:?}");
-    wait_outstanding(&h, 4).await;
+    wait_ready_entries(&h, 4).await;
     let emails = claim(
         &h,
         "jobs",
