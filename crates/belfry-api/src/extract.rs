@@ -200,13 +200,33 @@ where
     D: serde::Deserializer<'de, Error = serde_json::Error>,
 {
     let error = serde_path_to_error::deserialize::<_, T>(input).err()?;
+    Some(describe(error))
+}
+
+/// A deserialization error prefixed with the field's path.
+fn describe(error: serde_path_to_error::Error<serde_json::Error>) -> String {
     let path = error.path().to_string();
     let inner = error.into_inner();
-    Some(if path == "." {
+    if path == "." {
         inner.to_string()
     } else {
         format!("{path}: {inner}")
-    })
+    }
+}
+
+/// `input` (a JSON tree, or a parser over bytes) as a `T`; a wrong shape
+/// is described with the field's path (`max_attempts: invalid type …`),
+/// as request bodies are. For items read one by one (a batch's, a Kafka
+/// record's).
+///
+/// # Errors
+/// Not JSON, or not a `T`: the reason.
+pub(crate) fn deserialize_naming_field<'de, T, D>(input: D) -> Result<T, String>
+where
+    T: serde::Deserialize<'de>,
+    D: serde::Deserializer<'de, Error = serde_json::Error>,
+{
+    serde_path_to_error::deserialize(input).map_err(describe)
 }
 
 fn check_content_type(req: &Request) -> Result<(), ApiError> {

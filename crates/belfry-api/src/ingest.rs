@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 
-use belfry_core::{CommandOutcome, EventCommand, EventKey, TenantName};
+use belfry_core::{CommandOutcome, EventCommand, EventKey, TenantConfig, TenantName};
 use belfry_engine::EngineHandle;
 use belfry_engine::quotas::QuotaError;
 use belfry_sinks::body::{BigBenStatus, EventResponse};
@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 pub use crate::bigben::schedule::EventRequest;
 use crate::bigben::schedule::{QuotaMode, schedule_items};
 use crate::error::{ApiError, code};
+use crate::v1::events::{BackoffBody, PullFields};
 use crate::v1::views::Delivery;
 
 /// Which tenants a writer may schedule for.
@@ -150,11 +151,15 @@ pub fn bigben_verdict(response: &EventResponse) -> Verdict {
 }
 
 /// One `/v1` event write as a record: the body of `PUT
-/// /v1/tenants/{tenant}/events/{id}` plus its tenant and id, or a cancel.
+/// /v1/tenants/{tenant}/events/{id}` (pull tenants' `queue`,
+/// `max_attempts` and `backoff` included) plus its tenant and id, or a
+/// cancel.
 ///
 /// ```json
 /// {"tenant": "acme", "id": "order-42", "deliver_at": "2030-01-31T04:00:30Z",
 ///  "payload": "{\"orderId\":42}", "delivery": "full_event"}
+/// {"tenant": "jobs", "id": "mail-7", "deliver_at": "2030-01-31T04:00:30Z",
+///  "queue": "emails", "max_attempts": 5, "backoff": {"initial_delay_ms": 500}}
 /// {"tenant": "acme", "id": "order-42", "cancel": true}
 /// ```
 #[derive(Debug, Deserialize)]
@@ -165,8 +170,23 @@ pub struct V1Record {
     deliver_at: Option<String>,
     payload: Option<String>,
     delivery: Option<Delivery>,
+    queue: Option<String>,
+    max_attempts: Option<u32>,
+    backoff: Option<BackoffBody>,
     #[serde(default)]
     cancel: bool,
+}
+
+impl V1Record {
+    /// Whether it carries any field of a write (a cancel carries none).
+    fn has_write_fields(&self) -> bool {
+        self.deliver_at.is_some()
+            || self.payload.is_some()
+            || self.delivery.is_some()
+            || self.queue.is_some()
+            || self.max_attempts.is_some()
+            || self.backoff.is_some()
+    }
 }
 
 /// Reads one [`V1Record`] from JSON.
@@ -174,7 +194,10 @@ pub struct V1Record {
 /// # Errors
 /// Not JSON, or not a `/v1` event object: the reason.
 pub fn parse_v1(bytes: &[u8]) -> Result<V1Record, String> {
-    serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    let mut parser = serde_json::Deserializer::from_slice(bytes);
+    let record = crate::extract::deserialize_naming_field(&mut parser)?;
+    parser.end().map_err(|e| e.to_string())?;
+    Ok(record)
 }
 
 /// The answer to one [`V1Record`]: `{"tenant", "id", "outcome", "version",
@@ -216,7 +239,8 @@ pub async fn schedule_v1(
     scope: &dyn WriteScope,
     records: Vec<V1Record>,
 ) -> Vec<V1Answer> {
-    let mut known: HashMap<TenantName, bool> = HashMap::new();
+    // The tenants looked up so far (`None`: not registered).
+    let mut known: HashMap<TenantName, Option<TenantConfig>> = HashMap::new();
     let mut answers: Vec<Option<V1Answer>> = Vec::with_capacity(records.len());
     // (answer slot, command), in record order.
     let mut planned: Vec<(usize, KeyedCommand)> = Vec::new();
@@ -254,7 +278,7 @@ pub async fn schedule_v1(
             continue;
         }
         let command = if record.cancel {
-            if record.deliver_at.is_some() || record.payload.is_some() {
+            if record.has_write_fields() {
                 let error = ApiError::bad_request(
                     code::INVALID_REQUEST,
                     "a cancel carries only tenant and id",
@@ -277,12 +301,12 @@ pub async fn schedule_v1(
                 )));
                 continue;
             };
-            match crate::v1::events::upsert(
-                deliver_at,
-                record.payload,
-                record.delivery,
-                Default::default(),
-            ) {
+            let pull = PullFields {
+                queue: record.queue,
+                max_attempts: record.max_attempts,
+                backoff: record.backoff,
+            };
+            match crate::v1::events::upsert(deliver_at, record.payload, record.delivery, pull) {
                 Ok(command) => command,
                 Err(error) => {
                     answers.push(Some(rejected(
@@ -297,25 +321,29 @@ pub async fn schedule_v1(
         // Writes need a registered tenant; cancels do not (events outlive
         // their tenant's registration).
         if !record.cancel {
-            let registered = match known.get(&tenant) {
-                Some(known) => *known,
-                None => match engine.store().get_tenant(&tenant).await {
+            if !known.contains_key(&tenant) {
+                match engine.store().get_tenant(&tenant).await {
                     Ok(found) => {
-                        known.insert(tenant.clone(), found.is_some());
-                        found.is_some()
+                        known.insert(tenant.clone(), found);
                     }
                     Err(error) => {
                         tracing::warn!(%error, "tenant lookup failed during ingestion");
                         failed = true;
-                        true
                     }
-                },
+                }
+            }
+            // After a failed lookup the tenant is unknown here; every
+            // planned item is answered as a store failure below.
+            let checked = match known.get(&tenant) {
+                Some(None) => Err(not_found()),
+                Some(Some(config)) => crate::v1::events::admit_command(config, &command),
+                None => Ok(()),
             };
-            if !registered {
+            if let Err(error) = checked {
                 answers.push(Some(rejected(
                     Some(&record.tenant),
                     Some(&record.id),
-                    &not_found(),
+                    &error,
                 )));
                 continue;
             }

@@ -146,6 +146,15 @@ async fn the_document_declares_bearer_keys_error_envelopes_and_links() {
     }
     let schemas = &doc["components"]["schemas"];
     assert!(schemas["V1Error"]["properties"]["error"].is_object());
+    // A pull tenant's defaults and declared queues (`docs/pull.md`).
+    let sink = &schemas["Sink"]["properties"];
+    assert_eq!(
+        sink["backoff"]["oneOf"][1]["$ref"], "#/components/schemas/Backoff",
+        "{sink}"
+    );
+    assert_eq!(sink["queues"]["items"]["type"], "string", "{sink}");
+    assert_eq!(sink["queues"]["maxItems"], 32, "{sink}");
+    assert_eq!(sink["max_attempts"]["maximum"], 1000, "{sink}");
     assert!(schemas["BigBenError"]["properties"]["message"].is_object());
     let put_event = &doc["paths"]["/v1/tenants/{tenant}/events/{id}"]["put"]["responses"]["201"];
     assert_eq!(put_event["links"]["GetEvent"]["operationId"], "get_event");

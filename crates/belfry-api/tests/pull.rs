@@ -40,6 +40,37 @@ async fn a_pull_tenant_is_registered_and_shown_in_both_apis() {
         h.get("/v1/tenants/jobs2").await.body["sink"],
         json!({ "type": "pull" })
     );
+    // A default back-off (omitted fields as for an event's) and declared
+    // queues, through either API.
+    let full = h
+        .put(
+            "/v1/tenants/jobs",
+            &json!({ "sink": { "type": "pull", "backoff": { "initial_delay_ms": 250 },
+                               "queues": ["emails", "sms"] } }),
+        )
+        .await;
+    assert_eq!(full.status, StatusCode::OK, "{full:?}");
+    let backoff = json!({ "initial_delay_ms": 250, "multiplier": 2.0, "max_delay_ms": 3600000 });
+    assert_eq!(
+        h.get("/v1/tenants/jobs").await.body["sink"],
+        json!({ "type": "pull", "backoff": backoff, "queues": ["emails", "sms"] })
+    );
+    assert_eq!(
+        h.get("/events/tenants").await.body["jobs"]["props"],
+        json!({ "max_attempts": 20, "backoff": backoff, "queues": ["emails", "sms"] })
+    );
+    let bigben = h
+        .post(
+            "/events/tenant/register",
+            &json!({ "tenant": "jobs2", "type": "PULL",
+                     "props": { "max_attempts": 4, "backoff": backoff, "queues": ["sms"] } }),
+        )
+        .await;
+    assert_eq!(bigben.status, StatusCode::OK, "{bigben:?}");
+    assert_eq!(
+        h.get("/v1/tenants/jobs2").await.body["sink"],
+        json!({ "type": "pull", "max_attempts": 4, "backoff": backoff, "queues": ["sms"] })
+    );
     h.shutdown().await;
 }
 
@@ -63,6 +94,43 @@ async fn bad_pull_tenants_change_nothing() {
             json!({ "type": "http", "url": "http://a/", "max_attempts": 3 }),
             "max_attempts",
         ),
+        (
+            json!({ "type": "pull", "backoff": { "multiplier": 0.5 } }),
+            "backoff.multiplier",
+        ),
+        (
+            json!({ "type": "pull", "backoff": { "initial_delay_ms": 0 } }),
+            "backoff.initial_delay_ms",
+        ),
+        (
+            json!({ "type": "pull", "backoff": { "initial_delay_ms": 500, "max_delay_ms": 100 } }),
+            "backoff.max_delay_ms",
+        ),
+        (
+            json!({ "type": "pull", "backoff": { "jitter": 1 } }),
+            "jitter",
+        ),
+        (json!({ "type": "pull", "backoff": 100 }), "backoff"),
+        (json!({ "type": "pull", "queues": [] }), "queues"),
+        (json!({ "type": "pull", "queues": "emails" }), "queues"),
+        (json!({ "type": "pull", "queues": ["a b"] }), "queues"),
+        (json!({ "type": "pull", "queues": [7] }), "queues"),
+        (
+            json!({ "type": "pull", "queues": ["a", "b", "a"] }),
+            "queues",
+        ),
+        (
+            json!({ "type": "pull", "queues": (0..33).map(|i| format!("q{i}")).collect::<Vec<_>>() }),
+            "queues",
+        ),
+        (
+            json!({ "type": "kafka", "topic": "t", "queues": ["a"] }),
+            "queues",
+        ),
+        (
+            json!({ "type": "builtin", "processor": "log", "backoff": {} }),
+            "backoff",
+        ),
     ] {
         let answer = h.put("/v1/tenants/new", &json!({ "sink": sink })).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
@@ -70,13 +138,24 @@ async fn bad_pull_tenants_change_nothing() {
         let message = answer.body["error"]["message"].as_str().unwrap();
         assert!(message.contains(field), "{message} names {field}");
     }
-    let bigben = h
-        .post(
-            "/events/tenant/register",
-            &json!({ "tenant": "new", "type": "PULL", "props": { "topic": "x" } }),
-        )
-        .await;
-    assert_eq!(bigben.status, StatusCode::BAD_REQUEST, "{bigben:?}");
+    for (props, field) in [
+        (json!({ "topic": "x" }), "props.topic"),
+        (json!({ "queues": [] }), "queues"),
+        (
+            json!({ "backoff": { "multiplier": 101 } }),
+            "props.backoff.multiplier",
+        ),
+    ] {
+        let bigben = h
+            .post(
+                "/events/tenant/register",
+                &json!({ "tenant": "new", "type": "PULL", "props": props }),
+            )
+            .await;
+        assert_eq!(bigben.status, StatusCode::BAD_REQUEST, "{bigben:?}");
+        let message = bigben.body["message"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{bigben:?} names {field}");
+    }
     assert_eq!(h.snapshot(&["new"]).await, before);
     h.shutdown().await;
 }
@@ -372,10 +451,17 @@ fn engine(h: &Harness) -> belfry_engine::EngineHandle {
 /// Waits until the event is fired to the pull queue (outstanding in its
 /// partition core, ready in the queue).
 async fn wait_ready(h: &Harness) {
+    wait_ready_entries(h, 1).await;
+}
+
+/// Waits until `n` entries are ready in the pull queue. Not the partition
+/// cores' outstanding count: an entry is outstanding from when it is
+/// popped, before its record is read and it reaches the queue.
+async fn wait_ready_entries(h: &Harness, n: usize) {
     let engine = engine(h);
-    common::wait_until("the event handed to the pull queue", || {
+    common::wait_until("events handed to the pull queue", || {
         let engine = engine.clone();
-        async move { engine.outstanding() == 1 }
+        async move { engine.metrics_state().pull.ready == n }
     })
     .await;
 }
@@ -740,16 +826,6 @@ async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
     h.shutdown().await;
 }
 
-/// Waits until `n` events are handed to the pull queue.
-async fn wait_outstanding(h: &Harness, n: usize) {
-    let engine = engine(h);
-    common::wait_until("events handed to the pull queue", || {
-        let engine = engine.clone();
-        async move { engine.outstanding() == n }
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn events_name_their_queue_and_claims_take_from_theirs_in_turn() {
     let h = Harness::start().await;
@@ -777,7 +853,7 @@ async fn events_name_their_queue_and_claims_take_from_theirs_in_turn() {
         )
         .await;
     assert_eq!(plain.body.get("queue"), None, "the default is not shown");
-    wait_outstanding(&h, 5).await;
+    wait_ready_entries(&h, 5).await;
     let beta = claim(&h, "jobs", json!({ "max_events": 5, "queues": ["beta"] })).await;
     assert_eq!(beta.len(), 1, "{beta:?}");
     assert_eq!(beta[0]["queue"], "beta");
@@ -841,6 +917,232 @@ async fn an_event_caps_its_own_attempts_and_backs_off_its_own_way() {
     h.shutdown().await;
 }
 
+/// `failed`'s `next_attempt_at`, which must come `delay` after `before`
+/// at the earliest and `delay` after now at the latest.
+fn assert_next_attempt_after(
+    failed: &common::Answer,
+    before: belfry_core::Timestamp,
+    delay_ms: u64,
+) {
+    assert_eq!(failed.status, StatusCode::OK, "{failed:?}");
+    assert_eq!(failed.body["state"], "scheduled", "{failed:?}");
+    let next = instant(&failed.body["next_attempt_at"]);
+    let delay = std::time::Duration::from_millis(delay_ms);
+    assert!(
+        next >= before.plus(delay) && next <= now().plus(delay),
+        "{next:?}: {delay_ms} ms after the fail ({before:?})"
+    );
+}
+
+#[tokio::test]
+async fn a_tenants_default_back_off_and_cap_apply_to_events_without_their_own() {
+    let h = Harness::start().await;
+    // An hour: far from the node's 1 s, so the answer cannot be the node's.
+    let hour = 3_600_000;
+    let tenant = h
+        .put(
+            "/v1/tenants/jobs",
+            &json!({ "sink": { "type": "pull", "max_attempts": 3,
+                               "backoff": { "initial_delay_ms": hour, "multiplier": 1 } } }),
+        )
+        .await;
+    assert_eq!(tenant.status, StatusCode::CREATED, "{tenant:?}");
+    for (id, own) in [
+        ("plain", json!({})),
+        ("own", json!({ "backoff": { "initial_delay_ms": 60000 } })),
+    ] {
+        let mut body = own.clone();
+        body["deliver_at"] = json!(common::from_now(0));
+        let put = h.put(&format!("/v1/tenants/jobs/events/{id}"), &body).await;
+        assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+        let lease = claim_one(&h, "jobs").await;
+        assert_eq!(lease["event"]["id"], id);
+        assert_eq!(lease["max_attempts"], 3, "the tenant's cap");
+        let before = now();
+        let failed = lease_call(&h, &lease, "fail", json!({ "error": { "code": "boom" } })).await;
+        let expected = if id == "plain" { hour } else { 60_000 };
+        assert_next_attempt_after(&failed, before, expected);
+        let event = h.get(&format!("/v1/tenants/jobs/events/{id}")).await;
+        assert_eq!(event.body["status"], "retrying", "{event:?}");
+        assert_eq!(
+            event.body["next_attempt_at"],
+            failed.body["next_attempt_at"]
+        );
+    }
+
+    // The tenant's defaults are read when an attempt comes due: an event
+    // leased under the old ones and released gets the new ones at its
+    // next lease.
+    h.put(
+        "/v1/tenants/jobs/events/later",
+        &json!({ "deliver_at": common::from_now(0) }),
+    )
+    .await;
+    let lease = claim_one(&h, "jobs").await;
+    assert_eq!(lease["event"]["id"], "later");
+    assert_eq!(lease["max_attempts"], 3);
+    let changed = h
+        .put(
+            "/v1/tenants/jobs",
+            &json!({ "sink": { "type": "pull", "max_attempts": 2,
+                               "backoff": { "initial_delay_ms": 120000, "multiplier": 1 } } }),
+        )
+        .await;
+    assert_eq!(changed.status, StatusCode::OK, "{changed:?}");
+    let released = lease_call(&h, &lease, "release", json!({})).await;
+    assert_eq!(released.status, StatusCode::OK, "{released:?}");
+    let lease = claim_one(&h, "jobs").await;
+    assert_eq!(lease["event"]["id"], "later");
+    assert_eq!(lease["attempt"], 1);
+    assert_eq!(lease["max_attempts"], 2, "the tenant's current cap");
+    let before = now();
+    let failed = lease_call(&h, &lease, "fail", json!({ "error": { "code": "boom" } })).await;
+    assert_next_attempt_after(&failed, before, 120_000);
+
+    // The cap: with one attempt left to none, a failure is final.
+    h.put(
+        "/v1/tenants/jobs",
+        &json!({ "sink": { "type": "pull", "max_attempts": 1 } }),
+    )
+    .await;
+    h.put(
+        "/v1/tenants/jobs/events/once",
+        &json!({ "deliver_at": common::from_now(0) }),
+    )
+    .await;
+    let lease = claim_one(&h, "jobs").await;
+    assert_eq!(lease["event"]["id"], "once");
+    assert_eq!(lease["max_attempts"], 1);
+    let failed = lease_call(&h, &lease, "fail", json!({ "error": { "code": "boom" } })).await;
+    assert_eq!(failed.body["state"], "failed", "{failed:?}");
+    let event = h.get("/v1/tenants/jobs/events/once").await;
+    assert_eq!(event.body["status"], "failed", "{event:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn declared_queues_refuse_events_schedules_and_claims_naming_others() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    // Named before the tenant declared its queues: kept, and still claimed
+    // by a claim that names no queue.
+    let legacy = h
+        .put(
+            "/v1/tenants/jobs/events/legacy",
+            &json!({ "deliver_at": common::from_now(0), "queue": "fax" }),
+        )
+        .await;
+    assert_eq!(legacy.status, StatusCode::CREATED, "{legacy:?}");
+    let declared = h
+        .put(
+            "/v1/tenants/jobs",
+            &json!({ "sink": { "type": "pull", "queues": ["emails", "sms"] } }),
+        )
+        .await;
+    assert_eq!(declared.status, StatusCode::OK, "{declared:?}");
+    wait_ready_entries(&h, 1).await;
+
+    let before = h.snapshot(&["jobs"]).await;
+    let refused = |answer: &common::Answer, field: &str| {
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+        assert_eq!(
+            answer.body["error"]["code"], "invalid_request",
+            "{answer:?}"
+        );
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("{field} names \"fax\"")) && message.contains("emails"),
+            "{message:?} names {field} and the declared queues"
+        );
+    };
+    let event = h
+        .put(
+            "/v1/tenants/jobs/events/e1",
+            &json!({ "deliver_at": common::from_now(0), "queue": "fax" }),
+        )
+        .await;
+    refused(&event, "queue");
+    let schedule = h
+        .put(
+            "/v1/tenants/jobs/schedules/s1",
+            &json!({ "expression": "@every 1s", "type": "every", "queue": "fax" }),
+        )
+        .await;
+    refused(&schedule, "queue");
+    let claim_answer = h
+        .post(
+            "/v1/tenants/jobs/leases",
+            &json!({ "worker_id": "w", "queues": ["sms", "fax"] }),
+        )
+        .await;
+    refused(&claim_answer, "queues");
+    let batch = h
+        .post(
+            "/v1/tenants/jobs/events",
+            &json!({ "events": [
+                { "id": "b1", "deliver_at": common::from_now(60000), "queue": "fax" },
+            ] }),
+        )
+        .await;
+    assert_eq!(batch.body["results"][0]["outcome"], "rejected", "{batch:?}");
+    assert_eq!(
+        batch.body["results"][0]["error"]["code"], "invalid_request",
+        "{batch:?}"
+    );
+    assert_eq!(h.snapshot(&["jobs"]).await, before, "nothing stored");
+
+    // Declared queues and `default` (named or not) are taken.
+    let batch = h
+        .post(
+            "/v1/tenants/jobs/events",
+            &json!({ "events": [
+                { "id": "b1", "deliver_at": common::from_now(0), "queue": "fax" },
+                { "id": "b2", "deliver_at": common::from_now(0), "queue": "emails" },
+                { "id": "b3", "deliver_at": common::from_now(0), "queue": "default" },
+                { "id": "b4", "deliver_at": common::from_now(0) },
+            ] }),
+        )
+        .await;
+    let outcomes: Vec<&str> = batch.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["rejected", "created", "created", "created"],
+        "{batch:?}"
+    );
+    let schedule = h
+        .put(
+            "/v1/tenants/jobs/schedules/s1",
+            &json!({ "expression": "@every 1h", "type": "every", "queue": "sms",
+                     "start_at": common::from_now(86_400_000) }),
+        )
+        .await;
+    assert_eq!(schedule.status, StatusCode::CREATED, "{schedule:?}");
+    wait_ready_entries(&h, 4).await;
+    let emails = claim(
+        &h,
+        "jobs",
+        json!({ "max_events": 5, "queues": ["emails", "default"] }),
+    )
+    .await;
+    let mut ids: Vec<&str> = emails
+        .iter()
+        .map(|l| l["event"]["id"].as_str().unwrap())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["b2", "b3", "b4"], "{emails:?}");
+    let rest = claim(&h, "jobs", json!({ "max_events": 5 })).await;
+    assert_eq!(rest.len(), 1, "{rest:?}");
+    assert_eq!(rest[0]["event"]["id"], "legacy");
+    assert_eq!(rest[0]["queue"], "fax");
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn bad_queue_and_attempt_fields_are_refused_naming_the_field() {
     let h = Harness::start().await;
@@ -884,10 +1186,14 @@ async fn bad_queue_and_attempt_fields_are_refused_naming_the_field() {
                 &json!({ "events": [{ "id": "bad", "deliver_at": body["deliver_at"], "queue": body.get("queue"), "max_attempts": body.get("max_attempts"), "backoff": body.get("backoff") }] }),
             )
             .await;
-        assert_ne!(
-            batch.body["results"][0]["status"], "created",
+        assert_eq!(
+            batch.body["results"][0]["outcome"], "rejected",
             "{fields}: {batch:?}"
         );
+        let message = batch.body["results"][0]["error"]["message"]
+            .as_str()
+            .unwrap();
+        assert!(message.contains(named), "{message:?} names {named}");
     }
     for (body, named) in [
         (json!({ "worker_id": "w", "queues": [] }), "queues"),

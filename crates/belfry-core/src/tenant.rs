@@ -6,7 +6,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::TenantName;
+use crate::ids::{QueueName, TenantName};
+use crate::pull::limits::MAX_QUEUES_PER_CLAIM;
+use crate::retry::{Backoff, BackoffError};
 use crate::time::Timestamp;
 
 /// A registered tenant: its name, its delivery channel and the secrets its
@@ -114,17 +116,36 @@ pub enum SinkConfig {
     Pull(PullTarget),
 }
 
-/// A pull tenant's defaults for its events' attempts.
+/// A pull tenant's defaults for its events' attempts, and the queues its
+/// events may name.
+///
+/// Stored as JSON by both stores (the sink's tagged object): every field
+/// is optional and left out when unset, so a record written before a field
+/// existed reads as that field unset, and one without the newer fields is
+/// written exactly as before.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PullTarget {
     /// Attempts (failed or expired leases) after which an event fails;
     /// [`crate::pull::limits::DEFAULT_MAX_ATTEMPTS`] when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
+    /// The back-off of its events that set none; the node's retry policy
+    /// when `None`. Read when an attempt comes due, so a change applies to
+    /// the next attempt of every event that has no back-off of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<Backoff>,
+    /// The queues its events (and schedules, and claims) may name, besides
+    /// `default`, which is always one; `None`: any name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<Vec<QueueName>>,
 }
 
 /// The most attempts a pull tenant may give its events.
 pub const MAX_PULL_ATTEMPTS: u32 = 1000;
+
+/// The most queues a pull tenant may declare: as many as one claim may
+/// name, so one claim can always name them all.
+pub const MAX_DECLARED_QUEUES: usize = MAX_QUEUES_PER_CLAIM;
 
 impl PullTarget {
     /// The attempt cap of the tenant's events.
@@ -132,6 +153,84 @@ impl PullTarget {
         self.max_attempts
             .unwrap_or(crate::pull::limits::DEFAULT_MAX_ATTEMPTS)
     }
+
+    /// Whether the tenant's events may name `queue`: any queue when the
+    /// tenant declares none, else a declared one or `default`.
+    pub fn admits(&self, queue: &QueueName) -> bool {
+        match &self.queues {
+            None => true,
+            Some(declared) => *queue == QueueName::default_queue() || declared.contains(queue),
+        }
+    }
+
+    /// Refuses the first of `queues` the tenant does not admit
+    /// ([`PullTarget::admits`]); `field` is the request's field that named
+    /// it (`queue` of an event or schedule, `queues` of a claim).
+    ///
+    /// # Errors
+    /// The first queue not admitted, with the tenant's declared queues.
+    pub fn check_queues<'a>(
+        &self,
+        field: &'static str,
+        queues: impl IntoIterator<Item = &'a QueueName>,
+    ) -> Result<(), UndeclaredQueue> {
+        match queues.into_iter().find(|queue| !self.admits(queue)) {
+            None => Ok(()),
+            Some(queue) => Err(UndeclaredQueue {
+                field,
+                queue: queue.as_str().to_string(),
+                declared: std::iter::once("default")
+                    .chain(
+                        self.queues
+                            .iter()
+                            .flatten()
+                            .map(QueueName::as_str)
+                            .filter(|name| *name != "default"),
+                    )
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    fn validate(&self) -> Result<(), SinkConfigError> {
+        if let Some(max) = self.max_attempts
+            && !(1..=MAX_PULL_ATTEMPTS).contains(&max)
+        {
+            return Err(SinkConfigError::MaxAttempts);
+        }
+        if let Some(backoff) = &self.backoff {
+            // Built through `Backoff::new` by the API; checked again for
+            // configs that come another way (serde).
+            Backoff::new(
+                backoff.initial_delay_ms,
+                backoff.multiplier.get(),
+                backoff.max_delay_ms,
+            )
+            .map_err(SinkConfigError::Backoff)?;
+        }
+        if let Some(queues) = &self.queues {
+            if !(1..=MAX_DECLARED_QUEUES).contains(&queues.len()) {
+                return Err(SinkConfigError::QueueCount);
+            }
+            for (index, queue) in queues.iter().enumerate() {
+                if queues[..index].contains(queue) {
+                    return Err(SinkConfigError::DuplicateQueue(queue.as_str().to_string()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An event, schedule or claim named a queue its pull tenant does not
+/// declare. The message names the field and lists the declared queues.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} names {queue:?}, a queue the tenant does not declare (its queues: {declared})")]
+pub struct UndeclaredQueue {
+    pub field: &'static str,
+    pub queue: String,
+    declared: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -243,6 +342,13 @@ pub enum SinkConfigError {
     EmptyProcessor,
     #[error("max_attempts must be between 1 and {MAX_PULL_ATTEMPTS}")]
     MaxAttempts,
+    /// Its message names the field (`backoff.multiplier`, …).
+    #[error("{0}")]
+    Backoff(BackoffError),
+    #[error("queues must name 1 to {MAX_DECLARED_QUEUES} queues (omit it for any queue)")]
+    QueueCount,
+    #[error("queues names {0:?} twice")]
+    DuplicateQueue(String),
 }
 
 /// At most [`ECHO_LIMIT`] characters of `text`.
@@ -266,10 +372,7 @@ impl SinkConfig {
                 Err(SinkConfigError::EmptyProcessor)
             }
             SinkConfig::Builtin(_) => Ok(()),
-            SinkConfig::Pull(PullTarget {
-                max_attempts: Some(max),
-            }) if !(1..=MAX_PULL_ATTEMPTS).contains(max) => Err(SinkConfigError::MaxAttempts),
-            SinkConfig::Pull(_) => Ok(()),
+            SinkConfig::Pull(target) => target.validate(),
         }
     }
 
@@ -464,7 +567,12 @@ mod tests {
 
     #[test]
     fn pull_attempts_are_bounded() {
-        let pull = |max_attempts| SinkConfig::Pull(PullTarget { max_attempts });
+        let pull = |max_attempts| {
+            SinkConfig::Pull(PullTarget {
+                max_attempts,
+                ..PullTarget::default()
+            })
+        };
         assert_eq!(pull(None).validate(), Ok(()));
         assert_eq!(pull(Some(1)).validate(), Ok(()));
         assert_eq!(pull(Some(MAX_PULL_ATTEMPTS)).validate(), Ok(()));
@@ -479,6 +587,111 @@ mod tests {
             serde_json::from_str::<SinkConfig>(&json).unwrap(),
             pull(None)
         );
+    }
+
+    fn queues(names: &[&str]) -> Option<Vec<QueueName>> {
+        Some(names.iter().map(|n| QueueName::new(*n).unwrap()).collect())
+    }
+
+    #[test]
+    fn a_pull_tenants_backoff_and_queues_are_checked() {
+        let pull = |backoff, queues| {
+            SinkConfig::Pull(PullTarget {
+                max_attempts: None,
+                backoff,
+                queues,
+            })
+        };
+        let good = Backoff::new(100, 1.5, 200).unwrap();
+        assert_eq!(pull(Some(good), queues(&["a", "b"])).validate(), Ok(()));
+        // A back-off that did not come through `Backoff::new` (serde).
+        let bad: Backoff = serde_json::from_str(
+            r#"{"initial_delay_ms": 0, "multiplier": 2.0, "max_delay_ms": 10}"#,
+        )
+        .unwrap();
+        let error = pull(Some(bad), None).validate().unwrap_err();
+        assert_eq!(error, SinkConfigError::Backoff(BackoffError::InitialDelay));
+        assert!(
+            error.to_string().contains("backoff.initial_delay_ms"),
+            "{error}"
+        );
+        assert_eq!(
+            pull(None, queues(&[])).validate(),
+            Err(SinkConfigError::QueueCount)
+        );
+        let many: Vec<String> = (0..=MAX_DECLARED_QUEUES).map(|i| format!("q{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(
+            pull(None, queues(&many)).validate(),
+            Err(SinkConfigError::QueueCount)
+        );
+        assert_eq!(
+            pull(None, queues(&many[..MAX_DECLARED_QUEUES])).validate(),
+            Ok(())
+        );
+        let twice = pull(None, queues(&["a", "b", "a"])).validate().unwrap_err();
+        assert_eq!(twice, SinkConfigError::DuplicateQueue("a".into()));
+        assert!(twice.to_string().contains("queues"), "{twice}");
+    }
+
+    #[test]
+    fn declared_queues_admit_themselves_and_default_only() {
+        let q = |name: &str| QueueName::new(name).unwrap();
+        let open = PullTarget::default();
+        assert!(open.admits(&q("anything")));
+        assert_eq!(open.check_queues("queue", [&q("x")]), Ok(()));
+        let declared = PullTarget {
+            queues: queues(&["emails", "sms"]),
+            ..PullTarget::default()
+        };
+        assert!(declared.admits(&q("emails")));
+        assert!(declared.admits(&QueueName::default_queue()), "always");
+        assert!(!declared.admits(&q("fax")));
+        assert_eq!(
+            declared.check_queues("queues", [&q("sms"), &q("default")]),
+            Ok(())
+        );
+        let refused = declared
+            .check_queues("queues", [&q("sms"), &q("fax"), &q("telex")])
+            .unwrap_err();
+        assert_eq!(refused.field, "queues");
+        assert_eq!(refused.queue, "fax");
+        assert_eq!(
+            refused.to_string(),
+            r#"queues names "fax", a queue the tenant does not declare (its queues: default, emails, sms)"#
+        );
+    }
+
+    #[test]
+    fn pull_targets_written_before_the_new_fields_still_read() {
+        // The stored form of both stores is this JSON (the embedded store
+        // after a format byte, PostgreSQL in a jsonb column).
+        let old: SinkConfig = serde_json::from_str(r#"{"type":"pull","max_attempts":5}"#).unwrap();
+        assert_eq!(
+            old,
+            SinkConfig::Pull(PullTarget {
+                max_attempts: Some(5),
+                ..PullTarget::default()
+            })
+        );
+        // Unset fields are left out: an old node reads a new record too.
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"type":"pull","max_attempts":5}"#
+        );
+        let full = SinkConfig::Pull(PullTarget {
+            max_attempts: Some(3),
+            backoff: Some(Backoff::new(100, 1.5, 200).unwrap()),
+            queues: queues(&["a", "b"]),
+        });
+        let json = serde_json::to_value(&full).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({ "type": "pull", "max_attempts": 3,
+                "backoff": { "initial_delay_ms": 100, "multiplier": 1.5, "max_delay_ms": 200 },
+                "queues": ["a", "b"] })
+        );
+        assert_eq!(serde_json::from_value::<SinkConfig>(json).unwrap(), full);
     }
 
     #[test]

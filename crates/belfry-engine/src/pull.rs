@@ -248,17 +248,14 @@ pub(crate) fn ready(shared: &Arc<Shared>, entry: ReadyEntry) {
     handle(shared, Input::Ready(vec![entry]));
 }
 
-/// The attempts of a pull tenant's event: its own cap, else its tenant's;
-/// its own back-off, else the node's retry policy (whose backlog limit is
-/// the deadline either way).
+/// The attempts of a pull tenant's event ([`AttemptPolicy::resolve`]):
+/// its own settings, else its tenant's defaults, else the node's retry
+/// policy. Called when each attempt comes due, with the tenant as the
+/// tenant cache has it then: a change of the tenant's defaults applies to
+/// the next attempt that comes due after it (through another node: within
+/// the cache's 5 s).
 pub(crate) fn policy(shared: &Shared, tenant: &PullTarget, event: &PullSettings) -> AttemptPolicy {
-    let node = &shared.options.retry;
-    AttemptPolicy {
-        max_attempts: event.max_attempts.unwrap_or_else(|| tenant.max_attempts()),
-        retry: event
-            .backoff
-            .map_or_else(|| node.clone(), |backoff| backoff.apply_to(node)),
-    }
+    AttemptPolicy::resolve(&shared.options.retry, tenant, event)
 }
 
 /// This node no longer holds `released` (already removed from the owned

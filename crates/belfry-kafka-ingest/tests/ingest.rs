@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use belfry_core::tenant::HttpTarget;
+use belfry_core::tenant::{HttpTarget, PullTarget};
 use belfry_core::{
-    EventId, EventKey, EventRecord, EventStatus, PartitionCount, SinkConfig, SystemClock,
-    TenantConfig, TenantName, Timestamp,
+    Backoff, EventId, EventKey, EventRecord, EventStatus, PartitionCount, PullSettings, QueueName,
+    SinkConfig, SystemClock, TenantConfig, TenantName, Timestamp,
 };
 use belfry_engine::{Engine, EngineOptions};
 use belfry_kafka_ingest::{Format, Ingest, IngestOptions, header};
@@ -366,6 +366,21 @@ async fn bigben_records_are_stored_answered_and_bad_ones_dead_lettered() {
     node.shutdown().await;
 }
 
+/// The answers to the records keyed `key`, as `outcome:error code`, in
+/// the order they were answered.
+fn v1_outcomes(responses: &[OwnedMessage], key: &str) -> Vec<String> {
+    responses
+        .iter()
+        .filter(|m| m.key() == Some(key.as_bytes()))
+        .map(|m| {
+            let body: Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+            let outcome = body["outcome"].as_str().unwrap();
+            let error = body["error"]["code"].as_str().unwrap_or("");
+            format!("{outcome}:{error}")
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_records_schedule_and_cancel() {
     let topic = "v1-requests";
@@ -409,24 +424,7 @@ async fn v1_records_schedule_and_cancel() {
     ];
     produce(&producer(&broker), topic, &records).await;
     let responses = read(&broker, "v1-requests-responses", records.len()).await;
-    // (key, "outcome:error code"), in the order of the answers.
-    let outcomes: Vec<(String, String)> = responses
-        .iter()
-        .map(|m| {
-            let body: Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
-            let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
-            let outcome = body["outcome"].as_str().unwrap();
-            let error = body["error"]["code"].as_str().unwrap_or("");
-            (key, format!("{outcome}:{error}"))
-        })
-        .collect();
-    let of = |key: &str| -> Vec<&str> {
-        outcomes
-            .iter()
-            .filter(|(k, _)| k == key)
-            .map(|(_, o)| o.as_str())
-            .collect()
-    };
+    let of = |key: &str| v1_outcomes(&responses, key);
     assert_eq!(of("acme/a"), ["created:"]);
     assert_eq!(of("acme/b"), ["created:", "cancelled:"]);
     assert_eq!(of("acme/c"), ["rejected:invalid_time"]);
@@ -437,6 +435,136 @@ async fn v1_records_schedule_and_cancel() {
     assert_eq!(
         node.event("acme", "b").await.map(|r| r.status),
         Some(EventStatus::Cancelled)
+    );
+    ingest.shutdown().await;
+    node.shutdown().await;
+}
+
+/// A pull tenant's fields (`queue`, `max_attempts`, `backoff`) are read,
+/// checked and stored as `PUT /v1/tenants/{t}/events/{id}` does, the
+/// tenant's declared queues included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_records_carry_a_pull_tenants_queue_attempts_and_back_off() {
+    let topic = "pull-requests";
+    let broker = KafkaBroker::start_with(
+        1,
+        &[
+            (topic, 1),
+            ("pull-requests-responses", 1),
+            ("pull-requests-dlq", 1),
+        ],
+    );
+    let node = Node::start();
+    node.store
+        .put_tenant(TenantConfig {
+            name: TenantName::new("jobs").unwrap(),
+            sink: SinkConfig::Pull(PullTarget {
+                queues: Some(vec![QueueName::new("emails").unwrap()]),
+                ..PullTarget::default()
+            }),
+            signing: None,
+        })
+        .await
+        .unwrap();
+    let mut options = options(&broker, topic, "belfry-pull");
+    options.format = Format::V1;
+    let ingest = node.ingest(options);
+
+    let record = |id: &str, fields: Value| {
+        let mut body = json!({ "tenant": "jobs", "id": id, "deliver_at": FUTURE });
+        body.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        (format!("jobs/{id}"), serde_json::to_vec(&body).unwrap())
+    };
+    let records = [
+        record(
+            "full",
+            json!({ "queue": "emails", "max_attempts": 5,
+                    "backoff": { "initial_delay_ms": 500, "multiplier": 1.5, "max_delay_ms": 2000 } }),
+        ),
+        record("partial", json!({ "backoff": { "initial_delay_ms": 250 } })),
+        record("plain", json!({ "queue": "default" })),
+        record("undeclared", json!({ "queue": "fax" })),
+        record("bad-backoff", json!({ "backoff": { "multiplier": 0.5 } })),
+        record("bad-attempts", json!({ "max_attempts": 0 })),
+        record("bad-queue", json!({ "queue": "a b" })),
+        record("wrong-type", json!({ "max_attempts": "many" })),
+        (
+            "jobs/cancel".to_string(),
+            serde_json::to_vec(&json!({ "tenant": "jobs", "id": "full", "cancel": true,
+                                        "queue": "emails" }))
+            .unwrap(),
+        ),
+    ];
+    let produced: Vec<(&str, Vec<u8>)> = records
+        .iter()
+        .map(|(key, value)| (key.as_str(), value.clone()))
+        .collect();
+    produce(&producer(&broker), topic, &produced).await;
+    let responses = read(&broker, "pull-requests-responses", records.len()).await;
+    let of = |key: &str| v1_outcomes(&responses, key);
+    assert_eq!(of("jobs/full"), ["created:"]);
+    assert_eq!(of("jobs/partial"), ["created:"]);
+    assert_eq!(of("jobs/plain"), ["created:"]);
+    for refused in [
+        "jobs/undeclared",
+        "jobs/bad-backoff",
+        "jobs/bad-attempts",
+        "jobs/bad-queue",
+        "jobs/cancel",
+    ] {
+        assert_eq!(of(refused), ["rejected:invalid_request"], "{refused}");
+    }
+    assert_eq!(of("jobs/wrong-type"), ["rejected:invalid_json"]);
+    // The messages name the field, as the HTTP route's do.
+    let message = |key: &str| {
+        let answer = responses
+            .iter()
+            .find(|m| m.key() == Some(key.as_bytes()))
+            .unwrap();
+        let body: Value = serde_json::from_slice(answer.payload().unwrap()).unwrap();
+        body["error"]["message"].as_str().unwrap().to_string()
+    };
+    assert!(message("jobs/undeclared").starts_with("queue names \"fax\""));
+    assert!(message("jobs/bad-backoff").contains("backoff.multiplier"));
+    assert!(message("jobs/bad-attempts").contains("max_attempts"));
+    assert!(message("jobs/wrong-type").contains("max_attempts"));
+    read(&broker, "pull-requests-dlq", 6).await;
+
+    assert_eq!(
+        node.event("jobs", "full").await.unwrap().pull,
+        PullSettings {
+            queue: Some(QueueName::new("emails").unwrap()),
+            max_attempts: Some(5),
+            backoff: Some(Backoff::new(500, 1.5, 2000).unwrap()),
+        }
+    );
+    assert_eq!(
+        node.event("jobs", "partial").await.unwrap().pull,
+        PullSettings {
+            backoff: Some(Backoff::new(250, 2.0, 3_600_000).unwrap()),
+            ..PullSettings::default()
+        },
+        "omitted fields take the same defaults as on /v1"
+    );
+    assert_eq!(
+        node.event("jobs", "plain").await.unwrap().pull,
+        PullSettings::default()
+    );
+    for never in [
+        "undeclared",
+        "bad-backoff",
+        "bad-attempts",
+        "bad-queue",
+        "wrong-type",
+    ] {
+        assert_eq!(node.event("jobs", never).await, None, "{never}");
+    }
+    assert_eq!(
+        node.event("jobs", "full").await.map(|r| r.status),
+        Some(EventStatus::Scheduled),
+        "the refused cancel changed nothing"
     );
     ingest.shutdown().await;
     node.shutdown().await;

@@ -22,7 +22,7 @@ use belfry_core::event::{
     Attempt, AttemptReport, CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord,
     EventStatus,
 };
-use belfry_core::tenant::{BuiltinTarget, HttpTarget};
+use belfry_core::tenant::{BuiltinTarget, HttpTarget, PullTarget};
 use belfry_core::{
     DueCursor, EventId, EventKey, EventVersion, PartitionCount, PartitionId, RetryPolicy,
     SigningSecrets, SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
@@ -406,6 +406,29 @@ where
         store.get_tenant(&tenant("b")).await.unwrap(),
         Some(replaced.clone())
     );
+
+    // A pull tenant's defaults and declared queues round-trip (the
+    // multiplier a float, the queues in their order), and a replacement
+    // without them clears them.
+    let pull = |target: PullTarget| TenantConfig {
+        name: tenant("c"),
+        sink: SinkConfig::Pull(target),
+        signing: None,
+    };
+    let full = pull(PullTarget {
+        max_attempts: Some(7),
+        backoff: Some(belfry_core::Backoff::new(250, 1.5, 90_000).unwrap()),
+        queues: Some(vec![
+            belfry_core::QueueName::new("sms").unwrap(),
+            belfry_core::QueueName::new("emails").unwrap(),
+        ]),
+    });
+    store.put_tenant(full.clone()).await.unwrap();
+    assert_eq!(store.get_tenant(&tenant("c")).await.unwrap(), Some(full));
+    let plain = pull(PullTarget::default());
+    store.put_tenant(plain.clone()).await.unwrap();
+    assert_eq!(store.get_tenant(&tenant("c")).await.unwrap(), Some(plain));
+    assert!(store.delete_tenant(&tenant("c")).await.unwrap());
 
     assert!(store.delete_tenant(&tenant("b")).await.unwrap());
     assert!(

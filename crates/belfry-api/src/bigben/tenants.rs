@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
-use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget, PullTarget};
+use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget};
 use belfry_core::{SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
 use serde::Deserialize;
@@ -21,6 +21,7 @@ use crate::auth::Principal;
 use crate::auth::routes::audit;
 use crate::error::{ApiError, BigBenError, code};
 use crate::extract::BigBenJson;
+use crate::v1::tenants::{PullSpec, pull_target};
 
 /// BigBen's `ProcessorConfig`; fields optional so that a missing one gets
 /// BigBen's message instead of a parser error, and plain JSON so that a
@@ -203,19 +204,15 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
             SinkConfig::Builtin(BuiltinTarget { processor })
         }
         "PULL" => {
-            let max_attempts = match props.remove("max_attempts") {
-                None | Some(Value::Null) => None,
-                Some(value) => Some(
-                    value
-                        .as_u64()
-                        .and_then(|n| u32::try_from(n).ok())
-                        .ok_or_else(|| invalid("props.max_attempts must be a whole number"))?,
-                ),
+            let spec = PullSpec {
+                max_attempts: props.remove("max_attempts"),
+                backoff: props.remove("backoff"),
+                queues: props.remove("queues"),
             };
             if let Some(name) = props.keys().next() {
                 return Err(invalid(format!("props.{name} does not apply to type PULL")));
             }
-            SinkConfig::Pull(PullTarget { max_attempts })
+            SinkConfig::Pull(pull_target(spec, "props.").map_err(invalid)?)
         }
         other => {
             return Err(invalid(format!(
@@ -280,7 +277,16 @@ pub(crate) fn render(tenant: &TenantConfig) -> Value {
             json!({ "eventProcessorClass": target.processor }),
         ),
         // BigBen has no pull type: shown under Belfry's own name.
-        SinkConfig::Pull(target) => ("PULL", json!({ "max_attempts": target.max_attempts() })),
+        SinkConfig::Pull(target) => {
+            let mut props = json!({ "max_attempts": target.max_attempts() });
+            if let Some(backoff) = &target.backoff {
+                props["backoff"] = json!(backoff);
+            }
+            if let Some(queues) = &target.queues {
+                props["queues"] = json!(queues);
+            }
+            ("PULL", props)
+        }
     };
     json!({ "tenant": tenant.name.as_str(), "type": kind, "props": props })
 }

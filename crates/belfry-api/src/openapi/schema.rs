@@ -218,7 +218,7 @@ pub struct PutTenant {
     /// `{"type": "http", "url", "headers"?, "timeout_ms"?}`,
     /// `{"type": "builtin", "processor": "log"}` or
     /// `{"type": "kafka", "topic", "props", "key"?, "transactional"?}` or
-    /// `{"type": "pull", "max_attempts"?}`.
+    /// `{"type": "pull", "max_attempts"?, "backoff"?, "queues"?}`.
     pub sink: Sink,
 }
 
@@ -237,9 +237,18 @@ pub struct Sink {
     pub props: Option<BTreeMap<String, String>>,
     pub key: Option<String>,
     pub transactional: Option<bool>,
-    /// `pull` only: attempts after which an event fails (default 20).
+    /// `pull` only: attempts after which an event fails (default 20);
+    /// an event's own `max_attempts` comes first.
     #[schema(minimum = 1, maximum = 1000)]
     pub max_attempts: Option<u32>,
+    /// `pull` only: the back-off of events that set none (default: the
+    /// node's retry policy); read as each attempt comes due.
+    pub backoff: Option<Backoff>,
+    /// `pull` only: the queues its events, schedules and claims may name
+    /// (1 to 32 names of 1–64 letters, digits, `_`, `.`, `-`; no repeats),
+    /// besides `default`, which is always allowed; omitted: any queue name.
+    #[schema(min_items = 1, max_items = 32)]
+    pub queues: Option<Vec<String>>,
 }
 
 #[derive(ToSchema)]

@@ -9,10 +9,12 @@ use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
+use belfry_core::retry::BackoffError;
 use belfry_core::tenant::MAX_PULL_ATTEMPTS;
 use belfry_core::{
     Backoff, CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus,
-    EventVersion, PullSettings, QueueName, RetryPolicy, TenantName, Timestamp,
+    EventVersion, PullSettings, QueueName, RetryPolicy, SinkConfig, TenantConfig, TenantName,
+    Timestamp,
 };
 use belfry_store::{Applied, KeyedCommand, ListEventsParams, StoreError};
 use serde::Deserialize;
@@ -21,7 +23,7 @@ use serde_json::{Value, json};
 use crate::ApiState;
 use crate::auth::Principal;
 use crate::error::{ApiError, V1Error, code};
-use crate::extract::{V1Json, V1Path, query_pairs};
+use crate::extract::{V1Json, V1Path, deserialize_naming_field, query_pairs};
 use crate::v1::tenants::{tenant_name, tenant_not_found};
 use crate::v1::views::{AttemptView, Delivery, EventView};
 
@@ -74,6 +76,24 @@ pub(crate) struct BackoffBody {
     max_delay_ms: Option<u64>,
 }
 
+impl BackoffBody {
+    /// The back-off it gives, omitted fields taking the node's defaults.
+    ///
+    /// # Errors
+    /// A field out of its range; the message names it
+    /// (`backoff.multiplier`, …).
+    pub(crate) fn into_backoff(self) -> Result<Backoff, BackoffError> {
+        let defaults = RetryPolicy::default();
+        let initial = self
+            .initial_delay_ms
+            .unwrap_or(defaults.initial_delay.as_millis() as u64);
+        let max = self
+            .max_delay_ms
+            .unwrap_or((defaults.max_delay.as_millis() as u64).max(initial));
+        Backoff::new(initial, self.multiplier.unwrap_or(defaults.multiplier), max)
+    }
+}
+
 impl PullFields {
     /// Validates them; an error names the field.
     pub(crate) fn settings(self) -> Result<PullSettings, ApiError> {
@@ -93,23 +113,39 @@ impl PullFields {
         }
         let backoff = self
             .backoff
-            .map(|body| {
-                let defaults = RetryPolicy::default();
-                let initial = body
-                    .initial_delay_ms
-                    .unwrap_or(defaults.initial_delay.as_millis() as u64);
-                let max = body
-                    .max_delay_ms
-                    .unwrap_or((defaults.max_delay.as_millis() as u64).max(initial));
-                Backoff::new(initial, body.multiplier.unwrap_or(defaults.multiplier), max)
-                    .map_err(|e| invalid(e.to_string()))
-            })
+            .map(|body| body.into_backoff().map_err(|e| invalid(e.to_string())))
             .transpose()?;
         Ok(PullSettings {
             queue,
             max_attempts: self.max_attempts,
             backoff,
         })
+    }
+}
+
+/// Refuses settings naming a queue that `tenant`, a pull tenant with
+/// declared queues, does not declare (`400 invalid_request` naming
+/// `queue`). Push tenants ignore the settings.
+///
+/// # Errors
+/// The queue is not declared.
+pub(crate) fn admit_queue(tenant: &TenantConfig, pull: &PullSettings) -> Result<(), ApiError> {
+    match &tenant.sink {
+        SinkConfig::Pull(target) => target
+            .check_queues("queue", pull.queue.iter())
+            .map_err(|e| ApiError::bad_request(code::INVALID_REQUEST, e.to_string())),
+        _ => Ok(()),
+    }
+}
+
+/// [`admit_queue`] for the settings an upsert carries.
+///
+/// # Errors
+/// The queue is not declared.
+pub(crate) fn admit_command(tenant: &TenantConfig, command: &EventCommand) -> Result<(), ApiError> {
+    match command {
+        EventCommand::Upsert { pull, .. } => admit_queue(tenant, pull),
+        _ => Ok(()),
     }
 }
 
@@ -164,9 +200,9 @@ pub(crate) fn upsert(
     })
 }
 
-async fn require_tenant(state: &ApiState, name: &TenantName) -> Result<(), V1Error> {
+async fn require_tenant(state: &ApiState, name: &TenantName) -> Result<TenantConfig, V1Error> {
     match state.engine.store().get_tenant(name).await? {
-        Some(_) => Ok(()),
+        Some(tenant) => Ok(tenant),
         None => Err(tenant_not_found(name)),
     }
 }
@@ -234,7 +270,7 @@ pub(crate) async fn put(
         backoff: body.backoff,
     };
     let command = upsert(&body.deliver_at, body.payload, body.delivery, pull)?;
-    require_tenant(&state, &tenant).await?;
+    admit_command(&require_tenant(&state, &tenant).await?, &command)?;
     let applied = apply_one(&state, EventKey::new(tenant, id), command).await?;
     let status = match applied.outcome {
         CommandOutcome::Created => StatusCode::CREATED,
@@ -452,15 +488,15 @@ pub(crate) async fn batch(
             ),
         )));
     }
-    require_tenant(&state, &tenant).await?;
+    let config = require_tenant(&state, &tenant).await?;
 
     // Per item: its id (if readable) and either its command or its error.
     let mut items: Vec<(Option<String>, Result<usize, ApiError>)> = Vec::new();
     let mut commands = Vec::new();
     for value in body.events {
         let id_text = value.get("id").and_then(Value::as_str).map(str::to_string);
-        let planned = serde_json::from_value::<BatchItem>(value)
-            .map_err(|e| ApiError::bad_request(code::INVALID_REQUEST, e.to_string()))
+        let planned = deserialize_naming_field::<BatchItem, _>(value)
+            .map_err(|e| ApiError::bad_request(code::INVALID_REQUEST, e))
             .and_then(|item| {
                 let id = event_id(item.id)?;
                 let pull = PullFields {
@@ -469,6 +505,7 @@ pub(crate) async fn batch(
                     backoff: item.backoff,
                 };
                 let command = upsert(&item.deliver_at, item.payload, item.delivery, pull)?;
+                admit_command(&config, &command)?;
                 Ok((id, command))
             });
         let slot = planned.map(|(id, command)| {

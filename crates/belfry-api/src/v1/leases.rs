@@ -141,8 +141,17 @@ pub(crate) async fn claim(
     let request = body
         .validate()
         .map_err(|e| invalid_request(e.to_string()))?;
-    match state.engine.store().get_tenant(&name).await? {
-        Some(tenant) if matches!(tenant.sink, SinkConfig::Pull(_)) => {}
+    match state
+        .engine
+        .store()
+        .get_tenant(&name)
+        .await?
+        .map(|t| t.sink)
+    {
+        // A claim may name only the queues the tenant declares.
+        Some(SinkConfig::Pull(target)) => target
+            .check_queues("queues", request.queues.iter().flatten())
+            .map_err(|e| invalid_request(e.to_string()))?,
         Some(_) => {
             return Err(invalid_request(format!(
                 "tenant {name:?} is not a pull tenant (its sink is not {{\"type\": \"pull\"}})"

@@ -27,7 +27,7 @@ use serde_json::json;
 use crate::ApiState;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path, query_pairs};
-use crate::v1::events::{BackoffBody, PullFields, decode_cursor, encode_cursor};
+use crate::v1::events::{BackoffBody, PullFields, admit_queue, decode_cursor, encode_cursor};
 use crate::v1::tenants::{tenant_name, tenant_not_found};
 use crate::v1::views::Delivery;
 
@@ -340,8 +340,9 @@ pub(crate) async fn put(
     schedule
         .validate()
         .map_err(|e| op_error(ScheduleOpError::Invalid(e)))?;
-    if !require_tenant(&state, &tenant).await? {
-        return Err(tenant_not_found(&tenant));
+    match state.engine.store().get_tenant(&tenant).await? {
+        Some(config) => admit_queue(&config, &schedule.pull)?,
+        None => return Err(tenant_not_found(&tenant)),
     }
     let (outcome, saved) = state
         .engine

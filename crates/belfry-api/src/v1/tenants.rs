@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget, PullTarget};
-use belfry_core::{SinkConfig, TenantConfig, TenantName};
+use belfry_core::{QueueName, SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -17,7 +17,8 @@ use crate::ApiState;
 use crate::auth::Principal;
 use crate::auth::routes::audit;
 use crate::error::{ApiError, V1Error, code};
-use crate::extract::{V1Json, V1Path};
+use crate::extract::{V1Json, V1Path, deserialize_naming_field};
+use crate::v1::events::BackoffBody;
 use crate::v1::signing;
 use crate::v1::views::TenantView;
 
@@ -33,7 +34,8 @@ pub(crate) struct PutTenant {
 /// (or `{"type": "kafka", "topic": ..., "props": {...}, "key": "event_id"}`
 /// where supported; `key` is `event_id` (default), `tenant_event_id` or
 /// `none`; `"transactional": true` is the fenced mode), or `{"type":
-/// "pull", "max_attempts": 20}` (workers claim the events).
+/// "pull", "max_attempts": 20, "backoff": {...}, "queues": [...]}`
+/// (workers claim the events).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a sink object")]
 struct SinkSpec {
@@ -50,6 +52,80 @@ struct SinkSpec {
     key: Option<Value>,
     transactional: Option<Value>,
     max_attempts: Option<Value>,
+    backoff: Option<Value>,
+    queues: Option<Value>,
+}
+
+/// A pull sink's fields (`max_attempts`, `backoff`, `queues`) as plain
+/// JSON, read by [`pull_target`] for `/v1` and BigBen registrations alike.
+#[derive(Debug)]
+pub(crate) struct PullSpec {
+    pub max_attempts: Option<Value>,
+    pub backoff: Option<Value>,
+    pub queues: Option<Value>,
+}
+
+impl PullSpec {
+    /// The first field given, if any (they apply to pull sinks only).
+    fn first_given(&self) -> Option<&'static str> {
+        [
+            ("max_attempts", &self.max_attempts),
+            ("backoff", &self.backoff),
+            ("queues", &self.queues),
+        ]
+        .into_iter()
+        .find(|(_, value)| value.as_ref().is_some_and(|v| !v.is_null()))
+        .map(|(name, _)| name)
+    }
+}
+
+/// A pull sink from its fields, each checked as an event's field of the
+/// same name is (`backoff` through the same parsing; omitted back-off
+/// fields take the same defaults). `prefix` names where the fields are
+/// (`sink.` for `/v1`, `props.` for BigBen) in the messages. The ranges
+/// (attempts, queue count, duplicates) are checked by
+/// [`SinkConfig::validate`] afterwards.
+///
+/// # Errors
+/// A field of the wrong type or out of its range, named.
+pub(crate) fn pull_target(spec: PullSpec, prefix: &str) -> Result<PullTarget, String> {
+    let max_attempts = match spec.max_attempts {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(
+            value
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| format!("{prefix}max_attempts must be a whole number"))?,
+        ),
+    };
+    let backoff = match spec.backoff {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(
+            deserialize_naming_field::<BackoffBody, _>(value)
+                .map_err(|e| format!("{prefix}backoff: {e}"))?
+                .into_backoff()
+                .map_err(|e| format!("{prefix}{e}"))?,
+        ),
+    };
+    let queues = match spec.queues {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => Some(
+            items
+                .into_iter()
+                .map(|item| match item {
+                    Value::String(name) => QueueName::new(name)
+                        .map_err(|e| format!("{prefix}queues: invalid queue name: {e}")),
+                    _ => Err(format!("{prefix}queues must be an array of queue names")),
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        Some(_) => return Err(format!("{prefix}queues must be an array of queue names")),
+    };
+    Ok(PullTarget {
+        max_attempts,
+        backoff,
+        queues,
+    })
 }
 
 /// `value` as a string, or a message naming `field`.
@@ -99,7 +175,14 @@ impl SinkSpec {
             key,
             transactional,
             max_attempts,
+            backoff,
+            queues,
         } = self;
+        let pull = PullSpec {
+            max_attempts,
+            backoff,
+            queues,
+        };
         let kind = string_field(Some(kind), "sink.type")?.unwrap_or_default();
         let url = string_field(url, "sink.url")?;
         let headers = string_map(headers, "sink.headers")?;
@@ -123,14 +206,11 @@ impl SinkSpec {
             Some(Value::Bool(on)) => Some(on),
             Some(_) => return Err(invalid_sink("sink.transactional must be true or false")),
         };
-        let max_attempts = match max_attempts {
-            None | Some(Value::Null) => None,
-            Some(value) => Some(
-                value
-                    .as_u64()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .ok_or_else(|| invalid_sink("sink.max_attempts must be a whole number"))?,
-            ),
+        let no_pull_fields = |pull: &PullSpec| match pull.first_given() {
+            Some(name) => Err(invalid_sink(format!(
+                "field {name} does not apply to sink type {kind}"
+            ))),
+            None => Ok(()),
         };
         let unexpected = |fields: &[(&str, bool)]| -> Result<(), V1Error> {
             match fields.iter().find(|(_, present)| *present) {
@@ -148,8 +228,8 @@ impl SinkSpec {
                     ("props", props.is_some()),
                     ("key", key.is_some()),
                     ("transactional", transactional.is_some()),
-                    ("max_attempts", max_attempts.is_some()),
                 ])?;
+                no_pull_fields(&pull)?;
                 SinkConfig::Http(HttpTarget {
                     url: url.ok_or_else(|| invalid_sink("sink.url is required for type http"))?,
                     headers: headers.unwrap_or_default(),
@@ -165,8 +245,8 @@ impl SinkSpec {
                     ("props", props.is_some()),
                     ("key", key.is_some()),
                     ("transactional", transactional.is_some()),
-                    ("max_attempts", max_attempts.is_some()),
                 ])?;
+                no_pull_fields(&pull)?;
                 SinkConfig::Builtin(BuiltinTarget {
                     processor: processor.ok_or_else(|| {
                         invalid_sink("sink.processor is required for type builtin")
@@ -179,8 +259,8 @@ impl SinkSpec {
                     ("headers", headers.is_some()),
                     ("timeout_ms", timeout_ms.is_some()),
                     ("processor", processor.is_some()),
-                    ("max_attempts", max_attempts.is_some()),
                 ])?;
+                no_pull_fields(&pull)?;
                 SinkConfig::Kafka(KafkaTarget {
                     topic: topic
                         .ok_or_else(|| invalid_sink("sink.topic is required for type kafka"))?,
@@ -200,7 +280,7 @@ impl SinkSpec {
                     ("key", key.is_some()),
                     ("transactional", transactional.is_some()),
                 ])?;
-                SinkConfig::Pull(PullTarget { max_attempts })
+                SinkConfig::Pull(pull_target(pull, "sink.").map_err(invalid_sink)?)
             }
             other => {
                 return Err(invalid_sink(format!(

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
+use crate::event::PullSettings;
 use crate::retry::RetryPolicy;
+use crate::tenant::PullTarget;
 use crate::time::Timestamp;
 
 use super::limits::DEFAULT_MAX_ATTEMPTS;
@@ -55,6 +57,22 @@ impl GiveUp {
 }
 
 impl AttemptPolicy {
+    /// The policy of an event with `event`'s settings, of a tenant with
+    /// `tenant`'s defaults, on a node with the retry policy `node`: the
+    /// event's own cap, else its tenant's, else
+    /// [`DEFAULT_MAX_ATTEMPTS`]; the event's own back-off, else its
+    /// tenant's, else the node's delays. The deadline (the backlog limit)
+    /// is always the node's.
+    pub fn resolve(node: &RetryPolicy, tenant: &PullTarget, event: &PullSettings) -> AttemptPolicy {
+        AttemptPolicy {
+            max_attempts: event.max_attempts.unwrap_or_else(|| tenant.max_attempts()),
+            retry: event
+                .backoff
+                .or(tenant.backoff)
+                .map_or_else(|| node.clone(), |backoff| backoff.apply_to(node)),
+        }
+    }
+
     /// The instant after which no lease of the event is extended and no
     /// retry is scheduled: `event_time` plus the backlog limit.
     pub fn deadline(&self, event_time: Timestamp) -> Timestamp {
@@ -138,6 +156,43 @@ mod tests {
             Err(GiveUp::DeadlineReached)
         );
         assert_eq!(p.deadline(ts(5)), ts(60_005));
+    }
+
+    #[test]
+    fn the_events_settings_come_first_then_its_tenants_then_the_nodes() {
+        let node = RetryPolicy {
+            backlog_limit: Duration::from_secs(60),
+            ..RetryPolicy::default()
+        };
+        let backoff = |initial| crate::retry::Backoff::new(initial, 2.0, 10_000).unwrap();
+        let tenant = PullTarget {
+            max_attempts: Some(7),
+            backoff: Some(backoff(300)),
+            queues: None,
+        };
+        let event = PullSettings {
+            queue: None,
+            max_attempts: Some(2),
+            backoff: Some(backoff(50)),
+        };
+        let first_retry = |policy: &AttemptPolicy| policy.next_attempt(1, ts(0), ts(0), None);
+
+        let own = AttemptPolicy::resolve(&node, &tenant, &event);
+        assert_eq!(own.max_attempts, 2);
+        assert_eq!(first_retry(&own), Ok(ts(50)));
+        assert_eq!(
+            own.retry.backlog_limit, node.backlog_limit,
+            "the node's deadline"
+        );
+
+        let tenants = AttemptPolicy::resolve(&node, &tenant, &PullSettings::default());
+        assert_eq!(tenants.max_attempts, 7);
+        assert_eq!(first_retry(&tenants), Ok(ts(300)));
+        assert_eq!(tenants.retry.backlog_limit, node.backlog_limit);
+
+        let nodes = AttemptPolicy::resolve(&node, &PullTarget::default(), &PullSettings::default());
+        assert_eq!(nodes.max_attempts, DEFAULT_MAX_ATTEMPTS);
+        assert_eq!(nodes.retry, node);
     }
 
     #[test]
