@@ -22,8 +22,9 @@
 //! Random steps: schedule events (past, now, future; one of several named
 //! queues; random attempt caps and back-off), cancel or move them (the
 //! `VersionEnded` wake-up is sometimes delayed or lost), store outages,
-//! partition hand-overs (the queue is told `PartitionLost`, the epoch
-//! moves, the core starts over), node crashes (a new queue and core, every
+//! partition hand-overs (the old owner gives its leases back, mostly; the
+//! queue is told `PartitionLost`, the epoch moves, the core starts over),
+//! node crashes (a new queue and core, every
 //! epoch moves, writes in flight and answers are lost), workers that crash
 //! (their leases are never called again), and claims abandoned mid-wait.
 //! Workers claim (random `max_events`, `lease`, `wait`), then per lease
@@ -403,6 +404,7 @@ struct Stats {
     delayed_wakeups: u64,
     leases_reissued_after_expiry: u64,
     orphans: u64,
+    given_back: u64,
     max_held: u64,
     /// Inputs fed to the queue, and instants the clock stopped at.
     feeds: u64,
@@ -458,6 +460,7 @@ impl Stats {
             delayed_wakeups,
             leases_reissued_after_expiry,
             orphans,
+            given_back,
             feeds,
             instants
         );
@@ -1831,13 +1834,23 @@ impl Sim {
             let p = self.rng.usize(0, self.cores.len() - 1);
             self.stats.handovers += 1;
             self.trace(|| format!("hand-over of partition {p}"));
+            // The old owner gives its leases back (pending again at their
+            // expiries, uncounted) unless the write fails: then they are
+            // orphans to the next owner.
+            let partition = PartitionId(p as u16);
+            if !self.rng.per_mille(300) {
+                for (lease, change) in self.queue.give_back(partition, self.now) {
+                    let epoch = lease.epoch();
+                    if self.store_lease_write(&lease, epoch, change) == PersistResult::Done {
+                        self.stats.given_back += 1;
+                    }
+                }
+            }
             // The epoch moves first: the queue hears of it afterwards.
             self.epochs[p] += 1;
             self.cores[p] = CoreModel::default();
             self.reindex_all();
-            self.feed(Input::PartitionLost {
-                partition: PartitionId(p as u16),
-            })?;
+            self.feed(Input::PartitionLost { partition })?;
         }
         if self.rng.per_mille(k.crashes) {
             self.crash();
@@ -2238,6 +2251,7 @@ fn pull_simulation() {
                 total.leases_reissued_after_expiry,
             ),
             ("orphans", total.orphans),
+            ("given_back", total.given_back),
         ] {
             if value == 0 {
                 let _ = write!(missing, " {name}");

@@ -277,6 +277,73 @@ pub(crate) fn partition_lost(shared: &Arc<Shared>, released: &Arc<PartitionRunti
     shared.pull_peers.queue_changed();
 }
 
+/// The changes that give back this node's live leases of `partitions`
+/// when it lets them go cleanly ([`PullQueue::give_back`]): taken before
+/// the queue is told they are lost, written by [`write_given_back`]
+/// before the partitions are given up.
+pub(crate) fn give_back(
+    shared: &Shared,
+    partitions: impl IntoIterator<Item = PartitionId>,
+) -> Vec<ChangeLeaseParams> {
+    let at = shared.clock.now();
+    let queue = shared.pull.lock();
+    partitions
+        .into_iter()
+        .flat_map(|partition| {
+            queue
+                .give_back(partition, at)
+                .into_iter()
+                .map(move |(lease, change)| ChangeLeaseParams {
+                    fence: Fence {
+                        partition,
+                        epoch: lease.epoch(),
+                    },
+                    lease,
+                    change,
+                    at,
+                })
+        })
+        .collect()
+}
+
+/// Writes what [`give_back`] made, within `grace`. Their events are
+/// pending again at their leases' expiries, with no attempt counted; a
+/// write that fails or comes too late leaves the leases orphaned, and the
+/// next owner records their expiries as attempts.
+pub(crate) async fn write_given_back(
+    shared: &Shared,
+    changes: Vec<ChangeLeaseParams>,
+    grace: Duration,
+) {
+    if changes.is_empty() {
+        return;
+    }
+    let count = changes.len();
+    let written = tokio::time::timeout(
+        grace,
+        shared.store.change_leases(ChangeLeasesParams { changes }),
+    )
+    .await;
+    match written {
+        Ok(Ok(outcomes)) => {
+            let given = outcomes
+                .iter()
+                .filter(|o| **o == belfry_store::LeaseWriteOutcome::Done)
+                .count();
+            tracing::debug!(given, leases = count, "pull leases given back");
+        }
+        Ok(Err(error)) => tracing::warn!(
+            %error,
+            leases = count,
+            "giving pull leases back failed; their expiries will count as attempts"
+        ),
+        Err(_) => tracing::warn!(
+            leases = count,
+            "giving pull leases back took too long; their expiries will count as attempts"
+        ),
+    }
+}
+
 /// Sends `Abandon` if dropped before its answer came (the caller went
 /// away: a dropped long-poll connection).
 struct Pending {

@@ -267,6 +267,37 @@ async fn a_lease_left_by_a_kill_9_counts_as_an_expired_attempt() {
     assert_eq!(event["attempts"], 2, "{event}");
 }
 
+/// A clean stop (SIGTERM) gives the workers' leases back instead: void
+/// for their calls after the restart, the event is leased again once the
+/// lease's time is up, with the same attempt number and nothing in its
+/// history (the node ended the lease, not its worker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_held_through_a_clean_restart_is_given_back_without_an_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = start_node(dir.path()).await;
+    pull_tenant(&node, "jobs").await;
+    schedule(&node, "jobs", &["e1".to_string()], now_ms()).await;
+    let first = claim_one(&node.base_url(), "jobs", "a", 3_000).await;
+
+    let status = node.terminate().await.expect("the node exits");
+    assert!(status.success(), "{status:?}");
+    node.restart().await.expect("restart after SIGTERM");
+    let base = node.base_url();
+    let (status, body) = lease_call(&base, &first, "complete").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "lease_lost", "{body}");
+
+    let again = claim_one(&base, "jobs", "b", 30_000).await;
+    assert_eq!(again["event"]["id"], "e1", "{again}");
+    assert_eq!(again["attempt"], 1, "no attempt counted: {again}");
+    assert!(
+        instant(&again["leased_at"]) >= instant(&first["lease_expires_at"]),
+        "leased again before the first lease ran out: {first} {again}"
+    );
+    let (_, attempts) = get_json(&node.url("/v1/tenants/jobs/events/e1/attempts")).await;
+    assert_eq!(attempts["attempts"], json!([]), "{attempts}");
+}
+
 /// With `max_attempts: 1`, the expiry of a lease left by a kill -9 is the
 /// last attempt: the event ends `failed` and is never leased again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

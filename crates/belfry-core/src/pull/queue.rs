@@ -614,6 +614,36 @@ impl PullQueue {
             .collect()
     }
 
+    /// The changes that give back the live leases this node granted on
+    /// `partition`, for a node that lets the partition go cleanly (a
+    /// hand-over, a shutdown) rather than leave them orphaned: each event
+    /// pending again at its lease's expiry (not before: its worker may be
+    /// running it until its next call answers `lease_lost`), with no
+    /// attempt counted — the node ended them, not their workers. The
+    /// runtime writes them under the lease's epoch before giving the
+    /// partition up, then sends [`Input::PartitionLost`]; a write that
+    /// fails leaves an orphan, which the next owner expires as an attempt.
+    /// Orphans, and cancelled or expiring leases, are left out.
+    pub fn give_back(&self, partition: PartitionId, now: Timestamp) -> Vec<(LeaseId, LeaseChange)> {
+        let mut changes: Vec<(LeaseId, LeaseChange)> = self
+            .leases
+            .values()
+            .filter(|lease| {
+                lease.partition == partition && !lease.orphan && lease.state == LeaseState::Active
+            })
+            .map(|lease| {
+                let at = lease.expires_at.max(now);
+                let change = LeaseChange::Resolve {
+                    resolution: Resolution::Released { at },
+                    report: None,
+                };
+                (lease.id.clone(), change)
+            })
+            .collect();
+        changes.sort_by(|a, b| a.0.cmp(&b.0));
+        changes
+    }
+
     /// New leases (grants included) that fit.
     pub fn lease_room(&self) -> usize {
         self.config

@@ -1376,3 +1376,57 @@ fn an_orphan_whose_version_ends_is_finished_without_an_expiry() {
     assert!(h.at(8_000).handle(Input::Tick).is_empty());
     assert_eq!(h.queue.held(), 0);
 }
+
+#[test]
+fn leases_given_back_are_released_at_their_expiry_without_an_attempt() {
+    let mut h = Harness::new();
+    h.offer(vec![
+        ready("t", "a", 0),
+        ready("t", "b", 0),
+        ready("t", "c", 0),
+    ]);
+    let leases = h.grant("t", 3, 5_000);
+    // One ends (not given back), one is being extended (given back).
+    h.at(1_000)
+        .call_done(&leases[0].lease, LeaseCall::Complete { result: None });
+    let (_, extending) = h
+        .at(2_000)
+        .call(&leases[1].lease, LeaseCall::Heartbeat { extend: None });
+    assert!(matches!(
+        lease_change(&extending),
+        LeaseChange::Extend { .. }
+    ));
+    // And an orphan a grant found (left out: its expiry is the next
+    // owner's to record).
+    let orphaned = ready("t", "d", 0);
+    h.offer(vec![orphaned.clone()]);
+    let (_, granting) = h.claim("t", 1, 5_000, 0);
+    h.persist(
+        &granting,
+        PersistResult::Orphaned(Box::new(orphan_of(&orphaned, 0, 0, 9_000))),
+    );
+    assert_eq!(h.queue.leases_len(), 3);
+
+    let given = h.queue.give_back(PartitionId(0), ts(3_000));
+    let mut expected: Vec<(LeaseId, LeaseChange)> = leases[1..]
+        .iter()
+        .map(|lease| {
+            (
+                lease.lease.clone(),
+                LeaseChange::Resolve {
+                    resolution: Resolution::Released { at: ts(5_000) },
+                    report: None,
+                },
+            )
+        })
+        .collect();
+    expected.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(given, expected);
+    // Never before now, and nothing of another partition.
+    let late = h.queue.give_back(PartitionId(0), ts(6_000));
+    assert!(late.iter().all(|(_, change)| matches!(
+        change,
+        LeaseChange::Resolve { resolution: Resolution::Released { at }, .. } if *at == ts(6_000)
+    )));
+    assert!(h.queue.give_back(PartitionId(1), ts(3_000)).is_empty());
+}
