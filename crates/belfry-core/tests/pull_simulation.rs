@@ -10,17 +10,21 @@
 //! a seeded PRNG (splitmix64) and random workers. Store writes complete
 //! after random delays, out of order, and fail while the store is down.
 //!
-//! The store applies what the integration plan in `docs/pull.md` says it
-//! will: a grant only under the partition's current epoch, while the event
-//! is pending at the lease's version with `attempt - 1` attempts; a lease
-//! write only while the recorded lease is this one and its epoch current
-//! (`Lost`), and the version still pending (`Cancelled`).
+//! The store applies the rules of `belfry_store::lease`: a grant only
+//! under the partition's current epoch, while the event is pending at the
+//! lease's version with `attempt - 1` attempts, and not while another lease
+//! of that attempt is recorded and not ended (`Orphaned`: one a crash or
+//! hand-over left behind); a lease write only while the recorded lease is
+//! this one and its epoch current (`Lost`) — except an expiry, which may
+//! end an orphan of an earlier epoch, not before its recorded expiry —
+//! and the version still pending (`Cancelled`).
 //!
 //! Random steps: schedule events (past, now, future; one of several named
 //! queues; random attempt caps and back-off), cancel or move them (the
 //! `VersionEnded` wake-up is sometimes delayed or lost), store outages,
-//! partition hand-overs (the queue is told `PartitionLost`, the epoch
-//! moves, the core starts over), node crashes (a new queue and core, every
+//! partition hand-overs (the old owner gives its leases back, mostly; the
+//! queue is told `PartitionLost`, the epoch moves, the core starts over),
+//! node crashes (a new queue and core, every
 //! epoch moves, writes in flight and answers are lost), workers that crash
 //! (their leases are never called again), and claims abandoned mid-wait.
 //! Workers claim (random `max_events`, `lease`, `wait`), then per lease
@@ -32,9 +36,11 @@
 //! # The oracle
 //! - Never two valid leases on one event version at once: a lease is
 //!   valid from its grant until its worker was answered its end (or
-//!   `lease_lost`, or `cancel_requested`), its last told expiry passed, or
-//!   its partition's epoch moved. No grant is even attempted while the
-//!   store records a live lease of the current epoch.
+//!   `lease_lost`, or `cancel_requested`), or its last told expiry passed
+//!   — a crash or hand-over does not end it early: its version is leased
+//!   again only after its expiry, recorded as an attempt. No grant is
+//!   even attempted while the store records a live lease of the current
+//!   epoch.
 //! - No stale success: a call sent after the lease's told expiry is
 //!   answered `lease_lost` (unless it repeats a call that succeeded, which
 //!   is answered as that one was); `completed` means the store recorded
@@ -215,8 +221,8 @@ struct Stored {
     partition: usize,
     queue: QueueName,
     policy: AttemptPolicy,
-    /// The recorded lease and its expiry.
-    lease: Option<(LeaseId, Timestamp)>,
+    /// The recorded lease, not ended (`expires_at` as last extended).
+    lease: Option<LeaseRecord>,
 }
 
 /// What a worker means to do with a lease.
@@ -309,7 +315,6 @@ struct CallInfo {
 #[derive(Debug, Clone)]
 struct Believed {
     lease: LeaseId,
-    partition: usize,
     told_expiry: Timestamp,
     ended: bool,
 }
@@ -362,6 +367,7 @@ enum Write {
     Lease {
         op: OpId,
         lease: LeaseId,
+        epoch: u64,
         change: LeaseChange,
     },
 }
@@ -397,6 +403,8 @@ struct Stats {
     lost_wakeups: u64,
     delayed_wakeups: u64,
     leases_reissued_after_expiry: u64,
+    orphans: u64,
+    given_back: u64,
     max_held: u64,
     /// Inputs fed to the queue, and instants the clock stopped at.
     feeds: u64,
@@ -415,6 +423,7 @@ impl Stats {
         self.lost += queue.lost;
         self.cancelled += queue.cancelled;
         self.store_failures += queue.store_failures;
+        self.orphans += queue.orphans;
     }
 
     fn add(&mut self, other: &Stats) {
@@ -450,6 +459,8 @@ impl Stats {
             lost_wakeups,
             delayed_wakeups,
             leases_reissued_after_expiry,
+            orphans,
+            given_back,
             feeds,
             instants
         );
@@ -666,16 +677,29 @@ impl Sim {
                 self.schedule_write(Write::Grants { op, grants });
             }
             Action::PersistLease {
-                op, lease, change, ..
+                op,
+                lease,
+                epoch,
+                change,
+                ..
             } => {
                 if let LeaseChange::Resolve {
+                    resolution: Resolution::Retry { at },
+                    ..
+                }
+                | LeaseChange::Expire {
                     resolution: Resolution::Retry { at },
                     ..
                 } = &change
                 {
                     ensure!(*at >= self.now, "a retry scheduled in the past: {at:?}");
                 }
-                self.schedule_write(Write::Lease { op, lease, change });
+                self.schedule_write(Write::Lease {
+                    op,
+                    lease,
+                    epoch,
+                    change,
+                });
             }
             Action::Reply { call, reply } => self.reply(call, reply)?,
             Action::Finish {
@@ -769,9 +793,9 @@ impl Sim {
                     "{key:?} granted at {:?}, before it is due at {due:?}",
                     self.now
                 );
-                if let Some((live, _)) = &stored.lease {
+                if let Some(live) = &stored.lease {
                     ensure!(
-                        live.epoch() != self.epochs[p],
+                        live.lease.epoch() != self.epochs[p],
                         "{key:?} granted while {live:?} is recorded"
                     );
                 }
@@ -798,8 +822,13 @@ impl Sim {
                 let results = grants.iter().map(|g| self.store_grant(g)).collect();
                 self.feed(Input::Persisted { op, results })
             }
-            Write::Lease { op, lease, change } => {
-                let result = self.store_lease_write(&lease, change);
+            Write::Lease {
+                op,
+                lease,
+                epoch,
+                change,
+            } => {
+                let result = self.store_lease_write(&lease, epoch, change);
                 self.feed(Input::Persisted {
                     op,
                     results: vec![result],
@@ -823,18 +852,27 @@ impl Sim {
         if stored.record.version != *grant.lease.version() || !stored.record.status.is_pending() {
             return PersistResult::Cancelled;
         }
-        let live = stored
-            .lease
-            .as_ref()
-            .is_some_and(|(l, _)| l.epoch() == self.epochs[p]);
-        if live || stored.record.attempts + 1 != grant.lease.attempt() {
+        // Not ended (a resolve or a new version clears it): an orphan if
+        // it holds the current attempt.
+        if let Some(live) = &stored.lease
+            && live.lease.version() == grant.lease.version()
+            && live.lease.attempt() == stored.record.attempts + 1
+        {
+            return PersistResult::Orphaned(Box::new(live.clone()));
+        }
+        if stored.record.attempts + 1 != grant.lease.attempt() {
             return PersistResult::Lost;
         }
-        stored.lease = Some((grant.lease.clone(), grant.expires_at));
+        stored.lease = Some(grant.clone());
         PersistResult::Done
     }
 
-    fn store_lease_write(&mut self, lease: &LeaseId, change: LeaseChange) -> PersistResult {
+    fn store_lease_write(
+        &mut self,
+        lease: &LeaseId,
+        fence: u64,
+        change: LeaseChange,
+    ) -> PersistResult {
         if self.store_down {
             return PersistResult::Unavailable;
         }
@@ -844,8 +882,10 @@ impl Sim {
         let Some(stored) = self.events.get_mut(key) else {
             return PersistResult::Cancelled;
         };
-        let ours = stored.lease.as_ref().is_some_and(|(l, _)| l == lease);
-        if lease.epoch() != epoch {
+        let ours = stored.lease.as_ref().is_some_and(|l| l.lease == *lease);
+        let expiry = matches!(change, LeaseChange::Expire { .. });
+        let epoch_ok = lease.epoch() == fence || (expiry && lease.epoch() < fence);
+        if fence != epoch || !epoch_ok {
             return PersistResult::Lost;
         }
         if stored.record.version != *lease.version() || !stored.record.status.is_pending() {
@@ -855,39 +895,51 @@ impl Sim {
             return PersistResult::Lost;
         }
         let now = self.now;
-        match change {
+        let (resolution, counted) = match change {
             LeaseChange::Extend { expires_at } => {
-                stored.lease = Some((lease.clone(), expires_at));
-            }
-            LeaseChange::Resolve { resolution, report } => {
-                let record = &mut stored.record;
-                if report.is_some() {
-                    record.attempts += 1;
+                if let Some(live) = &mut stored.lease {
+                    live.expires_at = expires_at;
                 }
-                record.updated_at = now;
-                match &resolution {
-                    Resolution::Delivered { .. } => {
-                        record.status = EventStatus::Delivered;
-                        record.next_fire_at = None;
-                        record.finished_at = Some(now);
-                    }
-                    Resolution::Dead { reason } => {
-                        record.status = EventStatus::Failed;
-                        record.next_fire_at = None;
-                        record.last_error = Some(reason.clone());
-                        record.finished_at = Some(now);
-                    }
-                    Resolution::Retry { at } => {
-                        record.status = EventStatus::Retrying;
-                        record.next_fire_at = Some(*at);
-                    }
-                    Resolution::Released { at } => {
-                        record.next_fire_at = Some(*at);
-                    }
-                }
-                stored.lease = None;
-                self.resolved.insert(lease.clone(), resolution);
+                self.reindex(key);
+                return PersistResult::Done;
             }
+            LeaseChange::Resolve { resolution, report } => (resolution, report.is_some()),
+            LeaseChange::Expire { resolution, .. } => {
+                if stored.lease.as_ref().is_some_and(|l| now < l.expires_at) {
+                    return PersistResult::Lost;
+                }
+                (resolution, true)
+            }
+        };
+        let record = &mut stored.record;
+        if counted {
+            record.attempts += 1;
+        }
+        record.updated_at = now;
+        match &resolution {
+            Resolution::Delivered { .. } => {
+                record.status = EventStatus::Delivered;
+                record.next_fire_at = None;
+                record.finished_at = Some(now);
+            }
+            Resolution::Dead { reason } => {
+                record.status = EventStatus::Failed;
+                record.next_fire_at = None;
+                record.last_error = Some(reason.clone());
+                record.finished_at = Some(now);
+            }
+            Resolution::Retry { at } => {
+                record.status = EventStatus::Retrying;
+                record.next_fire_at = Some(*at);
+            }
+            Resolution::Released { at } => {
+                record.next_fire_at = Some(*at);
+            }
+        }
+        stored.lease = None;
+        // What answers its worker's calls: an expiry is none of them.
+        if !expiry {
+            self.resolved.insert(lease.clone(), resolution);
         }
         self.reindex(key);
         PersistResult::Done
@@ -1457,15 +1509,14 @@ impl Sim {
             granted.expires_at <= granted.deadline_at,
             "expiry past the deadline: {granted:?}"
         );
-        let p = self.partition_of(&key);
         let held = self
             .believed
             .entry((key.clone(), id.version().clone()))
             .or_default();
         for other in held.iter() {
-            let valid = !other.ended
-                && other.told_expiry > self.now
-                && other.lease.epoch() == self.epochs[other.partition];
+            // A moved epoch does not end it: its worker may be running it
+            // until it is told, or its expiry.
+            let valid = !other.ended && other.told_expiry > self.now;
             ensure!(
                 !valid,
                 "{key:?} leased as {id:?} while {:?} is valid until {:?}",
@@ -1478,7 +1529,6 @@ impl Sim {
         }
         held.push(Believed {
             lease: id,
-            partition: p,
             told_expiry: granted.expires_at,
             ended: false,
         });
@@ -1784,13 +1834,23 @@ impl Sim {
             let p = self.rng.usize(0, self.cores.len() - 1);
             self.stats.handovers += 1;
             self.trace(|| format!("hand-over of partition {p}"));
+            // The old owner gives its leases back (pending again at their
+            // expiries, uncounted) unless the write fails: then they are
+            // orphans to the next owner.
+            let partition = PartitionId(p as u16);
+            if !self.rng.per_mille(300) {
+                for (lease, change) in self.queue.give_back(partition, self.now) {
+                    let epoch = lease.epoch();
+                    if self.store_lease_write(&lease, epoch, change) == PersistResult::Done {
+                        self.stats.given_back += 1;
+                    }
+                }
+            }
             // The epoch moves first: the queue hears of it afterwards.
             self.epochs[p] += 1;
             self.cores[p] = CoreModel::default();
             self.reindex_all();
-            self.feed(Input::PartitionLost {
-                partition: PartitionId(p as u16),
-            })?;
+            self.feed(Input::PartitionLost { partition })?;
         }
         if self.rng.per_mille(k.crashes) {
             self.crash();
@@ -2190,6 +2250,8 @@ fn pull_simulation() {
                 "leases_reissued_after_expiry",
                 total.leases_reissued_after_expiry,
             ),
+            ("orphans", total.orphans),
+            ("given_back", total.given_back),
         ] {
             if value == 0 {
                 let _ = write!(missing, " {name}");

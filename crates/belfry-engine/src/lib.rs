@@ -237,6 +237,7 @@ impl Engine {
         // `send_replace` stores the value even while no task has subscribed
         // yet (`send` would drop it), so a task that starts later still sees it.
         shared.stop_signal.send_replace(true);
+        let owned: Vec<_> = shared.owned.owned().into_iter().map(|(p, _)| p).collect();
         for task in shared.owned.stop_all() {
             let _ = task.await;
         }
@@ -244,10 +245,14 @@ impl Engine {
         shared.limits.drop_queued(&shared);
         self.purge_task.abort();
         // Claims and calls waiting on the pull queue answer `unavailable`;
-        // leases stay recorded and expire in the store's terms.
+        // workers' leases are given back in the store (pending again at
+        // their expiries, no attempt counted; their calls after the
+        // restart answer `lease_lost`).
         let _ = self.pull_task.await;
         shared.pull.drop_waiting();
         let grace = shared.options.shutdown_grace;
+        let given_back = pull::give_back(&shared, owned);
+        pull::write_given_back(&shared, given_back, grace).await;
         // Lease changes already queued are written (and answered); later
         // ones are written alone.
         if let Some(task) = self.lease_writer_task
@@ -549,33 +554,41 @@ impl EngineHandle {
     /// was in flight has its outcome recorded, or after `grace`. It yields
     /// whether everything was recorded in time. The caller then releases
     /// their leases, so the next owner can fire at once without
-    /// re-delivering anything.
+    /// re-delivering anything. Pull workers' leases of them are void at
+    /// once and given back in the store meanwhile (their events pending
+    /// again at the leases' expiries, no attempt counted).
     pub fn release_partitions(
         &self,
         partitions: &[belfry_core::PartitionId],
         grace: std::time::Duration,
     ) -> impl std::future::Future<Output = bool> + Send + 'static {
         let (tasks, runtimes) = self.inner.owned.release(partitions);
+        let given_back = pull::give_back(&self.inner, runtimes.iter().map(|r| r.id));
         for runtime in &runtimes {
             pull::partition_lost(&self.inner, runtime);
         }
         let shared = self.inner.clone();
         async move {
-            for task in tasks {
-                let _ = task.await;
-            }
-            let drained = async {
-                loop {
-                    let notified = shared.finished.notified();
-                    tokio::pin!(notified);
-                    notified.as_mut().enable();
-                    if runtimes.iter().all(|r| r.outstanding() == 0) {
-                        return;
-                    }
-                    notified.await;
+            let give_back = pull::write_given_back(&shared, given_back, grace);
+            let recorded = async {
+                for task in tasks {
+                    let _ = task.await;
                 }
+                let drained = async {
+                    loop {
+                        let notified = shared.finished.notified();
+                        tokio::pin!(notified);
+                        notified.as_mut().enable();
+                        if runtimes.iter().all(|r| r.outstanding() == 0) {
+                            return;
+                        }
+                        notified.await;
+                    }
+                };
+                tokio::time::timeout(grace, drained).await.is_ok()
             };
-            tokio::time::timeout(grace, drained).await.is_ok()
+            let ((), recorded) = tokio::join!(give_back, recorded);
+            recorded
         }
     }
 }

@@ -274,6 +274,73 @@ pub(crate) fn partition_lost(shared: &Arc<Shared>, released: &Arc<PartitionRunti
     shared.pull_peers.queue_changed();
 }
 
+/// The changes that give back this node's live leases of `partitions`
+/// when it lets them go cleanly ([`PullQueue::give_back`]): taken before
+/// the queue is told they are lost, written by [`write_given_back`]
+/// before the partitions are given up.
+pub(crate) fn give_back(
+    shared: &Shared,
+    partitions: impl IntoIterator<Item = PartitionId>,
+) -> Vec<ChangeLeaseParams> {
+    let at = shared.clock.now();
+    let queue = shared.pull.lock();
+    partitions
+        .into_iter()
+        .flat_map(|partition| {
+            queue
+                .give_back(partition, at)
+                .into_iter()
+                .map(move |(lease, change)| ChangeLeaseParams {
+                    fence: Fence {
+                        partition,
+                        epoch: lease.epoch(),
+                    },
+                    lease,
+                    change,
+                    at,
+                })
+        })
+        .collect()
+}
+
+/// Writes what [`give_back`] made, within `grace`. Their events are
+/// pending again at their leases' expiries, with no attempt counted; a
+/// write that fails or comes too late leaves the leases orphaned, and the
+/// next owner records their expiries as attempts.
+pub(crate) async fn write_given_back(
+    shared: &Shared,
+    changes: Vec<ChangeLeaseParams>,
+    grace: Duration,
+) {
+    if changes.is_empty() {
+        return;
+    }
+    let count = changes.len();
+    let written = tokio::time::timeout(
+        grace,
+        shared.store.change_leases(ChangeLeasesParams { changes }),
+    )
+    .await;
+    match written {
+        Ok(Ok(outcomes)) => {
+            let given = outcomes
+                .iter()
+                .filter(|o| **o == belfry_store::LeaseWriteOutcome::Done)
+                .count();
+            tracing::debug!(given, leases = count, "pull leases given back");
+        }
+        Ok(Err(error)) => tracing::warn!(
+            %error,
+            leases = count,
+            "giving pull leases back failed; their expiries will count as attempts"
+        ),
+        Err(_) => tracing::warn!(
+            leases = count,
+            "giving pull leases back took too long; their expiries will count as attempts"
+        ),
+    }
+}
+
 /// Sends `Abandon` if dropped before its answer came (the caller went
 /// away: a dropped long-poll connection).
 struct Pending {
@@ -363,20 +430,20 @@ fn record_claim_metrics(reply: &Reply, waited: Duration) {
 
 /// A call on a lease; the caller checked it may reach the lease's tenant.
 pub(crate) async fn call(shared: &Arc<Shared>, lease: LeaseId, request: LeaseCall) -> Reply {
-    let complete = matches!(request, LeaseCall::Complete { .. });
-    let release = matches!(request, LeaseCall::Release { .. });
+    let ending = Ending::of(&request);
     let reply = ask(shared, |call| Input::Call {
         call,
         lease: lease.clone(),
         request,
     })
     .await;
-    let reply = if matches!(reply, Reply::Error(PullError::LeaseLost)) && (complete || release) {
-        recorded_outcome(shared, &lease, complete)
-            .await
-            .unwrap_or(reply)
-    } else {
-        reply
+    let reply = match ending {
+        Some(ending) if matches!(reply, Reply::Error(PullError::LeaseLost)) => {
+            recorded_outcome(shared, &lease, ending)
+                .await
+                .unwrap_or(reply)
+        }
+        _ => reply,
     };
     if let Reply::Error(error) = &reply {
         belfry_metrics::pull_error(error.code());
@@ -384,24 +451,50 @@ pub(crate) async fn call(shared: &Arc<Shared>, lease: LeaseId, request: LeaseCal
     reply
 }
 
-/// The answer to a repeated complete (or release) that this node no
+/// A call that ends a lease, whose repeat the store's record answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Complete,
+    Fail,
+    Release,
+}
+
+impl Ending {
+    fn of(request: &LeaseCall) -> Option<Ending> {
+        match request {
+            LeaseCall::Complete { .. } => Some(Ending::Complete),
+            LeaseCall::Fail(_) => Some(Ending::Fail),
+            LeaseCall::Release { .. } => Some(Ending::Release),
+            LeaseCall::Heartbeat { .. } => None,
+        }
+    }
+}
+
+/// The answer to a repeated complete, fail or release that this node no
 /// longer remembers (it restarted after recording it, perhaps before the
-/// worker read the answer): the store's resolution of exactly this lease,
-/// if it is the one the call asks for. A repeat answers the same.
-async fn recorded_outcome(shared: &Shared, lease: &LeaseId, complete: bool) -> Option<Reply> {
+/// worker read the answer; or the partition moved): the store's
+/// resolution of exactly this lease by its worker, if it is of the kind
+/// the call asks for. A lease that expired ended by no call of its
+/// worker's: every call on it stays `lease_lost`.
+async fn recorded_outcome(shared: &Shared, lease: &LeaseId, ending: Ending) -> Option<Reply> {
     let stored = shared.store.get_lease(lease.key()).await.ok()??;
     if stored.record.lease != *lease {
         return None;
     }
-    match stored.state {
-        StoredLeaseState::Resolved(Resolution::Delivered { .. }) if complete => {
-            Some(Reply::Completed)
-        }
-        StoredLeaseState::Resolved(Resolution::Released { at }) if !complete => {
-            Some(Reply::Released {
-                next_attempt_at: at,
-            })
-        }
+    let StoredLeaseState::Resolved(resolution) = stored.state else {
+        return None;
+    };
+    match (ending, resolution) {
+        (Ending::Complete, Resolution::Delivered { .. }) => Some(Reply::Completed),
+        (Ending::Fail, Resolution::Retry { at }) => Some(Reply::Failed {
+            next_attempt_at: Some(at),
+        }),
+        (Ending::Fail, Resolution::Dead { .. }) => Some(Reply::Failed {
+            next_attempt_at: None,
+        }),
+        (Ending::Release, Resolution::Released { at }) => Some(Reply::Released {
+            next_attempt_at: at,
+        }),
         _ => None,
     }
 }
@@ -422,8 +515,9 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
                 op,
                 lease,
                 partition,
+                epoch,
                 change,
-            } => queue_lease_write(shared, op, lease, partition, change),
+            } => queue_lease_write(shared, op, lease, Fence { partition, epoch }, change),
             Action::Reply { call, reply } => {
                 if let Some(sender) = shared.pull.replies().remove(&call) {
                     // The caller may have gone meanwhile; nothing to do.
@@ -496,31 +590,34 @@ impl LeaseWrites {
     }
 }
 
-/// Hands a lease change to the lease writer. Should its queue be full or
-/// closed (shutdown), the change is written alone on its own task.
+/// Hands a lease change to the lease writer, fenced by `fence` (the
+/// lease's own partition and epoch, or for an orphan's expiry the epoch
+/// it was found in). Should its queue be full or closed (shutdown), the
+/// change is written alone on its own task.
 fn queue_lease_write(
     shared: &Arc<Shared>,
     op: OpId,
     lease: LeaseId,
-    partition: PartitionId,
+    fence: Fence,
     change: LeaseChange,
 ) {
     let next_at = match &change {
         LeaseChange::Resolve {
             resolution: Resolution::Retry { at } | Resolution::Released { at },
             ..
+        }
+        | LeaseChange::Expire {
+            resolution: Resolution::Retry { at },
+            ..
         } => Some(*at),
         _ => None,
     };
     let write = LeaseWrite {
         op,
-        partition,
+        partition: fence.partition,
         next_at,
         params: ChangeLeaseParams {
-            fence: Fence {
-                partition,
-                epoch: lease.epoch(),
-            },
+            fence,
             lease,
             change,
             at: shared.clock.now(),
@@ -607,7 +704,7 @@ async fn write_leases(shared: &Arc<Shared>, batch: Vec<LeaseWrite>) {
             actions.extend(queue.handle(
                 Input::Persisted {
                     op: *op,
-                    results: vec![*result],
+                    results: vec![result.clone()],
                 },
                 now,
             ));

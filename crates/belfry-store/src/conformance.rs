@@ -131,6 +131,8 @@ macro_rules! store_conformance_tests {
             lease_retry_dead_and_release_move_the_event,
             lease_fenced_by_epoch_and_lease_id,
             lease_of_cancelled_or_moved_event_is_void,
+            lease_orphan_is_expired_at_its_time_as_an_attempt,
+            lease_orphan_of_an_earlier_epoch_is_expired_by_the_new_owner,
             concurrent_grants_of_one_version_one_wins,
             lease_batch_answers_each_change_truthfully,
             lease_batch_fenced_change_is_lost_alone,
@@ -2650,9 +2652,10 @@ async fn lease_state(store: &SharedStore, key: &EventKey) -> Option<StoredLeaseS
         .map(|lease| lease.state)
 }
 
-/// One live lease per version: a repeat of the same lease is `Done`, any
-/// other grant is refused while it lives; after its expiry only the next
-/// attempt number (attempts + 1) may be granted.
+/// One lease per attempt: a repeat of the same lease is `Done`; any other
+/// grant of the attempt answers the lease it already has (`Orphaned`),
+/// live or expired, until it ends; then only the next attempt number
+/// (attempts + 1) may be granted.
 pub async fn lease_granted_once_per_version<F, Fut>(factory: F)
 where
     F: Fn(PartitionCount) -> Fut,
@@ -2675,15 +2678,25 @@ where
         "a repeat of the same grant"
     );
 
+    let orphaned = LeaseWriteOutcome::Orphaned(Box::new(first.clone()));
     let rival = grant_of(store, &k, 1, 0, 2, 1_500).await;
-    assert_eq!(record_lease(store, &rival).await, LeaseWriteOutcome::Lost);
-    // After the expiry: not the attempt after next, only attempts + 1.
+    assert_eq!(record_lease(store, &rival).await, orphaned);
+    // Expired (2 000) but never ended: still the attempt's lease.
     let skipping = grant_of(store, &k, 2, 0, 3, 2_500).await;
+    assert_eq!(record_lease(store, &skipping).await, orphaned);
+    let after_expiry = grant_of(store, &k, 1, 0, 4, 2_500).await;
+    assert_eq!(record_lease(store, &after_expiry).await, orphaned);
+    // Ended (released: no attempt): not the attempt after next, only
+    // attempts + 1.
+    let release = resolve(Resolution::Released { at: ts(2_500) }, None, 0);
+    assert_eq!(
+        change(store, &first, release, 2_400).await,
+        LeaseWriteOutcome::Done
+    );
     assert_eq!(
         record_lease(store, &skipping).await,
         LeaseWriteOutcome::Lost
     );
-    let after_expiry = grant_of(store, &k, 1, 0, 4, 2_500).await;
     assert_eq!(
         record_lease(store, &after_expiry).await,
         LeaseWriteOutcome::Done
@@ -2748,7 +2761,7 @@ where
             LeaseWriteOutcome::Done
         );
     }
-    // Nothing of this touched the events.
+    // No attempt was counted.
     let record = get(store, &k).await.unwrap();
     assert_eq!(record.status, EventStatus::Scheduled);
     assert_eq!(record.attempts, 0);
@@ -2780,9 +2793,12 @@ where
     let stored = store.get_lease(&k).await.unwrap().unwrap();
     assert_eq!(stored.record.expires_at, ts(30_000));
     assert_eq!(stored.state, StoredLeaseState::Live);
-    // Extended: a rival grant after the first expiry is still refused.
+    // A rival grant answers the lease as extended.
     let rival = grant_of(store, &k, 1, 0, 2, 5_000).await;
-    assert_eq!(record_lease(store, &rival).await, LeaseWriteOutcome::Lost);
+    assert_eq!(
+        record_lease(store, &rival).await,
+        LeaseWriteOutcome::Orphaned(Box::new(stored.record.clone()))
+    );
 
     let complete = resolve(
         Resolution::Delivered {
@@ -2937,8 +2953,8 @@ async fn count(store: &SharedStore, tenant_name: &str, status: EventStatus) -> u
 
 /// Every write names the epoch and the exact lease: another nonce, an
 /// epoch other than the lease's, or (where epochs move) a partition
-/// handed over since the grant is `Lost`, and the new epoch may grant the
-/// event again at once.
+/// handed over since the grant is `Lost`; the new epoch's grant answers
+/// the old lease, an orphan until its expiry is recorded.
 pub async fn lease_fenced_by_epoch_and_lease_id<F, Fut>(factory: F)
 where
     F: Fn(PartitionCount) -> Fut,
@@ -3014,11 +3030,12 @@ where
         record_lease(store, &old_epoch).await,
         LeaseWriteOutcome::Lost
     );
-    // The old lease has not expired, but its epoch is over.
+    // Its epoch is over, but it was never ended: the new epoch's grant
+    // answers it.
     let new_epoch = grant_of(store, &k, 1, epoch, 4, 1_200).await;
     assert_eq!(
         record_lease(store, &new_epoch).await,
-        LeaseWriteOutcome::Done
+        LeaseWriteOutcome::Orphaned(Box::new(lease.clone()))
     );
     let complete = resolve(
         Resolution::Delivered { result: None },
@@ -3026,14 +3043,10 @@ where
         1_200,
     );
     assert_eq!(
-        change(store, &lease, complete.clone(), 1_300).await,
+        change(store, &lease, complete, 1_300).await,
         LeaseWriteOutcome::Lost
     );
-    assert_eq!(
-        change(store, &new_epoch, complete, 1_300).await,
-        LeaseWriteOutcome::Done
-    );
-    assert_eq!(get(store, &k).await.unwrap().status, EventStatus::Delivered);
+    assert_eq!(get(store, &k).await.unwrap().status, EventStatus::Scheduled);
 }
 
 /// A cancel or a move through `apply` voids the lease: every later change
@@ -3107,6 +3120,230 @@ where
     );
 }
 
+/// An expiry of `grant`'s lease by whoever holds the partition now
+/// (`fence_epoch`), at `at`: a failed attempt `lease_expired`, then
+/// `resolution`.
+fn expire_of(
+    grant: &LeaseRecord,
+    fence_epoch: u64,
+    resolution: Resolution,
+    at: i64,
+) -> ChangeLeaseParams {
+    ChangeLeaseParams {
+        fence: Fence {
+            partition: grant.partition,
+            epoch: fence_epoch,
+        },
+        lease: grant.lease.clone(),
+        change: LeaseChange::Expire {
+            resolution,
+            report: AttemptReport {
+                started_at: grant.leased_at,
+                duration_ms: grant.leased_at.until(ts(at)).as_millis() as u64,
+                verdict: Verdict::Retry,
+                http_status: None,
+                error: Some("lease_expired: its node restarted".into()),
+            },
+        },
+        at: ts(at),
+    }
+}
+
+async fn expire(store: &SharedStore, params: ChangeLeaseParams) -> LeaseWriteOutcome {
+    store.change_lease(params).await.expect("change_lease")
+}
+
+/// A lease whose owner went away before it ended (a restart: the same
+/// epoch) is an orphan: grants of its attempt answer it, live or expired;
+/// its expiry is recorded only once its time has come, as a failed
+/// attempt like any other, and is told apart from a worker's failure.
+pub async fn lease_orphan_is_expired_at_its_time_as_an_attempt<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("pull", "job-1");
+    apply_one(store, 0, &k, upsert(1_000, "v1")).await;
+    let partition = get(store, &k).await.unwrap().partition;
+    let orphan = grant_of(store, &k, 1, 0, 1, 1_000).await;
+    assert_eq!(record_lease(store, &orphan).await, LeaseWriteOutcome::Done);
+
+    // After the restart, past its expiry (2 000): the same attempt number
+    // would run the event again uncounted.
+    let orphaned = LeaseWriteOutcome::Orphaned(Box::new(orphan.clone()));
+    for (attempt, nonce) in [(1, 2), (2, 3)] {
+        let grant = grant_of(store, &k, attempt, 0, nonce, 5_000).await;
+        assert_eq!(record_lease(store, &grant).await, orphaned, "#{attempt}");
+    }
+    // Never before its expiry: its worker may still be running it.
+    let retry = Resolution::Retry { at: ts(6_000) };
+    assert_eq!(
+        expire(store, expire_of(&orphan, 0, retry.clone(), 1_999)).await,
+        LeaseWriteOutcome::Lost
+    );
+    assert_eq!(lease_state(store, &k).await, Some(StoredLeaseState::Live));
+    assert_eq!(get(store, &k).await.unwrap().attempts, 0);
+
+    assert_eq!(
+        expire(store, expire_of(&orphan, 0, retry.clone(), 5_000)).await,
+        LeaseWriteOutcome::Done
+    );
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Retrying);
+    assert_eq!(record.attempts, 1);
+    assert_eq!(record.next_fire_at, Some(ts(6_000)));
+    assert_eq!(
+        due(store, partition, None, i64::MAX, 10).await,
+        vec![cursor(6_000, &k)]
+    );
+    let history = store.attempts(&k, 10).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!((history[0].number, history[0].verdict), (1, Verdict::Retry));
+    assert!(
+        history[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("lease_expired")),
+        "{history:?}"
+    );
+    assert_eq!(
+        lease_state(store, &k).await,
+        Some(StoredLeaseState::Expired(retry.clone()))
+    );
+
+    // The same expiry again is a repeat; a worker's call is not.
+    assert_eq!(
+        expire(store, expire_of(&orphan, 0, retry.clone(), 5_100)).await,
+        LeaseWriteOutcome::Done
+    );
+    assert_eq!(store.attempts(&k, 10).await.unwrap().len(), 1);
+    let fail = resolve(retry, Some(Verdict::Retry), 1_000);
+    assert_eq!(
+        change(store, &orphan, fail, 5_200).await,
+        LeaseWriteOutcome::Lost,
+        "a late failure of its worker"
+    );
+    // Freed: the next attempt number only, after the back-off.
+    let next = grant_of(store, &k, 2, 0, 4, 6_000).await;
+    assert_eq!(record_lease(store, &next).await, LeaseWriteOutcome::Done);
+
+    // A worker's failure reads as its own, not as an expiry.
+    let failed = resolve(
+        Resolution::Dead {
+            reason: "bad input".into(),
+        },
+        Some(Verdict::Permanent),
+        6_000,
+    );
+    assert_eq!(
+        change(store, &next, failed, 6_500).await,
+        LeaseWriteOutcome::Done
+    );
+    assert_eq!(
+        lease_state(store, &k).await,
+        Some(StoredLeaseState::Resolved(Resolution::Dead {
+            reason: "bad input".into()
+        }))
+    );
+    assert_eq!(get(store, &k).await.unwrap().status, EventStatus::Failed);
+}
+
+/// Where epochs move: the new owner finds the old owner's lease (an
+/// orphan) and records its expiry under its own epoch — an expiry is the
+/// one change that may name a lease of an earlier epoch — and, its
+/// attempts spent, the event fails with the expiry's reason.
+pub async fn lease_orphan_of_an_earlier_epoch_is_expired_by_the_new_owner<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let Some(move_epoch) = &under_test.move_epoch else {
+        return;
+    };
+    let k = key("pull", "job-1");
+    apply_one(store, 0, &k, upsert(1_000, "v1")).await;
+    let orphan = grant_of(store, &k, 1, 0, 1, 1_000).await;
+    assert_eq!(record_lease(store, &orphan).await, LeaseWriteOutcome::Done);
+    let epoch = move_epoch(orphan.partition).await;
+
+    let taken_over = grant_of(store, &k, 1, epoch, 2, 1_200).await;
+    assert_eq!(
+        record_lease(store, &taken_over).await,
+        LeaseWriteOutcome::Orphaned(Box::new(orphan.clone()))
+    );
+    let dead = Resolution::Dead {
+        reason: "gave up after 1 attempts (max_attempts reached): lease_expired".into(),
+    };
+    for (fence_epoch, at, why) in [
+        (0, 2_500, "the old owner is fenced"),
+        (epoch + 1, 2_500, "not the current epoch"),
+        (epoch, 1_999, "before its expiry"),
+    ] {
+        assert_eq!(
+            expire(store, expire_of(&orphan, fence_epoch, dead.clone(), at)).await,
+            LeaseWriteOutcome::Lost,
+            "{why}"
+        );
+    }
+    let mut complete = change_of(
+        &orphan,
+        resolve(
+            Resolution::Delivered { result: None },
+            Some(Verdict::Delivered),
+            1_000,
+        ),
+        2_500,
+    );
+    complete.fence.epoch = epoch;
+    assert_eq!(
+        store.change_lease(complete).await.unwrap(),
+        LeaseWriteOutcome::Lost,
+        "only an expiry may end a lease of an earlier epoch"
+    );
+    assert_eq!(get(store, &k).await.unwrap().status, EventStatus::Scheduled);
+
+    assert_eq!(
+        expire(store, expire_of(&orphan, epoch, dead.clone(), 2_500)).await,
+        LeaseWriteOutcome::Done
+    );
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.status, EventStatus::Failed);
+    assert_eq!(record.attempts, 1);
+    assert_eq!(
+        record.last_error.as_deref(),
+        Some("gave up after 1 attempts (max_attempts reached): lease_expired")
+    );
+    let history = store.attempts(&k, 10).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert!(
+        history[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("lease_expired")),
+        "{history:?}"
+    );
+    let stored = store.get_lease(&k).await.unwrap().unwrap();
+    assert_eq!(stored.record, orphan, "the orphan itself, as granted");
+    assert_eq!(stored.state, StoredLeaseState::Expired(dead.clone()));
+    // A repeat under the same epoch is `Done`; once the epoch moved on,
+    // `Lost`.
+    assert_eq!(
+        expire(store, expire_of(&orphan, epoch, dead.clone(), 2_600)).await,
+        LeaseWriteOutcome::Done
+    );
+    let later = move_epoch(orphan.partition).await;
+    assert!(later > epoch);
+    assert_eq!(
+        expire(store, expire_of(&orphan, epoch, dead, 2_700)).await,
+        LeaseWriteOutcome::Lost
+    );
+    assert_eq!(store.attempts(&k, 10).await.unwrap().len(), 1);
+}
+
 /// Racing grants of one version under different nonces: exactly one is
 /// recorded.
 pub async fn concurrent_grants_of_one_version_one_wins<F, Fut>(factory: F)
@@ -3127,18 +3364,25 @@ where
         }));
     }
     let mut winners = Vec::new();
+    let mut refused = Vec::new();
     for task in tasks {
         let (outcome, grant) = task.await.expect("task");
         if outcome == LeaseWriteOutcome::Done {
             winners.push(grant);
         } else {
-            assert_eq!(outcome, LeaseWriteOutcome::Lost);
+            refused.push(outcome);
         }
     }
     assert_eq!(winners.len(), 1, "exactly one grant wins");
     assert_eq!(
         store.get_lease(&k).await.unwrap().unwrap().record,
         winners[0]
+    );
+    // Every other one was shown the winner.
+    let winner = LeaseWriteOutcome::Orphaned(Box::new(winners[0].clone()));
+    assert!(
+        refused.iter().all(|outcome| *outcome == winner),
+        "{refused:?}"
     );
 }
 

@@ -11,6 +11,13 @@
 //! through `apply` does not touch it; it is void because the event is no
 //! longer pending at its version (versions are never reused), which every
 //! later decision checks first.
+//!
+//! A lease that never ended while its owner went away (a restart of the
+//! node, a move of the partition) is an *orphan*: a later grant of its
+//! attempt answers it instead of being recorded, and the owner that found
+//! it records its expiry (an attempt `lease_expired`, like any expiry)
+//! under its own epoch once its time has come. So every attempt a worker
+//! was given is counted, whatever happened to the node that gave it.
 
 use std::time::Duration;
 
@@ -39,6 +46,11 @@ pub struct LeaseWrite {
 /// as the backend read it under its lock (the embedded store, a single
 /// owner, passes `fence.epoch`). `Done` with `Some`: write that lease;
 /// `Done` with `None`: already recorded (a repeat).
+///
+/// A lease of the event's current attempt that never ended and is not
+/// this one is an orphan, whatever its epoch or expiry: the grant answers
+/// it (`Orphaned`), and only its recorded expiry
+/// ([`LeaseChange::Expire`]) counts the attempt and frees the version.
 pub fn decide_grant(
     fence: Fence,
     current_epoch: u64,
@@ -65,12 +77,9 @@ pub fn decide_grant(
             };
             return (outcome, None);
         }
-        let live = stored.state == StoredLeaseState::Live
-            && stored.record.lease.epoch() == current_epoch
-            && stored.record.lease.version() == lease.version()
-            && stored.record.expires_at > grant.leased_at;
-        if live {
-            return (LeaseWriteOutcome::Lost, None);
+        if is_orphan(stored, record) {
+            let orphan = Box::new(stored.record.clone());
+            return (LeaseWriteOutcome::Orphaned(orphan), None);
         }
     }
     if record.attempts.checked_add(1) != Some(lease.attempt()) {
@@ -85,9 +94,23 @@ pub fn decide_grant(
     )
 }
 
+/// Whether `stored` holds `record`'s current attempt: not ended, of its
+/// pending version, numbered `attempts + 1`. (A lease of another version
+/// is void; one of an earlier attempt number was overtaken by an attempt
+/// recorded without it.)
+fn is_orphan(stored: &StoredLease, record: &EventRecord) -> bool {
+    stored.state == StoredLeaseState::Live
+        && pending_at(record, &stored.record.lease)
+        && record.attempts.checked_add(1) == Some(stored.record.lease.attempt())
+}
+
 /// What `params` does to the recorded lease `stored` of the event
 /// `record`, on a partition whose epoch is `current_epoch` (see
 /// [`decide_grant`]). `Done` with `None`: a repeat, nothing to write.
+///
+/// Every change names the exact lease and is fenced by the current
+/// epoch; only an expiry may name a lease of an earlier epoch (the
+/// current owner expires an orphan), and only once its expiry has come.
 pub fn decide_change(
     current_epoch: u64,
     record: Option<&EventRecord>,
@@ -96,10 +119,12 @@ pub fn decide_change(
 ) -> (LeaseWriteOutcome, Option<LeaseWrite>) {
     let lease = &params.lease;
     let fence = params.fence;
+    let expiry = matches!(params.change, LeaseChange::Expire { .. });
+    let epoch_ok = lease.epoch() == fence.epoch || (expiry && lease.epoch() < fence.epoch);
     let stored = match stored {
         Some(stored)
             if current_epoch == fence.epoch
-                && lease.epoch() == fence.epoch
+                && epoch_ok
                 && stored.record.partition == fence.partition
                 && stored.record.lease == *lease =>
         {
@@ -107,8 +132,17 @@ pub fn decide_change(
         }
         _ => return (LeaseWriteOutcome::Lost, None),
     };
-    if let StoredLeaseState::Resolved(ended) = &stored.state {
-        let repeat = matches!(&params.change, LeaseChange::Resolve { resolution, .. } if resolution == ended);
+    let ended = match &stored.state {
+        StoredLeaseState::Resolved(ended) => Some((ended, false)),
+        StoredLeaseState::Expired(ended) => Some((ended, true)),
+        StoredLeaseState::Live | StoredLeaseState::Voided => None,
+    };
+    if let Some((ended, expired)) = ended {
+        let repeat = match &params.change {
+            LeaseChange::Resolve { resolution, .. } => !expired && resolution == ended,
+            LeaseChange::Expire { resolution, .. } => expired && resolution == ended,
+            LeaseChange::Extend { .. } => false,
+        };
         let outcome = if repeat {
             LeaseWriteOutcome::Done
         } else {
@@ -119,34 +153,46 @@ pub fn decide_change(
     let Some(record) = record.filter(|r| pending_at(r, lease)) else {
         return (LeaseWriteOutcome::Cancelled, None);
     };
-    match &params.change {
+    let (resolution, report, state) = match &params.change {
         LeaseChange::Extend { expires_at } => {
             let mut extended = stored.clone();
             extended.record.expires_at = *expires_at;
-            (
+            return (
                 LeaseWriteOutcome::Done,
                 Some(LeaseWrite {
                     lease: extended,
                     record: None,
                     attempt: None,
                 }),
-            )
+            );
         }
-        LeaseChange::Resolve { resolution, report } => {
-            let (next, attempt) = resolve(record, &stored.record, resolution, report, params.at);
-            (
-                LeaseWriteOutcome::Done,
-                Some(LeaseWrite {
-                    lease: StoredLease {
-                        record: stored.record.clone(),
-                        state: StoredLeaseState::Resolved(resolution.clone()),
-                    },
-                    record: Some(next),
-                    attempt,
-                }),
-            )
+        LeaseChange::Resolve { resolution, report } => (
+            resolution,
+            report.clone(),
+            StoredLeaseState::Resolved(resolution.clone()),
+        ),
+        LeaseChange::Expire { .. } if params.at < stored.record.expires_at => {
+            // Never before its time: its worker may still be running it.
+            return (LeaseWriteOutcome::Lost, None);
         }
-    }
+        LeaseChange::Expire { resolution, report } => (
+            resolution,
+            Some(report.clone()),
+            StoredLeaseState::Expired(resolution.clone()),
+        ),
+    };
+    let (next, attempt) = resolve(record, &stored.record, resolution, &report, params.at);
+    (
+        LeaseWriteOutcome::Done,
+        Some(LeaseWrite {
+            lease: StoredLease {
+                record: stored.record.clone(),
+                state,
+            },
+            record: Some(next),
+            attempt,
+        }),
+    )
 }
 
 /// The state a lease is reported in by `get_lease`: a live lease whose
@@ -241,7 +287,7 @@ fn resolve(
 }
 
 /// The stored form of a [`StoredLease`] (the embedded store's value, and
-/// PostgreSQL's `resolution` column for the end).
+/// PostgreSQL's `lease` column).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LeaseDoc {
     pub lease: LeaseId,
@@ -252,6 +298,20 @@ pub struct LeaseDoc {
     pub deadline_at: Timestamp,
     /// `None`: live.
     pub ended: Option<ResolutionDoc>,
+    /// What ended it; absent in leases stored before it was recorded
+    /// (see [`LeaseDoc::into_stored`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_by: Option<EndedBy>,
+}
+
+/// What ended a stored lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndedBy {
+    /// Its worker's complete, fail or release.
+    Worker,
+    /// Its expiry.
+    Expiry,
 }
 
 /// The stored form of a [`Resolution`].
@@ -297,8 +357,15 @@ impl LeaseDoc {
             expires_at: record.expires_at,
             deadline_at: record.deadline_at,
             ended: match &stored.state {
-                StoredLeaseState::Resolved(resolution) => Some(resolution.into()),
+                StoredLeaseState::Resolved(resolution) | StoredLeaseState::Expired(resolution) => {
+                    Some(resolution.into())
+                }
                 // Voided is never stored: it is read off the event.
+                StoredLeaseState::Live | StoredLeaseState::Voided => None,
+            },
+            ended_by: match &stored.state {
+                StoredLeaseState::Resolved(_) => Some(EndedBy::Worker),
+                StoredLeaseState::Expired(_) => Some(EndedBy::Expiry),
                 StoredLeaseState::Live | StoredLeaseState::Voided => None,
             },
         }
@@ -314,9 +381,21 @@ impl LeaseDoc {
                 expires_at: self.expires_at,
                 deadline_at: self.deadline_at,
             },
-            state: match self.ended {
-                Some(resolution) => StoredLeaseState::Resolved(resolution.into()),
-                None => StoredLeaseState::Live,
+            state: match (self.ended, self.ended_by) {
+                (None, _) => StoredLeaseState::Live,
+                (Some(ended), Some(EndedBy::Worker)) => StoredLeaseState::Resolved(ended.into()),
+                (Some(ended), Some(EndedBy::Expiry)) => StoredLeaseState::Expired(ended.into()),
+                // Stored before `ended_by`: a completion or a release was
+                // its worker's; a retry or a dead end may have been an
+                // expiry, so it is not taken for a worker's failure.
+                (Some(ended), None) => match ended {
+                    ResolutionDoc::Delivered { .. } | ResolutionDoc::Released { .. } => {
+                        StoredLeaseState::Resolved(ended.into())
+                    }
+                    ResolutionDoc::Retry { .. } | ResolutionDoc::Dead { .. } => {
+                        StoredLeaseState::Expired(ended.into())
+                    }
+                },
             },
         }
     }
@@ -330,5 +409,80 @@ impl LeaseDoc {
         serde_json::from_slice::<LeaseDoc>(bytes)
             .map(LeaseDoc::into_stored)
             .map_err(|e| StoreError::Internal(format!("stored lease is corrupt: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use belfry_core::pull::LeaseNonce;
+    use belfry_core::{EventId, EventKey, EventVersion, TenantName};
+
+    use super::*;
+
+    fn stored(state: StoredLeaseState) -> StoredLease {
+        let key = EventKey::new(
+            TenantName::new("pull").unwrap(),
+            EventId::new("job").unwrap(),
+        );
+        StoredLease {
+            record: LeaseRecord {
+                lease: LeaseId::new(
+                    key,
+                    EventVersion::from_string("v1".into()),
+                    1,
+                    3,
+                    LeaseNonce([1; 16]),
+                )
+                .unwrap(),
+                partition: PartitionId(2),
+                worker: WorkerId::new("w").unwrap(),
+                leased_at: Timestamp::from_millis(1_000),
+                expires_at: Timestamp::from_millis(2_000),
+                deadline_at: Timestamp::from_millis(9_000),
+            },
+            state,
+        }
+    }
+
+    #[test]
+    fn what_ended_a_lease_is_stored_with_it() {
+        let at = Timestamp::from_millis(5_000);
+        for state in [
+            StoredLeaseState::Live,
+            StoredLeaseState::Resolved(Resolution::Retry { at }),
+            StoredLeaseState::Expired(Resolution::Retry { at }),
+            StoredLeaseState::Expired(Resolution::Dead {
+                reason: "gave up".into(),
+            }),
+        ] {
+            let lease = stored(state);
+            let bytes = LeaseDoc::encode(&lease).unwrap();
+            assert_eq!(LeaseDoc::decode(&bytes).unwrap(), lease);
+        }
+    }
+
+    /// Leases stored before `ended_by`: a retry or dead end may have been
+    /// an expiry, so it never answers a worker's repeated failure.
+    #[test]
+    fn a_lease_stored_without_what_ended_it_is_read_conservatively() {
+        let at = Timestamp::from_millis(5_000);
+        for (resolution, expired) in [
+            (Resolution::Delivered { result: None }, false),
+            (Resolution::Released { at }, false),
+            (Resolution::Retry { at }, true),
+            (Resolution::Dead { reason: "x".into() }, true),
+        ] {
+            let mut doc = LeaseDoc::of(&stored(StoredLeaseState::Resolved(resolution.clone())));
+            doc.ended_by = None;
+            let legacy = serde_json::to_vec(&doc).unwrap();
+            assert!(!String::from_utf8_lossy(&legacy).contains("ended_by"));
+            let read = LeaseDoc::decode(&legacy).unwrap().state;
+            let expected = if expired {
+                StoredLeaseState::Expired(resolution)
+            } else {
+                StoredLeaseState::Resolved(resolution)
+            };
+            assert_eq!(read, expected);
+        }
     }
 }

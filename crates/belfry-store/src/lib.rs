@@ -267,17 +267,23 @@ pub struct PurgeBulkActionsParams {
 /// How a fenced lease write went ([`Store::record_leases`],
 /// [`Store::change_lease`]). A store error is `Err` instead (the runtime
 /// answers it as [`PersistResult::Unavailable`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseWriteOutcome {
     /// Written (or already written exactly so: the call was a repeat).
     Done,
     /// Fenced: the partition's epoch moved, or the stored lease is not
-    /// this one (superseded, another live lease, never recorded, or ended
-    /// differently). Nothing changed.
+    /// this one (superseded, never recorded, or ended differently).
+    /// Nothing changed.
     Lost,
     /// The event is no longer pending at the lease's version (cancelled,
     /// moved, finished, gone). Nothing changed.
     Cancelled,
+    /// Only from [`Store::record_leases`]: the event's current attempt
+    /// already has this other lease recorded, not ended — an *orphan*,
+    /// whose owner restarted or lost the partition while it was live (or
+    /// the answer to its grant was lost). Nothing changed; the caller
+    /// waits for its expiry and records it ([`LeaseChange::Expire`]).
+    Orphaned(Box<LeaseRecord>),
 }
 
 impl From<LeaseWriteOutcome> for PersistResult {
@@ -286,6 +292,7 @@ impl From<LeaseWriteOutcome> for PersistResult {
             LeaseWriteOutcome::Done => PersistResult::Done,
             LeaseWriteOutcome::Lost => PersistResult::Lost,
             LeaseWriteOutcome::Cancelled => PersistResult::Cancelled,
+            LeaseWriteOutcome::Orphaned(orphan) => PersistResult::Orphaned(orphan),
         }
     }
 }
@@ -332,8 +339,12 @@ pub enum StoredLeaseState {
     /// Not ended: held until `record.expires_at` (the caller compares it
     /// with its clock; the store reads none).
     Live,
-    /// Ended by a resolve, which the store applied to the event.
+    /// Ended by its worker's call (a [`LeaseChange::Resolve`]), which the
+    /// store applied to the event.
     Resolved(Resolution),
+    /// Ended by its expiry (a [`LeaseChange::Expire`]: a failed attempt
+    /// `lease_expired`, then a retry or the end), applied to the event.
+    Expired(Resolution),
     /// Void without a resolve: the event is no longer pending at the
     /// lease's version (cancelled or moved), or its partition's epoch moved.
     Voided,
@@ -392,12 +403,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Contract
     /// A grant is recorded only while the partition's epoch is
     /// `fence.epoch` (else `Lost`), the event is pending at the lease's
-    /// version (else `Cancelled`) with `attempt - 1` attempts (else
-    /// `Lost`), and it has no live lease: one recorded under the current
-    /// epoch, not ended, whose expiry is after the grant's `leased_at`
-    /// (else `Lost`). Idempotent by lease id: recording a lease that is
-    /// already recorded and not ended answers `Done` and changes nothing.
-    /// Of concurrent grants of one version, at most one is `Done`.
+    /// version (else `Cancelled`), no other lease of that version's
+    /// current attempt (`attempts + 1`) is recorded and not ended — under
+    /// any epoch, expired or not (else `Orphaned` with that lease: only
+    /// its expiry, [`LeaseChange::Expire`], frees the attempt) — and the
+    /// grant's attempt is `attempts + 1` (else `Lost`). Idempotent by
+    /// lease id: recording a lease that is already recorded and not ended
+    /// answers `Done` and changes nothing (ended: `Lost`). Of concurrent
+    /// grants of one version, at most one is `Done`.
     ///
     /// # Errors
     /// Backend failures: nothing is acknowledged, though the write may
@@ -422,6 +435,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// history with the next attempt number. Repeating the resolve a lease
     /// ended with answers `Done` and changes nothing; any other change of
     /// an ended lease is `Lost`. Extending a live lease sets its expiry.
+    ///
+    /// An expiry ([`LeaseChange::Expire`]) resolves the lease the same way
+    /// (an attempt, then `Retry` or `Dead`) and is recorded only at or
+    /// after the lease's recorded expiry (`at >= expires_at`, else
+    /// `Lost`). Unlike every other change it may name a lease granted
+    /// under an earlier epoch than `fence.epoch` (an orphan, expired by
+    /// the partition's current owner: `fence.epoch` must still be
+    /// current). The lease then reads [`StoredLeaseState::Expired`], so a
+    /// worker's failure ([`StoredLeaseState::Resolved`]) is told from it.
     ///
     /// # Errors
     /// Backend failures, as for [`Store::record_leases`].

@@ -21,12 +21,21 @@ async fn start_node(dir: &std::path::Path) -> BelfryProcess {
 }
 
 async fn pull_tenant(node: &BelfryProcess, tenant: &str) {
+    pull_tenant_with(node, tenant, json!({ "type": "pull" })).await;
+}
+
+async fn pull_tenant_with(node: &BelfryProcess, tenant: &str, sink: Value) {
     let (status, body) = put_json(
         &node.url(&format!("/v1/tenants/{tenant}")),
-        &json!({ "sink": { "type": "pull" } }),
+        &json!({ "sink": sink }),
     )
     .await;
     assert_eq!(status, 201, "{body}");
+}
+
+fn instant(text: &Value) -> belfry_core::Timestamp {
+    belfry_core::Timestamp::parse_rfc3339(text.as_str().expect("an instant"))
+        .expect("an RFC 3339 instant")
 }
 
 /// Schedules `ids` of `tenant` at `at_ms`, in batches.
@@ -90,9 +99,14 @@ async fn claim_one(base: &str, tenant: &str, worker: &str, lease_ms: u64) -> Val
     }
 }
 
+/// `what` on `lease` with the smallest valid body.
 async fn lease_call(base: &str, lease: &Value, what: &str) -> (u16, Value) {
     let id = lease["lease_id"].as_str().unwrap();
-    call(base, &format!("/v1/leases/{id}/{what}"), &json!({}))
+    let body = match what {
+        "fail" => json!({ "error": { "code": "late" } }),
+        _ => json!({}),
+    };
+    call(base, &format!("/v1/leases/{id}/{what}"), &body)
         .await
         .expect("the node answers")
 }
@@ -144,27 +158,41 @@ async fn a_stopped_worker_loses_its_lease_and_another_completes_the_event() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_repeated_complete_or_release_answers_the_same_after_a_restart() {
+async fn a_repeated_complete_fail_or_release_answers_the_same_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mut node = start_node(dir.path()).await;
     pull_tenant(&node, "jobs").await;
-    let ids = ["done".to_string(), "given-back".to_string()];
+    let ids = ["done", "given-back", "retried", "failed"].map(String::from);
     schedule(&node, "jobs", &ids, now_ms()).await;
     let base = node.base_url();
     let mut leases = HashMap::new();
-    for _ in 0..2 {
+    for _ in 0..ids.len() {
         let lease = claim_one(&base, "jobs", "a", 30000).await;
         leases.insert(lease["event"]["id"].as_str().unwrap().to_string(), lease);
     }
     let done = &leases["done"];
     assert_eq!(lease_call(&base, done, "complete").await.0, 200);
-    let given_back = &leases["given-back"];
-    let id = given_back["lease_id"].as_str().unwrap();
-    let release = json!({ "delay_ms": 3_600_000 });
-    let (status, first) = call(&base, &format!("/v1/leases/{id}/release"), &release)
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "{first}");
+    // Each ending call with its body and its first answer.
+    let mut ended = Vec::new();
+    for (event, what, body) in [
+        ("given-back", "release", json!({ "delay_ms": 3_600_000 })),
+        (
+            "retried",
+            "fail",
+            json!({ "error": { "code": "busy" }, "retry_after_ms": 3_600_000 }),
+        ),
+        (
+            "failed",
+            "fail",
+            json!({ "error": { "code": "bad_input" }, "permanent": true }),
+        ),
+    ] {
+        let id = leases[event]["lease_id"].as_str().unwrap().to_string();
+        let path = format!("/v1/leases/{id}/{what}");
+        let (status, first) = call(&base, &path, &body).await.unwrap();
+        assert_eq!(status, 200, "{event}: {first}");
+        ended.push((event, path, body, first));
+    }
 
     // The worker never read those answers (say): it repeats its calls
     // after the node restarted.
@@ -174,21 +202,153 @@ async fn a_repeated_complete_or_release_answers_the_same_after_a_restart() {
     let (status, body) = lease_call(&base, done, "complete").await;
     assert_eq!(status, 200, "a repeat answers the same: {body}");
     assert_eq!(body["state"], "delivered");
-    let (status, again) = call(&base, &format!("/v1/leases/{id}/release"), &release)
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "{again}");
-    assert_eq!(again, first);
+    for (event, path, body, first) in &ended {
+        let (status, again) = call(&base, path, body).await.unwrap();
+        assert_eq!((status, &again), (200, first), "{event}");
+    }
+    let (_, failed) = get_json(&node.url("/v1/tenants/jobs/events/failed")).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
     // Any other call on them is lease_lost.
+    let given_back = &leases["given-back"];
     for (lease, what) in [
         (done, "heartbeat"),
         (done, "release"),
+        (done, "fail"),
         (given_back, "complete"),
+        (given_back, "fail"),
+        (&leases["retried"], "complete"),
+        (&leases["failed"], "release"),
     ] {
         let (status, body) = lease_call(&base, lease, what).await;
         assert_eq!(status, 409, "{what}: {body}");
         assert_eq!(body["error"]["code"], "lease_lost", "{body}");
     }
+}
+
+/// A worker holds a lease when its node is killed: after the restart the
+/// lease is void (the worker's calls answer `lease_lost`), and the event
+/// is leased again only once that lease's time is up, its expiry counted
+/// as a failed attempt (`lease_expired` in the history): the next lease
+/// carries attempt 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_left_by_a_kill_9_counts_as_an_expired_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = start_node(dir.path()).await;
+    pull_tenant(&node, "jobs").await;
+    schedule(&node, "jobs", &["e1".to_string()], now_ms()).await;
+    let first = claim_one(&node.base_url(), "jobs", "a", 3_000).await;
+    assert_eq!(first["attempt"], 1, "{first}");
+
+    node.kill_9();
+    node.restart().await.expect("restart after kill -9");
+    let base = node.base_url();
+    let (status, body) = lease_call(&base, &first, "heartbeat").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "lease_lost", "{body}");
+
+    let again = claim_one(&base, "jobs", "b", 30_000).await;
+    assert_eq!(again["event"]["id"], "e1", "{again}");
+    assert_eq!(again["attempt"], 2, "the orphan's expiry counted: {again}");
+    assert!(
+        instant(&again["leased_at"]) >= instant(&first["lease_expires_at"]),
+        "leased again before the first lease ran out: {first} {again}"
+    );
+    let (_, attempts) = get_json(&node.url("/v1/tenants/jobs/events/e1/attempts")).await;
+    let history = attempts["attempts"].as_array().expect("a history");
+    assert_eq!(history.len(), 1, "{attempts}");
+    assert!(
+        history[0].to_string().contains("lease_expired"),
+        "{attempts}"
+    );
+    let (status, body) = lease_call(&base, &again, "complete").await;
+    assert_eq!(status, 200, "{body}");
+    let (_, event) = get_json(&node.url("/v1/tenants/jobs/events/e1")).await;
+    assert_eq!(event["status"], "delivered", "{event}");
+    assert_eq!(event["attempts"], 2, "{event}");
+}
+
+/// A clean stop (SIGTERM) gives the workers' leases back instead: void
+/// for their calls after the restart, the event is leased again once the
+/// lease's time is up, with the same attempt number and nothing in its
+/// history (the node ended the lease, not its worker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_held_through_a_clean_restart_is_given_back_without_an_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = start_node(dir.path()).await;
+    pull_tenant(&node, "jobs").await;
+    schedule(&node, "jobs", &["e1".to_string()], now_ms()).await;
+    let first = claim_one(&node.base_url(), "jobs", "a", 3_000).await;
+
+    let status = node.terminate().await.expect("the node exits");
+    assert!(status.success(), "{status:?}");
+    node.restart().await.expect("restart after SIGTERM");
+    let base = node.base_url();
+    let (status, body) = lease_call(&base, &first, "complete").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "lease_lost", "{body}");
+
+    let again = claim_one(&base, "jobs", "b", 30_000).await;
+    assert_eq!(again["event"]["id"], "e1", "{again}");
+    assert_eq!(again["attempt"], 1, "no attempt counted: {again}");
+    assert!(
+        instant(&again["leased_at"]) >= instant(&first["lease_expires_at"]),
+        "leased again before the first lease ran out: {first} {again}"
+    );
+    let (_, attempts) = get_json(&node.url("/v1/tenants/jobs/events/e1/attempts")).await;
+    assert_eq!(attempts["attempts"], json!([]), "{attempts}");
+}
+
+/// With `max_attempts: 1`, the expiry of a lease left by a kill -9 is the
+/// last attempt: the event ends `failed` and is never leased again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_left_by_a_kill_9_as_the_last_attempt_fails_the_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = start_node(dir.path()).await;
+    pull_tenant_with(&node, "jobs", json!({ "type": "pull", "max_attempts": 1 })).await;
+    schedule(&node, "jobs", &["e1".to_string()], now_ms()).await;
+    let first = claim_one(&node.base_url(), "jobs", "a", 2_000).await;
+    assert_eq!(
+        (&first["attempt"], &first["max_attempts"]),
+        (&json!(1), &json!(1))
+    );
+
+    node.kill_9();
+    node.restart().await.expect("restart after kill -9");
+    let base = node.base_url();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let event = loop {
+        // Workers keep claiming; none is given the event again.
+        let (status, claimed) = call(
+            &base,
+            "/v1/tenants/jobs/leases",
+            &claim_body("b", 10, 30_000),
+        )
+        .await
+        .expect("the node answers");
+        assert_eq!(status, 200, "{claimed}");
+        assert_eq!(claimed["leases"], json!([]), "leased again: {claimed}");
+        let (_, event) = get_json(&node.url("/v1/tenants/jobs/events/e1")).await;
+        if event["status"] != "scheduled" {
+            break event;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never ended: {event}"
+        );
+    };
+    assert_eq!(event["status"], "failed", "{event}");
+    assert_eq!(event["attempts"], 1, "{event}");
+    let reason = event["last_error"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("max_attempts") && reason.contains("lease_expired"),
+        "{event}"
+    );
+    assert!(
+        instant(&event["finished_at"]) >= instant(&first["lease_expires_at"]),
+        "failed before its lease ran out: {event} {first}"
+    );
+    let (_, attempts) = get_json(&node.url("/v1/tenants/jobs/events/e1/attempts")).await;
+    assert!(attempts.to_string().contains("lease_expired"), "{attempts}");
 }
 
 /// One answer a worker got: `None` when the node did not answer.
@@ -353,10 +513,9 @@ async fn kill_9_of_the_node_while_workers_hold_leases_ends_every_event_once() {
         .filter(|(_, leases)| leases.len() > 1)
         .collect();
     assert!(twice.is_empty(), "ended by two leases: {twice:?}");
-    // A call is repeated until answered, and a repeated complete answers
-    // the same after the restart: every delivered event was completed
-    // with a 200. (A repeated fail after a restart is `lease_lost`: the
-    // store's resolution does not tell a worker's failure from an expiry.)
+    // A call is repeated until answered, and a repeated complete (or
+    // fail) answers the same after the restart: every delivered event was
+    // completed with a 200.
     let completed: HashSet<&str> = answers
         .iter()
         .filter(|a| a.call == "complete" && matches!(a.answer, Some((200, _))))

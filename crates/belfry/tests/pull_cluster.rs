@@ -242,6 +242,113 @@ async fn a_worker_on_one_node_runs_events_the_other_node_owns_and_a_stale_lease_
     assert_eq!(status, 200, "{body}");
 }
 
+/// What becomes of a lease a worker holds on an event of node 1's
+/// partitions when node 1 goes away, seen through node 0 (which takes the
+/// partition over): the old lease's calls answer `lease_lost`, and the
+/// event is leased again only once that lease's time is up. Answers the
+/// next lease (completed) and the nodes.
+async fn lease_through_the_loss_of_node_1(
+    tenant: &str,
+    lose: impl AsyncFnOnce(&mut BelfryProcess),
+) -> (Value, Nodes) {
+    let url = PgServer::shared().fresh_database().await;
+    let (mut nodes, dirs) = two_nodes(&url).await;
+    let owned = owned_by(&nodes[0], &nodes).await;
+    pull_tenant(&nodes[0], tenant).await;
+    let id = ids_in(tenant, "orphan", &owned[1], 1).remove(0);
+    let bases: Vec<String> = nodes.iter().map(|n| n.base_url()).collect();
+    schedule(&bases, tenant, std::slice::from_ref(&id), now_ms()).await;
+    let deadline = Instant::now() + SETTLE;
+    let first = loop {
+        assert!(Instant::now() < deadline, "never leased");
+        if let Some(lease) = claim(&bases[1], tenant, "a", 1, 5_000, 1_000).await.pop() {
+            break lease;
+        }
+    };
+    assert_eq!(first["attempt"], 1, "{first}");
+
+    lose(&mut nodes[1]).await;
+    let a = &bases[0];
+    let body = json!({ "worker_id": "b", "max_events": 1, "lease_ms": 30_000, "wait_ms": 1_000 });
+    let again = loop {
+        assert!(Instant::now() < deadline, "never leased again");
+        match call(a, &format!("/v1/tenants/{tenant}/leases"), &body).await {
+            Some((200, answer)) => {
+                if let Some(lease) = answer["leases"].get(0) {
+                    break lease.clone();
+                }
+            }
+            // The partition is being taken over.
+            Some((503, _)) | None => tokio::time::sleep(Duration::from_millis(100)).await,
+            Some((status, answer)) => panic!("claim: {status} {answer}"),
+        }
+    };
+    assert_eq!(again["event"]["id"], id.as_str(), "{again}");
+    let instant = |lease: &Value, field: &str| {
+        belfry_core::Timestamp::parse_rfc3339(lease[field].as_str().unwrap()).unwrap()
+    };
+    assert!(
+        instant(&again, "leased_at") >= instant(&first, "lease_expires_at"),
+        "leased again before the first lease ran out: {first} {again}"
+    );
+    let (status, body) = lease_call(a, &first, "heartbeat").await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (409, &json!("lease_lost")),
+        "{body}"
+    );
+    let (status, body) = lease_call(a, &again, "complete").await;
+    assert_eq!(status, 200, "{body}");
+    (again, (nodes, dirs))
+}
+
+/// Nodes and their directories, which live as long as they do.
+type Nodes = (Vec<BelfryProcess>, Vec<tempfile::TempDir>);
+
+/// Node 1 is killed: node 0 takes the partition over and records the
+/// orphaned lease's expiry (under its own epoch) as a failed attempt
+/// `lease_expired`; the next lease carries attempt 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_left_by_a_killed_node_counts_as_an_expired_attempt_where_it_is_taken_over() {
+    let (again, (nodes, _dirs)) =
+        lease_through_the_loss_of_node_1("jobs", async |node| node.kill_9()).await;
+    assert_eq!(again["attempt"], 2, "the orphan's expiry counted: {again}");
+    let id = again["event"]["id"].as_str().unwrap();
+    let (_, attempts) =
+        get_json(&nodes[0].url(&format!("/v1/tenants/jobs/events/{id}/attempts"))).await;
+    assert!(attempts.to_string().contains("lease_expired"), "{attempts}");
+    let (_, event) = get_json(&nodes[0].url(&format!("/v1/tenants/jobs/events/{id}"))).await;
+    assert_eq!(
+        (&event["status"], &event["attempts"]),
+        (&json!("delivered"), &json!(2)),
+        "{event}"
+    );
+}
+
+/// Node 1 stops cleanly (SIGTERM: it hands its partitions over): it gives
+/// the lease back first, so no attempt is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_on_a_node_that_hands_over_cleanly_is_given_back_without_an_attempt() {
+    let (again, (nodes, _dirs)) = lease_through_the_loss_of_node_1("jobs", async |node| {
+        let status = node.terminate().await.expect("node 1 exits");
+        assert!(status.success(), "{status:?}");
+    })
+    .await;
+    assert_eq!(again["attempt"], 1, "no attempt counted: {again}");
+    let id = again["event"]["id"].as_str().unwrap();
+    let (_, attempts) =
+        get_json(&nodes[0].url(&format!("/v1/tenants/jobs/events/{id}/attempts"))).await;
+    assert_eq!(
+        attempts["attempts"].as_array().map(Vec::len),
+        Some(1),
+        "{attempts}"
+    );
+    assert!(
+        !attempts.to_string().contains("lease_expired"),
+        "{attempts}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_parked_on_one_node_is_woken_when_an_event_the_other_node_owns_comes_due() {
     let url = PgServer::shared().fresh_database().await;

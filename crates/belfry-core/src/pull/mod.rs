@@ -27,7 +27,9 @@
 //!   tenant;
 //! - *grants* being recorded, and *leases*: active (with their expiry),
 //!   cancelled (until their expiry, to answer heartbeats), or expiring
-//!   (their failed attempt being recorded);
+//!   (their failed attempt being recorded); among them *orphans*, leases
+//!   another owner (or this node before a restart) granted and never saw
+//!   end, which a grant found in the store;
 //! - *remembered* outcomes, to answer a repeated call the same way.
 //!
 //! Every ready entry is an outstanding entry of its partition core from
@@ -42,8 +44,20 @@
 //! ready ──claim──▶ granting ──recorded──▶ active ──complete/fail/release──▶ ended
 //!   ▲                 │ lost/cancelled          │ │ heartbeat (extends)
 //!   └─ store down ────┘    ⇒ ended              │ └─ version ended ──▶ cancelled ──expiry──▶ gone
-//!                                               └─ expiry ──▶ expiring ──recorded──▶ ended
+//!                     │                         └─ expiry ──▶ expiring ──recorded──▶ ended
+//!                     └─ orphaned ──▶ orphan (calls: lease_lost) ──expiry──▶ expiring
 //! ```
+//! A grant the store answers [`PersistResult::Orphaned`] found the
+//! version's current attempt leased already, by a lease whose owner went
+//! away before it ended (a crash or restart of the node, a partition
+//! move). The queue holds that orphan instead, with the entry it fired
+//! for (the claim waits on), until the orphan's recorded expiry; then it
+//! records the expiry as a failed attempt ([`LeaseChange::Expire`], under
+//! the epoch it holds the partition in), like any expiry: so every
+//! attempt a worker was given counts, and a job that crashes its node is
+//! not retried forever. A node that lets a partition go cleanly gives its
+//! leases back instead ([`PullQueue::give_back`]: released at their
+//! expiries, no attempt counted).
 //! Every change is recorded before it is answered: a grant before the
 //! worker sees the lease ([`Action::PersistGrants`]), a heartbeat's new
 //! expiry, and the end of a lease ([`Action::PersistLease`]), each fenced
@@ -57,8 +71,10 @@
 //! - Never early: an entry is leased only at or after its due instant
 //!   (its instant, its back-off, or the end of a release's delay).
 //! - One lease at a time: a version is leased again only after its lease
-//!   ended in the store, or under a new epoch (a partition move voids the
-//!   old epoch's leases: every call on them answers `lease_lost`).
+//!   ended in the store — by its worker, its expiry (an orphan's too), or
+//!   a give-back at its expiry. A partition move voids the old epoch's
+//!   leases for calls (every call on them answers `lease_lost`) but does
+//!   not end them early.
 //! - No silent stale success: a call on a lease that expired, ended,
 //!   was superseded or moved answers [`PullError::LeaseLost`]; a repeated
 //!   complete, fail or release of the same lease answers as the first did.

@@ -120,7 +120,7 @@ enum CallKind {
 }
 
 /// How a store write the queue asked for went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PersistResult {
     Done,
     /// Fenced: the partition's epoch moved, or the stored lease is not
@@ -130,6 +130,12 @@ pub enum PersistResult {
     Cancelled,
     /// The store could not be written; nothing changed.
     Unavailable,
+    /// Only for a grant: the version's current attempt already has a
+    /// lease recorded that never ended, one this queue does not hold (its
+    /// node restarted, or the partition moved, while it was live). Nothing
+    /// was written; the queue holds that *orphan* until its expiry and
+    /// then records the expiry as a failed attempt.
+    Orphaned(Box<LeaseRecord>),
 }
 
 /// What happened, fed to [`PullQueue::handle`].
@@ -206,11 +212,22 @@ pub enum Resolution {
 pub enum LeaseChange {
     /// A heartbeat: the lease now expires at `expires_at`.
     Extend { expires_at: Timestamp },
-    /// The lease ends; `report` is the attempt for the history (`None`
-    /// for a release, which is no attempt).
+    /// The lease ends by its worker's call (complete, fail, release);
+    /// `report` is the attempt for the history (`None` for a release,
+    /// which is no attempt).
     Resolve {
         resolution: Resolution,
         report: Option<AttemptReport>,
+    },
+    /// The lease ran out: a failed attempt (`report`, code
+    /// `lease_expired`), then `resolution` ([`Resolution::Retry`] or
+    /// [`Resolution::Dead`]). Recorded only at or after the lease's
+    /// recorded expiry, and — unlike a worker's call — also for an
+    /// orphaned lease of an earlier epoch, by the partition's current
+    /// owner under its own epoch.
+    Expire {
+        resolution: Resolution,
+        report: AttemptReport,
     },
 }
 
@@ -287,12 +304,15 @@ pub enum Action {
         call: CallId,
         grants: Vec<LeaseRecord>,
     },
-    /// Apply `change` to the recorded lease (fenced, only if it is still
-    /// this lease); answer with [`Input::Persisted`].
+    /// Apply `change` to the recorded lease (fenced by `partition` at
+    /// `epoch`, only if it is still this lease); answer with
+    /// [`Input::Persisted`]. `epoch` is the lease's own, except for the
+    /// expiry of an orphan, written under the epoch it was found in.
     PersistLease {
         op: OpId,
         lease: LeaseId,
         partition: PartitionId,
+        epoch: u64,
         change: LeaseChange,
     },
     Reply {
@@ -318,6 +338,9 @@ pub struct PullStats {
     pub failed: u64,
     pub released: u64,
     pub expired: u64,
+    /// Orphaned leases a grant found and the queue held until their
+    /// expiry (their expiries count in `expired` too).
+    pub orphans: u64,
     /// Grants or calls the store answered `Lost`, and leases voided by a
     /// partition move.
     pub lost: u64,
@@ -411,6 +434,13 @@ enum Pending {
 struct Lease {
     id: LeaseId,
     partition: PartitionId,
+    /// The partition's epoch this queue holds the lease under: its
+    /// writes' fence and its entry's core. The lease id's own epoch,
+    /// except for an orphan of an earlier epoch.
+    epoch: u64,
+    /// Found by a grant, not granted here: its worker's calls answer
+    /// `lease_lost`; only its expiry is recorded.
+    orphan: bool,
     entry: DueCursor,
     event_time: Timestamp,
     policy: AttemptPolicy,
@@ -584,6 +614,36 @@ impl PullQueue {
             .collect()
     }
 
+    /// The changes that give back the live leases this node granted on
+    /// `partition`, for a node that lets the partition go cleanly (a
+    /// hand-over, a shutdown) rather than leave them orphaned: each event
+    /// pending again at its lease's expiry (not before: its worker may be
+    /// running it until its next call answers `lease_lost`), with no
+    /// attempt counted — the node ended them, not their workers. The
+    /// runtime writes them under the lease's epoch before giving the
+    /// partition up, then sends [`Input::PartitionLost`]; a write that
+    /// fails leaves an orphan, which the next owner expires as an attempt.
+    /// Orphans, and cancelled or expiring leases, are left out.
+    pub fn give_back(&self, partition: PartitionId, now: Timestamp) -> Vec<(LeaseId, LeaseChange)> {
+        let mut changes: Vec<(LeaseId, LeaseChange)> = self
+            .leases
+            .values()
+            .filter(|lease| {
+                lease.partition == partition && !lease.orphan && lease.state == LeaseState::Active
+            })
+            .map(|lease| {
+                let at = lease.expires_at.max(now);
+                let change = LeaseChange::Resolve {
+                    resolution: Resolution::Released { at },
+                    report: None,
+                };
+                (lease.id.clone(), change)
+            })
+            .collect();
+        changes.sort_by(|a, b| a.0.cmp(&b.0));
+        changes
+    }
+
     /// New leases (grants included) that fit.
     pub fn lease_room(&self) -> usize {
         self.config
@@ -636,8 +696,8 @@ impl PullQueue {
                     self.grants_persisted(op, results, now, &mut out);
                 } else if let Some(lease) = self.lease_ops.remove(&op) {
                     let result = results
-                        .first()
-                        .copied()
+                        .into_iter()
+                        .next()
                         .unwrap_or(PersistResult::Unavailable);
                     self.lease_persisted(&lease, result, now, &mut out);
                 }
@@ -973,11 +1033,9 @@ impl PullQueue {
         let abandoned = self.waiters.get(&batch.waiter).is_none_or(|w| w.abandoned);
         let mut granted = Vec::new();
         let mut unavailable = false;
-        for (i, item) in batch.items.into_iter().enumerate() {
-            let result = results
-                .get(i)
-                .copied()
-                .unwrap_or(PersistResult::Unavailable);
+        let mut results = results.into_iter();
+        for item in batch.items {
+            let result = results.next().unwrap_or(PersistResult::Unavailable);
             let GrantItem {
                 entry,
                 record,
@@ -994,29 +1052,8 @@ impl PullQueue {
                 (Fate::Live, PersistResult::Done) => {
                     self.stats.granted += 1;
                     let id = record.lease.clone();
-                    self.held
-                        .insert(held_key, Place::Leased { lease: id.clone() });
-                    self.timers.insert((record.expires_at, id.clone()));
                     let length = record.leased_at.until(record.expires_at);
-                    self.leases.insert(
-                        id.clone(),
-                        Lease {
-                            id: id.clone(),
-                            partition: entry.partition,
-                            entry: entry.entry.clone(),
-                            event_time: entry.record.event_time,
-                            policy: entry.policy.clone(),
-                            worker: record.worker.clone(),
-                            leased_at: record.leased_at,
-                            expires_at: record.expires_at,
-                            deadline_at: record.deadline_at,
-                            length,
-                            state: LeaseState::Active,
-                            busy: None,
-                            queued: VecDeque::new(),
-                            cancel_seen: false,
-                        },
-                    );
+                    self.hold_lease(&entry, &record, false);
                     if abandoned {
                         // Nobody will work on it: give it back at once.
                         self.start_call(
@@ -1042,6 +1079,12 @@ impl PullQueue {
                             record: entry.record,
                         });
                     }
+                }
+                (Fate::Live, PersistResult::Orphaned(orphan)) => {
+                    // Not this grant: the lease its version already has,
+                    // held here until it runs out (the claim waits on).
+                    self.stats.orphans += 1;
+                    self.hold_lease(&entry, &orphan, true);
                 }
                 (Fate::Live, PersistResult::Unavailable) => {
                     // Nothing was recorded: ready again, at its place.
@@ -1108,6 +1151,38 @@ impl PullQueue {
         }
     }
 
+    /// Holds `record`, a lease of `entry`'s version recorded in the store,
+    /// until it ends: granted here, or an `orphan` a grant found.
+    fn hold_lease(&mut self, entry: &ReadyEntry, record: &LeaseRecord, orphan: bool) {
+        let id = record.lease.clone();
+        self.held.insert(
+            (entry.entry.key.clone(), entry.record.version.clone()),
+            Place::Leased { lease: id.clone() },
+        );
+        self.timers.insert((record.expires_at, id.clone()));
+        self.leases.insert(
+            id.clone(),
+            Lease {
+                id,
+                partition: entry.partition,
+                epoch: entry.epoch,
+                orphan,
+                entry: entry.entry.clone(),
+                event_time: entry.record.event_time,
+                policy: entry.policy.clone(),
+                worker: record.worker.clone(),
+                leased_at: record.leased_at,
+                expires_at: record.expires_at,
+                deadline_at: record.deadline_at,
+                length: record.leased_at.until(record.expires_at),
+                state: LeaseState::Active,
+                busy: None,
+                queued: VecDeque::new(),
+                cancel_seen: false,
+            },
+        );
+    }
+
     fn call(
         &mut self,
         call: CallId,
@@ -1117,6 +1192,9 @@ impl PullQueue {
         out: &mut Vec<Action>,
     ) {
         let reply = match self.leases.get_mut(id) {
+            // Its node restarted or the partition moved since its grant:
+            // void for calls, like every lease of a moved partition.
+            Some(lease) if lease.orphan => Reply::Error(PullError::LeaseLost),
             Some(lease) => match lease.state {
                 LeaseState::Expiring => Reply::Error(PullError::LeaseLost),
                 LeaseState::Cancelled => match request {
@@ -1241,6 +1319,7 @@ impl PullQueue {
             op,
             lease: id.clone(),
             partition: lease.partition,
+            epoch: lease.epoch,
             change,
         });
     }
@@ -1255,10 +1334,17 @@ impl PullQueue {
         }
         lease.state = LeaseState::Expiring;
         let queued = std::mem::take(&mut lease.queued);
-        let error = format!(
-            "{LEASE_EXPIRED_CODE}: worker {} sent no heartbeat within its lease",
-            lease.worker
-        );
+        let error = if lease.orphan {
+            format!(
+                "{LEASE_EXPIRED_CODE}: the lease of worker {} ran out after its node restarted or lost the partition",
+                lease.worker
+            )
+        } else {
+            format!(
+                "{LEASE_EXPIRED_CODE}: worker {} sent no heartbeat within its lease",
+                lease.worker
+            )
+        };
         let resolution = match lease
             .policy
             .next_attempt(id.attempt(), lease.event_time, now, None)
@@ -1268,9 +1354,9 @@ impl PullQueue {
                 reason: give_up.describe(id.attempt(), &error),
             },
         };
-        let change = LeaseChange::Resolve {
+        let change = LeaseChange::Expire {
             resolution,
-            report: Some(report(lease, now, Verdict::Retry, Some(error))),
+            report: report(lease, now, Verdict::Retry, Some(error)),
         };
         self.next_op += 1;
         let op = OpId(self.next_op);
@@ -1284,6 +1370,7 @@ impl PullQueue {
             op,
             lease: id.clone(),
             partition: lease.partition,
+            epoch: lease.epoch,
             change,
         });
         for (call, _, _) in queued {
@@ -1347,7 +1434,11 @@ impl PullQueue {
                 reply = Some(Reply::Error(PullError::LeaseLost));
                 cancel = true;
             }
-            (Pending::Extend(_) | Pending::Resolve { .. }, PersistResult::Lost) => {
+            // (`Orphaned` answers grants only; taken as `Lost`.)
+            (
+                Pending::Extend(_) | Pending::Resolve { .. },
+                PersistResult::Lost | PersistResult::Orphaned(_),
+            ) => {
                 self.stats.lost += 1;
                 reply = Some(Reply::Error(PullError::LeaseLost));
                 end = true;
@@ -1419,7 +1510,7 @@ impl PullQueue {
         if lease.state != LeaseState::Cancelled {
             out.push(Action::Finish {
                 partition: lease.partition,
-                epoch: id.epoch(),
+                epoch: lease.epoch,
                 entry: lease.entry,
                 finish: Finish::Done,
             });
@@ -1443,7 +1534,7 @@ impl PullQueue {
         lease.cancel_seen = true;
         out.push(Action::Finish {
             partition: lease.partition,
-            epoch: id.epoch(),
+            epoch: lease.epoch,
             entry: lease.entry.clone(),
             finish: Finish::Done,
         });

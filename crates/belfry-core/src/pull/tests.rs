@@ -176,7 +176,7 @@ impl Harness {
             };
             out.extend(self.handle(Input::Persisted {
                 op,
-                results: vec![result; n],
+                results: vec![result.clone(); n],
             }));
         }
         out
@@ -732,11 +732,10 @@ fn an_expired_lease_is_a_failed_attempt_and_a_late_complete_is_lease_lost() {
     let lease = h.grant("t", 1, 5_000).remove(0);
     assert!(h.at(4_999).handle(Input::Tick).is_empty());
     let actions = h.at(5_000).handle(Input::Tick);
-    let LeaseChange::Resolve { resolution, report } = lease_change(&actions) else {
+    let LeaseChange::Expire { resolution, report } = lease_change(&actions) else {
         panic!();
     };
     assert_eq!(resolution, Resolution::Retry { at: ts(6_000) });
-    let report = report.unwrap();
     assert_eq!(report.verdict, Verdict::Retry);
     assert!(report.error.unwrap().starts_with(LEASE_EXPIRED_CODE));
     // Expired in memory already: every call is lost, recorded or not.
@@ -763,7 +762,7 @@ fn a_call_right_at_the_expiry_finds_the_lease_expired_without_a_tick() {
         .at(5_000)
         .call(&lease.lease, LeaseCall::Complete { result: None });
     assert_eq!(reply_to(call, &actions), lost());
-    let LeaseChange::Resolve {
+    let LeaseChange::Expire {
         resolution: Resolution::Dead { reason },
         ..
     } = lease_change(&actions)
@@ -786,7 +785,7 @@ fn an_expiry_the_store_could_not_record_is_tried_again() {
     assert!(failed.is_empty());
     assert_eq!(h.queue.next_wake(), Some(ts(1_300)));
     let again = h.at(1_300).handle(Input::Tick);
-    assert!(matches!(lease_change(&again), LeaseChange::Resolve { .. }));
+    assert!(matches!(lease_change(&again), LeaseChange::Expire { .. }));
     let done = h.persist(&again, PersistResult::Done);
     assert_eq!(finishes(&done), [("a".to_string(), Finish::Done)]);
     assert_eq!(h.queue.stats().expired, 1);
@@ -861,7 +860,7 @@ fn a_write_in_flight_holds_back_the_expiry() {
     assert_eq!(reply_to(complete, &after), lost());
     assert!(matches!(
         lease_change(&after),
-        LeaseChange::Resolve {
+        LeaseChange::Expire {
             resolution: Resolution::Retry { .. },
             ..
         }
@@ -1235,4 +1234,199 @@ fn a_withdrawn_claim_answers_empty_at_once_unless_its_grant_is_being_recorded() 
         Reply::Leases(leases) => assert_eq!(ids(&leases), ["e1"]),
         other => panic!("expected its lease, got {other:?}"),
     }
+}
+
+/// The lease an earlier owner of `entry`'s partition granted for its
+/// current attempt and never saw end (that node restarted, or lost the
+/// partition): worker `w-old`, under `epoch`, from `leased_at` to
+/// `expires_at`.
+fn orphan_of(entry: &ReadyEntry, epoch: u64, leased_at: i64, expires_at: i64) -> LeaseRecord {
+    LeaseRecord {
+        lease: LeaseId::new(
+            entry.entry.key.clone(),
+            entry.record.version.clone(),
+            entry.record.attempts + 1,
+            epoch,
+            LeaseNonce([7; 16]),
+        )
+        .unwrap(),
+        partition: entry.partition,
+        worker: WorkerId::new("w-old").unwrap(),
+        leased_at: ts(leased_at),
+        expires_at: ts(expires_at),
+        deadline_at: ts(expires_at + 3_600 * SECOND),
+    }
+}
+
+#[test]
+fn an_orphan_a_grant_finds_is_held_until_its_expiry_then_recorded_as_an_expired_attempt() {
+    let mut h = Harness::new();
+    let entry = ready("t", "a", 0);
+    h.at(1_000).offer(vec![entry.clone()]);
+    let (call, actions) = h.claim("t", 1, 30_000, 60_000);
+    // Granted under epoch 0, which ended while the lease was live.
+    let orphan = orphan_of(&entry, 0, 500, 8_000);
+    let found = h.persist(&actions, PersistResult::Orphaned(Box::new(orphan.clone())));
+    assert!(found.is_empty(), "the claim waits on: {found:?}");
+    assert_eq!(h.queue.stats().orphans, 1);
+    assert_eq!(h.queue.leases_len(), 1);
+    assert_eq!(h.queue.waiters_len(), 1);
+    assert!(h.queue.holds(&entry.entry.key, &entry.record.version));
+    // Its worker's calls find it void, as after any partition move.
+    for request in [
+        LeaseCall::Heartbeat { extend: None },
+        LeaseCall::Complete { result: None },
+    ] {
+        let (late, answer) = h.at(2_000).call(&orphan.lease, request);
+        assert_eq!(reply_to(late, &answer), lost());
+    }
+    // Not before its expiry: its worker may still be running it.
+    assert_eq!(h.queue.next_wake(), Some(ts(8_000)));
+    assert!(h.at(7_999).handle(Input::Tick).is_empty());
+    let expired = h.at(8_000).handle(Input::Tick);
+    let [
+        Action::PersistLease {
+            lease,
+            partition,
+            epoch,
+            change: LeaseChange::Expire { resolution, report },
+            ..
+        },
+    ] = &expired[..]
+    else {
+        panic!("{expired:?}");
+    };
+    assert_eq!((lease, *partition), (&orphan.lease, PartitionId(0)));
+    assert_eq!(*epoch, 1, "written under the epoch it was found in");
+    assert_eq!(*resolution, Resolution::Retry { at: ts(9_000) });
+    assert_eq!(report.started_at, ts(500));
+    assert_eq!(report.duration_ms, 7_500);
+    let error = report.error.clone().unwrap();
+    assert!(error.starts_with(LEASE_EXPIRED_CODE), "{error}");
+    assert!(error.contains("w-old"), "{error}");
+    let done = h.persist(&expired, PersistResult::Done);
+    assert!(
+        done.iter().any(|a| matches!(
+            a,
+            Action::Finish {
+                epoch: 1,
+                finish: Finish::Done,
+                ..
+            }
+        )),
+        "finished in its core: {done:?}"
+    );
+    assert_eq!((h.queue.leases_len(), h.queue.stats().expired), (0, 1));
+
+    // Fired again after its back-off: the next attempt number.
+    let again = h
+        .at(9_000)
+        .offer(vec![ready_in("t", "a", 9_000, "default", 1)]);
+    let [Action::PersistGrants { grants, .. }] = &again[..] else {
+        panic!("{again:?}");
+    };
+    assert_eq!(grants[0].lease.attempt(), 2);
+    let granted = h.persist(&again, PersistResult::Done);
+    let Reply::Leases(leases) = reply_to(call, &granted) else {
+        panic!("{granted:?}");
+    };
+    assert_eq!(leases[0].attempt, 2);
+}
+
+#[test]
+fn an_orphan_already_expired_is_recorded_at_once_and_its_last_attempt_fails_the_event() {
+    let mut h = Harness::new();
+    let entry = ready_in("t", "a", 0, "default", 2);
+    h.at(1_000).offer(vec![entry.clone()]);
+    let (call, actions) = h.claim("t", 1, 30_000, 5_000);
+    // Same epoch: the node restarted (a single node's epoch never moves).
+    let orphan = orphan_of(&entry, 1, 100, 900);
+    let expired = h.persist(&actions, PersistResult::Orphaned(Box::new(orphan.clone())));
+    assert!(no_reply(call, &expired));
+    let LeaseChange::Expire {
+        resolution: Resolution::Dead { reason },
+        report,
+    } = lease_change(&expired)
+    else {
+        panic!("{expired:?}");
+    };
+    assert!(
+        reason.contains("max_attempts reached") && reason.contains(LEASE_EXPIRED_CODE),
+        "{reason}"
+    );
+    assert_eq!(report.verdict, Verdict::Retry);
+    let done = h.persist(&expired, PersistResult::Done);
+    assert_eq!(finishes(&done), [("a".to_string(), Finish::Done)]);
+    assert_eq!(h.queue.leases_len(), 0);
+}
+
+#[test]
+fn an_orphan_whose_version_ends_is_finished_without_an_expiry() {
+    let mut h = Harness::new();
+    let entry = ready("t", "a", 0);
+    h.at(1_000).offer(vec![entry.clone()]);
+    let (_, actions) = h.claim("t", 1, 30_000, 0);
+    let orphan = orphan_of(&entry, 0, 500, 8_000);
+    h.persist(&actions, PersistResult::Orphaned(Box::new(orphan)));
+    let ended = h.at(2_000).handle(Input::VersionEnded {
+        key: entry.entry.key.clone(),
+        version: entry.record.version.clone(),
+    });
+    assert_eq!(finishes(&ended), [("a".to_string(), Finish::Done)]);
+    assert!(h.at(8_000).handle(Input::Tick).is_empty());
+    assert_eq!(h.queue.held(), 0);
+}
+
+#[test]
+fn leases_given_back_are_released_at_their_expiry_without_an_attempt() {
+    let mut h = Harness::new();
+    h.offer(vec![
+        ready("t", "a", 0),
+        ready("t", "b", 0),
+        ready("t", "c", 0),
+    ]);
+    let leases = h.grant("t", 3, 5_000);
+    // One ends (not given back), one is being extended (given back).
+    h.at(1_000)
+        .call_done(&leases[0].lease, LeaseCall::Complete { result: None });
+    let (_, extending) = h
+        .at(2_000)
+        .call(&leases[1].lease, LeaseCall::Heartbeat { extend: None });
+    assert!(matches!(
+        lease_change(&extending),
+        LeaseChange::Extend { .. }
+    ));
+    // And an orphan a grant found (left out: its expiry is the next
+    // owner's to record).
+    let orphaned = ready("t", "d", 0);
+    h.offer(vec![orphaned.clone()]);
+    let (_, granting) = h.claim("t", 1, 5_000, 0);
+    h.persist(
+        &granting,
+        PersistResult::Orphaned(Box::new(orphan_of(&orphaned, 0, 0, 9_000))),
+    );
+    assert_eq!(h.queue.leases_len(), 3);
+
+    let given = h.queue.give_back(PartitionId(0), ts(3_000));
+    let mut expected: Vec<(LeaseId, LeaseChange)> = leases[1..]
+        .iter()
+        .map(|lease| {
+            (
+                lease.lease.clone(),
+                LeaseChange::Resolve {
+                    resolution: Resolution::Released { at: ts(5_000) },
+                    report: None,
+                },
+            )
+        })
+        .collect();
+    expected.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(given, expected);
+    // Never before now, and nothing of another partition.
+    let late = h.queue.give_back(PartitionId(0), ts(6_000));
+    assert!(late.iter().all(|(_, change)| matches!(
+        change,
+        LeaseChange::Resolve { resolution: Resolution::Released { at }, .. } if *at == ts(6_000)
+    )));
+    assert!(h.queue.give_back(PartitionId(1), ts(3_000)).is_empty());
 }
