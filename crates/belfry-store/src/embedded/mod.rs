@@ -60,10 +60,12 @@
 //!   count after a restart never reuses a number for the same event.
 //!
 //! # Durability
-//! Every write goes through a writer thread, which fsyncs (`SyncAll`)
-//! before answering. Two shards' fsyncs may overlap; each answers only
-//! after its own returned. Reads go straight to fjall and see every
-//! answered write.
+//! Every write goes through a writer thread, which answers only after an
+//! fsync (`SyncAll`) of fjall's journal that started after its batch
+//! committed. The shards share that fsync ([`journal_sync`]): one runs at
+//! a time, covering every shard's commits made before it started, so
+//! under load two shards cost one fsync, not two of the same file. Reads
+//! go straight to fjall and see every answered write.
 
 mod auth;
 mod bulk;
