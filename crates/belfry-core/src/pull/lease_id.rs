@@ -109,13 +109,24 @@ impl fmt::Debug for NonceSource {
 }
 
 /// See the module documentation.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LeaseId {
     key: EventKey,
     version: EventVersion,
     attempt: u32,
     epoch: u64,
     nonce: LeaseNonce,
+}
+
+/// Hashes the nonce alone: it is 128 random bits the node drew for this
+/// lease, so it tells leases apart as well as the whole id, and the pull
+/// queue's maps keyed by lease id no longer hash the event's tenant, id
+/// and version on every call. (Equal ids have equal nonces, as `Hash`
+/// requires; ids a client makes up only cost a comparison.)
+impl std::hash::Hash for LeaseId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.nonce.hash(state);
+    }
 }
 
 impl LeaseId {
