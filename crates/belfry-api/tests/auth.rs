@@ -16,7 +16,7 @@ use belfry_core::bulk::{BulkAction, BulkActionId, BulkFilter, BulkKind};
 use belfry_core::{Clock, SystemClock, TenantName, Timestamp};
 use belfry_engine::EngineOptions;
 use belfry_store::SharedStore;
-use common::{FUTURE, Harness, encode};
+use common::{FUTURE, FaultScope, Harness, encode};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -30,10 +30,15 @@ struct Served {
 
 impl Served {
     async fn start(h: &Harness, options: AuthOptions) -> Served {
+        Served::start_on(h, options, h.store.clone()).await
+    }
+
+    /// [`Served::start`] with the keys read from `store`.
+    async fn start_on(h: &Harness, options: AuthOptions, store: SharedStore) -> Served {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut state = h.state.clone();
-        state.auth = Arc::new(Auth::new(options, h.store.clone(), addr));
+        state.auth = Arc::new(Auth::new(options, store, addr));
         let app = belfry_api::router(state);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -452,6 +457,59 @@ async fn everything(h: &Harness) -> Value {
         "audit": serde_json::to_value(&audit).unwrap(),
         "bulk_actions": serde_json::to_value(&bulk_actions).unwrap(),
     })
+}
+
+/// An open node whose store cannot tell whether keys exist does not let a
+/// keyless request in, and answers it as the outage it is (503
+/// `store_unavailable`, retry), not as a missing key (401). Once the
+/// store answers again the node is open again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_request_is_503_while_the_store_cannot_tell_whether_keys_exist() {
+    let h = Harness::start().await;
+    let node = Served::start_on(&h, AuthOptions::default(), h.faulty.clone()).await;
+    h.faults.set(
+        FaultScope::KeyReads,
+        belfry_store::StoreError::Unavailable("key listing down".into()),
+    );
+    // The node asks the store again at most once a second; until then it
+    // keeps its last answer (open). Never a 401 meanwhile.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let answer = node.call(Call::new("GET", "/v1/tenants")).await;
+        if answer.status != 200 {
+            break answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never asked the store"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(
+        refused.body["error"]["code"], "store_unavailable",
+        "{refused:?}"
+    );
+    assert!(h.faults.injected() >= 1, "the key listing was asked");
+    assert!(
+        !refused.body.to_string().contains("key listing down"),
+        "no internals in the answer: {refused:?}"
+    );
+
+    h.faults.clear();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let open = node.call(Call::new("GET", "/v1/tenants")).await;
+        if open.status == 200 {
+            break;
+        }
+        assert_eq!(open.status, 503, "{open:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still refused: {open:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,6 +37,8 @@ pub struct Harness {
     pub embedded: Arc<EmbeddedStore>,
     /// Injects failures into what the API sees of the store.
     pub faults: Arc<Faults>,
+    /// The store as the engine sees it: through `faults`.
+    pub faulty: SharedStore,
     _dir: TempDir,
 }
 
@@ -66,6 +68,9 @@ pub enum FaultScope {
     /// Only the pull queue's lease writes (grants and changes): what the
     /// queue answers without the store still answers.
     LeaseWrites,
+    /// Only the listing of API keys: an open node cannot tell whether
+    /// keys exist.
+    KeyReads,
 }
 
 impl Faults {
@@ -93,7 +98,10 @@ impl Faults {
     fn check(&self, call: FaultScope) -> StoreResult<()> {
         let result = match &*self.fault.lock().unwrap() {
             Some((FaultScope::ClientCalls, error))
-                if !matches!(call, FaultScope::DuePages | FaultScope::LeaseWrites) =>
+                if !matches!(
+                    call,
+                    FaultScope::DuePages | FaultScope::LeaseWrites | FaultScope::KeyReads
+                ) =>
             {
                 Err(error.clone())
             }
@@ -130,6 +138,7 @@ impl Interposer for Faults {
                 counted
             }
             StoreCall::RecordLeases | StoreCall::ChangeLease => self.check(FaultScope::LeaseWrites),
+            StoreCall::ListApiKeys => self.check(FaultScope::KeyReads),
             StoreCall::PutTenant
             | StoreCall::GetTenant
             | StoreCall::ListTenants
@@ -207,7 +216,7 @@ impl Harness {
         }
         let faulty: SharedStore = Arc::new(Interposed::new(store.clone(), faults.clone()));
         let sinks = Sinks::new(Default::default()).unwrap();
-        let engine = Engine::start(engine_options, faulty, sinks, Arc::new(SystemClock));
+        let engine = Engine::start(engine_options, faulty.clone(), sinks, Arc::new(SystemClock));
         let state = ApiState {
             engine: engine.handle(),
             options,
@@ -229,6 +238,7 @@ impl Harness {
             store,
             embedded,
             faults,
+            faulty,
             _dir: dir,
         }
     }
@@ -243,8 +253,10 @@ impl Harness {
             store,
             embedded,
             faults: _,
+            faulty,
             _dir,
         } = self;
+        drop(faulty);
         drop(app);
         drop(state);
         drop(store);
