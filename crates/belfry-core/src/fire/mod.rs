@@ -67,6 +67,13 @@ pub struct CoreConfig {
     /// a tenant whose deliveries hang stops taking entries here and its
     /// backlog stays in the store.
     pub max_outstanding_per_tenant: usize,
+    /// How long a tenant stays blocked before its lane is trimmed to
+    /// [`CoreConfig::blocked_lane_cap`]. A busy healthy tenant reaches its
+    /// outstanding bound in a stall of a few tens of milliseconds; trimming
+    /// it then evicted thousands of entries per partition that were paged
+    /// back a moment later, and that work made the next stall. A hung
+    /// tenant stays blocked for its whole timeout.
+    pub blocked_trim_after: Duration,
     /// How often a repair page is read; zero disables repairs.
     pub repair_interval: Duration,
     /// Entries per repair page.
@@ -92,6 +99,7 @@ impl CoreConfig {
             read_ahead_max_bytes: 2 * 1024 * 1024,
             fire_batch: 2_048,
             max_outstanding_per_tenant: 256,
+            blocked_trim_after: Duration::from_secs(1),
             repair_interval: Duration::from_secs(5),
             // Small: a page per interval in each partition is a steady read
             // load (1,024 read more rows than 10,000 deliveries/s did on
@@ -393,8 +401,13 @@ pub struct PartitionCore {
     next_repair_at: Option<Timestamp>,
     stats: CoreStats,
     /// A blocked tenant's lane may be over its cap: trimmed a step per
-    /// tick (see [`PartitionCore::trim_blocked_lanes`]).
+    /// tick once it was blocked long enough (see
+    /// [`PartitionCore::trim_blocked_lanes`]).
     trim_pending: bool,
+    /// When the pending trim is due; `None`: look at the next tick.
+    next_trim_at: Option<Timestamp>,
+    /// Since when each blocked tenant over its lane cap was seen blocked.
+    blocked_since: HashMap<TenantName, Timestamp>,
 }
 
 impl PartitionCore {
@@ -419,6 +432,8 @@ impl PartitionCore {
             next_repair_at: None,
             stats: CoreStats::default(),
             trim_pending: false,
+            next_trim_at: None,
+            blocked_since: HashMap::new(),
         }
     }
 
@@ -480,7 +495,7 @@ impl PartitionCore {
                     .collect();
                 for tenant in blocked {
                     self.window.set_blocked(&tenant, true);
-                    self.trim_pending = true;
+                    self.trim_soon();
                 }
             }
             Input::Loaded { request, page } => self.loaded(request, page, now),
@@ -497,7 +512,10 @@ impl PartitionCore {
         let half_window = self.config.window / 2;
         let mut wake = now.plus(Duration::from_secs(1));
         if self.trim_pending {
-            return now;
+            match self.next_trim_at {
+                None => return now,
+                Some(at) => wake = wake.min(at),
+            }
         }
         if let Some(due) = self.window.next_ready() {
             wake = wake.min(due);
@@ -647,13 +665,13 @@ impl PartitionCore {
             // tenant's events.
             self.budget_blocked.clear();
             for tenant in self.window.blocked_tenants() {
-                self.window.set_blocked(&tenant, false);
+                self.unblock(&tenant);
             }
         }
         if may_fire {
             self.fire_due(now, actions);
         }
-        self.trim_blocked_lanes();
+        self.trim_blocked_lanes(now);
         self.start_load(now, actions);
         if may_fire {
             self.start_read_ahead(now, actions);
@@ -686,7 +704,7 @@ impl PartitionCore {
                 // a tenant with nothing outstanding here may still fire one.
                 self.window.insert(entry, true);
                 self.window.set_blocked(&tenant, true);
-                self.trim_pending = true;
+                self.trim_soon();
                 self.budget_blocked.insert(tenant);
                 continue;
             }
@@ -694,7 +712,7 @@ impl PartitionCore {
             *count += 1;
             if *count >= self.config.max_outstanding_per_tenant {
                 self.window.set_blocked(&tenant, true);
-                self.trim_pending = true;
+                self.trim_soon();
             }
             self.outstanding.insert(entry.clone(), None);
             self.outstanding_by_key
@@ -719,18 +737,19 @@ impl PartitionCore {
         let tenant = entry.key.tenant.clone();
         if let Some(count) = self.outstanding_by_tenant.get_mut(&tenant) {
             *count -= 1;
-            if *count < self.config.max_outstanding_per_tenant
+            let count = *count;
+            if count < self.config.max_outstanding_per_tenant
                 && !self.budget_blocked.contains(&tenant)
             {
-                self.window.set_blocked(&tenant, false);
+                self.unblock(&tenant);
             }
-            if *count == 0 {
+            if count == 0 {
                 self.outstanding_by_tenant.remove(&tenant);
                 // Over the budget, a tenant with nothing outstanding may
                 // fire again: waiting for the budget would hold it behind
                 // hung tenants that keep the budget spent.
                 if self.budget_blocked.remove(&tenant) {
-                    self.window.set_blocked(&tenant, false);
+                    self.unblock(&tenant);
                 }
             }
         }
@@ -738,7 +757,7 @@ impl PartitionCore {
             for tenant in std::mem::take(&mut self.budget_blocked) {
                 let count = self.outstanding_by_tenant.get(&tenant).copied();
                 if count.unwrap_or(0) < self.config.max_outstanding_per_tenant {
-                    self.window.set_blocked(&tenant, false);
+                    self.unblock(&tenant);
                 }
             }
         }
@@ -781,7 +800,21 @@ impl PartitionCore {
         });
         self.stats.evicted += evicted as u64;
         let cap = self.config.blocked_lane_cap();
-        self.trim_pending = !self.window.blocked_over(cap).is_empty();
+        if !self.window.blocked_over(cap).is_empty() {
+            self.trim_soon();
+        }
+    }
+
+    /// The tenant may fire again; a later block counts its time afresh.
+    fn unblock(&mut self, tenant: &TenantName) {
+        self.window.set_blocked(tenant, false);
+        self.blocked_since.remove(tenant);
+    }
+
+    /// A blocked lane may be over its cap: the next tick looks.
+    fn trim_soon(&mut self) {
+        self.trim_pending = true;
+        self.next_trim_at = None;
     }
 
     /// Entries trimmed from blocked lanes per tick: a hung tenant's lane
@@ -789,31 +822,48 @@ impl PartitionCore {
     /// one go, and other tenants' events waited for the runtime's workers.
     const TRIM_STEP: usize = 2_048;
 
-    /// Trims blocked tenants' lanes towards [`CoreConfig::blocked_lane_cap`]
-    /// by at most [`Self::TRIM_STEP`] entries; `trim_pending` stays set
-    /// (and the core wakes at once) until none is over.
-    fn trim_blocked_lanes(&mut self) {
+    /// Trims the lanes of tenants blocked for at least
+    /// [`CoreConfig::blocked_trim_after`] towards
+    /// [`CoreConfig::blocked_lane_cap`], by at most [`Self::TRIM_STEP`]
+    /// entries; `trim_pending` stays set (and the core wakes when the next
+    /// step is due) until no blocked lane is over its cap.
+    fn trim_blocked_lanes(&mut self, now: Timestamp) {
         if !self.trim_pending {
             return;
         }
         let cap = self.config.blocked_lane_cap();
+        // In name order: a replayed simulation trims the same lanes first.
+        let over: BTreeSet<TenantName> = self.window.blocked_over(cap).into_iter().collect();
+        // A tenant unblocked meanwhile, or within its cap, starts over.
+        self.blocked_since.retain(|tenant, _| over.contains(tenant));
         let mut budget = Self::TRIM_STEP;
+        let mut next: Option<Timestamp> = None;
         let read_ahead = &mut self.read_ahead;
-        for tenant in self.window.blocked_over(cap) {
-            if budget == 0 {
-                return;
+        for tenant in over {
+            let since = *self.blocked_since.entry(tenant.clone()).or_insert(now);
+            let trim_at = since.plus(self.config.blocked_trim_after);
+            if now < trim_at {
+                next = Some(next.map_or(trim_at, |n| n.min(trim_at)));
+                continue;
             }
-            let target = self.window.held_by(&tenant).saturating_sub(budget).max(cap);
-            let evicted = self
-                .window
-                .evict_tenant_to(&tenant, target, &mut |tenant, run| {
-                    read_ahead.invalidate_evicted(tenant, &run.0);
-                });
-            self.stats.evicted += evicted as u64;
-            budget -= evicted.min(budget);
+            if budget > 0 {
+                let target = self.window.held_by(&tenant).saturating_sub(budget).max(cap);
+                let evicted = self
+                    .window
+                    .evict_tenant_to(&tenant, target, &mut |tenant, run| {
+                        read_ahead.invalidate_evicted(tenant, &run.0);
+                    });
+                self.stats.evicted += evicted as u64;
+                budget -= evicted.min(budget);
+            }
+            if self.window.held_by(&tenant) > cap {
+                next = Some(now); // the step's budget ran out: go on at once
+            }
         }
-        if budget > 0 {
-            self.trim_pending = false;
+        self.trim_pending = next.is_some();
+        self.next_trim_at = next;
+        if next.is_none() {
+            self.blocked_since.clear();
         }
     }
 

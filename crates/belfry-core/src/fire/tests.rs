@@ -265,18 +265,72 @@ fn a_blocked_tenant_keeps_a_few_entries_and_no_read_ahead() {
         _ => None,
     });
     let request = load.expect("the window is read further");
-    let actions = core.handle(
+    core.handle(
         Input::Loaded {
             request,
             page: Some(vec![entry(100, "ok", "x")]),
         },
         ts(2),
     );
-    assert_eq!(core.window().held_by(&hung), cap, "{actions:?}");
-    assert!(core.window().overflow_of(&hung).is_some());
+    // Blocked for less than `blocked_trim_after`: the lane is kept.
+    assert_eq!(core.window().held_by(&hung), 38);
     // Nothing more of the blocked tenant: the other tenant's record only.
     let next_read = read_ahead_keys(&core.handle(Input::Tick { may_fire: true }, ts(3)));
     assert_eq!(next_read, [entry(100, "ok", "x").key]);
+    let trim_at = 1 + core.config.blocked_trim_after.as_millis() as i64;
+    let actions = core.handle(Input::Tick { may_fire: true }, ts(trim_at));
+    assert_eq!(core.window().held_by(&hung), cap, "{actions:?}");
+    assert!(core.window().overflow_of(&hung).is_some());
+}
+
+#[test]
+fn a_tenant_blocked_only_for_a_moment_keeps_its_lane() {
+    // A healthy tenant at 10,000 deliveries/s reaches its outstanding bound
+    // in a stall of some tens of milliseconds. Its lane used to be trimmed
+    // at once: thousands of entries per partition evicted and paged back,
+    // and that work made the next stall.
+    let mut core = PartitionCore::new(CoreConfig {
+        max_outstanding_per_tenant: 2,
+        ..config()
+    });
+    let busy = TenantName::new("busy").unwrap();
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    let page: Vec<_> = (0..40)
+        .map(|i| entry(1 + i, "busy", &format!("e{i:02}")))
+        .collect();
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(page),
+        },
+        ts(0),
+    );
+    let fired = delivered(&core.handle(Input::Tick { may_fire: true }, ts(2)));
+    assert_eq!(fired.len(), 2);
+    assert!(core.window().is_blocked(&busy));
+    // 50 ms later both deliveries finish: the tenant fires on, nothing
+    // of its lane was evicted.
+    for entry in fired {
+        core.handle(
+            Input::Finished {
+                entry,
+                finish: Finish::Done,
+            },
+            ts(50),
+        );
+    }
+    assert!(!core.window().is_blocked(&busy));
+    assert_eq!(core.window().held_by(&busy), 38);
+    assert_eq!(core.stats().evicted, 0);
+    let fired = delivered(&core.handle(Input::Tick { may_fire: true }, ts(51)));
+    assert_eq!(fired.len(), 2, "fires on from its held entries");
+    // Blocked again, and this time for longer than `blocked_trim_after`:
+    // trimmed to the cap then, not before.
+    let later = 51 + 1_000; // `blocked_trim_after` by default
+    core.handle(Input::Tick { may_fire: true }, ts(later - 1));
+    assert_eq!(core.window().held_by(&busy), 36);
+    core.handle(Input::Tick { may_fire: true }, ts(later));
+    assert_eq!(core.window().held_by(&busy), core.config.blocked_lane_cap());
 }
 
 #[test]
