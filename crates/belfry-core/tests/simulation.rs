@@ -560,8 +560,11 @@ struct Core {
     /// Outstanding entries whose key got a wake-up meanwhile: the core
     /// offers them again itself when they finish (its `reoffer`).
     changed_while_outstanding: HashSet<DueCursor>,
-    /// Outstanding entries per tenant (by index).
+    /// Outstanding entries per tenant (by index) whose attempt has not
+    /// ended: what the core's per-tenant bound counts.
     per_tenant: Vec<usize>,
+    /// Outstanding entries whose attempt ended (`Input::Attempted` sent).
+    attempted: HashSet<DueCursor>,
 }
 
 /// A digest of everything a core holds (its `Debug` form): equal after two
@@ -940,6 +943,7 @@ impl Sim {
             listed_while_outstanding: HashSet::new(),
             changed_while_outstanding: HashSet::new(),
             per_tenant: vec![0; self.knobs.tenants.len()],
+            attempted: HashSet::new(),
         }
     }
 
@@ -1155,13 +1159,23 @@ impl Sim {
                     if core.outstanding.remove(entry).is_none() {
                         return self.fail(format!("finished {entry:?}, which is not outstanding"));
                     }
-                    core.per_tenant[t] -= 1;
+                    if !core.attempted.remove(entry) {
+                        core.per_tenant[t] -= 1;
+                    }
                     if *finish == Finish::Done {
                         self.reoffer_after(p, entry);
                     } else {
                         core.offered_while_outstanding.remove(entry);
                         core.listed_while_outstanding.remove(entry);
                         core.changed_while_outstanding.remove(entry);
+                    }
+                }
+                Input::Attempted { entry } => {
+                    let t = self.tenant_index[&entry.key.tenant];
+                    let core = &mut self.cores[p];
+                    if core.outstanding.contains_key(entry) && core.attempted.insert(entry.clone())
+                    {
+                        core.per_tenant[t] -= 1;
                     }
                 }
                 Input::Remove(entry) => {
@@ -1406,7 +1420,9 @@ impl Sim {
             let t = self.tenant_index[&entry.key.tenant];
             let core = &mut self.cores[p];
             if core.outstanding.remove(&entry).is_some() {
-                core.per_tenant[t] -= 1;
+                if !core.attempted.remove(&entry) {
+                    core.per_tenant[t] -= 1;
+                }
                 core.retried.insert(entry.clone());
             }
             return Ok(());
@@ -1787,6 +1803,12 @@ impl Sim {
             http_status: status,
             error,
         };
+        // The runtime tells the core the attempt ended before the outcome
+        // is recorded (the tenant's bound stops counting it).
+        let attempted = Input::Attempted {
+            entry: job.entry.clone(),
+        };
+        self.mail(job.p, Some(job.epoch), None, attempted);
         let delay = self.latency(20).max(1);
         let at = self.at(delay);
         self.schedule(at, Task::RecordWrite { job, report });

@@ -446,13 +446,16 @@ fn outcome_of(verdict: Verdict) -> belfry_metrics::Outcome {
 
 /// Hands an outcome to the recorder, which finishes the entry once it is
 /// stored. The channel is bounded: a slow store holds deliveries here,
-/// keeping their slots, so nothing piles up in memory.
+/// keeping their slots, so nothing piles up in memory. The attempt is
+/// over, so the entry stops counting against its tenant's outstanding
+/// bound now, not once its outcome is stored.
 async fn send_outcome(
     shared: &Arc<Shared>,
     partition: &Arc<PartitionRuntime>,
     entry: belfry_core::DueCursor,
     command: KeyedCommand,
 ) {
+    partition.attempted(entry.clone(), shared.clock.now());
     let outcome = Outcome {
         command,
         partition: partition.clone(),

@@ -196,6 +196,13 @@ pub enum Input {
         entry: DueCursor,
         version: EventVersion,
     },
+    /// A fired entry's delivery attempt ended; its outcome is being
+    /// recorded and [`Input::Finished`] follows. From here it no longer
+    /// counts against its tenant's outstanding bound: that bound is for
+    /// deliveries waiting on the tenant, not for the node's own writes (a
+    /// busy tenant was blocked while its outcomes queued behind other
+    /// commits). It stays outstanding, and in the budget, until finished.
+    Attempted { entry: DueCursor },
     /// A fired entry is finished (see [`Finish`]).
     Finished { entry: DueCursor, finish: Finish },
 }
@@ -366,6 +373,25 @@ struct PendingLoad {
     overflowed: bool,
 }
 
+/// A tenant's outstanding entries in one partition.
+#[derive(Debug, Default, Clone, Copy)]
+struct TenantOutstanding {
+    /// Fired and not finished: the budget's rule (over it, only a tenant
+    /// with none may fire) counts these.
+    total: usize,
+    /// Of those, the ones whose attempt ended and whose outcome is being
+    /// recorded.
+    attempted: usize,
+}
+
+impl TenantOutstanding {
+    /// What [`CoreConfig::max_outstanding_per_tenant`] bounds: entries
+    /// whose delivery may still be waiting on the tenant.
+    fn in_attempt(self) -> usize {
+        self.total - self.attempted
+    }
+}
+
 /// See the module documentation.
 #[derive(Debug)]
 pub struct PartitionCore {
@@ -377,7 +403,9 @@ pub struct PartitionCore {
     read_ahead: ReadAhead,
     /// Fired, not finished: the claimed version once the delivery started.
     outstanding: HashMap<DueCursor, Option<EventVersion>>,
-    outstanding_by_tenant: HashMap<TenantName, usize>,
+    outstanding_by_tenant: HashMap<TenantName, TenantOutstanding>,
+    /// Outstanding entries whose attempt ended ([`Input::Attempted`]).
+    attempted: HashSet<DueCursor>,
     /// Tenants blocked because the outstanding budget is spent.
     budget_blocked: HashSet<TenantName>,
     /// Claimed versions, to drop a second copy of one.
@@ -420,6 +448,7 @@ impl PartitionCore {
             read_ahead: ReadAhead::default(),
             outstanding: HashMap::new(),
             outstanding_by_tenant: HashMap::new(),
+            attempted: HashSet::new(),
             budget_blocked: HashSet::new(),
             claimed: HashSet::new(),
             retry_timers: BTreeSet::new(),
@@ -489,7 +518,7 @@ impl PartitionCore {
                 let blocked: Vec<TenantName> = self
                     .outstanding_by_tenant
                     .iter()
-                    .filter(|(_, n)| **n >= self.config.max_outstanding_per_tenant)
+                    .filter(|(_, n)| n.in_attempt() >= self.config.max_outstanding_per_tenant)
                     .map(|(t, _)| t.clone())
                     .chain(self.budget_blocked.iter().cloned())
                     .collect();
@@ -501,6 +530,7 @@ impl PartitionCore {
             Input::Loaded { request, page } => self.loaded(request, page, now),
             Input::ReadAhead { records } => self.read_ahead_done(records),
             Input::Claim { entry, version } => self.claim(entry, version, now, &mut actions),
+            Input::Attempted { entry } => self.attempted(entry),
             Input::Finished { entry, finish } => self.finished(entry, finish),
         }
         actions
@@ -699,7 +729,7 @@ impl PartitionCore {
                 .outstanding_by_tenant
                 .entry(tenant.clone())
                 .or_default();
-            if self.outstanding.len() >= budget && *count > 0 {
+            if self.outstanding.len() >= budget && count.total > 0 {
                 // Over budget: this tenant waits until something finishes;
                 // a tenant with nothing outstanding here may still fire one.
                 self.window.insert(entry, true);
@@ -709,8 +739,8 @@ impl PartitionCore {
                 continue;
             }
             let record = self.read_ahead.take(&entry);
-            *count += 1;
-            if *count >= self.config.max_outstanding_per_tenant {
+            count.total += 1;
+            if count.in_attempt() >= self.config.max_outstanding_per_tenant {
                 self.window.set_blocked(&tenant, true);
                 self.trim_soon();
             }
@@ -734,16 +764,20 @@ impl PartitionCore {
         if let Some(version) = claimed {
             self.claimed.remove(&(entry.key.clone(), version));
         }
+        let was_attempted = self.attempted.remove(&entry);
         let tenant = entry.key.tenant.clone();
         if let Some(count) = self.outstanding_by_tenant.get_mut(&tenant) {
-            *count -= 1;
+            count.total -= 1;
+            if was_attempted {
+                count.attempted -= 1;
+            }
             let count = *count;
-            if count < self.config.max_outstanding_per_tenant
+            if count.in_attempt() < self.config.max_outstanding_per_tenant
                 && !self.budget_blocked.contains(&tenant)
             {
                 self.unblock(&tenant);
             }
-            if count == 0 {
+            if count.total == 0 {
                 self.outstanding_by_tenant.remove(&tenant);
                 // Over the budget, a tenant with nothing outstanding may
                 // fire again: waiting for the budget would hold it behind
@@ -756,7 +790,7 @@ impl PartitionCore {
         if self.outstanding.len() < self.outstanding_budget() {
             for tenant in std::mem::take(&mut self.budget_blocked) {
                 let count = self.outstanding_by_tenant.get(&tenant).copied();
-                if count.unwrap_or(0) < self.config.max_outstanding_per_tenant {
+                if count.unwrap_or_default().in_attempt() < self.config.max_outstanding_per_tenant {
                     self.unblock(&tenant);
                 }
             }
@@ -781,6 +815,24 @@ impl PartitionCore {
             // fire-time check drops it if nothing is due there any more).
             Finish::Done if changed => self.offer(entry),
             Finish::Done => {}
+        }
+    }
+
+    /// An outstanding entry's attempt ended: it stops counting against
+    /// its tenant's bound (see [`Input::Attempted`]).
+    fn attempted(&mut self, entry: DueCursor) {
+        if !self.outstanding.contains_key(&entry) || !self.attempted.insert(entry.clone()) {
+            return;
+        }
+        let tenant = &entry.key.tenant;
+        let Some(count) = self.outstanding_by_tenant.get_mut(tenant) else {
+            return;
+        };
+        count.attempted += 1;
+        if count.in_attempt() < self.config.max_outstanding_per_tenant
+            && !self.budget_blocked.contains(tenant)
+        {
+            self.unblock(tenant);
         }
     }
 

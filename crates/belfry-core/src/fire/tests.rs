@@ -408,3 +408,76 @@ fn a_tenant_with_a_backlog_due_at_once_gets_only_its_outstanding_bound_read_ahea
         ]
     );
 }
+
+#[test]
+fn attempts_awaiting_their_record_do_not_count_against_the_tenant_bound() {
+    // The bound is for deliveries waiting on the tenant. Outcomes waiting
+    // for the node's own commit (queued behind an ingest batch and an
+    // fsync) blocked a busy tenant at 10,000 deliveries/s.
+    let mut core = PartitionCore::new(CoreConfig {
+        max_outstanding_per_tenant: 2,
+        ..config()
+    });
+    let busy = TenantName::new("busy").unwrap();
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    let page: Vec<_> = (0..6).map(|i| entry(1, "busy", &format!("e{i}"))).collect();
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(page),
+        },
+        ts(0),
+    );
+    let first = delivered(&core.handle(Input::Tick { may_fire: true }, ts(1)));
+    assert_eq!(first.len(), 2);
+    assert!(core.window().is_blocked(&busy));
+    // Both attempts end; their outcomes are not stored yet.
+    for entry in &first {
+        core.handle(
+            Input::Attempted {
+                entry: entry.clone(),
+            },
+            ts(2),
+        );
+        // A repeated report changes nothing.
+        core.handle(
+            Input::Attempted {
+                entry: entry.clone(),
+            },
+            ts(2),
+        );
+    }
+    assert!(!core.window().is_blocked(&busy));
+    assert_eq!(core.outstanding(), 2, "still outstanding until finished");
+    let second = delivered(&core.handle(Input::Tick { may_fire: true }, ts(3)));
+    assert_eq!(second.len(), 2, "fires on while the first two are recorded");
+    assert!(core.window().is_blocked(&busy));
+    // The first two finish: they were already released from the bound,
+    // so the tenant stays blocked by the two now in flight.
+    for entry in first {
+        core.handle(
+            Input::Finished {
+                entry,
+                finish: Finish::Done,
+            },
+            ts(4),
+        );
+    }
+    assert!(core.window().is_blocked(&busy));
+    assert_eq!(core.outstanding(), 2);
+    // An entry finished without an attempt (its record said it was not
+    // due any more) releases its count at the finish, once.
+    core.handle(
+        Input::Finished {
+            entry: second[0].clone(),
+            finish: Finish::Done,
+        },
+        ts(5),
+    );
+    assert!(!core.window().is_blocked(&busy));
+    assert_eq!(
+        delivered(&core.handle(Input::Tick { may_fire: true }, ts(6))).len(),
+        1,
+        "one more fits beside the one in flight"
+    );
+}
