@@ -68,6 +68,7 @@
 //! go straight to fjall and see every answered write.
 
 mod auth;
+mod background;
 mod bulk;
 mod journal_sync;
 pub mod keys;
@@ -178,11 +179,16 @@ impl EmbeddedStore {
         std::fs::create_dir_all(&options.data_dir).map_err(|e| {
             StoreError::Internal(format!("cannot create {}: {e}", options.data_dir.display()))
         })?;
-        let db = match Database::builder(&options.data_dir)
-            .cache_size(tuning::BLOCK_CACHE_BYTES)
-            .worker_threads(tuning::WORKER_THREADS)
-            .open()
-        {
+        // fjall's flush and compaction workers start here; they run nicer
+        // than the rest of the node (`background.rs`).
+        let opened =
+            background::open_at_lower_priority(background::BACKGROUND_NICE_INCREMENT, || {
+                Database::builder(&options.data_dir)
+                    .cache_size(tuning::BLOCK_CACHE_BYTES)
+                    .worker_threads(tuning::WORKER_THREADS)
+                    .open()
+            });
+        let db = match opened {
             Ok(db) => db,
             Err(fjall::Error::Locked) => {
                 return Err(StoreError::Unavailable(owner::in_use_message(
