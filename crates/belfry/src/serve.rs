@@ -26,17 +26,34 @@ use crate::config::Config;
 
 pub fn run(config: Config) -> ExitCode {
     init_logs(&config.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // Two runtimes: the engine (timers, dispatch, deliveries, recording) on
+    // one, the API's connections on the other. On one runtime a request
+    // that parses and validates a 1,000-event batch holds a worker thread
+    // for milliseconds, and a timer or delivery task queued behind it on
+    // that worker waits: lateness. As separate threads, the kernel's
+    // scheduler preempts the busy API thread when a fire-path thread wakes.
+    let runtimes = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_name("belfry-engine")
         .build()
-    {
-        Ok(runtime) => runtime,
+        .and_then(|engine| {
+            let api = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .thread_name("belfry-api")
+                .build()?;
+            Ok((engine, api))
+        });
+    let (engine_runtime, api_runtime) = match runtimes {
+        Ok(runtimes) => runtimes,
         Err(error) => {
             tracing::error!(%error, "cannot start the async runtime");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(config)) {
+    let outcome = engine_runtime.block_on(serve(config, api_runtime.handle().clone()));
+    // Connections still open after the graceful drain are cut here.
+    api_runtime.shutdown_background();
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error:#}");
@@ -72,7 +89,7 @@ fn use_ansi(writes_to_terminal: bool, no_color: Option<std::ffi::OsString>) -> b
     writes_to_terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
+async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::Result<()> {
     // First: everything after this records into it.
     let metrics =
         belfry_metrics::install().map_err(|e| anyhow::anyhow!("cannot install metrics: {e}"))?;
@@ -181,17 +198,27 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         None => None,
     };
     let app = belfry_api::router(state);
-    match tls {
-        Some(tls) => {
-            tracing::info!(%address, "belfry is serving HTTPS");
-            crate::listener::serve(listener, app, &config.server, tls, shutdown_signal()).await?;
+    // The listener moves to the API runtime's reactor, so its connections
+    // and every request's work run on that runtime's threads.
+    let listener = listener.into_std()?;
+    let server = config.server.clone();
+    let serving = api_runtime.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        match tls {
+            Some(tls) => {
+                tracing::info!(%address, "belfry is serving HTTPS");
+                crate::listener::serve(listener, app, &server, tls, shutdown_signal()).await
+            }
+            None => {
+                tracing::info!(%address, "belfry is serving");
+                let plain = crate::listener::Plain;
+                crate::listener::serve(listener, app, &server, plain, shutdown_signal()).await
+            }
         }
-        None => {
-            tracing::info!(%address, "belfry is serving");
-            let plain = crate::listener::Plain;
-            crate::listener::serve(listener, app, &config.server, plain, shutdown_signal()).await?;
-        }
-    }
+    });
+    serving
+        .await
+        .map_err(|e| anyhow::anyhow!("the API server task failed: {e}"))??;
     tracing::info!("stopped accepting requests");
     #[cfg(feature = "kafka")]
     if let Some(ingest) = ingest {
