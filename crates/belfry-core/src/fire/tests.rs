@@ -29,6 +29,24 @@ fn only_load(actions: &[Action]) -> LoadRequest {
     }
 }
 
+/// A core whose tenants may have `bound` entries outstanding per
+/// partition, holding `page` as its first window page.
+fn core_with_page(bound: usize, page: Vec<DueCursor>) -> PartitionCore {
+    let mut core = PartitionCore::new(CoreConfig {
+        max_outstanding_per_tenant: bound,
+        ..config()
+    });
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(page),
+        },
+        ts(0),
+    );
+    core
+}
+
 fn delivered(actions: &[Action]) -> Vec<DueCursor> {
     actions
         .iter()
@@ -289,22 +307,9 @@ fn a_tenant_blocked_only_for_a_moment_keeps_its_lane() {
     // in a stall of some tens of milliseconds. Its lane used to be trimmed
     // at once: thousands of entries per partition evicted and paged back,
     // and that work made the next stall.
-    let mut core = PartitionCore::new(CoreConfig {
-        max_outstanding_per_tenant: 2,
-        ..config()
-    });
+    let page = (0..40).map(|i| entry(1 + i, "busy", &format!("e{i:02}")));
+    let mut core = core_with_page(2, page.collect());
     let busy = TenantName::new("busy").unwrap();
-    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
-    let page: Vec<_> = (0..40)
-        .map(|i| entry(1 + i, "busy", &format!("e{i:02}")))
-        .collect();
-    core.handle(
-        Input::Loaded {
-            request,
-            page: Some(page),
-        },
-        ts(0),
-    );
     let fired = delivered(&core.handle(Input::Tick { may_fire: true }, ts(2)));
     assert_eq!(fired.len(), 2);
     assert!(core.window().is_blocked(&busy));
@@ -414,20 +419,9 @@ fn attempts_awaiting_their_record_do_not_count_against_the_tenant_bound() {
     // The bound is for deliveries waiting on the tenant. Outcomes waiting
     // for the node's own commit (queued behind an ingest batch and an
     // fsync) blocked a busy tenant at 10,000 deliveries/s.
-    let mut core = PartitionCore::new(CoreConfig {
-        max_outstanding_per_tenant: 2,
-        ..config()
-    });
+    let page = (0..6).map(|i| entry(1, "busy", &format!("e{i}")));
+    let mut core = core_with_page(2, page.collect());
     let busy = TenantName::new("busy").unwrap();
-    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
-    let page: Vec<_> = (0..6).map(|i| entry(1, "busy", &format!("e{i}"))).collect();
-    core.handle(
-        Input::Loaded {
-            request,
-            page: Some(page),
-        },
-        ts(0),
-    );
     let first = delivered(&core.handle(Input::Tick { may_fire: true }, ts(1)));
     assert_eq!(first.len(), 2);
     assert!(core.window().is_blocked(&busy));
