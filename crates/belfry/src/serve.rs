@@ -187,14 +187,19 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
     };
     #[cfg(feature = "kafka")]
     let ingest = match &config.kafka.ingest {
-        Some(options) => Some(
-            belfry_kafka_ingest::Ingest::start(
-                options.clone(),
-                engine.handle(),
-                config.api.lapse_offset_ms,
+        Some(options) => {
+            // Kafka ingestion parses and validates batches as the API does,
+            // so its task runs on the API's runtime, off the engine's.
+            let _on_api_runtime = api_runtime.enter();
+            Some(
+                belfry_kafka_ingest::Ingest::start(
+                    options.clone(),
+                    engine.handle(),
+                    config.api.lapse_offset_ms,
+                )
+                .map_err(|e| anyhow::anyhow!("kafka.ingest: {e}"))?,
             )
-            .map_err(|e| anyhow::anyhow!("kafka.ingest: {e}"))?,
-        ),
+        }
         None => None,
     };
     let app = belfry_api::router(state);
