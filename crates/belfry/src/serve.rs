@@ -32,17 +32,13 @@ pub fn run(config: Config) -> ExitCode {
     // for milliseconds, and a timer or delivery task queued behind it on
     // that worker waits: lateness. As separate threads, the kernel's
     // scheduler preempts the busy API thread when a fire-path thread wakes.
-    let runtimes = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("belfry-engine")
-        .build()
-        .and_then(|engine| {
-            let api = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .thread_name("belfry-api")
-                .build()?;
-            Ok((engine, api))
-        });
+    let runtime = |name: &str| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name(name)
+            .build()
+    };
+    let runtimes = runtime("belfry-engine").and_then(|engine| Ok((engine, runtime("belfry-api")?)));
     let (engine_runtime, api_runtime) = match runtimes {
         Ok(runtimes) => runtimes,
         Err(error) => {
