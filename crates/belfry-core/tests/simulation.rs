@@ -296,17 +296,21 @@ impl Knobs {
         let protective = rng.per_mille(800);
         let slots = if protective {
             let global = rng.usize(tenant_count + 1, tenant_count + 24);
+            let per_tenant = rng.usize(1, global.min(8));
             SlotPolicy {
                 global,
-                per_tenant: rng.usize(1, global.min(8)),
+                per_tenant,
                 reserved: rng.usize(tenant_count, global - 1),
+                initial_per_tenant: rng.usize(1, per_tenant),
             }
         } else {
             let global = rng.usize(1, 24);
+            let per_tenant = rng.usize(1, global.min(8));
             SlotPolicy {
                 global,
-                per_tenant: rng.usize(1, global.min(8)),
+                per_tenant,
                 reserved: rng.usize(0, global / 2),
+                initial_per_tenant: rng.usize(1, per_tenant),
             }
         };
         let retry = RetryPolicy {
@@ -1770,6 +1774,9 @@ impl Sim {
         if let Some(n) = self.oracle.sending.get_mut(&version_key) {
             *n = n.saturating_sub(1);
         }
+        if status.is_some() {
+            self.slots.answered(&job.entry.key.tenant);
+        }
         self.slots.finish(&job.entry.key.tenant);
         let (verdict, error) = match status {
             Some(200) => {
@@ -2934,6 +2941,7 @@ fn fairness_run(seed: u64, trace: bool, log: &mut Vec<String>) -> Result<i64, St
             global: hung * per_tenant + rng.usize(1, 4),
             per_tenant,
             reserved: rng.usize(1, 4),
+            initial_per_tenant: per_tenant,
         },
         retry: RetryPolicy {
             fast_retries: 1,

@@ -215,10 +215,12 @@ fn start(shared: &Arc<Shared>, jobs: Vec<(TenantName, Job)>) {
             shared: shared.clone(),
             tenant,
             completed: false,
+            answered: false,
         };
         tokio::spawn(async move {
-            deliver_one(&slot.shared, job).await;
-            slot.complete();
+            let mut answered = false;
+            deliver_one(&slot.shared, job, &mut answered).await;
+            slot.complete(answered);
         });
     }
 }
@@ -233,12 +235,15 @@ struct Slot {
     /// down cancels every task) must not spawn more, which would be
     /// cancelled and dropped in turn, recursively.
     completed: bool,
+    /// Whether the tenant's endpoint answered: that widens its slow start.
+    answered: bool,
 }
 
 impl Slot {
     /// The delivery ran to its end: release the slot and start the next.
-    fn complete(mut self) {
+    fn complete(mut self, answered: bool) {
         self.completed = true;
+        self.answered = answered;
     }
 }
 
@@ -247,6 +252,9 @@ impl Drop for Slot {
         let (next, next_token) = {
             let mut slots = self.shared.limits.lock();
             slots.advance(self.shared.clock.now());
+            if self.answered {
+                slots.answered(&self.tenant);
+            }
             slots.finish(&self.tenant);
             if slots.in_flight() == 0 {
                 self.shared.limits.idle.notify_waiters();
@@ -267,8 +275,9 @@ impl Drop for Slot {
 }
 
 /// One delivery, holding a tenant slot and a global slot. The outcome is
-/// handed to the recorder before the slot is released.
-async fn deliver_one(shared: &Arc<Shared>, job: Job) {
+/// handed to the recorder before the slot is released. Sets `answered`
+/// when the tenant's endpoint answered the attempt, whatever it answered.
+async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
     let Job {
         partition,
         fired: Fired {
@@ -391,6 +400,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job) {
                 })
                 .await;
             let took = started.elapsed();
+            *answered = result.http_status.is_some() || result.verdict == Verdict::Delivered;
             belfry_metrics::attempt_ended(
                 channel_of(&tenant.sink),
                 outcome_of(result.verdict),

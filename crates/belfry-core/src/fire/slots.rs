@@ -7,12 +7,26 @@
 //! the reserve (`reserved / active tenants`, at least one). A tenant whose
 //! webhook hangs therefore takes at most its per-tenant limit of the shared
 //! slots plus a share of the reserve, and a healthy tenant — one with little
-//! in flight — still finds a slot at once. Ten tenants hanging with the
-//! defaults (1,024 slots, 256 per tenant, 256 reserved) hold at most 768 +
-//! 10 × 23 slots; the eleventh tenant still gets 23 at once.
+//! in flight — still finds a slot at once. Ten tenants that hang after
+//! their slow start (below) opened them up, with the defaults (1,024 slots,
+//! 256 per tenant, 256 reserved), hold at most 768 + 10 × 23 slots; the
+//! eleventh tenant still gets 23 at once.
 //!
 //! The queues are bounded by the partitions: every queued job is an
 //! outstanding entry of some [`super::PartitionCore`], which caps them.
+//!
+//! # Slow start
+//! A tenant does not get its whole per-tenant limit at once: it starts with
+//! `initial_per_tenant` deliveries in flight, and each attempt its endpoint
+//! answered ([`DeliverySlots::answered`]) raises that by one, up to its
+//! limit, so the window doubles every round trip, as TCP's slow start does.
+//! Attempts that end unanswered (timeouts, refused connections) do not
+//! raise it. A tenant whose webhook hangs therefore holds
+//! `initial_per_tenant` connections, not its whole limit, and a backlog
+//! coming due at one instant for ten hung tenants opens a few hundred
+//! connections instead of a thousand: the CPU that would cost is what
+//! every other tenant's deliveries wait behind. A tenant with nothing
+//! queued and nothing in flight is forgotten, so it starts over next time.
 //!
 //! # Per-tenant limits
 //! [`DeliverySlots::set_tenant_limits`] gives one tenant its own
@@ -95,17 +109,24 @@ pub struct SlotPolicy {
     pub per_tenant: usize,
     /// Free slots kept for tenants below their share of them.
     pub reserved: usize,
+    /// Deliveries in flight at once for a tenant none of whose attempts
+    /// were answered yet (see the module's "Slow start").
+    pub initial_per_tenant: usize,
 }
 
 impl SlotPolicy {
+    /// A tenant's first deliveries in flight at once, by default.
+    pub const INITIAL_PER_TENANT: usize = 16;
+
     /// `global` and `per_tenant` as configured; a quarter of the slots
-    /// reserved.
+    /// reserved; a slow start from [`SlotPolicy::INITIAL_PER_TENANT`].
     pub fn new(global: usize, per_tenant: usize) -> Self {
         let global = global.max(1);
         SlotPolicy {
             global,
             per_tenant: per_tenant.clamp(1, global),
             reserved: global / 4,
+            initial_per_tenant: Self::INITIAL_PER_TENANT,
         }
     }
 }
@@ -116,14 +137,18 @@ struct TenantQueue<J> {
     waiting: VecDeque<J>,
     /// Whether the tenant is in `ready`.
     is_ready: bool,
+    /// In flight at once so far allowed by the slow start: the initial
+    /// window plus one per answered attempt (the limit caps it on use).
+    window: usize,
 }
 
-impl<J> Default for TenantQueue<J> {
-    fn default() -> Self {
+impl<J> TenantQueue<J> {
+    fn new(window: usize) -> Self {
         TenantQueue {
             in_flight: 0,
             waiting: VecDeque::new(),
             is_ready: false,
+            window,
         }
     }
 }
@@ -223,7 +248,7 @@ impl<J> DeliverySlots<J> {
             .min()
     }
 
-    /// `tenant`'s concurrency limit.
+    /// `tenant`'s concurrency limit, as configured.
     fn per_tenant_of(&self, tenant: &TenantName) -> usize {
         self.limits
             .get(tenant)
@@ -231,6 +256,20 @@ impl<J> DeliverySlots<J> {
             .map_or(self.policy.per_tenant, |limit| {
                 limit.clamp(1, self.policy.global)
             })
+    }
+
+    /// `tenant`'s concurrency limit now: as configured, or less while its
+    /// slow start lasts.
+    fn allowed_of(&self, tenant: &TenantName) -> usize {
+        let window = self
+            .tenants
+            .get(tenant)
+            .map_or(self.initial_window(), |queue| queue.window);
+        self.per_tenant_of(tenant).min(window)
+    }
+
+    fn initial_window(&self) -> usize {
+        self.policy.initial_per_tenant.max(1)
     }
 
     /// Takes a token of `tenant`'s rate, if it has one (or no rate).
@@ -276,13 +315,28 @@ impl<J> DeliverySlots<J> {
 
     /// Queues a job; call [`DeliverySlots::start_ready`] after.
     pub fn submit(&mut self, tenant: TenantName, job: J) {
-        let per_tenant = self.per_tenant_of(&tenant);
-        let queue = self.tenants.entry(tenant.clone()).or_default();
+        let per_tenant = self.allowed_of(&tenant);
+        let window = self.initial_window();
+        let queue = self
+            .tenants
+            .entry(tenant.clone())
+            .or_insert_with(|| TenantQueue::new(window));
         queue.waiting.push_back(job);
         self.queued += 1;
         if !queue.is_ready && queue.in_flight < per_tenant {
             queue.is_ready = true;
             self.ready.push_back(tenant);
+        }
+    }
+
+    /// `tenant`'s endpoint answered an attempt (whatever it answered): its
+    /// slow start widens by one. Call before [`DeliverySlots::finish`].
+    pub fn answered(&mut self, tenant: &TenantName) {
+        let limit = self.per_tenant_of(tenant);
+        if let Some(queue) = self.tenants.get_mut(tenant)
+            && queue.window < limit
+        {
+            queue.window += 1;
         }
     }
 
@@ -345,7 +399,7 @@ impl<J> DeliverySlots<J> {
                 let Some(in_flight) = self.tenants.get(&tenant).map(|q| q.in_flight) else {
                     continue;
                 };
-                let per_tenant = self.per_tenant_of(&tenant);
+                let per_tenant = self.allowed_of(&tenant);
                 if !self.may_start(in_flight, per_tenant) || !self.has_token(&tenant) {
                     // Held back by the reserve or its rate: keeps its turn
                     // for later (`next_token_at` says when a rate allows).
@@ -402,6 +456,7 @@ mod tests {
             global: 4,
             per_tenant: 3,
             reserved: 0,
+            initial_per_tenant: 3,
         });
         for i in 0..5 {
             slots.submit(t("a"), ("a", i));
@@ -420,7 +475,11 @@ mod tests {
 
     #[test]
     fn hung_tenants_cannot_take_the_reserve() {
-        let policy = SlotPolicy::new(1_024, 256);
+        // Without the slow start: tenants that hang after theirs opened up.
+        let policy = SlotPolicy {
+            initial_per_tenant: 256,
+            ..SlotPolicy::new(1_024, 256)
+        };
         let mut slots = DeliverySlots::new(policy);
         // Ten tenants whose deliveries never finish, each with a backlog.
         for h in 0..10 {
@@ -469,6 +528,7 @@ mod tests {
             global: 10,
             per_tenant: 3,
             reserved: 0,
+            initial_per_tenant: 3,
         });
         slots.set_tenant_limits(t("a"), Some(1), None);
         for i in 0..3 {
@@ -491,6 +551,7 @@ mod tests {
             global: 100,
             per_tenant: 100,
             reserved: 0,
+            initial_per_tenant: 100,
         });
         slots.advance(at(0));
         slots.set_tenant_limits(t("a"), None, Some(2.0));
@@ -534,5 +595,80 @@ mod tests {
         slots.set_tenant_limits(t("a"), None, None);
         assert_eq!(slots.next_token_at(), None);
         assert_eq!(jobs(slots.start_ready()), [("a", 1), ("a", 2)]);
+    }
+
+    #[test]
+    fn a_tenant_starts_slow_and_widens_by_one_per_answered_attempt() {
+        let mut slots = DeliverySlots::new(SlotPolicy {
+            global: 100,
+            per_tenant: 6,
+            reserved: 0,
+            initial_per_tenant: 2,
+        });
+        for i in 0..20 {
+            slots.submit(t("a"), ("a", i));
+        }
+        assert_eq!(jobs(slots.start_ready()), [("a", 0), ("a", 1)]);
+        // Unanswered (a timeout): the window stays.
+        slots.finish(&t("a"));
+        assert_eq!(jobs(slots.start_ready()), [("a", 2)]);
+        assert!(slots.start_ready().is_empty());
+        // Answered: one more than before.
+        slots.answered(&t("a"));
+        slots.finish(&t("a"));
+        assert_eq!(jobs(slots.start_ready()), [("a", 3), ("a", 4)]);
+        // Every answer widens it, up to the per-tenant limit: two start
+        // for each answer while it widens, one once it is at the limit.
+        let mut started = Vec::new();
+        for _ in 0..5 {
+            slots.answered(&t("a"));
+            slots.finish(&t("a"));
+            started.push(slots.start_ready().len());
+        }
+        assert_eq!(started, [2, 2, 2, 1, 1]);
+        assert_eq!(slots.in_flight_of(&t("a")), 6);
+        assert_eq!(slots.queued(), 20 - 13, "nothing dropped");
+    }
+
+    #[test]
+    fn a_tenant_idle_again_starts_over_slowly() {
+        let mut slots = DeliverySlots::new(SlotPolicy {
+            global: 100,
+            per_tenant: 50,
+            reserved: 0,
+            initial_per_tenant: 2,
+        });
+        slots.submit(t("a"), ("a", 0));
+        slots.start_ready();
+        for _ in 0..10 {
+            slots.answered(&t("a"));
+        }
+        slots.finish(&t("a"));
+        for i in 1..=5 {
+            slots.submit(t("a"), ("a", i));
+        }
+        assert_eq!(jobs(slots.start_ready()), [("a", 1), ("a", 2)]);
+    }
+
+    #[test]
+    fn hung_tenants_coming_due_together_hold_only_their_first_window() {
+        let mut slots = DeliverySlots::new(SlotPolicy::new(1_024, 256));
+        for h in 0..10 {
+            for i in 0..1_000 {
+                slots.submit(t(&format!("hung{h}")), i);
+            }
+        }
+        // Their first window each at their instant, not 768 between them.
+        assert_eq!(
+            slots.start_ready().len(),
+            10 * SlotPolicy::INITIAL_PER_TENANT
+        );
+        for i in 0..20 {
+            slots.submit(t("healthy"), i);
+        }
+        let started = slots.start_ready();
+        assert_eq!(started.len(), SlotPolicy::INITIAL_PER_TENANT);
+        assert!(started.iter().all(|(tenant, _)| *tenant == t("healthy")));
+        assert_eq!(slots.queued(), 10 * (1_000 - 16) + 4, "nothing dropped");
     }
 }
