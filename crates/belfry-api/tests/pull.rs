@@ -1419,3 +1419,55 @@ async fn completes_are_written_in_batches_and_a_failed_shard_reads_as_unavailabl
     }
     h.shutdown().await;
 }
+
+/// A repeated complete, fail or release that the queue no longer
+/// remembers (here it remembers nothing) is answered from the store's
+/// record of its lease. While that record cannot be read, whether the
+/// call was recorded is not known: `503 store_unavailable`, never
+/// `lease_lost` (its worker would give up on an event it ended).
+#[tokio::test]
+async fn a_repeat_whose_record_cannot_be_read_is_unavailable_not_lost() {
+    let engine_options = belfry_engine::EngineOptions {
+        shutdown_grace: std::time::Duration::from_millis(500),
+        pull: belfry_engine::pull::PullOptions {
+            max_remembered: 0,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let h = Harness::with_engine_options(Default::default(), engine_options).await;
+    one_due_event(&h).await;
+    let lease = claim_one(&h, "jobs").await;
+    let done = lease_call(&h, &lease, "complete", json!({})).await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    h.faults.set(
+        FaultScope::LeaseReads,
+        belfry_store::StoreError::Unavailable("lease reads down".into()),
+    );
+    for call in ["complete", "fail", "release"] {
+        let body = if call == "fail" {
+            json!({ "error": { "code": "boom" } })
+        } else {
+            json!({})
+        };
+        let answer = lease_call(&h, &lease, call, body).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{call}: {answer:?}"
+        );
+        assert_eq!(
+            answer.body["error"]["code"], "store_unavailable",
+            "{answer:?}"
+        );
+    }
+    assert!(h.faults.injected() >= 3, "the record was asked for");
+    h.faults.clear();
+    let again = lease_call(&h, &lease, "complete", json!({})).await;
+    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    assert_eq!(again.body["state"], "delivered", "{again:?}");
+    let release = lease_call(&h, &lease, "release", json!({})).await;
+    assert_eq!(release.status, StatusCode::CONFLICT, "{release:?}");
+    assert_eq!(release.body["error"]["code"], "lease_lost", "{release:?}");
+    h.shutdown().await;
+}

@@ -71,6 +71,9 @@ pub enum FaultScope {
     /// Only the listing of API keys: an open node cannot tell whether
     /// keys exist.
     KeyReads,
+    /// Only reads of a stored lease (`get_lease`): the record that answers
+    /// a repeated call the queue no longer remembers.
+    LeaseReads,
 }
 
 impl Faults {
@@ -100,7 +103,10 @@ impl Faults {
             Some((FaultScope::ClientCalls, error))
                 if !matches!(
                     call,
-                    FaultScope::DuePages | FaultScope::LeaseWrites | FaultScope::KeyReads
+                    FaultScope::DuePages
+                        | FaultScope::LeaseWrites
+                        | FaultScope::KeyReads
+                        | FaultScope::LeaseReads
                 ) =>
             {
                 Err(error.clone())
@@ -139,6 +145,7 @@ impl Interposer for Faults {
             }
             StoreCall::RecordLeases | StoreCall::ChangeLease => self.check(FaultScope::LeaseWrites),
             StoreCall::ListApiKeys => self.check(FaultScope::KeyReads),
+            StoreCall::GetLease => self.check(FaultScope::LeaseReads),
             StoreCall::PutTenant
             | StoreCall::GetTenant
             | StoreCall::ListTenants
