@@ -41,7 +41,9 @@ pub mod code {
     pub const NOT_IMPLEMENTED: &str = "not_implemented";
     pub const STORE_UNAVAILABLE: &str = "store_unavailable";
     /// Cluster mode: the node holding a lease's partition cannot be
-    /// reached right now (or is not known yet); nothing changed; retry.
+    /// reached right now (or is not known yet), and the store shows no
+    /// outcome of the call: whether it took effect is not known; repeating
+    /// it is safe.
     pub const NODE_UNAVAILABLE: &str = "node_unavailable";
     /// No key, or a malformed, unknown, revoked or expired one (401).
     pub const UNAUTHORIZED: &str = "unauthorized";

@@ -1419,3 +1419,391 @@ async fn completes_are_written_in_batches_and_a_failed_shard_reads_as_unavailabl
     }
     h.shutdown().await;
 }
+
+/// A repeated complete, fail or release that the queue no longer
+/// remembers (here it remembers nothing) is answered from the store's
+/// record of its lease. While that record cannot be read, whether the
+/// call was recorded is not known: `503 store_unavailable`, never
+/// `lease_lost` (its worker would give up on an event it ended).
+#[tokio::test]
+async fn a_repeat_whose_record_cannot_be_read_is_unavailable_not_lost() {
+    let engine_options = belfry_engine::EngineOptions {
+        shutdown_grace: std::time::Duration::from_millis(500),
+        pull: belfry_engine::pull::PullOptions {
+            max_remembered: 0,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let h = Harness::with_engine_options(Default::default(), engine_options).await;
+    one_due_event(&h).await;
+    let lease = claim_one(&h, "jobs").await;
+    let done = lease_call(&h, &lease, "complete", json!({})).await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    h.faults.set(
+        FaultScope::LeaseReads,
+        belfry_store::StoreError::Unavailable("lease reads down".into()),
+    );
+    for call in ["complete", "fail", "release"] {
+        let body = if call == "fail" {
+            json!({ "error": { "code": "boom" } })
+        } else {
+            json!({})
+        };
+        let answer = lease_call(&h, &lease, call, body).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{call}: {answer:?}"
+        );
+        assert_eq!(
+            answer.body["error"]["code"], "store_unavailable",
+            "{answer:?}"
+        );
+    }
+    assert!(h.faults.injected() >= 3, "the record was asked for");
+    h.faults.clear();
+    let again = lease_call(&h, &lease, "complete", json!({})).await;
+    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    assert_eq!(again.body["state"], "delivered", "{again:?}");
+    let release = lease_call(&h, &lease, "release", json!({})).await;
+    assert_eq!(release.status, StatusCode::CONFLICT, "{release:?}");
+    assert_eq!(release.body["error"]["code"], "lease_lost", "{release:?}");
+    h.shutdown().await;
+}
+
+/// Cluster mode over one store, without PostgreSQL: node "a" owns no
+/// partition and forwards calls on leases to the owner its view names
+/// (node "b", the harness's node, owning every partition at epoch 0).
+struct OtherNode {
+    app: axum::Router,
+    owners: std::sync::Arc<Owners>,
+    engine: belfry_engine::Engine,
+}
+
+/// Who owns every partition, as node "a" sees it (`None`: no live owner).
+#[derive(Debug, Default)]
+struct Owners(std::sync::Mutex<Option<belfry_api::PartitionOwner>>);
+
+impl belfry_api::ClusterView for Owners {
+    fn members(&self) -> Vec<belfry_api::ClusterMember> {
+        Vec::new()
+    }
+
+    fn owner_of(&self, _: belfry_core::PartitionId) -> Option<belfry_api::PartitionOwner> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Node "a" joins no real cluster: nothing here coordinates.
+#[derive(Debug)]
+struct NoCoordinator;
+
+fn not_here<T>() -> belfry_store::StoreResult<T> {
+    Err(belfry_store::StoreError::Unavailable(
+        "no coordinator in this test".into(),
+    ))
+}
+
+#[async_trait::async_trait]
+impl belfry_store::cluster::Coordinator for NoCoordinator {
+    async fn heartbeat(
+        &self,
+        _: &belfry_store::cluster::NodeInfo,
+        _: std::time::Duration,
+    ) -> belfry_store::StoreResult<Vec<belfry_store::cluster::NodeStatus>> {
+        not_here()
+    }
+    async fn leave(&self, _: &belfry_store::cluster::NodeId) -> belfry_store::StoreResult<()> {
+        not_here()
+    }
+    async fn remove_dead_nodes(
+        &self,
+        _: std::time::Duration,
+    ) -> belfry_store::StoreResult<Vec<belfry_store::cluster::NodeStatus>> {
+        not_here()
+    }
+    async fn claim_leadership(
+        &self,
+        _: &belfry_store::cluster::NodeId,
+        _: std::time::Duration,
+    ) -> belfry_store::StoreResult<belfry_store::cluster::LeaderLease> {
+        not_here()
+    }
+    async fn release_leadership(
+        &self,
+        _: &belfry_store::cluster::NodeId,
+    ) -> belfry_store::StoreResult<()> {
+        not_here()
+    }
+    async fn assign(
+        &self,
+        _: &belfry_store::cluster::NodeId,
+        _: u64,
+        _: Vec<(belfry_core::PartitionId, belfry_store::cluster::NodeId)>,
+    ) -> belfry_store::StoreResult<()> {
+        not_here()
+    }
+    async fn renew_ownership(
+        &self,
+        _: &belfry_store::cluster::NodeId,
+        _: std::time::Duration,
+    ) -> belfry_store::StoreResult<Vec<belfry_store::cluster::OwnedPartition>> {
+        not_here()
+    }
+    async fn release_partitions(
+        &self,
+        _: &belfry_store::cluster::NodeId,
+        _: &[(belfry_core::PartitionId, u64)],
+    ) -> belfry_store::StoreResult<Vec<belfry_core::PartitionId>> {
+        not_here()
+    }
+    async fn assignments(
+        &self,
+    ) -> belfry_store::StoreResult<Vec<belfry_store::cluster::PartitionAssignment>> {
+        not_here()
+    }
+    async fn leader(
+        &self,
+    ) -> belfry_store::StoreResult<Option<belfry_store::cluster::LeaderLease>> {
+        not_here()
+    }
+}
+
+impl OtherNode {
+    fn start(h: &Harness) -> OtherNode {
+        use std::sync::Arc;
+        let options = belfry_engine::EngineOptions {
+            shutdown_grace: std::time::Duration::from_millis(500),
+            ..Default::default()
+        };
+        let sinks = belfry_sinks::Sinks::new(Default::default()).unwrap();
+        let engine = belfry_engine::Engine::start_unowned(
+            options,
+            h.store.clone(),
+            sinks,
+            Arc::new(belfry_core::SystemClock),
+        );
+        engine.handle().join_pull_cluster(
+            belfry_store::cluster::NodeId("a".into()),
+            Arc::new(NoCoordinator),
+        );
+        let owners = Arc::new(Owners::default());
+        let state = belfry_api::ApiState {
+            engine: engine.handle(),
+            options: Default::default(),
+            cluster: owners.clone(),
+            auth: Arc::new(belfry_api::Auth::new(
+                Default::default(),
+                h.store.clone(),
+                "127.0.0.1:8081".parse().unwrap(),
+            )),
+            metrics: None,
+        };
+        OtherNode {
+            app: belfry_api::router(state),
+            owners,
+            engine,
+        }
+    }
+
+    /// Every partition owned by node "b" at epoch 0, reached at `url`;
+    /// `None`: no live owner.
+    fn owned_at(&self, url: Option<&str>) {
+        *self.owners.0.lock().unwrap() = url.map(|url| belfry_api::PartitionOwner {
+            node: "b".into(),
+            url: url.into(),
+            epoch: 0,
+        });
+    }
+
+    async fn post(&self, path: &str, body: serde_json::Value) -> common::Answer {
+        let request = axum::http::Request::post(path)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body.to_string()))
+            .unwrap();
+        common::send_to(&self.app, request).await
+    }
+
+    async fn call(
+        &self,
+        lease: &serde_json::Value,
+        call: &str,
+        body: serde_json::Value,
+    ) -> common::Answer {
+        let id = lease["lease_id"].as_str().unwrap();
+        self.post(&format!("/v1/leases/{id}/{call}"), body).await
+    }
+
+    async fn shutdown(self) {
+        drop(self.app);
+        self.engine.shutdown().await;
+    }
+}
+
+/// Reads one HTTP/1.1 request (with a `content-length` body, as the
+/// forwarding client sends) from `stream`.
+async fn read_request(
+    stream: &mut tokio::net::TcpStream,
+) -> Option<axum::http::Request<axum::body::Body>> {
+    use tokio::io::AsyncReadExt;
+    let mut buffer = Vec::new();
+    let mut chunk = [0_u8; 4096];
+    let head_end = loop {
+        if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let read = stream.read(&mut chunk).await.ok()?;
+        if read == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..read]);
+    };
+    let head = std::str::from_utf8(&buffer[..head_end]).ok()?.to_owned();
+    let mut lines = head.split("\r\n").filter(|line| !line.is_empty());
+    let mut first = lines.next()?.split(' ');
+    let mut request = axum::http::Request::builder()
+        .method(first.next()?)
+        .uri(first.next()?);
+    let mut length = 0;
+    for line in lines {
+        let (name, value) = line.split_once(':')?;
+        if name.eq_ignore_ascii_case("content-length") {
+            length = value.trim().parse().ok()?;
+        }
+        request = request.header(name, value.trim());
+    }
+    while buffer.len() < head_end + length {
+        let read = stream.read(&mut chunk).await.ok()?;
+        if read == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..read]);
+    }
+    let body = buffer[head_end..head_end + length].to_vec();
+    request.body(axum::body::Body::from(body)).ok()
+}
+
+/// Node "b" as seen by a node forwarding to it, killed between its
+/// commit and its answer: each request reaching this address is served
+/// by `app` (which records the call) to the end, then the connection is
+/// dropped without a byte back. Returns its URL.
+async fn owner_that_never_answers(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let app = app.clone();
+            tokio::spawn(async move {
+                if let Some(request) = read_request(&mut stream).await {
+                    common::send_to(&app, request).await;
+                }
+                drop(stream);
+            });
+        }
+    });
+    url
+}
+
+fn assert_not_known(answer: &common::Answer) {
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
+    assert_eq!(
+        answer.body["error"]["code"], "node_unavailable",
+        "{answer:?}"
+    );
+    let message = answer.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("not known"), "{message}");
+    assert!(!message.contains("nothing changed"), "{message}");
+}
+
+/// A worker's call reaches node "a", which forwards it to the lease's
+/// owner "b"; "b" records it and dies before its answer reaches "a" (or
+/// "a" sees no live owner at all). A complete, fail or release is then
+/// answered from the store's record of exactly that lease, as "b" would
+/// have; only what the record cannot tell (a lease still live there, a
+/// heartbeat) is `503 node_unavailable`, saying the outcome is not known.
+#[tokio::test]
+async fn a_call_whose_owner_recorded_it_but_never_answered_is_answered_from_the_record() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    for id in ["e1", "e2", "e3", "e4"] {
+        let put = h
+            .put(
+                &format!("/v1/tenants/jobs/events/{id}"),
+                &json!({ "deliver_at": common::from_now(50) }),
+            )
+            .await;
+        assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+    }
+    let leases = claim_n(&h, "jobs", 4).await;
+    let lease = |id: &str| {
+        leases
+            .iter()
+            .find(|lease| lease["event"]["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    let a = OtherNode::start(&h);
+    let b = owner_that_never_answers(h.app.clone()).await;
+    a.owned_at(Some(&b));
+
+    let done = a.call(&lease("e1"), "complete", json!({})).await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    assert_eq!(done.body, json!({ "state": "delivered" }));
+    let fail = json!({ "error": { "code": "boom" }, "retry_after_ms": 60000 });
+    let failed = a.call(&lease("e2"), "fail", fail.clone()).await;
+    assert_eq!(failed.status, StatusCode::OK, "{failed:?}");
+    assert_eq!(failed.body["state"], "scheduled", "{failed:?}");
+    let on_b = lease_call(&h, &lease("e2"), "fail", fail).await;
+    assert_eq!(failed.body, on_b.body, "answered as the owner answers");
+    let released = a
+        .call(&lease("e3"), "release", json!({ "delay_ms": 60000 }))
+        .await;
+    assert_eq!(released.status, StatusCode::OK, "{released:?}");
+    let on_b = lease_call(&h, &lease("e3"), "release", json!({ "delay_ms": 60000 })).await;
+    assert_eq!(released.body, on_b.body, "answered as the owner answers");
+    // A heartbeat extended on "b" leaves no outcome in the record.
+    assert_not_known(&a.call(&lease("e4"), "heartbeat", json!({})).await);
+
+    // No live owner: the record answers what it shows.
+    a.owned_at(None);
+    let again = a.call(&lease("e1"), "complete", json!({})).await;
+    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    assert_not_known(&a.call(&lease("e4"), "complete", json!({})).await);
+    let batch = json!({ "leases": [
+        { "lease_id": lease("e1")["lease_id"] },
+        { "lease_id": lease("e4")["lease_id"] },
+    ] });
+    let answer = a.post("/v1/tenants/jobs/leases/complete", batch).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let results = answer.body["results"].as_array().unwrap();
+    assert_eq!(results[0]["state"], "delivered", "{answer:?}");
+    assert_eq!(
+        results[1]["error"]["code"], "node_unavailable",
+        "{answer:?}"
+    );
+    let e4 = h.get("/v1/tenants/jobs/events/e4").await;
+    assert_eq!(e4.body["status"], "scheduled", "not completed: {e4:?}");
+
+    // A batch item recorded on "b", whose answer never came back.
+    a.owned_at(Some(&b));
+    let batch = json!({ "leases": [{ "lease_id": lease("e4")["lease_id"] }] });
+    let answer = a.post("/v1/tenants/jobs/leases/complete", batch).await;
+    assert_eq!(
+        answer.body["results"][0]["state"], "delivered",
+        "{answer:?}"
+    );
+
+    for (id, status) in [
+        ("e1", "delivered"),
+        ("e2", "retrying"),
+        ("e3", "scheduled"),
+        ("e4", "delivered"),
+    ] {
+        let event = h.get(&format!("/v1/tenants/jobs/events/{id}")).await;
+        assert_eq!(event.body["status"], status, "{event:?}");
+    }
+    a.shutdown().await;
+    h.shutdown().await;
+}

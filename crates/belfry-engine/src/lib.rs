@@ -444,6 +444,24 @@ impl EngineHandle {
         pull::call(&self.inner, lease, request).await
     }
 
+    /// The answer the store's record of exactly `lease` gives a complete,
+    /// fail or release (`request`), without the pull queue: for a node that
+    /// could not ask the lease's owner (it went away, perhaps after
+    /// recording the call). `Some` when the lease was resolved the way the
+    /// call asks, answered as its owner would have; `None` when nothing of
+    /// the kind is recorded (the lease may still be live on its owner), and
+    /// for a heartbeat.
+    ///
+    /// # Errors
+    /// Store failures: whether the call was recorded is not known.
+    pub async fn pull_recorded_outcome(
+        &self,
+        lease: &belfry_core::pull::LeaseId,
+        request: &belfry_core::pull::LeaseCall,
+    ) -> StoreResult<Option<belfry_core::pull::Reply>> {
+        pull::recorded(&self.inner, lease, request).await
+    }
+
     /// The pull queue's counters.
     pub fn pull_stats(&self) -> belfry_core::pull::PullStats {
         self.inner.pull.stats()

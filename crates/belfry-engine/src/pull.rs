@@ -37,7 +37,7 @@ use belfry_core::tenant::PullTarget;
 use belfry_core::{EventKey, EventVersion, TenantName};
 use belfry_core::{PartitionId, Timestamp};
 use belfry_store::{
-    ChangeLeaseParams, ChangeLeasesParams, Fence, RecordLeasesParams, StoredLeaseState,
+    ChangeLeaseParams, ChangeLeasesParams, Fence, RecordLeasesParams, StoreResult, StoredLeaseState,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -439,9 +439,16 @@ pub(crate) async fn call(shared: &Arc<Shared>, lease: LeaseId, request: LeaseCal
     .await;
     let reply = match ending {
         Some(ending) if matches!(reply, Reply::Error(PullError::LeaseLost)) => {
-            recorded_outcome(shared, &lease, ending)
-                .await
-                .unwrap_or(reply)
+            match recorded_outcome(shared, &lease, ending).await {
+                Ok(recorded) => recorded.unwrap_or(reply),
+                // The call may have been recorded: not known, so not
+                // `lease_lost` (its worker would give up on an event it
+                // ended).
+                Err(error) => {
+                    tracing::warn!(%error, "reading the outcome recorded for a lease failed");
+                    Reply::Error(PullError::Unavailable)
+                }
+            }
         }
         _ => reply,
     };
@@ -470,21 +477,46 @@ impl Ending {
     }
 }
 
+/// The answer to `request` on `lease` from the store's record alone
+/// ([`recorded_outcome`]); `None` for a heartbeat, which no record
+/// answers. See [`crate::EngineHandle::pull_recorded_outcome`].
+pub(crate) async fn recorded(
+    shared: &Shared,
+    lease: &LeaseId,
+    request: &LeaseCall,
+) -> StoreResult<Option<Reply>> {
+    match Ending::of(request) {
+        Some(ending) => recorded_outcome(shared, lease, ending).await,
+        None => Ok(None),
+    }
+}
+
 /// The answer to a repeated complete, fail or release that this node no
 /// longer remembers (it restarted after recording it, perhaps before the
-/// worker read the answer; or the partition moved): the store's
-/// resolution of exactly this lease by its worker, if it is of the kind
-/// the call asks for. A lease that expired ended by no call of its
-/// worker's: every call on it stays `lease_lost`.
-async fn recorded_outcome(shared: &Shared, lease: &LeaseId, ending: Ending) -> Option<Reply> {
-    let stored = shared.store.get_lease(lease.key()).await.ok()??;
+/// worker read the answer; or the partition moved), or that reached a node
+/// whose owner of the lease could not be asked: the store's resolution of
+/// exactly this lease by its worker, if it is of the kind the call asks
+/// for. A lease that expired ended by no call of its worker's: every call
+/// on it stays `lease_lost`.
+///
+/// # Errors
+/// The store could not be read: whether the call was recorded is not
+/// known.
+async fn recorded_outcome(
+    shared: &Shared,
+    lease: &LeaseId,
+    ending: Ending,
+) -> StoreResult<Option<Reply>> {
+    let Some(stored) = shared.store.get_lease(lease.key()).await? else {
+        return Ok(None);
+    };
     if stored.record.lease != *lease {
-        return None;
+        return Ok(None);
     }
     let StoredLeaseState::Resolved(resolution) = stored.state else {
-        return None;
+        return Ok(None);
     };
-    match (ending, resolution) {
+    Ok(match (ending, resolution) {
         (Ending::Complete, Resolution::Delivered { .. }) => Some(Reply::Completed),
         (Ending::Fail, Resolution::Retry { at }) => Some(Reply::Failed {
             next_attempt_at: Some(at),
@@ -496,7 +528,7 @@ async fn recorded_outcome(shared: &Shared, lease: &LeaseId, ending: Ending) -> O
             next_attempt_at: at,
         }),
         _ => None,
-    }
+    })
 }
 
 /// Performs `actions`; a `Finish` goes to the owned partition of its

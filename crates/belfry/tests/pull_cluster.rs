@@ -684,8 +684,9 @@ async fn done_when_3_workers_and_2_nodes_process_events_through_kill_9_of_a_work
     assert!(twice.is_empty(), "events ended by two leases: {twice:?}");
     // Every event ended with a 200 to one worker, or by a call its worker
     // never saw answered: the killed worker's, or one in flight on the
-    // killed node (repeated on the survivor, a complete answers the same
-    // from the store's record; a fail answers `lease_lost`, docs/pull.md).
+    // killed node. A call the killed node recorded is answered `200` from
+    // the store's record by the survivor, whether it forwarded the call
+    // there or the worker repeated it (docs/pull.md).
     let unanswered: HashSet<&str> = records
         .iter()
         .filter(|r| (r.call == "sent" && r.worker == 0) || (r.call != "sent" && r.answer.is_none()))

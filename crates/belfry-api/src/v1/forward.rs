@@ -6,8 +6,13 @@
 //!   body, `Authorization`: the owner authenticates the worker again) with
 //!   the [`FORWARDED`] header, and answers with the owner's answer. A
 //!   request that carries the header is never forwarded again: it is
-//!   answered from this node's own state. An owner that cannot be reached
-//!   (or is not known yet) is `503 node_unavailable`; nothing changed.
+//!   answered from this node's own state. When no owner can be asked (none
+//!   is live or known yet, or it did not answer: it may have recorded the
+//!   call and died before answering), a complete, fail or release is
+//!   answered from the store's record of exactly that lease if it shows
+//!   the call's outcome, as the owner would have ([`owner_unreachable`]);
+//!   otherwise, and for a heartbeat, `503 node_unavailable`: whether the
+//!   call took effect is not known, and repeating it is safe.
 //! - **A claim** takes this node's own ready entries first, then asks the
 //!   nodes that announced ready entries of the tenant (a claim for the rest
 //!   with `wait_ms` 0, the worker's own key), and merges the leases. With
@@ -24,7 +29,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use belfry_core::TenantName;
-use belfry_core::pull::{ClaimRequest, LeaseId, Reply};
+use belfry_core::pull::{ClaimRequest, LeaseCall, LeaseId, Reply};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
@@ -74,12 +79,48 @@ fn is_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(&FORWARDED)
 }
 
-fn node_unavailable() -> V1Error {
+/// No owner of the lease could be asked, and the store shows no outcome
+/// of the call: it may not have reached the owner, or the owner may have
+/// it in hand (or have recorded it and died before answering).
+pub(crate) fn node_unavailable() -> V1Error {
     V1Error(ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         code::NODE_UNAVAILABLE,
-        "the node holding this lease cannot be reached right now; nothing changed; retry",
+        "the node holding this lease cannot be reached right now; whether this call took effect \
+         is not known; repeating it is safe and answers as the first call would have",
     ))
+}
+
+/// No node owning the lease's partition can be asked right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NoOwner;
+
+/// What the store recorded of `call` on exactly `lease`, when no owner
+/// could be asked: `Some` when the lease was resolved as the call asks
+/// (its owner recorded it, perhaps just before it went away), answered as
+/// the owner would have; `None` when that is not known (nothing of the
+/// kind recorded, a heartbeat, or the store unreadable).
+pub(crate) async fn recorded(state: &ApiState, lease: &LeaseId, call: &LeaseCall) -> Option<Reply> {
+    match state.engine.pull_recorded_outcome(lease, call).await {
+        Ok(recorded) => recorded,
+        Err(error) => {
+            tracing::warn!(%error, "reading the record of a lease whose owner cannot be asked failed");
+            None
+        }
+    }
+}
+
+/// The answer to `call` on `lease` when no owner could be asked: the
+/// store's record ([`recorded`]), else `503 node_unavailable`.
+pub(crate) async fn owner_unreachable(
+    state: &ApiState,
+    lease: &LeaseId,
+    call: &LeaseCall,
+) -> Result<Response, V1Error> {
+    match recorded(state, lease, call).await {
+        Some(reply) => super::leases::answer(reply),
+        None => Err(node_unavailable()),
+    }
 }
 
 /// Why a forward got no answer (logged, never answered).
@@ -127,14 +168,14 @@ async fn post(
 /// Where a call on `lease` must go: `None` to answer it here.
 ///
 /// # Errors
-/// `503 node_unavailable` when the lease may be live on a node this one
-/// cannot name right now (no live owner, or this node's view is older
-/// than the lease).
+/// [`NoOwner`] when the lease may be live on a node this one cannot name
+/// right now (no live owner, or this node's view is older than the
+/// lease).
 pub(crate) fn lease_owner(
     state: &ApiState,
     headers: &HeaderMap,
     lease: &LeaseId,
-) -> Result<Option<PartitionOwner>, V1Error> {
+) -> Result<Option<PartitionOwner>, NoOwner> {
     let Some(me) = state.engine.cluster_node() else {
         return Ok(None);
     };
@@ -156,15 +197,18 @@ pub(crate) fn lease_owner(
         // or a repeat's recorded outcome).
         Some(owner) if owner.epoch > lease.epoch() => Ok(None),
         Some(owner) if owner.epoch == lease.epoch() => Ok(Some(owner)),
-        _ => Err(node_unavailable()),
+        _ => Err(NoOwner),
     }
 }
 
-/// Forwards a call on a lease to its owner and answers what it answered.
+/// Forwards `call` on `lease` (`body`: its raw body) to its owner and
+/// answers what it answered; with no answer, [`owner_unreachable`].
 pub(crate) async fn lease_call(
     state: &ApiState,
     headers: &HeaderMap,
     owner: &PartitionOwner,
+    lease: &LeaseId,
+    call: &LeaseCall,
     path: &str,
     body: bytes::Bytes,
 ) -> Result<Response, V1Error> {
@@ -180,29 +224,33 @@ pub(crate) async fn lease_call(
             .into_response()),
         Err(error) => {
             tracing::warn!(%error, node = %owner.node, "forwarding a lease call failed");
-            Err(node_unavailable())
+            owner_unreachable(state, lease, call).await
         }
     }
 }
 
+/// Why a batch item forwarded to its owner was not completed there.
+#[derive(Debug)]
+pub(crate) enum NotCompleted {
+    /// The owner's own error, as `(code, message)`.
+    Refused(String, String),
+    /// No answer (or not one of the API's): the outcome is not known.
+    Unanswered,
+}
+
 /// Completes one lease of a batch completion on its owner (`result`: the
-/// validated JSON text). `Err`: the error to answer for that item, as
-/// `(code, message)` — the owner's own, or `node_unavailable`.
+/// validated JSON text).
 pub(crate) async fn complete_on(
     state: &ApiState,
     headers: &HeaderMap,
     owner: &PartitionOwner,
     lease_text: &str,
     result: Option<&str>,
-) -> Result<(), (String, String)> {
+) -> Result<(), NotCompleted> {
     let path = format!("/v1/leases/{lease_text}/complete");
     let body = match result {
         Some(result) => format!(r#"{{"result":{result}}}"#),
         None => "{}".to_owned(),
-    };
-    let unavailable = || {
-        let V1Error(error) = node_unavailable();
-        (error.code.to_owned(), error.message)
     };
     match post(state, headers, &owner.url, &path, body.into()).await {
         Ok((StatusCode::OK, _)) => Ok(()),
@@ -210,13 +258,15 @@ pub(crate) async fn complete_on(
             let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
             let error = &answer["error"];
             match (error["code"].as_str(), error["message"].as_str()) {
-                (Some(code), Some(message)) => Err((code.to_owned(), message.to_owned())),
-                _ => Err(unavailable()),
+                (Some(code), Some(message)) => {
+                    Err(NotCompleted::Refused(code.to_owned(), message.to_owned()))
+                }
+                _ => Err(NotCompleted::Unanswered),
             }
         }
         Err(error) => {
             tracing::warn!(%error, node = %owner.node, "forwarding a lease completion failed");
-            Err(unavailable())
+            Err(NotCompleted::Unanswered)
         }
     }
 }

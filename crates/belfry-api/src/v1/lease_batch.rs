@@ -9,7 +9,10 @@
 //! {"code", "message"}}` (`lease_lost` for a lease of another tenant, as
 //! for one never issued). A body out of the limits is `400` and changes
 //! nothing. In a cluster, an item whose lease another node holds is
-//! completed there (`forward::complete_on`), as a single call would be.
+//! completed there (`forward::complete_on`), as a single call would be;
+//! when no owner can be asked, the item is answered from the store's
+//! record of its lease (`delivered` if it shows the lease completed),
+//! else `node_unavailable`.
 
 use axum::Json;
 use axum::extract::State;
@@ -119,23 +122,35 @@ pub(crate) async fn complete_batch(
                 belfry_metrics::pull_error(PullError::LeaseLost.code());
                 return item_error(&text, PullError::LeaseLost);
             }
-            match forward::lease_owner(state, headers, &lease) {
-                Ok(None) => item_answer(
-                    &text,
-                    state
+            let owner = match forward::lease_owner(state, headers, &lease) {
+                Ok(None) => {
+                    let reply = state
                         .engine
                         .pull_call(lease, LeaseCall::Complete { result })
-                        .await,
-                ),
-                Ok(Some(owner)) => {
-                    match forward::complete_on(state, headers, &owner, &text, result.as_deref())
-                        .await
-                    {
-                        Ok(()) => item_delivered(&text),
-                        Err((code, message)) => item_error_as(&text, &code, &message),
-                    }
+                        .await;
+                    return item_answer(&text, reply);
                 }
-                Err(V1Error(error)) => item_error_as(&text, error.code, &error.message),
+                Ok(Some(owner)) => Some(owner),
+                Err(forward::NoOwner) => None,
+            };
+            if let Some(owner) = owner {
+                match forward::complete_on(state, headers, &owner, &text, result.as_deref()).await {
+                    Ok(()) => return item_delivered(&text),
+                    Err(forward::NotCompleted::Refused(code, message)) => {
+                        return item_error_as(&text, &code, &message);
+                    }
+                    Err(forward::NotCompleted::Unanswered) => {}
+                }
+            }
+            // No owner could be asked: the store's record answers, if it
+            // shows the lease completed.
+            let call = LeaseCall::Complete { result };
+            match forward::recorded(state, &lease, &call).await {
+                Some(reply) => item_answer(&text, reply),
+                None => {
+                    let V1Error(error) = forward::node_unavailable();
+                    item_error_as(&text, error.code, &error.message)
+                }
             }
         }
     }))

@@ -79,7 +79,7 @@ struct LeaseList<'a> {
 }
 
 /// The answer to a reply of the pull queue.
-fn answer(reply: Reply) -> Result<Response, V1Error> {
+pub(super) fn answer(reply: Reply) -> Result<Response, V1Error> {
     let body = match reply {
         Reply::Leases(leases) => {
             let list = LeaseList {
@@ -195,7 +195,7 @@ macro_rules! lease_route {
                 (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
                 (status = 429, description = "Too many calls on this lease, or rate limit", body = crate::openapi::schema::V1Error),
                 (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-                (status = 503, description = "Store unavailable, or (cluster) the node holding the lease cannot be reached; nothing changed; retry", body = crate::openapi::schema::V1Error)
+                (status = 503, description = "Store unavailable, or (cluster) the node holding the lease cannot be reached and the store shows no outcome of this call; whether it took effect is not known; repeating it is safe", body = crate::openapi::schema::V1Error)
             )
         )]
         pub(crate) async fn $name(
@@ -207,11 +207,15 @@ macro_rules! lease_route {
         ) -> Result<Response, V1Error> {
             let lease = lease_of(&principal, &lease)?;
             let $validated = body.validate().map_err(|e| invalid_request(e.to_string()))?;
-            if let Some(owner) = forward::lease_owner(&state, &headers, &lease)? {
-                let path = format!(concat!("/v1/leases/{}/", $call), lease);
-                return forward::lease_call(&state, &headers, &owner, &path, raw).await;
+            let call = $make;
+            match forward::lease_owner(&state, &headers, &lease) {
+                Ok(None) => answer(state.engine.pull_call(lease, call).await),
+                Ok(Some(owner)) => {
+                    let path = format!(concat!("/v1/leases/{}/", $call), lease);
+                    forward::lease_call(&state, &headers, &owner, &lease, &call, &path, raw).await
+                }
+                Err(forward::NoOwner) => forward::owner_unreachable(&state, &lease, &call).await,
             }
-            answer(state.engine.pull_call(lease, $make).await)
         }
     };
 }

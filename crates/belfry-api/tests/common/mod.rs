@@ -71,6 +71,9 @@ pub enum FaultScope {
     /// Only the listing of API keys: an open node cannot tell whether
     /// keys exist.
     KeyReads,
+    /// Only reads of a stored lease (`get_lease`): the record that answers
+    /// a repeated call the queue no longer remembers.
+    LeaseReads,
 }
 
 impl Faults {
@@ -100,7 +103,10 @@ impl Faults {
             Some((FaultScope::ClientCalls, error))
                 if !matches!(
                     call,
-                    FaultScope::DuePages | FaultScope::LeaseWrites | FaultScope::KeyReads
+                    FaultScope::DuePages
+                        | FaultScope::LeaseWrites
+                        | FaultScope::KeyReads
+                        | FaultScope::LeaseReads
                 ) =>
             {
                 Err(error.clone())
@@ -139,6 +145,7 @@ impl Interposer for Faults {
             }
             StoreCall::RecordLeases | StoreCall::ChangeLease => self.check(FaultScope::LeaseWrites),
             StoreCall::ListApiKeys => self.check(FaultScope::KeyReads),
+            StoreCall::GetLease => self.check(FaultScope::LeaseReads),
             StoreCall::PutTenant
             | StoreCall::GetTenant
             | StoreCall::ListTenants
@@ -293,31 +300,7 @@ impl Harness {
         if let Some(key) = key {
             request = request.header("authorization", format!("Bearer {key}"));
         }
-        let response = self
-            .app
-            .clone()
-            .oneshot(request.body(body.into()).unwrap())
-            .await
-            .unwrap();
-        let status = response.status();
-        let headers = response.headers().clone();
-        let content_type = response
-            .headers()
-            .get("content-type")
-            .map(|v| v.to_str().unwrap().to_string());
-        let bytes = response.into_body().collect().await.unwrap().to_bytes();
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-        };
-        Answer {
-            status,
-            body,
-            content_type,
-            headers,
-        }
+        send_to(&self.app, request.body(body.into()).unwrap()).await
     }
 
     pub async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> Answer {
@@ -472,4 +455,28 @@ where
 pub fn from_now(offset_ms: i64) -> String {
     use belfry_core::Clock;
     belfry_core::Timestamp::from_millis(SystemClock.now().as_millis() + offset_ms).to_rfc3339()
+}
+
+/// Sends `request` to `app` (any node's router) and reads its answer.
+pub async fn send_to(app: &Router, request: Request<Body>) -> Answer {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+    };
+    Answer {
+        status,
+        body,
+        content_type,
+        headers,
+    }
 }
