@@ -25,8 +25,10 @@
 //! `initial_per_tenant` connections, not its whole limit, and a backlog
 //! coming due at one instant for ten hung tenants opens a few hundred
 //! connections instead of a thousand: the CPU that would cost is what
-//! every other tenant's deliveries wait behind. A tenant with nothing
-//! queued and nothing in flight is forgotten, so it starts over next time.
+//! every other tenant's deliveries wait behind. A tenant keeps its window
+//! while it comes and goes (a busy tenant's queue empties between
+//! instants), and starts over after [`IDLE_RESET_MS`] with nothing queued
+//! and nothing in flight.
 //!
 //! # Per-tenant limits
 //! [`DeliverySlots::set_tenant_limits`] gives one tenant its own
@@ -55,6 +57,19 @@ struct TenantLimits {
 
 /// Float rounding of refills: a token this close to whole counts as whole.
 const TOKEN_EPSILON: f64 = 1e-6;
+
+/// How long a tenant with nothing queued and nothing in flight keeps the
+/// window its slow start reached.
+pub const IDLE_RESET_MS: i64 = 60_000;
+
+/// A tenant's slow-start window.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    /// Deliveries in flight at once allowed so far (the limit caps it).
+    size: usize,
+    /// Since when the tenant has nothing queued and nothing in flight.
+    idle_since: Option<Timestamp>,
+}
 
 /// A tenant's delivery rate: tokens refilled continuously.
 #[derive(Debug, Clone, Copy)]
@@ -137,18 +152,14 @@ struct TenantQueue<J> {
     waiting: VecDeque<J>,
     /// Whether the tenant is in `ready`.
     is_ready: bool,
-    /// In flight at once so far allowed by the slow start: the initial
-    /// window plus one per answered attempt (the limit caps it on use).
-    window: usize,
 }
 
-impl<J> TenantQueue<J> {
-    fn new(window: usize) -> Self {
+impl<J> Default for TenantQueue<J> {
+    fn default() -> Self {
         TenantQueue {
             in_flight: 0,
             waiting: VecDeque::new(),
             is_ready: false,
-            window,
         }
     }
 }
@@ -166,8 +177,18 @@ pub struct DeliverySlots<J> {
     limits: HashMap<TenantName, TenantLimits>,
     /// Rate buckets of the tenants with a `per_second`.
     buckets: HashMap<TenantName, Bucket>,
+    /// Slow-start windows, of active tenants and of those idle for less
+    /// than [`IDLE_RESET_MS`] whose window grew.
+    windows: HashMap<TenantName, Window>,
+    /// When idle windows are next looked through for expiry.
+    next_window_sweep: Timestamp,
     /// The time of the last [`DeliverySlots::advance`].
     now: Timestamp,
+}
+
+/// Whether a window idle since `since` is to start over at `now`.
+fn expired(since: Timestamp, now: Timestamp) -> bool {
+    now.as_millis().saturating_sub(since.as_millis()) >= IDLE_RESET_MS
 }
 
 impl<J> DeliverySlots<J> {
@@ -180,6 +201,8 @@ impl<J> DeliverySlots<J> {
             queued: 0,
             limits: HashMap::new(),
             buckets: HashMap::new(),
+            windows: HashMap::new(),
+            next_window_sweep: Timestamp::MIN,
             now: Timestamp::MIN,
         }
     }
@@ -225,9 +248,17 @@ impl<J> DeliverySlots<J> {
         }
     }
 
-    /// The current time, for the rate limits. Never goes back.
+    /// The current time, for the rate limits and idle windows. Never goes
+    /// back.
     pub fn advance(&mut self, now: Timestamp) {
         self.now = self.now.max(now);
+        if self.now >= self.next_window_sweep {
+            // Once a second at most: forget windows idle too long.
+            let now = self.now;
+            self.windows
+                .retain(|_, window| window.idle_since.is_none_or(|since| !expired(since, now)));
+            self.next_window_sweep = now.plus(std::time::Duration::from_secs(1));
+        }
     }
 
     /// When a tenant held back only by its rate gets its next token: call
@@ -262,9 +293,9 @@ impl<J> DeliverySlots<J> {
     /// slow start lasts.
     fn allowed_of(&self, tenant: &TenantName) -> usize {
         let window = self
-            .tenants
+            .windows
             .get(tenant)
-            .map_or(self.initial_window(), |queue| queue.window);
+            .map_or(self.initial_window(), |window| window.size);
         self.per_tenant_of(tenant).min(window)
     }
 
@@ -315,12 +346,18 @@ impl<J> DeliverySlots<J> {
 
     /// Queues a job; call [`DeliverySlots::start_ready`] after.
     pub fn submit(&mut self, tenant: TenantName, job: J) {
+        let (initial, now) = (self.initial_window(), self.now);
+        let window = self.windows.entry(tenant.clone()).or_insert(Window {
+            size: initial,
+            idle_since: None,
+        });
+        if let Some(since) = window.idle_since.take()
+            && expired(since, now)
+        {
+            window.size = initial;
+        }
         let per_tenant = self.allowed_of(&tenant);
-        let window = self.initial_window();
-        let queue = self
-            .tenants
-            .entry(tenant.clone())
-            .or_insert_with(|| TenantQueue::new(window));
+        let queue = self.tenants.entry(tenant.clone()).or_default();
         queue.waiting.push_back(job);
         self.queued += 1;
         if !queue.is_ready && queue.in_flight < per_tenant {
@@ -333,10 +370,10 @@ impl<J> DeliverySlots<J> {
     /// slow start widens by one. Call before [`DeliverySlots::finish`].
     pub fn answered(&mut self, tenant: &TenantName) {
         let limit = self.per_tenant_of(tenant);
-        if let Some(queue) = self.tenants.get_mut(tenant)
-            && queue.window < limit
+        if let Some(window) = self.windows.get_mut(tenant)
+            && window.size < limit
         {
-            queue.window += 1;
+            window.size += 1;
         }
     }
 
@@ -353,6 +390,20 @@ impl<J> DeliverySlots<J> {
             self.ready.push_back(tenant.clone());
         } else if queue.waiting.is_empty() && queue.in_flight == 0 && !queue.is_ready {
             self.tenants.remove(tenant);
+            self.went_idle(tenant);
+        }
+    }
+
+    /// `tenant` has nothing queued and nothing in flight: a window still at
+    /// its start is forgotten, a wider one kept for a while.
+    fn went_idle(&mut self, tenant: &TenantName) {
+        let initial = self.initial_window();
+        if let Some(window) = self.windows.get_mut(tenant) {
+            if window.size <= initial {
+                self.windows.remove(tenant);
+            } else {
+                window.idle_since = Some(self.now);
+            }
         }
     }
 
@@ -631,23 +682,69 @@ mod tests {
     }
 
     #[test]
-    fn a_tenant_idle_again_starts_over_slowly() {
+    fn a_tenant_keeps_its_window_between_bursts_and_starts_over_after_a_long_idle() {
         let mut slots = DeliverySlots::new(SlotPolicy {
             global: 100,
             per_tenant: 50,
             reserved: 0,
             initial_per_tenant: 2,
         });
+        slots.advance(at(0));
         slots.submit(t("a"), ("a", 0));
         slots.start_ready();
         for _ in 0..10 {
             slots.answered(&t("a"));
         }
         slots.finish(&t("a"));
-        for i in 1..=5 {
+        // Idle for a moment (a busy tenant between two instants): the
+        // window it reached stays.
+        slots.advance(at(IDLE_RESET_MS - 1));
+        for i in 1..=20 {
             slots.submit(t("a"), ("a", i));
         }
-        assert_eq!(jobs(slots.start_ready()), [("a", 1), ("a", 2)]);
+        assert_eq!(slots.start_ready().len(), 12);
+        for _ in 0..12 {
+            slots.finish(&t("a"));
+            slots.start_ready();
+        }
+        for _ in 0..8 {
+            slots.finish(&t("a"));
+        }
+        assert_eq!(slots.queued(), 0);
+        // Idle for longer: it starts over.
+        slots.advance(at(2 * IDLE_RESET_MS));
+        for i in 21..=25 {
+            slots.submit(t("a"), ("a", i));
+        }
+        assert_eq!(jobs(slots.start_ready()), [("a", 21), ("a", 22)]);
+    }
+
+    #[test]
+    fn idle_windows_are_forgotten() {
+        let mut slots = DeliverySlots::new(SlotPolicy {
+            global: 100,
+            per_tenant: 50,
+            reserved: 0,
+            initial_per_tenant: 2,
+        });
+        slots.advance(at(0));
+        for n in 0..100 {
+            let tenant = t(&format!("t{n}"));
+            slots.submit(tenant.clone(), ("t", n));
+            slots.start_ready();
+            // Half of them widen their window.
+            if n % 2 == 0 {
+                slots.answered(&tenant);
+            }
+            slots.finish(&tenant);
+        }
+        assert_eq!(
+            slots.windows.len(),
+            50,
+            "windows at their start are not kept"
+        );
+        slots.advance(at(IDLE_RESET_MS));
+        assert!(slots.windows.is_empty());
     }
 
     #[test]
