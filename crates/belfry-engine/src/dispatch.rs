@@ -367,8 +367,11 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
                 return done(retry_later());
             }
             // A pull tenant's event waits for a worker's claim: the pull
-            // queue holds it, outstanding here until it finishes it.
+            // queue holds it, outstanding here until it finishes it. The
+            // hand-off cannot hang, so it counts as answered: a pull
+            // tenant's slow start never holds its hand-offs back.
             if let belfry_core::SinkConfig::Pull(target) = &tenant.sink {
+                *answered = true;
                 crate::pull::ready(
                     shared,
                     belfry_core::pull::ReadyEntry {
