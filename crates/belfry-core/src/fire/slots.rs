@@ -648,14 +648,19 @@ mod tests {
         assert_eq!(jobs(slots.start_ready()), [("a", 1), ("a", 2)]);
     }
 
+    /// Room for every tenant, no reserve: only the slow start limits.
+    fn slow_start(per_tenant: usize, initial_per_tenant: usize) -> SlotPolicy {
+        SlotPolicy {
+            global: 100,
+            per_tenant,
+            reserved: 0,
+            initial_per_tenant,
+        }
+    }
+
     #[test]
     fn a_tenant_starts_slow_and_widens_by_one_per_answered_attempt() {
-        let mut slots = DeliverySlots::new(SlotPolicy {
-            global: 100,
-            per_tenant: 6,
-            reserved: 0,
-            initial_per_tenant: 2,
-        });
+        let mut slots = DeliverySlots::new(slow_start(6, 2));
         for i in 0..20 {
             slots.submit(t("a"), ("a", i));
         }
@@ -683,12 +688,7 @@ mod tests {
 
     #[test]
     fn a_tenant_keeps_its_window_between_bursts_and_starts_over_after_a_long_idle() {
-        let mut slots = DeliverySlots::new(SlotPolicy {
-            global: 100,
-            per_tenant: 50,
-            reserved: 0,
-            initial_per_tenant: 2,
-        });
+        let mut slots = DeliverySlots::new(slow_start(50, 2));
         slots.advance(at(0));
         slots.submit(t("a"), ("a", 0));
         slots.start_ready();
@@ -721,12 +721,7 @@ mod tests {
 
     #[test]
     fn idle_windows_are_forgotten() {
-        let mut slots = DeliverySlots::new(SlotPolicy {
-            global: 100,
-            per_tenant: 50,
-            reserved: 0,
-            initial_per_tenant: 2,
-        });
+        let mut slots = DeliverySlots::new(slow_start(50, 2));
         slots.advance(at(0));
         for n in 0..100 {
             let tenant = t(&format!("t{n}"));
