@@ -347,14 +347,19 @@ impl<J> DeliverySlots<J> {
     /// Queues a job; call [`DeliverySlots::start_ready`] after.
     pub fn submit(&mut self, tenant: TenantName, job: J) {
         let (initial, now) = (self.initial_window(), self.now);
-        let window = self.windows.entry(tenant.clone()).or_insert(Window {
-            size: initial,
-            idle_since: None,
-        });
-        if let Some(since) = window.idle_since.take()
-            && expired(since, now)
-        {
-            window.size = initial;
+        // Looked up before inserting: no name cloned per job on the hot path.
+        if let Some(window) = self.windows.get_mut(&tenant) {
+            if let Some(since) = window.idle_since.take()
+                && expired(since, now)
+            {
+                window.size = initial;
+            }
+        } else {
+            let window = Window {
+                size: initial,
+                idle_since: None,
+            };
+            self.windows.insert(tenant.clone(), window);
         }
         let per_tenant = self.allowed_of(&tenant);
         let queue = self.tenants.entry(tenant.clone()).or_default();
