@@ -64,7 +64,7 @@ pub(crate) async fn heartbeat(
     node: &NodeInfo,
     ttl: Duration,
 ) -> StoreResult<Vec<NodeStatus>> {
-    let client = store.client().await?;
+    let client = store.coordination_client().await?;
     let upsert = client
         .prepare_cached(
             "INSERT INTO nodes (id, address, heartbeat_at) VALUES ($1, $2, clock_timestamp())
@@ -115,7 +115,7 @@ pub(crate) async fn heartbeat(
 }
 
 pub(crate) async fn leave(store: &PostgresStore, node: &NodeId) -> StoreResult<()> {
-    let mut client = store.client().await?;
+    let mut client = store.coordination_client().await?;
     let tx = client.transaction().await.map_err(db_error)?;
     let left = tx
         .execute("DELETE FROM nodes WHERE id = $1", &[&node.0])
@@ -133,7 +133,7 @@ pub(crate) async fn remove_dead_nodes(
     store: &PostgresStore,
     ttl: Duration,
 ) -> StoreResult<Vec<NodeStatus>> {
-    let client = store.client().await?;
+    let client = store.coordination_client().await?;
     // One statement: concurrent callers each get a disjoint share.
     let rows = client
         .query(
@@ -164,7 +164,7 @@ pub(crate) async fn claim_leadership(
     node: &NodeId,
     ttl: Duration,
 ) -> StoreResult<LeaderLease> {
-    let mut client = store.client().await?;
+    let mut client = store.coordination_client().await?;
     let tx = client.transaction().await.map_err(db_error)?;
     let row = tx
         .query_one(
@@ -222,7 +222,7 @@ pub(crate) async fn claim_leadership(
 }
 
 pub(crate) async fn release_leadership(store: &PostgresStore, node: &NodeId) -> StoreResult<()> {
-    let mut client = store.client().await?;
+    let mut client = store.coordination_client().await?;
     let tx = client.transaction().await.map_err(db_error)?;
     let released = tx
         .execute(
@@ -246,7 +246,7 @@ pub(crate) async fn assign(
     term: u64,
     owners: Vec<(PartitionId, NodeId)>,
 ) -> StoreResult<()> {
-    let mut client = store.client().await?;
+    let mut client = store.coordination_client().await?;
     let tx = client.transaction().await.map_err(db_error)?;
     let row = tx
         .query_one(
@@ -322,7 +322,7 @@ pub(crate) async fn renew_ownership(
     node: &NodeId,
     ttl: Duration,
 ) -> StoreResult<Vec<OwnedPartition>> {
-    let client = store.client().await?;
+    let client = store.coordination_client().await?;
     let statement = client
         .prepare_cached(
             "UPDATE partitions
@@ -367,7 +367,7 @@ pub(crate) async fn release_partitions(
         .iter()
         .map(|(_, e)| i64::try_from(*e).unwrap_or(-1))
         .collect();
-    let mut client = store.client().await?;
+    let mut client = store.coordination_client().await?;
     let tx = client.transaction().await.map_err(db_error)?;
     // Handed to the pending owner (a new epoch: whatever the releasing node
     // might still write is fenced from now on) or left unowned (same epoch:
@@ -399,7 +399,7 @@ pub(crate) async fn release_partitions(
 }
 
 pub(crate) async fn assignments(store: &PostgresStore) -> StoreResult<Vec<PartitionAssignment>> {
-    let client = store.client().await?;
+    let client = store.coordination_client().await?;
     client
         .query(
             "SELECT partition, owner, epoch, pending_owner FROM partitions ORDER BY partition",
@@ -443,7 +443,7 @@ pub(crate) async fn announce_pull_ready(
 }
 
 pub(crate) async fn leader(store: &PostgresStore) -> StoreResult<Option<LeaderLease>> {
-    let client = store.client().await?;
+    let client = store.coordination_client().await?;
     client
         .query_opt(
             "SELECT holder, term FROM leader

@@ -64,6 +64,14 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest one `apply` may take before it answers `Unavailable`.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Connections kept for the cluster coordinator alone, beside the pool
+/// the data path shares. A membership round must renew the node's leases
+/// within the lease TTL or the node stops firing, so it must never wait
+/// behind event reads and writes (a failed-over node's workers repeating
+/// their calls can fill any pool). One for the round, one for a hand-over
+/// releasing partitions meanwhile.
+const COORDINATION_CONNECTIONS: usize = 2;
+
 /// Queued wake-ups per subscriber before the listener waits (the server
 /// buffers meanwhile), so memory stays bounded.
 const WAKEUP_QUEUE: usize = 4_096;
@@ -76,7 +84,8 @@ pub struct PostgresOptions {
     /// Used only when this connect creates the schema; an existing
     /// database keeps the count it was created with.
     pub partitions: PartitionCount,
-    /// Connections in the pool (the LISTEN connection is extra).
+    /// Connections in the data pool. The LISTEN connection and the
+    /// coordinator's own connections (two) are extra.
     pub pool_size: usize,
     /// Client changes of events due up to `now + notify_horizon +
     /// clock_skew_margin` are announced to the partition owner; set it to
@@ -99,7 +108,11 @@ pub const DEFAULT_CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(5);
 
 /// The PostgreSQL store; cheap to share behind an `Arc`.
 pub struct PostgresStore {
+    /// Event, lease, tenant and key reads and writes.
     pool: Pool,
+    /// The [`Coordinator`]'s membership, leadership and ownership calls
+    /// (see [`COORDINATION_CONNECTIONS`]).
+    coordination: Pool,
     partitions: PartitionCount,
     /// `notify_horizon + clock_skew_margin` of the options.
     notify_horizon: Duration,
@@ -142,28 +155,19 @@ impl PostgresStore {
         config.keepalives_interval(Duration::from_secs(5));
         config.keepalives_retries(3);
 
-        let manager = Manager::from_connect(
-            config.clone(),
-            notices::NoticesByLevel,
-            ManagerConfig {
-                // A broken connection is noticed by the driver; checking
-                // each one with a query would cost a round trip per call.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(options.pool_size.max(1))
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(CONNECTION_TIMEOUT))
-            .create_timeout(Some(CONNECTION_TIMEOUT))
-            .recycle_timeout(Some(CONNECTION_TIMEOUT))
-            .build()
-            .map_err(|e| StoreError::Internal(format!("cannot build the connection pool: {e}")))?;
+        let manager =
+            Manager::from_connect(config.clone(), notices::NoticesByLevel, manager_config());
+        let pool = pool_of(manager, options.pool_size.max(1))?;
+        let coordination = pool_of(
+            Manager::from_connect(config.clone(), notices::NoticesByLevel, manager_config()),
+            COORDINATION_CONNECTIONS,
+        )?;
         let mut client = pool.get().await.map_err(pool_error)?;
         let partitions = schema::migrate(&mut client, options.partitions).await?;
         drop(client);
         Ok(PostgresStore {
             pool,
+            coordination,
             partitions,
             notify_horizon: options
                 .notify_horizon
@@ -188,6 +192,32 @@ impl PostgresStore {
     async fn client(&self) -> StoreResult<deadpool_postgres::Object> {
         self.pool.get().await.map_err(pool_error)
     }
+
+    /// A connection of the coordinator's own pool.
+    async fn coordination_client(&self) -> StoreResult<deadpool_postgres::Object> {
+        self.coordination.get().await.map_err(pool_error)
+    }
+}
+
+fn manager_config() -> ManagerConfig {
+    ManagerConfig {
+        // A broken connection is noticed by the driver; checking each one
+        // with a query would cost a round trip per call.
+        recycling_method: RecyclingMethod::Fast,
+    }
+}
+
+/// A pool of up to `size` connections that waits at most
+/// [`CONNECTION_TIMEOUT`] for one.
+fn pool_of(manager: Manager, size: usize) -> StoreResult<Pool> {
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(CONNECTION_TIMEOUT))
+        .create_timeout(Some(CONNECTION_TIMEOUT))
+        .recycle_timeout(Some(CONNECTION_TIMEOUT))
+        .build()
+        .map_err(|e| StoreError::Internal(format!("cannot build the connection pool: {e}")))
 }
 
 /// One listing's statement and parameters.

@@ -734,3 +734,68 @@ async fn concurrent_first_connects_migrate_once_and_keep_the_partition_count() {
     assert!(migrations >= 2, "{migrations}");
     assert_eq!(migrations, versions, "each migration applied once");
 }
+
+/// A node's membership round must never queue behind its own data path: a
+/// round that cannot renew within the lease stops the node firing. With
+/// the only data connection stuck behind a lock, a whole round (heartbeat,
+/// leadership, assignment, renewal) still answers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_answers_while_every_data_connection_is_busy() {
+    let url = PgServer::shared().fresh_database().await;
+    let mut store_options = options(url.clone(), 4);
+    store_options.pool_size = 1;
+    let store = std::sync::Arc::new(PostgresStore::connect(store_options).await.unwrap());
+
+    let (locker, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    locker
+        .batch_execute("BEGIN; LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let stuck = tokio::spawn({
+        let store = store.clone();
+        async move { store.get_event(&key("held")).await }
+    });
+    eventually("the data connection to wait for the lock", || async {
+        let waiting: i64 = locker
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (waiting == 1).then_some(())
+    })
+    .await;
+
+    let started = std::time::Instant::now();
+    let info = NodeInfo {
+        id: node("a"),
+        address: "127.0.0.1:8081".into(),
+    };
+    store.heartbeat(&info, LONG).await.unwrap();
+    let leader = store.claim_leadership(&node("a"), LONG).await.unwrap();
+    let everything = (0..4).map(|p| (PartitionId(p), node("a"))).collect();
+    store
+        .assign(&node("a"), leader.term, everything)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.renew_ownership(&node("a"), LONG).await.unwrap().len(),
+        4
+    );
+    assert_eq!(store.assignments().await.unwrap().len(), 4);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a round took {:?}",
+        started.elapsed()
+    );
+    assert!(!stuck.is_finished(), "the data connection is still held");
+
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(stuck.await.unwrap().unwrap(), None);
+}
