@@ -210,7 +210,8 @@ pub(crate) async fn get_lease(
     let epoch = row
         .get::<_, Option<i64>>(1)
         .and_then(|e| u64::try_from(e).ok());
-    let record = belfry_store::Store::get_event(store, key).await?;
+    // On the same connection (see `read_event`).
+    let record = crate::read_event(&client, key).await?;
     Ok(Some(reported(lease, record.as_ref(), epoch)))
 }
 

@@ -199,6 +199,28 @@ impl PostgresStore {
     }
 }
 
+/// One event, read on a connection the caller holds. A call that already
+/// holds a connection reads through it: asking the pool for a second one
+/// waits for itself, and once as many such calls run as the pool has
+/// connections, all of them time out.
+pub(crate) async fn read_event(
+    client: &deadpool_postgres::ClientWrapper,
+    key: &EventKey,
+) -> StoreResult<Option<EventRecord>> {
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE tenant = $1 AND id = $2"
+        ))
+        .await
+        .map_err(db_error)?;
+    client
+        .query_opt(&statement, &[&key.tenant.as_str(), &key.id.as_str()])
+        .await
+        .map_err(db_error)?
+        .map(|row| record_from_row(&row))
+        .transpose()
+}
+
 fn manager_config() -> ManagerConfig {
     ManagerConfig {
         // A broken connection is noticed by the driver; checking each one
@@ -501,19 +523,7 @@ impl Store for PostgresStore {
     }
 
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&format!(
-                "SELECT {EVENT_COLUMNS} FROM events WHERE tenant = $1 AND id = $2"
-            ))
-            .await
-            .map_err(db_error)?;
-        client
-            .query_opt(&statement, &[&key.tenant.as_str(), &key.id.as_str()])
-            .await
-            .map_err(db_error)?
-            .map(|row| record_from_row(&row))
-            .transpose()
+        read_event(&*self.client().await?, key).await
     }
 
     /// One query for all keys (the engine reads ahead whole rounds).

@@ -1,6 +1,12 @@
 //! The whole store conformance suite on PostgreSQL: a fresh database per
 //! case on the test binary's shared throwaway server. Partition epochs move
 //! as a hand-over moves them: `epoch + 1` on the partition's row.
+//!
+//! The store runs on a pool of **one** connection: no call may hold a
+//! connection while it asks the pool for another. Such a call waits for
+//! itself, and when as many run at once as the pool has connections,
+//! every one of them times out (a node's workers repeating lease calls
+//! did exactly that).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +21,7 @@ async fn postgres_factory(partitions: PartitionCount) -> StoreUnderTest {
     let store = PostgresStore::connect(PostgresOptions {
         url: url.clone(),
         partitions,
-        pool_size: 8,
+        pool_size: 1,
         notify_horizon: Duration::from_secs(60),
         clock_skew_margin: belfry_postgres::DEFAULT_CLOCK_SKEW_MARGIN,
     })
