@@ -3,7 +3,7 @@
 //! and cross-node wake-ups over LISTEN/NOTIFY.
 //!
 //! # Layout
-//! - this file: [`PostgresOptions`], [`PostgresStore`] (connect, pool) and
+//! - this file: [`PostgresOptions`], [`PostgresStore`] (connect, its two pools) and
 //!   the read side of [`Store`];
 //! - [`schema`](crate::schema): versioned migrations applied at connect;
 //! - `apply`: the write path, one transaction per [`Store::apply`];
