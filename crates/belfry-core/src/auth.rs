@@ -419,8 +419,13 @@ pub(crate) fn random_base62(len: usize) -> Result<String, KeyError> {
 /// CRC-32 (IEEE 802.3, reflected, as zlib's) of `data`, in base62,
 /// zero-padded to [`CHECKSUM_LEN`] characters (62^6 > 2^32).
 fn checksum(data: &str) -> String {
-    let mut value = crc32(data.as_bytes());
-    let mut digits = [b'0'; CHECKSUM_LEN];
+    base62_fixed(u64::from(crc32(data.as_bytes())), CHECKSUM_LEN)
+}
+
+/// The low `width` base62 digits of `value`, zero-padded. [`BASE62`] is in
+/// byte order, so equal-width results sort as their values do.
+pub(crate) fn base62_fixed(mut value: u64, width: usize) -> String {
+    let mut digits = vec![b'0'; width];
     for slot in digits.iter_mut().rev() {
         *slot = BASE62[(value % 62) as usize];
         value /= 62;

@@ -31,11 +31,12 @@
 //! a page that was applied are never lost.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{KeyError, random_base62};
+use crate::auth::{KeyError, base62_fixed, random_base62};
 use crate::event::{CommandOutcome, EventStatus};
 use crate::ids::TenantName;
 use crate::schedule::ScheduleStatus;
@@ -43,14 +44,22 @@ use crate::time::Timestamp;
 
 /// Hex digits of the creation instant at the start of an id.
 const ID_TIME_LEN: usize = 12;
-/// Random base62 characters after it.
-const ID_RANDOM_LEN: usize = 10;
+/// Base62 characters of this process's id sequence after it (62^4 ≈ 14.8M
+/// ids before it wraps).
+const ID_SEQUENCE_LEN: usize = 4;
+/// Random base62 characters last.
+const ID_RANDOM_LEN: usize = 6;
 const ID_PREFIX: &str = "bulk_";
 
+/// How many ids this process has made: orders ids made in one millisecond.
+static ID_SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
 /// A bulk action's id: `bulk_`, the creation instant (12 lower-case hex
-/// digits of its milliseconds) and 10 random base62 characters. Ids sort
-/// by creation time (byte order, which both stores use), so "newest
-/// first" is descending id order.
+/// digits of its milliseconds), this process's id sequence (4 base62
+/// characters) and 6 random base62 characters. Ids sort by creation time
+/// (byte order, which both stores use), and ids one node makes in the same
+/// millisecond by the order it made them, so "newest first" is descending
+/// id order. Ids two nodes make in the same millisecond have no order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct BulkActionId(String);
@@ -64,8 +73,10 @@ impl BulkActionId {
         // Instants before 1970 or after the year 10889 do not fit the
         // field; clamped, they still give valid (if unordered) ids.
         let millis = now.as_millis().clamp(0, (1 << (4 * ID_TIME_LEN)) - 1);
+        let sequence = ID_SEQUENCE.fetch_add(1, Ordering::Relaxed);
         Ok(BulkActionId(format!(
-            "{ID_PREFIX}{millis:0width$x}{}",
+            "{ID_PREFIX}{millis:0width$x}{}{}",
+            base62_fixed(sequence, ID_SEQUENCE_LEN),
             random_base62(ID_RANDOM_LEN)?,
             width = ID_TIME_LEN
         )))
@@ -75,7 +86,7 @@ impl BulkActionId {
     /// be one (so lookups of garbage never reach the store).
     pub fn parse(text: &str) -> Option<BulkActionId> {
         let rest = text.strip_prefix(ID_PREFIX)?;
-        if rest.len() != ID_TIME_LEN + ID_RANDOM_LEN || !rest.is_ascii() {
+        if rest.len() != ID_TIME_LEN + ID_SEQUENCE_LEN + ID_RANDOM_LEN || !rest.is_ascii() {
             return None;
         }
         let (time, random) = rest.split_at(ID_TIME_LEN);
@@ -625,6 +636,20 @@ mod tests {
                 id: format!("e{matched}"),
             }),
             last,
+        }
+    }
+
+    /// "Newest first" holds within a millisecond: ids one process makes in
+    /// the same millisecond sort in the order they were made, whatever
+    /// other threads make meanwhile.
+    #[test]
+    fn ids_made_in_one_millisecond_sort_in_the_order_they_were_made() {
+        let at = ts(1_800_000_000_000);
+        let ids: Vec<BulkActionId> = (0..1_000)
+            .map(|_| BulkActionId::generate(at).unwrap())
+            .collect();
+        for pair in ids.windows(2) {
+            assert!(pair[0] < pair[1], "{} then {}", pair[0], pair[1]);
         }
     }
 
