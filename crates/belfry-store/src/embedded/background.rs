@@ -79,6 +79,23 @@ mod tests {
             .collect()
     }
 
+    /// [`nice_of_threads_named`] once at least `count` threads of that name
+    /// exist, or what there is at `deadline`. `/proc` offers nothing to
+    /// wait on, so this polls every 10 ms.
+    fn nice_of_at_least_threads_named(
+        name: &str,
+        count: usize,
+        deadline: std::time::Instant,
+    ) -> Vec<i32> {
+        loop {
+            let found = nice_of_threads_named(name);
+            if found.len() >= count || std::time::Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     #[test]
     fn threads_started_by_the_open_run_nicer_and_the_caller_does_not() {
         let own = nice_of(std::path::Path::new("/proc/thread-self")).unwrap();
@@ -115,19 +132,11 @@ mod tests {
         // A new thread names itself once it first runs: on a busy machine
         // that can be after the open returned.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let mut workers = nice_of_threads_named("fjall:worker");
-        while workers.len() < 3 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            workers = nice_of_threads_named("fjall:worker");
-        }
+        let workers = nice_of_at_least_threads_named("fjall:worker", 3, deadline);
         assert!(workers.len() >= 3, "{workers:?}");
         let nicer = (own + BACKGROUND_NICE_INCREMENT).min(19);
         assert!(workers.iter().all(|n| *n == nicer), "{workers:?}");
-        let mut writers = nice_of_threads_named("belfry-store-wr");
-        while writers.is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            writers = nice_of_threads_named("belfry-store-wr");
-        }
+        let writers = nice_of_at_least_threads_named("belfry-store-wr", 1, deadline);
         assert!(
             !writers.is_empty() && writers.iter().all(|n| *n == own),
             "{writers:?}"
