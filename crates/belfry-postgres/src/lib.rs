@@ -143,8 +143,13 @@ impl PostgresStore {
             .url
             .parse()
             .map_err(|e| StoreError::Internal(format!("invalid database URL: {e}")))?;
-        // Durability must not depend on the server's defaults.
-        config.options("-c synchronous_commit=on");
+        // Durability must not depend on the server's defaults. Bitmap scans
+        // are off because every statement here is a key lookup or a page of
+        // an ordered index range: with stale statistics (a table that grew
+        // since its last ANALYZE) the planner took a bitmap scan of a whole
+        // partition's due range and sorted it to return a 128-entry page,
+        // 4,000 rows read for 128, 160 ms instead of 1.
+        config.options("-c synchronous_commit=on -c enable_bitmapscan=off");
         if config.get_application_name().is_none() {
             config.application_name("belfry");
         }
