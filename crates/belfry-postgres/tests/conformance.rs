@@ -6,7 +6,8 @@
 //! connection while it asks the pool for another. Such a call waits for
 //! itself, and when as many run at once as the pool has connections,
 //! every one of them times out (a node's workers repeating lease calls
-//! did exactly that).
+//! did exactly that). The cases about concurrent calls also run on a pool
+//! of eight, so that their transactions really overlap in the database.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,11 +18,15 @@ use belfry_store::conformance::StoreUnderTest;
 use belfry_testkit::PgServer;
 
 async fn postgres_factory(partitions: PartitionCount) -> StoreUnderTest {
+    postgres_store(partitions, 1).await
+}
+
+async fn postgres_store(partitions: PartitionCount, pool_size: usize) -> StoreUnderTest {
     let url = PgServer::shared().fresh_database().await;
     let store = PostgresStore::connect(PostgresOptions {
         url: url.clone(),
         partitions,
-        pool_size: 1,
+        pool_size,
         notify_horizon: Duration::from_secs(60),
         clock_skew_margin: belfry_postgres::DEFAULT_CLOCK_SKEW_MARGIN,
     })
@@ -47,3 +52,21 @@ async fn postgres_factory(partitions: PartitionCount) -> StoreUnderTest {
 }
 
 belfry_store::store_conformance_tests!(postgres_factory);
+
+/// Overlapping transactions that change one event: each builds on the
+/// last (a row read unlocked and changed meanwhile is not overwritten).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_changes_of_one_event_all_count_on_eight_connections() {
+    belfry_store::conformance::concurrent_changes_of_one_event_all_count(|partitions| {
+        postgres_store(partitions, 8)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_applies_all_land_on_eight_connections() {
+    belfry_store::conformance::concurrent_applies_all_land(|partitions| {
+        postgres_store(partitions, 8)
+    })
+    .await;
+}

@@ -119,6 +119,7 @@ macro_rules! store_conformance_tests {
             delete_finished_takes_only_finished_events,
             names_with_slashes_and_non_ascii,
             concurrent_applies_all_land,
+            concurrent_changes_of_one_event_all_count,
             api_keys_put_find_list_touch_delete,
             audit_log_append_page_purge,
             audit_log_same_millisecond_in_recorded_order,
@@ -2017,6 +2018,41 @@ where
     assert_eq!(all_due(store).await.len(), 1_001);
     let shared = get(store, &key("t", "shared")).await.unwrap();
     assert_eq!(shared.status, EventStatus::Scheduled);
+}
+
+/// Calls that change one event at once each build on the previous one's
+/// result: none is lost, even where a store reads rows without locking
+/// them and updates them only if they are unchanged.
+pub async fn concurrent_changes_of_one_event_all_count<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    const CALLERS: u32 = 24;
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "contended");
+    apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    let mut tasks = Vec::new();
+    for caller in 0..CALLERS {
+        let store = store.clone();
+        let k = k.clone();
+        tasks.push(tokio::spawn(async move {
+            let started = 5_001 + i64::from(caller);
+            apply_one(&store, 5_100, &k, attempt("v1", Verdict::Retry, started)).await
+        }));
+    }
+    for task in tasks {
+        let applied = task.await.expect("caller task");
+        assert_eq!(
+            applied.outcome,
+            CommandOutcome::AttemptRecorded(EventStatus::Retrying)
+        );
+    }
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(record.attempts, CALLERS, "every retry counted once");
+    let history = store.attempts(&k, 100).await.unwrap();
+    assert_eq!(history.len(), CALLERS as usize);
 }
 
 pub async fn api_keys_put_find_list_touch_delete<F, Fut>(factory: F)
