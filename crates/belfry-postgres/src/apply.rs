@@ -7,17 +7,13 @@
 //! 1. Fences: the `partitions` rows of every fenced command are read
 //!    `FOR SHARE`, so no reassignment can commit between the check and our
 //!    commit; a stale epoch fails the whole call with `Fenced`.
-//! 2. The rows of the commands' keys are read with their `xmin`, without
-//!    row locks: a row lock writes the tuple and a WAL record, which cost
-//!    as much per row as the update that follows. A retry locks them
-//!    `FOR UPDATE` instead, in key order (the same order for every caller,
-//!    so two calls cannot deadlock on existing rows).
+//! 2. The rows of the commands' keys are locked `FOR UPDATE`, in key order
+//!    (the same order for every caller, so two calls cannot deadlock on
+//!    existing rows).
 //! 3. [`transition`] runs per command, in order, on the state left by the
 //!    previous commands of the call (read-your-writes).
 //! 4. Writes are batched: one `UPDATE ... FROM unnest(...)` for rows that
-//!    existed, each only if its `xmin` is still the one read (a row another
-//!    call changed since is not updated: the whole call is rolled back and
-//!    run again, locking its rows), one `INSERT ... SELECT FROM unnest(...)` for new ones, one for
+//!    existed, one `INSERT ... SELECT FROM unnest(...)` for new ones, one for
 //!    the history, one `pg_notify` per packed payload; pipelined on the
 //!    connection.
 //! 5. COMMIT, durable (`synchronous_commit = on` is set per connection);
@@ -38,8 +34,7 @@ use belfry_store::{Applied, ApplyParams, StoreResult};
 use crate::PostgresStore;
 use crate::error::{StoreError, db_error, is_retryable, pool_error};
 use crate::rows::{
-    AttemptColumns, EVENT_COLUMN_COUNT, EVENT_COLUMNS, EVENT_COLUMNS_E, EventColumns,
-    UNNEST_EVENTS, UNNEST_EVENTS_AS_SEEN, record_from_row,
+    AttemptColumns, EVENT_COLUMNS, EVENT_COLUMNS_E, EventColumns, UNNEST_EVENTS, record_from_row,
 };
 use crate::wakeups::{CHANNEL, PayloadBuilder, WakeupKind};
 
@@ -50,9 +45,6 @@ const MAX_TRIES: usize = 8;
 enum TryError {
     /// Worth running the whole call again.
     Conflict(tokio_postgres::Error),
-    /// A row read without a lock changed before it was updated: run the
-    /// whole call again, locking the rows.
-    Changed,
     Store(StoreError),
 }
 
@@ -79,8 +71,7 @@ pub(crate) async fn apply(store: &PostgresStore, params: ApplyParams) -> StoreRe
     let mut last_conflict = None;
     for attempt in 0..MAX_TRIES {
         let started = std::time::Instant::now();
-        let lock_rows = attempt > 0;
-        match apply_once(store, &params, lock_rows).await {
+        match apply_once(store, &params).await {
             Ok(applied) => {
                 belfry_metrics::store_commit(
                     belfry_metrics::Store::Postgres,
@@ -93,12 +84,6 @@ pub(crate) async fn apply(store: &PostgresStore, params: ApplyParams) -> StoreRe
             Err(TryError::Conflict(error)) => {
                 tracing::debug!(%error, attempt, "apply conflicted with a concurrent call; retrying");
                 last_conflict = Some(error);
-            }
-            Err(TryError::Changed) => {
-                tracing::debug!(
-                    attempt,
-                    "a row changed while apply ran; retrying with row locks"
-                );
             }
         }
     }
@@ -115,15 +100,9 @@ struct Slot {
     stored: bool,
     /// Whether `current` differs from the row.
     dirty: bool,
-    /// The row's `xmin` as read: an update applies only while it holds.
-    seen: Option<String>,
 }
 
-async fn apply_once(
-    store: &PostgresStore,
-    params: &ApplyParams,
-    lock_rows: bool,
-) -> Result<Vec<Applied>, TryError> {
+async fn apply_once(store: &PostgresStore, params: &ApplyParams) -> Result<Vec<Applied>, TryError> {
     let partitions = store.partitions;
     let mut client = store.pool.get().await.map_err(pool_error)?;
     let tx = client.transaction().await?;
@@ -168,11 +147,11 @@ async fn apply_once(
         }
     }
 
-    // 2. Load the rows (locked, in key order, on a retry).
+    // 2. Lock and load the rows, in key order.
     let keys: BTreeSet<&EventKey> = params.commands.iter().map(|c| &c.key).collect();
     let tenants: Vec<&str> = keys.iter().map(|k| k.tenant.as_str()).collect();
     let ids: Vec<&str> = keys.iter().map(|k| k.id.as_str()).collect();
-    let statement = tx.prepare_cached(&read_events_sql(lock_rows)).await?;
+    let statement = tx.prepare_cached(&lock_events_sql()).await?;
     let mut slots: HashMap<EventKey, Slot> = HashMap::with_capacity(keys.len());
     for row in tx.query(&statement, &[&tenants, &ids]).await? {
         let record = record_from_row(&row)?;
@@ -182,7 +161,6 @@ async fn apply_once(
                 current: Some(record),
                 stored: true,
                 dirty: false,
-                seen: Some(row.get(EVENT_COLUMN_COUNT)),
             },
         );
     }
@@ -199,7 +177,6 @@ async fn apply_once(
             current: None,
             stored: false,
             dirty: false,
-            seen: None,
         });
         let result = transition(
             &command.key,
@@ -252,12 +229,10 @@ async fn apply_once(
     // Key order, so concurrent calls touch rows and index entries alike.
     let mut dirty: Vec<&Slot> = slots.values().filter(|slot| slot.dirty).collect();
     dirty.sort_by(|a, b| record_key(a).cmp(&record_key(b)));
-    let mut seen: Vec<&str> = Vec::new();
     for slot in dirty {
         if let Some(record) = &slot.current {
             if slot.stored {
                 updates.push(record);
-                seen.push(slot.seen.as_deref().unwrap_or_default());
             } else {
                 inserts.push(record);
             }
@@ -265,15 +240,14 @@ async fn apply_once(
     }
     let payloads = wakeups.finish();
 
-    let update_sql = update_events_as_seen_sql();
+    let update_sql = update_events_sql();
     let insert_sql =
         format!("INSERT INTO events ({EVENT_COLUMNS}) SELECT {EVENT_COLUMNS} FROM {UNNEST_EVENTS}");
     let history_sql = INSERT_HISTORY_SQL;
     let notify_sql =
         format!("SELECT count(pg_notify('{CHANNEL}', p)) FROM unnest($1::text[]) AS p");
 
-    let mut update_params = updates.params().to_vec();
-    update_params.push(&seen);
+    let update_params = updates.params();
     let insert_params = inserts.params();
     let history_params = history.params();
     let update = async {
@@ -281,13 +255,7 @@ async fn apply_once(
             return Ok(());
         }
         let statement = tx.prepare_cached(&update_sql).await?;
-        let updated = tx.execute(&statement, &update_params).await?;
-        // Dropping the transaction rolls it back.
-        if updated == seen.len() as u64 {
-            Ok(())
-        } else {
-            Err(TryError::Changed)
-        }
+        tx.execute(&statement, &update_params).await.map(drop)
     };
     let insert = async {
         if inserts.is_empty() {
@@ -310,9 +278,6 @@ async fn apply_once(
         let statement = tx.prepare_cached(&notify_sql).await?;
         tx.execute(&statement, &[&payloads]).await.map(drop)
     };
-    let insert = async { insert.await.map_err(TryError::from) };
-    let record_history = async { record_history.await.map_err(TryError::from) };
-    let notify = async { notify.await.map_err(TryError::from) };
     futures::try_join!(update, insert, record_history, notify)?;
 
     // 5. Durable on return.
@@ -320,32 +285,18 @@ async fn apply_once(
     Ok(applied)
 }
 
-/// Every column but the key, from the `unnest` alias `u`.
-const SET_EVENT_COLUMNS: &str = "partition = u.partition, version = u.version,
-     event_time = u.event_time, payload = u.payload, delivery = u.delivery,
-     status = u.status, next_fire_at = u.next_fire_at, attempts = u.attempts,
-     last_error = u.last_error, triggered_at = u.triggered_at,
-     created_at = u.created_at, updated_at = u.updated_at,
-     finished_at = u.finished_at, queue = u.queue,
-     max_attempts = u.max_attempts, backoff = u.backoff";
-
 /// Updates existing rows to the records of [`EventColumns::params`].
 pub(crate) fn update_events_sql() -> String {
     format!(
-        "UPDATE events AS e SET {SET_EVENT_COLUMNS}
+        "UPDATE events AS e SET partition = u.partition, version = u.version,
+             event_time = u.event_time, payload = u.payload, delivery = u.delivery,
+             status = u.status, next_fire_at = u.next_fire_at, attempts = u.attempts,
+             last_error = u.last_error, triggered_at = u.triggered_at,
+             created_at = u.created_at, updated_at = u.updated_at,
+             finished_at = u.finished_at, queue = u.queue,
+             max_attempts = u.max_attempts, backoff = u.backoff
          FROM {UNNEST_EVENTS}
          WHERE e.tenant = u.tenant AND e.id = u.id"
-    )
-}
-
-/// [`update_events_sql`], but only rows whose `xmin` is still `$19`'s. A
-/// row that a concurrent call changed and committed since is re-checked
-/// by PostgreSQL against this condition and left alone.
-fn update_events_as_seen_sql() -> String {
-    format!(
-        "UPDATE events AS e SET {SET_EVENT_COLUMNS}
-         FROM {UNNEST_EVENTS_AS_SEEN}
-         WHERE e.tenant = u.tenant AND e.id = u.id AND e.xmin = u.seen::xid"
     )
 }
 
@@ -364,20 +315,6 @@ pub(crate) fn lock_events_sql() -> String {
            ON e.tenant = k.tenant AND e.id = k.id
          ORDER BY e.tenant, e.id
          FOR UPDATE OF e"
-    )
-}
-
-/// Reads the events of `($1 tenants, $2 ids)` in key order, each row's
-/// `xmin` (as text) after its [`EVENT_COLUMN_COUNT`] columns; `lock` locks
-/// them as [`lock_events_sql`] does.
-fn read_events_sql(lock: bool) -> String {
-    let lock = if lock { "FOR UPDATE OF e" } else { "" };
-    format!(
-        "SELECT {EVENT_COLUMNS_E}, e.xmin::text FROM events e
-         JOIN unnest($1::text[], $2::text[]) AS k(tenant, id)
-           ON e.tenant = k.tenant AND e.id = k.id
-         ORDER BY e.tenant, e.id
-         {lock}"
     )
 }
 

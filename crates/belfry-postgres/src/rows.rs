@@ -15,9 +15,6 @@ pub(crate) const EVENT_COLUMNS: &str = "tenant, id, partition, version, event_ti
      delivery, status, next_fire_at, attempts, last_error, triggered_at, created_at, \
      updated_at, finished_at, queue, max_attempts, backoff";
 
-/// How many columns [`EVENT_COLUMNS`] names.
-pub(crate) const EVENT_COLUMN_COUNT: usize = 18;
-
 /// [`EVENT_COLUMNS`] qualified with the alias `e`, for joins.
 pub(crate) const EVENT_COLUMNS_E: &str = "e.tenant, e.id, e.partition, e.version, e.event_time, \
      e.payload, e.delivery, e.status, e.next_fire_at, e.attempts, e.last_error, e.triggered_at, \
@@ -251,31 +248,14 @@ impl EventColumns {
     }
 }
 
-/// `unnest(...) AS u(...)` over the 18 column arrays of
-/// [`EventColumns::params`], plus any further arrays and their names.
-macro_rules! unnest_events {
-    ($more_arrays:literal, $more_names:literal) => {
-        concat!(
-            "unnest($1::text[], $2::text[], $3::int4[], $4::text[], \
-             $5::int8[], $6::text[], $7::text[], $8::text[], $9::int8[], $10::int8[], $11::text[], \
-             $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::text[], $17::int4[], $18::text[]",
-            $more_arrays,
-            ") AS u(tenant, id, partition, version, event_time, payload, delivery, status, \
-             next_fire_at, attempts, last_error, triggered_at, created_at, updated_at, finished_at, \
-             queue, max_attempts, backoff",
-            $more_names,
-            ")"
-        )
-    };
-}
-
 /// `unnest(...) AS u(<EVENT_COLUMNS>)` over the 18 parameters of
 /// [`EventColumns::params`].
-pub(crate) const UNNEST_EVENTS: &str = unnest_events!("", "");
-
-/// [`UNNEST_EVENTS`] and `$19`, each row's `xmin` as it was read, named
-/// `seen`.
-pub(crate) const UNNEST_EVENTS_AS_SEEN: &str = unnest_events!(", $19::text[]", ", seen");
+pub(crate) const UNNEST_EVENTS: &str = "unnest($1::text[], $2::text[], $3::int4[], $4::text[], \
+     $5::int8[], $6::text[], $7::text[], $8::text[], $9::int8[], $10::int8[], $11::text[], \
+     $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::text[], $17::int4[], $18::text[]) \
+     AS u(tenant, id, partition, version, event_time, payload, delivery, status, next_fire_at, \
+     attempts, last_error, triggered_at, created_at, updated_at, finished_at, queue, \
+     max_attempts, backoff)";
 
 /// History entries as one array per column, for `unnest`.
 #[derive(Debug, Default)]

@@ -2021,8 +2021,8 @@ where
 }
 
 /// Calls that change one event at once each build on the previous one's
-/// result: none is lost, even where a store reads rows without locking
-/// them and updates them only if they are unchanged.
+/// result: none is lost (a store that read the row, then wrote it without
+/// holding it in between, would count fewer).
 pub async fn concurrent_changes_of_one_event_all_count<F, Fut>(factory: F)
 where
     F: Fn(PartitionCount) -> Fut,
