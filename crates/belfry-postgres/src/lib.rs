@@ -56,10 +56,6 @@ pub use wakeups::{Wakeup, WakeupKind};
 use crate::error::{corrupt, db_error, pool_error};
 use crate::rows::{EVENT_COLUMNS, JsonText, attempt_from_row, cursor_from_row, record_from_row};
 
-/// How long to wait for a pooled connection, or for a new one, before
-/// answering `Unavailable`: a caller must not hang while the database is
-/// down.
-
 /// Every connection's settings. Durability must not depend on the server's
 /// defaults. Bitmap scans are off because every statement here is a key
 /// lookup or a page of an ordered index range: with stale statistics (a
@@ -78,6 +74,9 @@ const DUE_PAGE_SQL: &str = "SELECT next_fire_at, tenant, id FROM events
        AND ($7::text IS NULL OR tenant = $7)
        AND tenant <> ALL($8::text[])
      ORDER BY next_fire_at, tenant, id LIMIT $6";
+/// How long to wait for a pooled connection, or for a new one, before
+/// answering `Unavailable`: a caller must not hang while the database is
+/// down.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The longest one `apply` may take before it answers `Unavailable`.
