@@ -74,6 +74,7 @@ const DUE_PAGE_SQL: &str = "SELECT next_fire_at, tenant, id FROM events
        AND ($7::text IS NULL OR tenant = $7)
        AND tenant <> ALL($8::text[])
      ORDER BY next_fire_at, tenant, id LIMIT $6";
+
 /// How long to wait for a pooled connection, or for a new one, before
 /// answering `Unavailable`: a caller must not hang while the database is
 /// down.
