@@ -162,7 +162,12 @@ impl PostgresStore {
             .url
             .parse()
             .map_err(|e| StoreError::Internal(format!("invalid database URL: {e}")))?;
-        config.options(SESSION_SETTINGS);
+        // After the URL's own `options`, so ours win where both set one.
+        let settings = match config.get_options() {
+            Some(given) => format!("{given} {SESSION_SETTINGS}"),
+            None => SESSION_SETTINGS.to_string(),
+        };
+        config.options(&settings);
         if config.get_application_name().is_none() {
             config.application_name("belfry");
         }
@@ -966,6 +971,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_due_page_is_read_in_index_order_however_stale_the_statistics() {
         let url = belfry_testkit::PgServer::shared().fresh_database().await;
+        // Options of the URL's own are kept beside the store's.
+        let separator = if url.contains('?') { '&' } else { '?' };
+        let url = format!("{url}{separator}options=-c%20work_mem%3D5MB");
         let store = PostgresStore::connect(PostgresOptions {
             url,
             partitions: PartitionCount::new(4).expect("a partition count"),
@@ -976,6 +984,13 @@ mod tests {
         .await
         .expect("connect to the test database");
         let client = store.client().await.expect("a connection");
+        for (setting, expected) in [("work_mem", "5MB"), ("enable_bitmapscan", "off")] {
+            let row = client
+                .query_one(&format!("SHOW {setting}"), &[])
+                .await
+                .expect("show a setting");
+            assert_eq!(row.get::<_, String>(0), expected, "{setting}");
+        }
         client
             .batch_execute(
                 "INSERT INTO events (tenant, id, partition, version, event_time, delivery,
