@@ -341,6 +341,16 @@ impl ReadAhead {
         bound.saturating_sub(self.per_tenant.get(tenant).copied().unwrap_or(0))
     }
 
+    /// [`ReadAhead::tenant_room`], when it is enough to start a round for
+    /// `tenant`: half its bound. Each fired entry frees one record of
+    /// room, and a round per fired entry was a store read, a task and one
+    /// more tick of the worker per delivery; with half the bound still
+    /// read, the tenant's next entries keep their records meanwhile.
+    fn room_to_start_round(&self, tenant: &TenantName, bound: usize) -> usize {
+        let room = self.tenant_room(tenant, bound);
+        if room >= bound.div_ceil(2) { room } else { 0 }
+    }
+
     fn uncount(&mut self, tenant: &TenantName) {
         if let Some(count) = self.per_tenant.get_mut(tenant) {
             *count -= 1;
@@ -580,7 +590,7 @@ impl PartitionCore {
                 |tenant| self.read_ahead.requested_through.get(tenant).cloned(),
                 1,
                 BLOCKED_READ_AHEAD,
-                |tenant| self.read_ahead.tenant_room(tenant, bound),
+                |tenant| self.read_ahead.room_to_start_round(tenant, bound),
             );
             if let Some(next) = first_unread.first() {
                 wake = wake.min(next.due.minus(self.config.read_ahead / 2));
@@ -1157,7 +1167,7 @@ impl PartitionCore {
                 |t| read_ahead.requested_through.get(t).cloned(),
                 1,
                 BLOCKED_READ_AHEAD,
-                |t| read_ahead.tenant_room(t, bound),
+                |t| read_ahead.room_to_start_round(t, bound),
             )
             .is_empty();
         if !starts_round {

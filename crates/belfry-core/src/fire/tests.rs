@@ -475,3 +475,99 @@ fn attempts_awaiting_their_record_do_not_count_against_the_tenant_bound() {
         "one more fits beside the one in flight"
     );
 }
+
+/// The record a store holds for `entry` right after creating it.
+fn stored_record(entry: &DueCursor) -> EventRecord {
+    let command = crate::event::EventCommand::Upsert {
+        event_time: entry.due,
+        payload: None,
+        delivery: crate::event::DeliveryOption::FullEvent,
+        new_version: EventVersion::from_string(format!("v-{}", entry.key.id)),
+        pull: Default::default(),
+    };
+    let retry = crate::retry::RetryPolicy::default();
+    let context = crate::event::TransitionContext {
+        now: ts(0),
+        partition: crate::partition::PartitionId(0),
+        retry: &retry,
+    };
+    crate::event::transition(&entry.key, None, command, context)
+        .next
+        .expect("created")
+}
+
+#[test]
+fn a_steady_stream_is_read_ahead_in_rounds_not_one_read_per_fired_entry() {
+    // 10,000 deliveries/s over 64 partitions is one entry every 6 ms in
+    // each. Each fired entry frees its tenant one record of read-ahead
+    // room; a round started for every such room was a store read, a task
+    // and one more tick of the worker per delivery.
+    let bound = 16;
+    let mut core = PartitionCore::new(CoreConfig {
+        max_outstanding_per_tenant: bound,
+        read_ahead: Duration::from_millis(500),
+        ..CoreConfig::with_capacity(10_000)
+    });
+    let entries: Vec<DueCursor> = (0..500)
+        .map(|i| entry(1_000 + 6 * i, "t", &format!("e{i:03}")))
+        .collect();
+    let due_of: HashMap<EventKey, DueCursor> = entries
+        .iter()
+        .map(|entry| (entry.key.clone(), entry.clone()))
+        .collect();
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(entries.clone()),
+        },
+        ts(0),
+    );
+    let (mut rounds, mut fired, mut fired_with_record) = (0, 0, 0);
+    for now in 0..=4_000 {
+        let now = ts(now);
+        for action in core.handle(Input::Tick { may_fire: true }, now) {
+            match action {
+                Action::ReadAhead(keys) => {
+                    rounds += 1;
+                    let records = keys
+                        .into_iter()
+                        .map(|key| {
+                            let record = stored_record(&due_of[&key]);
+                            (key, Some(record))
+                        })
+                        .collect();
+                    core.handle(
+                        Input::ReadAhead {
+                            records: Some(records),
+                        },
+                        now,
+                    );
+                }
+                Action::Deliver(batch) => {
+                    for one in batch {
+                        assert!(one.entry.due <= now, "never early");
+                        fired += 1;
+                        fired_with_record += usize::from(one.record.is_some());
+                        let finish = Finish::Done;
+                        core.handle(
+                            Input::Finished {
+                                entry: one.entry,
+                                finish,
+                            },
+                            now,
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(fired, entries.len());
+    assert_eq!(fired_with_record, entries.len(), "every record read ahead");
+    let at_most = 2 * entries.len() / bound + 4;
+    assert!(
+        rounds <= at_most,
+        "{rounds} read-ahead rounds for {fired} entries"
+    );
+}
