@@ -1108,6 +1108,13 @@ impl PartitionCore {
                 } else {
                     upto // The window moved on meanwhile: continue from there.
                 };
+                // The lane was trimmed or evicted while the page was read,
+                // back before where the page starts: what that evicted is
+                // the loader's again, so the earlier mark stands.
+                let overflow = match (self.window.overflow_of(tenant), &request.after) {
+                    (Some(current), Some(after)) if current < after => Some(current.clone()),
+                    _ => overflow,
+                };
                 self.window.set_overflow(tenant, overflow);
             }
             LoadKind::Repair => {

@@ -571,3 +571,119 @@ fn a_steady_stream_is_read_ahead_in_rounds_not_one_read_per_fired_entry() {
         "{rounds} read-ahead rounds for {fired} entries"
     );
 }
+
+#[test]
+fn entries_evicted_while_their_tenant_page_is_read_stay_the_loaders() {
+    // A blocked tenant's lane trimmed while a page of its overflow is
+    // being read moves its mark back before where that page starts. The
+    // page's answer set the mark from the page alone, so the entries the
+    // trim evicted were neither held nor left to the loader: they never
+    // fired (found by a soak of the simulation, seed 8032400).
+    let mut core = PartitionCore::new(CoreConfig {
+        max_outstanding_per_tenant: 1,
+        blocked_trim_after: Duration::from_millis(10),
+        ..config()
+    });
+    let a = TenantName::new("a").unwrap();
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    let mut page = vec![entry(5, "a", "a00")];
+    page.extend((1..12).map(|i| entry(999 + i, "a", &format!("a{i:02}"))));
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(page),
+        },
+        ts(0),
+    );
+    // a00 fires and blocks the tenant; its lane is trimmed to the cap.
+    let first = delivered(&core.handle(Input::Tick { may_fire: true }, ts(5)));
+    assert_eq!(first, [entry(5, "a", "a00")]);
+    core.handle(Input::Tick { may_fire: true }, ts(6));
+    core.handle(Input::Tick { may_fire: true }, ts(16));
+    assert_eq!(core.window().held_by(&a), 4);
+    assert_eq!(
+        core.window().overflow_of(&a),
+        Some(&entry(1003, "a", "a04"))
+    );
+    // Unblocked with a short lane: a page of its overflow is read.
+    let mut actions = core.handle(
+        Input::Finished {
+            entry: entry(5, "a", "a00"),
+            finish: Finish::Done,
+        },
+        ts(17),
+    );
+    actions.extend(core.handle(Input::Tick { may_fire: true }, ts(17)));
+    let tenant_page = actions
+        .iter()
+        .find_map(|action| match action {
+            Action::Load(request) if request.kind == LoadKind::Tenant(a.clone()) => {
+                Some(request.clone())
+            }
+            _ => None,
+        })
+        .expect("a page of the tenant's overflow");
+    assert_eq!(tenant_page.after, Some(entry(1003, "a", "a04")));
+    // Meanwhile it blocks again and earlier entries arrive: the trim
+    // evicts a02..a04, and the mark moves back to a01.
+    core.handle(Input::Offer(entry(18, "a", "now")), ts(18));
+    let blocking = delivered(&core.handle(Input::Tick { may_fire: true }, ts(18)));
+    assert_eq!(blocking, [entry(18, "a", "now")]);
+    for id in ["b1", "b2", "b3"] {
+        core.handle(Input::Offer(entry(999, "a", id)), ts(19));
+    }
+    core.handle(Input::Tick { may_fire: true }, ts(20));
+    core.handle(Input::Tick { may_fire: true }, ts(30));
+    assert_eq!(
+        core.window().overflow_of(&a),
+        Some(&entry(1000, "a", "a01"))
+    );
+    // The page answers what follows a04.
+    let rest = (5..12).map(|i| entry(999 + i, "a", &format!("a{i:02}")));
+    core.handle(
+        Input::Loaded {
+            request: tenant_page,
+            page: Some(rest.collect()),
+        },
+        ts(31),
+    );
+    core.handle(
+        Input::Finished {
+            entry: entry(18, "a", "now"),
+            finish: Finish::Done,
+        },
+        ts(32),
+    );
+    // Every entry fires, a02..a04 included, reloaded by a later page.
+    let mut store: BTreeSet<DueCursor> = (1..12)
+        .map(|i| entry(999 + i, "a", &format!("a{i:02}")))
+        .chain(["b1", "b2", "b3"].map(|id| entry(999, "a", id)))
+        .collect();
+    for now in 32..2_000 {
+        for action in core.handle(Input::Tick { may_fire: true }, ts(now)) {
+            match action {
+                Action::Deliver(batch) => {
+                    for one in batch {
+                        store.remove(&one.entry);
+                        let finish = Finish::Done;
+                        let entry = one.entry;
+                        core.handle(Input::Finished { entry, finish }, ts(now));
+                    }
+                }
+                Action::Load(request) => {
+                    let page = store
+                        .iter()
+                        .filter(|e| request.after.as_ref().is_none_or(|after| *e > after))
+                        .filter(|e| e.due <= request.through)
+                        .take(request.limit)
+                        .cloned()
+                        .collect();
+                    let page = Some(page);
+                    core.handle(Input::Loaded { request, page }, ts(now));
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(store.is_empty(), "never fired: {store:?}");
+}
