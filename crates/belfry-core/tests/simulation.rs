@@ -1493,21 +1493,10 @@ impl Sim {
             ));
         }
         let version_key = (entry.key.clone(), record.version.clone());
-        if !current && job.from_read_ahead && self.oracle.cached_after_fire.contains_key(&entry.key)
-        {
-            if self.fails(Known::ReadAheadCachedAfterFire) {
-                return self.fail(format!(
-                    "{:?}: stale send of {entry:?} version {:?}",
-                    Known::ReadAheadCachedAfterFire,
-                    record.version
-                ));
-            }
-            self.saw(Known::ReadAheadCachedAfterFire);
-            // It may be a second delivery of a delivered version.
-            self.oracle.crash_window.insert(version_key.clone());
-        } else if !current {
-            // Only a read-ahead record can be stale here, and only if its
-            // invalidation never reached the core.
+        if !current {
+            // Only a read-ahead record can be stale here: one whose
+            // invalidation has not reached the core yet (excused), or one
+            // cached after its entry fired (the known bug).
             let excused = job.from_read_ahead
                 && (self
                     .oracle
@@ -1515,7 +1504,21 @@ impl Sim {
                     .get(&entry.key)
                     .is_some_and(|n| *n > 0)
                     || self.oracle.unsynced.contains_key(&entry.key));
-            if !excused {
+            if excused {
+                self.stats.excused_stale_sends += 1;
+            } else if job.from_read_ahead && self.oracle.cached_after_fire.contains_key(&entry.key)
+            {
+                if self.fails(Known::ReadAheadCachedAfterFire) {
+                    return self.fail(format!(
+                        "{:?}: stale send of {entry:?} version {:?}",
+                        Known::ReadAheadCachedAfterFire,
+                        record.version
+                    ));
+                }
+                self.saw(Known::ReadAheadCachedAfterFire);
+                // It may be a second delivery of a delivered version.
+                self.oracle.crash_window.insert(version_key.clone());
+            } else {
                 return self.fail(format!(
                     "stale send of {entry:?} version {:?} (read ahead: {}); the store holds {:?}",
                     record.version,
@@ -1523,7 +1526,6 @@ impl Sim {
                     self.store.records.get(&entry.key)
                 ));
             }
-            self.stats.excused_stale_sends += 1;
         }
         let sending = self.oracle.sending.entry(version_key.clone()).or_default();
         if *sending > 0 && !self.oracle.crash_window.contains(&version_key) {
