@@ -1025,7 +1025,12 @@ impl PartitionCore {
             limit: self.config.repair_page,
             upto: Some(upto),
             seq: 0,
-            skip: Vec::new(),
+            // An overflowing tenant's entries past its mark are not
+            // covered, so a repair could not arm them, and a hung tenant's
+            // backlog of thousands would hold the sweep back for minutes
+            // before it reached another tenant's lost wake-up. Its own
+            // covered entries are swept once its overflow is read back.
+            skip: self.skippable_tenants(),
         })
     }
 
