@@ -84,6 +84,14 @@
 //! seed either continues (the runtime works around it the way the core
 //! should: see [`Sim::reoffer_after`]) or ends there (`cut_short`).
 //!
+//! Later soaks found two more core bugs, fixed at once with a reproduction
+//! each in `fire/tests.rs`: entries evicted while their tenant's page was
+//! read were lost from the window (seed 8032400), and repair pages crawled
+//! through a hung tenant's overflow before reaching another tenant's lost
+//! wake-up (seed 9101859). One failure was the oracle's: a stale
+//! read-ahead send excused by a wake-up in transit was charged to
+//! [`Known::ReadAheadCachedAfterFire`] (seed 9126813).
+//!
 //! # Running
 //! - `cargo test -p belfry-core --test simulation`: 2,000 seeds of 200
 //!   steps, 60 fairness seeds, 20 replayed seeds and the reproductions
