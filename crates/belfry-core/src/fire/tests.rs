@@ -32,10 +32,18 @@ fn only_load(actions: &[Action]) -> LoadRequest {
 /// A core whose tenants may have `bound` entries outstanding per
 /// partition, holding `page` as its first window page.
 fn core_with_page(bound: usize, page: Vec<DueCursor>) -> PartitionCore {
-    let mut core = PartitionCore::new(CoreConfig {
-        max_outstanding_per_tenant: bound,
-        ..config()
-    });
+    core_with_config_and_page(
+        CoreConfig {
+            max_outstanding_per_tenant: bound,
+            ..config()
+        },
+        page,
+    )
+}
+
+/// A core of `config` holding `page` as its first window page.
+fn core_with_config_and_page(config: CoreConfig, page: Vec<DueCursor>) -> PartitionCore {
+    let mut core = PartitionCore::new(config);
     let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
     core.handle(
         Input::Loaded {
@@ -45,6 +53,26 @@ fn core_with_page(bound: usize, page: Vec<DueCursor>) -> PartitionCore {
         ts(0),
     );
     core
+}
+
+/// Answers a page read as a store holding `store` would.
+fn answer_load(
+    core: &mut PartitionCore,
+    store: &BTreeSet<DueCursor>,
+    request: LoadRequest,
+    now: Timestamp,
+) {
+    let page = store
+        .iter()
+        .filter(|e| request.after.as_ref().is_none_or(|after| *e > after))
+        .filter(|e| e.due <= request.through)
+        .filter(|e| request.tenant().is_none_or(|t| e.key.tenant == *t))
+        .filter(|e| !request.skip.contains(&e.key.tenant))
+        .take(request.limit)
+        .cloned()
+        .collect();
+    let page = Some(page);
+    core.handle(Input::Loaded { request, page }, now);
 }
 
 fn delivered(actions: &[Action]) -> Vec<DueCursor> {
@@ -579,22 +607,15 @@ fn entries_evicted_while_their_tenant_page_is_read_stay_the_loaders() {
     // page's answer set the mark from the page alone, so the entries the
     // trim evicted were neither held nor left to the loader: they never
     // fired (found by a soak of the simulation, seed 8032400).
-    let mut core = PartitionCore::new(CoreConfig {
+    let mut page = vec![entry(5, "a", "a00")];
+    page.extend((1..12).map(|i| entry(999 + i, "a", &format!("a{i:02}"))));
+    let config = CoreConfig {
         max_outstanding_per_tenant: 1,
         blocked_trim_after: Duration::from_millis(10),
         ..config()
-    });
+    };
+    let mut core = core_with_config_and_page(config, page);
     let a = TenantName::new("a").unwrap();
-    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
-    let mut page = vec![entry(5, "a", "a00")];
-    page.extend((1..12).map(|i| entry(999 + i, "a", &format!("a{i:02}"))));
-    core.handle(
-        Input::Loaded {
-            request,
-            page: Some(page),
-        },
-        ts(0),
-    );
     // a00 fires and blocks the tenant; its lane is trimmed to the cap.
     let first = delivered(&core.handle(Input::Tick { may_fire: true }, ts(5)));
     assert_eq!(first, [entry(5, "a", "a00")]);
@@ -670,17 +691,7 @@ fn entries_evicted_while_their_tenant_page_is_read_stay_the_loaders() {
                         core.handle(Input::Finished { entry, finish }, ts(now));
                     }
                 }
-                Action::Load(request) => {
-                    let page = store
-                        .iter()
-                        .filter(|e| request.after.as_ref().is_none_or(|after| *e > after))
-                        .filter(|e| e.due <= request.through)
-                        .take(request.limit)
-                        .cloned()
-                        .collect();
-                    let page = Some(page);
-                    core.handle(Input::Loaded { request, page }, ts(now));
-                }
+                Action::Load(request) => answer_load(&mut core, &store, request, ts(now)),
                 _ => {}
             }
         }
@@ -724,19 +735,7 @@ fn a_repair_sweep_skips_a_hung_tenants_overflow() {
                         core.handle(Input::Finished { entry, finish }, ts(now));
                     }
                 }
-                Action::Load(request) => {
-                    let page = store
-                        .iter()
-                        .filter(|e| request.after.as_ref().is_none_or(|after| *e > after))
-                        .filter(|e| e.due <= request.through)
-                        .filter(|e| request.tenant().is_none_or(|t| e.key.tenant == *t))
-                        .filter(|e| !request.skip.contains(&e.key.tenant))
-                        .take(request.limit)
-                        .cloned()
-                        .collect();
-                    let page = Some(page);
-                    core.handle(Input::Loaded { request, page }, ts(now));
-                }
+                Action::Load(request) => answer_load(&mut core, &store, request, ts(now)),
                 _ => {}
             }
         }
