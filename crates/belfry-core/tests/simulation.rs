@@ -283,7 +283,7 @@ impl Knobs {
             read_ahead: if rng.per_mille(250) {
                 Duration::ZERO
             } else {
-                ms(rng.range(20, 500))
+                ms(rng.range(20, 3_000))
             },
             read_ahead_max_records: rng.usize(2, 64),
             read_ahead_max_bytes: rng.usize(256, 16_384),
@@ -2936,7 +2936,7 @@ fn fairness_run(seed: u64, trace: bool, log: &mut Vec<String>) -> Result<i64, St
             read_ahead: if rng.per_mille(500) {
                 Duration::ZERO
             } else {
-                ms(rng.range(20, 500))
+                ms(rng.range(20, 3_000))
             },
             read_ahead_max_records: rng.usize(4, 64),
             read_ahead_max_bytes: 64 * 1024,

@@ -60,9 +60,13 @@ pub struct EngineOptions {
     /// rest are counted in the schedule's missed summary.
     pub schedule_max_missed_recorded: usize,
     /// How long before their instant the records of due entries are read
-    /// (in one batch, off the delivery path). Zero reads each record when
-    /// its entry fires, which a cluster needs: a cancel acknowledged by
-    /// another node is then seen however late its wake-up arrives.
+    /// (in one batch, off the delivery path; a round starts once an entry
+    /// is due within half of it). A store stall shorter than that half
+    /// delays no delivery: the embedded store blocks reads of a keyspace
+    /// while a compaction installs its result, up to a second on a busy
+    /// node. Zero reads each record when its entry fires, which a cluster
+    /// needs: a cancel acknowledged by another node is then seen however
+    /// late its wake-up arrives.
     #[serde(with = "belfry_core::time::serde_millis", rename = "read_ahead_ms")]
     pub read_ahead: Duration,
     /// How often each partition reconciles a page of its window with the
@@ -125,7 +129,7 @@ impl Default for EngineOptions {
             schedule_lead: Duration::from_secs(5),
             schedule_misfire_threshold: Duration::from_secs(60),
             schedule_max_missed_recorded: 100,
-            read_ahead: Duration::from_millis(500),
+            read_ahead: Duration::from_secs(3),
             repair_interval: Duration::from_secs(5),
             bulk_page_size: 200,
             bulk_lease: Duration::from_secs(15),

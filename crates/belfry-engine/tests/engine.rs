@@ -247,7 +247,8 @@ async fn changes_right_before_the_instant_win_over_what_was_read_ahead() {
     let due = in_ms(1_500);
     node.schedule("t", "updated", due).await;
     node.schedule("t", "cancelled", due).await;
-    // The read-ahead round for this instant starts 250 ms before it.
+    // Both records are read ahead by now: a round reads every entry due
+    // within `read_ahead` once one is due within half of it.
     tokio::time::sleep(now().until(due.minus(Duration::from_millis(150)))).await;
     let mut update = upsert("t", "updated", due);
     update.command = EventCommand::Upsert {

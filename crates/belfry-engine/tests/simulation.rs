@@ -145,7 +145,7 @@ const TENANTS: usize = 3;
 const TENANT_TIMEOUT_MS: u64 = 200;
 /// The engine's window (manual time).
 const WINDOW: Duration = Duration::from_secs(10);
-const READ_AHEAD: Duration = Duration::from_millis(500);
+const READ_AHEAD: Duration = Duration::from_secs(3);
 const REPAIR_INTERVAL: Duration = Duration::from_millis(500);
 const LOOKBACK: Duration = Duration::from_secs(30 * 60);
 /// 64 per partition: the core's minimum.

@@ -56,8 +56,10 @@ pub struct CoreConfig {
     pub window: Duration,
     /// Most entries held (window, outstanding and retry timers together).
     pub capacity: usize,
-    /// How long before their instant entries' records are read ahead; zero
-    /// turns read-ahead off (records are then read when the entry fires).
+    /// How long before their instant entries' records are read ahead; a
+    /// round starts once an entry is due within half of it, so a store
+    /// stall shorter than that half delays no delivery. Zero turns
+    /// read-ahead off (records are then read when the entry fires).
     pub read_ahead: Duration,
     pub read_ahead_max_records: usize,
     pub read_ahead_max_bytes: usize,
@@ -94,7 +96,7 @@ impl CoreConfig {
         CoreConfig {
             window: Duration::from_secs(60),
             capacity: capacity.max(64),
-            read_ahead: Duration::from_millis(500),
+            read_ahead: Duration::from_secs(3),
             read_ahead_max_records: 4_096,
             read_ahead_max_bytes: 2 * 1024 * 1024,
             fire_batch: 2_048,

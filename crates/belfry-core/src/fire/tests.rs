@@ -743,3 +743,79 @@ fn a_repair_sweep_skips_a_hung_tenants_overflow() {
     assert_eq!(fired_at, Some(500), "repaired before its instant");
     assert_eq!(core.stats().repaired, 1);
 }
+
+#[test]
+fn records_are_read_early_enough_to_ride_out_a_store_stall_of_a_second() {
+    // The embedded store blocks every read of a keyspace while a compaction
+    // of it installs its result, and fjall's workers run at a lower
+    // priority: on a busy node that took up to a second. A record read
+    // only a few hundred milliseconds ahead then made its delivery wait
+    // for the store; read early enough, the stall passes unseen.
+    let mut core = PartitionCore::new(CoreConfig::with_capacity(10_000));
+    // A healthy tenant's sparse stream in this partition: one entry every
+    // 300 ms.
+    let entries: Vec<DueCursor> = (0..40)
+        .map(|i| entry(1_000 + 300 * i, "t", &format!("e{i:02}")))
+        .collect();
+    let due_of: HashMap<EventKey, DueCursor> = entries
+        .iter()
+        .map(|entry| (entry.key.clone(), entry.clone()))
+        .collect();
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(entries.clone()),
+        },
+        ts(0),
+    );
+    let stall = 5_000..6_000;
+    let mut reads: Vec<(i64, Vec<EventKey>)> = Vec::new();
+    let (mut fired, mut fired_without_record) = (0, Vec::new());
+    for now in 0..=14_000 {
+        // A read answers 1 ms after it starts, or when the stall ends.
+        let answered: Vec<_> = reads.extract_if(.., |(at, _)| *at <= now).collect();
+        for (_, keys) in answered {
+            let records = keys
+                .into_iter()
+                .map(|key| {
+                    let record = stored_record(&due_of[&key]);
+                    (key, Some(record))
+                })
+                .collect();
+            let records = Some(records);
+            core.handle(Input::ReadAhead { records }, ts(now));
+        }
+        for action in core.handle(Input::Tick { may_fire: true }, ts(now)) {
+            match action {
+                Action::ReadAhead(keys) => {
+                    let answer_at = if stall.contains(&now) {
+                        stall.end
+                    } else {
+                        now + 1
+                    };
+                    reads.push((answer_at, keys));
+                }
+                Action::Deliver(batch) => {
+                    for one in batch {
+                        assert_eq!(one.entry.due, ts(now), "fired at its instant");
+                        fired += 1;
+                        if one.record.is_none() {
+                            fired_without_record.push(one.entry.key.id.to_string());
+                        }
+                        let finish = Finish::Done;
+                        let entry = one.entry;
+                        core.handle(Input::Finished { entry, finish }, ts(now));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(fired, entries.len());
+    assert_eq!(
+        fired_without_record,
+        Vec::<String>::new(),
+        "these waited for the stalled store"
+    );
+}
