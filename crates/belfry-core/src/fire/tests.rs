@@ -524,6 +524,25 @@ fn stored_record(entry: &DueCursor) -> EventRecord {
         .expect("created")
 }
 
+/// Answers a read-ahead round as a store holding `entries`, each as just
+/// created, would.
+fn answer_read_ahead(
+    core: &mut PartitionCore,
+    entries: &[DueCursor],
+    keys: Vec<EventKey>,
+    now: Timestamp,
+) {
+    let records = keys
+        .into_iter()
+        .map(|key| {
+            let entry = entries.iter().find(|e| e.key == key).expect("stored");
+            (key, Some(stored_record(entry)))
+        })
+        .collect();
+    let records = Some(records);
+    core.handle(Input::ReadAhead { records }, now);
+}
+
 #[test]
 fn a_steady_stream_is_read_ahead_in_rounds_not_one_read_per_fired_entry() {
     // 10,000 deliveries/s over 64 partitions is one entry every 6 ms in
@@ -531,26 +550,15 @@ fn a_steady_stream_is_read_ahead_in_rounds_not_one_read_per_fired_entry() {
     // room; a round started for every such room was a store read, a task
     // and one more tick of the worker per delivery.
     let bound = 16;
-    let mut core = PartitionCore::new(CoreConfig {
+    let config = CoreConfig {
         max_outstanding_per_tenant: bound,
         read_ahead: Duration::from_millis(500),
         ..CoreConfig::with_capacity(10_000)
-    });
+    };
     let entries: Vec<DueCursor> = (0..500)
         .map(|i| entry(1_000 + 6 * i, "t", &format!("e{i:03}")))
         .collect();
-    let due_of: HashMap<EventKey, DueCursor> = entries
-        .iter()
-        .map(|entry| (entry.key.clone(), entry.clone()))
-        .collect();
-    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
-    core.handle(
-        Input::Loaded {
-            request,
-            page: Some(entries.clone()),
-        },
-        ts(0),
-    );
+    let mut core = core_with_config_and_page(config, entries.clone());
     let (mut rounds, mut fired, mut fired_with_record) = (0, 0, 0);
     for now in 0..=4_000 {
         let now = ts(now);
@@ -558,19 +566,7 @@ fn a_steady_stream_is_read_ahead_in_rounds_not_one_read_per_fired_entry() {
             match action {
                 Action::ReadAhead(keys) => {
                     rounds += 1;
-                    let records = keys
-                        .into_iter()
-                        .map(|key| {
-                            let record = stored_record(&due_of[&key]);
-                            (key, Some(record))
-                        })
-                        .collect();
-                    core.handle(
-                        Input::ReadAhead {
-                            records: Some(records),
-                        },
-                        now,
-                    );
+                    answer_read_ahead(&mut core, &entries, keys, now);
                 }
                 Action::Deliver(batch) => {
                     for one in batch {
@@ -751,24 +747,13 @@ fn records_are_read_early_enough_to_ride_out_a_store_stall_of_a_second() {
     // priority: on a busy node that took up to a second. A record read
     // only a few hundred milliseconds ahead then made its delivery wait
     // for the store; read early enough, the stall passes unseen.
-    let mut core = PartitionCore::new(CoreConfig::with_capacity(10_000));
     // A healthy tenant's sparse stream in this partition: one entry every
     // 300 ms.
     let entries: Vec<DueCursor> = (0..40)
         .map(|i| entry(1_000 + 300 * i, "t", &format!("e{i:02}")))
         .collect();
-    let due_of: HashMap<EventKey, DueCursor> = entries
-        .iter()
-        .map(|entry| (entry.key.clone(), entry.clone()))
-        .collect();
-    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(0)));
-    core.handle(
-        Input::Loaded {
-            request,
-            page: Some(entries.clone()),
-        },
-        ts(0),
-    );
+    let config = CoreConfig::with_capacity(10_000);
+    let mut core = core_with_config_and_page(config, entries.clone());
     let stall = 5_000..6_000;
     let mut reads: Vec<(i64, Vec<EventKey>)> = Vec::new();
     let (mut fired, mut fired_without_record) = (0, Vec::new());
@@ -776,15 +761,7 @@ fn records_are_read_early_enough_to_ride_out_a_store_stall_of_a_second() {
         // A read answers 1 ms after it starts, or when the stall ends.
         let answered: Vec<_> = reads.extract_if(.., |(at, _)| *at <= now).collect();
         for (_, keys) in answered {
-            let records = keys
-                .into_iter()
-                .map(|key| {
-                    let record = stored_record(&due_of[&key]);
-                    (key, Some(record))
-                })
-                .collect();
-            let records = Some(records);
-            core.handle(Input::ReadAhead { records }, ts(now));
+            answer_read_ahead(&mut core, &entries, keys, ts(now));
         }
         for action in core.handle(Input::Tick { may_fire: true }, ts(now)) {
             match action {
