@@ -259,6 +259,13 @@ struct ReadAhead {
     /// whole read-ahead of every partition (thousands of reads for records
     /// that cannot fire).
     per_tenant: HashMap<TenantName, usize>,
+    /// Tenants offered an entry due within the read-ahead since their last
+    /// round: their next round starts with whatever room they have. An
+    /// entry that arrives after its tenant's round (a schedule's
+    /// occurrences are written in batches before their instant) would
+    /// otherwise wait for half the bound to free up, and be read only
+    /// when it fires.
+    offered: HashSet<TenantName>,
 }
 
 impl ReadAhead {
@@ -318,6 +325,7 @@ impl ReadAhead {
         self.payload_bytes = 0;
         self.requested_through.clear();
         self.per_tenant.clear();
+        self.offered.clear();
         if let Some(keys) = &self.in_flight {
             self.stale.extend(keys.iter().cloned());
             for key in keys {
@@ -350,7 +358,11 @@ impl ReadAhead {
     /// read, the tenant's next entries keep their records meanwhile.
     fn room_to_start_round(&self, tenant: &TenantName, bound: usize) -> usize {
         let room = self.tenant_room(tenant, bound);
-        if room >= bound.div_ceil(2) { room } else { 0 }
+        if room >= bound.div_ceil(2) || self.offered.contains(tenant) {
+            room
+        } else {
+            0
+        }
     }
 
     fn uncount(&mut self, tenant: &TenantName) {
@@ -510,7 +522,7 @@ impl PartitionCore {
         let mut actions = Vec::new();
         match input {
             Input::Tick { may_fire } => self.tick(now, may_fire, &mut actions),
-            Input::Offer(entry) => self.offer(entry),
+            Input::Offer(entry) => self.offer(entry, now),
             Input::Remove(entry) => {
                 self.read_ahead.invalidate(&entry);
                 self.window.remove(&entry);
@@ -543,7 +555,7 @@ impl PartitionCore {
             Input::ReadAhead { records } => self.read_ahead_done(records),
             Input::Claim { entry, version } => self.claim(entry, version, now, &mut actions),
             Input::Attempted { entry } => self.attempted(entry),
-            Input::Finished { entry, finish } => self.finished(entry, finish),
+            Input::Finished { entry, finish } => self.finished(entry, finish, now),
         }
         actions
     }
@@ -601,8 +613,11 @@ impl PartitionCore {
         wake.max(now)
     }
 
-    fn offer(&mut self, entry: DueCursor) {
+    fn offer(&mut self, entry: DueCursor, now: Timestamp) {
         self.read_ahead.invalidate(&entry);
+        if !self.config.read_ahead.is_zero() && entry.due <= now.plus(self.config.read_ahead) {
+            self.read_ahead.offered.insert(entry.key.tenant.clone());
+        }
         let before = self.window.lane_before(&entry);
         self.read_ahead.rewind(&entry, before);
         self.mark_changed(&entry.key);
@@ -682,6 +697,7 @@ impl PartitionCore {
         self.finished(
             entry.clone(),
             Finish::RetryAt(now.plus(self.config.load_retry)),
+            now,
         );
         actions.push(Action::Claimed {
             entry,
@@ -769,7 +785,7 @@ impl PartitionCore {
         }
     }
 
-    fn finished(&mut self, entry: DueCursor, finish: Finish) {
+    fn finished(&mut self, entry: DueCursor, finish: Finish, now: Timestamp) {
         let Some(claimed) = self.outstanding.remove(&entry) else {
             return;
         };
@@ -825,7 +841,7 @@ impl PartitionCore {
             }
             // A wake-up came while it was outstanding: offered again (the
             // fire-time check drops it if nothing is due there any more).
-            Finish::Done if changed => self.offer(entry),
+            Finish::Done if changed => self.offer(entry, now),
             Finish::Done => {}
         }
     }
@@ -1045,14 +1061,14 @@ impl PartitionCore {
             self.load_failed_at = Some(now);
             // Offers buffered for the range stay armed where covered.
             for entry in pending.offers {
-                self.offer(entry);
+                self.offer(entry, now);
             }
             return;
         };
         if pending.overflowed {
             // Read again from the same cursor; what was kept is applied.
             for entry in pending.offers {
-                self.offer(entry);
+                self.offer(entry, now);
             }
             return;
         }
@@ -1064,7 +1080,7 @@ impl PartitionCore {
             // A tenant left out of the page is covered by the window again:
             // read the range again without it.
             for entry in pending.offers {
-                self.offer(entry);
+                self.offer(entry, now);
             }
             return;
         }
@@ -1139,7 +1155,7 @@ impl PartitionCore {
             }
         }
         for entry in pending.offers {
-            self.offer(entry);
+            self.offer(entry, now);
         }
         self.enforce_capacity();
     }
@@ -1197,6 +1213,7 @@ impl PartitionCore {
         );
         let mut keys = Vec::new();
         for entry in entries {
+            self.read_ahead.offered.remove(&entry.key.tenant);
             self.read_ahead
                 .requested_through
                 .insert(entry.key.tenant.clone(), (entry.due, entry.key.id.clone()));

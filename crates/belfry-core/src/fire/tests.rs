@@ -796,3 +796,46 @@ fn records_are_read_early_enough_to_ride_out_a_store_stall_of_a_second() {
         "these waited for the stalled store"
     );
 }
+
+#[test]
+fn entries_offered_after_their_tenants_round_are_still_read_ahead() {
+    // A schedule's occurrences are written in batches before their
+    // instant. The tenant's round reads the first batch; its room is then
+    // below half its bound, and without a round for the later batches
+    // their records were read only when they fired.
+    let first: Vec<DueCursor> = (0..156)
+        .map(|i| entry(5_000, "t", &format!("a{i:03}")))
+        .collect();
+    let later: Vec<DueCursor> = (0..50)
+        .map(|i| entry(5_000, "t", &format!("b{i:03}")))
+        .collect();
+    let all: Vec<DueCursor> = first.iter().chain(&later).cloned().collect();
+    let config = CoreConfig::with_capacity(10_000);
+    let mut core = core_with_config_and_page(config, first);
+    let (mut fired, mut fired_without_record) = (0, 0);
+    for now in 0..=6_000 {
+        let now = ts(now);
+        if now == ts(4_000) {
+            for entry in &later {
+                core.handle(Input::Offer(entry.clone()), now);
+            }
+        }
+        for action in core.handle(Input::Tick { may_fire: true }, now) {
+            match action {
+                Action::ReadAhead(keys) => answer_read_ahead(&mut core, &all, keys, now),
+                Action::Deliver(batch) => {
+                    for one in batch {
+                        fired += 1;
+                        fired_without_record += usize::from(one.record.is_none());
+                        let finish = Finish::Done;
+                        let entry = one.entry;
+                        core.handle(Input::Finished { entry, finish }, now);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(fired, all.len());
+    assert_eq!(fired_without_record, 0, "read when they fired");
+}
