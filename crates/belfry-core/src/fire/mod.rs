@@ -259,13 +259,6 @@ struct ReadAhead {
     /// whole read-ahead of every partition (thousands of reads for records
     /// that cannot fire).
     per_tenant: HashMap<TenantName, usize>,
-    /// Tenants offered an entry due within the read-ahead since their last
-    /// round: their next round starts with whatever room they have. An
-    /// entry that arrives after its tenant's round (a schedule's
-    /// occurrences are written in batches before their instant) would
-    /// otherwise wait for half the bound to free up, and be read only
-    /// when it fires.
-    offered: HashSet<TenantName>,
 }
 
 impl ReadAhead {
@@ -325,7 +318,6 @@ impl ReadAhead {
         self.payload_bytes = 0;
         self.requested_through.clear();
         self.per_tenant.clear();
-        self.offered.clear();
         if let Some(keys) = &self.in_flight {
             self.stale.extend(keys.iter().cloned());
             for key in keys {
@@ -358,11 +350,7 @@ impl ReadAhead {
     /// read, the tenant's next entries keep their records meanwhile.
     fn room_to_start_round(&self, tenant: &TenantName, bound: usize) -> usize {
         let room = self.tenant_room(tenant, bound);
-        if room >= bound.div_ceil(2) || self.offered.contains(tenant) {
-            room
-        } else {
-            0
-        }
+        if room >= bound.div_ceil(2) { room } else { 0 }
     }
 
     fn uncount(&mut self, tenant: &TenantName) {
@@ -522,7 +510,7 @@ impl PartitionCore {
         let mut actions = Vec::new();
         match input {
             Input::Tick { may_fire } => self.tick(now, may_fire, &mut actions),
-            Input::Offer(entry) => self.offer(entry, now),
+            Input::Offer(entry) => self.offer(entry),
             Input::Remove(entry) => {
                 self.read_ahead.invalidate(&entry);
                 self.window.remove(&entry);
@@ -555,7 +543,7 @@ impl PartitionCore {
             Input::ReadAhead { records } => self.read_ahead_done(records),
             Input::Claim { entry, version } => self.claim(entry, version, now, &mut actions),
             Input::Attempted { entry } => self.attempted(entry),
-            Input::Finished { entry, finish } => self.finished(entry, finish, now),
+            Input::Finished { entry, finish } => self.finished(entry, finish),
         }
         actions
     }
@@ -613,11 +601,8 @@ impl PartitionCore {
         wake.max(now)
     }
 
-    fn offer(&mut self, entry: DueCursor, now: Timestamp) {
+    fn offer(&mut self, entry: DueCursor) {
         self.read_ahead.invalidate(&entry);
-        if !self.config.read_ahead.is_zero() && entry.due <= now.plus(self.config.read_ahead) {
-            self.read_ahead.offered.insert(entry.key.tenant.clone());
-        }
         let before = self.window.lane_before(&entry);
         self.read_ahead.rewind(&entry, before);
         self.mark_changed(&entry.key);
@@ -697,7 +682,6 @@ impl PartitionCore {
         self.finished(
             entry.clone(),
             Finish::RetryAt(now.plus(self.config.load_retry)),
-            now,
         );
         actions.push(Action::Claimed {
             entry,
@@ -785,7 +769,7 @@ impl PartitionCore {
         }
     }
 
-    fn finished(&mut self, entry: DueCursor, finish: Finish, now: Timestamp) {
+    fn finished(&mut self, entry: DueCursor, finish: Finish) {
         let Some(claimed) = self.outstanding.remove(&entry) else {
             return;
         };
@@ -841,7 +825,7 @@ impl PartitionCore {
             }
             // A wake-up came while it was outstanding: offered again (the
             // fire-time check drops it if nothing is due there any more).
-            Finish::Done if changed => self.offer(entry, now),
+            Finish::Done if changed => self.offer(entry),
             Finish::Done => {}
         }
     }
@@ -1061,14 +1045,14 @@ impl PartitionCore {
             self.load_failed_at = Some(now);
             // Offers buffered for the range stay armed where covered.
             for entry in pending.offers {
-                self.offer(entry, now);
+                self.offer(entry);
             }
             return;
         };
         if pending.overflowed {
             // Read again from the same cursor; what was kept is applied.
             for entry in pending.offers {
-                self.offer(entry, now);
+                self.offer(entry);
             }
             return;
         }
@@ -1080,7 +1064,7 @@ impl PartitionCore {
             // A tenant left out of the page is covered by the window again:
             // read the range again without it.
             for entry in pending.offers {
-                self.offer(entry, now);
+                self.offer(entry);
             }
             return;
         }
@@ -1155,7 +1139,7 @@ impl PartitionCore {
             }
         }
         for entry in pending.offers {
-            self.offer(entry, now);
+            self.offer(entry);
         }
         self.enforce_capacity();
     }
@@ -1213,7 +1197,6 @@ impl PartitionCore {
         );
         let mut keys = Vec::new();
         for entry in entries {
-            self.read_ahead.offered.remove(&entry.key.tenant);
             self.read_ahead
                 .requested_through
                 .insert(entry.key.tenant.clone(), (entry.due, entry.key.id.clone()));
