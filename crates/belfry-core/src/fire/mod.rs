@@ -976,9 +976,19 @@ impl PartitionCore {
     /// Overflowing tenants a window page may leave out, in name order (a
     /// bounded list: the store filters by it).
     fn skippable_tenants(&self) -> Vec<TenantName> {
+        self.tenants_overflowing_before(None)
+    }
+
+    /// Tenants in overflow whose mark is at or before `after` (any mark
+    /// when `None`): of their entries past `after`, the window holds none.
+    fn tenants_overflowing_before(&self, after: Option<&DueCursor>) -> Vec<TenantName> {
         const MAX_SKIPPED: usize = 64;
-        let mut tenants: Vec<TenantName> =
-            self.window.overflows().map(|(t, _)| t.clone()).collect();
+        let mut tenants: Vec<TenantName> = self
+            .window
+            .overflows()
+            .filter(|(_, mark)| after.is_none_or(|after| *mark <= after))
+            .map(|(t, _)| t.clone())
+            .collect();
         tenants.sort();
         tenants.truncate(MAX_SKIPPED);
         tenants
@@ -1030,9 +1040,15 @@ impl PartitionCore {
             // An overflowing tenant's entries past its mark are not
             // covered, so a repair could not arm them, and a hung tenant's
             // backlog of thousands would hold the sweep back for minutes
-            // before it reached another tenant's lost wake-up. Its own
-            // covered entries are swept once its overflow is read back.
-            skip: self.skippable_tenants(),
+            // before it reached another tenant's lost wake-up. So once the
+            // sweep is past a tenant's mark, its pages leave the tenant
+            // out; before it, they read the tenant's covered entries,
+            // whose lost wake-ups would otherwise wait for its overflow to
+            // clear (forever for a tenant that stays in overflow).
+            skip: match &self.repair_after {
+                Some(after) => self.tenants_overflowing_before(Some(after)),
+                None => Vec::new(),
+            },
         })
     }
 

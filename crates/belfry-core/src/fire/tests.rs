@@ -741,6 +741,53 @@ fn a_repair_sweep_skips_a_hung_tenants_overflow() {
 }
 
 #[test]
+fn a_repair_sweep_reaches_the_covered_entries_of_a_tenant_in_overflow() {
+    // Skipping every tenant in overflow, the sweep never reached a lost
+    // wake-up among an overflowing tenant's covered entries, and a tenant
+    // with more due than the window holds stays in overflow for as long
+    // as its backlog lasts (found by a soak of the engine simulation,
+    // seeds 1000018 and 1000048).
+    let mut core = PartitionCore::new(CoreConfig {
+        repair_interval: Duration::from_millis(100),
+        repair_page: 64,
+        ..config()
+    });
+    // Ten times what the window holds, one entry every 10 ms.
+    let mut store: BTreeSet<DueCursor> = (0..1_000)
+        .map(|i| entry(10 + 10 * i, "big", &format!("b{i:04}")))
+        .collect();
+    let lost = entry(505, "big", "moved");
+    let mut fired_at = None;
+    for now in 0..1_000 {
+        if now == 50 {
+            // Moved with the window already past its new instant; the
+            // wake-up is lost.
+            assert!(core.window().covers(&lost));
+            assert!(core.window().overflow_of(&lost.key.tenant).is_some());
+            store.insert(lost.clone());
+        }
+        for action in core.handle(Input::Tick { may_fire: true }, ts(now)) {
+            match action {
+                Action::Deliver(batch) => {
+                    for one in batch {
+                        store.remove(&one.entry);
+                        if one.entry == lost {
+                            fired_at = Some(now);
+                        }
+                        let (entry, finish) = (one.entry, Finish::Done);
+                        core.handle(Input::Finished { entry, finish }, ts(now));
+                    }
+                }
+                Action::Load(request) => answer_load(&mut core, &store, request, ts(now)),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(fired_at, Some(505), "repaired before its instant");
+    assert_eq!(core.stats().repaired, 1);
+}
+
+#[test]
 fn records_are_read_early_enough_to_ride_out_a_store_stall_of_a_second() {
     // The embedded store blocks every read of a keyspace while a compaction
     // of it installs its result, and fjall's workers run at a lower
