@@ -976,17 +976,17 @@ impl PartitionCore {
     /// Overflowing tenants a window page may leave out, in name order (a
     /// bounded list: the store filters by it).
     fn skippable_tenants(&self) -> Vec<TenantName> {
-        self.tenants_overflowing_before(None)
+        self.overflowing_tenants(|_| true)
     }
 
-    /// Tenants in overflow whose mark is at or before `after` (any mark
-    /// when `None`): of their entries past `after`, the window holds none.
-    fn tenants_overflowing_before(&self, after: Option<&DueCursor>) -> Vec<TenantName> {
+    /// Tenants in overflow whose mark passes `keep`, in name order (a
+    /// bounded list: the store filters by it).
+    fn overflowing_tenants(&self, keep: impl Fn(&DueCursor) -> bool) -> Vec<TenantName> {
         const MAX_SKIPPED: usize = 64;
         let mut tenants: Vec<TenantName> = self
             .window
             .overflows()
-            .filter(|(_, mark)| after.is_none_or(|after| *mark <= after))
+            .filter(|(_, mark)| keep(mark))
             .map(|(t, _)| t.clone())
             .collect();
         tenants.sort();
@@ -1046,7 +1046,7 @@ impl PartitionCore {
             // whose lost wake-ups would otherwise wait for its overflow to
             // clear (forever for a tenant that stays in overflow).
             skip: match &self.repair_after {
-                Some(after) => self.tenants_overflowing_before(Some(after)),
+                Some(after) => self.overflowing_tenants(|mark| mark <= after),
                 None => Vec::new(),
             },
         })
