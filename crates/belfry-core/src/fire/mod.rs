@@ -973,8 +973,7 @@ impl PartitionCore {
         }
     }
 
-    /// Overflowing tenants a window page may leave out, in name order (a
-    /// bounded list: the store filters by it).
+    /// Overflowing tenants a window page may leave out: all of them.
     fn skippable_tenants(&self) -> Vec<TenantName> {
         self.overflowing_tenants(|_| true)
     }
