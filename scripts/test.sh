@@ -2,8 +2,8 @@
 # Runs Belfry's whole test suite: formatting, lints, every crate's tests
 # (store conformance, API, delivery, crash tests against the real binary,
 # the web console in headless Chromium) and a smoke run of belfry-bench.
-# Needs the Rust toolchain (1.95); installs PostgreSQL (apt) when it is
-# missing, for the tests that start throwaway database servers, Chromium
+# Needs the Rust toolchain (1.95); installs cargo-nextest (from crates.io,
+# pinned) and PostgreSQL (apt) when they are missing, for the tests that start throwaway database servers, Chromium
 # and its WebDriver (apt: chromium, chromium-driver) for the console's
 # browser tests, and python3 with a venv holding PyPI's standardwebhooks
 # (the independent signature verifier), confluent-kafka (the independent
@@ -72,13 +72,20 @@ fi
 export BELFRY_TEST_PYTHON="$PWD/$venv/bin/python"
 case "$venv" in /*) export BELFRY_TEST_PYTHON="$venv/bin/python" ;; esac
 
+echo "==> cargo-nextest"
+# The suite runs under nextest everywhere, never a `cargo test` fallback:
+# `.config/nextest.toml` serializes the tests that start several processes
+# and ends a hung test long before CI's limit, and plain `cargo test` would
+# do neither. A machine without it builds the pinned version from crates.io
+# once (about five minutes on two cores).
+nextest_version="0.9.143"
+if ! cargo nextest --version >/dev/null 2>&1; then
+  cargo install --locked "cargo-nextest@$nextest_version" --no-default-features --features default-no-update
+fi
+
 echo "==> cargo test"
 # The binaries are built first so tests that spawn them find them up to date.
 cargo build -p belfry -p belfry-kafka-mock --bins
-if command -v cargo-nextest >/dev/null 2>&1; then
-  cargo nextest run --workspace --all-features --no-fail-fast
-  # nextest does not run doctests.
-  cargo test --workspace --all-features --doc
-else
-  cargo test --workspace --all-features --no-fail-fast
-fi
+cargo nextest run --workspace --all-features --no-fail-fast
+# nextest does not run doctests.
+cargo test --workspace --all-features --doc
