@@ -60,10 +60,8 @@
 //!   without changing its state is spinning; spins are timed by cause, and
 //!   one of 50 ms or more with a page read in flight (or in its retry
 //!   pause) fails ([`Known::RepairWakeWhileLoading`]).
-//! - Coverage: the default run asserts that evictions, repairs, tenant
-//!   pages, read-ahead hits, lost wake-ups, duplicate claims, crashes,
-//!   hand-overs, fenced writes... happened, so the simulation cannot
-//!   silently stop reaching them.
+//! - A page read's answer that comes after a `Reload` dropped the read
+//!   changes nothing in the core ([`Known::StaleLoadAnswer`]).
 //!
 //! `hung_tenants_do_not_hold_back_a_healthy_one` starts a node with large
 //! backlogs of tenants whose receivers always hang and checks that a
@@ -71,18 +69,30 @@
 //! instant. `a_seed_replays_identically` runs seeds twice and compares a
 //! digest of everything that happened.
 //!
+//! # Hard paths
+//! Each run prints a table of how often each path was taken, summed over
+//! its seeds (`-- --nocapture` shows it; a failing run shows it anyway):
+//! page reads of each kind and their failures, evictions, repairs, offers
+//! beyond a page read's buffer, answers to dropped page reads, entries
+//! offered or listed while outstanding, read-ahead hits, failures and
+//! records that came after their entry fired, stale sends excused by a
+//! lost or late wake-up, record read failures and retry timers, duplicate
+//! claims, recorded retries and failures, write failures and fenced
+//! writes, lost, duplicated and delayed wake-ups, crashes, hand-overs,
+//! reloads (one at a tenant's limit among them), spins by cause. The
+//! default run asserts that every path in [`MUST_REACH`] was taken at
+//! least once, so the simulation cannot silently stop reaching one.
+//!
 //! # Core bugs found
 //! The bugs this simulation found in `fire/` are listed in [`Known`], each
-//! with its minimal reproduction in [`known_core_bugs`]; the first eight
-//! are fixed (1b0708f), and the checks that classify them stay as
-//! regression checks. The last two were found by a soak of the fixed core;
-//! their reproductions are `#[ignore]`d until they are fixed.
-//! `BELFRY_SIM_STRICT` says what running into one does: `1` (the default)
-//! fails on the fixed ones (a regression) and counts the open ones; `2`
-//! fails on all; `0` counts all, which helps to look past a regression
-//! for other failures. A counted bug is `known_*` in the counters, and the
-//! seed either continues (the runtime works around it the way the core
-//! should: see [`Sim::reoffer_after`]) or ends there (`cut_short`).
+//! with its minimal reproduction in [`known_core_bugs`]. All are fixed:
+//! eight in 1b0708f, and the two a soak of that core found (a dropped page
+//! read's answer taken for an identical new read's; a page listing an
+//! outstanding entry without offering it again) in 0aed7bd. The checks
+//! that recognise them stay: running into one fails the seed, naming the
+//! bug as a regression. The harness works around none of them, and no
+//! seed is cut short: a seed passes only if it ran all its steps, drained
+//! and passed the final checks.
 //!
 //! Later soaks found two more core bugs, fixed at once with a reproduction
 //! each in `fire/tests.rs`: entries evicted while their tenant's page was
@@ -90,24 +100,26 @@
 //! through a hung tenant's overflow before reaching another tenant's lost
 //! wake-up (seed 9101859). One failure was the oracle's: a stale
 //! read-ahead send excused by a wake-up in transit was charged to
-//! [`Known::ReadAheadCachedAfterFire`] (seed 9126813).
+//! [`Known::ReadAheadCachedAfterFire`] (seed 9126813). Seed numbers name
+//! the harness of their day: a seed takes another path once the harness
+//! draws its random numbers differently.
 //!
 //! # Running
 //! - `cargo test -p belfry-core --test simulation`: 2,000 seeds of 200
 //!   steps, 60 fairness seeds, 20 replayed seeds and the reproductions
 //!   (about 70 s of CPU in debug, so about 35 s on two idle cores; add
-//!   `-- --nocapture` for the counters).
+//!   `-- --nocapture` for the table of hard paths).
 //! - Replay one seed: `BELFRY_SIM_SEED=1234 cargo test -p belfry-core --test
 //!   simulation -- --nocapture simulation`; `BELFRY_SIM_TRACE=1` prints
 //!   every input, action, send and fault; `BELFRY_SIM_REPEAT=20` runs it up
-//!   to 20 times (a check that a replay takes the same path; the core broke
-//!   ties by hash order before 1b0708f, [`Known::HashOrderTies`]).
+//!   to 20 times (a check that a replay takes the same path).
 //! - `BELFRY_SIM_SEEDS=N` seeds from `BELFRY_SIM_FIRST_SEED` (0), of
 //!   `BELFRY_SIM_STEPS` steps each (200), on `BELFRY_SIM_THREADS` threads
 //!   (all cores); `BELFRY_SIM_FAIR_SEED`/`BELFRY_SIM_FAIR_SEEDS` and
 //!   `BELFRY_SIM_REPLAY_SEEDS` for the other two tests;
 //!   `BELFRY_SIM_KEEP_GOING=1` lists every failing seed instead of stopping
-//!   at the first.
+//!   at the first. The table of hard paths is asserted only for runs of at
+//!   least the default 2,000 seeds.
 //! - Soak (about 10 minutes on two cores):
 //!   `BELFRY_SIM_SEEDS=45000 BELFRY_SIM_FIRST_SEED=1000000 BELFRY_SIM_STEPS=300
 //!   BELFRY_SIM_KEEP_GOING=1 cargo test --release -p belfry-core --test
@@ -235,10 +247,6 @@ struct Knobs {
     live_bound: bool,
     /// Whether 2% of store operations take up to 20 times longer.
     slow_tail: bool,
-    /// Whether a fired entry whose record could not be read is finished
-    /// with `Finish::RetryAt` (else, outside strict mode, `Done` and offered
-    /// again after the pause: see [`Known::RetryTimerRefires`]).
-    retry_timers: bool,
 }
 
 impl Knobs {
@@ -354,7 +362,6 @@ impl Knobs {
             max_burst: if repair { capacity.min(150) } else { 16 },
             live_bound: protective,
             slow_tail: true,
-            retry_timers: rng.per_mille(500),
         }
     }
 }
@@ -477,14 +484,11 @@ enum Task {
     PageSnapshot {
         p: usize,
         epoch: u64,
-        /// The runtime's number for this read (see [`Core::load_seq`]).
-        seq: u64,
         request: LoadRequest,
     },
     PageAnswer {
         p: usize,
         epoch: u64,
-        seq: u64,
         request: LoadRequest,
         page: Option<Vec<DueCursor>>,
     },
@@ -554,24 +558,24 @@ struct Core {
     spin_cause: Spin,
     /// When the last page read failed.
     page_failed_at: Option<Timestamp>,
-    /// A Reload came while some tenant was at its outstanding limit.
+    /// A Reload came while some tenant was at its outstanding limit (names
+    /// a regression of [`Known::ReloadUnblocks`]).
     reloaded_while_blocked: bool,
     /// Entries finished with `RetryAt` (their timers are in the core).
     retried: HashSet<DueCursor>,
-    /// Entries offered, or listed by a page, while they were outstanding
-    /// (the core ignores those).
-    offered_while_outstanding: HashSet<DueCursor>,
     /// The page read in flight, and the offers buffered for it.
     loading: Option<(LoadRequest, usize)>,
-    /// Offers the core dropped because its buffer for a page read was full.
+    // Entries that went through the path of a fixed bug and have not fired
+    // since: if one is stranded, the failure names the regression.
+    /// Offered while outstanding (the core offers it again once finished).
+    offered_while_outstanding: HashSet<DueCursor>,
+    /// Offered while a page read was in flight, beyond the core's buffer.
     overflowed: HashSet<DueCursor>,
-    /// The number of the last page read asked for (answers carry theirs).
-    load_seq: u64,
-    /// Entries a page listed while they were outstanding (skipped by it).
+    /// Listed by a page while outstanding (offered again once finished).
     listed_while_outstanding: HashSet<DueCursor>,
-    /// Outstanding entries whose key got a wake-up meanwhile: the core
-    /// offers them again itself when they finish (its `reoffer`).
-    changed_while_outstanding: HashSet<DueCursor>,
+    /// Refused a claim (another attempt of its version was outstanding):
+    /// the core fires it again after a pause.
+    refused: HashSet<DueCursor>,
     /// Outstanding entries per tenant (by index) whose attempt has not
     /// ended: what the core's per-tenant bound counts.
     per_tenant: Vec<usize>,
@@ -591,95 +595,144 @@ fn fingerprint(core: &PartitionCore) -> u64 {
 }
 
 // ---------------------------------------------------------------------------
-// Counters, summed over seeds (fields named `max_*` take the maximum).
+// Counters, summed over seeds (fields named `max_*` take the maximum), in
+// groups: the table printed once per run.
 
 macro_rules! counters {
-    ($($name:ident),* $(,)?) => {
+    ($($group:literal: $($name:ident),+;)*) => {
         #[derive(Debug, Default, Clone)]
-        struct Stats { $($name: u64,)* }
+        struct Stats { $($($name: u64,)+)* }
 
         impl Stats {
             fn add(&mut self, other: &Stats) {
-                $(
+                $($(
                     if stringify!($name).starts_with("max_") {
                         self.$name = self.$name.max(other.$name);
                     } else {
                         self.$name += other.$name;
                     }
-                )*
+                )+)*
+            }
+
+            /// Every counter with its group, in declaration order.
+            fn rows(&self) -> Vec<(&'static str, &'static str, u64)> {
+                vec![$($(($group, stringify!($name), self.$name),)+)*]
             }
         }
     };
 }
 
 counters!(
-    seeds,
-    steps,
-    simulated_s,
-    events,
-    fired,
-    repaired,
-    evicted,
-    duplicate_claims,
-    load_failures,
-    window_pages,
-    tenant_pages,
-    repair_pages,
-    read_aheads,
-    read_ahead_hits,
-    record_reads,
-    record_read_failures,
-    stale_at_dispatch,
-    revalidation_drops,
-    sends,
-    accepted,
-    retries_recorded,
-    permanent_failures,
-    timeouts,
-    stale_attempts,
-    write_failures,
-    fenced_writes,
-    lost_wakeups,
-    duplicated_wakeups,
-    delayed_wakeups,
-    stray_offers,
-    excused_stale_sends,
-    crash_duplicates,
-    crashes,
-    handovers,
-    reloads,
-    reconnects,
-    jumps,
-    max_outstanding,
-    max_held,
-    max_live_lag_ms,
-    max_drain_s,
-    cut_short,
-    idle_ticks,
-    spins_at_outstanding_cap,
-    max_spin_at_outstanding_cap_ms,
-    spins_page_in_flight,
-    max_spin_page_in_flight_ms,
-    spins_load_backoff,
-    max_spin_load_backoff_ms,
-    spins_other,
-    max_spin_other_ms,
-    known_reload_unblocks,
-    known_retry_timer_refires,
-    known_refused_retry_dropped,
-    known_offer_while_outstanding_lost,
-    known_read_ahead_cached_after_fire,
-    known_offer_buffer_overflow,
-    known_hash_order_ties,
-    known_repair_wake_while_loading,
-    known_stale_load_answer,
-    known_page_listed_while_outstanding,
+    "run": seeds, steps, simulated_s, events, fired, sends, accepted;
+    "window": window_pages, tenant_pages, repair_pages, repaired, evicted, load_failures,
+        dropped_page_answers, overflowed_offers, outstanding_offers, outstanding_listed;
+    "records": read_aheads, read_ahead_hits, read_ahead_failures, cached_after_fire,
+        excused_stale_sends, record_reads, record_read_failures, retry_timers,
+        stale_at_dispatch, revalidation_drops, duplicate_claims;
+    "outcomes": retries_recorded, permanent_failures, timeouts, stale_attempts,
+        write_failures, fenced_writes;
+    "wake-ups": lost_wakeups, duplicated_wakeups, delayed_wakeups, stray_offers;
+    "disruption": crashes, handovers, crash_duplicates, reloads, reconnects,
+        reloads_while_blocked, jumps;
+    "bounds": max_outstanding, max_held, max_live_lag_ms, max_drain_s;
+    "spins": idle_ticks, spins_at_outstanding_cap, max_spin_at_outstanding_cap_ms,
+        spins_page_in_flight, max_spin_page_in_flight_ms, spins_load_backoff,
+        max_spin_load_backoff_ms, spins_other, max_spin_other_ms;
 );
 
-/// Core bugs found by this simulation (the first eight fixed in 1b0708f;
-/// the checks that recognise them remain). A violation that matches one
-/// fails, or with `BELFRY_SIM_STRICT=0` is counted (and the seed continues
-/// or ends).
+/// Hard paths the default run must reach (each at least once): a change
+/// that makes the simulation stop reaching one fails, not silently. The
+/// last ones are the paths of the fixed [`Known`] bugs.
+const MUST_REACH: &[&str] = &[
+    "evicted",
+    "tenant_pages",
+    "repair_pages",
+    "repaired",
+    "load_failures",
+    "read_ahead_hits",
+    "read_ahead_failures",
+    "excused_stale_sends",
+    "record_read_failures",
+    "stale_at_dispatch",
+    "revalidation_drops",
+    "duplicate_claims",
+    "retries_recorded",
+    "permanent_failures",
+    "timeouts",
+    "stale_attempts",
+    "write_failures",
+    "fenced_writes",
+    "lost_wakeups",
+    "duplicated_wakeups",
+    "delayed_wakeups",
+    "stray_offers",
+    "crashes",
+    "handovers",
+    "crash_duplicates",
+    "reloads",
+    "reconnects",
+    "jumps",
+    "reloads_while_blocked",
+    "retry_timers",
+    "outstanding_offers",
+    "cached_after_fire",
+    "overflowed_offers",
+    "dropped_page_answers",
+    "outstanding_listed",
+];
+
+impl Stats {
+    fn absorb(&mut self, core: &CoreStats) {
+        self.fired += core.fired;
+        self.repaired += core.repaired;
+        self.evicted += core.evicted;
+        self.duplicate_claims += core.duplicate_claims;
+        self.load_failures += core.load_failures;
+    }
+
+    /// The counters as a compact table: one line (or a few) per group.
+    fn table(&self) -> String {
+        let mut out = String::new();
+        let mut line = String::new();
+        let mut current = "";
+        for (group, name, value) in self.rows() {
+            let cell = format!("  {name} {value}");
+            if group != current || line.len() + cell.len() > 100 {
+                if !line.is_empty() {
+                    let _ = writeln!(out, "{line}");
+                }
+                let label = if group == current { "" } else { group };
+                line = format!("  {label:<10}");
+                current = group;
+            }
+            line.push_str(&cell);
+        }
+        let _ = writeln!(out, "{line}");
+        out
+    }
+
+    /// The [`MUST_REACH`] paths this run never reached.
+    fn unreached(&self) -> Vec<&'static str> {
+        let rows = self.rows();
+        MUST_REACH
+            .iter()
+            .copied()
+            .filter(|name| {
+                let (_, _, value) = rows
+                    .iter()
+                    .find(|(_, n, _)| n == name)
+                    .expect("MUST_REACH names a counter");
+                *value == 0
+            })
+            .collect()
+    }
+}
+
+/// Core bugs this simulation found, all fixed (the first eight in 1b0708f,
+/// the last two in 0aed7bd), each with its minimal reproduction in
+/// [`known_core_bugs`]. The checks that recognise them stay: running into
+/// one fails the seed as a regression, named. The harness works around
+/// none of them.
 #[derive(Debug, Clone, Copy)]
 enum Known {
     /// `Input::Reload` clears the window's per-tenant `blocked` flags while
@@ -732,74 +785,20 @@ enum Known {
     /// failed one): every tick does nothing and asks to be woken now, a
     /// busy loop for the length of the read or the pause.
     RepairWakeWhileLoading,
-    /// Found after 1b0708f. `loaded` takes an answer for the pending read
+    /// Found by a soak of 1b0708f, fixed in 0aed7bd. `loaded` takes an answer for the pending read
     /// when the requests are equal; a `Reload` drops the read in flight
     /// (and the offers it buffered) and the next one, issued at the same
     /// instant, is identical (`after: None`, `through: now + window`), so
     /// the dropped read's answer, whose snapshot may predate those offers,
     /// is taken for the new one's: the cursor passes entries never held.
     StaleLoadAnswer,
-    /// Found after 1b0708f. A page that lists an entry while it is
+    /// Found by a soak of 1b0708f, fixed in 0aed7bd. A page that lists an entry while it is
     /// outstanding skips it (`may_hold`) without marking it to be offered
     /// again when it finishes (as an offer now does): after a push channel
     /// reconnects (its wake-ups lost) and the window is paged again, an
     /// event re-created at the same instant while its old version was being
     /// delivered is stranded (repairs off) or waits for a repair page.
     PageListedWhileOutstanding,
-}
-
-const KNOWN_MARK: &str = "known core bug #";
-
-impl Known {
-    /// Not fixed yet: counted, not failed, by default.
-    fn is_open(self) -> bool {
-        matches!(
-            self,
-            Known::StaleLoadAnswer | Known::PageListedWhileOutstanding
-        )
-    }
-}
-
-/// Every [`Known`] variant, in declaration order (`bug as usize` indexes it).
-const KNOWN: [Known; 10] = [
-    Known::ReloadUnblocks,
-    Known::RetryTimerRefires,
-    Known::RefusedRetryDropped,
-    Known::OfferWhileOutstandingLost,
-    Known::ReadAheadCachedAfterFire,
-    Known::OfferBufferOverflow,
-    Known::HashOrderTies,
-    Known::RepairWakeWhileLoading,
-    Known::StaleLoadAnswer,
-    Known::PageListedWhileOutstanding,
-];
-
-impl Stats {
-    fn count_known(&mut self, bug: Known) {
-        let counter = match bug {
-            Known::ReloadUnblocks => &mut self.known_reload_unblocks,
-            Known::RetryTimerRefires => &mut self.known_retry_timer_refires,
-            Known::RefusedRetryDropped => &mut self.known_refused_retry_dropped,
-            Known::OfferWhileOutstandingLost => &mut self.known_offer_while_outstanding_lost,
-            Known::ReadAheadCachedAfterFire => &mut self.known_read_ahead_cached_after_fire,
-            Known::OfferBufferOverflow => &mut self.known_offer_buffer_overflow,
-            Known::HashOrderTies => &mut self.known_hash_order_ties,
-            Known::RepairWakeWhileLoading => &mut self.known_repair_wake_while_loading,
-            Known::StaleLoadAnswer => &mut self.known_stale_load_answer,
-            Known::PageListedWhileOutstanding => &mut self.known_page_listed_while_outstanding,
-        };
-        *counter += 1;
-    }
-}
-
-impl Stats {
-    fn absorb(&mut self, core: &CoreStats) {
-        self.fired += core.fired;
-        self.repaired += core.repaired;
-        self.evicted += core.evicted;
-        self.duplicate_claims += core.duplicate_claims;
-        self.load_failures += core.load_failures;
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -869,14 +868,7 @@ struct Sim {
     log: Option<Vec<String>>,
     /// A running digest of what happened, to check replays are identical.
     digest: u64,
-    /// Known core bugs fail the run too (`BELFRY_SIM_STRICT=1`).
-    /// What a known core bug does: 0 counts it, 1 (the default) fails on
-    /// the fixed ones (regressions) and counts the open ones, 2 fails on
-    /// all (`BELFRY_SIM_STRICT`).
-    strictness: u64,
-    /// Known bugs seen in this seed (bit per [`Known`]).
-    known_seen: u64,
-    /// A long spin seen in strict mode (reported at the next check).
+    /// A busy loop while loading (reported at the next check).
     spin_failure: Option<String>,
 }
 
@@ -921,8 +913,6 @@ impl Sim {
             stats: Stats::default(),
             log: trace.then(Vec::new),
             digest: 0xcbf2_9ce4_8422_2325,
-            strictness: env_u64("BELFRY_SIM_STRICT").unwrap_or(1),
-            known_seen: 0,
             spin_failure: None,
             knobs,
         };
@@ -948,12 +938,11 @@ impl Sim {
             page_failed_at: None,
             reloaded_while_blocked: false,
             retried: HashSet::new(),
-            offered_while_outstanding: HashSet::new(),
             loading: None,
+            offered_while_outstanding: HashSet::new(),
             overflowed: HashSet::new(),
-            load_seq: 0,
             listed_while_outstanding: HashSet::new(),
-            changed_while_outstanding: HashSet::new(),
+            refused: HashSet::new(),
             per_tenant: vec![0; self.knobs.tenants.len()],
             attempted: HashSet::new(),
         }
@@ -998,69 +987,9 @@ impl Sim {
         ))
     }
 
-    /// A known core bug (listed at the top): ends this seed, counted, and
-    /// a failure only in strict mode until it is fixed.
-    fn known<T>(&self, bug: Known, what: String) -> Result<T, String> {
-        if self.fails(bug) {
-            return self.fail(format!("{bug:?}: {what}"));
-        }
-        Err(format!("{KNOWN_MARK}{}", bug as usize))
-    }
-
-    /// A known core bug worked around (outside strict mode): counted once
-    /// per seed.
-    fn saw(&mut self, bug: Known) {
-        let bit = 1u64 << (bug as usize);
-        if self.known_seen & bit == 0 {
-            self.known_seen |= bit;
-            self.stats.count_known(bug);
-        }
-    }
-
-    /// Where they do not fail the run, the runtime works around
-    /// [`Known::OfferWhileOutstandingLost`] and
-    /// [`Known::PageListedWhileOutstanding`] the way the core should: when
-    /// an entry finishes, it is offered again if an offer or a page listed
-    /// it meanwhile.
-    fn reoffer_after(&mut self, p: usize, finished: &DueCursor) {
-        let core = &mut self.cores[p];
-        let mut again = Vec::new();
-        let offered = core.offered_while_outstanding.contains(finished);
-        // The core offers it again itself if a wake-up for its key came.
-        let changed = core.changed_while_outstanding.remove(finished);
-        let listed = core.listed_while_outstanding.contains(finished) && !changed;
-        // Only where the bug does not fail the run: a fixed one must not be
-        // masked by the workaround (and its marks stay, to name it if the
-        // entry is stranded).
-        let offered = offered && !self.fails(Known::OfferWhileOutstandingLost);
-        let listed = listed && !self.fails(Known::PageListedWhileOutstanding);
-        if offered || listed {
-            let core = &mut self.cores[p];
-            core.offered_while_outstanding.remove(finished);
-            core.listed_while_outstanding.remove(finished);
-            again.push(finished.clone());
-        }
-        for entry in again {
-            let pending_here = self
-                .store
-                .records
-                .get(&entry.key)
-                .is_some_and(|r| r.status.is_pending() && r.next_fire_at == Some(entry.due));
-            let in_transit = self.oracle.in_transit.contains_key(&entry.key);
-            if &entry == finished && pending_here && !in_transit {
-                self.saw(if offered {
-                    Known::OfferWhileOutstandingLost
-                } else {
-                    Known::PageListedWhileOutstanding
-                });
-            }
-            self.inbox.push_back((p, Input::Offer(entry)));
-        }
-    }
-
-    /// Whether running into `bug` fails this run (see `strictness`).
-    fn fails(&self, bug: Known) -> bool {
-        self.strictness >= 2 || (self.strictness == 1 && !bug.is_open())
+    /// A fixed core bug (see [`Known`]) is back: the seed fails, naming it.
+    fn regression<T>(&self, bug: Known, what: String) -> Result<T, String> {
+        self.fail(format!("regression of {bug:?}: {what}"))
     }
 
     fn at(&self, delay_ms: i64) -> Timestamp {
@@ -1174,13 +1103,6 @@ impl Sim {
                     if !core.attempted.remove(entry) {
                         core.per_tenant[t] -= 1;
                     }
-                    if *finish == Finish::Done {
-                        self.reoffer_after(p, entry);
-                    } else {
-                        core.offered_while_outstanding.remove(entry);
-                        core.listed_while_outstanding.remove(entry);
-                        core.changed_while_outstanding.remove(entry);
-                    }
                 }
                 Input::Attempted { entry } => {
                     let t = self.tenant_index[&entry.key.tenant];
@@ -1190,24 +1112,12 @@ impl Sim {
                         core.per_tenant[t] -= 1;
                     }
                 }
-                Input::Remove(entry) => {
-                    let core = &mut self.cores[p];
-                    let changed = core.outstanding.keys().filter(|e| e.key == entry.key);
-                    core.changed_while_outstanding
-                        .extend(changed.cloned().collect::<Vec<_>>());
-                }
                 Input::Offer(entry) => {
                     let core = &mut self.cores[p];
                     if core.outstanding.contains_key(entry) {
+                        self.stats.outstanding_offers += 1;
                         core.offered_while_outstanding.insert(entry.clone());
                     }
-                    let changed: Vec<_> = core
-                        .outstanding
-                        .keys()
-                        .filter(|e| e.key == entry.key)
-                        .cloned()
-                        .collect();
-                    core.changed_while_outstanding.extend(changed);
                     // Mirrors `PartitionCore::offer`: buffered while a page
                     // read for its range is in flight, up to the capacity.
                     let covered = core.core.window().covers(entry);
@@ -1220,6 +1130,7 @@ impl Sim {
                             if *buffered < capacity {
                                 *buffered += 1;
                             } else {
+                                self.stats.overflowed_offers += 1;
                                 core.overflowed.insert(entry.clone());
                             }
                         }
@@ -1227,13 +1138,28 @@ impl Sim {
                 }
                 Input::Loaded { request, page } => {
                     let core = &mut self.cores[p];
-                    if core.loading.as_ref().is_some_and(|(r, _)| r == request) {
-                        core.loading = None;
+                    if !core.loading.as_ref().is_some_and(|(r, _)| r == request) {
+                        // The answer to a read a Reload dropped: the core
+                        // must leave everything as it is (its snapshot may
+                        // predate offers the Reload dropped).
+                        self.stats.dropped_page_answers += 1;
+                        let before = fingerprint(&core.core);
+                        let actions = core.core.handle(input.clone(), self.now);
+                        if !actions.is_empty() || fingerprint(&self.cores[p].core) != before {
+                            return self.regression(
+                                Known::StaleLoadAnswer,
+                                format!("p{p} took the answer to a dropped page read {request:?}"),
+                            );
+                        }
+                        continue;
                     }
+                    core.loading = None;
                     // A page lists the event's current entry; if it is the
-                    // one being delivered, the core skips it.
+                    // one being delivered, the core skips it (and offers it
+                    // again once it finishes).
                     for entry in page.iter().flatten() {
                         if core.outstanding.contains_key(entry) {
+                            self.stats.outstanding_listed += 1;
                             core.listed_while_outstanding.insert(entry.clone());
                         }
                     }
@@ -1245,6 +1171,7 @@ impl Sim {
                     let core = &mut self.cores[p];
                     let max = core.core.config().max_outstanding_per_tenant;
                     if core.per_tenant.iter().any(|n| *n >= max) {
+                        self.stats.reloads_while_blocked += 1;
                         core.reloaded_while_blocked = true;
                     }
                 }
@@ -1298,8 +1225,6 @@ impl Sim {
                 Action::Load(request) => {
                     self.trace(|| format!("p{p} -> Load {request:?}"));
                     self.cores[p].loading = Some((request.clone(), 0));
-                    self.cores[p].load_seq += 1;
-                    let seq = self.cores[p].load_seq;
                     match request.kind {
                         LoadKind::Window => self.stats.window_pages += 1,
                         LoadKind::Tenant(_) => self.stats.tenant_pages += 1,
@@ -1307,15 +1232,7 @@ impl Sim {
                     }
                     let delay = self.latency(20);
                     let at = self.at(delay);
-                    self.schedule(
-                        at,
-                        Task::PageSnapshot {
-                            p,
-                            epoch,
-                            seq,
-                            request,
-                        },
-                    );
+                    self.schedule(at, Task::PageSnapshot { p, epoch, request });
                 }
                 Action::ReadAhead(keys) => {
                     self.trace(|| format!("p{p} -> ReadAhead {keys:?}"));
@@ -1341,9 +1258,14 @@ impl Sim {
                         let t = self.tenant_index[&f.entry.key.tenant];
                         let core = &mut self.cores[p];
                         core.per_tenant[t] += 1;
+                        // It fires: whatever path it took, it was not lost.
+                        core.offered_while_outstanding.remove(&f.entry);
+                        core.listed_while_outstanding.remove(&f.entry);
+                        core.overflowed.remove(&f.entry);
+                        core.refused.remove(&f.entry);
                         if core.outstanding.insert(f.entry.clone(), self.now).is_some() {
                             if core.retried.contains(&f.entry) {
-                                return self.known(
+                                return self.regression(
                                     Known::RetryTimerRefires,
                                     format!("p{p} fired {:?} while outstanding", f.entry),
                                 );
@@ -1436,6 +1358,7 @@ impl Sim {
                     core.per_tenant[t] -= 1;
                 }
                 core.retried.insert(entry.clone());
+                core.refused.insert(entry.clone());
             }
             return Ok(());
         }
@@ -1516,16 +1439,10 @@ impl Sim {
                 self.stats.excused_stale_sends += 1;
             } else if job.from_read_ahead && self.oracle.cached_after_fire.contains_key(&entry.key)
             {
-                if self.fails(Known::ReadAheadCachedAfterFire) {
-                    return self.fail(format!(
-                        "{:?}: stale send of {entry:?} version {:?}",
-                        Known::ReadAheadCachedAfterFire,
-                        record.version
-                    ));
-                }
-                self.saw(Known::ReadAheadCachedAfterFire);
-                // It may be a second delivery of a delivered version.
-                self.oracle.crash_window.insert(version_key.clone());
+                return self.regression(
+                    Known::ReadAheadCachedAfterFire,
+                    format!("stale send of {entry:?} version {:?}", record.version),
+                );
             } else {
                 return self.fail(format!(
                     "stale send of {entry:?} version {:?} (read ahead: {}); the store holds {:?}",
@@ -1610,12 +1527,7 @@ impl Sim {
 
     fn process(&mut self, task: Task) -> SimResult {
         match task {
-            Task::PageSnapshot {
-                p,
-                epoch,
-                seq,
-                request,
-            } => {
+            Task::PageSnapshot { p, epoch, request } => {
                 let page = if self.chance(self.knobs.faults.page_fail) {
                     None
                 } else {
@@ -1628,7 +1540,6 @@ impl Sim {
                     Task::PageAnswer {
                         p,
                         epoch,
-                        seq,
                         request,
                         page,
                     },
@@ -1638,27 +1549,9 @@ impl Sim {
             Task::PageAnswer {
                 p,
                 epoch,
-                seq,
                 request,
                 page,
             } => {
-                let core = &self.cores[p];
-                let superseded = seq != core.load_seq
-                    && core.loading.as_ref().is_some_and(|(r, _)| *r == request);
-                if epoch == core.epoch && superseded {
-                    // The answer to a read a Reload dropped, equal to the
-                    // read issued since: the core would take it for that
-                    // one's (its snapshot may predate offers it dropped).
-                    if self.fails(Known::StaleLoadAnswer) {
-                        return self.fail(format!(
-                            "{:?}: p{p} would take the answer to a dropped page read \
-                             {request:?} for the identical one issued since",
-                            Known::StaleLoadAnswer
-                        ));
-                    }
-                    self.saw(Known::StaleLoadAnswer);
-                    return Ok(());
-                }
                 if epoch == self.cores[p].epoch {
                     if page.is_none() {
                         self.cores[p].page_failed_at = Some(self.now);
@@ -1669,6 +1562,7 @@ impl Sim {
             }
             Task::ReadAheadSnapshot { p, epoch, keys } => {
                 let records = if self.chance(self.knobs.faults.read_ahead_fail) {
+                    self.stats.read_ahead_failures += 1;
                     None
                 } else {
                     Some(
@@ -1699,6 +1593,7 @@ impl Sim {
                                     key: key.clone(),
                                 });
                         if own.is_some_and(|e| self.cores[p].outstanding.contains_key(&e)) {
+                            self.stats.cached_after_fire += 1;
                             self.oracle.cached_after_fire.insert(key.clone(), p);
                         }
                     }
@@ -1712,26 +1607,9 @@ impl Sim {
                 }
                 if self.chance(self.knobs.faults.record_read_fail) {
                     self.stats.record_read_failures += 1;
-                    if self.knobs.retry_timers || self.fails(Known::RetryTimerRefires) {
-                        let finish = Finish::RetryAt(self.at(READ_RETRY_MS));
-                        self.inbox.push_back((p, Input::Finished { entry, finish }));
-                    } else {
-                        // The workaround for [`Known::RetryTimerRefires`]:
-                        // finished, and offered again after the pause.
-                        let finish = Finish::Done;
-                        let again = Input::Offer(entry.clone());
-                        self.inbox.push_back((p, Input::Finished { entry, finish }));
-                        let at = self.at(READ_RETRY_MS);
-                        self.schedule(
-                            at,
-                            Task::Mail {
-                                p,
-                                epoch: Some(epoch),
-                                wake: None,
-                                input: again,
-                            },
-                        );
-                    }
+                    self.stats.retry_timers += 1;
+                    let finish = Finish::RetryAt(self.at(READ_RETRY_MS));
+                    self.inbox.push_back((p, Input::Finished { entry, finish }));
                     return self.pump();
                 }
                 match self.store.records.get(&entry.key).cloned() {
@@ -2042,14 +1920,11 @@ impl Sim {
         *count += 1;
         *max = (*max).max(spun);
         let busy = matches!(cause, Spin::PageInFlight | Spin::LoadBackoff) && spun >= 50;
-        if busy {
-            self.saw(Known::RepairWakeWhileLoading);
-            if self.fails(Known::RepairWakeWhileLoading) && self.spin_failure.is_none() {
-                self.spin_failure = Some(format!(
-                    "{:?}: p{p} asked to be woken in the past for {spun} ms ({cause:?})",
-                    Known::RepairWakeWhileLoading
-                ));
-            }
+        if busy && self.spin_failure.is_none() {
+            self.spin_failure = Some(format!(
+                "regression of {:?}: p{p} asked to be woken in the past for {spun} ms ({cause:?})",
+                Known::RepairWakeWhileLoading
+            ));
         }
         self.trace(|| format!("SPIN END p{p}: {cause:?} for {spun} ms"));
     }
@@ -2351,16 +2226,14 @@ impl Sim {
             ));
         }
         let max = config.max_outstanding_per_tenant;
-        let mut over_limit = false;
         for (i, (tenant, _)) in self.knobs.tenants.iter().enumerate() {
             let n = state.per_tenant[i];
             if n > max {
-                if !state.reloaded_while_blocked {
-                    return self.fail(format!(
-                        "p{p}: tenant {tenant} has {n} outstanding, limit {max}"
-                    ));
+                let what = format!("p{p}: tenant {tenant} has {n} outstanding, limit {max}");
+                if state.reloaded_while_blocked {
+                    return self.regression(Known::ReloadUnblocks, what);
                 }
-                over_limit = true;
+                return self.fail(what);
             }
             if n < max && outstanding < budget && core.window().is_blocked(tenant) {
                 let debug = format!("{core:?}");
@@ -2375,15 +2248,6 @@ impl Sim {
         }
         self.stats.max_held = self.stats.max_held.max(held as u64);
         self.stats.max_outstanding = self.stats.max_outstanding.max(outstanding as u64);
-        if over_limit {
-            if self.fails(Known::ReloadUnblocks) {
-                return self.fail(format!(
-                    "{:?}: p{p} has a tenant over its outstanding limit after a Reload",
-                    Known::ReloadUnblocks
-                ));
-            }
-            self.saw(Known::ReloadUnblocks);
-        }
         Ok(())
     }
 
@@ -2466,23 +2330,8 @@ impl Sim {
                 if self.cores[p].outstanding.keys().any(|e| e.key == entry.key) {
                     continue;
                 }
-                if self.cores[p].offered_while_outstanding.contains(entry) {
-                    return self.known(
-                        Known::OfferWhileOutstandingLost,
-                        format!("{entry:?} stranded: offered while outstanding"),
-                    );
-                }
-                if self.cores[p].overflowed.contains(entry) {
-                    return self.known(
-                        Known::OfferBufferOverflow,
-                        format!("{entry:?} stranded: its offer overflowed the buffer"),
-                    );
-                }
-                if self.cores[p].listed_while_outstanding.contains(entry) {
-                    return self.known(
-                        Known::PageListedWhileOutstanding,
-                        format!("{entry:?} stranded: a page listed it while it was outstanding"),
-                    );
+                if let Some(bug) = self.stranded_by(p, entry) {
+                    return self.regression(bug, format!("{entry:?} stranded"));
                 }
                 let core = &self.cores[p].core;
                 return self.fail(format!(
@@ -2498,6 +2347,23 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// The fixed bug whose path a stranded `entry` of `p` took, if any
+    /// (see the marks in [`Core`]).
+    fn stranded_by(&self, p: usize, entry: &DueCursor) -> Option<Known> {
+        let core = &self.cores[p];
+        if core.offered_while_outstanding.contains(entry) {
+            Some(Known::OfferWhileOutstandingLost)
+        } else if core.overflowed.contains(entry) {
+            Some(Known::OfferBufferOverflow)
+        } else if core.listed_while_outstanding.contains(entry) {
+            Some(Known::PageListedWhileOutstanding)
+        } else if core.refused.contains(entry) {
+            Some(Known::RefusedRetryDropped)
+        } else {
+            None
+        }
     }
 
     fn store_commits(&self) -> u64 {
@@ -2557,28 +2423,14 @@ impl Sim {
                 progress_at = self.now;
             }
             if self.now > cap || (self.now > settled && self.now > progress_at.plus(stall)) {
-                let listed = self.store.index.iter().enumerate().all(|(p, index)| {
+                let idle = self.cores.iter().all(|c| c.outstanding.is_empty());
+                let named = self.store.index.iter().enumerate().find_map(|(p, index)| {
                     index
                         .iter()
-                        .all(|e| self.cores[p].listed_while_outstanding.contains(e))
+                        .find_map(|e| Some((e.clone(), self.stranded_by(p, e)?)))
                 });
-                if listed && self.cores.iter().all(|c| c.outstanding.is_empty()) {
-                    return self.known(
-                        Known::PageListedWhileOutstanding,
-                        "stranded entries, each listed by a page while outstanding".to_string(),
-                    );
-                }
-                let lost = self.store.index.iter().enumerate().all(|(p, index)| {
-                    index.iter().all(|e| {
-                        self.cores[p].offered_while_outstanding.contains(e)
-                            || self.cores[p].overflowed.contains(e)
-                    })
-                });
-                if lost && self.cores.iter().all(|c| c.outstanding.is_empty()) {
-                    return self.known(
-                        Known::OfferWhileOutstandingLost,
-                        "stranded entries, each offered while outstanding".to_string(),
-                    );
+                if let (true, Some((entry, bug))) = (idle, named) {
+                    return self.regression(bug, format!("{entry:?} stranded, not drained"));
                 }
                 let stuck: Vec<_> = self
                     .store
@@ -2698,15 +2550,6 @@ fn run_seed(seed: u64, steps: u64, trace: bool) -> SeedRun {
             sim.stats.steps = steps;
             (Ok(sim.finish_stats()), log)
         }
-        Err(known) if known.starts_with(KNOWN_MARK) => {
-            let index: usize = known[KNOWN_MARK.len()..].parse().unwrap_or(0);
-            if sim.known_seen & (1 << index) == 0 {
-                sim.stats.count_known(KNOWN[index]);
-            }
-            sim.stats.steps = sim.step;
-            sim.stats.cut_short = 1;
-            (Ok(sim.finish_stats()), log)
-        }
         Err(message) => (
             Err(format!("seed {} step {}: {message}", sim.seed, sim.step)),
             log,
@@ -2745,8 +2588,7 @@ fn simulation() {
     let steps = env_u64("BELFRY_SIM_STEPS").unwrap_or(DEFAULT_STEPS);
     let trace = env_u64("BELFRY_SIM_TRACE").unwrap_or(0) != 0;
     if let Some(seed) = env_u64("BELFRY_SIM_SEED") {
-        // The core iterates hash maps in places (see the report at the top),
-        // so a replay may take a few runs to take the same path again.
+        // Each run must take the same path (`a_seed_replays_identically`).
         let repeat = env_u64("BELFRY_SIM_REPEAT").unwrap_or(1).max(1);
         for run in 1..=repeat {
             match run_caught(seed, steps, trace) {
@@ -2755,7 +2597,10 @@ fn simulation() {
                         for line in log {
                             eprintln!("{line}");
                         }
-                        println!("seed {seed} passed {run} times (digest {digest:x}): {stats:#?}");
+                        println!(
+                            "seed {seed} passed {run} times (digest {digest:x}):\n{}",
+                            stats.table()
+                        );
                     }
                 }
                 (Err(failure), log) => {
@@ -2803,10 +2648,14 @@ fn simulation() {
     });
     let mut failures = failures.into_inner().expect("no poisoning");
     let total = total.into_inner().expect("no poisoning");
+    // Printed before any failure, so a failing run shows it too.
     println!(
-        "{} seeds x {steps} steps in {:.1?} ({threads} threads): {total:#?}",
+        "{} seeds x {steps} steps passed, {} failed, in {:.1?} ({threads} threads); \
+         hard paths reached:\n{}",
         total.seeds,
-        started.elapsed()
+        failures.len(),
+        started.elapsed(),
+        total.table()
     );
     failures.sort();
     if failures.len() > 1 {
@@ -2820,49 +2669,19 @@ fn simulation() {
             replay_hint(*seed, steps)
         );
     }
-    // The run must keep exercising the hard paths; a change that makes the
-    // simulation stop reaching them fails here, not silently.
+    // The run must keep reaching the hard paths; a change that makes the
+    // simulation stop reaching one fails here, not silently.
     if seeds >= DEFAULT_SEEDS {
-        let mut missing = String::new();
-        for (name, value) in [
-            ("evicted", total.evicted),
-            ("duplicate_claims", total.duplicate_claims),
-            ("repaired", total.repaired),
-            ("tenant_pages", total.tenant_pages),
-            ("repair_pages", total.repair_pages),
-            ("load_failures", total.load_failures),
-            ("read_ahead_hits", total.read_ahead_hits),
-            ("record_read_failures", total.record_read_failures),
-            ("stale_at_dispatch", total.stale_at_dispatch),
-            ("revalidation_drops", total.revalidation_drops),
-            ("retries_recorded", total.retries_recorded),
-            ("stale_attempts", total.stale_attempts),
-            ("write_failures", total.write_failures),
-            ("fenced_writes", total.fenced_writes),
-            ("lost_wakeups", total.lost_wakeups),
-            ("duplicated_wakeups", total.duplicated_wakeups),
-            ("excused_stale_sends", total.excused_stale_sends),
-            ("crash_duplicates", total.crash_duplicates),
-            ("crashes", total.crashes),
-            ("handovers", total.handovers),
-            ("reconnects", total.reconnects),
-            ("timeouts", total.timeouts),
-        ] {
-            if value == 0 {
-                let _ = write!(missing, " {name}");
-            }
-        }
-        assert!(missing.is_empty(), "never exercised:{missing}");
+        let unreached = total.unreached();
+        assert!(unreached.is_empty(), "never reached: {unreached:?}");
     }
 }
 
-/// Replaying a seed gives the same history: the simulation depends on
-/// nothing but the seed. The core does not yet (it breaks some ties by
-/// hash-map iteration order: see [`Known::HashOrderTies`]), so outside
-/// strict mode the differences are counted, not failed.
+/// Replaying a seed gives the same history: the simulation and the core
+/// depend on nothing but the seed (the core broke ties by hash-map order
+/// before 1b0708f: [`Known::HashOrderTies`]).
 #[test]
 fn a_seed_replays_identically() {
-    let strict = env_u64("BELFRY_SIM_STRICT").unwrap_or(1) != 0;
     let seeds = env_u64("BELFRY_SIM_REPLAY_SEEDS").unwrap_or(20);
     let mut differ = Vec::new();
     for seed in 0..seeds {
@@ -2872,14 +2691,10 @@ fn a_seed_replays_identically() {
             differ.push(seed);
         }
     }
-    println!(
-        "{} of {seeds} seeds replayed differently: {differ:?} ({:?})",
-        differ.len(),
-        Known::HashOrderTies
-    );
     assert!(
-        !strict || differ.is_empty(),
-        "seeds {differ:?} are not deterministic"
+        differ.is_empty(),
+        "seeds {differ:?} are not deterministic (a regression of {:?}?)",
+        Known::HashOrderTies
     );
 }
 
@@ -2965,7 +2780,6 @@ fn fairness_run(seed: u64, trace: bool, log: &mut Vec<String>) -> Result<i64, St
         max_burst: 0,
         live_bound: true,
         slow_tail: false,
-        retry_timers: true,
     };
     let mut sim = Sim::new(seed, knobs, rng, trace);
     if let Some(log) = &mut sim.log {
@@ -3033,9 +2847,8 @@ fn fairness_steps(sim: &mut Sim, hung: usize) -> Result<i64, String> {
 }
 
 /// The bugs in [`Known`], each as the shortest input sequence that shows
-/// it. They assert what the core should do, so they fail until the bug is
-/// fixed: run them with `cargo test -p belfry-core --test simulation --
-/// --ignored`, and remove the `ignore` with the fix.
+/// it. They assert what the core should do: each failed on the core before
+/// its fix and guards against its return.
 mod known_core_bugs {
     use belfry_core::fire::{FairWindow, Fired};
 
