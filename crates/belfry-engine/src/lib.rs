@@ -27,7 +27,9 @@
 //! - [`purge`]: the background retention sweep;
 //! - [`quotas`]: per-tenant quotas on pending events, schedules and
 //!   payload size, checked before client writes;
-//! - [`tenants`]: a short-lived cache of tenant configs.
+//! - [`tenants`]: a short-lived cache of tenant configs;
+//! - `writes`: writes made for callers that may go away (API requests,
+//!   ingest, bulk actions): store call and routing in a task of their own.
 //!
 //! # The fire path
 //! See `docs/ARCHITECTURE.md`. In short: each partition core pages due
@@ -46,7 +48,7 @@ use belfry_core::event::Effect;
 use belfry_core::fire::Input;
 use belfry_core::{Clock, DueCursor, EventKey, EventRecord, TenantName, Timestamp};
 use belfry_sinks::{Delivery, DeliveryResult, Sinks};
-use belfry_store::{Applied, ApplyParams, KeyedCommand, SharedStore, StoreResult};
+use belfry_store::{Applied, KeyedCommand, SharedStore, StoreResult};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -64,6 +66,7 @@ mod reads;
 pub mod recorder;
 pub mod schedules;
 pub mod tenants;
+mod writes;
 
 pub use options::EngineOptions;
 pub use ownership::Ownership;
@@ -132,6 +135,8 @@ pub(crate) struct Shared {
     pub(crate) pull: pull::PullRuntime,
     /// In a cluster: the other nodes' ready pull entries (announcements).
     pub(crate) pull_peers: pull_peers::PullPeers,
+    /// Writes made for callers that may go away, in flight.
+    pub(crate) writes: writes::Writes,
 }
 
 impl Engine {
@@ -199,6 +204,7 @@ impl Engine {
             bulk: bulk::BulkRunner::new(bulk_runner),
             pull: pull::PullRuntime::new(&options_pull),
             pull_peers: pull_peers::PullPeers::default(),
+            writes: writes::Writes::default(),
         });
         let recorder_task = tokio::spawn(recorder::run(shared.clone(), outcome_rx));
         let purge_task = tokio::spawn(purge::run(shared.clone()));
@@ -233,6 +239,18 @@ impl Engine {
     /// yet delivered stay pending in the store and fire after the next start.
     pub async fn shutdown(self) {
         let shared = self.handle.inner.clone();
+        let grace = shared.options.shutdown_grace;
+        // Writes whose callers went away finish first, their effects
+        // reaching partitions that still run.
+        if tokio::time::timeout(grace, shared.writes.wait_idle())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                writes = shared.writes.in_flight(),
+                "client writes were still in flight at the end of the shutdown grace"
+            );
+        }
         shared.stopping.store(true, Ordering::SeqCst);
         // `send_replace` stores the value even while no task has subscribed
         // yet (`send` would drop it), so a task that starts later still sees it.
@@ -250,7 +268,6 @@ impl Engine {
         // restart answer `lease_lost`).
         let _ = self.pull_task.await;
         shared.pull.drop_waiting();
-        let grace = shared.options.shutdown_grace;
         let given_back = pull::give_back(&shared, owned);
         pull::write_given_back(&shared, given_back, grace).await;
         // Lease changes already queued are written (and answered); later
@@ -310,36 +327,30 @@ impl EngineHandle {
     /// new, moved or cancelled event inside a loaded window takes effect at
     /// once.
     ///
+    /// # Cancellation
+    /// Dropping the future drops only the wait: once called, the store call
+    /// and the routing of what it committed run to the end in a task of
+    /// their own (see `writes`), and [`Engine::shutdown`] waits for them.
+    ///
     /// # Errors
     /// Store failures; nothing is acknowledged then (though a command may
-    /// have taken effect). [`belfry_store::StoreError::Partial`] when some
-    /// commands were applied and others failed: the effects of those
-    /// applied are routed like those of an `Ok`, and the error carries every
-    /// command's result for the caller to answer per item.
+    /// have taken effect: its partitions reload their windows from the
+    /// store). [`belfry_store::StoreError::Partial`] when some commands
+    /// were applied and others failed: the effects of those applied are
+    /// routed like those of an `Ok`, and the error carries every command's
+    /// result for the caller to answer per item.
     pub async fn apply(&self, commands: Vec<KeyedCommand>) -> StoreResult<Vec<Applied>> {
-        let result = self
-            .inner
-            .store
-            .apply(ApplyParams {
-                commands,
-                now: self.inner.clock.now(),
-                retry: self.inner.options.retry.clone(),
-            })
-            .await;
-        match &result {
-            Ok(applied) => {
-                self.inner.route_effects(applied);
-                self.inner.quotas.applied(applied);
-            }
-            Err(belfry_store::StoreError::Partial(partial)) => {
-                for applied in partial.applied() {
-                    self.inner.route_effects(std::slice::from_ref(applied));
-                    self.inner.quotas.applied(std::slice::from_ref(applied));
-                }
-            }
-            Err(_) => {}
-        }
-        result
+        writes::apply(&self.inner, commands, |_| {}).await
+    }
+
+    /// [`EngineHandle::apply`], then `then` once every command was applied,
+    /// in the same task (it runs even if the caller went away).
+    pub(crate) async fn apply_then(
+        &self,
+        commands: Vec<KeyedCommand>,
+        then: impl FnOnce(&Shared) + Send + 'static,
+    ) -> StoreResult<Vec<Applied>> {
+        writes::apply(&self.inner, commands, then).await
     }
 
     /// Delivers `key` to its tenant now, without changing its stored state

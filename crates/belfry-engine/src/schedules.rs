@@ -383,10 +383,13 @@ impl EngineHandle {
             .cancel_future_occurrences(tenant, &schedule.id, now)
             .await?;
         commands.extend(self.control_commands(tenant, &mut schedule, &spec));
-        self.apply(commands).await?;
-        if outcome == PutOutcome::Created {
-            self.inner.quotas.schedule_created(tenant);
-        }
+        let created = (outcome == PutOutcome::Created).then(|| tenant.clone());
+        self.apply_then(commands, move |shared| {
+            if let Some(tenant) = created {
+                shared.quotas.schedule_created(&tenant);
+            }
+        })
+        .await?;
         Ok((outcome, self.state(tenant, schedule, None)))
     }
 
@@ -497,8 +500,11 @@ impl EngineHandle {
             command: EventCommand::Cancel,
             fence: None,
         });
-        self.apply(commands).await?;
-        self.inner.quotas.schedule_deleted(tenant);
+        let deleted = tenant.clone();
+        self.apply_then(commands, move |shared| {
+            shared.quotas.schedule_deleted(&deleted)
+        })
+        .await?;
         Ok(before)
     }
 

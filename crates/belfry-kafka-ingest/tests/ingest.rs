@@ -18,8 +18,8 @@ use belfry_core::{
 use belfry_engine::{Engine, EngineOptions};
 use belfry_kafka_ingest::{Format, Ingest, IngestOptions, header};
 use belfry_sinks::Sinks;
-use belfry_store::interpose::{Interposed, Interposer, StoreCall};
-use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore, StoreError, StoreResult};
+use belfry_store::interpose::{Fault, Interposed, Interposer, StoreCall};
+use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore, StoreError};
 use belfry_testkit::{KafkaBroker, Receiver};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
@@ -741,16 +741,16 @@ fn now_ms() -> i64 {
 struct Outage(Arc<AtomicBool>);
 
 impl Interposer for Outage {
-    fn before(&self, call: StoreCall<'_>) -> StoreResult<()> {
+    fn before(&self, call: StoreCall<'_>) -> Fault {
         let client_call = match call {
             StoreCall::GetTenant => true,
             StoreCall::Apply(params) => params.commands.iter().all(|c| c.fence.is_none()),
             _ => false,
         };
         if client_call && self.0.load(Ordering::SeqCst) {
-            Err(StoreError::Unavailable("test outage".into()))
+            Fault::Fail(StoreError::Unavailable("test outage".into()))
         } else {
-            Ok(())
+            Fault::Pass
         }
     }
 }

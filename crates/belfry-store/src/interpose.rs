@@ -1,12 +1,32 @@
 //! A [`Store`] wrapper that asks an [`Interposer`] before every call: the
-//! one place tests inject outages into a real store (no mocked store).
+//! one place tests inject store faults into a real store (no mocked store).
 //!
 //! Every method, default ones included, is forwarded to the inner store, so
 //! a wrapped store behaves exactly like the inner one until the interposer
-//! fails a call. A new `Store` method is forwarded here once, not in each
-//! test's wrapper.
+//! answers a call with a fault. A new `Store` method is forwarded here once,
+//! not in each test's wrapper.
+//!
+//! [`Interposer::before`] sees each call (with the params that tell callers
+//! apart) and answers a [`Fault`]:
+//!
+//! - [`Fault::Pass`]: the inner store answers.
+//! - [`Fault::Fail`]: an error without a commit; the inner store is not
+//!   called.
+//! - [`Fault::CommitThenFail`]: the inner store runs (a write commits), its
+//!   answer is discarded and the error returned, as when a database commits
+//!   and the connection drops before the answer arrives.
+//! - [`Fault::Stall`]: waits, then the inner store runs and answers; a caller
+//!   that gives up meanwhile drops the call before anything is written.
+//! - [`Fault::CommitThenStall`]: the inner store runs first, then the answer
+//!   is held back; a caller that gives up meanwhile drops a call that has
+//!   committed.
+//!
+//! Stalls wait on tokio's timer, so a test with paused time decides when
+//! they end.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
@@ -18,7 +38,7 @@ use crate::{
     Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, ChangeLeasesParams,
     CountEventsParams, DuePageParams, LeaseWriteOutcome, ListBulkActionsParams, ListEventsParams,
     PurgeBulkActionsParams, PurgeParams, RecordLeasesParams, RunningBulkActionsParams, SharedStore,
-    Store, StoreResult, StoreStats, StoredLease,
+    Store, StoreError, StoreResult, StoreStats, StoredLease,
 };
 
 /// Which [`Store`] method is being called (with the params an interposer
@@ -63,10 +83,36 @@ pub enum StoreCall<'a> {
     PurgeBulkActions,
 }
 
-/// Decides, before each call, whether it reaches the inner store.
+/// What happens to one call (see the module doc).
+#[derive(Debug, Clone, Default)]
+pub enum Fault {
+    /// The inner store answers.
+    #[default]
+    Pass,
+    /// This error, without calling the inner store.
+    Fail(StoreError),
+    /// The inner store runs (a write commits), then this error replaces its
+    /// answer.
+    CommitThenFail(StoreError),
+    /// Waits this long, then the inner store runs and answers.
+    Stall(Duration),
+    /// The inner store runs, then its answer waits this long.
+    CommitThenStall(Duration),
+}
+
+/// `Err` fails the call without calling the inner store; `Ok` passes it.
+impl From<StoreResult<()>> for Fault {
+    fn from(result: StoreResult<()>) -> Fault {
+        match result {
+            Ok(()) => Fault::Pass,
+            Err(error) => Fault::Fail(error),
+        }
+    }
+}
+
+/// Decides, before each call, what happens to it.
 pub trait Interposer: Send + Sync + std::fmt::Debug + 'static {
-    /// `Err` fails the call with that error; the inner store is not called.
-    fn before(&self, call: StoreCall<'_>) -> StoreResult<()>;
+    fn before(&self, call: StoreCall<'_>) -> Fault;
 }
 
 /// The inner store behind an [`Interposer`].
@@ -80,6 +126,27 @@ impl Interposed {
     pub fn new(inner: SharedStore, interposer: Arc<dyn Interposer>) -> Self {
         Interposed { inner, interposer }
     }
+
+    /// Runs `inner` (the forwarded call, not started yet) as `fault` says.
+    async fn run<T>(fault: Fault, inner: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        match fault {
+            Fault::Pass => inner.await,
+            Fault::Fail(error) => Err(error),
+            Fault::CommitThenFail(error) => {
+                let _discarded = inner.await;
+                Err(error)
+            }
+            Fault::Stall(wait) => {
+                tokio::time::sleep(wait).await;
+                inner.await
+            }
+            Fault::CommitThenStall(wait) => {
+                let answer = inner.await;
+                tokio::time::sleep(wait).await;
+                answer
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -88,147 +155,147 @@ impl Store for Interposed {
         self.inner.partitions()
     }
     async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()> {
-        self.interposer.before(StoreCall::PutTenant)?;
-        self.inner.put_tenant(tenant).await
+        let fault = self.interposer.before(StoreCall::PutTenant);
+        Self::run(fault, self.inner.put_tenant(tenant)).await
     }
     async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
-        self.interposer.before(StoreCall::GetTenant)?;
-        self.inner.get_tenant(name).await
+        let fault = self.interposer.before(StoreCall::GetTenant);
+        Self::run(fault, self.inner.get_tenant(name)).await
     }
     async fn list_tenants(&self) -> StoreResult<Vec<TenantConfig>> {
-        self.interposer.before(StoreCall::ListTenants)?;
-        self.inner.list_tenants().await
+        let fault = self.interposer.before(StoreCall::ListTenants);
+        Self::run(fault, self.inner.list_tenants()).await
     }
     async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool> {
-        self.interposer.before(StoreCall::DeleteTenant)?;
-        self.inner.delete_tenant(name).await
+        let fault = self.interposer.before(StoreCall::DeleteTenant);
+        Self::run(fault, self.inner.delete_tenant(name)).await
     }
     async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
-        self.interposer.before(StoreCall::Apply(&params))?;
-        self.inner.apply(params).await
+        let fault = self.interposer.before(StoreCall::Apply(&params));
+        Self::run(fault, self.inner.apply(params)).await
     }
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
-        self.interposer.before(StoreCall::GetEvent)?;
-        self.inner.get_event(key).await
+        let fault = self.interposer.before(StoreCall::GetEvent);
+        Self::run(fault, self.inner.get_event(key)).await
     }
     async fn get_events(&self, keys: &[EventKey]) -> StoreResult<Vec<Option<EventRecord>>> {
-        self.interposer.before(StoreCall::GetEvents)?;
-        self.inner.get_events(keys).await
+        let fault = self.interposer.before(StoreCall::GetEvents);
+        Self::run(fault, self.inner.get_events(keys)).await
     }
     async fn record_leases(
         &self,
         params: RecordLeasesParams,
     ) -> StoreResult<Vec<LeaseWriteOutcome>> {
-        self.interposer.before(StoreCall::RecordLeases)?;
-        self.inner.record_leases(params).await
+        let fault = self.interposer.before(StoreCall::RecordLeases);
+        Self::run(fault, self.inner.record_leases(params)).await
     }
     async fn change_lease(&self, params: ChangeLeaseParams) -> StoreResult<LeaseWriteOutcome> {
-        self.interposer.before(StoreCall::ChangeLease)?;
-        self.inner.change_lease(params).await
+        let fault = self.interposer.before(StoreCall::ChangeLease);
+        Self::run(fault, self.inner.change_lease(params)).await
     }
     async fn change_leases(
         &self,
         params: ChangeLeasesParams,
     ) -> StoreResult<Vec<LeaseWriteOutcome>> {
-        self.interposer.before(StoreCall::ChangeLeases(&params))?;
-        self.inner.change_leases(params).await
+        let fault = self.interposer.before(StoreCall::ChangeLeases(&params));
+        Self::run(fault, self.inner.change_leases(params)).await
     }
     async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>> {
-        self.interposer.before(StoreCall::GetLease)?;
-        self.inner.get_lease(key).await
+        let fault = self.interposer.before(StoreCall::GetLease);
+        Self::run(fault, self.inner.get_lease(key)).await
     }
     async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>> {
-        self.interposer.before(StoreCall::DuePage)?;
-        self.inner.due_page(params).await
+        let fault = self.interposer.before(StoreCall::DuePage);
+        Self::run(fault, self.inner.due_page(params)).await
     }
     async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>> {
-        self.interposer.before(StoreCall::ListEvents)?;
-        self.inner.list_events(params).await
+        let fault = self.interposer.before(StoreCall::ListEvents);
+        Self::run(fault, self.inner.list_events(params)).await
     }
     async fn list_events_reads(&self, params: ListEventsParams) -> StoreResult<Option<u64>> {
-        self.interposer.before(StoreCall::ListEventsReads)?;
-        self.inner.list_events_reads(params).await
+        let fault = self.interposer.before(StoreCall::ListEventsReads);
+        Self::run(fault, self.inner.list_events_reads(params)).await
     }
     async fn count_events(&self, params: CountEventsParams) -> StoreResult<u64> {
-        self.interposer.before(StoreCall::CountEvents)?;
-        self.inner.count_events(params).await
+        let fault = self.interposer.before(StoreCall::CountEvents);
+        Self::run(fault, self.inner.count_events(params)).await
     }
     async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>> {
-        self.interposer.before(StoreCall::Attempts)?;
-        self.inner.attempts(key, limit).await
+        let fault = self.interposer.before(StoreCall::Attempts);
+        Self::run(fault, self.inner.attempts(key, limit)).await
     }
     async fn purge_finished(&self, params: PurgeParams) -> StoreResult<usize> {
-        self.interposer.before(StoreCall::PurgeFinished)?;
-        self.inner.purge_finished(params).await
+        let fault = self.interposer.before(StoreCall::PurgeFinished);
+        Self::run(fault, self.inner.purge_finished(params)).await
     }
     async fn delete_finished(&self, keys: &[EventKey]) -> StoreResult<Vec<bool>> {
-        self.interposer.before(StoreCall::DeleteFinished)?;
-        self.inner.delete_finished(keys).await
+        let fault = self.interposer.before(StoreCall::DeleteFinished);
+        Self::run(fault, self.inner.delete_finished(keys)).await
     }
     async fn stats(&self) -> StoreResult<StoreStats> {
-        self.interposer.before(StoreCall::Stats)?;
-        self.inner.stats().await
+        let fault = self.interposer.before(StoreCall::Stats);
+        Self::run(fault, self.inner.stats()).await
     }
     async fn put_api_key(&self, key: ApiKey) -> StoreResult<bool> {
-        self.interposer.before(StoreCall::PutApiKey)?;
-        self.inner.put_api_key(key).await
+        let fault = self.interposer.before(StoreCall::PutApiKey);
+        Self::run(fault, self.inner.put_api_key(key)).await
     }
     async fn api_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>> {
-        self.interposer.before(StoreCall::ApiKeyByHash)?;
-        self.inner.api_key_by_hash(hash).await
+        let fault = self.interposer.before(StoreCall::ApiKeyByHash);
+        Self::run(fault, self.inner.api_key_by_hash(hash)).await
     }
     async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>> {
-        self.interposer.before(StoreCall::ListApiKeys)?;
-        self.inner.list_api_keys().await
+        let fault = self.interposer.before(StoreCall::ListApiKeys);
+        Self::run(fault, self.inner.list_api_keys()).await
     }
     async fn delete_api_key(&self, id: &KeyId) -> StoreResult<Option<ApiKey>> {
-        self.interposer.before(StoreCall::DeleteApiKey)?;
-        self.inner.delete_api_key(id).await
+        let fault = self.interposer.before(StoreCall::DeleteApiKey);
+        Self::run(fault, self.inner.delete_api_key(id)).await
     }
     async fn touch_api_key(&self, id: &KeyId, at: Timestamp) -> StoreResult<()> {
-        self.interposer.before(StoreCall::TouchApiKey)?;
-        self.inner.touch_api_key(id, at).await
+        let fault = self.interposer.before(StoreCall::TouchApiKey);
+        Self::run(fault, self.inner.touch_api_key(id, at)).await
     }
     async fn append_audit(&self, entry: AuditEntry) -> StoreResult<()> {
-        self.interposer.before(StoreCall::AppendAudit)?;
-        self.inner.append_audit(entry).await
+        let fault = self.interposer.before(StoreCall::AppendAudit);
+        Self::run(fault, self.inner.append_audit(entry)).await
     }
     async fn list_audit(&self, params: AuditPageParams) -> StoreResult<Vec<AuditEntry>> {
-        self.interposer.before(StoreCall::ListAudit)?;
-        self.inner.list_audit(params).await
+        let fault = self.interposer.before(StoreCall::ListAudit);
+        Self::run(fault, self.inner.list_audit(params)).await
     }
     async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
-        self.interposer.before(StoreCall::PurgeAudit)?;
-        self.inner.purge_audit(before, limit).await
+        let fault = self.interposer.before(StoreCall::PurgeAudit);
+        Self::run(fault, self.inner.purge_audit(before, limit)).await
     }
     async fn create_bulk_action(&self, action: BulkAction) -> StoreResult<bool> {
-        self.interposer.before(StoreCall::CreateBulkAction)?;
-        self.inner.create_bulk_action(action).await
+        let fault = self.interposer.before(StoreCall::CreateBulkAction);
+        Self::run(fault, self.inner.create_bulk_action(action)).await
     }
     async fn get_bulk_action(&self, id: &BulkActionId) -> StoreResult<Option<BulkAction>> {
-        self.interposer.before(StoreCall::GetBulkAction)?;
-        self.inner.get_bulk_action(id).await
+        let fault = self.interposer.before(StoreCall::GetBulkAction);
+        Self::run(fault, self.inner.get_bulk_action(id)).await
     }
     async fn list_bulk_actions(
         &self,
         params: ListBulkActionsParams,
     ) -> StoreResult<Vec<BulkAction>> {
-        self.interposer.before(StoreCall::ListBulkActions)?;
-        self.inner.list_bulk_actions(params).await
+        let fault = self.interposer.before(StoreCall::ListBulkActions);
+        Self::run(fault, self.inner.list_bulk_actions(params)).await
     }
     async fn running_bulk_actions(
         &self,
         params: RunningBulkActionsParams,
     ) -> StoreResult<Vec<BulkAction>> {
-        self.interposer.before(StoreCall::RunningBulkActions)?;
-        self.inner.running_bulk_actions(params).await
+        let fault = self.interposer.before(StoreCall::RunningBulkActions);
+        Self::run(fault, self.inner.running_bulk_actions(params)).await
     }
     async fn update_bulk_action(&self, action: BulkAction) -> StoreResult<Option<BulkAction>> {
-        self.interposer.before(StoreCall::UpdateBulkAction)?;
-        self.inner.update_bulk_action(action).await
+        let fault = self.interposer.before(StoreCall::UpdateBulkAction);
+        Self::run(fault, self.inner.update_bulk_action(action)).await
     }
     async fn purge_bulk_actions(&self, params: PurgeBulkActionsParams) -> StoreResult<usize> {
-        self.interposer.before(StoreCall::PurgeBulkActions)?;
-        self.inner.purge_bulk_actions(params).await
+        let fault = self.interposer.before(StoreCall::PurgeBulkActions);
+        Self::run(fault, self.inner.purge_bulk_actions(params)).await
     }
 }

@@ -12,6 +12,7 @@ use belfry_core::{
     TenantConfig, TenantName, Timestamp, Verdict,
 };
 use belfry_store::conformance::embedded_factory;
+use belfry_store::interpose::{Fault, Interposed, Interposer, StoreCall};
 use belfry_store::{
     ApplyParams, DuePageParams, EmbeddedOptions, EmbeddedStore, KeyedCommand, SharedStore,
     StoreError,
@@ -313,4 +314,101 @@ async fn a_batch_whose_writer_shard_fails_answers_each_command() {
     // The failpoint is spent: the same command now lands.
     apply(&shared, vec![upsert(&failed, 5_000)]).await;
     assert!(shared.get_event(&key(&failed)).await.unwrap().is_some());
+}
+
+/// Answers every `apply` with one fault; other calls pass.
+#[derive(Debug)]
+struct FaultEveryApply(Fault);
+
+impl Interposer for FaultEveryApply {
+    fn before(&self, call: StoreCall<'_>) -> Fault {
+        match call {
+            StoreCall::Apply(_) => self.0.clone(),
+            _ => Fault::Pass,
+        }
+    }
+}
+
+fn interposed(store: &SharedStore, fault: Fault) -> SharedStore {
+    Arc::new(Interposed::new(
+        store.clone(),
+        Arc::new(FaultEveryApply(fault)),
+    ))
+}
+
+fn unavailable() -> StoreError {
+    StoreError::Unavailable("injected".into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_call_writes_nothing_and_commit_then_fail_writes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 4);
+    let params = |id: &str| ApplyParams {
+        commands: vec![upsert(id, 1_000)],
+        now: Timestamp::from_millis(100),
+        retry: RetryPolicy::default(),
+    };
+
+    let failing = interposed(&store, Fault::Fail(unavailable()));
+    let answer = failing.apply(params("failed")).await;
+    assert!(
+        matches!(answer, Err(StoreError::Unavailable(_))),
+        "{answer:?}"
+    );
+    assert_eq!(store.get_event(&key("failed")).await.unwrap(), None);
+
+    let committing = interposed(&store, Fault::CommitThenFail(unavailable()));
+    let answer = committing.apply(params("committed")).await;
+    assert!(
+        matches!(answer, Err(StoreError::Unavailable(_))),
+        "{answer:?}"
+    );
+    assert!(store.get_event(&key("committed")).await.unwrap().is_some());
+}
+
+/// A stalled call dropped before its stall ends never reaches the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_during_its_stall_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 4);
+    let stalling = interposed(&store, Fault::Stall(std::time::Duration::from_secs(60)));
+    let call = stalling.apply(ApplyParams {
+        commands: vec![upsert("stalled", 1_000)],
+        now: Timestamp::from_millis(100),
+        retry: RetryPolicy::default(),
+    });
+    let answer = tokio::time::timeout(std::time::Duration::from_millis(200), call).await;
+    assert!(answer.is_err(), "the stall outlasts the caller");
+    assert_eq!(store.get_event(&key("stalled")).await.unwrap(), None);
+}
+
+/// A call that committed and whose answer is held back: the write is
+/// visible while the caller still waits, and stays once it gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_stalls_is_visible_before_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 4);
+    let stalling = interposed(
+        &store,
+        Fault::CommitThenStall(std::time::Duration::from_secs(3_600)),
+    );
+    let call = tokio::spawn(async move {
+        stalling
+            .apply(ApplyParams {
+                commands: vec![upsert("held", 1_000)],
+                now: Timestamp::from_millis(100),
+                retry: RetryPolicy::default(),
+            })
+            .await
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while store.get_event(&key("held")).await.unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "never committed");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(!call.is_finished(), "the answer is held back");
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    assert!(store.get_event(&key("held")).await.unwrap().is_some());
 }

@@ -16,6 +16,14 @@
 //! In a cluster every edit goes through a node that does not own the
 //! event's partition, so the owner learns of it only through PostgreSQL
 //! (its NOTIFY, or the owner's read of the record when the entry fires).
+//!
+//! The `…_reset_mid_request_…` tests send each edit first on a connection
+//! the client resets right after writing the request (the server may or may
+//! not make the change, and nobody reads its answer), then retry it, as an
+//! HTTP client does after a timeout (in a cluster through the owner and
+//! the other nodes in turn). A change made for a request nobody hears must
+//! still reach the partition: no cancelled event delivered, each moved one
+//! once, within 50 ms of its new instant.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -893,4 +901,324 @@ async fn single_node_edits_acknowledged_before_the_instant_are_honoured() {
         node.print_logs();
     }
     assert_held("single node", &measured, 2);
+}
+
+// ---------------------------------------------------------------------------
+// Edits reset mid-request, then retried
+
+/// Edits per run: half cancels, half moves.
+const RESET_EDITS: usize = 300;
+/// Between two reset-edited events' instants.
+const RESET_SPACING_MS: i64 = 5;
+/// How long before the event's instant its first (reset) request is sent:
+/// the record has been read ahead by then (`engine.read_ahead_ms`, 3 s).
+const RESET_LEAD_MS: i64 = 1_200;
+/// Where a moved event is due afterwards, after its old instant.
+const RESET_MOVE_BY_MS: i64 = 2_000;
+/// How long the client waits before it retries (its timeout).
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+/// The most a moved event may arrive after its new instant.
+const RESET_LATENESS_MS: i64 = 50;
+
+/// One reset-and-retried edit: the plan and what its retry answered.
+#[derive(Debug, Clone)]
+struct ResetEdit {
+    id: String,
+    cancel: bool,
+    instant: i64,
+    new_instant: i64,
+    /// The node the edit is sent through (an index into the nodes).
+    via: usize,
+    /// The partition's owner, in a cluster.
+    owner: Option<usize>,
+    /// The retry's status, when its answer arrived here, and for a move
+    /// the version it answered.
+    status: u16,
+    acked_at: i64,
+    version: Option<String>,
+}
+
+/// The body of a move of `id` to `at` (its payload unchanged).
+fn move_body(at: i64, payload: &str) -> String {
+    json!({"deliver_at": rfc3339(at), "payload": payload, "delivery": "payload_only"}).to_string()
+}
+
+/// Writes the whole of an HTTP/1.1 request to `node`'s port, then closes
+/// the connection with a reset at once (`SO_LINGER` 0): the server has the
+/// request, but nobody is left to read the answer.
+async fn send_and_reset(port: u16, method: &str, path: &str, body: &str) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("write the request");
+    stream.set_zero_linger().expect("SO_LINGER 0");
+    drop(stream);
+}
+
+/// `RESET_EDITS` events due a few seconds ahead; each is cancelled or moved
+/// `RESET_LEAD_MS` before its instant by a request reset right after it was
+/// written, then retried on a new connection `RETRY_AFTER` later. Returns
+/// the failures (empty when the contract held) after printing a summary.
+async fn reset_and_retry(
+    what: &str,
+    nodes: &[(String, u16)],
+    owners: Option<&HashMap<u16, usize>>,
+    receiver: &Receiver,
+) -> Vec<String> {
+    let first = now_ms() + 3_500;
+    let mut edits = Vec::with_capacity(RESET_EDITS);
+    for i in 0..RESET_EDITS {
+        let cancel = i % 2 == 0;
+        let id = format!("{}-{i}", if cancel { "cancel" } else { "move" });
+        let owner = owners.map(|o| o[&partition_of(&id)]);
+        // In a cluster: through the owner and through the others in turn.
+        let via = (i / 2) % nodes.len();
+        let instant = first + i as i64 * RESET_SPACING_MS;
+        edits.push(ResetEdit {
+            id,
+            cancel,
+            instant,
+            new_instant: instant + RESET_MOVE_BY_MS,
+            via,
+            owner,
+            status: 0,
+            acked_at: 0,
+            version: None,
+        });
+    }
+    let events: Vec<(String, i64, String)> = edits
+        .iter()
+        .map(|e| (e.id.clone(), e.instant, format!("p-{}", e.id)))
+        .collect();
+    let versions = create(&nodes[0].0, &events).await;
+    let lead = first - RESET_LEAD_MS - now_ms();
+    assert!(lead > 0, "{what}: creating the events took too long");
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut edit in edits {
+        let (base, port) = nodes[edit.via].clone();
+        tasks.spawn(async move {
+            sleep_until_ms(edit.instant - RESET_LEAD_MS).await;
+            let path = format!("/v1/tenants/{TENANT}/events/{}", edit.id);
+            let body = move_body(edit.new_instant, &format!("p-{}", edit.id));
+            let method = if edit.cancel { "DELETE" } else { "PUT" };
+            send_and_reset(port, method, &path, if edit.cancel { "" } else { &body }).await;
+            tokio::time::sleep(RETRY_AFTER).await;
+            let client = http_client();
+            let url = event_url(&base, &edit.id);
+            let request = if edit.cancel {
+                client.delete(&url)
+            } else {
+                client
+                    .put(&url)
+                    .header("content-type", "application/json")
+                    .body(body)
+            };
+            let (status, acked_at, answer) = timed(request).await;
+            edit.status = status;
+            edit.acked_at = acked_at;
+            edit.version = answer["version"].as_str().map(str::to_string);
+            edit
+        });
+    }
+    let mut edits = Vec::with_capacity(RESET_EDITS);
+    while let Some(joined) = tasks.join_next().await {
+        edits.push(joined.expect("an edit task"));
+    }
+    edits.sort_by_key(|e| e.instant);
+
+    // Every moved version arrives, or the deadline passes; then a little
+    // longer, for whatever must not arrive.
+    let last = edits.iter().map(|e| e.new_instant).max().unwrap();
+    let deadline = Instant::now() + Duration::from_millis((last - now_ms()).max(0) as u64) + SETTLE;
+    loop {
+        let arrivals = arrivals_of(receiver);
+        let missing = edits.iter().filter(|e| !e.cancel).any(|e| {
+            !arrivals
+                .get(&e.id)
+                .is_some_and(|got| got.iter().any(|a| e.version.as_ref() == Some(&a.version)))
+        });
+        if !missing || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sleep_until_ms(last + 1_000).await;
+    let arrivals = arrivals_of(receiver);
+
+    let mut failures = Vec::new();
+    let (mut cancels_found_done, mut late_answers, mut lateness) = (0, 0, Vec::new());
+    let none = Vec::new();
+    for edit in &edits {
+        let got = arrivals.get(&edit.id).unwrap_or(&none);
+        let describe = |problem: &str| {
+            format!(
+                "{problem}: {} {} (due {}, sent through node {}, owner {:?}), retry answered {} \
+                 {} ms before the instant, old version {}, new version {:?}, delivered: {:?}",
+                if edit.cancel { "cancel" } else { "move" },
+                edit.id,
+                rfc3339(edit.instant),
+                edit.via,
+                edit.owner,
+                edit.status,
+                edit.instant - edit.acked_at,
+                versions[&edit.id],
+                edit.version,
+                got.iter()
+                    .map(|a| format!(
+                        "{{at instant{:+} ms, version {}}}",
+                        a.at - edit.instant,
+                        a.version
+                    ))
+                    .collect::<Vec<_>>()
+            )
+        };
+        if edit.acked_at >= edit.instant {
+            late_answers += 1;
+        }
+        if edit.cancel {
+            match edit.status {
+                200 => {}
+                // The reset request cancelled it already.
+                404 => cancels_found_done += 1,
+                _ => failures.push(describe("the retried cancel failed")),
+            }
+            if edit.acked_at < edit.instant && !got.is_empty() {
+                failures.push(describe("a cancelled event was delivered"));
+            }
+            continue;
+        }
+        if edit.status != 200 || edit.version.is_none() {
+            failures.push(describe("the retried move failed"));
+            continue;
+        }
+        let arrived: Vec<i64> = got.iter().map(|a| a.at).collect();
+        let ok = got.len() == 1
+            && edit.version.as_ref() == Some(&got[0].version)
+            && got[0].at >= edit.new_instant
+            && got[0].at - edit.new_instant <= RESET_LATENESS_MS;
+        if let Some(a) = got
+            .iter()
+            .find(|a| edit.version.as_ref() == Some(&a.version))
+        {
+            lateness.push(a.at - edit.new_instant);
+        }
+        if !ok {
+            failures.push(describe(&format!(
+                "a moved event was not delivered exactly once, within {RESET_LATENESS_MS} ms \
+                 of its new instant (arrivals {arrived:?})"
+            )));
+        }
+    }
+    lateness.sort_unstable();
+    let cancelled_delivered = edits
+        .iter()
+        .filter(|e| e.cancel && arrivals.get(&e.id).is_some_and(|g| !g.is_empty()))
+        .count();
+    let moved_at_old = edits
+        .iter()
+        .filter(|e| {
+            !e.cancel
+                && arrivals
+                    .get(&e.id)
+                    .is_some_and(|g| g.iter().any(|a| a.at < e.new_instant))
+        })
+        .count();
+    let moved_twice = edits
+        .iter()
+        .filter(|e| !e.cancel && arrivals.get(&e.id).is_some_and(|g| g.len() > 1))
+        .count();
+    let via_owner = edits.iter().filter(|e| e.owner == Some(e.via)).count();
+    eprintln!(
+        "{what}: {} edits reset mid-request and retried ({via_owner} through the owner); \
+         {cancels_found_done} retried cancels found the event cancelled already (404); {late_answers} retries answered at or after \
+         the instant; cancelled events delivered: {cancelled_delivered} of {}; moved events \
+         delivered before their new instant: {moved_at_old}, more than once: {moved_twice}; \
+         lateness of moved events ms p50 {:?} max {:?}; {} failures",
+        edits.len(),
+        edits.iter().filter(|e| e.cancel).count(),
+        lateness.get(lateness.len() / 2),
+        lateness.last(),
+        failures.len()
+    );
+    assert!(
+        late_answers <= RESET_EDITS / 20,
+        "{what}: {late_answers} retries were answered only at or after the instant"
+    );
+    failures
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_edits_reset_mid_request_then_retried_take_effect_once() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let launch = BelfryLaunch::new(env!("CARGO_BIN_EXE_belfry"), dir.path().join("data"));
+    let node = BelfryProcess::start(launch).await.expect("belfry starts");
+    let receiver = Receiver::start().await;
+    register(&node.base_url(), &receiver).await;
+    let failures = reset_and_retry(
+        "single node",
+        &[(node.base_url(), node.port())],
+        None,
+        &receiver,
+    )
+    .await;
+    if !failures.is_empty() {
+        node.print_logs();
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_edits_reset_mid_request_then_retried_take_effect_once() {
+    let _serial = SERIAL.lock().await;
+    let url = PgServer::shared().fresh_database().await;
+    let mut nodes = Vec::new();
+    let mut dirs = Vec::new();
+    for _ in 0..3 {
+        let (node, dir) = start_node(&url).await;
+        nodes.push(node);
+        dirs.push(dir);
+    }
+    let balanced = wait_for_balance(&nodes).await;
+    let owners: HashMap<u16, usize> = balanced
+        .iter()
+        .map(|(p, (address, _))| {
+            let index = nodes
+                .iter()
+                .position(|n| n.base_url().ends_with(address.as_str()))
+                .expect("an owner is one of ours");
+            (*p, index)
+        })
+        .collect();
+    let receiver = Receiver::start().await;
+    register(&nodes[0].base_url(), &receiver).await;
+    let bases: Vec<(String, u16)> = nodes.iter().map(|n| (n.base_url(), n.port())).collect();
+    let failures = reset_and_retry("cluster (3 nodes)", &bases, Some(&owners), &receiver).await;
+    if !failures.is_empty() {
+        for node in &nodes {
+            node.print_logs();
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

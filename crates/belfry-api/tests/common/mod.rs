@@ -14,7 +14,7 @@ use belfry_api::{ApiOptions, ApiState, Auth, AuthOptions, SingleNode};
 use belfry_core::{EventId, EventKey, EventRecord, PartitionCount, SystemClock, TenantName};
 use belfry_engine::{Engine, EngineOptions};
 use belfry_sinks::Sinks;
-use belfry_store::interpose::{Interposed, Interposer, StoreCall};
+use belfry_store::interpose::{Fault, Interposed, Interposer, StoreCall};
 use belfry_store::{
     EmbeddedOptions, EmbeddedStore, ListEventsParams, SharedStore, StoreError, StoreResult,
 };
@@ -128,8 +128,8 @@ impl Faults {
 /// stats, fenced outcomes) are never failed, and its due pages only by
 /// [`FaultScope::DuePages`].
 impl Interposer for Faults {
-    fn before(&self, call: StoreCall<'_>) -> StoreResult<()> {
-        match call {
+    fn before(&self, call: StoreCall<'_>) -> Fault {
+        let result = match call {
             // Outcomes recorded by the engine carry a fence; only client
             // commands (no fence) are failed.
             StoreCall::Apply(params) if params.commands.iter().all(|c| c.fence.is_none()) => {
@@ -157,7 +157,8 @@ impl Interposer for Faults {
             | StoreCall::Attempts
             | StoreCall::DeleteFinished => self.check(FaultScope::ClientCalls),
             _ => Ok(()),
-        }
+        };
+        result.into()
     }
 }
 

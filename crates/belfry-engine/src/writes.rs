@@ -1,0 +1,149 @@
+//! Writes made for callers that may go away: API requests, ingested
+//! batches, bulk action pages, schedule management ([`EngineHandle::apply`]
+//! and the like).
+//!
+//! The store call and the routing of its timer effects run in a task of
+//! their own, which the caller only awaits. A caller that goes away (its
+//! client reset the connection, `server.request_timeout_ms` passed, the
+//! ingest stopped) drops its wait, not the write: once commands are handed
+//! to the store, whatever it commits reaches the owning partition. Routed
+//! only by the caller, a change committed unheard left the partition
+//! firing what it had read ahead (a cancelled event delivered, a moved one
+//! at its old instant), and the client's retry found nothing left to do.
+//!
+//! A write that fails may still have committed (the store answers an error
+//! after its commit, or a batch failed in part): the partitions of the
+//! commands whose outcome is unknown reload their windows, so they fire
+//! from what the store holds, not from what they read ahead.
+//!
+//! Shutdown waits for the writes in flight ([`Writes::wait_idle`]).
+//!
+//! [`EngineHandle::apply`]: crate::EngineHandle::apply
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use belfry_core::PartitionId;
+use belfry_core::fire::Input;
+use belfry_store::{Applied, ApplyParams, KeyedCommand, StoreError, StoreResult};
+use tokio::sync::Notify;
+
+use crate::Shared;
+
+/// The writes in flight.
+#[derive(Debug, Default)]
+pub(crate) struct Writes {
+    in_flight: AtomicUsize,
+    idle: Notify,
+}
+
+impl Writes {
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once no write is in flight.
+    pub(crate) async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.in_flight() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Counts one write in flight until dropped (with its task).
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn new(shared: Arc<Shared>) -> Self {
+        shared.writes.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(shared)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.writes.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.writes.idle.notify_waiters();
+        }
+    }
+}
+
+/// Applies `commands` and routes their effects, in a task the caller's
+/// going away does not stop; `then` runs in that task once every command
+/// was applied (e.g. quota accounting of a schedule created).
+///
+/// # Errors
+/// As [`belfry_store::Store::apply`]; [`StoreError::Unavailable`] if the
+/// runtime stopped the task.
+pub(crate) async fn apply(
+    shared: &Arc<Shared>,
+    commands: Vec<KeyedCommand>,
+    then: impl FnOnce(&Shared) + Send + 'static,
+) -> StoreResult<Vec<Applied>> {
+    let in_flight = InFlight::new(shared.clone());
+    let task = tokio::spawn(async move {
+        let shared = &in_flight.0;
+        let partitions = shared.store.partitions();
+        // In input order, as the store answers a partial failure.
+        let of_command: Vec<PartitionId> = commands
+            .iter()
+            .map(|c| partitions.partition_of(&c.key))
+            .collect();
+        let result = shared
+            .store
+            .apply(ApplyParams {
+                commands,
+                now: shared.clock.now(),
+                retry: shared.options.retry.clone(),
+            })
+            .await;
+        match &result {
+            Ok(applied) => {
+                shared.route_effects(applied);
+                shared.quotas.applied(applied);
+                then(shared);
+            }
+            Err(StoreError::Partial(partial)) => {
+                let mut unknown = BTreeSet::new();
+                for (result, partition) in partial.results.iter().zip(&of_command) {
+                    match result {
+                        Ok(applied) => {
+                            shared.route_effects(std::slice::from_ref(applied));
+                            shared.quotas.applied(std::slice::from_ref(applied));
+                        }
+                        Err(_) => {
+                            unknown.insert(*partition);
+                        }
+                    }
+                }
+                reload(shared, unknown);
+            }
+            Err(_) => reload(shared, of_command.into_iter().collect()),
+        }
+        result
+    });
+    match task.await {
+        Ok(result) => result,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(_) => Err(StoreError::Unavailable(
+            "the write was stopped by shutdown; it may or may not have been made".to_string(),
+        )),
+    }
+}
+
+/// The commands of `partitions` failed: they may have been made all the
+/// same, so those partitions page their windows in again (and drop what
+/// they read ahead) rather than trust them.
+fn reload(shared: &Shared, partitions: BTreeSet<PartitionId>) {
+    let now = shared.clock.now();
+    for partition in partitions {
+        shared.owned.input(partition, Input::Reload, now);
+    }
+}
