@@ -337,13 +337,17 @@ pub struct ClusterArgs {
     pub partitions: u16,
     /// Measure ingest only: the events are due a day from now and nothing
     /// is delivered.
-    #[arg(long, conflicts_with = "kill_leader_after_ms")]
+    #[arg(long, conflicts_with_all = ["kill_leader_after_ms", "kill_follower_after_ms"])]
     pub ingest_only: bool,
     /// kill -9 the Master this many ms after the first event is due, and
     /// report the failover (longest gap in arrivals, worst lateness,
     /// duplicates).
     #[arg(long, value_name = "MS")]
     pub kill_leader_after_ms: Option<u64>,
+    /// Like `--kill-leader-after-ms`, but kill -9 a node that is not the
+    /// Master (the first such in start order).
+    #[arg(long, value_name = "MS", conflicts_with = "kill_leader_after_ms")]
+    pub kill_follower_after_ms: Option<u64>,
     /// A PostgreSQL server to use (`postgres://user@host:port/db`); a fresh
     /// database is created on it for the run and dropped afterwards
     /// [default: a throwaway server started for the run, with fsync=off].

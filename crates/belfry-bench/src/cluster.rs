@@ -8,10 +8,11 @@
 //!    partition owned (`/v1/cluster`).
 //! 3. The tenant is registered through the first node; request `n` of the
 //!    ingest goes to node `n mod N`.
-//! 4. The events come due; with `--kill-leader-after-ms T` the Master is
-//!    killed with SIGKILL `T` ms after the first due instant, and a watcher
-//!    times how long the survivors take to elect a Master and own every
-//!    partition.
+//! 4. The events come due; with `--kill-leader-after-ms T` the Master (with
+//!    `--kill-follower-after-ms T` another node) is killed with SIGKILL `T`
+//!    ms after the first due instant, and a watcher times how long the
+//!    survivors take to show a Master other than the killed node and own
+//!    every partition.
 //!
 //! CPU is sampled per phase (scheduling, delivery) for the nodes, for
 //! PostgreSQL (its backends of this database and its WAL writer,
@@ -371,7 +372,12 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
         }
         let mut kill = None;
         let mut watcher = None;
-        if let Some(after_ms) = args.kill_leader_after_ms {
+        let kill_after = match (args.kill_leader_after_ms, args.kill_follower_after_ms) {
+            (Some(after_ms), _) => Some((after_ms, true)),
+            (None, Some(after_ms)) => Some((after_ms, false)),
+            (None, None) => None,
+        };
+        if let Some((after_ms, leader)) = kill_after {
             let kill_at = first_due + i64::try_from(after_ms).unwrap_or(i64::MAX);
             let wait = kill_at - now_ms();
             if wait > 0 {
@@ -392,9 +398,10 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
             let index = cluster
                 .nodes
                 .iter()
-                .position(|n| address_of(&n.base_url()) == master)
-                .context("the Master is not one of the started nodes")?;
-            let owned: Vec<u16> = view.partitions.get(&master).cloned().unwrap_or_default();
+                .position(|n| (address_of(&n.base_url()) == master) == leader)
+                .context("no node to kill among the started nodes")?;
+            let victim = address_of(&cluster.nodes[index].base_url()).to_string();
+            let owned: Vec<u16> = view.partitions.get(&victim).cloned().unwrap_or_default();
             // The killed node's CPU up to its death.
             nodes_t2 = sample_nodes(&cluster, &nodes_t1);
             cluster.nodes[index].kill_9();
@@ -405,7 +412,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
             watcher = Some(tokio::spawn(watch_takeover(
                 client.clone(),
                 survivors,
-                master.clone(),
+                victim.clone(),
                 killed_at,
                 usize::from(args.partitions),
             )));
@@ -419,7 +426,8 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
                 })
                 .collect::<anyhow::Result<Vec<bool>>>()?;
             kill = Some(Kill {
-                address: master,
+                address: victim,
+                leader,
                 at_ms: killed_at_ms,
                 moved,
                 partitions_moved: owned.len(),
@@ -514,6 +522,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
                 "grace_ms": args.grace_ms,
                 "ingest_only": args.ingest_only,
                 "kill_leader_after_ms": args.kill_leader_after_ms,
+                "kill_follower_after_ms": args.kill_follower_after_ms,
                 "database": database.describe(),
             }),
         ),

@@ -1,6 +1,6 @@
-//! What a kill -9 of the Master did to the deliveries: the longest silence
-//! (overall and in the partitions that had to move), the worst lateness,
-//! duplicates.
+//! What a kill -9 of a node (the Master or another) did to the deliveries:
+//! the longest silence (overall and in the partitions that had to move), the
+//! worst lateness, how many events were more than 1 s late, duplicates.
 //!
 //! The partitions the killed node owned are known from `/v1/cluster` just
 //! before the kill; each event's partition is computed with the same hash
@@ -15,6 +15,8 @@ use crate::workload::Workload;
 /// Facts about the kill the analysis needs.
 pub struct Kill {
     pub address: String,
+    /// The killed node was the Master.
+    pub leader: bool,
     /// Wall-clock ms of the kill.
     pub at_ms: i64,
     /// `moved[n]`: event `e<n>` belongs to a partition the killed node owned.
@@ -58,6 +60,7 @@ pub fn analyze(records: &[RecordedRequest], workload: &Workload, kill: Kill) -> 
         .collect();
     FailoverReport {
         killed_address: kill.address.clone(),
+        killed_leader: kill.leader,
         killed_after_first_due_ms: kill.at_ms - first_due,
         partitions_moved: kill.partitions_moved,
         new_master_after_ms: kill.new_master_after_ms,
@@ -70,6 +73,10 @@ pub fn analyze(records: &[RecordedRequest], workload: &Workload, kill: Kill) -> 
             .find(|a| a.arrived_ms >= kill.at_ms)
             .map(|a| a.arrived_ms - kill.at_ms),
         worst_lateness_ms: arrivals.iter().filter(|a| a.first).map(lateness).max(),
+        late_over_1s: arrivals
+            .iter()
+            .filter(|a| a.first && lateness(a) > 1_000)
+            .count(),
         worst_lateness_moved_ms: arrivals
             .iter()
             .filter(is_moved)
@@ -127,6 +134,7 @@ mod tests {
         let moved = (0..10).map(|n| n % 2 == 1).collect();
         let kill = Kill {
             address: "127.0.0.1:1".into(),
+            leader: true,
             at_ms: 1_250,
             moved,
             partitions_moved: 1,
@@ -150,6 +158,9 @@ mod tests {
         assert_eq!(report.first_moved_delivery_after_kill_ms, Some(1_250));
         assert_eq!(report.worst_lateness_moved_ms, Some(2_500 - 1_300));
         assert_eq!(report.worst_lateness_ms, Some(1_200));
+        // Of those arriving at 2500 only e3 (due 1300) is over 1 s late;
+        // its second delivery does not count again.
+        assert_eq!(report.late_over_1s, 1);
         assert_eq!(report.duplicates, 1);
         assert_eq!(report.duplicates_moved, 1);
         let after = report.lateness_moved_after_kill_ms.unwrap();

@@ -176,10 +176,12 @@ pub struct ClusterNodeReport {
     pub killed: bool,
 }
 
-/// A kill -9 of the Master while events came due.
+/// A kill -9 of a node while events came due.
 #[derive(Debug, Clone, Serialize)]
 pub struct FailoverReport {
     pub killed_address: String,
+    /// The killed node was the Master.
+    pub killed_leader: bool,
     /// The kill, in ms after the first due instant.
     pub killed_after_first_due_ms: i64,
     /// Partitions the killed node owned (they had to move).
@@ -200,6 +202,8 @@ pub struct FailoverReport {
     /// Worst lateness of any event / of an event of a moved partition.
     pub worst_lateness_ms: Option<i64>,
     pub worst_lateness_moved_ms: Option<i64>,
+    /// Events whose first delivery came more than 1 s after their instant.
+    pub late_over_1s: usize,
     /// Lateness of the moved partitions' events that were due after the
     /// kill.
     pub lateness_moved_after_kill_ms: Option<Percentiles>,
@@ -539,7 +543,12 @@ fn cluster_rows(cluster: &ClusterReport, rows: &mut Vec<(String, String)>) {
         rows.push((
             "failover".into(),
             format!(
-                "kill -9 of the Master {} at first due + {} ms ({} partitions moved)",
+                "kill -9 of {} {} at first due + {} ms ({} partitions moved)",
+                if failover.killed_leader {
+                    "the Master"
+                } else {
+                    "a non-Master node"
+                },
                 failover.killed_address,
                 failover.killed_after_first_due_ms,
                 failover.partitions_moved
@@ -574,6 +583,10 @@ fn cluster_rows(cluster: &ClusterReport, rows: &mut Vec<(String, String)>) {
                 ms_i(failover.worst_lateness_ms),
                 ms_i(failover.worst_lateness_moved_ms)
             ),
+        ));
+        rows.push((
+            "  more than 1 s late".into(),
+            failover.late_over_1s.to_string(),
         ));
         if let Some(lateness) = failover.lateness_moved_after_kill_ms {
             rows.push(("  moved, due after kill".into(), percentiles(lateness)));

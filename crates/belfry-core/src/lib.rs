@@ -30,6 +30,8 @@
 //!   ([`pull::PullQueue`]: ready entries, long-polling claims, fenced
 //!   leases, heartbeats, expiry, retries).
 //! - [`assignment`]: how the cluster leader spreads partitions over nodes.
+//! - [`liveness`]: when a cluster node counts as crashed before its leases
+//!   run out ([`liveness::CrashWatch`] over its presence lock and heartbeat).
 //! - [`auth`]: API key secrets (format, checksum, hash), roles, audit entries.
 //! - [`bulk`]: bulk actions (cancel, redrive, pause, resume over a filter):
 //!   the record, its progress and the claim rule of its runners.
@@ -41,6 +43,7 @@ pub mod cron;
 pub mod event;
 pub mod fire;
 pub mod ids;
+pub mod liveness;
 pub mod partition;
 pub mod pull;
 pub mod retry;

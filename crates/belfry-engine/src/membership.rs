@@ -6,12 +6,59 @@
 //! Timing (defaults, `lease_ttl` 5 s): every `tick` (1 s) a node renews. It
 //! may fire a partition until `lease_ttl - safety_margin` (4 s) after it
 //! *sent* its last successful renewal, so it stops before the database can
-//! consider its lease expired. When a node dies, the others stop seeing its
-//! heartbeat after `lease_ttl`; the leader (or a new one, once the dead
-//! leader's lease expired) declares it dead (a warning naming it: removed
-//! from the nodes, so it is reported once) and reassigns its partitions
-//! once their leases have expired, and the new owners start firing at once: failover takes at most
-//! about `lease_ttl + 2 × tick`.
+//! consider its lease expired.
+//!
+//! # Crashes: the presence session (seconds → under one)
+//! A node holds a *presence session* for its whole life: a database
+//! connection of its own holding a lock named after the node
+//! ([`Coordinator::presence`]). When the process dies (kill -9, OOM, an
+//! abort) the operating system closes its sockets and the database ends the
+//! session, and with it the lock, within milliseconds. Every node looks at
+//! all presence locks every `presence_interval` (200 ms) and feeds the looks
+//! to a [`CrashWatch`]: a node counts as crashed once its lock was seen
+//! held, then stayed gone in every look for `presence_grace` (500 ms), and
+//! its heartbeat is at least that old too (see [`belfry_core::liveness`]).
+//! The leader then ends it ([`Coordinator::evict`], which re-checks the lock
+//! in its own transaction): its partitions become unowned with their epochs
+//! bumped, so any write it might still make is fenced. A round follows at
+//! once and the leader grants them to the live nodes, which fire at once.
+//! When the crashed node is the leader, the others end it the same way,
+//! which also frees its lease; they claim it at once and the new leader
+//! grants the partitions. Measured: the moved partitions fire again well
+//! within 2 s of a kill -9 (`docs/BENCHMARKS.md`).
+//!
+//! What does *not* end the presence session: a slow or frozen process
+//! (SIGSTOP, a long pause), or a network cut between node and database
+//! (the database keeps the session until TCP keepalives give up). Those
+//! nodes keep their lock and are handled by the heartbeat as before: when
+//! their heartbeat is older than `lease_ttl`, the leader (or a new one, once
+//! the dead leader's lease expired) declares them dead (a warning naming
+//! them: removed from the nodes, so each is reported once) and reassigns
+//! their partitions once their leases have expired, at most about
+//! `lease_ttl + 2 × tick` after they went silent. A live node whose presence
+//! session alone broke (a proxy reset, a restarted database) opens it again
+//! at its next look, well within `presence_grace`; and a look that fails
+//! (the watcher's own session broke) restarts every absence, so after a
+//! database restart every node has a full grace to take its lock again.
+//!
+//! # Fencing, and the duplicate window of a crash
+//! The fence is the partition epoch: ending a node bumps the epoch of each
+//! of its partitions, and the store rejects every write made under an older
+//! one (outcomes, leases, read-ahead claims). A delivery is an outside call,
+//! though, and no epoch stops it, so these events may be delivered twice:
+//! - deliveries in flight at the crash (sent, outcome not yet recorded):
+//!   the new owner delivers them again;
+//! - if a node is ended while it is in fact alive (its presence session
+//!   broke and it could not take it again nor heartbeat within
+//!   `presence_grace`, i.e. it cannot reach the database), whatever it
+//!   delivers from then until it stops firing: at its next successful
+//!   renewal (which no longer lists the partitions) or, if it cannot renew,
+//!   at the end of its firing window (`lease_ttl - safety_margin` after its
+//!   last renewal was sent), whichever comes first. Its outcome writes are
+//!   rejected, so the new owner delivers those events again too.
+//!
+//! Nothing is lost: an event whose outcome was not recorded under the
+//! current epoch stays due and its new owner fires it.
 //!
 //! # Hand-overs between live nodes
 //! Moves are revoke-then-grant (see [`belfry_store::cluster`]): when the
@@ -33,10 +80,11 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use belfry_core::liveness::{CrashWatch, Sighting};
 use belfry_core::{PartitionId, partition_ranges};
 use belfry_store::StoreResult;
 use belfry_store::cluster::{
-    Coordinator, LeaderLease, NodeId, NodeInfo, NodeStatus, PartitionAssignment,
+    Coordinator, LeaderLease, NodeId, NodeInfo, NodePresence, NodeStatus, PartitionAssignment,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -57,6 +105,16 @@ pub struct MembershipOptions {
     /// A node stops firing this long before its lease could expire.
     #[serde(with = "belfry_core::time::serde_millis", rename = "safety_margin_ms")]
     pub safety_margin: Duration,
+    /// How often a node looks at every node's presence lock.
+    #[serde(
+        with = "belfry_core::time::serde_millis",
+        rename = "presence_interval_ms"
+    )]
+    pub presence_interval: Duration,
+    /// How long a node's presence lock must stay gone, and its heartbeat
+    /// silent, before it counts as crashed ([`belfry_core::liveness`]).
+    #[serde(with = "belfry_core::time::serde_millis", rename = "presence_grace_ms")]
+    pub presence_grace: Duration,
 }
 
 impl Default for MembershipOptions {
@@ -65,6 +123,8 @@ impl Default for MembershipOptions {
             lease_ttl: Duration::from_secs(5),
             tick: Duration::from_secs(1),
             safety_margin: Duration::from_secs(1),
+            presence_interval: Duration::from_millis(200),
+            presence_grace: Duration::from_millis(500),
         }
     }
 }
@@ -154,6 +214,11 @@ impl Membership {
     /// resolves; then hands every partition over and leaves the cluster
     /// (see [`Self::hand_over_and_leave`]).
     pub async fn run(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        // The lock first, so others see it from this node's first heartbeat.
+        if let Err(error) = self.coordinator.presence(&self.node.id).await {
+            tracing::warn!(%error, "taking this node's presence lock failed; retrying");
+        }
+        let watcher = tokio::spawn(self.clone().watch_presence());
         let mut tick = tokio::time::interval(self.options.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(stop);
@@ -170,7 +235,92 @@ impl Membership {
                 tracing::warn!(%error, "cluster membership round failed");
             }
         }
+        watcher.abort();
         self.hand_over_and_leave().await;
+    }
+
+    /// Looks at every node's presence lock each `presence_interval`, keeping
+    /// this node's own, and ends the nodes that crashed
+    /// ([`belfry_core::liveness`] decides which): the leader ends any, the
+    /// others only the leader (whose lease they could otherwise take only
+    /// once it expired). A round follows at once, in which the (new) leader
+    /// grants the crashed node's partitions to the live nodes.
+    async fn watch_presence(self: Arc<Self>) {
+        let mut watch = CrashWatch::new(self.options.presence_grace);
+        let mut every = tokio::time::interval(self.options.presence_interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            every.tick().await;
+            let nodes = match self.coordinator.presence(&self.node.id).await {
+                Ok(nodes) => nodes,
+                Err(error) => {
+                    if !failing {
+                        tracing::warn!(
+                            %error,
+                            "looking at the nodes' presence failed; crashes are found by the heartbeat TTL meanwhile"
+                        );
+                    }
+                    failing = true;
+                    watch.lost_sight();
+                    continue;
+                }
+            };
+            failing = false;
+            let sightings: Vec<Sighting<'_>> = nodes
+                .iter()
+                .filter(|n| n.info.id != self.node.id)
+                .map(|n| Sighting {
+                    node: &n.info.id.0,
+                    present: n.present,
+                    heartbeat_age: n.heartbeat_age,
+                })
+                .collect();
+            let crashed = watch.observe(Instant::now(), &sightings);
+            if crashed.is_empty() {
+                continue;
+            }
+            let leader = self.snapshot().leader.map(|l| l.holder);
+            let mut ended = false;
+            for node in nodes.iter().filter(|n| crashed.contains(&n.info.id.0)) {
+                let id = &node.info.id;
+                let ours = leader
+                    .as_ref()
+                    .is_none_or(|l| *l == self.node.id || l == id);
+                if ours {
+                    ended |= self.end_crashed(node).await;
+                }
+            }
+            if ended {
+                self.poke();
+            }
+        }
+    }
+
+    /// Ends a crashed node in the store; whether anything changed.
+    async fn end_crashed(&self, node: &NodePresence) -> bool {
+        let eviction = match self.coordinator.evict(&node.info.id).await {
+            Ok(Some(eviction)) => eviction,
+            // Its lock is held again: alive after all.
+            Ok(None) => return false,
+            Err(error) => {
+                tracing::warn!(%error, node = %node.info.id, "ending a crashed node failed");
+                return false;
+            }
+        };
+        if !eviction.registered && !eviction.was_leader && eviction.partitions.is_empty() {
+            // Another node ended it first.
+            return false;
+        }
+        tracing::warn!(
+            node = %node.info.id,
+            address = %node.info.address,
+            silent_ms = node.heartbeat_age.as_millis() as u64,
+            partitions = %partition_ranges(eviction.partitions.iter().copied()),
+            leader = eviction.was_leader,
+            "node declared dead: its database session ended; its partitions move to the live nodes"
+        );
+        true
     }
 
     /// One round: heartbeat, leadership, (leader) assignment, renewal, and

@@ -20,6 +20,14 @@
 //!   [`CHANGE_CHANNEL`](belfry_store::cluster::CHANGE_CHANNEL) inside the
 //!   changing transaction (so they arrive only once committed): every node
 //!   runs a membership round at once instead of at its next tick.
+//! - Presence: each node's presence session ([`presence`]) holds a
+//!   session-level advisory lock, shared, keyed `(PRESENCE_LOCK_CLASS,
+//!   hashtext(node id))`, for as long as the session lives; whether it is
+//!   held is read from `pg_locks`. Shared, so two ids that hash alike both
+//!   take it (each then looks present while the other lives: a crash is
+//!   found by the heartbeat TTL instead, never the reverse). [`evict`]
+//!   re-checks the lock in its own transaction, after locking the leader
+//!   row (the order `assign` locks in).
 //! - Pull tenants' unclaimed ready entries are announced with `pg_notify`
 //!   on [`PULL_READY_CHANNEL`](belfry_store::cluster::PULL_READY_CHANNEL),
 //!   outside any transaction (a hint, `docs/pull.md`).
@@ -29,8 +37,8 @@ use std::time::Duration;
 use belfry_core::PartitionId;
 use belfry_store::StoreResult;
 use belfry_store::cluster::{
-    CHANGE_CHANNEL, LeaderLease, NodeId, NodeInfo, NodeStatus, OwnedPartition, PULL_READY_CHANNEL,
-    PartitionAssignment,
+    CHANGE_CHANNEL, Eviction, LeaderLease, NodeId, NodeInfo, NodePresence, NodeStatus,
+    OwnedPartition, PULL_READY_CHANNEL, PartitionAssignment,
 };
 
 use crate::PostgresStore;
@@ -459,4 +467,161 @@ pub(crate) async fn leader(store: &PostgresStore) -> StoreResult<Option<LeaderLe
             })
         })
         .transpose()
+}
+
+/// The first key of every presence lock (`'Belf'`): keeps them apart from
+/// other advisory locks an application may take in the same database.
+const PRESENCE_LOCK_CLASS: i32 = 0x4265_6c66;
+
+/// SQL: whether the presence lock of the node whose id is the SQL
+/// expression `id` is held by some session.
+fn presence_held(id: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM pg_locks l
+                 WHERE l.locktype = 'advisory' AND l.granted
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND l.classid = {PRESENCE_LOCK_CLASS}::oid
+                   AND l.objid = hashtext({id})::oid AND l.objsubid = 2)"
+    )
+}
+
+/// This node's presence session: a connection of its own (not pooled, so
+/// never recycled), holding the node's presence lock until it closes.
+pub(crate) struct PresenceSession {
+    node: NodeId,
+    client: tokio_postgres::Client,
+}
+
+/// Opens a presence session for `node` and takes its lock.
+async fn open_presence(store: &PostgresStore, node: &NodeId) -> StoreResult<PresenceSession> {
+    let (client, connection) = store
+        .config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(db_error)?;
+    // Ends when the client is dropped or the connection breaks.
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "presence session closed");
+        }
+    });
+    client
+        .execute(
+            "SELECT pg_advisory_lock_shared($1, hashtext($2))",
+            &[&PRESENCE_LOCK_CLASS, &node.0],
+        )
+        .await
+        .map_err(db_error)?;
+    Ok(PresenceSession {
+        node: node.clone(),
+        client,
+    })
+}
+
+pub(crate) async fn presence(
+    store: &PostgresStore,
+    node: &NodeId,
+) -> StoreResult<Vec<NodePresence>> {
+    let mut session = store.presence.lock().await;
+    if session
+        .as_ref()
+        .is_none_or(|s| s.node != *node || s.client.is_closed())
+    {
+        // Closes the old one first: its lock must not outlive it.
+        *session = None;
+        *session = Some(open_presence(store, node).await?);
+    }
+    let Some(open) = session.as_ref() else {
+        unreachable!("opened above");
+    };
+    let look = format!(
+        "SELECT n.id, n.address,
+                floor(extract(epoch FROM clock_timestamp() - n.heartbeat_at) * 1000)::bigint,
+                {}
+         FROM nodes n ORDER BY n.id",
+        presence_held("n.id")
+    );
+    match open.client.query(&look, &[]).await {
+        Ok(rows) => Ok(rows
+            .iter()
+            .map(|row| NodePresence {
+                info: NodeInfo {
+                    id: NodeId(row.get(0)),
+                    address: row.get(1),
+                },
+                heartbeat_age: duration_from_millis(row.get(2)),
+                present: row.get(3),
+            })
+            .collect()),
+        Err(error) => {
+            // Take the lock again at once (a live node's lock must be gone
+            // as briefly as possible); this look failed all the same.
+            *session = None;
+            *session = open_presence(store, node).await.ok();
+            Err(db_error(error))
+        }
+    }
+}
+
+pub(crate) async fn evict(store: &PostgresStore, node: &NodeId) -> StoreResult<Option<Eviction>> {
+    let mut client = store.coordination_client().await?;
+    let tx = client.transaction().await.map_err(db_error)?;
+    tx.execute("SELECT 1 FROM leader FOR UPDATE", &[])
+        .await
+        .map_err(db_error)?;
+    let held: bool = tx
+        .query_one(&format!("SELECT {}", presence_held("$1")), &[&node.0])
+        .await
+        .map_err(db_error)?
+        .get(0);
+    if held {
+        return Ok(None);
+    }
+    let registered = tx
+        .execute("DELETE FROM nodes WHERE id = $1", &[&node.0])
+        .await
+        .map_err(db_error)?
+        > 0;
+    // A new epoch at once: whatever the node might still write is fenced
+    // before the leader grants the partitions again (another new epoch).
+    let mut partitions = tx
+        .query(
+            "UPDATE partitions
+             SET owner = NULL, epoch = epoch + 1, pending_owner = NULL,
+                 lease_expires_at = NULL, takeover_at = NULL
+             WHERE owner = $1
+             RETURNING partition",
+            &[&node.0],
+        )
+        .await
+        .map_err(db_error)?
+        .iter()
+        .map(|row| partition_from_i32(row.get(0)))
+        .collect::<StoreResult<Vec<_>>>()?;
+    partitions.sort();
+    tx.execute(
+        "UPDATE partitions SET pending_owner = NULL WHERE pending_owner = $1",
+        &[&node.0],
+    )
+    .await
+    .map_err(db_error)?;
+    let was_leader = tx
+        .execute(
+            "UPDATE leader SET holder = NULL, expires_at = NULL WHERE holder = $1",
+            &[&node.0],
+        )
+        .await
+        .map_err(db_error)?
+        > 0;
+    if registered || was_leader || !partitions.is_empty() {
+        tx.execute(ANNOUNCE, &[&CHANGE_CHANNEL, &"evict"])
+            .await
+            .map_err(db_error)?;
+    }
+    tx.commit().await.map_err(db_error)?;
+    Ok(Some(Eviction {
+        registered,
+        partitions,
+        was_leader,
+    }))
 }

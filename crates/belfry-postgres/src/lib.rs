@@ -9,7 +9,8 @@
 //! - `apply`: the write path, one transaction per [`Store::apply`];
 //! - `auth`: API keys and the audit log;
 //! - `bulk`: bulk actions, with their compare-and-set;
-//! - `coordinator`: the [`Coordinator`] contract on the database clock;
+//! - `coordinator`: the [`Coordinator`] contract on the database clock,
+//!   with the node's presence session;
 //! - [`wakeups`]: NOTIFY payloads and the LISTEN connection;
 //! - `rows`: row ↔ domain conversions and `unnest` column arrays;
 //! - `error`: which failures are `Unavailable` (→ 503) and which are not.
@@ -88,8 +89,8 @@ const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 /// within the lease TTL or the node stops firing, so it must never wait
 /// behind event reads and writes (a failed-over node's workers repeating
 /// their calls can fill any pool). One for the round, one for a hand-over
-/// releasing partitions meanwhile.
-const COORDINATION_CONNECTIONS: usize = 2;
+/// releasing partitions meanwhile, one for evicting a crashed node.
+const COORDINATION_CONNECTIONS: usize = 3;
 
 /// Queued wake-ups per subscriber before the listener waits (the server
 /// buffers meanwhile), so memory stays bounded.
@@ -103,8 +104,8 @@ pub struct PostgresOptions {
     /// Used only when this connect creates the schema; an existing
     /// database keeps the count it was created with.
     pub partitions: PartitionCount,
-    /// Connections in the data pool. The LISTEN connection and the
-    /// coordinator's own connections (two) are extra.
+    /// Connections in the data pool. The LISTEN connection, the presence
+    /// session and the coordinator's own connections (three) are extra.
     pub pool_size: usize,
     /// Client changes of events due up to `now + notify_horizon +
     /// clock_skew_margin` are announced to the partition owner; set it to
@@ -135,8 +136,11 @@ pub struct PostgresStore {
     partitions: PartitionCount,
     /// `notify_horizon + clock_skew_margin` of the options.
     notify_horizon: Duration,
-    /// For the dedicated LISTEN connections.
+    /// For the dedicated LISTEN and presence connections.
     config: tokio_postgres::Config,
+    /// This node's presence session, once [`Coordinator::presence`] opened
+    /// it; dropping the store closes it.
+    presence: tokio::sync::Mutex<Option<coordinator::PresenceSession>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -196,6 +200,7 @@ impl PostgresStore {
                 .notify_horizon
                 .saturating_add(options.clock_skew_margin),
             config,
+            presence: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -951,6 +956,20 @@ impl Coordinator for PostgresStore {
 
     async fn leader(&self) -> StoreResult<Option<belfry_store::cluster::LeaderLease>> {
         coordinator::leader(self).await
+    }
+
+    async fn presence(
+        &self,
+        node: &belfry_store::cluster::NodeId,
+    ) -> StoreResult<Vec<belfry_store::cluster::NodePresence>> {
+        coordinator::presence(self, node).await
+    }
+
+    async fn evict(
+        &self,
+        node: &belfry_store::cluster::NodeId,
+    ) -> StoreResult<Option<belfry_store::cluster::Eviction>> {
+        coordinator::evict(self, node).await
     }
 
     async fn announce_pull_ready(

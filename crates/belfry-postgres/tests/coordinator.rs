@@ -1,6 +1,7 @@
 //! The cluster coordinator on PostgreSQL: leader lease and terms,
 //! membership, partition epochs, revoke-then-grant hand-overs, releases,
-//! change notifications, and fencing of `apply`.
+//! presence sessions and evictions, change notifications, and fencing of
+//! `apply`.
 
 mod support;
 
@@ -10,7 +11,7 @@ use belfry_core::event::{AttemptReport, EventCommand, EventStatus};
 use belfry_core::{EventVersion, PartitionId, Timestamp, Verdict};
 use belfry_postgres::{PostgresStore, Wakeup};
 use belfry_store::cluster::{
-    Coordinator, LeaderLease, NodeId, NodeInfo, OwnedPartition, PartitionAssignment,
+    Coordinator, Eviction, LeaderLease, NodeId, NodeInfo, OwnedPartition, PartitionAssignment,
 };
 use belfry_store::{KeyedCommand, Store, StoreError};
 use belfry_testkit::PgServer;
@@ -604,6 +605,196 @@ async fn silent_nodes_are_removed_as_dead_exactly_once() {
     // A node declared dead that heartbeats again is back.
     let live = store.heartbeat(&info("silent", 8082), LONG).await.unwrap();
     assert_eq!(live.len(), 2, "{live:?}");
+}
+
+/// Each store stands for one node process: its presence session lives as
+/// long as the store.
+async fn node_store(url: &str, id: &str, port: u16) -> PostgresStore {
+    let store = PostgresStore::connect(options(url.to_string(), 4))
+        .await
+        .unwrap();
+    let info = NodeInfo {
+        id: node(id),
+        address: format!("127.0.0.1:{port}"),
+    };
+    store.heartbeat(&info, LONG).await.unwrap();
+    store.presence(&info.id).await.unwrap();
+    store
+}
+
+/// `(id, present)` of every registered node, as `by` sees them.
+async fn presence_of(store: &PostgresStore, by: &str) -> Vec<(String, bool)> {
+    store
+        .presence(&node(by))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| (n.info.id.0, n.present))
+        .collect()
+}
+
+fn present(nodes: &[(&str, bool)]) -> Vec<(String, bool)> {
+    nodes.iter().map(|(n, p)| (n.to_string(), *p)).collect()
+}
+
+/// A node whose process dies (here: its store, and so its sessions, is
+/// dropped) shows without its presence lock at once; evicting it makes
+/// its partitions unowned under a new epoch (its writes fenced) although
+/// its leases had a minute left, and they are granted without a wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_presence_session_ended_is_evicted_and_fenced_before_its_leases_expire() {
+    let url = PgServer::shared().fresh_database().await;
+    let a = node_store(&url, "a", 8081).await;
+    let b = node_store(&url, "b", 8082).await;
+    let leader = a.claim_leadership(&node("a"), LONG).await.unwrap();
+    a.assign(
+        &node("a"),
+        leader.term,
+        vec![
+            (PartitionId(0), node("b")),
+            (PartitionId(1), node("b")),
+            (PartitionId(2), node("a")),
+        ],
+    )
+    .await
+    .unwrap();
+    b.renew_ownership(&node("b"), LONG).await.unwrap();
+    // A move to b still pending: cancelled by the eviction.
+    a.renew_ownership(&node("a"), LONG).await.unwrap();
+    a.assign(&node("a"), leader.term, vec![(PartitionId(2), node("b"))])
+        .await
+        .unwrap();
+    assert_eq!(row(&a, 2).await, (some("a"), 1, some("b")));
+    assert_eq!(
+        presence_of(&a, "a").await,
+        present(&[("a", true), ("b", true)])
+    );
+    assert_eq!(
+        a.evict(&node("b")).await.unwrap(),
+        None,
+        "a node holding its lock is never evicted"
+    );
+    assert_eq!(row(&a, 0).await, (some("b"), 1, None));
+
+    drop(b);
+    eventually("b's lock to vanish", || async {
+        (presence_of(&a, "a").await == present(&[("a", true), ("b", false)])).then_some(())
+    })
+    .await;
+    assert_eq!(
+        a.evict(&node("b")).await.unwrap(),
+        Some(Eviction {
+            registered: true,
+            partitions: vec![PartitionId(0), PartitionId(1)],
+            was_leader: false,
+        })
+    );
+    assert_eq!(row(&a, 0).await, (None, 2, None), "a new epoch at once");
+    assert_eq!(row(&a, 1).await, (None, 2, None));
+    assert_eq!(
+        row(&a, 2).await,
+        (some("a"), 1, None),
+        "the move to b is off"
+    );
+    assert_eq!(presence_of(&a, "a").await, present(&[("a", true)]));
+    // Whatever b might still write under epoch 1 is fenced.
+    let late = key_in(4, 0, "late");
+    a.apply(params(0, vec![upsert(&late, 1_000, "v1")]))
+        .await
+        .unwrap();
+    let stale = a
+        .apply(params(
+            1_000,
+            vec![fenced(upsert(&late, 2_000, "v2"), 0, 1)],
+        ))
+        .await;
+    assert!(matches!(stale, Err(StoreError::Fenced { .. })), "{stale:?}");
+    // Granted at once (its minute-long lease is gone), epoch bumped again.
+    a.assign(&node("a"), leader.term, vec![(PartitionId(0), node("a"))])
+        .await
+        .unwrap();
+    assert_eq!(row(&a, 0).await, (some("a"), 3, None));
+    let owned = a.renew_ownership(&node("a"), LONG).await.unwrap();
+    assert_eq!(summary(&owned), vec![(0, 3, false), (2, 1, false)]);
+    assert_eq!(
+        a.evict(&node("b")).await.unwrap(),
+        Some(Eviction::default()),
+        "a second eviction finds nothing left to end"
+    );
+}
+
+/// A dead leader's lease is freed by its eviction: the next claimant gets
+/// a new term at once instead of after the lease TTL, and the old term
+/// can no longer assign.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicting_a_dead_leader_frees_its_lease_for_a_new_term() {
+    let url = PgServer::shared().fresh_database().await;
+    let a = node_store(&url, "a", 8081).await;
+    let b = node_store(&url, "b", 8082).await;
+    let term = b.claim_leadership(&node("b"), LONG).await.unwrap().term;
+    b.assign(&node("b"), term, vec![(PartitionId(3), node("b"))])
+        .await
+        .unwrap();
+    drop(b);
+    eventually("b's lock to vanish", || async {
+        (presence_of(&a, "a").await == present(&[("a", true), ("b", false)])).then_some(())
+    })
+    .await;
+    let eviction = a.evict(&node("b")).await.unwrap().unwrap();
+    assert!(eviction.was_leader, "{eviction:?}");
+    assert_eq!(eviction.partitions, vec![PartitionId(3)]);
+    assert_eq!(
+        a.claim_leadership(&node("a"), LONG).await.unwrap(),
+        lease("a", term + 1)
+    );
+    let stale = a
+        .assign(&node("b"), term, vec![(PartitionId(0), node("b"))])
+        .await;
+    assert!(
+        matches!(stale, Err(StoreError::Unavailable(_))),
+        "{stale:?}"
+    );
+}
+
+/// A live node whose presence session is cut (a proxy reset, an
+/// administrator's `pg_terminate_backend`) takes its lock again with its
+/// next look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_node_whose_presence_session_broke_takes_its_lock_again() {
+    let url = PgServer::shared().fresh_database().await;
+    let a = node_store(&url, "a", 8081).await;
+    let b = node_store(&url, "b", 8082).await;
+    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let cut = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+             WHERE locktype = 'advisory' AND objid = hashtext('b')::oid AND objsubid = 2
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(cut, 1, "b's presence session");
+    eventually("a to see b's lock gone", || async {
+        (presence_of(&a, "a").await == present(&[("a", true), ("b", false)])).then_some(())
+    })
+    .await;
+    // b's next look (it may fail, having found its session broken) takes
+    // the lock again; the one after it succeeds.
+    let _ = b.presence(&node("b")).await;
+    assert_eq!(
+        presence_of(&b, "b").await,
+        present(&[("a", true), ("b", true)])
+    );
+    assert_eq!(
+        presence_of(&a, "a").await,
+        present(&[("a", true), ("b", true)])
+    );
+    assert_eq!(a.evict(&node("b")).await.unwrap(), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,6 +32,18 @@
 //! - **Clean shutdown.** A node that stops releases its partitions the same
 //!   way: unowned (or granted to a pending owner) with no lease, so the
 //!   leader reassigns them at once and the next owner fires at once.
+//! - **Presence sessions (crash detection).** A backend that can
+//!   ([`Coordinator::presence`]) keeps, for each node, a session of its own
+//!   that holds a lock named after the node for as long as the process
+//!   lives, and tells every node which of these locks are held. A process
+//!   that dies loses the session at once, long before its heartbeat and
+//!   leases run out. [`Coordinator::evict`] then ends a node whose lock is
+//!   (still) gone: its partitions become unowned with their epochs bumped
+//!   (so anything it might still write is fenced), moves to it are
+//!   cancelled, and its leader lease, if it held one, is freed. When a node
+//!   counts as crashed is `belfry_core::liveness`'s decision; a backend
+//!   without presence sessions reports none, and crashed nodes are then
+//!   found by the heartbeat TTL alone.
 //! - **Change notifications.** Backends may tell nodes that the map or the
 //!   membership changed (PostgreSQL: `NOTIFY` on
 //!   [`CHANGE_CHANNEL`]), so nodes react without waiting for their next tick.
@@ -79,6 +91,27 @@ pub struct NodeStatus {
     pub info: NodeInfo,
     /// Time since its last heartbeat, by the database's clock.
     pub heartbeat_age: Duration,
+}
+
+/// A registered node as one look at the presence locks showed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePresence {
+    pub info: NodeInfo,
+    /// Its presence session holds its lock.
+    pub present: bool,
+    /// Time since its last heartbeat, by the database's clock.
+    pub heartbeat_age: Duration,
+}
+
+/// What [`Coordinator::evict`] ended.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Eviction {
+    /// It was still registered (a heartbeat within the TTL or not).
+    pub registered: bool,
+    /// The partitions it owned: unowned now, each epoch bumped.
+    pub partitions: Vec<PartitionId>,
+    /// It held the leader lease, which is free now.
+    pub was_leader: bool,
 }
 
 /// The leader lease as it stands after a claim.
@@ -177,6 +210,30 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug + 'static {
 
     /// The current leader lease, if any holder's lease is unexpired.
     async fn leader(&self) -> StoreResult<Option<LeaderLease>>;
+
+    /// Keeps `node`'s presence session (opening it and taking its lock if
+    /// it is not open, e.g. after the connection broke) and returns every
+    /// registered node, ordered by id, with whether its presence lock is
+    /// held. A backend without presence sessions returns an empty list.
+    ///
+    /// # Errors
+    /// The look failed; the session is opened again by the next call.
+    async fn presence(&self, node: &NodeId) -> StoreResult<Vec<NodePresence>> {
+        let _ = node;
+        Ok(Vec::new())
+    }
+
+    /// Ends `node` if its presence lock is not held at this moment (checked
+    /// in the same transaction): removes it from the nodes, makes its
+    /// partitions unowned with a new epoch and no lease, cancels moves to
+    /// it, and frees the leader lease if it holds it. Announces the change.
+    /// A node whose lock is held is left alone (returns `None`); ending a
+    /// node twice is harmless. A backend without presence sessions ends
+    /// nothing.
+    async fn evict(&self, node: &NodeId) -> StoreResult<Option<Eviction>> {
+        let _ = node;
+        Ok(None)
+    }
 
     /// Tells the other nodes that `node` holds ready entries of these pull
     /// tenants that no claim on it took (PostgreSQL: `NOTIFY` on

@@ -231,7 +231,9 @@ impl Config {
     /// `engine.schedule_misfire_threshold_ms` (not both),
     /// `engine.schedule_max_missed_recorded`, `api.lapse_offset_ms`,
     /// `http.pool_max_idle_per_host` (no keep-alive),
-    /// `cluster.safety_margin_ms` and the `limits.max_*` quotas (no limit).
+    /// `cluster.safety_margin_ms`, `cluster.presence_grace_ms` (a node whose
+    /// presence lock is gone counts as crashed at the next look) and the
+    /// `limits.max_*` quotas (no limit).
     ///
     /// # Errors
     /// The problems found, separated by `; `.
@@ -248,6 +250,10 @@ impl Config {
         let cluster = &self.cluster;
         at_least_one("cluster.lease_ttl_ms", cluster.lease_ttl.as_millis());
         at_least_one("cluster.tick_ms", cluster.tick.as_millis());
+        at_least_one(
+            "cluster.presence_interval_ms",
+            cluster.presence_interval.as_millis(),
+        );
 
         let api = &self.api;
         at_least_one("api.max_body_bytes", api.max_body_bytes as u128);
@@ -587,6 +593,7 @@ mod tests {
             ("", "database_pool_size"),
             ("cluster", "lease_ttl_ms"),
             ("cluster", "tick_ms"),
+            ("cluster", "presence_interval_ms"),
             ("api", "max_body_bytes"),
             ("api", "max_batch"),
             ("api", "default_list_limit"),
