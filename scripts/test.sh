@@ -47,6 +47,20 @@ if ! command -v pg_config >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/init
   apt_install PostgreSQL "or set BELFRY_TEST_DATABASE_URL to a server" postgresql
 fi
 
+echo "==> Patroni and etcd"
+# The database failover tests (crates/belfry/tests/db_failover.rs) run a
+# PostgreSQL primary and its synchronous standby under Patroni, with etcd
+# as its store (crates/belfry-testkit/src/patroni.rs).
+if ! command -v patroni >/dev/null 2>&1 || ! command -v patronictl >/dev/null 2>&1; then
+  apt_install Patroni "" patroni
+fi
+if ! command -v etcd >/dev/null 2>&1; then
+  apt_install etcd "" etcd-server
+fi
+if ! command -v etcdctl >/dev/null 2>&1; then
+  apt_install "etcd's client" "" etcd-client
+fi
+
 echo "==> Chromium and chromedriver"
 # The console's browser tests (crates/belfry/tests/console.rs) drive
 # Debian's headless Chromium through chromedriver (or the binaries named by

@@ -5,6 +5,8 @@
 //!   on loopback) with programmable answers; also the benchmark's sink.
 //! - [`process`]: [`BelfryProcess`], runs the real `belfry` binary for
 //!   integration tests (start, kill -9, SIGTERM, restart).
+//! - [`patroni`]: [`HaCluster`], etcd and two Patroni-managed PostgreSQL
+//!   members (a primary and its synchronous standby) for failover tests.
 //! - [`kafka`]: [`KafkaBroker`], a Kafka-protocol test broker in its own
 //!   process (librdkafka's mock cluster), or an external one.
 //! - [`webdriver`]: [`Browser`], headless Chromium driven over the W3C
@@ -19,12 +21,14 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 pub mod kafka;
+pub mod patroni;
 pub mod postgres;
 pub mod process;
 pub mod receiver;
 pub mod webdriver;
 
 pub use kafka::KafkaBroker;
+pub use patroni::HaCluster;
 pub use postgres::{PgError, PgServer};
 pub use process::{BelfryLaunch, BelfryProcess, HarnessError, free_port};
 pub use receiver::{LEAN_HEADERS, Receiver, RecordedRequest, Response, Rule};

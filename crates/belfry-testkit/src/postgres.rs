@@ -576,7 +576,7 @@ impl LocalServer {
 }
 
 #[allow(unsafe_code)]
-fn set_parent_death_signal(command: &mut Command) {
+pub(crate) fn set_parent_death_signal(command: &mut Command) {
     // SAFETY: the closure runs in the forked child before exec and only
     // makes the async-signal-safe prctl(2) system call. It runs after the
     // uid switch, which would otherwise clear the setting.
@@ -591,7 +591,7 @@ fn set_parent_death_signal(command: &mut Command) {
 }
 
 #[allow(unsafe_code)]
-fn signal(pid: u32, signal: libc::c_int) {
+pub(crate) fn signal(pid: u32, signal: libc::c_int) {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return;
     };
@@ -604,7 +604,7 @@ fn signal(pid: u32, signal: libc::c_int) {
 
 /// `pg_config --bindir`, else the newest `/usr/lib/postgresql/*/bin`; only
 /// a directory that holds `initdb` counts.
-fn find_bindir() -> Option<PathBuf> {
+pub(crate) fn find_bindir() -> Option<PathBuf> {
     let from_pg_config = Command::new("pg_config")
         .arg("--bindir")
         .output()
@@ -635,12 +635,12 @@ fn find_bindir() -> Option<PathBuf> {
 }
 
 /// The owner of `/proc/self` is our effective uid; no unsafe call needed.
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|meta| meta.uid() == 0)
 }
 
 /// `(uid, gid)` of the `postgres` user, from `/etc/passwd`.
-fn postgres_user() -> Option<(u32, u32)> {
+pub(crate) fn postgres_user() -> Option<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|line| {
         let fields: Vec<&str> = line.split(':').collect();

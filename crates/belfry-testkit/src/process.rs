@@ -208,6 +208,12 @@ impl BelfryProcess {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Whether the process was started and has not exited (nor been killed
+    /// or stopped here).
+    pub fn is_running(&mut self) -> bool {
+        self.child.is_some() && self.try_exit_status().is_none()
+    }
+
     /// Kills the process with SIGKILL (no chance to clean up) and reaps it.
     pub fn kill_9(&mut self) {
         if let Some(mut child) = self.child.take() {
