@@ -168,9 +168,15 @@ pub enum EventCommand {
     },
     /// Cancel a pending event.
     Cancel,
-    /// Record how an attempt on `version` ended.
+    /// Record how attempt `number` on `version` ended. `(version, number)`
+    /// identifies the attempt: recording it again changes nothing (see
+    /// [`CommandOutcome::AttemptAlreadyRecorded`]), so a write that
+    /// committed but answered an error can be retried.
     RecordAttempt {
         version: EventVersion,
+        /// The number the delivery carried (`X-Belfry-Attempt`): 1 + the
+        /// attempts of the record it was made from.
+        number: u32,
         report: AttemptReport,
     },
     /// End a pending event that is too far past due to fire.
@@ -220,6 +226,10 @@ pub enum CommandOutcome {
     /// An attempt for a version that is no longer current (moved, cancelled
     /// or finished meanwhile): history only, state unchanged.
     StaleAttempt,
+    /// The attempt `(version, number)` is recorded already (a retried
+    /// write whose first try committed): nothing changed, no history entry;
+    /// the event is in this status.
+    AttemptAlreadyRecorded(EventStatus),
     Expired,
     /// `Expire` of an event that is no longer pending: nothing changed.
     NotPending,
@@ -403,16 +413,32 @@ pub fn transition(
                 }
             }
         },
-        EventCommand::RecordAttempt { version, report } => {
+        EventCommand::RecordAttempt {
+            version,
+            number,
+            report,
+        } => {
             let Some(existing) = current else {
                 return Transition::unchanged(CommandOutcome::StaleAttempt);
             };
+            if existing.version == version && number <= existing.attempts {
+                // Recorded already: the retry of a write that committed
+                // but answered an error. Its effects never reached the
+                // owner, so the pending instant it set is armed again
+                // (arming an armed entry changes nothing).
+                let effects = existing
+                    .next_fire_at
+                    .filter(|_| existing.status.is_pending())
+                    .map(|at| vec![Effect::Arm { at }])
+                    .unwrap_or_default();
+                return Transition {
+                    next: None,
+                    outcome: CommandOutcome::AttemptAlreadyRecorded(existing.status),
+                    effects,
+                    attempt: None,
+                };
+            }
             let current_version = existing.version == version && existing.status.is_pending();
-            let number = if current_version {
-                existing.attempts + 1
-            } else {
-                0
-            };
             let attempt = Attempt {
                 version,
                 number,
@@ -427,7 +453,9 @@ pub fn transition(
                 // while this attempt was in flight. Its current version, if
                 // pending, is re-armed: the wake-up its change sent may have
                 // found the old delivery still holding the event, and it
-                // must not wait for a reload to fire.
+                // must not wait for a reload to fire. The history entry
+                // keeps the attempt's own number; the stores write it once
+                // per (version, number), as the transition cannot see it.
                 let effects = existing
                     .next_fire_at
                     .filter(|_| existing.status.is_pending())
@@ -615,6 +643,7 @@ mod tests {
             Some(&created),
             EventCommand::RecordAttempt {
                 version: created.version.clone(),
+                number: 1,
                 report: report(Verdict::Delivered, 5_000),
             },
             5_001,
@@ -636,6 +665,7 @@ mod tests {
             Some(&created),
             EventCommand::RecordAttempt {
                 version: created.version.clone(),
+                number: 1,
                 report: report(Verdict::Permanent, 5_000),
             },
             5_001,
@@ -706,6 +736,7 @@ mod tests {
             Some(&rec),
             EventCommand::RecordAttempt {
                 version: rec.version.clone(),
+                number: 1,
                 report: report(Verdict::Retry, 0),
             },
             10,
@@ -722,6 +753,7 @@ mod tests {
             Some(&rec),
             EventCommand::RecordAttempt {
                 version: rec.version.clone(),
+                number: 2,
                 report: report(Verdict::Retry, day),
             },
             day,
@@ -734,6 +766,76 @@ mod tests {
         assert!(rec.last_error.unwrap().contains("boom"));
         assert_eq!(rec.next_fire_at, None);
         assert_eq!(rec.finished_at, Some(ts(day)));
+    }
+
+    #[test]
+    fn a_repeated_attempt_changes_nothing() {
+        let created = apply(None, upsert(0, "v1"), 0).next.unwrap();
+        let first = |number: u32| EventCommand::RecordAttempt {
+            version: created.version.clone(),
+            number,
+            report: report(Verdict::Retry, 0),
+        };
+        let recorded = apply(Some(&created), first(1), 10);
+        let retrying = recorded.next.unwrap();
+        assert_eq!(retrying.attempts, 1);
+        assert_eq!(retrying.next_fire_at, Some(ts(1_010)));
+
+        // The same (version, number) again, later: the write that committed
+        // is retried after an error.
+        let again = apply(Some(&retrying), first(1), 500);
+        assert_eq!(
+            again.outcome,
+            CommandOutcome::AttemptAlreadyRecorded(EventStatus::Retrying)
+        );
+        assert_eq!(again.next, None, "no state change");
+        assert_eq!(again.attempt, None, "no history entry");
+        assert_eq!(
+            again.effects,
+            vec![Effect::Arm { at: ts(1_010) }],
+            "the retry it armed is armed again, at the same instant"
+        );
+
+        // Once the event finished, a repeat of its last attempt neither
+        // counts nor re-arms.
+        let delivered = apply(
+            Some(&retrying),
+            EventCommand::RecordAttempt {
+                version: created.version.clone(),
+                number: 2,
+                report: report(Verdict::Delivered, 1_010),
+            },
+            1_011,
+        )
+        .next
+        .unwrap();
+        for number in [1, 2] {
+            let repeat = apply(Some(&delivered), first(number), 2_000);
+            assert_eq!(
+                repeat.outcome,
+                CommandOutcome::AttemptAlreadyRecorded(EventStatus::Delivered)
+            );
+            assert_eq!((repeat.next, repeat.attempt), (None, None));
+            assert!(repeat.effects.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_stale_attempt_keeps_its_own_number() {
+        let v1 = apply(None, upsert(0, "v1"), 0).next.unwrap();
+        let v2 = apply(Some(&v1), upsert(5_000, "v2"), 1).next.unwrap();
+        let stale = apply(
+            Some(&v2),
+            EventCommand::RecordAttempt {
+                version: v1.version.clone(),
+                number: 3,
+                report: report(Verdict::Delivered, 0),
+            },
+            2,
+        );
+        assert_eq!(stale.outcome, CommandOutcome::StaleAttempt);
+        let attempt = stale.attempt.unwrap();
+        assert_eq!((attempt.version.as_str(), attempt.number), ("v1", 3));
     }
 
     #[test]
@@ -759,6 +861,7 @@ mod tests {
             Some(&rec),
             EventCommand::RecordAttempt {
                 version: EventVersion::from_string("old".into()),
+                number: 1,
                 report: report(Verdict::Delivered, 0),
             },
             1,
@@ -775,6 +878,7 @@ mod tests {
             Some(&rec),
             EventCommand::RecordAttempt {
                 version: rec.version.clone(),
+                number: 1,
                 report: report(Verdict::Permanent, 0),
             },
             1,

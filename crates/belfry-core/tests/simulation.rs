@@ -1726,6 +1726,7 @@ impl Sim {
         let verdict = report.verdict;
         let command = EventCommand::RecordAttempt {
             version: job.record.version.clone(),
+            number: job.record.attempts + 1,
             report,
         };
         let change = self

@@ -358,6 +358,9 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
         };
         return send_outcome(shared, &partition, entry, command).await;
     }
+    // The attempt's identity with the version: the receiver sees it as
+    // `X-Belfry-Attempt`, and recording it twice counts it once.
+    let number = record.attempts + 1;
     let report = match shared.tenants.get(&shared.store, &entry.key.tenant).await {
         Ok(Some(tenant)) => {
             // Checked last, right before the send: a node paused past its
@@ -397,7 +400,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
                 .deliver(Delivery {
                     tenant: &tenant,
                     event: &record,
-                    attempt: record.attempts + 1,
+                    attempt: number,
                     triggered_at: now,
                     epoch: Some(partition.lease.epoch),
                 })
@@ -433,6 +436,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
         key: entry.key.clone(),
         command: EventCommand::RecordAttempt {
             version: record.version.clone(),
+            number,
             report,
         },
         fence,

@@ -6,7 +6,10 @@
 //! second share a few fsyncs. Without the linger, each batch was as small
 //! as one commit's latency allowed and fsyncs were most of the node's system
 //! time at 5,000 deliveries/s. A failed write is retried, never dropped: an
-//! outcome lost here would mean a duplicate delivery after restart.
+//! outcome lost here would mean a duplicate delivery after restart. Retrying
+//! is safe even when the failed write had committed: an attempt is recorded
+//! once per (version, number) (`EventCommand::RecordAttempt`), so its repeat
+//! changes nothing but re-arms the retry the first write set.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -167,8 +170,12 @@ fn count_endings(applied: &[Applied]) {
     let (mut delivered, mut failed, mut missed) = (0, 0, 0);
     for item in applied {
         match item.outcome {
-            CommandOutcome::AttemptRecorded(EventStatus::Delivered) => delivered += 1,
-            CommandOutcome::AttemptRecorded(EventStatus::Failed) => failed += 1,
+            // A repeat is the retry of a write that committed but answered
+            // an error, which counted nothing then.
+            CommandOutcome::AttemptRecorded(EventStatus::Delivered)
+            | CommandOutcome::AttemptAlreadyRecorded(EventStatus::Delivered) => delivered += 1,
+            CommandOutcome::AttemptRecorded(EventStatus::Failed)
+            | CommandOutcome::AttemptAlreadyRecorded(EventStatus::Failed) => failed += 1,
             CommandOutcome::Expired => missed += 1,
             _ => {}
         }
@@ -201,7 +208,8 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
             Err(StoreError::Partial(partial)) => {
                 // Some writer shards committed: finish those outcomes and
                 // route their effects; only the rest is written again (a
-                // second write of a committed attempt would count it twice).
+                // committed attempt written again would change nothing, but
+                // its effects are routed once here).
                 let mut failed = Vec::new();
                 let mut applied = Vec::new();
                 for (outcome, result) in batch.into_iter().zip(partial.results) {

@@ -11,7 +11,8 @@ use belfry_core::{
 };
 use belfry_engine::{Engine, EngineHandle, EngineOptions};
 use belfry_sinks::Sinks;
-use belfry_store::{EmbeddedOptions, EmbeddedStore, KeyedCommand, SharedStore};
+use belfry_store::interpose::{Fault, Interposed, Interposer, StoreCall};
+use belfry_store::{EmbeddedOptions, EmbeddedStore, KeyedCommand, SharedStore, StoreError};
 use belfry_testkit::{Receiver, Response, Rule};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -24,6 +25,15 @@ struct Node {
 
 impl Node {
     async fn start(options: EngineOptions) -> Node {
+        Node::start_with(options, |store| store).await
+    }
+
+    /// A node whose engine uses `wrap(store)` (e.g. the store behind an
+    /// interposer that injects faults).
+    async fn start_with(
+        options: EngineOptions,
+        wrap: impl FnOnce(SharedStore) -> SharedStore,
+    ) -> Node {
         belfry_testkit::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let store: SharedStore = Arc::new(
@@ -35,7 +45,7 @@ impl Node {
             .unwrap(),
         );
         let sinks = Sinks::new(Default::default()).unwrap();
-        let engine = Engine::start(options, store, sinks, Arc::new(SystemClock));
+        let engine = Engine::start(options, wrap(store), sinks, Arc::new(SystemClock));
         let handle = engine.handle();
         Node {
             engine: Some(engine),
@@ -314,6 +324,116 @@ async fn retries_transient_failures_and_records_every_attempt() {
         .map(|r| r.header("idempotency-key").unwrap().to_string())
         .collect();
     assert_eq!(keys.len(), 1);
+    node.stop().await;
+}
+
+/// Faults for the recorder's writes of attempts (fenced `apply` calls with
+/// a `RecordAttempt`): the first commits and then answers an error; the
+/// recorder's retry of it passes; every later one fails without a commit
+/// while `hold` is set, so the state after the retry stays as it is until
+/// the test has read it.
+#[derive(Debug, Default)]
+struct CommitThenErrorOnce {
+    recordings: std::sync::atomic::AtomicU32,
+    hold: std::sync::atomic::AtomicBool,
+    held: tokio::sync::Notify,
+}
+
+impl Interposer for CommitThenErrorOnce {
+    fn before(&self, call: StoreCall<'_>) -> Fault {
+        use std::sync::atomic::Ordering::SeqCst;
+        let StoreCall::Apply(params) = call else {
+            return Fault::Pass;
+        };
+        let records_attempt = params
+            .commands
+            .iter()
+            .any(|c| c.fence.is_some() && matches!(c.command, EventCommand::RecordAttempt { .. }));
+        if !records_attempt {
+            return Fault::Pass;
+        }
+        let error = || StoreError::Unavailable("connection lost before the answer".into());
+        match self.recordings.fetch_add(1, SeqCst) + 1 {
+            1 => Fault::CommitThenFail(error()),
+            2 => Fault::Pass,
+            _ if self.hold.load(SeqCst) => {
+                self.held.notify_one();
+                Fault::Fail(error())
+            }
+            _ => Fault::Pass,
+        }
+    }
+}
+
+/// The recorder's write of a failed attempt commits, then answers an
+/// error (a connection lost before the commit's answer), so the recorder
+/// writes it again: the attempt is still counted once, with one history
+/// entry, and the retry waits the first retry's delay, not the second's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_whose_recording_committed_but_failed_counts_once() {
+    let receiver = Receiver::start().await;
+    receiver.push_rule(Rule::first(1, Response::status(503)));
+    let mut options = EngineOptions::default();
+    // 300 ms after one failure, 3 s after two: a second count shows.
+    options.retry.fast_retries = 1;
+    options.retry.initial_delay = Duration::from_millis(300);
+    options.retry.multiplier = 10.0;
+    let faults = Arc::new(CommitThenErrorOnce::default());
+    faults.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let interposer = faults.clone();
+    let node = Node::start_with(options, move |store| {
+        Arc::new(Interposed::new(store, interposer))
+    })
+    .await;
+    node.tenant("t", &receiver).await;
+    node.schedule("t", "e", now()).await;
+
+    // The second delivery was made and its outcome is being held back:
+    // the store shows what the first attempt, written twice, left.
+    tokio::time::timeout(DEADLINE, faults.held.notified())
+        .await
+        .expect("the second attempt's outcome reaches the store");
+    let retrying = node.status("t", "e").await;
+    let history = node
+        .handle
+        .store()
+        .attempts(&key("t", "e"), 10)
+        .await
+        .unwrap();
+    let numbers: Vec<_> = history.iter().map(|a| (a.number, a.verdict)).collect();
+    assert_eq!(numbers, [(1, belfry_core::Verdict::Retry)], "one entry");
+    assert_eq!(retrying.status, EventStatus::Retrying);
+    assert_eq!(retrying.attempts, 1, "counted once");
+    let delay = retrying.updated_at.until(retrying.next_fire_at.unwrap());
+    assert_eq!(delay, Duration::from_millis(300), "the first retry's delay");
+    let sent: Vec<_> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.header("x-belfry-attempt").unwrap().to_string())
+        .collect();
+    assert_eq!(sent, ["1", "2"]);
+
+    faults
+        .hold
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let delivered = node.wait_status("t", "e", EventStatus::Delivered).await;
+    assert_eq!(delivered.attempts, 2);
+    let history = node
+        .handle
+        .store()
+        .attempts(&key("t", "e"), 10)
+        .await
+        .unwrap();
+    let numbers: Vec<_> = history.iter().map(|a| (a.number, a.verdict)).collect();
+    assert_eq!(
+        numbers,
+        [
+            (1, belfry_core::Verdict::Retry),
+            (2, belfry_core::Verdict::Delivered)
+        ]
+    );
+    assert!(faults.recordings.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+    assert_eq!(receiver.count(), 2);
     node.stop().await;
 }
 

@@ -300,11 +300,14 @@ pub(crate) fn update_events_sql() -> String {
     )
 }
 
-/// Appends the history entries of [`AttemptColumns::params`].
+/// Appends the history entries of [`AttemptColumns::params`], each
+/// (version, number) once: an attempt recorded again (a stale attempt
+/// whose write is retried) adds nothing.
 pub(crate) const INSERT_HISTORY_SQL: &str = "INSERT INTO attempts (tenant, id, version, number, \
      started_at, duration_ms, verdict, http_status, error)
      SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], \
-     $6::int8[], $7::text[], $8::int4[], $9::text[])";
+     $6::int8[], $7::text[], $8::int4[], $9::text[])
+     ON CONFLICT (tenant, id, version, number) WHERE number > 0 DO NOTHING";
 
 /// Locks and reads the events of `($1 tenants, $2 ids)` in key order (the
 /// same order for every caller, so calls cannot deadlock on existing rows).

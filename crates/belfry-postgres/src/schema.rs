@@ -63,10 +63,15 @@ struct Migration {
 enum Apply {
     /// `sql` and its record in one transaction.
     InTransaction,
-    /// `sql` is one `CREATE INDEX CONCURRENTLY` statement building
-    /// `index`, run outside a transaction so that writes to the table go
-    /// on meanwhile.
-    ConcurrentIndex { index: &'static str },
+    /// `sql` is one `CREATE [UNIQUE] INDEX CONCURRENTLY` statement
+    /// building `index`, run outside a transaction so that writes to the
+    /// table go on meanwhile. `prepare`, if any, runs first (in its own
+    /// transaction, before every try of the build): it removes the rows a
+    /// unique index would refuse.
+    ConcurrentIndex {
+        index: &'static str,
+        prepare: Option<&'static str>,
+    },
 }
 
 /// Every migration, in version order.
@@ -174,6 +179,7 @@ ALTER TABLE partitions ADD COLUMN pending_owner text COLLATE "C";
         version: 3,
         apply: Apply::ConcurrentIndex {
             index: "events_by_status_time",
+            prepare: None,
         },
         name: "listing index",
         // Every filtered listing (status and/or deliver_at window, in
@@ -287,6 +293,28 @@ ALTER TABLE events ADD COLUMN queue text NOT NULL DEFAULT 'default';
 ALTER TABLE events ADD COLUMN max_attempts integer;
 ALTER TABLE events ADD COLUMN backoff text;
 "#,
+    },
+    Migration {
+        version: 9,
+        apply: Apply::ConcurrentIndex {
+            index: "attempts_once",
+            // Builds before this one recorded an attempt again when a
+            // write that had committed answered an error and was retried:
+            // the first entry of each (version, number) is kept.
+            prepare: Some(
+                r#"DELETE FROM attempts a USING attempts b
+ WHERE a.tenant = b.tenant AND a.id = b.id AND a.version = b.version
+   AND a.number = b.number AND a.number > 0 AND a.seq > b.seq"#,
+            ),
+        },
+        name: "one history entry per attempt",
+        // An attempt is identified by its version and number: recording it
+        // again (a retried write) adds no entry (`ON CONFLICT DO NOTHING`
+        // in `apply`). Builds before this one numbered stale attempts 0,
+        // several per version; those entries are left as they are.
+        sql: r#"CREATE UNIQUE INDEX CONCURRENTLY attempts_once
+    ON attempts (tenant, id, version, number)
+    WHERE number > 0"#,
     },
 ];
 
@@ -403,7 +431,10 @@ async fn migrate_locked(
                 record(&tx, migration).await?;
                 tx.commit().await.map_err(db_error)?;
             }
-            Apply::ConcurrentIndex { index } => {
+            Apply::ConcurrentIndex { index, prepare } => {
+                if let Some(prepare) = prepare {
+                    client.batch_execute(prepare).await.map_err(db_error)?;
+                }
                 build_index_concurrently(&*client, migration.sql, index).await?;
                 record(&*client, migration).await?;
             }
@@ -500,11 +531,16 @@ mod tests {
     fn migrations_are_in_version_order_and_online_ones_are_one_statement() {
         for (position, migration) in MIGRATIONS.iter().enumerate() {
             assert_eq!(usize::try_from(migration.version), Ok(position + 1));
-            if let Apply::ConcurrentIndex { index } = migration.apply {
+            if let Apply::ConcurrentIndex { index, .. } = migration.apply {
                 // One statement: several in one simple query would form a
                 // transaction block, which CONCURRENTLY refuses.
                 assert!(!migration.sql.contains(';'), "{}", migration.name);
-                let head: Vec<&str> = migration.sql.split_whitespace().take(4).collect();
+                let head: Vec<&str> = migration
+                    .sql
+                    .split_whitespace()
+                    .filter(|word| *word != "UNIQUE")
+                    .take(4)
+                    .collect();
                 assert_eq!(head, ["CREATE", "INDEX", "CONCURRENTLY", index]);
             }
         }

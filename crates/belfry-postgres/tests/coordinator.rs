@@ -817,6 +817,7 @@ async fn a_stale_epoch_fails_the_whole_apply_and_changes_nothing() {
         key: owned.clone(),
         command: EventCommand::RecordAttempt {
             version: EventVersion::from_string("v1".into()),
+            number: 1,
             report: AttemptReport {
                 started_at: Timestamp::from_millis(1_000),
                 duration_ms: 2,

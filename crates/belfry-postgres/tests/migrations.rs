@@ -1,5 +1,6 @@
 //! Schema migrations on a live database: the listing index (migration 3)
-//! is built without blocking writes to `events`, by every node at once.
+//! is built without blocking writes to `events`, by every node at once; the
+//! history's unique index (migration 9) keeps one entry per attempt.
 
 mod support;
 
@@ -122,7 +123,7 @@ async fn index_build_does_not_block_writes_and_two_nodes_migrate_at_once() {
     assert_eq!(index_state(&observer).await, Some(true));
     assert_eq!(
         applied_versions(&observer).await,
-        vec![1, 2, 3, 4, 5, 6, 7, 8]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9]
     );
     let events: i64 = observer
         .query_one("SELECT count(*) FROM events", &[])
@@ -169,7 +170,7 @@ async fn an_invalid_index_left_by_a_failed_build_is_rebuilt() {
     );
     assert_eq!(
         applied_versions(&client).await,
-        vec![1, 2, 3, 4, 5, 6, 7, 8]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9]
     );
 }
 
@@ -239,4 +240,66 @@ async fn events_written_before_pull_settings_read_as_the_default_queue() {
     let record = store.get_event(&key).await.unwrap().expect("kept");
     assert_eq!(record.pull, belfry_core::PullSettings::default());
     assert_eq!(record.pull.queue().as_str(), "default");
+}
+
+/// Migration 9 on a database whose history recorded attempts twice (a
+/// retried write, before attempts were recorded once): the first entry of
+/// each (version, number) stays, the old stale entries numbered 0 all stay,
+/// and the unique index holds from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_recorded_twice_before_migration_9_are_kept_once() {
+    let url = PgServer::shared().fresh_database().await;
+    let mut client = connect(&url).await;
+    migrate_up_to(&mut client, PartitionCount::new(4).unwrap(), 8)
+        .await
+        .unwrap();
+    client.execute(INSERT_EVENT, &[&"e"]).await.unwrap();
+    let insert =
+        "INSERT INTO attempts (tenant, id, version, number, started_at, duration_ms, verdict)
+         VALUES ('t', 'e', $1, $2, $3, 1, 'retry')";
+    for (version, number, started_at) in [
+        ("v1", 1_i64, 100_i64),
+        ("v1", 1, 101),
+        ("v1", 2, 200),
+        ("v1", 1, 102),
+        ("v0", 0, 50),
+        ("v0", 0, 51),
+    ] {
+        client
+            .execute(insert, &[&version, &number, &started_at])
+            .await
+            .unwrap();
+    }
+
+    tokio::time::timeout(DEADLINE, PostgresStore::connect(options(url, 4)))
+        .await
+        .unwrap()
+        .unwrap();
+    let kept: Vec<(String, i64, i64)> = client
+        .query(
+            "SELECT version, number, started_at FROM attempts ORDER BY seq",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    let expected: Vec<(String, i64, i64)> =
+        [("v1", 1, 100), ("v1", 2, 200), ("v0", 0, 50), ("v0", 0, 51)]
+            .into_iter()
+            .map(|(v, n, at)| (v.to_string(), n, at))
+            .collect();
+    assert_eq!(kept, expected);
+    assert!(
+        client
+            .execute(insert, &[&"v1", &2_i64, &300_i64])
+            .await
+            .is_err(),
+        "the unique index refuses a second entry of an attempt"
+    );
+    assert_eq!(
+        applied_versions(&client).await,
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9]
+    );
 }

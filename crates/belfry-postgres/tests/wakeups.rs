@@ -90,6 +90,7 @@ async fn near_changes_are_announced_and_far_ones_are_not() {
         key: far.clone(),
         command: EventCommand::RecordAttempt {
             version: EventVersion::from_string("f2".into()),
+            number: 1,
             report: AttemptReport {
                 started_at: Timestamp::from_millis(NOW + 2_000),
                 duration_ms: 1,

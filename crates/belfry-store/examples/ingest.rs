@@ -179,6 +179,7 @@ fn deliver(tenant: &TenantName, i: u64) -> KeyedCommand {
         key: event_key(tenant, i),
         command: EventCommand::RecordAttempt {
             version: EventVersion::from_string(format!("{i:032x}")),
+            number: 1,
             report: AttemptReport {
                 started_at: event_time(i),
                 duration_ms: 2,

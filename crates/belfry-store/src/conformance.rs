@@ -101,6 +101,7 @@ macro_rules! store_conformance_tests {
             attempt_retry_reschedules,
             attempt_permanent_fails,
             stale_attempt_changes_nothing_but_history,
+            a_repeated_attempt_is_recorded_once,
             expire_only_pending,
             results_in_input_order,
             several_commands_for_one_key_in_one_apply,
@@ -173,9 +174,10 @@ fn upsert(at: i64, version: &str) -> EventCommand {
     }
 }
 
-fn attempt(version: &str, verdict: Verdict, started_at: i64) -> EventCommand {
+fn attempt(version: &str, number: u32, verdict: Verdict, started_at: i64) -> EventCommand {
     EventCommand::RecordAttempt {
         version: EventVersion::from_string(version.into()),
+        number,
         report: AttemptReport {
             started_at: ts(started_at),
             duration_ms: 7,
@@ -326,14 +328,14 @@ where
         store,
         2_000,
         &key("t", "e1"),
-        attempt("v", Verdict::Delivered, 2_000),
+        attempt("v", 1, Verdict::Delivered, 2_000),
     )
     .await;
     apply_one(
         store,
         2_000,
         &key("t", "e2"),
-        attempt("v", Verdict::Retry, 2_000),
+        attempt("v", 1, Verdict::Retry, 2_000),
     )
     .await;
     assert_eq!(count("t", EventStatus::Scheduled, 100).await.unwrap(), 7);
@@ -507,7 +509,7 @@ where
         get(store, &plain).await.expect("stored").pull,
         belfry_core::PullSettings::default()
     );
-    apply_one(store, 5_000, &k, attempt("v1", Verdict::Retry, 5_000)).await;
+    apply_one(store, 5_000, &k, attempt("v1", 1, Verdict::Retry, 5_000)).await;
     let retried = get(store, &k).await.expect("stored");
     assert_eq!(retried.attempts, 1);
     assert_eq!(retried.pull, settings, "kept through attempts");
@@ -639,7 +641,13 @@ where
     let store = &under_test.store;
     let k = key("t", "e1");
     apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
-    let applied = apply_one(store, 5_010, &k, attempt("v1", Verdict::Delivered, 5_001)).await;
+    let applied = apply_one(
+        store,
+        5_010,
+        &k,
+        attempt("v1", 1, Verdict::Delivered, 5_001),
+    )
+    .await;
     assert_eq!(
         applied.outcome,
         CommandOutcome::AttemptRecorded(EventStatus::Delivered)
@@ -667,7 +675,7 @@ where
     let store = &under_test.store;
     let k = key("t", "e1");
     apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
-    let applied = apply_one(store, 5_010, &k, attempt("v1", Verdict::Retry, 5_001)).await;
+    let applied = apply_one(store, 5_010, &k, attempt("v1", 1, Verdict::Retry, 5_001)).await;
     assert_eq!(
         applied.outcome,
         CommandOutcome::AttemptRecorded(EventStatus::Retrying)
@@ -699,7 +707,13 @@ where
     let store = &under_test.store;
     let k = key("t", "e1");
     apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
-    let applied = apply_one(store, 5_010, &k, attempt("v1", Verdict::Permanent, 5_001)).await;
+    let applied = apply_one(
+        store,
+        5_010,
+        &k,
+        attempt("v1", 1, Verdict::Permanent, 5_001),
+    )
+    .await;
     assert_eq!(
         applied.outcome,
         CommandOutcome::AttemptRecorded(EventStatus::Failed)
@@ -722,7 +736,13 @@ where
     apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
     apply_one(store, 2_000, &k, upsert(9_000, "v2")).await;
     let before = get(store, &k).await.unwrap();
-    let applied = apply_one(store, 5_010, &k, attempt("v1", Verdict::Delivered, 5_001)).await;
+    let applied = apply_one(
+        store,
+        5_010,
+        &k,
+        attempt("v1", 1, Verdict::Delivered, 5_001),
+    )
+    .await;
     assert_eq!(applied.outcome, CommandOutcome::StaleAttempt);
     // The current version (moved meanwhile) is re-armed, nothing else.
     assert_eq!(
@@ -732,21 +752,132 @@ where
         }]
     );
     assert_eq!(applied.record.as_ref(), Some(&before));
-    assert_eq!(get(store, &k).await, Some(before));
+    assert_eq!(get(store, &k).await, Some(before.clone()));
     let history = store.attempts(&k, 10).await.unwrap();
     assert_eq!(history.len(), 1, "a stale attempt is still history");
     assert_eq!(history[0].version.as_str(), "v1");
-    assert_eq!(history[0].number, 0);
+    assert_eq!(history[0].number, 1, "numbered as it was delivered");
+
+    // Recorded again (a retried write), alone and twice in one batch: the
+    // history keeps one entry per (version, number).
+    let again = apply_one(
+        store,
+        5_020,
+        &k,
+        attempt("v1", 1, Verdict::Delivered, 5_001),
+    )
+    .await;
+    assert_eq!(again.outcome, CommandOutcome::StaleAttempt);
+    apply(
+        store,
+        5_030,
+        vec![
+            command(&k, attempt("v1", 2, Verdict::Retry, 5_002)),
+            command(&k, attempt("v1", 2, Verdict::Retry, 5_002)),
+        ],
+    )
+    .await;
+    assert_eq!(get(store, &k).await, Some(before.clone()));
+    let history = store.attempts(&k, 10).await.unwrap();
+    let numbers: Vec<(&str, u32)> = history
+        .iter()
+        .map(|a| (a.version.as_str(), a.number))
+        .collect();
+    assert_eq!(numbers, [("v1", 1), ("v1", 2)]);
 
     let unknown = apply_one(
         store,
         5_010,
         &key("t", "ghost"),
-        attempt("v1", Verdict::Delivered, 1),
+        attempt("v1", 1, Verdict::Delivered, 1),
     )
     .await;
     assert_eq!(unknown.outcome, CommandOutcome::StaleAttempt);
     assert_eq!(get(store, &key("t", "ghost")).await, None);
+}
+
+/// The same attempt recorded twice (a write that committed but answered
+/// an error, then retried) counts once: one history entry, the state and
+/// the retry instant of the first recording.
+pub async fn a_repeated_attempt_is_recorded_once<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    let first = apply_one(store, 5_010, &k, attempt("v1", 1, Verdict::Retry, 5_001)).await;
+    assert_eq!(
+        first.outcome,
+        CommandOutcome::AttemptRecorded(EventStatus::Retrying)
+    );
+    let recorded = get(store, &k).await.unwrap();
+    assert_eq!(recorded.attempts, 1);
+    assert_eq!(recorded.next_fire_at, Some(ts(6_010)));
+
+    // Later, as a retry after the error would be: the instant of the next
+    // attempt is not pushed back, only armed again.
+    let repeat = apply_one(store, 5_500, &k, attempt("v1", 1, Verdict::Retry, 5_001)).await;
+    assert_eq!(
+        repeat.outcome,
+        CommandOutcome::AttemptAlreadyRecorded(EventStatus::Retrying)
+    );
+    assert_eq!(repeat.effects, vec![Effect::Arm { at: ts(6_010) }]);
+    assert_eq!(repeat.record.as_ref(), Some(&recorded));
+    assert_eq!(get(store, &k).await, Some(recorded.clone()));
+    // And twice within one batch.
+    let batch = apply(
+        store,
+        5_600,
+        vec![
+            command(&k, attempt("v1", 1, Verdict::Retry, 5_001)),
+            command(&k, attempt("v1", 1, Verdict::Retry, 5_001)),
+        ],
+    )
+    .await;
+    assert!(
+        batch
+            .iter()
+            .all(|a| a.outcome == CommandOutcome::AttemptAlreadyRecorded(EventStatus::Retrying))
+    );
+    assert_eq!(get(store, &k).await, Some(recorded));
+    let history = store.attempts(&k, 10).await.unwrap();
+    assert_eq!(history.len(), 1, "{history:?}");
+    assert_eq!(history[0].number, 1);
+    let partition = store.partitions().partition_of(&k);
+    assert_eq!(all_due(store).await, vec![(partition, cursor(6_010, &k))]);
+
+    // The next attempt counts; its repeat after the event finished does
+    // not reopen or re-count it.
+    let delivered = apply_one(
+        store,
+        6_020,
+        &k,
+        attempt("v1", 2, Verdict::Delivered, 6_011),
+    )
+    .await;
+    assert_eq!(
+        delivered.outcome,
+        CommandOutcome::AttemptRecorded(EventStatus::Delivered)
+    );
+    let finished = get(store, &k).await.unwrap();
+    let repeat = apply_one(
+        store,
+        6_500,
+        &k,
+        attempt("v1", 2, Verdict::Delivered, 6_011),
+    )
+    .await;
+    assert_eq!(
+        repeat.outcome,
+        CommandOutcome::AttemptAlreadyRecorded(EventStatus::Delivered)
+    );
+    assert!(repeat.effects.is_empty());
+    assert_eq!(get(store, &k).await, Some(finished));
+    assert_eq!(store.attempts(&k, 10).await.unwrap().len(), 2);
+    assert!(all_due(store).await.is_empty());
 }
 
 pub async fn expire_only_pending<F, Fut>(factory: F)
@@ -825,7 +956,7 @@ where
             command(&other, upsert(5_500, "w1")),
             command(&k, upsert(5_000, "ignored")),
             command(&k, upsert(9_000, "v2")),
-            command(&k, attempt("v2", Verdict::Retry, 9_000)),
+            command(&k, attempt("v2", 1, Verdict::Retry, 9_000)),
             command(&k, EventCommand::Cancel),
             command(&k, EventCommand::Cancel),
             command(&k, upsert(7_000, "v3")),
@@ -864,7 +995,7 @@ where
         2_000,
         vec![
             command(&quick, upsert(2_000, "q1")),
-            command(&quick, attempt("q1", Verdict::Delivered, 2_000)),
+            command(&quick, attempt("q1", 1, Verdict::Delivered, 2_000)),
         ],
     )
     .await;
@@ -896,9 +1027,9 @@ where
         store,
         600,
         vec![
-            command(&key("t", "d"), attempt("d", Verdict::Delivered, 600)),
+            command(&key("t", "d"), attempt("d", 1, Verdict::Delivered, 600)),
             command(&key("t", "e"), EventCommand::Cancel),
-            command(&key("t", "f"), attempt("f", Verdict::Permanent, 600)),
+            command(&key("t", "f"), attempt("f", 1, Verdict::Permanent, 600)),
         ],
     )
     .await;
@@ -1069,17 +1200,29 @@ where
         store,
         1_000,
         &delivered,
-        attempt("d1", Verdict::Delivered, 1_000),
+        attempt("d1", 1, Verdict::Delivered, 1_000),
     )
     .await;
-    apply_one(store, 1_000, &retried, attempt("r1", Verdict::Retry, 1_000)).await;
+    apply_one(
+        store,
+        1_000,
+        &retried,
+        attempt("r1", 1, Verdict::Retry, 1_000),
+    )
+    .await;
     assert_eq!(
         due(store, p, None, i64::MAX, 10).await,
         vec![cursor(2_000, &retried), cursor(8_000, &moved)]
     );
     // A second retry moves it again (the quick phase: another 1 s); its
     // old entry goes.
-    apply_one(store, 2_000, &retried, attempt("r1", Verdict::Retry, 2_000)).await;
+    apply_one(
+        store,
+        2_000,
+        &retried,
+        attempt("r1", 2, Verdict::Retry, 2_000),
+    )
+    .await;
     assert_eq!(
         due(store, p, None, i64::MAX, 10).await,
         vec![cursor(3_000, &retried), cursor(8_000, &moved)]
@@ -1355,7 +1498,7 @@ where
             };
             Some(command(
                 &key("t", &id(i)),
-                attempt(&format!("v{i}"), verdict, at(i)),
+                attempt(&format!("v{i}"), 1, verdict, at(i)),
             ))
         })
         .collect();
@@ -1545,7 +1688,7 @@ where
                     } else {
                         Verdict::Delivered
                     };
-                    command(&key("big", &id(*i)), attempt("v", verdict, at(*i)))
+                    command(&key("big", &id(*i)), attempt("v", 1, verdict, at(*i)))
                 })
                 .collect(),
         )
@@ -1638,12 +1781,18 @@ where
         store,
         1_000,
         &neighbour,
-        attempt("n1", Verdict::Retry, 1_000),
+        attempt("n1", 1, Verdict::Retry, 1_000),
     )
     .await;
-    apply_one(store, 1_005, &k, attempt("v1", Verdict::Retry, 1_000)).await;
-    apply_one(store, 2_010, &k, attempt("v1", Verdict::Retry, 2_005)).await;
-    apply_one(store, 4_020, &k, attempt("v1", Verdict::Delivered, 4_010)).await;
+    apply_one(store, 1_005, &k, attempt("v1", 1, Verdict::Retry, 1_000)).await;
+    apply_one(store, 2_010, &k, attempt("v1", 2, Verdict::Retry, 2_005)).await;
+    apply_one(
+        store,
+        4_020,
+        &k,
+        attempt("v1", 3, Verdict::Delivered, 4_010),
+    )
+    .await;
 
     let history = store.attempts(&k, 100).await.unwrap();
     let expected = vec![
@@ -1718,7 +1867,7 @@ where
         store,
         1_000,
         &old_done,
-        attempt("a", Verdict::Delivered, 1_000),
+        attempt("a", 1, Verdict::Delivered, 1_000),
     )
     .await;
     apply_one(store, 1_000, &old_cancelled, EventCommand::Cancel).await;
@@ -1729,7 +1878,7 @@ where
         store,
         9_000,
         &new_done,
-        attempt("c", Verdict::Delivered, 9_000),
+        attempt("c", 1, Verdict::Delivered, 9_000),
     )
     .await;
 
@@ -1815,7 +1964,7 @@ where
         store,
         1_000,
         &failed,
-        attempt("v1", Verdict::Permanent, 1_000),
+        attempt("v1", 1, Verdict::Permanent, 1_000),
     )
     .await;
     apply_one(store, 1_000, &cancelled, EventCommand::Cancel).await;
@@ -1970,7 +2119,7 @@ where
             .unwrap()
             .is_some()
     );
-    apply_one(store, 10, &keys[3], attempt("v", Verdict::Retry, 5)).await;
+    apply_one(store, 10, &keys[3], attempt("v", 1, Verdict::Retry, 5)).await;
     assert_eq!(store.attempts(&keys[3], 10).await.unwrap().len(), 1);
 }
 
@@ -2037,9 +2186,25 @@ where
     for caller in 0..CALLERS {
         let store = store.clone();
         let k = k.clone();
+        // Each caller records the next attempt as it reads it; a caller
+        // that lost the race to another (its number is recorded already)
+        // reads again and records the one after.
         tasks.push(tokio::spawn(async move {
             let started = 5_001 + i64::from(caller);
-            apply_one(&store, 5_100, &k, attempt("v1", Verdict::Retry, started)).await
+            loop {
+                let number = get(&store, &k).await.expect("stored").attempts + 1;
+                let applied = apply_one(
+                    &store,
+                    5_100,
+                    &k,
+                    attempt("v1", number, Verdict::Retry, started),
+                )
+                .await;
+                if applied.outcome != CommandOutcome::AttemptAlreadyRecorded(EventStatus::Retrying)
+                {
+                    return applied;
+                }
+            }
         }));
     }
     for task in tasks {

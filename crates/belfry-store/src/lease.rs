@@ -260,6 +260,7 @@ fn resolve(
         Some(record),
         EventCommand::RecordAttempt {
             version: record.version.clone(),
+            number: lease.lease.attempt(),
             report: AttemptReport {
                 verdict,
                 ..reported.clone()

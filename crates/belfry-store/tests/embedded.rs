@@ -88,6 +88,7 @@ async fn everything_survives_drop_and_reopen() {
                     key: key("e000"),
                     command: EventCommand::RecordAttempt {
                         version: EventVersion::from_string("v-e000".into()),
+                        number: 1,
                         report: AttemptReport {
                             started_at: Timestamp::from_millis(1_000),
                             duration_ms: 3,
@@ -179,13 +180,14 @@ fn open_with_writers(dir: &std::path::Path, writers: usize) -> SharedStore {
 
 /// Same `started_at` every time, so only the sequence number keeps the
 /// entries apart: a reused number would overwrite an older entry.
-async fn record_stale_attempt(store: &SharedStore, id: &str) {
+async fn record_stale_attempt(store: &SharedStore, id: &str, number: u32) {
     store
         .apply(ApplyParams {
             commands: vec![KeyedCommand {
                 key: key(id),
                 command: EventCommand::RecordAttempt {
                     version: EventVersion::from_string("an-old-version".into()),
+                    number,
                     report: AttemptReport {
                         started_at: Timestamp::from_millis(50),
                         duration_ms: 1,
@@ -210,15 +212,15 @@ async fn a_changed_writer_count_keeps_every_key_and_history_entry() {
     {
         let store = open_with_writers(dir.path(), 1);
         apply(&store, ids.iter().map(|id| upsert(id, 1_000)).collect()).await;
-        for _ in 0..2 {
+        for number in 1..=2 {
             for id in &ids {
-                record_stale_attempt(&store, id).await;
+                record_stale_attempt(&store, id, number).await;
             }
         }
     }
     let store = open_with_writers(dir.path(), 3);
     for id in &ids {
-        record_stale_attempt(&store, id).await;
+        record_stale_attempt(&store, id, 3).await;
     }
     for id in &ids {
         assert_eq!(store.attempts(&key(id), 10).await.unwrap().len(), 3, "{id}");

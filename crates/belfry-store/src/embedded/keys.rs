@@ -274,7 +274,13 @@ pub fn event_key_of_listing_entry(entry: &[u8]) -> StoreResult<Vec<u8>> {
 
 /// The prefix of every attempt of `key`: `event key ++ 0x00`.
 pub fn attempts_prefix(key: &EventKey) -> Vec<u8> {
-    let mut out = event_key(key);
+    attempts_prefix_raw(&event_key(key))
+}
+
+/// [`attempts_prefix`] of an encoded event key.
+pub fn attempts_prefix_raw(encoded_key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(encoded_key.len() + 1);
+    out.extend_from_slice(encoded_key);
     out.push(SEPARATOR);
     out
 }

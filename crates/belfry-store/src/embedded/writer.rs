@@ -31,8 +31,12 @@
 
 use std::sync::mpsc::{Receiver, TryRecvError};
 
-use belfry_core::event::{Attempt, EventRecord, EventStatus, TransitionContext, transition};
-use belfry_core::{EventKey, PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp};
+use belfry_core::event::{
+    Attempt, EventCommand, EventRecord, EventStatus, TransitionContext, transition,
+};
+use belfry_core::{
+    EventKey, EventVersion, PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp,
+};
 use fjall::{Database, Keyspace, OwnedWriteBatch};
 use rustc_hash::FxHashMap as HashMap;
 use tokio::sync::oneshot;
@@ -187,6 +191,10 @@ struct Group {
     commands: usize,
     answers: Vec<Answer>,
 }
+
+/// By encoded event key: the `(version, number)` of every attempt in its
+/// history (see [`Writer::load_recorded_attempts`]).
+type RecordedAttempts = HashMap<Vec<u8>, Vec<(EventVersion, u32)>>;
 
 /// What places an event in the listing index (`by_status_time`): its
 /// status and instant. Engine-internal events (schedules' control events)
@@ -369,6 +377,7 @@ impl Writer {
             .map(|c| keys::event_key(&c.key))
             .collect();
         self.load_missing(&encoded, group)?;
+        let mut recorded = self.load_recorded_attempts(&params.commands, &encoded, group)?;
         let mut results = Vec::with_capacity(params.commands.len());
         for (command, encoded) in params.commands.into_iter().zip(encoded) {
             let Some(slot) = group.events.get_mut(&encoded) else {
@@ -403,12 +412,74 @@ impl Writer {
                 effects: step.effects,
             });
             if let Some(attempt) = step.attempt {
-                self.attempt_seq += 1;
-                let key = keys::attempt_key_raw(&encoded, attempt.started_at, self.attempt_seq);
-                group.attempts.push((key, attempt));
+                // A stale attempt recorded before (a retried write) is not
+                // written again; a current one the transition already
+                // refused (`AttemptAlreadyRecorded`).
+                let id = (attempt.version.clone(), attempt.number);
+                let repeat = recorded.get_mut(&encoded).is_some_and(|ids| {
+                    let known = ids.contains(&id);
+                    ids.push(id);
+                    known
+                });
+                if !repeat {
+                    self.attempt_seq += 1;
+                    let key = keys::attempt_key_raw(&encoded, attempt.started_at, self.attempt_seq);
+                    group.attempts.push((key, attempt));
+                }
             }
         }
         Ok(results)
+    }
+
+    /// The attempts `(version, number)` already in the history (stored or
+    /// staged by this group) of each event that `commands` may record a
+    /// stale attempt of: one whose state before this job does not take the
+    /// attempt as the next of its pending version, or that the job changes
+    /// more than once. The common case, the next attempt of a pending
+    /// event, reads nothing. Read before any command is staged, so a read
+    /// failure stages nothing.
+    fn load_recorded_attempts(
+        &self,
+        commands: &[crate::KeyedCommand],
+        encoded: &[Vec<u8>],
+        group: &Group,
+    ) -> StoreResult<RecordedAttempts> {
+        let mut recorded = RecordedAttempts::default();
+        for (command, key) in commands.iter().zip(encoded) {
+            let EventCommand::RecordAttempt {
+                version, number, ..
+            } = &command.command
+            else {
+                continue;
+            };
+            if recorded.contains_key(key) {
+                continue;
+            }
+            let current = group.events.get(key).and_then(|slot| slot.current.as_ref());
+            let next_of_pending = current.is_some_and(|r| {
+                r.version == *version && r.status.is_pending() && *number > r.attempts
+            });
+            let changed_again = encoded.iter().filter(|k| *k == key).count() > 1;
+            if current.is_none() || (next_of_pending && !changed_again) {
+                continue;
+            }
+            let prefix = keys::attempts_prefix_raw(key);
+            let mut ids = Vec::new();
+            for item in self.ks.attempts.prefix(&prefix) {
+                let (_, value) = item.into_inner().map_err(internal)?;
+                let attempt = keys::decode_attempt(&value)?;
+                ids.push((attempt.version, attempt.number));
+            }
+            ids.extend(
+                group
+                    .attempts
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&prefix))
+                    .map(|(_, a)| (a.version.clone(), a.number)),
+            );
+            recorded.insert(key.clone(), ids);
+        }
+        Ok(recorded)
     }
 
     /// Records grants on top of the group's overlay ([`decide_grant`]; a
