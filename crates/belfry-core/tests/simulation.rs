@@ -381,6 +381,8 @@ struct Store {
     index: Vec<BTreeSet<DueCursor>>,
     /// Changes committed so far.
     commits: u64,
+    /// Per key: the number of the commit that changed it last.
+    changed_by: HashMap<EventKey, u64>,
 }
 
 impl Store {
@@ -390,6 +392,7 @@ impl Store {
             records: HashMap::new(),
             index: (0..partitions).map(|_| BTreeSet::new()).collect(),
             commits: 0,
+            changed_by: HashMap::new(),
         }
     }
 
@@ -433,6 +436,7 @@ impl Store {
             }
             self.records.insert(key.clone(), next.clone());
             self.commits += 1;
+            self.changed_by.insert(key.clone(), self.commits);
         }
         change
     }
@@ -484,11 +488,16 @@ enum Task {
     PageSnapshot {
         p: usize,
         epoch: u64,
+        /// The runtime's number for this read (see [`Core::load_seq`]).
+        seq: u64,
         request: LoadRequest,
     },
     PageAnswer {
         p: usize,
         epoch: u64,
+        seq: u64,
+        /// The store's commits when the page was read.
+        snapshot: u64,
         request: LoadRequest,
         page: Option<Vec<DueCursor>>,
     },
@@ -571,8 +580,15 @@ struct Core {
     offered_while_outstanding: HashSet<DueCursor>,
     /// Offered while a page read was in flight, beyond the core's buffer.
     overflowed: HashSet<DueCursor>,
-    /// Listed by a page while outstanding (offered again once finished).
-    listed_while_outstanding: HashSet<DueCursor>,
+    /// Listed by a page while outstanding (offered again once finished),
+    /// with the store's commits when the page was read.
+    listed_while_outstanding: HashMap<DueCursor, u64>,
+    /// The number of the last page read asked for (answers carry theirs:
+    /// an older one answers a read a Reload dropped).
+    load_seq: u64,
+    /// The number of the page answer being handed over, and the store's
+    /// commits when it was read.
+    answer: (u64, u64),
     /// Refused a claim (another attempt of its version was outstanding):
     /// the core fires it again after a pause.
     refused: HashSet<DueCursor>,
@@ -625,7 +641,8 @@ macro_rules! counters {
 counters!(
     "run": seeds, steps, simulated_s, events, fired, sends, accepted;
     "window": window_pages, tenant_pages, repair_pages, repaired, evicted, load_failures,
-        dropped_page_answers, overflowed_offers, outstanding_offers, outstanding_listed;
+        dropped_page_answers, overflowed_offers, outstanding_offers, outstanding_listed,
+        recreated_while_outstanding, offered_pending_at_finish, listed_pending_at_finish;
     "records": read_aheads, read_ahead_hits, read_ahead_failures, cached_after_fire,
         excused_stale_sends, record_reads, record_read_failures, retry_timers,
         stale_at_dispatch, revalidation_drops, duplicate_claims;
@@ -675,6 +692,8 @@ const MUST_REACH: &[&str] = &[
     "reloads_while_blocked",
     "retry_timers",
     "outstanding_offers",
+    "offered_pending_at_finish",
+    "listed_pending_at_finish",
     "cached_after_fire",
     "overflowed_offers",
     "dropped_page_answers",
@@ -868,6 +887,9 @@ struct Sim {
     log: Option<Vec<String>>,
     /// A running digest of what happened, to check replays are identical.
     digest: u64,
+    /// Keys whose next stale outcome's wake-ups are lost (see
+    /// [`Sim::recreate_outstanding`]).
+    lose_rearm: HashSet<EventKey>,
     /// A busy loop while loading (reported at the next check).
     spin_failure: Option<String>,
 }
@@ -913,6 +935,7 @@ impl Sim {
             stats: Stats::default(),
             log: trace.then(Vec::new),
             digest: 0xcbf2_9ce4_8422_2325,
+            lose_rearm: HashSet::new(),
             spin_failure: None,
             knobs,
         };
@@ -941,7 +964,9 @@ impl Sim {
             loading: None,
             offered_while_outstanding: HashSet::new(),
             overflowed: HashSet::new(),
-            listed_while_outstanding: HashSet::new(),
+            listed_while_outstanding: HashMap::new(),
+            load_seq: 0,
+            answer: (0, 0),
             refused: HashSet::new(),
             per_tenant: vec![0; self.knobs.tenants.len()],
             attempted: HashSet::new(),
@@ -1138,7 +1163,8 @@ impl Sim {
                 }
                 Input::Loaded { request, page } => {
                     let core = &mut self.cores[p];
-                    if !core.loading.as_ref().is_some_and(|(r, _)| r == request) {
+                    let (seq, snapshot) = core.answer;
+                    if core.loading.is_none() || seq != core.load_seq {
                         // The answer to a read a Reload dropped: the core
                         // must leave everything as it is (its snapshot may
                         // predate offers the Reload dropped).
@@ -1160,7 +1186,8 @@ impl Sim {
                     for entry in page.iter().flatten() {
                         if core.outstanding.contains_key(entry) {
                             self.stats.outstanding_listed += 1;
-                            core.listed_while_outstanding.insert(entry.clone());
+                            core.listed_while_outstanding
+                                .insert(entry.clone(), snapshot);
                         }
                     }
                 }
@@ -1180,7 +1207,17 @@ impl Sim {
             if !is_tick {
                 self.trace(|| format!("p{p} <- {input:?}"));
             }
+            let finished = match &input {
+                Input::Finished {
+                    entry,
+                    finish: Finish::Done,
+                } => Some(entry.clone()),
+                _ => None,
+            };
             let actions = self.cores[p].core.handle(input, self.now);
+            if let Some(entry) = finished {
+                self.check_offered_again(p, &entry)?;
+            }
             if is_tick {
                 let core = &mut self.cores[p];
                 if actions.is_empty() {
@@ -1218,6 +1255,48 @@ impl Sim {
         Ok(())
     }
 
+    /// An entry that was offered, or listed by a page, while it was
+    /// outstanding has just finished. If the store still holds it pending
+    /// there, as the core last learnt (no wake-up of its key lost or in
+    /// transit since the offer; no change of it since the page was read),
+    /// the core holds it again wherever its window covers it.
+    fn check_offered_again(&mut self, p: usize, entry: &DueCursor) -> SimResult {
+        let core = &self.cores[p];
+        let pending_here = self
+            .store
+            .records
+            .get(&entry.key)
+            .is_some_and(|r| r.status.is_pending() && r.next_fire_at == Some(entry.due));
+        if !pending_here {
+            return Ok(());
+        }
+        let heard = !self.oracle.in_transit.contains_key(&entry.key)
+            && !self.oracle.unsynced.contains_key(&entry.key);
+        let offered = core.offered_while_outstanding.contains(entry) && heard;
+        let listed = core
+            .listed_while_outstanding
+            .get(entry)
+            .is_some_and(|snapshot| self.store.changed_by[&entry.key] <= *snapshot);
+        self.stats.offered_pending_at_finish += u64::from(offered);
+        self.stats.listed_pending_at_finish += u64::from(listed && !offered);
+        let core = &self.cores[p];
+        let window = core.core.window();
+        if core.loading.is_some() || !window.covers(entry) || window.contains(entry) {
+            return Ok(());
+        }
+        let bug = if offered {
+            Known::OfferWhileOutstandingLost
+        } else if listed {
+            Known::PageListedWhileOutstanding
+        } else {
+            return Ok(());
+        };
+        self.regression(
+            bug,
+            format!("p{p}: {entry:?} finished, is pending there and covered, and not held"),
+        )
+    }
+
     fn perform(&mut self, p: usize, actions: Vec<Action>) -> SimResult {
         let epoch = self.cores[p].epoch;
         for action in actions {
@@ -1232,7 +1311,17 @@ impl Sim {
                     }
                     let delay = self.latency(20);
                     let at = self.at(delay);
-                    self.schedule(at, Task::PageSnapshot { p, epoch, request });
+                    self.cores[p].load_seq += 1;
+                    let seq = self.cores[p].load_seq;
+                    self.schedule(
+                        at,
+                        Task::PageSnapshot {
+                            p,
+                            epoch,
+                            seq,
+                            request,
+                        },
+                    );
                 }
                 Action::ReadAhead(keys) => {
                     self.trace(|| format!("p{p} -> ReadAhead {keys:?}"));
@@ -1527,7 +1616,12 @@ impl Sim {
 
     fn process(&mut self, task: Task) -> SimResult {
         match task {
-            Task::PageSnapshot { p, epoch, request } => {
+            Task::PageSnapshot {
+                p,
+                epoch,
+                seq,
+                request,
+            } => {
                 let page = if self.chance(self.knobs.faults.page_fail) {
                     None
                 } else {
@@ -1540,6 +1634,8 @@ impl Sim {
                     Task::PageAnswer {
                         p,
                         epoch,
+                        seq,
+                        snapshot: self.store.commits,
                         request,
                         page,
                     },
@@ -1549,10 +1645,13 @@ impl Sim {
             Task::PageAnswer {
                 p,
                 epoch,
+                seq,
+                snapshot,
                 request,
                 page,
             } => {
                 if epoch == self.cores[p].epoch {
+                    self.cores[p].answer = (seq, snapshot);
                     if page.is_none() {
                         self.cores[p].page_failed_at = Some(self.now);
                     }
@@ -1751,7 +1850,15 @@ impl Sim {
             CommandOutcome::StaleAttempt => self.stats.stale_attempts += 1,
             _ => {}
         }
-        self.route(&job.entry.key, &change.effects);
+        if matches!(change.outcome, CommandOutcome::StaleAttempt)
+            && self.lose_rearm.remove(&job.entry.key)
+        {
+            self.stats.lost_wakeups += change.effects.len() as u64;
+            self.trace(|| format!("LOST wake-ups {:?}", change.effects));
+            self.oracle.unsynced.insert(job.entry.key.clone(), p);
+        } else {
+            self.route(&job.entry.key, &change.effects);
+        }
         let finished = Input::Finished {
             entry: job.entry.clone(),
             finish: Finish::Done,
@@ -2040,6 +2147,8 @@ impl Sim {
             self.upsert(&key, at)
         } else if next(15) {
             self.stray_offer()
+        } else if next(8) {
+            self.recreate_outstanding()
         } else if next(faults.jumps) {
             self.stats.jumps += 1;
             let jump = if self.rng.per_mille(100) {
@@ -2091,6 +2200,54 @@ impl Sim {
             self.upsert(&key, at)?;
         }
         Ok(())
+    }
+
+    /// An event is cancelled and re-created at the instant of its entry
+    /// being delivered: the core is offered it while it is outstanding
+    /// ([`Known::OfferWhileOutstandingLost`]). Or, half of the time, those
+    /// wake-ups are lost with the push channel, and the one of the old
+    /// version's stale outcome too: only the page read after the Reload
+    /// lists the new version, while the old one is still outstanding
+    /// ([`Known::PageListedWhileOutstanding`]).
+    fn recreate_outstanding(&mut self) -> SimResult {
+        let outstanding: Vec<(usize, DueCursor)> = self
+            .cores
+            .iter()
+            .enumerate()
+            .flat_map(|(p, c)| c.outstanding.keys().map(move |e| (p, e.clone())))
+            .collect();
+        if outstanding.is_empty() {
+            return Ok(());
+        }
+        let (p, entry) = outstanding[self.rng.below(outstanding.len() as u64) as usize].clone();
+        self.stats.recreated_while_outstanding += 1;
+        self.trace(|| format!("RECREATE {entry:?} while outstanding"));
+        let change = self.store.apply(
+            &entry.key,
+            EventCommand::Cancel,
+            self.now,
+            &self.knobs.retry,
+        );
+        self.route(&entry.key, &change.effects);
+        self.next_version += 1;
+        let command = EventCommand::Upsert {
+            event_time: entry.due,
+            payload: None,
+            delivery: DeliveryOption::FullEvent,
+            new_version: EventVersion::from_string(format!("v{}", self.next_version)),
+            pull: Default::default(),
+        };
+        let change = self
+            .store
+            .apply(&entry.key, command, self.now, &self.knobs.retry);
+        self.route(&entry.key, &change.effects);
+        if self.rng.per_mille(500) {
+            self.reconnect(p);
+            self.lose_rearm.insert(entry.key.clone());
+            self.inbox.push_back((p, Input::Reload));
+            self.pump()?;
+        }
+        self.run_until(self.now)
     }
 
     /// A wake-up for an entry the store may not hold (a late duplicate, or
@@ -2169,6 +2326,7 @@ impl Sim {
         self.oracle.unsynced.clear();
         self.oracle.cached_after_fire.clear();
         self.oracle.disrupted_at = self.now.as_millis();
+        self.lose_rearm.clear();
         self.slots = DeliverySlots::new(self.knobs.slots);
         for p in 0..self.cores.len() {
             self.stats.absorb(self.cores[p].core.stats());
@@ -2193,6 +2351,9 @@ impl Sim {
         self.oracle.unsynced.retain(|_, q| *q != p);
         self.oracle.cached_after_fire.retain(|_, q| *q != p);
         self.oracle.disrupted_at = self.now.as_millis();
+        let count = self.store.count;
+        self.lose_rearm
+            .retain(|key| usize::from(count.partition_of(key).0) != p);
         self.tick(p)?;
         self.run_until(self.now)
     }
@@ -2358,7 +2519,7 @@ impl Sim {
             Some(Known::OfferWhileOutstandingLost)
         } else if core.overflowed.contains(entry) {
             Some(Known::OfferBufferOverflow)
-        } else if core.listed_while_outstanding.contains(entry) {
+        } else if core.listed_while_outstanding.contains_key(entry) {
             Some(Known::PageListedWhileOutstanding)
         } else if core.refused.contains(entry) {
             Some(Known::RefusedRetryDropped)
