@@ -16,7 +16,7 @@
 //! session, and with it the lock, within milliseconds. Every node looks at
 //! all presence locks every `presence_interval` (100 ms) and feeds the looks
 //! to a [`CrashWatch`]: a node counts as crashed once its lock was seen
-//! held, then stayed gone in every look for `presence_grace` (400 ms), and
+//! held, then stayed gone in every look for `presence_grace` (300 ms), and
 //! its heartbeat is at least that old too (see [`belfry_core::liveness`]).
 //! The leader then ends it ([`Coordinator::evict`], which re-checks the lock
 //! in its own transaction): its partitions become unowned with their epochs
@@ -124,7 +124,7 @@ impl Default for MembershipOptions {
             tick: Duration::from_secs(1),
             safety_margin: Duration::from_secs(1),
             presence_interval: Duration::from_millis(100),
-            presence_grace: Duration::from_millis(400),
+            presence_grace: Duration::from_millis(300),
         }
     }
 }
