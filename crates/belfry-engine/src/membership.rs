@@ -14,9 +14,9 @@
 //! ([`Coordinator::presence`]). When the process dies (kill -9, OOM, an
 //! abort) the operating system closes its sockets and the database ends the
 //! session, and with it the lock, within milliseconds. Every node looks at
-//! all presence locks every `presence_interval` (200 ms) and feeds the looks
+//! all presence locks every `presence_interval` (100 ms) and feeds the looks
 //! to a [`CrashWatch`]: a node counts as crashed once its lock was seen
-//! held, then stayed gone in every look for `presence_grace` (500 ms), and
+//! held, then stayed gone in every look for `presence_grace` (300 ms), and
 //! its heartbeat is at least that old too (see [`belfry_core::liveness`]).
 //! The leader then ends it ([`Coordinator::evict`], which re-checks the lock
 //! in its own transaction): its partitions become unowned with their epochs
@@ -123,8 +123,8 @@ impl Default for MembershipOptions {
             lease_ttl: Duration::from_secs(5),
             tick: Duration::from_secs(1),
             safety_margin: Duration::from_secs(1),
-            presence_interval: Duration::from_millis(200),
-            presence_grace: Duration::from_millis(500),
+            presence_interval: Duration::from_millis(100),
+            presence_grace: Duration::from_millis(300),
         }
     }
 }
