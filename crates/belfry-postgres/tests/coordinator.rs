@@ -813,11 +813,11 @@ async fn a_stale_epoch_fails_the_whole_apply_and_changes_nothing() {
         .unwrap();
 
     // The owner's write under its epoch is accepted.
-    let delivered = KeyedCommand {
+    let attempt = |number: u32| KeyedCommand {
         key: owned.clone(),
         command: EventCommand::RecordAttempt {
             version: EventVersion::from_string("v1".into()),
-            number: 1,
+            number,
             report: AttemptReport {
                 started_at: Timestamp::from_millis(1_000),
                 duration_ms: 2,
@@ -828,6 +828,7 @@ async fn a_stale_epoch_fails_the_whole_apply_and_changes_nothing() {
         },
         fence: None,
     };
+    let delivered = attempt(1);
     store
         .apply(params(1_001, vec![fenced(delivered.clone(), 0, 1)]))
         .await
@@ -868,9 +869,10 @@ async fn a_stale_epoch_fails_the_whole_apply_and_changes_nothing() {
     );
     assert_eq!(store.attempts(&owned, 10).await.unwrap().len(), 1);
 
-    // The new owner's epoch is accepted; an unknown partition never is.
+    // The new owner's epoch is accepted (its attempt is the next one); an
+    // unknown partition never is.
     store
-        .apply(params(2_000, vec![fenced(delivered.clone(), 0, 2)]))
+        .apply(params(2_000, vec![fenced(attempt(2), 0, 2)]))
         .await
         .unwrap();
     assert_eq!(store.attempts(&owned, 10).await.unwrap().len(), 2);
