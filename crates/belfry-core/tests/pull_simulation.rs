@@ -2201,6 +2201,13 @@ fn pull_simulation() {
         }
         (total, failures)
     });
+    // Printed before any failure, so a failing run shows it too.
+    println!(
+        "{} seeds x {steps} steps passed, {} failed, in {:.1?}: {total:#?}",
+        total.seeds,
+        failures.len(),
+        started.elapsed()
+    );
     let mut failures = failures;
     failures.sort_by_key(|(seed, _)| *seed);
     for (seed, failure) in failures.iter().skip(1) {
@@ -2213,11 +2220,6 @@ fn pull_simulation() {
             replay_hint(*seed, steps)
         );
     }
-    println!(
-        "{} seeds x {steps} steps in {:.1?}: {total:#?}",
-        total.seeds,
-        started.elapsed()
-    );
     // The run must keep reaching the hard paths.
     if seeds >= DEFAULT_SEEDS {
         let mut missing = String::new();

@@ -24,16 +24,18 @@
 //!
 //! Random steps: schedule (past, now, near, within and far beyond the
 //! window), bursts of one tenant (eviction, overflow pages), moves,
-//! same-instant updates, cancels, cancel-and-recreate, stray and duplicated
-//! wake-ups, lost wake-ups (only in seeds with repairs), delayed wake-ups,
-//! clock jumps (small and large), `Reload` (half of them after a push
-//! channel reconnect that loses the wake-ups in transit), partition
-//! hand-overs (a new core and epoch; the old deliveries' outcomes are
-//! fenced) and crashes (everything in memory and in flight lost, the store
-//! keeps what was committed; versions in flight may be delivered again).
-//! Tenants are healthy, flaky, slow, hung or hung forever; capacities are
-//! 64–256 and tenants 2–5, so eviction, overflow pages, tenant blocking and
-//! the outstanding budget are exercised.
+//! same-instant updates, cancels, cancel-and-recreate (also of an event
+//! while it is delivered, its wake-ups and its stale outcome's lost half of
+//! the time, then a `Reload`), stray and duplicated wake-ups, lost
+//! wake-ups (only in seeds with repairs), delayed wake-ups, clock jumps
+//! (small and large), `Reload` (half of them after a push channel
+//! reconnect that loses the wake-ups in transit), partition hand-overs
+//! (a new core and epoch; the old deliveries' outcomes are fenced) and
+//! crashes (everything in memory and in flight lost, the store keeps what
+//! was committed; versions in flight may be delivered again). Tenants are
+//! healthy, flaky, slow, hung or hung forever; capacities are 64–256 and
+//! tenants 2–5, so eviction, overflow pages, tenant blocking and the
+//! outstanding budget are exercised.
 //!
 //! # The oracle, checked after every input and every step
 //! - Never early: a send starts only at `now >= due` and `now >= event_time`.
@@ -62,6 +64,11 @@
 //!   pause) fails ([`Known::RepairWakeWhileLoading`]).
 //! - A page read's answer that comes after a `Reload` dropped the read
 //!   changes nothing in the core ([`Known::StaleLoadAnswer`]).
+//! - An entry offered, or listed by a page, while it was outstanding is
+//!   held again when it finishes, if the store still holds it pending
+//!   there as the core last learnt ([`Known::OfferWhileOutstandingLost`],
+//!   [`Known::PageListedWhileOutstanding`]); a stranded entry that took
+//!   the path of a fixed bug names it.
 //!
 //! `hung_tenants_do_not_hold_back_a_healthy_one` starts a node with large
 //! backlogs of tenants whose receivers always hang and checks that a
