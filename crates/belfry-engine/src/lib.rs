@@ -492,6 +492,12 @@ impl EngineHandle {
         self.inner.limits.in_flight()
     }
 
+    /// Writes of [`EngineHandle::apply`] not finished yet, their callers
+    /// gone or not (for tests).
+    pub fn writes_in_flight(&self) -> usize {
+        self.inner.writes.in_flight()
+    }
+
     /// The fire-path counters of the owned partitions, summed: repairs
     /// (entries a lost wake-up left out, armed by a repair page),
     /// evictions, duplicate claims (for metrics and tests).

@@ -12,9 +12,11 @@
 //! at its old instant), and the client's retry found nothing left to do.
 //!
 //! A write that fails may still have committed (the store answers an error
-//! after its commit, or a batch failed in part): the partitions of the
-//! commands whose outcome is unknown reload their windows, so they fire
-//! from what the store holds, not from what they read ahead.
+//! after its commit, or a batch failed in part): the entries of the events
+//! whose outcome is unknown that have fired already read their records
+//! again before delivering (`Input::MayHaveChanged`), and their partitions
+//! reload their windows, so they fire from what the store holds, not from
+//! what they read ahead.
 //!
 //! Shutdown waits for the writes in flight ([`Writes::wait_idle`]).
 //!
@@ -24,8 +26,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use belfry_core::PartitionId;
 use belfry_core::fire::Input;
+use belfry_core::{EventKey, PartitionId};
 use belfry_store::{Applied, ApplyParams, KeyedCommand, StoreError, StoreResult};
 use tokio::sync::Notify;
 
@@ -92,9 +94,9 @@ pub(crate) async fn apply(
         let shared = &in_flight.0;
         let partitions = shared.store.partitions();
         // In input order, as the store answers a partial failure.
-        let of_command: Vec<PartitionId> = commands
+        let of_command: Vec<(PartitionId, EventKey)> = commands
             .iter()
-            .map(|c| partitions.partition_of(&c.key))
+            .map(|c| (partitions.partition_of(&c.key), c.key.clone()))
             .collect();
         let result = shared
             .store
@@ -111,21 +113,19 @@ pub(crate) async fn apply(
                 then(shared);
             }
             Err(StoreError::Partial(partial)) => {
-                let mut unknown = BTreeSet::new();
-                for (result, partition) in partial.results.iter().zip(&of_command) {
+                let mut unknown = Vec::new();
+                for (result, command) in partial.results.iter().zip(of_command) {
                     match result {
                         Ok(applied) => {
                             shared.route_effects(std::slice::from_ref(applied));
                             shared.quotas.applied(std::slice::from_ref(applied));
                         }
-                        Err(_) => {
-                            unknown.insert(*partition);
-                        }
+                        Err(_) => unknown.push(command),
                     }
                 }
-                reload(shared, unknown);
+                unsure(shared, unknown);
             }
-            Err(_) => reload(shared, of_command.into_iter().collect()),
+            Err(_) => unsure(shared, of_command),
         }
         result
     });
@@ -138,11 +138,19 @@ pub(crate) async fn apply(
     }
 }
 
-/// The commands of `partitions` failed: they may have been made all the
-/// same, so those partitions page their windows in again (and drop what
-/// they read ahead) rather than trust them.
-fn reload(shared: &Shared, partitions: BTreeSet<PartitionId>) {
+/// The commands of these events failed: they may have been made all the
+/// same, so their fired entries read their records again and their
+/// partitions page their windows in again (dropping what they read ahead)
+/// rather than trust them.
+fn unsure(shared: &Shared, events: Vec<(PartitionId, EventKey)>) {
     let now = shared.clock.now();
+    let mut partitions = BTreeSet::new();
+    for (partition, key) in events {
+        shared
+            .owned
+            .input(partition, Input::MayHaveChanged(key), now);
+        partitions.insert(partition);
+    }
     for partition in partitions {
         shared.owned.input(partition, Input::Reload, now);
     }

@@ -29,9 +29,18 @@
 //!   every task at its next await (deliveries mid-request, outcomes waiting
 //!   in the recorder, page reads). The store is closed and reopened after
 //!   either kind;
-//! - writes that bypass the engine ([`belfry_store::Store::apply`] directly:
-//!   lost wake-ups), which the repair pages (every 500 ms of manual time)
-//!   must fix.
+//! - writes nobody hears the answer to, through [`EngineHandle::apply`]:
+//!   a request dropped at a random point after it was submitted (the
+//!   caller's future raced against a short real-time timer), or a store
+//!   fault injected into that one client write through the interposer
+//!   ([`belfry_store::interpose`]): an error without a commit, a commit
+//!   then an error, a stall before the commit, a commit then a stall (each
+//!   stall often with the request dropped meanwhile). The change is then
+//!   learned from the store, and from then on held to the oracle like an
+//!   acknowledged one;
+//! - creates that bypass the engine ([`belfry_store::Store::apply`]
+//!   directly: lost wake-ups), which the repair pages (every 500 ms of
+//!   manual time) must fix.
 //!
 //! # The oracle
 //! After every step, for each request the receiver got since the last step:
@@ -43,13 +52,14 @@
 //!   the backlog limit;
 //! - latest version wins: the content (each upsert's payload is unique)
 //!   belongs to the version it is delivered as, and no content is delivered
-//!   after a change of its key was acknowledged if its due instant was
-//!   later than the manual time of that acknowledgement (then the delivery
-//!   cannot have started before the change: the in-flight race is allowed,
-//!   nothing else). A change that bypassed the engine excuses a stale
-//!   record read ahead (due within `read_ahead` of that write): the
-//!   single-node engine reads records ahead and only its own wake-ups
-//!   invalidate them;
+//!   after a change of its key was acknowledged, or committed unheard (a
+//!   dropped request, an error after the commit: known once the engine's
+//!   write is over), if its due instant was later than the manual time of
+//!   that (then the delivery cannot have started before the change: the
+//!   in-flight race is allowed, nothing else). No change is excused: a
+//!   write the engine made must reach the partition whatever became of its
+//!   caller, and only creates bypass the engine (nothing read ahead of a
+//!   new key can go stale);
 //! - at most one delivery per version and attempt, unless the copies come
 //!   from different engine generations and the earlier one crashed (each
 //!   generation stamps its requests through a tenant header);
@@ -106,6 +116,12 @@
 //!   BELFRY_SIM_STEPS=200 cargo test -p belfry-engine --test simulation --
 //!   --nocapture`.
 //!
+//! Each run prints its counters and one line of the hard paths it reached
+//! (dropped requests, each store fault, crashes, restarts, bypassing
+//! writes, repairs, in-flight races...); a run of 10 seeds or more fails if
+//! one it must reach was never reached (all but two rare real-time races),
+//! so a harness that stops reaching a path shows.
+//!
 //! A failure prints its seed, step and manual instant, the last operations,
 //! and the command that replays it.
 
@@ -125,8 +141,10 @@ use belfry_core::{
 };
 use belfry_engine::{Engine, EngineHandle, EngineOptions};
 use belfry_sinks::Sinks;
+use belfry_store::interpose::{Fault, Interposed, Interposer, StoreCall};
 use belfry_store::{
     ApplyParams, DuePageParams, EmbeddedOptions, EmbeddedStore, KeyedCommand, SharedStore,
+    StoreError,
 };
 use belfry_testkit::{Receiver, RecordedRequest, Response};
 
@@ -425,6 +443,64 @@ impl SinkSim {
 }
 
 // ---------------------------------------------------------------------------
+// Store faults.
+
+/// The interposer between the engine and the store: the fault planned for
+/// the next client write (an unfenced batch of upserts and cancels; the
+/// engine's own writes and reads pass).
+#[derive(Debug, Default)]
+struct StoreFaults {
+    next: Mutex<Option<Fault>>,
+}
+
+impl StoreFaults {
+    fn plan(&self, fault: Fault) {
+        *lock(&self.next) = Some(fault);
+    }
+
+    /// Whether the planned fault was not taken (and drops it).
+    fn unused(&self) -> bool {
+        lock(&self.next).take().is_some()
+    }
+}
+
+impl Interposer for StoreFaults {
+    fn before(&self, call: StoreCall<'_>) -> Fault {
+        match call {
+            StoreCall::Apply(params)
+                if params.commands.iter().all(|c| {
+                    c.fence.is_none()
+                        && matches!(
+                            c.command,
+                            EventCommand::Upsert { .. } | EventCommand::Cancel
+                        )
+                }) =>
+            {
+                lock(&self.next).take().unwrap_or_default()
+            }
+            _ => Fault::Pass,
+        }
+    }
+}
+
+/// What becomes of a write nobody hears the answer to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unheard {
+    /// Dropped at a random point after it was submitted.
+    Dropped,
+    /// An error, nothing written.
+    Fail,
+    /// Written, then an error.
+    CommitThenFail,
+    /// A stall before the store runs, the request dropped meanwhile.
+    StallDropped,
+    /// Written, then a stall, the request dropped meanwhile.
+    CommitThenStallDropped,
+    /// A stall before the store runs, answered.
+    Stall,
+}
+
+// ---------------------------------------------------------------------------
 // One engine generation.
 
 /// An engine on a runtime of its own, so that a crash can stop every task
@@ -479,6 +555,15 @@ struct Stats {
     steps: u64,
     commands: u64,
     bypass_writes: u64,
+    /// Writes nobody heard the answer to, by kind, and the changes of
+    /// theirs found committed in the store afterwards.
+    dropped_requests: u64,
+    fault_fail: u64,
+    fault_commit_then_fail: u64,
+    fault_stall_dropped: u64,
+    fault_commit_then_stall_dropped: u64,
+    fault_stall: u64,
+    unheard_committed: u64,
     bursts: u64,
     clock_moves: u64,
     settles: u64,
@@ -492,8 +577,6 @@ struct Stats {
     hangs: u64,
     /// Superseded content delivered in the in-flight window (allowed).
     in_flight_races: u64,
-    /// Stale read-ahead deliveries after a bypassing write (allowed).
-    bypass_stale: u64,
     /// Repeated (version, attempt) after a crash (allowed).
     crash_duplicates: u64,
     repaired: u64,
@@ -518,11 +601,47 @@ struct Stats {
 }
 
 impl Stats {
+    /// How often each hard path was reached: (name, count, whether a run
+    /// of 10 seeds or more must reach it). The in-flight race and refused
+    /// duplicate claims hang on real-time interleavings (a few per hundred
+    /// seeds): printed, not required.
+    fn hard_paths(&self) -> Vec<(&'static str, u64, bool)> {
+        vec![
+            ("dropped requests", self.dropped_requests, true),
+            ("error without commit", self.fault_fail, true),
+            ("commit then error", self.fault_commit_then_fail, true),
+            ("stall, dropped", self.fault_stall_dropped, true),
+            (
+                "commit then stall, dropped",
+                self.fault_commit_then_stall_dropped,
+                true,
+            ),
+            ("stall, answered", self.fault_stall, true),
+            ("unheard changes committed", self.unheard_committed, true),
+            ("crashes", self.crashes, true),
+            ("graceful restarts", self.graceful_restarts, true),
+            ("bypassing writes", self.bypass_writes, true),
+            ("crash duplicates", self.crash_duplicates, true),
+            ("repairs", self.repaired, true),
+            ("evictions", self.evicted, true),
+            ("hangs", self.hangs, true),
+            ("in-flight races", self.in_flight_races, false),
+            ("duplicate claims", self.duplicate_claims, false),
+        ]
+    }
+
     fn add(&mut self, o: &Stats) {
         self.seeds += o.seeds;
         self.steps += o.steps;
         self.commands += o.commands;
         self.bypass_writes += o.bypass_writes;
+        self.dropped_requests += o.dropped_requests;
+        self.fault_fail += o.fault_fail;
+        self.fault_commit_then_fail += o.fault_commit_then_fail;
+        self.fault_stall_dropped += o.fault_stall_dropped;
+        self.fault_commit_then_stall_dropped += o.fault_commit_then_stall_dropped;
+        self.fault_stall += o.fault_stall;
+        self.unheard_committed += o.unheard_committed;
         self.bursts += o.bursts;
         self.clock_moves += o.clock_moves;
         self.settles += o.settles;
@@ -535,7 +654,6 @@ impl Stats {
         self.answered_4xx += o.answered_4xx;
         self.hangs += o.hangs;
         self.in_flight_races += o.in_flight_races;
-        self.bypass_stale += o.bypass_stale;
         self.crash_duplicates += o.crash_duplicates;
         self.repaired += o.repaired;
         self.evicted += o.evicted;
@@ -571,6 +689,8 @@ struct Sim {
     receiver: Receiver,
     dir: tempfile::TempDir,
     store: Option<SharedStore>,
+    /// The interposer of every store opened.
+    faults: Arc<StoreFaults>,
     node: Option<Node>,
     options: EngineOptions,
     generation: u64,
@@ -621,7 +741,8 @@ impl Sim {
         let brain = sink.clone();
         receiver.set_responder(move |request| brain.respond(request));
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let store = open_store(&dir).await;
+        let faults = Arc::new(StoreFaults::default());
+        let store = open_store(&dir, &faults).await;
         let options = EngineOptions {
             window: WINDOW,
             max_events_in_memory: MAX_EVENTS_IN_MEMORY,
@@ -658,6 +779,7 @@ impl Sim {
             receiver,
             dir,
             store: Some(store),
+            faults,
             node: None,
             options,
             generation: 0,
@@ -824,7 +946,7 @@ impl Sim {
         tokio::task::spawn_blocking(move || drop(store))
             .await
             .map_err(|e| format!("closing the store: {e}"))?;
-        self.store = Some(open_store(&self.dir).await);
+        self.store = Some(open_store(&self.dir, &self.faults).await);
         Ok(())
     }
 
@@ -868,7 +990,8 @@ impl Sim {
             51..=76 => self.op_clock().await,
             77..=79 => self.op_restart(true).await,
             80..=82 => self.op_restart(false).await,
-            83..=90 => self.op_bypass().await,
+            83..=84 => self.op_bypass().await,
+            85..=90 => self.op_unheard().await,
             91..=93 => self.op_outage(),
             _ => {
                 self.note("settle".into());
@@ -950,6 +1073,16 @@ impl Sim {
             self.handle().apply(commands).await
         };
         let applied = result.map_err(|e| format!("apply failed: {e}"))?;
+        self.acknowledge(applied, counters, bypass)
+    }
+
+    /// Records what the engine (or, `bypass`, the store) acknowledged.
+    fn acknowledge(
+        &mut self,
+        applied: Vec<belfry_store::Applied>,
+        counters: Vec<u64>,
+        bypass: bool,
+    ) -> Check {
         let ack_seq = self.sink.seq.fetch_add(1, Ordering::SeqCst);
         let ack_manual = self.now();
         for (applied, counter) in applied.into_iter().zip(counters) {
@@ -1200,44 +1333,227 @@ impl Sim {
         }
     }
 
+    /// A create past the engine: its wake-up is lost, a repair page must
+    /// find it. (Only creates: the engine never hears of such a write, and a
+    /// change of a key it read ahead would fire the stale record; no
+    /// production write bypasses the engine on a single node.)
     async fn op_bypass(&mut self) -> Check {
-        let existing = self.existing_key();
-        let (text, commands) = match (self.rng.below(4), existing) {
-            (1, Some(key)) => {
-                let mut at = self.instant();
-                if Some(at) == self.keys[&key].event_time {
-                    at = at.plus(Duration::from_millis(1));
-                }
-                let text = format!(
-                    "move {key:?} to {:+}",
-                    at.as_millis() - self.now().as_millis()
-                );
-                (text, vec![self.upsert(&key, at)])
-            }
-            (2, Some(key)) if self.keys[&key].event_time.is_some() => {
-                let at = self.keys[&key].event_time.unwrap_or_else(|| self.now());
-                (
-                    format!("same-instant update {key:?}"),
-                    vec![self.upsert(&key, at)],
-                )
-            }
-            (3, Some(key)) => (format!("cancel {key:?}"), vec![self.cancel(&key)]),
-            _ => {
-                let key = self.new_key("s", None);
-                let at = if self.rng.chance(50) {
-                    Timestamp::from_millis(self.now().as_millis() + self.rng.range(-500, 1_500))
-                } else {
-                    self.instant()
+        let key = self.new_key("s", None);
+        let at = if self.rng.chance(50) {
+            Timestamp::from_millis(self.now().as_millis() + self.rng.range(-500, 1_500))
+        } else {
+            self.instant()
+        };
+        self.note(format!(
+            "bypassing the engine: create {key:?} at {:+}",
+            at.as_millis() - self.now().as_millis()
+        ));
+        let command = self.upsert(&key, at);
+        self.apply(vec![command], true).await
+    }
+
+    /// A write through the engine whose caller never hears the answer (see
+    /// [`Unheard`]); what it committed is learned from the store once the
+    /// engine's write is over.
+    async fn op_unheard(&mut self) -> Check {
+        // One command per key, so each one's fate shows in its record.
+        let commands = match self.existing_key() {
+            Some(key) if self.rng.chance(75) => {
+                let command = match self.rng.below(3) {
+                    0 => {
+                        let mut at = self.instant();
+                        if Some(at) == self.keys[&key].event_time {
+                            at = at.plus(Duration::from_millis(1));
+                        }
+                        self.upsert(&key, at)
+                    }
+                    1 => {
+                        let at = self.keys[&key].event_time.unwrap_or_else(|| self.now());
+                        self.upsert(&key, at)
+                    }
+                    _ => self.cancel(&key),
                 };
-                let text = format!(
-                    "create {key:?} at {:+}",
-                    at.as_millis() - self.now().as_millis()
-                );
-                (text, vec![self.upsert(&key, at)])
+                vec![command]
+            }
+            _ => {
+                let mut commands = Vec::new();
+                for _ in 0..1 + self.rng.below(3) {
+                    let key = self.new_key("u", None);
+                    let at = self.instant();
+                    commands.push(self.upsert(&key, at));
+                }
+                commands
             }
         };
-        self.note(format!("bypassing the engine: {text}"));
-        self.apply(commands, true).await
+        let kind = match self.rng.below(6) {
+            0 => Unheard::Dropped,
+            1 => Unheard::Fail,
+            2 => Unheard::CommitThenFail,
+            3 => Unheard::StallDropped,
+            4 => Unheard::CommitThenStallDropped,
+            _ => Unheard::Stall,
+        };
+        let stall = ms(self.rng.range(5, 60));
+        let (fault, drop_after) = match kind {
+            Unheard::Dropped => (None, Some(ms(self.rng.range(0, 4)))),
+            Unheard::Fail => (Some(Fault::Fail(injected())), None),
+            Unheard::CommitThenFail => (Some(Fault::CommitThenFail(injected())), None),
+            Unheard::StallDropped => (Some(Fault::Stall(stall)), Some(stall / 2)),
+            Unheard::CommitThenStallDropped => {
+                (Some(Fault::CommitThenStall(stall)), Some(stall / 2))
+            }
+            Unheard::Stall => (Some(Fault::Stall(stall)), None),
+        };
+        let text: Vec<String> = commands
+            .iter()
+            .map(|(c, counter)| match &c.command {
+                EventCommand::Upsert { event_time, .. } => format!(
+                    "c{counter} upsert {:?} at {:+}",
+                    c.key,
+                    event_time.as_millis() - self.now().as_millis()
+                ),
+                _ => format!("c{counter} cancel {:?}", c.key),
+            })
+            .collect();
+        self.note(format!(
+            "unheard ({kind:?}, stall {stall:?}): {}",
+            text.join(", ")
+        ));
+        match kind {
+            Unheard::Dropped => self.stats.dropped_requests += 1,
+            Unheard::Fail => self.stats.fault_fail += 1,
+            Unheard::CommitThenFail => self.stats.fault_commit_then_fail += 1,
+            Unheard::StallDropped => self.stats.fault_stall_dropped += 1,
+            Unheard::CommitThenStallDropped => self.stats.fault_commit_then_stall_dropped += 1,
+            Unheard::Stall => self.stats.fault_stall += 1,
+        }
+        if let Some(fault) = fault {
+            self.faults.plan(fault);
+        }
+        let (commands, counters): (Vec<_>, Vec<_>) = commands.into_iter().unzip();
+        self.stats.commands += commands.len() as u64;
+        let handle = self.handle().clone();
+        let write = handle.apply(commands.clone());
+        let answer = match drop_after {
+            Some(after) => tokio::select! {
+                // Polled first: the write is submitted before any drop.
+                biased;
+                answer = write => Some(answer),
+                () = tokio::time::sleep(after) => None,
+            },
+            None => Some(write.await),
+        };
+        if self.faults.unused() {
+            return Err(format!(
+                "the planned fault ({kind:?}) was not taken by the write"
+            ));
+        }
+        // The engine's write goes on without its caller: wait for it.
+        let deadline = Instant::now() + SETTLE_DEADLINE;
+        while handle.writes_in_flight() > 0 {
+            if Instant::now() > deadline {
+                return Err("a dropped write never finished".into());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        match answer {
+            Some(Ok(applied)) => {
+                if matches!(kind, Unheard::Fail | Unheard::CommitThenFail) {
+                    return Err(format!("{kind:?}: the write succeeded"));
+                }
+                self.acknowledge(applied, counters, false)
+            }
+            Some(Err(error)) if !matches!(kind, Unheard::Fail | Unheard::CommitThenFail) => {
+                Err(format!("{kind:?}: the write failed: {error}"))
+            }
+            _ => {
+                let committed = self.learn(&commands, &counters).await?;
+                self.note(format!("  {committed} of {} committed", commands.len()));
+                let expected = match kind {
+                    Unheard::Fail => Some(0),
+                    // Every command of these takes effect (the store ran it,
+                    // or runs it after the caller went away); a cancel of a
+                    // finished or cancelled event changes nothing.
+                    _ => None,
+                };
+                if expected.is_some_and(|n| n != committed) {
+                    return Err(format!(
+                        "{kind:?}: {committed} of {} commands committed, expected {expected:?}",
+                        commands.len()
+                    ));
+                }
+                self.stats.unheard_committed += committed as u64;
+                Ok(())
+            }
+        }
+    }
+
+    /// Records in the model what the store holds of `commands` (one per
+    /// key) that nobody acknowledged: from now on each one committed is held
+    /// to the oracle like an acknowledged change. Returns how many did.
+    async fn learn(
+        &mut self,
+        commands: &[KeyedCommand],
+        counters: &[u64],
+    ) -> Result<usize, String> {
+        let keys: Vec<EventKey> = commands.iter().map(|c| c.key.clone()).collect();
+        let records = self
+            .store()
+            .get_events(&keys)
+            .await
+            .map_err(|e| format!("reading records: {e}"))?;
+        let ack_seq = self.sink.seq.fetch_add(1, Ordering::SeqCst);
+        let ack_manual = self.now();
+        let mut committed = 0;
+        for ((command, counter), record) in commands.iter().zip(counters).zip(records) {
+            let key = command.key.clone();
+            let Some(record) = record else {
+                continue;
+            };
+            let change = match command.command {
+                EventCommand::Upsert { .. } => {
+                    if record.payload.as_deref() != Some(format!("c{counter}").as_str()) {
+                        continue;
+                    }
+                    Change {
+                        counter: *counter,
+                        ack_seq,
+                        ack_manual,
+                        bypass: false,
+                        version: Some(record.version.as_str().to_string()),
+                        event_time: Some(record.event_time),
+                        what: "upsert, unheard",
+                    }
+                }
+                _ => {
+                    let pending = self.keys.get(&key).is_some_and(|m| m.version.is_some());
+                    if !(pending && record.status == EventStatus::Cancelled) {
+                        continue;
+                    }
+                    Change {
+                        counter: *counter,
+                        ack_seq,
+                        ack_manual,
+                        bypass: false,
+                        version: None,
+                        event_time: None,
+                        what: "cancelled, unheard",
+                    }
+                }
+            };
+            committed += 1;
+            if !self.keys.contains_key(&key) {
+                self.key_list.push(key.clone());
+            }
+            self.terminal.remove(&key);
+            let model = self.keys.entry(key).or_default();
+            if change.version.is_some() {
+                model.event_time = change.event_time;
+            }
+            model.version = change.version.clone();
+            model.changes.push(change);
+        }
+        Ok(committed)
     }
 
     /// Makes every partition worker re-read the manual clock now.
@@ -1655,11 +1971,6 @@ impl Sim {
                 }
                 continue;
             }
-            if change.bypass && due <= change.ack_manual.plus(READ_AHEAD) {
-                // Read ahead before a write the engine was not told of.
-                self.stats.bypass_stale += 1;
-                continue;
-            }
             return Err(format!(
                 "superseded content delivered: c{content} (due t+{}ms) arrived after change \
                  c{} ({}, {}) was acknowledged at manual t+{}ms",
@@ -1902,7 +2213,7 @@ fn expired_for_an_earlier_instant(record: &EventRecord) -> bool {
     }
 }
 
-async fn open_store(dir: &tempfile::TempDir) -> SharedStore {
+async fn open_store(dir: &tempfile::TempDir, faults: &Arc<StoreFaults>) -> SharedStore {
     let options = EmbeddedOptions::new(
         dir.path(),
         PartitionCount::new(PARTITIONS).expect("a valid partition count"),
@@ -1911,7 +2222,8 @@ async fn open_store(dir: &tempfile::TempDir) -> SharedStore {
         .await
         .expect("opening the store does not panic")
         .expect("the store opens");
-    Arc::new(store)
+    let faults: Arc<dyn Interposer> = faults.clone();
+    Arc::new(Interposed::new(Arc::new(store), faults))
 }
 
 async fn run_seed(seed: u64, steps: u64, trace: bool) -> Result<Stats, String> {
@@ -2026,7 +2338,29 @@ fn the_whole_engine_under_random_operations_faults_and_restarts() {
         totals.seeds,
         started.elapsed()
     );
+    let paths = totals.hard_paths();
+    eprintln!(
+        "hard paths reached: {}",
+        paths
+            .iter()
+            .map(|(name, n, _)| format!("{name} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     failures.sort();
+    if failures.is_empty() && totals.seeds >= 10 {
+        let never: Vec<&str> = paths
+            .iter()
+            .filter(|(_, n, required)| *required && *n == 0)
+            .map(|(name, _, _)| *name)
+            .collect();
+        assert!(
+            never.is_empty(),
+            "{} seeds never reached: {}",
+            totals.seeds,
+            never.join(", ")
+        );
+    }
     if keep_going && !failures.is_empty() {
         let summary: Vec<String> = failures
             .iter()
@@ -2040,4 +2374,9 @@ fn the_whole_engine_under_random_operations_faults_and_restarts() {
     if let Some((_, failure)) = failures.first() {
         panic!("{failure}");
     }
+}
+
+/// The error an injected store fault answers.
+fn injected() -> StoreError {
+    StoreError::Unavailable("injected by the simulation".into())
 }

@@ -183,6 +183,12 @@ pub enum Input {
     /// Wake-ups may have been lost (a push channel reconnected): drop the
     /// window and page it in again.
     Reload,
+    /// A write of this event failed, so whether it changed is not known (it
+    /// may have committed before the error): its outstanding entries read
+    /// their record again before delivering, as after a wake-up. The
+    /// runtime follows it with [`Input::Reload`] for the window and what
+    /// was read ahead.
+    MayHaveChanged(EventKey),
     /// The answer to [`Action::Load`]; `None` if the read failed.
     Loaded {
         request: LoadRequest,
@@ -519,6 +525,7 @@ impl PartitionCore {
                     pending.removed.insert(entry);
                 }
             }
+            Input::MayHaveChanged(key) => self.mark_changed(&key),
             Input::Reload => {
                 self.window.clear();
                 self.read_ahead.reset();

@@ -843,3 +843,40 @@ fn records_are_read_early_enough_to_ride_out_a_store_stall_of_a_second() {
         "these waited for the stalled store"
     );
 }
+
+#[test]
+fn an_entry_fired_before_a_write_of_unknown_outcome_reads_its_record_again() {
+    let a = entry(1, "t", "a");
+    let mut core = core_with_page(10, vec![a.clone()]);
+    assert_eq!(
+        delivered(&core.handle(Input::Tick { may_fire: true }, ts(1))),
+        std::slice::from_ref(&a)
+    );
+    // A cancel of it failed in the store, perhaps after its commit.
+    core.handle(Input::MayHaveChanged(a.key.clone()), ts(2));
+    let version = EventVersion::from_string("v1".into());
+    assert_eq!(
+        core.handle(
+            Input::Claim {
+                entry: a.clone(),
+                version: version.clone()
+            },
+            ts(2)
+        ),
+        [Action::Reread { entry: a.clone() }]
+    );
+    // Read again, it claims as usual.
+    assert_eq!(
+        core.handle(
+            Input::Claim {
+                entry: a.clone(),
+                version
+            },
+            ts(3)
+        ),
+        [Action::Claimed {
+            entry: a,
+            granted: true
+        }]
+    );
+}
