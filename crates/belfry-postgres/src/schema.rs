@@ -21,9 +21,13 @@
 //! Under the lock, each ordinary migration is one transaction together
 //! with its row in `belfry_schema_migrations`; an online migration runs
 //! outside any transaction (`CREATE INDEX CONCURRENTLY` cannot run in
-//! one), first dropping an invalid index a failed build left behind, and
-//! is recorded afterwards. A run that fails keeps the migrations before
-//! the failing one.
+//! one), first dropping an invalid index a failed build left behind, then
+//! running its `prepare` statement if it has one (migration 9 removes the
+//! duplicate history entries its unique index would refuse), and is
+//! recorded afterwards. A run that fails keeps the migrations before the
+//! failing one. (A node of an older build that records an attempt twice
+//! while migration 9 builds its index fails the build; the next start
+//! removes the duplicate and builds it again.)
 //!
 //! # Conventions
 //! - Text columns that take part in an ordering (`tenant`, `id`, node ids)

@@ -260,7 +260,9 @@ fn resolve(
         Some(record),
         EventCommand::RecordAttempt {
             version: record.version.clone(),
-            number: lease.lease.attempt(),
+            // The next attempt, as the lease was granted for; a repeated
+            // resolution never gets here (leases are idempotent by id).
+            number: record.attempts + 1,
             report: AttemptReport {
                 verdict,
                 ..reported.clone()
