@@ -5,8 +5,9 @@
 //!
 //! - live: the process serves HTTP (this handler ran);
 //! - ready: every partition this node owns has read its first window page
-//!   ([`belfry_engine::EngineHandle::partitions_loaded`]) and the store
-//!   answers a cheap read within [`STORE_PROBE_TIMEOUT`].
+//!   ([`belfry_engine::EngineHandle::partitions_loaded`]), the store
+//!   answers a cheap read within [`STORE_PROBE_TIMEOUT`] and does not know
+//!   itself unable to write ([`belfry_store::Store::write_blocked`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,8 +40,10 @@ pub struct HealthStatus {
     #[schema(example = "ready")]
     pub status: &'static str,
     /// Why the node is not ready: `partitions_loading` (owned partitions
-    /// are still reading their first window page) or `store_unavailable`
-    /// (the store did not answer a read in time). Absent when ready.
+    /// are still reading their first window page), `store_unavailable`
+    /// (the store did not answer a read in time) or `store_not_writable`
+    /// (the store answers reads but knows it cannot write: the database
+    /// is read-only or its commits hang, see `message`). Absent when ready.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, example = "store_unavailable")]
     pub reason: Option<&'static str>,
@@ -153,9 +156,15 @@ pub(crate) async fn ready(
             .into_response()
     };
     // The store first: during an outage partitions also reload (and fail),
-    // and the cause an operator needs to see is the store. Partitions not
-    // loaded ask it afresh: a reused "answered" may predate the outage
-    // that keeps them from loading.
+    // and the cause an operator needs to see is the store. What it knows
+    // against writes comes before a probe: reads may still work where
+    // writes cannot (a standby, a primary whose commits wait for a standby
+    // that left), and a probe read may wait for a connection such writes
+    // hold. Partitions not loaded ask it afresh: a reused "answered" may
+    // predate the outage that keeps them from loading.
+    if let Some(why) = state.engine.store().write_blocked() {
+        return not_ready("store_not_writable", why);
+    }
     let loaded = state.engine.partitions_loaded().all();
     if !probe.store_answers(&state, !loaded).await {
         return not_ready("store_unavailable", "the store does not answer");

@@ -170,11 +170,19 @@ pub(crate) async fn run(
         let mut sleep_for = now.until(wake_at).min(MAX_SLEEP);
         if !may_fire {
             let takeover_wait = partition.lease.wait_before_firing();
-            sleep_for = sleep_for.min(if takeover_wait.is_zero() {
+            let lease_wait = if takeover_wait.is_zero() {
                 LEASE_RECHECK
             } else {
                 takeover_wait
-            });
+            };
+            // Entries already due cannot fire before the lease allows it:
+            // waking for them at once spun, for as long as no lease could
+            // be renewed (a database whose commits hang).
+            sleep_for = if sleep_for.is_zero() {
+                lease_wait
+            } else {
+                sleep_for.min(lease_wait)
+            };
         }
         if sleep_for.is_zero() {
             // Due now (another batch, or a load to start): yield, then go on.

@@ -6,7 +6,9 @@
 //!   (`FOR UPDATE`), so two claimants are serialized and at most one wins a
 //!   term. `assign` share-locks it for its whole transaction, so no new term
 //!   can begin while an old leader's assignment is being written.
-//! - Moves are revoke-then-grant. `assign` grants at once (`epoch + 1`, no
+//! - Moves are revoke-then-grant. `assign` grants at once (`epoch + 1`, or
+//!   past every epoch of the last timeline on a newly promoted primary:
+//!   `NEXT_EPOCH`; no
 //!   takeover wait) only a partition that is unowned or whose owner's lease
 //!   has expired; otherwise it sets `pending_owner`. `renew_ownership` does
 //!   not extend a lease with a pending owner and reports it revoked; the
@@ -62,6 +64,17 @@ fn term_from_i64(value: i64) -> StoreResult<u64> {
 fn epoch_from_i64(value: i64) -> StoreResult<u64> {
     u64::try_from(value).map_err(|_| corrupt(format_args!("epoch {value}")))
 }
+
+/// The epoch of a grant of partition row `p`: one more than its last, and
+/// at least `(timeline - 1) << 32`, the server's WAL timeline read from the
+/// name of its current WAL file. Every promotion of a standby starts a new,
+/// higher timeline, so the first grant on a new primary jumps past every
+/// epoch the old one gave. A standby promoted without the old primary's
+/// last writes (asynchronous replication) therefore never gives again an
+/// epoch that a node may still hold from that lost tail: the fence stays a
+/// fence. On the first timeline the floor is 0 and epochs count 1, 2, 3.
+const NEXT_EPOCH: &str = "GREATEST(p.epoch + 1,
+     (('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 - 1) << 32)";
 
 /// Announces a cluster change (`$1`: what changed); inside a transaction
 /// it is sent at commit.
@@ -291,7 +304,7 @@ pub(crate) async fn assign(
         .execute(
             &format!(
                 "UPDATE partitions AS p
-                 SET owner = u.owner, epoch = p.epoch + 1, takeover_at = NULL,
+                 SET owner = u.owner, epoch = {NEXT_EPOCH}, takeover_at = NULL,
                      pending_owner = NULL
                  FROM ({MOVES}) AS u
                  WHERE p.partition = u.partition AND p.owner IS DISTINCT FROM u.owner
@@ -382,13 +395,15 @@ pub(crate) async fn release_partitions(
     // nobody fires it until the leader grants it, which bumps the epoch).
     let mut released = tx
         .query(
-            "UPDATE partitions AS p
-             SET owner = p.pending_owner,
-                 epoch = CASE WHEN p.pending_owner IS NULL THEN p.epoch ELSE p.epoch + 1 END,
-                 pending_owner = NULL, lease_expires_at = NULL, takeover_at = NULL
-             FROM unnest($2::int4[], $3::int8[]) AS r(partition, epoch)
-             WHERE p.partition = r.partition AND p.epoch = r.epoch AND p.owner = $1
-             RETURNING p.partition",
+            &format!(
+                "UPDATE partitions AS p
+                 SET owner = p.pending_owner,
+                     epoch = CASE WHEN p.pending_owner IS NULL THEN p.epoch ELSE {NEXT_EPOCH} END,
+                     pending_owner = NULL, lease_expires_at = NULL, takeover_at = NULL
+                 FROM unnest($2::int4[], $3::int8[]) AS r(partition, epoch)
+                 WHERE p.partition = r.partition AND p.epoch = r.epoch AND p.owner = $1
+                 RETURNING p.partition"
+            ),
             &[&node.0, &ids, &epochs],
         )
         .await
@@ -490,6 +505,10 @@ fn presence_held(id: &str) -> String {
 pub(crate) struct PresenceSession {
     node: NodeId,
     client: tokio_postgres::Client,
+    /// When it was opened: a session older than the last loss of the
+    /// primary may still hold its lock on the old server, where the other
+    /// nodes no longer look, so it is opened again like every pooled one.
+    opened: std::time::Instant,
 }
 
 /// Opens a presence session for `node` and takes its lock.
@@ -515,6 +534,7 @@ async fn open_presence(store: &PostgresStore, node: &NodeId) -> StoreResult<Pres
     Ok(PresenceSession {
         node: node.clone(),
         client,
+        opened: std::time::Instant::now(),
     })
 }
 
@@ -525,7 +545,7 @@ pub(crate) async fn presence(
     let mut session = store.presence.lock().await;
     if session
         .as_ref()
-        .is_none_or(|s| s.node != *node || s.client.is_closed())
+        .is_none_or(|s| s.node != *node || s.client.is_closed() || store.primary.is_stale(s.opened))
     {
         // Closes the old one first: its lock must not outlive it.
         *session = None;

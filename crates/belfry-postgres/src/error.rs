@@ -18,10 +18,11 @@ pub(crate) fn db_error(error: tokio_postgres::Error) -> StoreError {
         let code = db.code().code();
         // 08: connection exception; 53: insufficient resources (too many
         // connections, out of memory or disk); 57P0x: shutdown, crash
-        // restart, not yet accepting connections.
+        // restart, not yet accepting connections; 25006: a read-only server
+        // (a standby now: the primary moved, see `primary`).
         let unavailable = code.starts_with("08")
             || code.starts_with("53")
-            || matches!(code, "57P01" | "57P02" | "57P03");
+            || matches!(code, "57P01" | "57P02" | "57P03" | READ_ONLY);
         let message = format!("{} ({code})", db.message());
         return if unavailable {
             StoreError::Unavailable(message)
@@ -33,6 +34,15 @@ pub(crate) fn db_error(error: tokio_postgres::Error) -> StoreError {
         return StoreError::Unavailable(error.to_string());
     }
     StoreError::Internal(error.to_string())
+}
+
+/// SQLSTATE `read_only_sql_transaction`.
+const READ_ONLY: &str = "25006";
+
+/// Whether `error` is a write refused by a read-only server (its message
+/// ends with the code, as [`db_error`] writes it).
+pub(crate) fn is_read_only(error: &StoreError) -> bool {
+    matches!(error, StoreError::Unavailable(message) if message.ends_with(&format!("({READ_ONLY})")))
 }
 
 /// A failure of the connection itself: I/O, connect, timeout.

@@ -13,6 +13,7 @@
 //!   with the node's presence session;
 //! - [`wakeups`]: NOTIFY payloads and the LISTEN connection;
 //! - `rows`: row ↔ domain conversions and `unnest` column arrays;
+//! - `primary`: timeouts, and following the primary when it moves;
 //! - `error`: which failures are `Unavailable` (→ 503) and which are not.
 //!
 //! # Guarantees
@@ -21,8 +22,12 @@
 //! - A database that is down or restarting gives
 //!   [`StoreError::Unavailable`]; the pool opens new connections by itself
 //!   when it is back.
+//! - Every operation is bounded in time; a write that times out or meets a
+//!   read-only server drops every connection so that they reconnect to the
+//!   primary (`primary`: following a replicated database's primary).
 //! - Every ordering on names is byte-wise (`COLLATE "C"`), as in Rust.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -47,6 +52,7 @@ mod coordinator;
 mod error;
 mod leases;
 mod notices;
+mod primary;
 mod rows;
 pub mod schema;
 pub mod wakeups;
@@ -55,6 +61,7 @@ pub use belfry_store::StoreError;
 pub use wakeups::{Wakeup, WakeupKind};
 
 use crate::error::{corrupt, db_error, pool_error};
+use crate::primary::{Access, Primary};
 use crate::rows::{EVENT_COLUMNS, JsonText, attempt_from_row, cursor_from_row, record_from_row};
 
 /// Every connection's settings. Durability must not depend on the server's
@@ -80,9 +87,6 @@ const DUE_PAGE_SQL: &str = "SELECT next_fire_at, tenant, id FROM events
 /// answering `Unavailable`: a caller must not hang while the database is
 /// down.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The longest one `apply` may take before it answers `Unavailable`.
-const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Connections kept for the cluster coordinator alone, beside the pool
 /// the data path shares. A membership round must renew the node's leases
@@ -141,6 +145,8 @@ pub struct PostgresStore {
     /// This node's presence session, once [`Coordinator::presence`] opened
     /// it; dropping the store closes it.
     presence: tokio::sync::Mutex<Option<coordinator::PresenceSession>>,
+    /// Whether the connections lead to a server that takes writes.
+    primary: Arc<Primary>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -182,12 +188,14 @@ impl PostgresStore {
         config.keepalives_interval(Duration::from_secs(5));
         config.keepalives_retries(3);
 
+        let primary = Arc::new(Primary::new());
         let manager =
             Manager::from_connect(config.clone(), notices::NoticesByLevel, manager_config());
-        let pool = pool_of(manager, options.pool_size.max(1))?;
+        let pool = pool_of(manager, options.pool_size.max(1), &primary)?;
         let coordination = pool_of(
             Manager::from_connect(config.clone(), notices::NoticesByLevel, manager_config()),
             COORDINATION_CONNECTIONS,
+            &primary,
         )?;
         let mut client = pool.get().await.map_err(pool_error)?;
         let partitions = schema::migrate(&mut client, options.partitions).await?;
@@ -201,6 +209,7 @@ impl PostgresStore {
                 .saturating_add(options.clock_skew_margin),
             config,
             presence: tokio::sync::Mutex::new(None),
+            primary,
         })
     }
 
@@ -213,8 +222,25 @@ impl PostgresStore {
     /// Outside a tokio runtime (the listener is a spawned task).
     pub fn subscribe_wakeups(&self) -> mpsc::Receiver<Wakeup> {
         let (sender, receiver) = mpsc::channel(WAKEUP_QUEUE);
-        tokio::spawn(wakeups::listen(self.config.clone(), sender));
+        tokio::spawn(wakeups::listen(
+            self.config.clone(),
+            sender,
+            self.primary.losses(),
+        ));
         receiver
+    }
+
+    /// Runs one operation of the store under [`Primary::guard`]: bounded
+    /// in time, and a sign that the connections lead to a server that takes
+    /// no writes drops them all.
+    async fn guarded<T>(
+        &self,
+        access: Access,
+        operation: impl std::future::Future<Output = StoreResult<T>>,
+    ) -> StoreResult<T> {
+        self.primary
+            .guard(access, &[&self.pool, &self.coordination], operation)
+            .await
     }
 
     async fn client(&self) -> StoreResult<deadpool_postgres::Object> {
@@ -258,10 +284,21 @@ fn manager_config() -> ManagerConfig {
 }
 
 /// A pool of up to `size` connections that waits at most
-/// [`CONNECTION_TIMEOUT`] for one.
-fn pool_of(manager: Manager, size: usize) -> StoreResult<Pool> {
+/// [`CONNECTION_TIMEOUT`] for one, and never hands out a connection made
+/// before the primary was last lost ([`Primary::lost`]).
+fn pool_of(manager: Manager, size: usize, primary: &Arc<Primary>) -> StoreResult<Pool> {
+    let primary = Arc::clone(primary);
     Pool::builder(manager)
         .max_size(size)
+        .pre_recycle(deadpool_postgres::Hook::sync_fn(move |_, metrics| {
+            if primary.is_stale(metrics.created) {
+                Err(deadpool_postgres::HookError::message(
+                    "made before the primary was lost",
+                ))
+            } else {
+                Ok(())
+            }
+        }))
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(CONNECTION_TIMEOUT))
         .create_timeout(Some(CONNECTION_TIMEOUT))
@@ -448,433 +485,520 @@ impl Store for PostgresStore {
         self.partitions
     }
 
+    fn write_blocked(&self) -> Option<&'static str> {
+        self.primary.blocked().map(primary::Blocked::message)
+    }
+
     async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()> {
-        let sink = serde_json::to_string(&tenant.sink)
-            .map_err(|e| StoreError::Internal(format!("cannot encode the tenant's sink: {e}")))?;
-        let signing = tenant
-            .signing
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(|e| {
-                StoreError::Internal(format!("cannot encode the tenant's secrets: {e}"))
-            })?;
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
-                "INSERT INTO tenants (name, sink, signing) VALUES ($1, $2::text::jsonb, $3::text::jsonb)
-                 ON CONFLICT (name) DO UPDATE SET sink = EXCLUDED.sink, signing = EXCLUDED.signing",
-            )
-            .await
-            .map_err(db_error)?;
-        client
-            .execute(&statement, &[&tenant.name.as_str(), &sink, &signing])
-            .await
-            .map_err(db_error)?;
-        Ok(())
+        self.guarded(Access::Write, async move {
+            let sink = serde_json::to_string(&tenant.sink)
+                .map_err(|e| StoreError::Internal(format!("cannot encode the tenant's sink: {e}")))?;
+            let signing = tenant
+                .signing
+                .as_ref()
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(|e| {
+                    StoreError::Internal(format!("cannot encode the tenant's secrets: {e}"))
+                })?;
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(
+                    "INSERT INTO tenants (name, sink, signing) VALUES ($1, $2::text::jsonb, $3::text::jsonb)
+                     ON CONFLICT (name) DO UPDATE SET sink = EXCLUDED.sink, signing = EXCLUDED.signing",
+                )
+                .await
+                .map_err(db_error)?;
+            client
+                .execute(&statement, &[&tenant.name.as_str(), &sink, &signing])
+                .await
+                .map_err(db_error)?;
+            Ok(())
+        })
+        .await
     }
 
     async fn record_leases(
         &self,
         params: RecordLeasesParams,
     ) -> StoreResult<Vec<LeaseWriteOutcome>> {
-        leases::record_leases(self, params).await
+        self.guarded(Access::Write, async move {
+            leases::record_leases(self, params).await
+        })
+        .await
     }
 
     async fn change_lease(&self, params: ChangeLeaseParams) -> StoreResult<LeaseWriteOutcome> {
-        leases::change_lease(self, params).await
+        self.guarded(Access::Write, async move {
+            leases::change_lease(self, params).await
+        })
+        .await
     }
 
     async fn change_leases(
         &self,
         params: ChangeLeasesParams,
     ) -> StoreResult<Vec<LeaseWriteOutcome>> {
-        leases::change_leases(self, params).await
+        self.guarded(Access::Write, async move {
+            leases::change_leases(self, params).await
+        })
+        .await
     }
 
     async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>> {
-        leases::get_lease(self, key).await
+        self.guarded(
+            Access::Read,
+            async move { leases::get_lease(self, key).await },
+        )
+        .await
     }
 
     async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached("SELECT name, sink::text, signing::text FROM tenants WHERE name = $1")
-            .await
-            .map_err(db_error)?;
-        client
-            .query_opt(&statement, &[&name.as_str()])
-            .await
-            .map_err(db_error)?
-            .map(|row| tenant_from_row(&row))
-            .transpose()
+        self.guarded(Access::Read, async move {
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(
+                    "SELECT name, sink::text, signing::text FROM tenants WHERE name = $1",
+                )
+                .await
+                .map_err(db_error)?;
+            client
+                .query_opt(&statement, &[&name.as_str()])
+                .await
+                .map_err(db_error)?
+                .map(|row| tenant_from_row(&row))
+                .transpose()
+        })
+        .await
     }
 
     async fn list_tenants(&self) -> StoreResult<Vec<TenantConfig>> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached("SELECT name, sink::text, signing::text FROM tenants ORDER BY name")
-            .await
-            .map_err(db_error)?;
-        client
-            .query(&statement, &[])
-            .await
-            .map_err(db_error)?
-            .iter()
-            .map(tenant_from_row)
-            .collect()
+        self.guarded(Access::Read, async move {
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached("SELECT name, sink::text, signing::text FROM tenants ORDER BY name")
+                .await
+                .map_err(db_error)?;
+            client
+                .query(&statement, &[])
+                .await
+                .map_err(db_error)?
+                .iter()
+                .map(tenant_from_row)
+                .collect()
+        })
+        .await
     }
 
     async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached("DELETE FROM tenants WHERE name = $1")
-            .await
-            .map_err(db_error)?;
-        let deleted = client
-            .execute(&statement, &[&name.as_str()])
-            .await
-            .map_err(db_error)?;
-        Ok(deleted > 0)
+        self.guarded(Access::Write, async move {
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached("DELETE FROM tenants WHERE name = $1")
+                .await
+                .map_err(db_error)?;
+            let deleted = client
+                .execute(&statement, &[&name.as_str()])
+                .await
+                .map_err(db_error)?;
+            Ok(deleted > 0)
+        })
+        .await
     }
 
     async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
-        // A hung server (stopped, cut off) must not hold callers forever;
-        // the outcome is then unknown, which `Unavailable` (503) conveys.
-        tokio::time::timeout(APPLY_TIMEOUT, apply::apply(self, params))
-            .await
-            .unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(format!(
-                    "the database did not answer within {APPLY_TIMEOUT:?}"
-                )))
-            })
+        self.guarded(Access::Write, async move {
+            // A hung server (stopped, cut off) must not hold callers
+            // forever: the guard's timeout answers `Unavailable` (503), the
+            // outcome being unknown.
+            apply::apply(self, params).await
+        })
+        .await
     }
 
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
-        read_event(&*self.client().await?, key).await
+        self.guarded(Access::Read, async move {
+            read_event(&*self.client().await?, key).await
+        })
+        .await
     }
 
     /// One query for all keys (the engine reads ahead whole rounds).
     async fn get_events(&self, keys: &[EventKey]) -> StoreResult<Vec<Option<EventRecord>>> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&format!(
-                "SELECT {EVENT_COLUMNS} FROM events \
-                 WHERE (tenant, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
-            ))
-            .await
-            .map_err(db_error)?;
-        let tenants: Vec<&str> = keys.iter().map(|k| k.tenant.as_str()).collect();
-        let ids: Vec<&str> = keys.iter().map(|k| k.id.as_str()).collect();
-        let rows = client
-            .query(&statement, &[&tenants, &ids])
-            .await
-            .map_err(db_error)?;
-        let mut found = std::collections::HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let record = record_from_row(row)?;
-            found.insert(record.key.clone(), record);
-        }
-        Ok(keys.iter().map(|key| found.get(key).cloned()).collect())
+        self.guarded(Access::Read, async move {
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(&format!(
+                    "SELECT {EVENT_COLUMNS} FROM events \
+                     WHERE (tenant, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+                ))
+                .await
+                .map_err(db_error)?;
+            let tenants: Vec<&str> = keys.iter().map(|k| k.tenant.as_str()).collect();
+            let ids: Vec<&str> = keys.iter().map(|k| k.id.as_str()).collect();
+            let rows = client
+                .query(&statement, &[&tenants, &ids])
+                .await
+                .map_err(db_error)?;
+            let mut found = std::collections::HashMap::with_capacity(rows.len());
+            for row in &rows {
+                let record = record_from_row(row)?;
+                found.insert(record.key.clone(), record);
+            }
+            Ok(keys.iter().map(|key| found.get(key).cloned()).collect())
+        })
+        .await
     }
 
     async fn due_page(&self, params: DuePageParams) -> StoreResult<Vec<DueCursor>> {
-        if params.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let client = self.client().await?;
-        let partition = i32::from(params.partition.0);
-        let through = params.through.as_millis();
-        let limit = sql_limit(params.limit);
-        let tenant = params.tenant.as_ref().map(|t| t.as_str());
-        // Filtered, not seeked past: the index is still walked through a
-        // skipped tenant's entries, but they are neither fetched nor sent.
-        let skip: Vec<&str> = params.skip_tenants.iter().map(|t| t.as_str()).collect();
-        // `after` as a row value; none sorts before every real one.
-        let (after_due, after_tenant, after_id) = match &params.after {
-            Some(after) => (
-                after.due.as_millis(),
-                after.key.tenant.as_str(),
-                after.key.id.as_str(),
-            ),
-            None => (i64::MIN, "", ""),
-        };
-        let statement = client
-            .prepare_cached(DUE_PAGE_SQL)
-            .await
-            .map_err(db_error)?;
-        let rows = client
-            .query(
-                &statement,
-                &[
-                    &partition,
-                    &through,
-                    &after_due,
-                    &after_tenant,
-                    &after_id,
-                    &limit,
-                    &tenant,
-                    &skip,
-                ],
-            )
-            .await
-            .map_err(db_error)?;
-        rows.iter().map(cursor_from_row).collect()
+        self.guarded(Access::Read, async move {
+            if params.limit == 0 {
+                return Ok(Vec::new());
+            }
+            let client = self.client().await?;
+            let partition = i32::from(params.partition.0);
+            let through = params.through.as_millis();
+            let limit = sql_limit(params.limit);
+            let tenant = params.tenant.as_ref().map(|t| t.as_str());
+            // Filtered, not seeked past: the index is still walked through a
+            // skipped tenant's entries, but they are neither fetched nor sent.
+            let skip: Vec<&str> = params.skip_tenants.iter().map(|t| t.as_str()).collect();
+            // `after` as a row value; none sorts before every real one.
+            let (after_due, after_tenant, after_id) = match &params.after {
+                Some(after) => (
+                    after.due.as_millis(),
+                    after.key.tenant.as_str(),
+                    after.key.id.as_str(),
+                ),
+                None => (i64::MIN, "", ""),
+            };
+            let statement = client
+                .prepare_cached(DUE_PAGE_SQL)
+                .await
+                .map_err(db_error)?;
+            let rows = client
+                .query(
+                    &statement,
+                    &[
+                        &partition,
+                        &through,
+                        &after_due,
+                        &after_tenant,
+                        &after_id,
+                        &limit,
+                        &tenant,
+                        &skip,
+                    ],
+                )
+                .await
+                .map_err(db_error)?;
+            rows.iter().map(cursor_from_row).collect()
+        })
+        .await
     }
 
     /// One statement per shape of filters, each answered from an index
     /// range that stops at the page (see [`Listing`]).
     async fn list_events(&self, params: ListEventsParams) -> StoreResult<Vec<EventRecord>> {
-        let Some(listing) = Listing::of(&params) else {
-            return Ok(Vec::new());
-        };
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&listing.sql)
-            .await
-            .map_err(db_error)?;
-        client
-            .query(&statement, &listing.args())
-            .await
-            .map_err(db_error)?
-            .iter()
-            .map(record_from_row)
-            .collect()
+        self.guarded(Access::Read, async move {
+            let Some(listing) = Listing::of(&params) else {
+                return Ok(Vec::new());
+            };
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(&listing.sql)
+                .await
+                .map_err(db_error)?;
+            client
+                .query(&statement, &listing.args())
+                .await
+                .map_err(db_error)?
+                .iter()
+                .map(record_from_row)
+                .collect()
+        })
+        .await
     }
 
     /// The rows the listing's plan reads, from `EXPLAIN ANALYZE`: every
     /// row a scan of a table or index returned or filtered out.
     async fn list_events_reads(&self, params: ListEventsParams) -> StoreResult<Option<u64>> {
-        let Some(listing) = Listing::of(&params) else {
-            return Ok(Some(0));
-        };
-        let client = self.client().await?;
-        let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", listing.sql);
-        let plan: JsonText = client
-            .query_one(&explain, &listing.args())
-            .await
-            .map_err(db_error)?
-            .get(0);
-        let plan: serde_json::Value =
-            serde_json::from_str(&plan.0).map_err(|e| corrupt(format_args!("plan: {e}")))?;
-        Ok(Some(rows_read(&plan)))
+        self.guarded(Access::Read, async move {
+            let Some(listing) = Listing::of(&params) else {
+                return Ok(Some(0));
+            };
+            let client = self.client().await?;
+            let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", listing.sql);
+            let plan: JsonText = client
+                .query_one(&explain, &listing.args())
+                .await
+                .map_err(db_error)?
+                .get(0);
+            let plan: serde_json::Value =
+                serde_json::from_str(&plan.0).map_err(|e| corrupt(format_args!("plan: {e}")))?;
+            Ok(Some(rows_read(&plan)))
+        })
+        .await
     }
 
     /// An index-only count on `events_by_status_time`, stopped by the
     /// inner `LIMIT`; `id >= ' '` leaves out engine-internal ids.
     async fn count_events(&self, params: CountEventsParams) -> StoreResult<u64> {
-        if params.at_most == 0 {
-            return Ok(0);
-        }
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
-                "SELECT count(*) FROM (SELECT 1 FROM events \
-                 WHERE tenant = $1 AND status = $2 AND id >= ' ' LIMIT $3) AS counted",
-            )
-            .await
-            .map_err(db_error)?;
-        let at_most = i64::try_from(params.at_most).unwrap_or(i64::MAX);
-        let count: i64 = client
-            .query_one(
-                &statement,
-                &[&params.tenant.as_str(), &params.status.as_str(), &at_most],
-            )
-            .await
-            .map_err(db_error)?
-            .get(0);
-        Ok(u64::try_from(count).unwrap_or(0))
+        self.guarded(Access::Read, async move {
+            if params.at_most == 0 {
+                return Ok(0);
+            }
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(
+                    "SELECT count(*) FROM (SELECT 1 FROM events \
+                     WHERE tenant = $1 AND status = $2 AND id >= ' ' LIMIT $3) AS counted",
+                )
+                .await
+                .map_err(db_error)?;
+            let at_most = i64::try_from(params.at_most).unwrap_or(i64::MAX);
+            let count: i64 = client
+                .query_one(
+                    &statement,
+                    &[&params.tenant.as_str(), &params.status.as_str(), &at_most],
+                )
+                .await
+                .map_err(db_error)?
+                .get(0);
+            Ok(u64::try_from(count).unwrap_or(0))
+        })
+        .await
     }
 
     async fn attempts(&self, key: &EventKey, limit: usize) -> StoreResult<Vec<Attempt>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(
-                "SELECT version, number, started_at, duration_ms, verdict, http_status, error
-                 FROM attempts WHERE tenant = $1 AND id = $2 ORDER BY seq LIMIT $3",
-            )
-            .await
-            .map_err(db_error)?;
-        client
-            .query(
-                &statement,
-                &[&key.tenant.as_str(), &key.id.as_str(), &sql_limit(limit)],
-            )
-            .await
-            .map_err(db_error)?
-            .iter()
-            .map(attempt_from_row)
-            .collect()
+        self.guarded(Access::Read, async move {
+            if limit == 0 {
+                return Ok(Vec::new());
+            }
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(
+                    "SELECT version, number, started_at, duration_ms, verdict, http_status, error
+                     FROM attempts WHERE tenant = $1 AND id = $2 ORDER BY seq LIMIT $3",
+                )
+                .await
+                .map_err(db_error)?;
+            client
+                .query(
+                    &statement,
+                    &[&key.tenant.as_str(), &key.id.as_str(), &sql_limit(limit)],
+                )
+                .await
+                .map_err(db_error)?
+                .iter()
+                .map(attempt_from_row)
+                .collect()
+        })
+        .await
     }
 
     async fn purge_finished(&self, params: PurgeParams) -> StoreResult<usize> {
-        if params.limit == 0 {
-            return Ok(0);
-        }
-        let client = self.client().await?;
-        // Rows a concurrent apply holds are skipped (it may be reviving
-        // them); the sweep takes them next time if they are still old.
-        let statement = client
-            .prepare_cached(
-                "WITH doomed AS (
-                     SELECT tenant, id FROM events
-                     WHERE finished_at < $1
-                     ORDER BY finished_at LIMIT $2
-                     FOR UPDATE SKIP LOCKED
-                 ), gone AS (
-                     DELETE FROM events e USING doomed d
-                     WHERE e.tenant = d.tenant AND e.id = d.id
-                     RETURNING e.tenant, e.id
-                 ), history AS (
-                     DELETE FROM attempts a USING gone g
-                     WHERE a.tenant = g.tenant AND a.id = g.id
-                 ), leases AS (
-                     DELETE FROM leases l USING gone g
-                     WHERE l.tenant = g.tenant AND l.id = g.id
-                 )
-                 SELECT count(*) FROM gone",
-            )
-            .await
-            .map_err(db_error)?;
-        let purged: i64 = client
-            .query_one(
-                &statement,
-                &[
-                    &params.finished_before.as_millis(),
-                    &sql_limit(params.limit),
-                ],
-            )
-            .await
-            .map_err(db_error)?
-            .get(0);
-        usize::try_from(purged).map_err(|_| corrupt(format_args!("purge count {purged}")))
+        self.guarded(Access::Write, async move {
+            if params.limit == 0 {
+                return Ok(0);
+            }
+            let client = self.client().await?;
+            // Rows a concurrent apply holds are skipped (it may be reviving
+            // them); the sweep takes them next time if they are still old.
+            let statement = client
+                .prepare_cached(
+                    "WITH doomed AS (
+                         SELECT tenant, id FROM events
+                         WHERE finished_at < $1
+                         ORDER BY finished_at LIMIT $2
+                         FOR UPDATE SKIP LOCKED
+                     ), gone AS (
+                         DELETE FROM events e USING doomed d
+                         WHERE e.tenant = d.tenant AND e.id = d.id
+                         RETURNING e.tenant, e.id
+                     ), history AS (
+                         DELETE FROM attempts a USING gone g
+                         WHERE a.tenant = g.tenant AND a.id = g.id
+                     ), leases AS (
+                         DELETE FROM leases l USING gone g
+                         WHERE l.tenant = g.tenant AND l.id = g.id
+                     )
+                     SELECT count(*) FROM gone",
+                )
+                .await
+                .map_err(db_error)?;
+            let purged: i64 = client
+                .query_one(
+                    &statement,
+                    &[
+                        &params.finished_before.as_millis(),
+                        &sql_limit(params.limit),
+                    ],
+                )
+                .await
+                .map_err(db_error)?
+                .get(0);
+            usize::try_from(purged).map_err(|_| corrupt(format_args!("purge count {purged}")))
+        })
+        .await
     }
 
     async fn delete_finished(&self, keys: &[EventKey]) -> StoreResult<Vec<bool>> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let client = self.client().await?;
-        // One statement, one transaction. A row a concurrent apply holds is
-        // waited for and its status checked again once that commits (a
-        // redrive makes it pending: kept).
-        let statement = client
-            .prepare_cached(
-                "WITH gone AS (
-                     DELETE FROM events e
-                     USING unnest($1::text[], $2::text[]) AS k(tenant, id)
-                     WHERE e.tenant = k.tenant AND e.id = k.id
-                       AND e.finished_at IS NOT NULL
-                     RETURNING e.tenant, e.id
-                 ), history AS (
-                     DELETE FROM attempts a USING gone g
-                     WHERE a.tenant = g.tenant AND a.id = g.id
-                 ), leases AS (
-                     DELETE FROM leases l USING gone g
-                     WHERE l.tenant = g.tenant AND l.id = g.id
-                 )
-                 SELECT tenant, id FROM gone",
-            )
-            .await
-            .map_err(db_error)?;
-        let tenants: Vec<&str> = keys.iter().map(|key| key.tenant.as_str()).collect();
-        let ids: Vec<&str> = keys.iter().map(|key| key.id.as_str()).collect();
-        let gone: std::collections::HashSet<(String, String)> = client
-            .query(&statement, &[&tenants, &ids])
-            .await
-            .map_err(db_error)?
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect();
-        // A key named twice is deleted once; its repeat answers `false`.
-        let mut answered = std::collections::HashSet::new();
-        Ok(keys
-            .iter()
-            .map(|key| {
-                let pair = (key.tenant.as_str().to_string(), key.id.as_str().to_string());
-                gone.contains(&pair) && answered.insert(pair)
-            })
-            .collect())
+        self.guarded(Access::Write, async move {
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            let client = self.client().await?;
+            // One statement, one transaction. A row a concurrent apply holds is
+            // waited for and its status checked again once that commits (a
+            // redrive makes it pending: kept).
+            let statement = client
+                .prepare_cached(
+                    "WITH gone AS (
+                         DELETE FROM events e
+                         USING unnest($1::text[], $2::text[]) AS k(tenant, id)
+                         WHERE e.tenant = k.tenant AND e.id = k.id
+                           AND e.finished_at IS NOT NULL
+                         RETURNING e.tenant, e.id
+                     ), history AS (
+                         DELETE FROM attempts a USING gone g
+                         WHERE a.tenant = g.tenant AND a.id = g.id
+                     ), leases AS (
+                         DELETE FROM leases l USING gone g
+                         WHERE l.tenant = g.tenant AND l.id = g.id
+                     )
+                     SELECT tenant, id FROM gone",
+                )
+                .await
+                .map_err(db_error)?;
+            let tenants: Vec<&str> = keys.iter().map(|key| key.tenant.as_str()).collect();
+            let ids: Vec<&str> = keys.iter().map(|key| key.id.as_str()).collect();
+            let gone: std::collections::HashSet<(String, String)> = client
+                .query(&statement, &[&tenants, &ids])
+                .await
+                .map_err(db_error)?
+                .iter()
+                .map(|row| (row.get(0), row.get(1)))
+                .collect();
+            // A key named twice is deleted once; its repeat answers `false`.
+            let mut answered = std::collections::HashSet::new();
+            Ok(keys
+                .iter()
+                .map(|key| {
+                    let pair = (key.tenant.as_str().to_string(), key.id.as_str().to_string());
+                    gone.contains(&pair) && answered.insert(pair)
+                })
+                .collect())
+        })
+        .await
     }
 
     async fn stats(&self) -> StoreResult<StoreStats> {
-        let client = self.client().await?;
-        let bytes: i64 = client
-            .query_one("SELECT pg_database_size(current_database())", &[])
-            .await
-            .map_err(db_error)?
-            .get(0);
-        Ok(StoreStats {
-            disk_bytes: u64::try_from(bytes).ok(),
+        self.guarded(Access::Read, async move {
+            let client = self.client().await?;
+            let bytes: i64 = client
+                .query_one("SELECT pg_database_size(current_database())", &[])
+                .await
+                .map_err(db_error)?
+                .get(0);
+            Ok(StoreStats {
+                disk_bytes: u64::try_from(bytes).ok(),
+            })
         })
+        .await
     }
 
     async fn put_api_key(&self, key: ApiKey) -> StoreResult<bool> {
-        self.auth_put_key(key).await
+        self.guarded(Access::Write, async move { self.auth_put_key(key).await })
+            .await
     }
 
     async fn api_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>> {
-        self.auth_key_by_hash(hash).await
+        self.guarded(
+            Access::Read,
+            async move { self.auth_key_by_hash(hash).await },
+        )
+        .await
     }
 
     async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>> {
-        self.auth_list_keys().await
+        self.guarded(Access::Read, async move { self.auth_list_keys().await })
+            .await
     }
 
     async fn delete_api_key(&self, id: &KeyId) -> StoreResult<Option<ApiKey>> {
-        self.auth_delete_key(id).await
+        self.guarded(Access::Write, async move { self.auth_delete_key(id).await })
+            .await
     }
 
     async fn touch_api_key(&self, id: &KeyId, at: Timestamp) -> StoreResult<()> {
-        self.auth_touch_key(id, at).await
+        self.guarded(
+            Access::Write,
+            async move { self.auth_touch_key(id, at).await },
+        )
+        .await
     }
 
     async fn append_audit(&self, entry: AuditEntry) -> StoreResult<()> {
-        self.auth_append_audit(entry).await
+        self.guarded(
+            Access::Write,
+            async move { self.auth_append_audit(entry).await },
+        )
+        .await
     }
 
     async fn list_audit(&self, params: AuditPageParams) -> StoreResult<Vec<AuditEntry>> {
-        self.auth_list_audit(params).await
+        self.guarded(
+            Access::Read,
+            async move { self.auth_list_audit(params).await },
+        )
+        .await
     }
 
     async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
-        self.auth_purge_audit(before, limit).await
+        self.guarded(Access::Write, async move {
+            self.auth_purge_audit(before, limit).await
+        })
+        .await
     }
 
     async fn create_bulk_action(&self, action: BulkAction) -> StoreResult<bool> {
-        self.bulk_create(action).await
+        self.guarded(Access::Write, async move { self.bulk_create(action).await })
+            .await
     }
 
     async fn get_bulk_action(&self, id: &BulkActionId) -> StoreResult<Option<BulkAction>> {
-        self.bulk_get(id).await
+        self.guarded(Access::Read, async move { self.bulk_get(id).await })
+            .await
     }
 
     async fn list_bulk_actions(
         &self,
         params: ListBulkActionsParams,
     ) -> StoreResult<Vec<BulkAction>> {
-        self.bulk_list(params).await
+        self.guarded(Access::Read, async move { self.bulk_list(params).await })
+            .await
     }
 
     async fn running_bulk_actions(
         &self,
         params: RunningBulkActionsParams,
     ) -> StoreResult<Vec<BulkAction>> {
-        self.bulk_running(params).await
+        self.guarded(Access::Read, async move { self.bulk_running(params).await })
+            .await
     }
 
     async fn update_bulk_action(&self, action: BulkAction) -> StoreResult<Option<BulkAction>> {
-        self.bulk_update(action).await
+        self.guarded(Access::Write, async move { self.bulk_update(action).await })
+            .await
     }
 
     async fn purge_bulk_actions(&self, params: PurgeBulkActionsParams) -> StoreResult<usize> {
-        self.bulk_purge(params).await
+        self.guarded(Access::Write, async move { self.bulk_purge(params).await })
+            .await
     }
 }
 
@@ -899,18 +1023,27 @@ impl Coordinator for PostgresStore {
         node: &belfry_store::cluster::NodeInfo,
         ttl: Duration,
     ) -> StoreResult<Vec<belfry_store::cluster::NodeStatus>> {
-        coordinator::heartbeat(self, node, ttl).await
+        self.guarded(Access::Heartbeat, async move {
+            coordinator::heartbeat(self, node, ttl).await
+        })
+        .await
     }
 
     async fn leave(&self, node: &belfry_store::cluster::NodeId) -> StoreResult<()> {
-        coordinator::leave(self, node).await
+        self.guarded(Access::Write, async move {
+            coordinator::leave(self, node).await
+        })
+        .await
     }
 
     async fn remove_dead_nodes(
         &self,
         ttl: Duration,
     ) -> StoreResult<Vec<belfry_store::cluster::NodeStatus>> {
-        coordinator::remove_dead_nodes(self, ttl).await
+        self.guarded(Access::Write, async move {
+            coordinator::remove_dead_nodes(self, ttl).await
+        })
+        .await
     }
 
     async fn claim_leadership(
@@ -918,11 +1051,17 @@ impl Coordinator for PostgresStore {
         node: &belfry_store::cluster::NodeId,
         ttl: Duration,
     ) -> StoreResult<belfry_store::cluster::LeaderLease> {
-        coordinator::claim_leadership(self, node, ttl).await
+        self.guarded(Access::Write, async move {
+            coordinator::claim_leadership(self, node, ttl).await
+        })
+        .await
     }
 
     async fn release_leadership(&self, node: &belfry_store::cluster::NodeId) -> StoreResult<()> {
-        coordinator::release_leadership(self, node).await
+        self.guarded(Access::Write, async move {
+            coordinator::release_leadership(self, node).await
+        })
+        .await
     }
 
     async fn assign(
@@ -931,7 +1070,10 @@ impl Coordinator for PostgresStore {
         term: u64,
         owners: Vec<(belfry_core::PartitionId, belfry_store::cluster::NodeId)>,
     ) -> StoreResult<()> {
-        coordinator::assign(self, leader, term, owners).await
+        self.guarded(Access::Write, async move {
+            coordinator::assign(self, leader, term, owners).await
+        })
+        .await
     }
 
     async fn renew_ownership(
@@ -939,7 +1081,10 @@ impl Coordinator for PostgresStore {
         node: &belfry_store::cluster::NodeId,
         ttl: Duration,
     ) -> StoreResult<Vec<belfry_store::cluster::OwnedPartition>> {
-        coordinator::renew_ownership(self, node, ttl).await
+        self.guarded(Access::Write, async move {
+            coordinator::renew_ownership(self, node, ttl).await
+        })
+        .await
     }
 
     async fn release_partitions(
@@ -947,15 +1092,23 @@ impl Coordinator for PostgresStore {
         node: &belfry_store::cluster::NodeId,
         partitions: &[(belfry_core::PartitionId, u64)],
     ) -> StoreResult<Vec<belfry_core::PartitionId>> {
-        coordinator::release_partitions(self, node, partitions).await
+        self.guarded(Access::Write, async move {
+            coordinator::release_partitions(self, node, partitions).await
+        })
+        .await
     }
 
     async fn assignments(&self) -> StoreResult<Vec<belfry_store::cluster::PartitionAssignment>> {
-        coordinator::assignments(self).await
+        self.guarded(
+            Access::Read,
+            async move { coordinator::assignments(self).await },
+        )
+        .await
     }
 
     async fn leader(&self) -> StoreResult<Option<belfry_store::cluster::LeaderLease>> {
-        coordinator::leader(self).await
+        self.guarded(Access::Read, async move { coordinator::leader(self).await })
+            .await
     }
 
     async fn presence(
@@ -977,7 +1130,10 @@ impl Coordinator for PostgresStore {
         node: &belfry_store::cluster::NodeId,
         tenants: &[belfry_core::TenantName],
     ) -> StoreResult<()> {
-        coordinator::announce_pull_ready(self, node, tenants).await
+        self.guarded(Access::Write, async move {
+            coordinator::announce_pull_ready(self, node, tenants).await
+        })
+        .await
     }
 }
 

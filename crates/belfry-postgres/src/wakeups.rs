@@ -47,7 +47,9 @@
 //!
 //! # Subscription
 //! [`listen`] keeps a dedicated connection (not from the pool) and re-opens
-//! it after any error with a capped backoff. Every time LISTEN is
+//! it after any error with a capped backoff, and when the store finds that
+//! its connections lead to a server that takes no writes (the primary
+//! moved: `crate::primary`). Every time LISTEN is
 //! (re-)established the stream yields [`Wakeup::Resync`] first: anything
 //! before it may have been missed, so the engine reloads its windows.
 //!
@@ -63,7 +65,7 @@ use std::time::Duration;
 
 use belfry_core::{EventKey, PartitionId, TenantName, Timestamp};
 use futures::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_postgres::AsyncMessage;
 
 use crate::rows::{key_from_parts, partition_from_i32};
@@ -217,10 +219,22 @@ const RECONNECT_MIN: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
 
 /// Runs the LISTEN connection until `out` is closed (see the module docs).
-pub(crate) async fn listen(config: tokio_postgres::Config, out: mpsc::Sender<Wakeup>) {
+/// A change of `losses` (the store's connections led to a server that
+/// takes no writes) makes it reconnect too: it may listen on a server that
+/// is no longer the primary, where no change commits any more.
+pub(crate) async fn listen(
+    config: tokio_postgres::Config,
+    out: mpsc::Sender<Wakeup>,
+    mut losses: watch::Receiver<u64>,
+) {
     let mut backoff = RECONNECT_MIN;
     while !out.is_closed() {
-        match listen_once(&config, &out, &mut backoff).await {
+        losses.mark_unchanged();
+        let outcome = tokio::select! {
+            outcome = listen_once(&config, &out, &mut backoff) => outcome,
+            _ = losses.changed() => Err(ListenError::PrimaryLost),
+        };
+        match outcome {
             Ok(()) => return,
             Err(error) => {
                 tracing::warn!(%error, "wake-up listener lost its connection; reconnecting");
@@ -312,6 +326,8 @@ enum ListenError {
     Database(#[from] tokio_postgres::Error),
     #[error("the server closed the connection")]
     Closed,
+    #[error("the store's connections led to a server that takes no writes")]
+    PrimaryLost,
 }
 
 #[cfg(test)]

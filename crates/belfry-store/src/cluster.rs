@@ -24,11 +24,17 @@
 //!   that lease; it stops firing the partition, records the outcomes of its
 //!   deliveries in flight, then confirms with
 //!   [`Coordinator::release_partitions`], which grants the partition to the
-//!   pending owner (epoch + 1, takeover now). A partition that is unowned, or
+//!   pending owner (a higher epoch, takeover now). A partition that is unowned, or
 //!   whose owner's lease has expired (a crashed or stuck owner), is granted
 //!   directly by `assign`. So a new owner never waits for a live lease, and
 //!   a revoked owner that never confirms holds the partition at most until
 //!   its lease runs out.
+//! - **Epochs never repeat.** A grant's epoch is higher than any the
+//!   partition had: `epoch + 1`, or more where the backend must skip
+//!   numbers that a node may still hold (PostgreSQL, on a standby promoted
+//!   without the old primary's last writes, jumps past every epoch of the
+//!   old timeline), so a stale owner's fenced writes never match a new
+//!   grant.
 //! - **Clean shutdown.** A node that stops releases its partitions the same
 //!   way: unowned (or granted to a pending owner) with no lease, so the
 //!   leader reassigns them at once and the next owner fires at once.
@@ -170,7 +176,7 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug + 'static {
 
     /// Moves each listed partition to the given node. A partition that is
     /// unowned, or whose owner's lease has expired, changes owner at once
-    /// (epoch + 1, takeover now). One whose owner holds a live lease is
+    /// (a higher epoch, takeover now). One whose owner holds a live lease is
     /// revoked instead: the node becomes its pending owner, and it changes
     /// hands when the owner releases it (or, once its lease expired, at the
     /// next `assign`). Naming the current owner cancels a pending move.
@@ -196,7 +202,7 @@ pub trait Coordinator: Send + Sync + std::fmt::Debug + 'static {
 
     /// Gives up partitions `node` owns at the given epochs, after it stopped
     /// firing them and recorded their deliveries' outcomes: each goes to its
-    /// pending owner (epoch + 1) or becomes unowned, with no lease left, so
+    /// pending owner (a higher epoch) or becomes unowned, with no lease left, so
     /// the next owner fires at once. Entries whose owner or epoch changed
     /// meanwhile are left alone (fencing). Returns the partitions released.
     async fn release_partitions(

@@ -154,6 +154,9 @@ impl Store for Interposed {
     fn partitions(&self) -> PartitionCount {
         self.inner.partitions()
     }
+    fn write_blocked(&self) -> Option<&'static str> {
+        self.inner.write_blocked()
+    }
     async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()> {
         let fault = self.interposer.before(StoreCall::PutTenant);
         Self::run(fault, self.inner.put_tenant(tenant)).await

@@ -361,6 +361,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The partition count fixed when the store was created.
     fn partitions(&self) -> PartitionCount;
 
+    /// Why the store cannot take writes now, for operators (readiness, the
+    /// log), while it knows it cannot: a replicated database whose
+    /// connections lead to a read-only server, or whose commits hang. `None`
+    /// when writes succeed or nothing is known against them.
+    fn write_blocked(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Registers or replaces a tenant. Durable on `Ok`.
     async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()>;
     async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>>;

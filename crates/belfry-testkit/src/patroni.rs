@@ -287,7 +287,9 @@ impl HaCluster {
     /// synchronous standby when none is left; plain `synchronous_mode`
     /// drops the requirement at once, and the old primary would then
     /// acknowledge writes the new one never sees), then paused, so that it
-    /// neither demotes the old primary nor rejoins the new one.
+    /// neither demotes the old primary nor rejoins the new one. Strict mode
+    /// asks every member for a synchronous standby, the promoted one too:
+    /// it is told to need none, as a new primary without standbys would be.
     ///
     /// # Errors
     /// `patronictl` or `pg_ctl promote` failed.
@@ -300,7 +302,25 @@ impl HaCluster {
         ])?;
         // Members read the new setting with the pause, in their next loop.
         self.patronictl(&["pause", "--wait"])?;
-        self.pg_ctl(standby, &["promote", "-w"])
+        self.pg_ctl(standby, &["promote", "-w"])?;
+        let mut psql = self.as_postgres(Command::new(self.bindir.join("psql")));
+        psql.args([
+            "-X",
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+        ])
+        .args(["-p", &self.members[standby].pg_port.to_string()])
+        .args(["-c", "ALTER SYSTEM SET synchronous_standby_names = ''"])
+        .args(["-c", "SELECT pg_reload_conf()"]);
+        run(
+            psql,
+            "psql: the promoted standby needs no synchronous standby",
+        )
     }
 
     /// `pg_ctl stop -m fast` of member `index` (with Patroni paused, it
