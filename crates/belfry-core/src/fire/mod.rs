@@ -1148,11 +1148,12 @@ impl PartitionCore {
             }
             LoadKind::Repair => {
                 for entry in page {
-                    let missing = self.window.covers(&entry)
-                        && !self.window.contains(&entry)
-                        && self.may_hold(&entry)
-                        && !pending.removed.contains(&entry);
-                    if missing {
+                    if pending.removed.contains(&entry) {
+                        continue;
+                    }
+                    if !self.may_hold(&entry) {
+                        self.page_listed_unheld(entry);
+                    } else if self.window.covers(&entry) && !self.window.contains(&entry) {
                         self.stats.repaired += 1;
                         self.window.insert(entry, true);
                     }

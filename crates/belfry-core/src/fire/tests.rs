@@ -880,3 +880,45 @@ fn an_entry_fired_before_a_write_of_unknown_outcome_reads_its_record_again() {
         }]
     );
 }
+
+#[test]
+fn an_entry_a_repair_page_lists_while_it_is_delivered_fires_again() {
+    // A repair page skipped an entry it listed while it was outstanding
+    // and did not offer it again once finished, as window and tenant
+    // pages do: an event re-created at the same instant while its old
+    // version was delivered, its wake-ups late or lost, waited for the
+    // next repair cycle (found by a soak of the simulation, seed
+    // 20015545).
+    let a = entry(1, "t", "a");
+    let mut core = core_with_config_and_page(
+        CoreConfig {
+            repair_interval: Duration::from_millis(100),
+            ..config()
+        },
+        vec![a.clone()],
+    );
+    let fired = delivered(&core.handle(Input::Tick { may_fire: true }, ts(1)));
+    assert_eq!(fired, vec![a.clone()]);
+    let claim = Input::Claim {
+        entry: a.clone(),
+        version: EventVersion::from_string("v1".into()),
+    };
+    core.handle(claim, ts(1));
+    // Re-created at the same instant (v2); the repair page lists it while
+    // v1 is delivered.
+    let repair = core
+        .handle(Input::Tick { may_fire: true }, ts(150))
+        .into_iter()
+        .find_map(|action| match action {
+            Action::Load(request) if request.kind == LoadKind::Repair => Some(request),
+            _ => None,
+        })
+        .expect("a repair page read");
+    let store = BTreeSet::from([a.clone()]);
+    answer_load(&mut core, &store, repair, ts(150));
+    // v1's delivery ends without a record (it was read after the change).
+    let (entry, finish) = (a.clone(), Finish::Done);
+    core.handle(Input::Finished { entry, finish }, ts(151));
+    let again = delivered(&core.handle(Input::Tick { may_fire: true }, ts(152)));
+    assert_eq!(again, vec![a], "v2 waits for the next repair cycle");
+}
