@@ -19,7 +19,7 @@
 //!
 //! The load is smaller than the full size (3 nodes, 20,000 events
 //! over 30 s plus one every 50 ms), which the test command's time budget on
-//! 2 cores does not allow in every run; `BELFRY_FAILOVER_FULL=1` runs the
+//! 2 cores does not allow in every run; `BELFRY_TEST_FAILOVER_FULL=1` runs the
 //! full size.
 
 use std::collections::HashMap;
@@ -37,7 +37,7 @@ const SETTLE: Duration = Duration::from_secs(90);
 
 /// Bulk events and the span they are due over.
 fn bulk_size() -> (usize, i64) {
-    if std::env::var("BELFRY_FAILOVER_FULL").is_ok_and(|v| v == "1") {
+    if std::env::var("BELFRY_TEST_FAILOVER_FULL").is_ok_and(|v| v == "1") {
         (20_000, 30_000)
     } else {
         (4_000, 24_000)
