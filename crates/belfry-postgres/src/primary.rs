@@ -16,10 +16,11 @@
 //!
 //! Either way [`Primary::lost`] drops every connection of both pools
 //! (idle ones at once, those in use when they come back: a pool hook
-//! discards any connection made before the loss) and, when writes were
-//! fine until then, tells the LISTEN connection to reconnect (again when
-//! they succeed again), so everything reconnects through the URL to the
-//! server that takes writes now. Until a write succeeds again the
+//! discards any connection made before the loss; the presence session is
+//! opened again at its next look, see `coordinator::presence`) and, when
+//! writes were fine until then, tells the LISTEN connection to reconnect
+//! (again when they succeed again), so everything reconnects through the
+//! URL to the server that takes writes now. Until a write succeeds again the
 //! store reports why it cannot write ([`Primary::blocked`]): the node's
 //! log says it once per loss and `/health/ready` answers 503
 //! `store_not_writable`. "Again" means the cluster heartbeat (a write that
