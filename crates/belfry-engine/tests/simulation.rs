@@ -176,7 +176,7 @@ const STUCK_AFTER: Duration = Duration::from_secs(4);
 /// The core's pause before a refused duplicate claim is tried again
 /// (`CoreConfig::load_retry`, manual time).
 const CLAIM_PAUSE: Duration = Duration::from_millis(500);
-/// Known bug: a version armed at the instant of an earlier version of its
+/// Bug found here (fixed): a version armed at the instant of an earlier version of its
 /// key whose entry is still outstanding (cancel and recreate at the same
 /// instant; moved away and back) can lose its wake-up. Its `Offer` is
 /// skipped by `PartitionCore::offer` (the entry is outstanding; the
@@ -186,19 +186,19 @@ const CLAIM_PAUSE: Duration = Duration::from_millis(500);
 /// attempt was recorded against the cancelled record, which re-arms
 /// nothing) and reaches the core only after the skipped `Offer`. The
 /// version then waits for a repair page (for ever with `repair_interval`
-/// 0). Tolerated (and counted) unless `BELFRY_SIM_STRICT` is set.
+/// 0). Fixed: fails the run (`BELFRY_SIM_STRICT=0` only counts it).
 const KNOWN_LOST_REARM: &str = "lost re-arm of a reused instant";
-/// Known bug: an `Expire` outcome carries no version, so a move acknowledged
+/// Bug found here (fixed): an `Expire` outcome carries no version, so a move acknowledged
 /// between the fire-time read of a version too far past due and the
 /// recording of its expiry expires the new version (never due) as
-/// `missed`. Tolerated (and counted) unless `BELFRY_SIM_STRICT` is set.
+/// `missed`. Fixed: fails the run (`BELFRY_SIM_STRICT=0` only counts it).
 const KNOWN_EXPIRE_RACE: &str = "expiry of a version moved meanwhile";
-/// Known bug: a fired entry carries the record read for it at fire time
+/// Bug found here (fixed): a fired entry carries the record read for it at fire time
 /// (read ahead, or since 578ed21 the batched read in `partition::deliver`)
 /// while it waits for a delivery slot, and the delivery uses it as is: a
 /// change acknowledged meanwhile (cancel, move, new payload) is not seen,
 /// so a delivery that begins after the change delivers the superseded
-/// content. Tolerated (and counted) unless `BELFRY_SIM_STRICT` is set.
+/// content. Fixed: fails the run (`BELFRY_SIM_STRICT=0` only counts it).
 const KNOWN_STALE_QUEUED: &str = "stale record carried through the slot queue";
 /// The tenant header that tells which engine generation sent a request.
 const GENERATION_HEADER: &str = "x-sim-generation";
@@ -590,7 +590,7 @@ struct Stats {
     /// Settles that moved the clock for the engine's own timers (a repair
     /// page after a lost wake-up, a refused duplicate claim's pause).
     nudges: u64,
-    /// Known bugs hit (tolerated unless strict).
+    /// Fixed bugs hit (each fails the run unless `BELFRY_SIM_STRICT=0`).
     known_lost_rearm: u64,
     known_expire_race: u64,
     known_stale_queued: u64,
