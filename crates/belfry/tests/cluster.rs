@@ -700,7 +700,7 @@ async fn a_node_joining_a_busy_cluster_takes_its_share_without_duplicates_or_lat
     assert_clean("join", &punctuality(&due, &arrivals_of(&receiver)));
 }
 
-/// Crash failover within 2 s (issue 26): 10,000 events come due over 30 s on
+/// Crash failover within 2 s: 10,000 events come due over 30 s on
 /// three nodes; a node that is not the Master is killed with -9 8 s in, the
 /// Master 18 s in. The dead nodes' database sessions end with them, so
 /// their partitions move long before their 5 s leases would run out:
