@@ -515,7 +515,7 @@ pub(crate) struct PresenceSession {
 async fn open_presence(store: &PostgresStore, node: &NodeId) -> StoreResult<PresenceSession> {
     let (client, connection) = store
         .config
-        .connect(tokio_postgres::NoTls)
+        .connect(store.tls.clone())
         .await
         .map_err(db_error)?;
     // Ends when the client is dropped or the connection breaks.
