@@ -155,7 +155,9 @@ fn take_tls_params(url: &str) -> Result<(String, TlsParams), String> {
                         percent_encoding::percent_decode_str(s)
                             .decode_utf8()
                             .map(|s| s.into_owned())
-                            .map_err(|_| "invalid database URL: a parameter is not UTF-8".to_string())
+                            .map_err(|_| {
+                                "invalid database URL: a parameter is not UTF-8".to_string()
+                            })
                     };
                     if !take(&decode(key)?, decode(value)?)? {
                         kept.push(pair);
@@ -412,7 +414,9 @@ impl TlsConnect<Socket> for TlsConnector {
 
     fn connect(self, stream: Socket) -> Self::Future {
         Box::pin(async move {
-            let config = self.config.ok_or_else(|| io::Error::other("TLS is disabled"))?;
+            let config = self
+                .config
+                .ok_or_else(|| io::Error::other("TLS is disabled"))?;
             let name = self
                 .name
                 .ok_or_else(|| io::Error::other("the database host is not a valid TLS name"))?;
@@ -489,7 +493,10 @@ impl tokio_postgres::tls::TlsStream for TlsStream {
 /// A malformed URL or TLS setting, or a failed connection.
 pub async fn connect(url: &str) -> Result<tokio_postgres::Client, String> {
     let (config, tls) = parse_url(url)?;
-    let (client, connection) = config.connect(tls).await.map_err(|e| e.to_string())?;
+    let (client, connection) = config
+        .connect(tls)
+        .await
+        .map_err(|e| crate::error::describe(&e))?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::debug!(%error, "database connection closed");
