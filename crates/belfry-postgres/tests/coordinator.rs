@@ -764,10 +764,7 @@ async fn a_live_node_whose_presence_session_broke_takes_its_lock_again() {
     let url = PgServer::shared().fresh_database().await;
     let a = node_store(&url, "a", 8081).await;
     let b = node_store(&url, "b", 8082).await;
-    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let admin = belfry_postgres::tls::connect(&url).await.unwrap();
     let cut = admin
         .query_one(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_locks
@@ -913,10 +910,7 @@ async fn concurrent_first_connects_migrate_once_and_keep_the_partition_count() {
         usize::from(counts[0].get())
     );
 
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = belfry_postgres::tls::connect(&url).await.unwrap();
     let row = client
         .query_one(
             "SELECT count(*), count(DISTINCT version) FROM belfry_schema_migrations",
@@ -940,10 +934,7 @@ async fn membership_answers_while_every_data_connection_is_busy() {
     store_options.pool_size = 1;
     let store = std::sync::Arc::new(PostgresStore::connect(store_options).await.unwrap());
 
-    let (locker, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let locker = belfry_postgres::tls::connect(&url).await.unwrap();
     locker
         .batch_execute("BEGIN; LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
         .await

@@ -12,15 +12,13 @@ use belfry_postgres::schema::migrate_up_to;
 use belfry_store::Store;
 use belfry_testkit::PgServer;
 use support::{DEADLINE, eventually, options};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// The index migration 3 builds.
 const INDEX: &str = "events_by_status_time";
 
 async fn connect(url: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
+    belfry_postgres::tls::connect(url).await.unwrap()
 }
 
 /// A fresh database migrated up to version 2 only (before the index).
