@@ -59,6 +59,9 @@ pub struct PullOptions {
     pub max_ready_per_tenant: usize,
     /// Leases held plus grants being recorded; claims wait at the bound.
     pub max_leases: usize,
+    /// … of one tenant; a claim of a tenant at it is `429
+    /// too_many_leases`.
+    pub max_leases_per_tenant: usize,
     /// Claims long-polling; more are `429 too_many_waiters`.
     pub max_waiters: usize,
     /// … of one tenant.
@@ -74,6 +77,7 @@ impl Default for PullOptions {
             max_ready: config.max_ready,
             max_ready_per_tenant: config.max_ready_per_tenant,
             max_leases: config.max_leases,
+            max_leases_per_tenant: config.max_leases_per_tenant,
             max_waiters: config.max_waiters,
             max_waiters_per_tenant: config.max_waiters_per_tenant,
             max_remembered: config.max_remembered,
@@ -87,6 +91,7 @@ impl PullOptions {
             max_ready: self.max_ready,
             max_ready_per_tenant: self.max_ready_per_tenant,
             max_leases: self.max_leases,
+            max_leases_per_tenant: self.max_leases_per_tenant,
             max_waiters: self.max_waiters,
             max_waiters_per_tenant: self.max_waiters_per_tenant,
             max_remembered: self.max_remembered,
