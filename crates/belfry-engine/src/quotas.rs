@@ -301,10 +301,6 @@ impl Quotas {
         }
     }
 
-    pub(crate) fn options(&self) -> &QuotaOptions {
-        &self.options
-    }
-
     /// Adds what acknowledged client writes created and cancelled to the
     /// pending estimates of tenants that have one.
     pub(crate) fn applied(&self, applied: &[Applied]) {
@@ -466,7 +462,10 @@ impl EngineHandle {
     {
         let quotas = &self.inner.quotas;
         let key = (kind, tenant.clone());
-        let gate = lock(&quotas.counting).entry(key.clone()).or_default().clone();
+        let gate = lock(&quotas.counting)
+            .entry(key.clone())
+            .or_default()
+            .clone();
         let seen = gate.done.load(Ordering::Acquire);
         let result = {
             let _turn = gate.turn.lock().await;
@@ -585,7 +584,10 @@ impl EngineHandle {
 
     /// Before storing a schedule: its payload against
     /// `limits.max_payload_bytes` (every occurrence carries it).
-    pub(crate) fn check_schedule_payload(&self, payload: Option<&str>) -> Result<(), QuotaExceeded> {
+    pub(crate) fn check_schedule_payload(
+        &self,
+        payload: Option<&str>,
+    ) -> Result<(), QuotaExceeded> {
         let limit = self.inner.quotas.options.max_payload_bytes;
         match payload {
             Some(payload) if limit > 0 && payload.len() > limit => {
@@ -628,9 +630,7 @@ impl EngineHandle {
         let mut buckets = lock(&self.inner.quotas.dry_runs);
         if buckets.len() >= MAX_DRY_RUN_BUCKETS && !buckets.contains_key(tenant) {
             // A full bucket is the same as none.
-            buckets.retain(|_, (tokens, at)| {
-                *tokens + rate * at.until(now).as_secs_f64() < rate
-            });
+            buckets.retain(|_, (tokens, at)| *tokens + rate * at.until(now).as_secs_f64() < rate);
         }
         let (tokens, at) = buckets.entry(tenant.clone()).or_insert((rate, now));
         *tokens = (*tokens + rate * at.until(now).as_secs_f64()).min(rate);

@@ -352,10 +352,9 @@ mod tests {
             (request.max_events, request.lease, request.wait),
             (1, DEFAULT_LEASE, Duration::ZERO)
         );
-        let request = claim(
-            r#"{"worker_id": "w", "max_events": 100, "lease_ms": 900000, "wait_ms": 30000}"#,
-        )
-        .unwrap();
+        let request =
+            claim(r#"{"worker_id": "w", "max_events": 100, "lease_ms": 900000, "wait_ms": 30000}"#)
+                .unwrap();
         assert_eq!(
             (request.max_events, request.lease, request.wait),
             (100, MAX_LEASE, MAX_WAIT)
