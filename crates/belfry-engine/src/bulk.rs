@@ -6,8 +6,9 @@
 //! wakes it) and every [`POLL`] otherwise, which is how it finds, after a
 //! restart, the actions still `running` and, in a cluster, those whose
 //! runner died (their claim lapsed). It claims at most
-//! [`MAX_ACTIONS_AT_ONCE`] actions and works on each in a task of its own,
-//! page by page:
+//! [`MAX_ACTIONS_AT_ONCE`] actions, one per tenant (so one tenant's queue
+//! of actions cannot hold back another's), and works on each in a task of
+//! its own, page by page:
 //!
 //! 1. read one page of the matching items (`engine.bulk_page_size`, 200):
 //!    events through [`belfry_store::Store::list_events`] with the action's
