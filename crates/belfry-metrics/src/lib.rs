@@ -267,8 +267,15 @@ pub const PULL_ERRORS: Metric = Metric {
     name: "belfry_pull_errors_total",
     kind: Kind::Counter,
     unit: None,
-    help: "Workers' claims and lease calls answered with an error, by code: lease_lost (expired, ended, superseded or moved), too_many_waiters, too_many_calls, store_unavailable.",
+    help: "Workers' claims and lease calls answered with an error, by code: lease_lost (expired, ended, superseded or moved), too_many_waiters, too_many_calls, too_many_leases (the tenant holds its share of the node's leases), store_unavailable.",
     labels: &["code"],
+};
+pub const QUOTA_COUNTS: Metric = Metric {
+    name: "belfry_quota_counts_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Counts of a tenant's pending events or schedules read from the store for its quota, by kind (pending_events, schedules); one at a time per tenant and kind, concurrent requests share it.",
+    labels: &["kind"],
 };
 pub const PULL_CLAIM_WAIT: Metric = Metric {
     name: "belfry_pull_claim_wait_seconds",
@@ -316,6 +323,7 @@ pub const ALL: &[Metric] = &[
     PULL_LEASE_ENDS,
     PULL_REFUSED,
     PULL_ERRORS,
+    QUOTA_COUNTS,
     PULL_CLAIM_WAIT,
     PULL_LEASE_LATENESS,
 ];
@@ -539,6 +547,12 @@ pub fn claim_answered(granted: bool, waited: Duration) {
 /// pull queue's closed set of codes, `PullError::code`).
 pub fn pull_error(code: &'static str) {
     counter!(PULL_ERRORS.name, "code" => code).increment(1);
+}
+
+/// A quota count of `kind` (`pending_events`, `schedules`) read the
+/// store.
+pub fn quota_count(kind: &'static str) {
+    counter!(QUOTA_COUNTS.name, "kind" => kind).increment(1);
 }
 
 /// The pull queue's state and counters, read when `/metrics` is scraped.

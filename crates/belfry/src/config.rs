@@ -309,6 +309,7 @@ impl Config {
             ("pull.max_ready", pull.max_ready),
             ("pull.max_ready_per_tenant", pull.max_ready_per_tenant),
             ("pull.max_leases", pull.max_leases),
+            ("pull.max_leases_per_tenant", pull.leases_per_tenant()),
             ("pull.max_waiters", pull.max_waiters),
             ("pull.max_waiters_per_tenant", pull.max_waiters_per_tenant),
             ("pull.max_remembered", pull.max_remembered),

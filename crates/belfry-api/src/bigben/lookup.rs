@@ -82,6 +82,11 @@ pub(crate) async fn dry_run(
     if live_event(&state, &key).await?.is_none() {
         return Ok(not_found());
     }
+    // A delivery now, outside the tenant's delivery limits: its own rate.
+    state
+        .engine
+        .take_dry_run(&key.tenant)
+        .map_err(|exceeded| BigBenError(crate::quota::exceeded_error(&exceeded)))?;
     let Some((record, result)) = state.engine.dry_run(&key).await? else {
         return Ok(not_found());
     };

@@ -695,7 +695,7 @@ pub struct ClaimLeases {
     pub worker_id: String,
     #[schema(minimum = 1, maximum = 100)]
     pub max_events: Option<u64>,
-    #[schema(minimum = 1000, maximum = 43200000)]
+    #[schema(minimum = 1000, maximum = 900000)]
     pub lease_ms: Option<u64>,
     #[schema(minimum = 0, maximum = 30000)]
     pub wait_ms: Option<u64>,
@@ -727,7 +727,7 @@ pub struct LeaseList {
 /// Body of a heartbeat (`{}`: the lease's own length).
 #[derive(ToSchema)]
 pub struct HeartbeatLease {
-    #[schema(minimum = 1000, maximum = 43200000)]
+    #[schema(minimum = 1000, maximum = 900000)]
     pub extend_ms: Option<u64>,
 }
 

@@ -31,7 +31,9 @@ pub(super) fn pull_error(error: PullError) -> V1Error {
     let status = match error {
         PullError::LeaseLost => StatusCode::CONFLICT,
         PullError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        PullError::TooManyWaiters | PullError::TooManyCalls => StatusCode::TOO_MANY_REQUESTS,
+        PullError::TooManyWaiters | PullError::TooManyCalls | PullError::TooManyLeases => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
     };
     V1Error(ApiError::new(status, error.code(), error.to_string()))
 }
@@ -126,7 +128,7 @@ pub(super) fn answer(reply: Reply) -> Result<Response, V1Error> {
         (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Too many claims waiting, or rate limit", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Too many claims waiting, the tenant holds its share of the node's leases (`too_many_leases`), or rate limit", body = crate::openapi::schema::V1Error),
         (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
         (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
     )
