@@ -1488,9 +1488,15 @@ struct OtherNode {
     engine: belfry_engine::Engine,
 }
 
+/// The secret nodes "a" and "b" share.
+const CLUSTER_SECRET: [u8; 32] = [7; 32];
+
 /// Who owns every partition, as node "a" sees it (`None`: no live owner).
-#[derive(Debug, Default)]
-struct Owners(std::sync::Mutex<Option<belfry_api::PartitionOwner>>);
+#[derive(Debug)]
+struct Owners {
+    owner: std::sync::Mutex<Option<belfry_api::PartitionOwner>>,
+    peers: belfry_api::PeerAuth,
+}
 
 impl belfry_api::ClusterView for Owners {
     fn members(&self) -> Vec<belfry_api::ClusterMember> {
@@ -1498,8 +1504,35 @@ impl belfry_api::ClusterView for Owners {
     }
 
     fn owner_of(&self, _: belfry_core::PartitionId) -> Option<belfry_api::PartitionOwner> {
-        self.0.lock().unwrap().clone()
+        self.owner.lock().unwrap().clone()
     }
+
+    fn peers(&self) -> Option<&belfry_api::PeerAuth> {
+        Some(&self.peers)
+    }
+}
+
+/// Node "b" (the harness's engine), as a cluster node accepting "a"'s
+/// signed forwards.
+#[derive(Debug)]
+struct NodeB(belfry_api::PeerAuth);
+
+impl belfry_api::ClusterView for NodeB {
+    fn members(&self) -> Vec<belfry_api::ClusterMember> {
+        Vec::new()
+    }
+
+    fn peers(&self) -> Option<&belfry_api::PeerAuth> {
+        Some(&self.0)
+    }
+}
+
+/// The harness's node as node "b" of a cluster with "a".
+fn node_b(h: &Harness) -> axum::Router {
+    belfry_api::router(belfry_api::ApiState {
+        cluster: std::sync::Arc::new(NodeB(belfry_api::PeerAuth::new("b", &CLUSTER_SECRET))),
+        ..h.state.clone()
+    })
 }
 
 /// Node "a" joins no real cluster: nothing here coordinates.
@@ -1595,7 +1628,10 @@ impl OtherNode {
             belfry_store::cluster::NodeId("a".into()),
             Arc::new(NoCoordinator),
         );
-        let owners = Arc::new(Owners::default());
+        let owners = Arc::new(Owners {
+            owner: std::sync::Mutex::new(None),
+            peers: belfry_api::PeerAuth::new("a", &CLUSTER_SECRET),
+        });
         let state = belfry_api::ApiState {
             engine: engine.handle(),
             options: Default::default(),
@@ -1617,7 +1653,7 @@ impl OtherNode {
     /// Every partition owned by node "b" at epoch 0, reached at `url`;
     /// `None`: no live owner.
     fn owned_at(&self, url: Option<&str>) {
-        *self.owners.0.lock().unwrap() = url.map(|url| belfry_api::PartitionOwner {
+        *self.owners.owner.lock().unwrap() = url.map(|url| belfry_api::PartitionOwner {
             node: "b".into(),
             url: url.into(),
             epoch: 0,
@@ -1752,7 +1788,7 @@ async fn a_call_whose_owner_recorded_it_but_never_answered_is_answered_from_the_
             .clone()
     };
     let a = OtherNode::start(&h);
-    let b = owner_that_never_answers(h.app.clone()).await;
+    let b = owner_that_never_answers(node_b(&h)).await;
     a.owned_at(Some(&b));
 
     let done = a.call(&lease("e1"), "complete", json!({})).await;
