@@ -262,14 +262,18 @@ impl PeerAuth {
             body,
         };
         let tag = hmac::sign(&self.key, signed.text().as_bytes());
-        let value = |text: String| HeaderValue::try_from(text).map_err(|_| ring::error::Unspecified);
+        let value =
+            |text: String| HeaderValue::try_from(text).map_err(|_| ring::error::Unspecified);
         Ok(vec![
             (FORWARDED, value(self.node.clone())?),
             (FORWARDED_TO, value(to.to_owned())?),
             (FORWARDED_AT, value(at.to_string())?),
             (FORWARDED_NONCE, value(nonce)?),
             (FORWARDED_FOR, value(principal)?),
-            (FORWARDED_SIGNATURE, value(format!("v1={}", hex(tag.as_ref())))?),
+            (
+                FORWARDED_SIGNATURE,
+                value(format!("v1={}", hex(tag.as_ref())))?,
+            ),
         ])
     }
 
@@ -319,7 +323,10 @@ impl PeerAuth {
             .map_err(|_| Refused::BadSignature)?;
         // Signed by a node: a principal that does not parse is a bug there.
         let principal = decode_principal(principal_text).ok_or(Refused::Malformed)?;
-        let id: [u8; 16] = tag.get(..16).and_then(|t| t.try_into().ok()).ok_or(Refused::Malformed)?;
+        let id: [u8; 16] = tag
+            .get(..16)
+            .and_then(|t| t.try_into().ok())
+            .ok_or(Refused::Malformed)?;
         self.remember(id, at, now)?;
         Ok(principal)
     }
@@ -412,10 +419,17 @@ mod tests {
     }
 
     fn signed(from: &PeerAuth, to: &str, at: i64, body: &[u8]) -> HeaderMap {
-        from.sign(&Method::POST, "/v1/leases/x/complete", to, at, &principal(), body)
-            .unwrap()
-            .into_iter()
-            .collect()
+        from.sign(
+            &Method::POST,
+            "/v1/leases/x/complete",
+            to,
+            at,
+            &principal(),
+            body,
+        )
+        .unwrap()
+        .into_iter()
+        .collect()
     }
 
     #[test]
@@ -448,7 +462,13 @@ mod tests {
             Err(Refused::WrongNode)
         );
         assert_eq!(
-            b.verify(&Method::POST, path, &headers, b"{}", 1_000_000 + FRESHNESS + 1),
+            b.verify(
+                &Method::POST,
+                path,
+                &headers,
+                b"{}",
+                1_000_000 + FRESHNESS + 1
+            ),
             Err(Refused::Stale)
         );
         let other_cluster = PeerAuth::new("b", &[8; 32]);
@@ -496,12 +516,16 @@ mod tests {
         for n in 0..REMEMBERED as u32 {
             let mut id = [0; 16];
             id[..4].copy_from_slice(&n.to_be_bytes());
-            peer.remember(id, now - 1_000 + i64::from(n % 2), now).unwrap();
+            peer.remember(id, now - 1_000 + i64::from(n % 2), now)
+                .unwrap();
         }
         let first = [0; 16];
         // Forgotten to make room, but signed no later than the floor.
         peer.remember([9; 16], now, now).unwrap();
-        assert_eq!(peer.remember(first, now - 1_000, now), Err(Refused::Replayed));
+        assert_eq!(
+            peer.remember(first, now - 1_000, now),
+            Err(Refused::Replayed)
+        );
         assert!(locked(&peer.seen).order.len() <= REMEMBERED);
     }
 }

@@ -468,7 +468,10 @@ pub(crate) async fn announce_pull_ready(
 /// Stores `candidate` unless a secret is stored, then reads the stored
 /// one: two statements, so the read sees a row another node committed
 /// while the insert waited for it.
-pub(crate) async fn cluster_secret(store: &PostgresStore, candidate: &[u8]) -> StoreResult<Vec<u8>> {
+pub(crate) async fn cluster_secret(
+    store: &PostgresStore,
+    candidate: &[u8],
+) -> StoreResult<Vec<u8>> {
     let client = store.client().await?;
     client
         .execute(

@@ -825,7 +825,10 @@ async fn answer_of(request: reqwest::RequestBuilder) -> (u16, Value) {
     let response = request.send().await.expect("the node answers");
     let status = response.status().as_u16();
     let bytes = response.bytes().await.unwrap_or_default();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 /// One HTTP/1.1 request as it crossed the wire.
@@ -1082,7 +1085,10 @@ async fn forwards_are_signed_for_one_node_and_a_forged_replayed_or_redirected_on
         assert_eq!(status, 200, "{answer}");
         leases.extend(answer["leases"].as_array().unwrap().iter().cloned());
     }
-    let beat = format!("/v1/leases/{}/heartbeat", leases[0]["lease_id"].as_str().unwrap());
+    let beat = format!(
+        "/v1/leases/{}/heartbeat",
+        leases[0]["lease_id"].as_str().unwrap()
+    );
     let (status, answer) = post_as(&a.base_url(), Some(&worker), &beat, &json!({})).await;
     assert_eq!(status, 200, "{answer}");
 
@@ -1105,7 +1111,10 @@ async fn forwards_are_signed_for_one_node_and_a_forged_replayed_or_redirected_on
 
     let refused = |(status, answer): (u16, Value), what: &str| {
         assert_eq!(status, 403, "{what}: {answer}");
-        assert_eq!(answer["error"]["code"], "forward_refused", "{what}: {answer}");
+        assert_eq!(
+            answer["error"]["code"], "forward_refused",
+            "{what}: {answer}"
+        );
     };
     refused(forwarded.send_to(&b.base_url(), &[]).await, "replayed to B");
     refused(forwarded.send_to(&c.base_url(), &[]).await, "sent to C");
@@ -1128,7 +1137,10 @@ async fn forwards_are_signed_for_one_node_and_a_forged_replayed_or_redirected_on
         ("belfry-forwarded-at", now_ms().to_string()),
         ("belfry-forwarded-nonce", "00".repeat(16)),
         ("belfry-forwarded-for", "admin -".to_string()),
-        ("belfry-forwarded-signature", format!("v1={}", "00".repeat(32))),
+        (
+            "belfry-forwarded-signature",
+            format!("v1={}", "00".repeat(32)),
+        ),
     ];
     for key in [None, Some(worker.as_str())] {
         let mut request = belfry_testkit::http_client()
@@ -1153,7 +1165,10 @@ async fn forwards_are_signed_for_one_node_and_a_forged_replayed_or_redirected_on
 
     // The real path still works: every lease completes through A.
     for lease in &leases {
-        let done = format!("/v1/leases/{}/complete", lease["lease_id"].as_str().unwrap());
+        let done = format!(
+            "/v1/leases/{}/complete",
+            lease["lease_id"].as_str().unwrap()
+        );
         let (status, answer) = post_as(&a.base_url(), Some(&worker), &done, &json!({})).await;
         assert_eq!(status, 200, "{answer}");
     }
@@ -1201,7 +1216,8 @@ async fn calls_between_nodes_never_go_through_a_proxy() {
     let owned = loop {
         assert!(Instant::now() < deadline, "the partitions never spread");
         let owned = owned_by(&nodes[0], &nodes).await;
-        if owned.iter().all(|o| !o.is_empty()) && owned.iter().map(HashSet::len).sum::<usize>() == 64
+        if owned.iter().all(|o| !o.is_empty())
+            && owned.iter().map(HashSet::len).sum::<usize>() == 64
         {
             break owned;
         }
@@ -1227,5 +1243,9 @@ async fn calls_between_nodes_never_go_through_a_proxy() {
         let (status, done) = lease_call(&a, lease, "complete").await;
         assert_eq!(status, 200, "{done}");
     }
-    assert_eq!(connections.load(Ordering::SeqCst), 0, "a call went to the proxy");
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "a call went to the proxy"
+    );
 }

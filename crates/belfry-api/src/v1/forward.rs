@@ -276,7 +276,16 @@ pub(crate) async fn complete_on(
         Some(result) => format!(r#"{{"result":{result}}}"#),
         None => "{}".to_owned(),
     };
-    match post(state, principal, &owner.node, &owner.url, &path, body.into()).await {
+    match post(
+        state,
+        principal,
+        &owner.node,
+        &owner.url,
+        &path,
+        body.into(),
+    )
+    .await
+    {
         Ok((StatusCode::OK, _)) => Ok(()),
         Ok((_, body)) => {
             let answer: Value = serde_json::from_slice(&body).unwrap_or_default();

@@ -137,7 +137,8 @@ pub(crate) async fn complete_batch(
                 Err(forward::NoOwner) => None,
             };
             if let Some(owner) = owner {
-                match forward::complete_on(state, principal, &owner, &text, result.as_deref()).await {
+                match forward::complete_on(state, principal, &owner, &text, result.as_deref()).await
+                {
                     Ok(()) => return item_delivered(&text),
                     Err(forward::NotCompleted::Refused(code, message)) => {
                         return item_error_as(&text, &code, &message);
