@@ -1850,3 +1850,37 @@ async fn a_call_whose_owner_recorded_it_but_never_answered_is_answered_from_the_
     a.shutdown().await;
     h.shutdown().await;
 }
+
+/// Nodes holding different cluster secrets (or clocks too far apart)
+/// refuse each other's forwards: the worker gets what an owner that does
+/// not answer gives (the store's record, else `node_unavailable`), never
+/// the owner's `forward_refused`, and nothing changes on the owner.
+#[tokio::test]
+async fn a_forward_the_owner_refuses_counts_as_unanswered() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    let put = h
+        .put(
+            "/v1/tenants/jobs/events/e1",
+            &json!({ "deliver_at": common::from_now(50) }),
+        )
+        .await;
+    assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+    let lease = claim_n(&h, "jobs", 1).await.remove(0);
+    let a = OtherNode::start(&h);
+    let other_secret = belfry_api::router(belfry_api::ApiState {
+        cluster: std::sync::Arc::new(NodeB(belfry_api::PeerAuth::new("b", &[8; 32]))),
+        ..h.state.clone()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, other_secret).await });
+    a.owned_at(Some(&url));
+
+    assert_not_known(&a.call(&lease, "complete", json!({})).await);
+    let e1 = h.get("/v1/tenants/jobs/events/e1").await;
+    assert_ne!(e1.body["status"], "delivered", "not completed: {e1:?}");
+    a.shutdown().await;
+    h.shutdown().await;
+}

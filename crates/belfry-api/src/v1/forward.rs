@@ -17,9 +17,13 @@
 //! - **A claim** takes this node's own ready entries first, then asks the
 //!   nodes that announced ready entries of the tenant (a claim for the rest
 //!   with `wait_ms` 0, signed for the worker's principal), and merges the
-//!   leases. With
-//!   nothing found it parks here until its wait ends, an entry comes due
-//!   here, or another node announces the tenant (then it looks there).
+//!   leases. With nothing found it parks here until its wait ends, an
+//!   entry comes due here, or another node announces the tenant (then it
+//!   looks there).
+//!
+//! A node that refuses this node's signature (`forward_refused`: the
+//! nodes hold different cluster secrets, or their clocks disagree) counts
+//! as not answering; the worker never sees that code.
 //!
 //! Forwards are bounded ([`MAX_FORWARDS`] at once over the node) and
 //! pooled (one HTTP client per process, which never uses a proxy: nodes
@@ -136,6 +140,11 @@ enum ForwardError {
     Signing,
     #[error("the node's advertised address does not make a URL")]
     BadUrl,
+    #[error(
+        "the node refused this node's signature: do the nodes share the cluster secret, \
+         and do their clocks agree?"
+    )]
+    SignatureRefused,
     /// Without its URL: the log names the node, not its address or the
     /// lease.
     #[error("{0}")]
@@ -165,6 +174,8 @@ async fn post(
         Some(query) => format!("{}?{query}", url.path()),
         None => url.path().to_owned(),
     };
+    // Signed once a place is free: waiting may take a while.
+    let _permit = permits().acquire().await;
     let signed = peers
         .sign(
             &Method::POST,
@@ -175,7 +186,6 @@ async fn post(
             &body,
         )
         .map_err(|_| ForwardError::Signing)?;
-    let _permit = permits().acquire().await;
     let mut request = client()
         .post(url)
         .header(header::CONTENT_TYPE, "application/json")
@@ -186,7 +196,14 @@ async fn post(
     let response = request.send().await?;
     let status = StatusCode::from_u16(response.status().as_u16())
         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    Ok((status, response.bytes().await?))
+    let body = response.bytes().await?;
+    if status == StatusCode::FORBIDDEN {
+        let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
+        if answer["error"]["code"] == code::FORWARD_REFUSED {
+            return Err(ForwardError::SignatureRefused);
+        }
+    }
+    Ok((status, body))
 }
 
 /// Where a call on `lease` must go: `None` to answer it here.
