@@ -50,6 +50,10 @@ pub mod code {
     /// The key may not do this: a `read` key writing, a tenant key on an
     /// admin route (403).
     pub const FORBIDDEN: &str = "forbidden";
+    /// A request marked as forwarded by another node whose signature does
+    /// not hold: missing, malformed, for another node, stale, replayed or
+    /// forged (403).
+    pub const FORWARD_REFUSED: &str = "forward_refused";
     /// Open mode: the `Host` header is not in `auth.allowed_hosts` (403).
     pub const HOST_NOT_ALLOWED: &str = "host_not_allowed";
     /// A keyless bodiless write from a browser (403).

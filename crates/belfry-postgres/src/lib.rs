@@ -1144,6 +1144,13 @@ impl Coordinator for PostgresStore {
         })
         .await
     }
+
+    async fn cluster_secret(&self, candidate: &[u8]) -> StoreResult<Vec<u8>> {
+        self.guarded(Access::Write, async move {
+            coordinator::cluster_secret(self, candidate).await
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

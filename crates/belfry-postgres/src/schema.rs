@@ -320,6 +320,19 @@ ALTER TABLE events ADD COLUMN backoff text;
     ON attempts (tenant, id, version, number)
     WHERE number > 0"#,
     },
+    Migration {
+        version: 10,
+        apply: Apply::InTransaction,
+        name: "cluster secret",
+        // The key nodes sign their calls to each other with: written once,
+        // by the first node that joins (`coordinator::cluster_secret`).
+        sql: r#"
+CREATE TABLE cluster_secret (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    secret    bytea NOT NULL CHECK (length(secret) >= 32)
+);
+"#,
+    },
 ];
 
 /// Applies the missing migrations and returns the database's partition

@@ -923,6 +923,32 @@ async fn concurrent_first_connects_migrate_once_and_keep_the_partition_count() {
     assert_eq!(migrations, versions, "each migration applied once");
 }
 
+/// Nodes joining at once each bring a candidate secret; one is stored and
+/// every node, later ones too, gets that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_joins_share_one_cluster_secret() {
+    let url = PgServer::shared().fresh_database().await;
+    let mut tasks = Vec::new();
+    for i in 0..4_u8 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let store = PostgresStore::connect(options(url, 4)).await.unwrap();
+            store.cluster_secret(&[i; 32]).await.unwrap()
+        }));
+    }
+    let mut secrets = Vec::new();
+    for task in tasks {
+        secrets.push(task.await.unwrap());
+    }
+    assert!(
+        (0..4_u8).any(|i| secrets[0] == [i; 32]),
+        "one candidate: {secrets:?}"
+    );
+    assert!(secrets.iter().all(|s| *s == secrets[0]), "{secrets:?}");
+    let later = PostgresStore::connect(options(url, 4)).await.unwrap();
+    assert_eq!(later.cluster_secret(&[9; 32]).await.unwrap(), secrets[0]);
+}
+
 /// A node's membership round must never queue behind its own data path: a
 /// round that cannot renew within the lease stops the node firing. With
 /// the only data connection stuck behind a lock, a whole round (heartbeat,

@@ -149,6 +149,14 @@ pub(crate) async fn authenticate(
         return next.run(request).await;
     }
     let uri = request.uri().clone();
+    // Another node's forward acts for the principal that node signed, or
+    // is refused; it is never taken as a client's request.
+    if request.headers().contains_key(&crate::peer::FORWARDED) {
+        return match crate::peer::admit(&state, request).await {
+            Ok(request) => next.run(request).await,
+            Err(error) => family_error(&uri, error),
+        };
+    }
     let auth = state.auth.clone();
     let keyless = auth.options().mode == super::AuthMode::None
         || !request.headers().contains_key(header::AUTHORIZATION);

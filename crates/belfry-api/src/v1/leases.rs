@@ -135,6 +135,7 @@ pub(super) fn answer(reply: Reply) -> Result<Response, V1Error> {
 )]
 pub(crate) async fn claim(
     State(state): State<ApiState>,
+    principal: Principal,
     headers: HeaderMap,
     V1Path(tenant): V1Path<String>,
     V1Json(body): V1Json<ClaimBody>,
@@ -161,7 +162,7 @@ pub(crate) async fn claim(
         }
         None => return Err(tenant_not_found(&name)),
     }
-    if let Some(answered) = forward::claim(&state, &headers, &name, &request).await {
+    if let Some(answered) = forward::claim(&state, &headers, &principal, &name, &request).await {
         return answered;
     }
     answer(state.engine.pull_claim(name, request).await)
@@ -214,7 +215,7 @@ macro_rules! lease_route {
                 Ok(None) => answer(state.engine.pull_call(lease, call).await),
                 Ok(Some(owner)) => {
                     let path = format!(concat!("/v1/leases/{}/", $call), lease);
-                    forward::lease_call(&state, &headers, &owner, &lease, &call, &path, raw).await
+                    forward::lease_call(&state, &principal, &owner, &lease, &call, &path, raw).await
                 }
                 Err(forward::NoOwner) => forward::owner_unreachable(&state, &lease, &call).await,
             }
