@@ -297,7 +297,10 @@ async fn a_tenant_key_cannot_aim_its_webhook_at_internal_addresses_by_default() 
         (format!("http://[::ffff:127.0.0.1]:{port}/hook"), "loopback"),
         (format!("http://0x7f.1:{port}/hook"), "loopback"),
         (format!("http://[64:ff9b::7f00:1]:{port}/hook"), "loopback"),
-        ("http://10.1.2.3:2375/containers/json".to_string(), "private"),
+        (
+            "http://10.1.2.3:2375/containers/json".to_string(),
+            "private",
+        ),
         ("http://192.168.1.1/".to_string(), "private"),
         ("http://100.64.0.1/".to_string(), "shared"),
         ("http://[fd00::1]/".to_string(), "unique local"),
@@ -371,7 +374,11 @@ async fn always_refused_and_malformed_urls_are_refused_at_registration() {
                 json!({ "tenant": "acme", "type": "HTTP", "props": { "url": url } }),
             ),
         ] {
-            let method = if path.starts_with("/v1") { "PUT" } else { "POST" };
+            let method = if path.starts_with("/v1") {
+                "PUT"
+            } else {
+                "POST"
+            };
             let (code, answer) = keyed(method, &node.url(path), None, Some(&body)).await;
             assert_eq!(code, 400, "{path} {url}: {answer}");
             assert!(answer.contains(why), "{path} {url}: says why: {answer}");
@@ -402,8 +409,10 @@ async fn tenant_headers_that_steer_proxies_are_refused() {
             "PUT",
             &node.url("/v1/tenants/acme"),
             None,
-            Some(&json!({ "sink": { "type": "http", "url": "http://hooks.example.com/",
-                "headers": headers } })),
+            Some(
+                &json!({ "sink": { "type": "http", "url": "http://hooks.example.com/",
+                "headers": headers } }),
+            ),
         )
         .await;
         assert_eq!(code, 400, "{name}: {answer}");
