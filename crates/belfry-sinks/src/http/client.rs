@@ -869,7 +869,7 @@ mod unit_tests {
         let addresses = |list: &[&str]| -> Vec<SocketAddr> {
             list.iter().map(|a| a.parse().unwrap()).collect()
         };
-        let policy = EgressPolicy::default();
+        let policy = EgressPolicy::new(crate::egress::EgressOptions::internal());
         let (allowed, refusal) = allowed_addresses(
             addresses(&[
                 "169.254.169.254:80",
