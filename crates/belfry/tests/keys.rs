@@ -569,34 +569,41 @@ async fn a_flood_of_made_up_keys_costs_bounded_store_reads() {
             statuses
         }));
     }
-    // Meanwhile the valid keys, one request at a time.
+    // Meanwhile the valid keys, one request at a time, on a thread of
+    // their own so the flood's tasks do not delay the measurement.
     let valid = {
         let stop = stop.clone();
         let (admin_url, reader_url) =
             (node.url("/v1/tenants"), node.url("/v1/tenants/acme/events"));
         let (admin, reader) = (admin.clone(), reader.clone());
-        tokio::spawn(async move {
-            let client = http_client();
-            let mut latencies = Vec::new();
-            let mut refused = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                for (url, key) in [(&admin_url, &admin), (&reader_url, &reader)] {
-                    let sent = std::time::Instant::now();
-                    let status = client
-                        .get(url.as_str())
-                        .bearer_auth(key)
-                        .send()
-                        .await
-                        .unwrap()
-                        .status()
-                        .as_u16();
-                    latencies.push(sent.elapsed());
-                    if status != 200 {
-                        refused.push(status);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        std::thread::spawn(move || {
+            runtime.block_on(async move {
+                let client = http_client();
+                let mut latencies = Vec::new();
+                let mut refused = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (url, key) in [(&admin_url, &admin), (&reader_url, &reader)] {
+                        let sent = std::time::Instant::now();
+                        let status = client
+                            .get(url.as_str())
+                            .bearer_auth(key)
+                            .send()
+                            .await
+                            .unwrap()
+                            .status()
+                            .as_u16();
+                        latencies.push(sent.elapsed());
+                        if status != 200 {
+                            refused.push(status);
+                        }
                     }
                 }
-            }
-            (latencies, refused)
+                (latencies, refused)
+            })
         })
     };
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
@@ -607,7 +614,7 @@ async fn a_flood_of_made_up_keys_costs_bounded_store_reads() {
     }
     let elapsed = started.elapsed().as_secs_f64();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (mut latencies, refused) = valid.await.unwrap();
+    let (mut latencies, refused) = valid.join().unwrap();
 
     let metrics = metrics_text(&node, &admin).await;
     let reads = counter_sum(&metrics, "belfry_auth_key_reads_total", None) - reads_before;
