@@ -259,7 +259,116 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests {
+    use belfry_core::PartitionCount;
+    use belfry_core::auth::{KeySecret, Role};
+    use belfry_store::{EmbeddedOptions, EmbeddedStore};
+
     use super::*;
+
+    fn store(dir: &tempfile::TempDir) -> SharedStore {
+        Arc::new(
+            EmbeddedStore::open(EmbeddedOptions {
+                data_dir: dir.path().join("data"),
+                partitions: PartitionCount::new(1).unwrap(),
+                writers: None,
+            })
+            .unwrap(),
+        )
+    }
+
+    async fn stored_key(store: &SharedStore) -> (KeySecret, ApiKey) {
+        let secret = KeySecret::generate().unwrap();
+        let key = ApiKey::new(
+            &secret,
+            None,
+            Role::Admin,
+            belfry_core::Timestamp::from_millis(1),
+            None,
+        )
+        .unwrap();
+        assert!(store.put_api_key(key.clone()).await.unwrap());
+        (secret, key)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unknown_keys_never_push_a_known_one_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let (secret, key) = stored_key(&store).await;
+        let cache = Arc::new(KeyCache::new(
+            store.clone(),
+            Duration::from_secs(60),
+            1_000_000,
+        ));
+        assert!(matches!(
+            cache.find(&secret.hash()).await,
+            Ok(Found::Key(_))
+        ));
+        // Gone from the store behind the cache's back: only a re-read
+        // would notice, so a known key answered below was not re-read.
+        assert!(store.delete_api_key(&key.id).await.unwrap().is_some());
+        for _ in 0..UNKNOWN_CAPACITY + KNOWN_CAPACITY + 10 {
+            let made_up = KeySecret::generate().unwrap();
+            assert!(matches!(
+                cache.find(&made_up.hash()).await,
+                Ok(Found::Missing)
+            ));
+        }
+        assert!(matches!(
+            cache.find(&secret.hash()).await,
+            Ok(Found::Key(_))
+        ));
+        assert!(lock(&cache.unknown).len() <= UNKNOWN_CAPACITY);
+        // Revoked through this node: refused at once.
+        cache.revoked(&key.hash);
+        assert!(matches!(
+            cache.find(&secret.hash()).await,
+            Ok(Found::Missing)
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_spent_budget_refuses_unknown_keys_but_not_known_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let (secret, _) = stored_key(&store).await;
+        // A TTL of zero: the known key is re-read every time, outside
+        // the budget.
+        let cache = Arc::new(KeyCache::new(store, Duration::ZERO, 1));
+        assert!(matches!(
+            cache.find(&secret.hash()).await,
+            Ok(Found::Key(_))
+        ));
+        let made_up = KeySecret::generate().unwrap();
+        assert!(matches!(
+            cache.find(&made_up.hash()).await,
+            Ok(Found::Busy(_))
+        ));
+        for _ in 0..3 {
+            assert!(matches!(
+                cache.find(&secret.hash()).await,
+                Ok(Found::Key(_))
+            ));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_lookups_of_one_key_share_one_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        // One token: a second read of the same hash would be refused.
+        let cache = Arc::new(KeyCache::new(store, Duration::from_secs(60), 1));
+        let made_up = KeySecret::generate().unwrap().hash();
+        let lookups: Vec<_> = (0..32)
+            .map(|_| {
+                let (cache, hash) = (cache.clone(), made_up.clone());
+                tokio::spawn(async move { cache.find(&hash).await })
+            })
+            .collect();
+        for lookup in lookups {
+            assert!(matches!(lookup.await.unwrap(), Ok(Found::Missing)));
+        }
+    }
 
     #[test]
     fn the_budget_allows_a_second_at_once_then_the_rate() {
