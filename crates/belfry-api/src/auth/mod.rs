@@ -18,8 +18,12 @@
 //!   loopback address: then Belfry runs open (and says so in its log), so
 //!   the quick start works without a key. A non-loopback listener with no
 //!   key refuses to start ([`check_startup`]).
+//!   While open, a request that came through a proxy is refused: the
+//!   loopback address is what open mode trusts, and a proxy on this
+//!   machine relays clients from anywhere.
 //! - `auth.mode = "none"`: no authentication (BigBen drop-in behind a
-//!   trusted network); keys are ignored.
+//!   trusted network); keys are ignored, and the `Host` must be an address
+//!   or an allowed name (against DNS rebinding).
 //!
 //! # Layout
 //! - this file: [`AuthOptions`], [`Auth`] (the key cache, the open-mode
@@ -74,9 +78,11 @@ pub struct AuthOptions {
     /// stored yet, so a deployment can be provisioned without the CLI.
     /// Env `BELFRY_AUTH__BOOTSTRAP_ADMIN_KEY`.
     pub bootstrap_admin_key: Option<String>,
-    /// Host names (without port) accepted in the `Host` header while the
-    /// node runs open, besides `localhost`, `127.0.0.1`, `[::1]` and the
-    /// listen address; `"*"` accepts any. Against DNS rebinding.
+    /// Host names (without port) accepted in the `Host` header of requests
+    /// without a key (the node open, or `mode = "none"`), besides
+    /// `localhost`, loopback addresses, the listen address and, with
+    /// `mode = "none"`, any IP address; `"*"` accepts any. Against DNS
+    /// rebinding.
     pub allowed_hosts: Vec<String>,
     /// Requests per second per key; `0` (default) turns the limit off.
     pub rate_limit_per_key: u32,
@@ -324,6 +330,12 @@ pub async fn check_startup(
             "auth.mode = \"none\": no authentication, anyone who can reach {listen} may read \
              and change every tenant; use only behind a trusted network"
         );
+        if options.allowed_hosts.is_empty() {
+            tracing::info!(
+                "requests must name this node by IP address or localhost in their Host \
+                 header; list DNS names it is reached by in auth.allowed_hosts"
+            );
+        }
         return Ok(());
     }
     let keys = store
