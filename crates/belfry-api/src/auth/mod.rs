@@ -705,5 +705,19 @@ mod tests {
             ..AuthOptions::default()
         };
         assert_eq!(bad.problems().len(), 2);
+        let at_the_cap = AuthOptions {
+            key_cache_ttl_ms: MAX_KEY_CACHE_TTL_MS,
+            ..AuthOptions::default()
+        };
+        assert!(at_the_cap.problems().is_empty());
+        let unbounded = AuthOptions {
+            key_cache_ttl_ms: MAX_KEY_CACHE_TTL_MS + 1,
+            unknown_key_reads_per_second: 0,
+            ..AuthOptions::default()
+        };
+        let problems = unbounded.problems();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].starts_with("auth.key_cache_ttl_ms"));
+        assert!(problems[1].starts_with("auth.unknown_key_reads_per_second"));
     }
 }
