@@ -236,6 +236,10 @@ impl Budget {
 
     /// One token, or how long until the next.
     fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        // Callers read the clock before the lock: an earlier `now` may
+        // arrive after a later one, and must not move the bucket's time
+        // back (the interval would be refilled twice).
+        let now = self.updated.map_or(now, |updated| updated.max(now));
         if let Some(updated) = self.updated {
             let elapsed = now.saturating_duration_since(updated).as_secs_f64();
             self.tokens = (self.tokens + elapsed * self.per_second).min(self.per_second);
@@ -381,6 +385,9 @@ mod tests {
         assert!(wait > Duration::ZERO && wait <= Duration::from_millis(100));
         let later = start + Duration::from_millis(100);
         assert!(budget.take(later).is_ok());
+        assert!(budget.take(later).is_err());
+        // A caller that read the clock earlier gets nothing back.
+        assert!(budget.take(start).is_err());
         assert!(budget.take(later).is_err());
         // Idle for long: never more than one second's worth.
         let much_later = later + Duration::from_secs(60);
