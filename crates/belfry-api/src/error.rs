@@ -54,8 +54,16 @@ pub mod code {
     /// not hold: missing, malformed, for another node, stale, replayed or
     /// forged (403).
     pub const FORWARD_REFUSED: &str = "forward_refused";
-    /// Open mode: the `Host` header is not in `auth.allowed_hosts` (403).
+    /// Keyless (open mode or `auth.mode = "none"`): the `Host` header is
+    /// neither a loopback name nor in `auth.allowed_hosts` (403).
     pub const HOST_NOT_ALLOWED: &str = "host_not_allowed";
+    /// Open mode: the request came through a proxy (it carries
+    /// `Forwarded`, `X-Forwarded-*`, `X-Real-IP` or `Via`, or is HTTP/1.0),
+    /// so it may come from anywhere (403).
+    pub const PROXIED_REQUEST_REFUSED: &str = "proxied_request_refused";
+    /// A key this node does not know yet, while its budget for reading
+    /// unknown keys is spent (503, `Retry-After`).
+    pub const KEY_LOOKUPS_BUSY: &str = "key_lookups_busy";
     /// A keyless bodiless write from a browser (403).
     pub const BROWSER_WRITE_REFUSED: &str = "browser_write_refused";
     /// The key is over `auth.rate_limit_per_key` (429, `Retry-After`).

@@ -291,6 +291,20 @@ pub const PULL_LEASE_LATENESS: Metric = Metric {
     help: "How late a lease was granted after its entry was due (leased_at - due_at; never negative). attempt=first: attempt 1 (the event's instant, or the end of a release's delay); attempt=retry: a later attempt (its back-off).",
     labels: &["attempt"],
 };
+pub const AUTH_KEY_READS: Metric = Metric {
+    name: "belfry_auth_key_reads_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "API keys read from the store by hash to authenticate a request, by result: found, unknown (no such key, or revoked) or failed (the store answered an error).",
+    labels: &["result"],
+};
+pub const AUTH_LOOKUPS_SHED: Metric = Metric {
+    name: "belfry_auth_key_lookups_shed_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Requests with a key this node did not know, answered 503 without a store read because the node's budget for such reads (auth.unknown_key_reads_per_second) was spent.",
+    labels: &[],
+};
 
 /// Every metric, for descriptions and `docs/operations.md`.
 pub const ALL: &[Metric] = &[
@@ -326,6 +340,8 @@ pub const ALL: &[Metric] = &[
     QUOTA_COUNTS,
     PULL_CLAIM_WAIT,
     PULL_LEASE_LATENESS,
+    AUTH_KEY_READS,
+    AUTH_LOOKUPS_SHED,
 ];
 
 /// Renders the Prometheus text of this process's metrics.
@@ -498,6 +514,29 @@ pub fn api_request(route: &str, method: &str, status: u16, duration: Duration) {
     )
     .increment(1);
     histogram!(API_DURATION.name, "route" => route.to_string()).record(duration.as_secs_f64());
+}
+
+/// How a store read of an API key ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRead {
+    Found,
+    Unknown,
+    Failed,
+}
+
+/// One store read of an API key by hash.
+pub fn auth_key_read(result: KeyRead) {
+    let result = match result {
+        KeyRead::Found => "found",
+        KeyRead::Unknown => "unknown",
+        KeyRead::Failed => "failed",
+    };
+    counter!(AUTH_KEY_READS.name, "result" => result).increment(1);
+}
+
+/// A lookup of an unknown key refused without a store read.
+pub fn auth_lookup_shed() {
+    counter!(AUTH_LOOKUPS_SHED.name).increment(1);
 }
 
 /// The store a commit went to.

@@ -333,6 +333,21 @@ CREATE TABLE cluster_secret (
 );
 "#,
     },
+    Migration {
+        version: 11,
+        apply: Apply::InTransaction,
+        name: "revoked api keys",
+        // The hash of every revoked key, so that its secret is never
+        // stored again (a bootstrap key revoked, then seeded at the next
+        // start). A revoked key's row still leaves `api_keys`, so builds
+        // before this one agree on which keys are valid.
+        sql: r#"
+CREATE TABLE revoked_api_keys (
+    hash text PRIMARY KEY,
+    id   text COLLATE "C" NOT NULL
+);
+"#,
+    },
 ];
 
 /// Applies the missing migrations and returns the database's partition

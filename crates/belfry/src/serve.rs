@@ -172,15 +172,20 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
         return Err(anyhow::anyhow!(refusal));
     }
     let _stop_egress_watch = watch_open_egress(&config, &store, egress).await;
+    let auth = Arc::new(belfry_api::Auth::new(
+        config.auth.clone(),
+        store,
+        config.listen,
+    ));
+    if let Err(error) = auth.load_known_keys().await {
+        // Not fatal: each key is then read at its first use.
+        tracing::warn!(%error, "could not read the API keys ahead of their first use");
+    }
     let state = ApiState {
         engine: engine.handle(),
         options: config.api.clone(),
         cluster: cluster_view,
-        auth: Arc::new(belfry_api::Auth::new(
-            config.auth.clone(),
-            store,
-            config.listen,
-        )),
+        auth,
         metrics: Some(metrics),
     };
     #[cfg(feature = "kafka")]

@@ -39,7 +39,11 @@ impl utoipa::IntoResponses for V1Errors {
             ("403", "The key may not do this"),
             ("429", "Rate limit or quota"),
             ("500", "Internal error (details only in the log)"),
-            ("503", "Store unavailable; retry"),
+            (
+                "503",
+                "Store unavailable, or a key this node has not seen yet while its reads of \
+                 unknown keys are at their budget; retry (Retry-After)",
+            ),
         ]
         .into_iter()
         .map(|(status, description)| {
