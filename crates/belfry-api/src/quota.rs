@@ -24,7 +24,9 @@ pub(crate) fn exceeded_error(exceeded: &QuotaExceeded) -> ApiError {
             code::PAYLOAD_TOO_LARGE,
             exceeded.to_string(),
         ),
-        QuotaExceeded::PendingEvents { .. } | QuotaExceeded::Schedules { .. } => ApiError::new(
+        QuotaExceeded::PendingEvents { .. }
+        | QuotaExceeded::Schedules { .. }
+        | QuotaExceeded::ScheduleOccurrences { .. } => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             code::QUOTA_EXCEEDED,
             exceeded.to_string(),

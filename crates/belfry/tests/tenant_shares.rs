@@ -396,3 +396,153 @@ async fn concurrent_requests_share_one_quota_count() {
         "{counts} counts for 32 concurrent first writes"
     );
 }
+
+async fn put_schedule(node: &BelfryProcess, tenant: &str, id: &str, body: Value) -> (u16, Value) {
+    put_json(
+        &node.url(&format!("/v1/tenants/{tenant}/schedules/{id}")),
+        &body,
+    )
+    .await
+}
+
+/// 10,000 schedules firing every second are 600,000 occurrences a minute
+/// (each a stored event with the schedule's payload, and a delivery),
+/// all within the pending quota. With the default budget of 10,000
+/// occurrences a minute, the 167th `@every 1s` schedule is refused with
+/// a 429 that says why and stores nothing; a lower rate or a delete makes
+/// room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_cannot_fire_past_the_tenant_s_occurrence_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), &[]).await;
+    tenant(
+        &node,
+        "greedy",
+        json!({ "type": "http", "url": "http://127.0.0.1:9/hook" }),
+    )
+    .await;
+    // Starting in 2099: nothing fires; each still counts at its peak.
+    let every = |period: &str| {
+        json!({
+            "expression": format!("@every {period}"), "type": "every",
+            "start_at": LATER, "payload": "x".repeat(1024),
+        })
+    };
+    let mut refused = None;
+    for i in 0..200 {
+        let (status, body) = put_schedule(&node, "greedy", &format!("s{i}"), every("1s")).await;
+        if status != 201 {
+            refused = Some((i, status, body));
+            break;
+        }
+    }
+    let (created, status, body) = refused.expect("200 schedules firing every second are refused");
+    assert_eq!(created, 166, "166 × 60 = 9,960 a minute fit in 10,000");
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "quota_exceeded", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("10020") && message.contains("limits.max_schedule_occurrences_per_minute"),
+        "says how many and which limit: {message}"
+    );
+    let (status, _) = get_json(&node.url("/v1/tenants/greedy/schedules/s166")).await;
+    assert_eq!(status, 404, "nothing was stored");
+
+    // Lowering one (60 → 30 a minute) makes room for another every
+    // second; raising it back is then refused; a delete makes room.
+    let (status, body) = put_schedule(&node, "greedy", "s0", every("2s")).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = put_schedule(&node, "greedy", "s166", every("1s")).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = put_schedule(&node, "greedy", "s0", every("1s")).await;
+    assert_eq!(status, 429, "10,020 again: {body}");
+    let (status, _) = put_schedule(&node, "greedy", "s167", every("1s")).await;
+    assert_eq!(status, 429);
+    let (status, body) = belfry_testkit::delete(&node.url("/v1/tenants/greedy/schedules/s1")).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = put_schedule(&node, "greedy", "s167", every("1s")).await;
+    assert_eq!(status, 201, "{body}");
+}
+
+/// Schedules that fit the budget when made, then a node with a lower
+/// budget (the operator lowered it): each firing takes tokens, and the
+/// occurrences past the budget are not created, only counted in the
+/// schedule's `missed.over_budget`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn occurrences_past_the_budget_are_not_created_when_schedules_fire() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let mut node = start(dir.path(), &[]).await;
+    tenant(
+        &node,
+        "acme",
+        json!({ "type": "http", "url": receiver.url("/hook") }),
+    )
+    .await;
+    let schedules = ids("tick", 5);
+    for id in &schedules {
+        let (status, body) = put_schedule(
+            &node,
+            "acme",
+            id,
+            json!({ "expression": "@every 1s", "type": "every", "payload": "p" }),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    node.terminate().await;
+    let restarted_ms = now_ms();
+    let node = start(
+        dir.path(),
+        &[("BELFRY_LIMITS__MAX_SCHEDULE_OCCURRENCES_PER_MINUTE", "6")],
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    let over_budget = |node: &BelfryProcess| {
+        let urls: Vec<String> = schedules
+            .iter()
+            .map(|id| node.url(&format!("/v1/tenants/acme/schedules/{id}")))
+            .collect();
+        async move {
+            let mut total = 0;
+            for url in urls {
+                let (_, body) = get_json(&url).await;
+                total += body["missed"]["over_budget"].as_u64().unwrap_or(0);
+            }
+            total
+        }
+    };
+    // Five schedules every second against 6 a minute: ~5 over a second.
+    wait_until("firings pass the budget", || {
+        let total = over_budget(&node);
+        async move { (total.await >= 25).then_some(()) }
+    })
+    .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    // Occurrences after the lead of the first node were created by this one.
+    let created_after = restarted_ms + 6_000;
+    let mut created = 0;
+    for id in &schedules {
+        let (_, body) = get_json(&node.url(&format!(
+            "/v1/tenants/acme/schedules/{id}/occurrences?limit=1000"
+        )))
+        .await;
+        created += body["occurrences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| {
+                let at = o["scheduled_at"].as_str().unwrap();
+                belfry_core::Timestamp::parse_rfc3339(at)
+                    .unwrap()
+                    .as_millis()
+                    > created_after
+            })
+            .count();
+    }
+    let allowed = 6.0 + 6.0 * elapsed / 60.0 + 1.0;
+    assert!(
+        (created as f64) <= allowed,
+        "{created} occurrences created in {elapsed:.1} s against a budget of 6 a minute"
+    );
+}
