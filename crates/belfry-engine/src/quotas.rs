@@ -385,8 +385,8 @@ impl Quotas {
     /// per minute of `tenant`'s schedules from `old` to `new`.
     pub(crate) fn schedule_rate_changed(&self, tenant: &TenantName, old: u64, new: u64) {
         if let Some(estimate) = lock(&self.schedule_rates).get_mut(tenant) {
-            let change = i64::try_from(new).unwrap_or(i64::MAX)
-                - i64::try_from(old).unwrap_or(i64::MAX);
+            let change =
+                i64::try_from(new).unwrap_or(i64::MAX) - i64::try_from(old).unwrap_or(i64::MAX);
             estimate.delta = estimate.delta.saturating_add(change);
         }
     }

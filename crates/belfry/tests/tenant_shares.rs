@@ -546,3 +546,84 @@ async fn occurrences_past_the_budget_are_not_created_when_schedules_fire() {
         "{created} occurrences created in {elapsed:.1} s against a budget of 6 a minute"
     );
 }
+
+/// A bulk redrive makes failed events pending again, page by page: at the
+/// pending quota it stops, recorded as failed with the reason, and the
+/// events it did not reach stay failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_redrive_stops_at_the_pending_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    receiver.set_default_status(400);
+    let node = start(
+        dir.path(),
+        &[
+            ("BELFRY_LIMITS__MAX_PENDING_EVENTS_PER_TENANT", "3"),
+            ("BELFRY_ENGINE__BULK_PAGE_SIZE", "1"),
+        ],
+    )
+    .await;
+    tenant(
+        &node,
+        "acme",
+        json!({ "type": "http", "url": receiver.url("/hook") }),
+    )
+    .await;
+    let dead = ids("dead", 2);
+    schedule(&node, "acme", &dead, &rfc3339(now_ms())).await;
+    for id in &dead {
+        wait_until("the event fails for good", || {
+            let status = status_of(&node, "acme", id);
+            async move { (status.await == "failed").then_some(()) }
+        })
+        .await;
+    }
+    // Refused until the node's estimate, a second old, is counted again
+    // without the failed events (docs/security.md, "Precision").
+    wait_until("two pending events fit", || {
+        let url = node.url("/v1/tenants/acme/events");
+        let batch = json!({ "events": [
+            { "id": "e0", "deliver_at": LATER }, { "id": "e1", "deliver_at": LATER },
+        ] });
+        async move { (post_json(&url, &batch).await.0 == 200).then_some(()) }
+    })
+    .await;
+    // A redriven event is then retried, so it stays pending.
+    receiver.set_default_status(503);
+    // Two pending and two failed under a quota of three: the first page
+    // fits, the second would pass it.
+    let (status, body) = post_json(
+        &node.url("/v1/bulk-actions"),
+        &json!({ "action": "redrive", "filter": { "tenant": "acme", "status": "failed" } }),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let url = node.url(&format!(
+        "/v1/bulk-actions/{}",
+        body["id"].as_str().unwrap()
+    ));
+    let action = wait_until("the bulk redrive ends", || {
+        let url = url.clone();
+        async move {
+            let (_, body) = get_json(&url).await;
+            (body["state"] != "running").then_some(body)
+        }
+    })
+    .await;
+    assert_eq!(action["state"], "failed", "{action}");
+    let reason = action["error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("limits.max_pending_events_per_tenant"),
+        "says why: {action}"
+    );
+    let mut still_failed = 0;
+    for id in &dead {
+        if status_of(&node, "acme", id).await == "failed" {
+            still_failed += 1;
+        }
+    }
+    assert_eq!(
+        still_failed, 1,
+        "the first page was redriven, the second stopped at the quota"
+    );
+}
