@@ -31,7 +31,7 @@ pub(crate) fn exceeded_error(exceeded: &QuotaExceeded) -> ApiError {
             code::QUOTA_EXCEEDED,
             exceeded.to_string(),
         ),
-        QuotaExceeded::DryRuns { .. } => ApiError::new(
+        QuotaExceeded::DryRuns { .. } | QuotaExceeded::DeliveryRate { .. } => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             code::RATE_LIMITED,
             exceeded.to_string(),

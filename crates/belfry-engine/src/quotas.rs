@@ -18,7 +18,8 @@
 //!   ([`EngineHandle::check_schedule_rate`]), and occurrences past it at
 //!   fire time are not created.
 //! - Dry runs deliver at most `limits.max_dry_runs_per_second` per tenant
-//!   and node ([`EngineHandle::take_dry_run`]).
+//!   and node, and take a token of the tenant's delivery rate when it has
+//!   one ([`EngineHandle::take_dry_run`]).
 //! - Updating an event that is already pending does not count against the
 //!   pending quota; creating one, or creating one again after it finished,
 //!   does.
@@ -246,6 +247,11 @@ pub enum QuotaExceeded {
          (limits.max_dry_runs_per_second); retry later"
     )]
     DryRuns { tenant: TenantName, limit: u32 },
+    #[error(
+        "tenant {tenant} may start at most {limit} deliveries per second, dry runs included \
+         (limits.tenants.\"{tenant}\".max_deliveries_per_second); retry later"
+    )]
+    DeliveryRate { tenant: TenantName, limit: u32 },
     #[error(
         "tenant {tenant} has {limit} bulk actions running, its limit \
          (limits.max_bulk_actions_per_tenant); wait for one to finish or cancel one"
@@ -763,11 +769,18 @@ impl EngineHandle {
         }
     }
 
-    /// Takes one of `tenant`'s dry-run tokens.
+    /// Takes one of `tenant`'s dry-run tokens, then a token of its
+    /// delivery rate if it has one.
     ///
     /// # Errors
-    /// [`QuotaExceeded::DryRuns`]: none left now.
+    /// [`QuotaExceeded::DryRuns`] or [`QuotaExceeded::DeliveryRate`]: none
+    /// left now.
     pub fn take_dry_run(&self, tenant: &TenantName) -> Result<(), QuotaExceeded> {
+        self.take_dry_run_token(tenant)?;
+        self.take_delivery_token(tenant)
+    }
+
+    fn take_dry_run_token(&self, tenant: &TenantName) -> Result<(), QuotaExceeded> {
         let limit = self.inner.quotas.options.max_dry_runs_per_second;
         if limit == 0 {
             return Ok(());
@@ -790,6 +803,34 @@ impl EngineHandle {
         }
         *tokens -= 1.0;
         Ok(())
+    }
+
+    /// Takes a dry run's token of `tenant`'s delivery rate
+    /// (`[limits.tenants."NAME"] max_deliveries_per_second`), if it has
+    /// one: a dry run is a delivery to the same receiver, which the rate
+    /// protects.
+    ///
+    /// # Errors
+    /// [`QuotaExceeded::DeliveryRate`]: no token now.
+    fn take_delivery_token(&self, tenant: &TenantName) -> Result<(), QuotaExceeded> {
+        let Some(limit) = self
+            .inner
+            .quotas
+            .options
+            .tenants
+            .get(tenant.as_str())
+            .and_then(|limits| limits.max_deliveries_per_second)
+        else {
+            return Ok(());
+        };
+        if self.inner.limits.take_dry_run_token(tenant, self.now()) {
+            Ok(())
+        } else {
+            Err(QuotaExceeded::DeliveryRate {
+                tenant: tenant.clone(),
+                limit,
+            })
+        }
     }
 
     /// Before creating a bulk action of `tenant`: refused when it has its

@@ -627,3 +627,52 @@ async fn a_bulk_redrive_stops_at_the_pending_quota() {
         "the first page was redriven, the second stopped at the quota"
     );
 }
+
+/// A dry run is a delivery to the tenant's receiver: it takes a token of
+/// the tenant's delivery rate too, so a burst of dry runs cannot pass the
+/// rate its operator set to protect that receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_runs_take_from_the_tenant_s_delivery_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let config = dir.path().join("belfry.toml");
+    std::fs::write(
+        &config,
+        "[limits.tenants.\"acme\"]\nmax_deliveries_per_second = 2\n",
+    )
+    .unwrap();
+    let launch = BelfryLaunch::new(env!("CARGO_BIN_EXE_belfry"), dir.path().join("data"))
+        .arg("--config")
+        .arg(config.to_str().unwrap());
+    let node = BelfryProcess::start(launch).await.expect("belfry starts");
+    tenant(
+        &node,
+        "acme",
+        json!({ "type": "http", "url": receiver.url("/hook") }),
+    )
+    .await;
+    schedule(&node, "acme", &ids("e", 1), LATER).await;
+    let started = tokio::time::Instant::now();
+    let mut limited = Vec::new();
+    for _ in 0..30 {
+        let (status, body) =
+            post_json(&node.url("/events/dryrun?tenant=acme&id=e0"), &json!({})).await;
+        if status == 429 {
+            limited.push(body.to_string());
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(
+        limited
+            .iter()
+            .any(|body| body.contains("max_deliveries_per_second")),
+        "one refusal names the delivery rate: {limited:?}"
+    );
+    // 2 at once, 2 a second after (the dry-run rate alone allows 5).
+    let allowed = 2.0 + 2.0 * elapsed + 1.0;
+    assert!(
+        (receiver.count() as f64) <= allowed,
+        "{} deliveries in {elapsed:.1} s",
+        receiver.count()
+    );
+}
