@@ -24,12 +24,14 @@ pub(crate) fn exceeded_error(exceeded: &QuotaExceeded) -> ApiError {
             code::PAYLOAD_TOO_LARGE,
             exceeded.to_string(),
         ),
-        QuotaExceeded::PendingEvents { .. } | QuotaExceeded::Schedules { .. } => ApiError::new(
+        QuotaExceeded::PendingEvents { .. }
+        | QuotaExceeded::Schedules { .. }
+        | QuotaExceeded::ScheduleOccurrences { .. } => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             code::QUOTA_EXCEEDED,
             exceeded.to_string(),
         ),
-        QuotaExceeded::DryRuns { .. } => ApiError::new(
+        QuotaExceeded::DryRuns { .. } | QuotaExceeded::DeliveryRate { .. } => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             code::RATE_LIMITED,
             exceeded.to_string(),

@@ -35,6 +35,8 @@ use crate::event::{DeliveryOption, PullSettings};
 use crate::ids::{EventId, IdError};
 use crate::time::Timestamp;
 
+pub mod budget;
+
 /// The text after [`crate::ids::INTERNAL_ID_MARK`] in every control event id.
 pub const CONTROL_PREFIX: &str = "schedule/";
 
@@ -221,6 +223,10 @@ pub struct MissedSummary {
     pub summarized: u64,
     pub first_summarized: Option<Timestamp>,
     pub last_summarized: Option<Timestamp>,
+    /// Occurrences not created because the tenant's schedules had used
+    /// their budget ([`budget`]); only counted here.
+    #[serde(default)]
+    pub over_budget: u64,
 }
 
 /// How far a schedule got.

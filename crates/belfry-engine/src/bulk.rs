@@ -16,7 +16,10 @@
 //!    [`EngineHandle::list_schedules`];
 //! 2. apply the page's commands in one batch through the ordinary write
 //!    path ([`EngineHandle::apply`], so timers are armed and disarmed as
-//!    for a client's request); a redrive gives each event a new version;
+//!    for a client's request); a redrive gives each event a new version,
+//!    and a redrive page is first checked against the tenant's pending
+//!    quota like a client's redrive: a page that would pass it is not
+//!    applied and the action fails with the reason;
 //!    a delete removes the page's events that are still finished, in one
 //!    call to [`belfry_store::Store::delete_finished`] (no timer to touch:
 //!    finished events have none);
@@ -55,6 +58,7 @@ use belfry_store::{
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
+use crate::quotas::{QuotaError, QuotaExceeded};
 use crate::schedules::ScheduleOpError;
 use crate::{EngineHandle, Shared};
 
@@ -356,7 +360,8 @@ async fn page_with_retries(
     let mut internal_failures = 0;
     loop {
         let error = match run_page(shared, handle, action).await {
-            Ok(page) => return Ok(page),
+            Ok(Ok(page)) => return Ok(page),
+            Ok(Err(refused)) => return Err(PageError::Fail(refused)),
             Err(error) => error,
         };
         if matches!(error, StoreError::Unavailable(_)) {
@@ -404,16 +409,17 @@ async fn reread(shared: &Shared, action: &BulkAction) -> Option<BulkAction> {
     }
 }
 
-/// Reads and applies one page.
+/// Reads and applies one page; `Ok(Err(reason))` when a quota refused
+/// it (nothing of it applied): the action stops with that reason.
 async fn run_page(
     shared: &Shared,
     handle: &EngineHandle,
     action: &BulkAction,
-) -> StoreResult<PageReport> {
+) -> StoreResult<Result<PageReport, String>> {
     let limit = shared.options.bulk_page_size.max(1);
     match action.kind.target() {
         BulkTarget::Events => event_page(shared, handle, action, limit).await,
-        BulkTarget::Schedules => schedule_page(handle, action, limit).await,
+        BulkTarget::Schedules => schedule_page(handle, action, limit).await.map(Ok),
     }
 }
 
@@ -422,7 +428,7 @@ async fn event_page(
     handle: &EngineHandle,
     action: &BulkAction,
     limit: usize,
-) -> StoreResult<PageReport> {
+) -> StoreResult<Result<PageReport, String>> {
     let filter = &action.filter;
     // Always time-ordered (an instant bound is a filter), as the listing
     // with a filter is: it leaves out the engine's own events, and a
@@ -465,11 +471,11 @@ async fn event_page(
                 });
             }
         }
-        return Ok(PageReport {
+        return Ok(Ok(PageReport {
             tally,
             cursor,
             last,
-        });
+        }));
     }
     let commands: Vec<KeyedCommand> = records
         .into_iter()
@@ -484,6 +490,22 @@ async fn event_page(
             fence: None,
         })
         .collect();
+    // A redrive makes finished events pending again: like a client's
+    // redrive, it counts against the tenant's pending quota.
+    if action.kind == BulkKind::Redrive && !commands.is_empty() {
+        match handle.check_quotas(&commands).await {
+            Ok(()) => {}
+            Err(QuotaError::Exceeded(QuotaExceeded::PendingEvents { tenant, limit })) => {
+                return Ok(Err(format!(
+                    "stopped: redriving the next page would give tenant {tenant} more than \
+                     {limit} pending events, its quota (limits.max_pending_events_per_tenant); \
+                     the events counted as succeeded were redriven, the others were not"
+                )));
+            }
+            Err(QuotaError::Exceeded(other)) => return Ok(Err(format!("stopped: {other}"))),
+            Err(QuotaError::Store(error)) => return Err(error),
+        }
+    }
     if !commands.is_empty() {
         for result in apply_page(handle, commands).await? {
             tally.count(match result {
@@ -492,11 +514,11 @@ async fn event_page(
             });
         }
     }
-    Ok(PageReport {
+    Ok(Ok(PageReport {
         tally,
         cursor,
         last,
-    })
+    }))
 }
 
 /// Applies a page's commands: per command what it did, or `None` when its

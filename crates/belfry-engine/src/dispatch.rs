@@ -81,6 +81,12 @@ impl Limits {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Takes a token of `tenant`'s delivery rate for a dry run (a
+    /// delivery now, outside the slots); `false` when it has none.
+    pub(crate) fn take_dry_run_token(&self, tenant: &TenantName, now: Timestamp) -> bool {
+        self.lock().take_token_now(tenant, now)
+    }
+
     pub(crate) fn in_flight(&self) -> usize {
         self.lock().in_flight()
     }

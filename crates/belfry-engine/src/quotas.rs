@@ -12,8 +12,14 @@
 //! - A schedule's occurrences count against the pending quota when they
 //!   are created: those that would pass it are stored `missed`, with the
 //!   reason, instead of pending ([`EngineHandle::refuse_occurrences`]).
+//! - A tenant's schedules share a budget of occurrences per minute
+//!   ([`belfry_core::schedule::budget`]): a schedule that would take them
+//!   past it is refused when created or changed
+//!   ([`EngineHandle::check_schedule_rate`]), and occurrences past it at
+//!   fire time are not created.
 //! - Dry runs deliver at most `limits.max_dry_runs_per_second` per tenant
-//!   and node ([`EngineHandle::take_dry_run`]).
+//!   and node, and take a token of the tenant's delivery rate when it has
+//!   one ([`EngineHandle::take_dry_run`]).
 //! - Updating an event that is already pending does not count against the
 //!   pending quota; creating one, or creating one again after it finished,
 //!   does.
@@ -51,6 +57,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use belfry_core::event::{CommandOutcome, EventCommand, EventStatus};
+use belfry_core::schedule::budget::{self, OccurrenceBudget};
+use belfry_core::schedule::{Plan, Schedule};
 use belfry_core::{TenantName, Timestamp};
 use belfry_store::{Applied, CountEventsParams, KeyedCommand, StoreError};
 use serde::{Deserialize, Serialize};
@@ -84,6 +92,12 @@ pub struct QuotaOptions {
     /// second on one node, in bursts of up to as many; more are `429
     /// rate_limited`. Default 5; 0: none.
     pub max_dry_runs_per_second: u32,
+    /// Occurrences one tenant's schedules may create per minute: creating
+    /// or changing a schedule that would take the tenant's schedules past
+    /// it (each at its peak minute) is `429 quota_exceeded`, and
+    /// occurrences past it when they fire (a token bucket per tenant and
+    /// node) are not created, only counted. Default 10,000; 0: none.
+    pub max_schedule_occurrences_per_minute: u64,
     /// Bulk actions of one tenant running at once (in a cluster: over all
     /// nodes); creating one more is `429 too_many_bulk_actions`. Default
     /// 2; 0: none.
@@ -111,6 +125,9 @@ pub struct TenantDeliveryLimits {
     /// This tenant's schedule quota instead of
     /// `limits.max_schedules_per_tenant` (0: none).
     pub max_schedules: Option<u64>,
+    /// This tenant's schedule occurrence budget instead of
+    /// `limits.max_schedule_occurrences_per_minute` (0: none).
+    pub max_schedule_occurrences_per_minute: Option<u64>,
 }
 
 impl QuotaOptions {
@@ -128,6 +145,14 @@ impl QuotaOptions {
             .get(tenant.as_str())
             .and_then(|limits| limits.max_schedules)
             .unwrap_or(self.max_schedules_per_tenant)
+    }
+
+    /// `tenant`'s schedule occurrences per minute (0: none).
+    pub fn occurrence_budget(&self, tenant: &TenantName) -> u64 {
+        self.tenants
+            .get(tenant.as_str())
+            .and_then(|limits| limits.max_schedule_occurrences_per_minute)
+            .unwrap_or(self.max_schedule_occurrences_per_minute)
     }
 
     /// Whether any tenant may have a pending-event quota.
@@ -171,6 +196,7 @@ impl Default for QuotaOptions {
             max_payload_bytes: 256 * 1024,
             count_refresh: Duration::from_secs(10),
             max_dry_runs_per_second: 5,
+            max_schedule_occurrences_per_minute: 10_000,
             max_bulk_actions_per_tenant: 2,
             tenants: BTreeMap::new(),
         }
@@ -185,6 +211,7 @@ impl QuotaOptions {
             max_schedules_per_tenant: 0,
             max_payload_bytes: 0,
             max_dry_runs_per_second: 0,
+            max_schedule_occurrences_per_minute: 0,
             max_bulk_actions_per_tenant: 0,
             ..QuotaOptions::default()
         }
@@ -202,6 +229,16 @@ pub enum QuotaExceeded {
     #[error("tenant {tenant} has {limit} schedules, its quota; the schedule was not created")]
     Schedules { tenant: TenantName, limit: u64 },
     #[error(
+        "tenant {tenant}'s schedules would create up to {rate} occurrences a minute, more than \
+         its budget of {limit} (limits.max_schedule_occurrences_per_minute); the schedule was \
+         not stored"
+    )]
+    ScheduleOccurrences {
+        tenant: TenantName,
+        rate: u64,
+        limit: u64,
+    },
+    #[error(
         "a payload of {size} bytes is larger than the {limit} bytes allowed; nothing was stored"
     )]
     PayloadTooLarge { size: usize, limit: usize },
@@ -210,6 +247,11 @@ pub enum QuotaExceeded {
          (limits.max_dry_runs_per_second); retry later"
     )]
     DryRuns { tenant: TenantName, limit: u32 },
+    #[error(
+        "tenant {tenant} may start at most {limit} deliveries per second, dry runs included \
+         (limits.tenants.\"{tenant}\".max_deliveries_per_second); retry later"
+    )]
+    DeliveryRate { tenant: TenantName, limit: u32 },
     #[error(
         "tenant {tenant} has {limit} bulk actions running, its limit \
          (limits.max_bulk_actions_per_tenant); wait for one to finish or cancel one"
@@ -233,6 +275,11 @@ pub(crate) struct Quotas {
     options: QuotaOptions,
     pending: Mutex<HashMap<TenantName, Estimate>>,
     schedules: Mutex<HashMap<TenantName, Estimate>>,
+    /// Occurrences per minute the tenant's live schedules reach together
+    /// (counted with the schedules).
+    schedule_rates: Mutex<HashMap<TenantName, Estimate>>,
+    /// Schedule occurrence tokens per tenant.
+    occurrence_budgets: Mutex<HashMap<TenantName, OccurrenceBudget>>,
     /// The count in flight per tenant and kind (single flight).
     counting: Mutex<HashMap<(CountKind, TenantName), Arc<Gate>>>,
     /// Dry-run tokens per tenant: (tokens, when last topped up).
@@ -265,7 +312,8 @@ struct Gate {
     done: AtomicU64,
 }
 
-/// Dry-run buckets kept at most; full ones are dropped past it.
+/// Dry-run buckets (and occurrence budgets) kept at most; full ones are
+/// dropped past it.
 const MAX_DRY_RUN_BUCKETS: usize = 10_000;
 
 #[derive(Debug, Clone, Copy)]
@@ -295,6 +343,8 @@ impl Quotas {
             options,
             pending: Mutex::default(),
             schedules: Mutex::default(),
+            schedule_rates: Mutex::default(),
+            occurrence_budgets: Mutex::default(),
             counting: Mutex::default(),
             dry_runs: Mutex::default(),
             bulk_creates: tokio::sync::Mutex::new(()),
@@ -335,6 +385,39 @@ impl Quotas {
         if let Some(estimate) = lock(&self.schedules).get_mut(tenant) {
             estimate.delta -= 1;
         }
+    }
+
+    /// A schedule this node stored (or deleted) changed the occurrences
+    /// per minute of `tenant`'s schedules from `old` to `new`.
+    pub(crate) fn schedule_rate_changed(&self, tenant: &TenantName, old: u64, new: u64) {
+        if let Some(estimate) = lock(&self.schedule_rates).get_mut(tenant) {
+            let change =
+                i64::try_from(new).unwrap_or(i64::MAX) - i64::try_from(old).unwrap_or(i64::MAX);
+            estimate.delta = estimate.delta.saturating_add(change);
+        }
+    }
+
+    /// Fits a firing's plan into its tenant's occurrence budget on this
+    /// node ([`budget::spend`]); returns how many occurrences it removed.
+    pub(crate) fn spend_occurrences(
+        &self,
+        tenant: &TenantName,
+        plan: &mut Plan,
+        now: Timestamp,
+    ) -> u64 {
+        let per_minute = self.options.occurrence_budget(tenant);
+        if per_minute == 0 {
+            return 0;
+        }
+        let mut budgets = lock(&self.occurrence_budgets);
+        if budgets.len() >= MAX_DRY_RUN_BUCKETS && !budgets.contains_key(tenant) {
+            // A full budget is the same as none.
+            budgets.retain(|_, budget| !budget.is_full(now));
+        }
+        let budget = budgets
+            .entry(tenant.clone())
+            .or_insert_with(|| OccurrenceBudget::new(per_minute, now));
+        budget::spend(plan, budget, now)
     }
 }
 
@@ -566,20 +649,90 @@ impl EngineHandle {
         limit: u64,
     ) -> Result<Estimate, QuotaError> {
         let counted_at = self.now();
-        let at_most = usize::try_from(limit).unwrap_or(usize::MAX);
-        let counted = match self.list_schedules(tenant, None, at_most).await {
-            Ok(found) => found.len() as u64,
+        // The rates need every schedule; without a rate budget the count
+        // stops at the quota.
+        let at_most = if self.inner.quotas.options.occurrence_budget(tenant) > 0 || limit == 0 {
+            usize::MAX
+        } else {
+            usize::try_from(limit).unwrap_or(usize::MAX)
+        };
+        let found = match self.list_schedules(tenant, None, at_most).await {
+            Ok(found) => found,
             Err(crate::schedules::ScheduleOpError::Store(error)) => return Err(error.into()),
             // Listing raises nothing else.
-            Err(_) => 0,
+            Err(_) => Vec::new(),
         };
+        let rate = found
+            .iter()
+            .map(|state| schedule_rate(&state.schedule))
+            .fold(0u64, u64::saturating_add);
         let estimate = Estimate {
-            counted,
+            counted: found.len() as u64,
             counted_at,
             delta: 0,
         };
         lock(&self.inner.quotas.schedules).insert(tenant.clone(), estimate);
+        lock(&self.inner.quotas.schedule_rates).insert(
+            tenant.clone(),
+            Estimate {
+                counted: rate,
+                ..estimate
+            },
+        );
         Ok(estimate)
+    }
+
+    /// Before storing a schedule that changes its occurrences per minute
+    /// from `old` to `new` (0 for none before): refused when the tenant's
+    /// schedules would then pass its occurrence budget.
+    pub(crate) async fn check_schedule_rate(
+        &self,
+        tenant: &TenantName,
+        old: u64,
+        new: u64,
+    ) -> Result<(), QuotaError> {
+        let quotas = &self.inner.quotas;
+        let per_minute = quotas.options.occurrence_budget(tenant);
+        if per_minute == 0 || new <= old {
+            return Ok(());
+        }
+        let limit = quotas.options.schedules_limit(tenant);
+        let now = self.now();
+        let known = lock(&quotas.schedule_rates).get(tenant).copied();
+        let mut estimate = match known {
+            Some(estimate) if estimate.age(now) < quotas.options.count_refresh => estimate,
+            _ => {
+                self.count_schedules(tenant, limit).await?;
+                self.schedule_rate_estimate(tenant)
+            }
+        };
+        if budget::fits(estimate.value(), old, new, per_minute) {
+            return Ok(());
+        }
+        if estimate.age(self.now()) >= RECOUNT_BEFORE_REFUSING {
+            self.count_schedules(tenant, limit).await?;
+            estimate = self.schedule_rate_estimate(tenant);
+        }
+        if budget::fits(estimate.value(), old, new, per_minute) {
+            return Ok(());
+        }
+        Err(QuotaExceeded::ScheduleOccurrences {
+            tenant: tenant.clone(),
+            rate: estimate.value().saturating_sub(old).saturating_add(new),
+            limit: per_minute,
+        }
+        .into())
+    }
+
+    fn schedule_rate_estimate(&self, tenant: &TenantName) -> Estimate {
+        lock(&self.inner.quotas.schedule_rates)
+            .get(tenant)
+            .copied()
+            .unwrap_or(Estimate {
+                counted: 0,
+                counted_at: self.now(),
+                delta: 0,
+            })
     }
 
     /// Before storing a schedule: its payload against
@@ -616,11 +769,18 @@ impl EngineHandle {
         }
     }
 
-    /// Takes one of `tenant`'s dry-run tokens.
+    /// Takes one of `tenant`'s dry-run tokens, then a token of its
+    /// delivery rate if it has one.
     ///
     /// # Errors
-    /// [`QuotaExceeded::DryRuns`]: none left now.
+    /// [`QuotaExceeded::DryRuns`] or [`QuotaExceeded::DeliveryRate`]: none
+    /// left now.
     pub fn take_dry_run(&self, tenant: &TenantName) -> Result<(), QuotaExceeded> {
+        self.take_dry_run_token(tenant)?;
+        self.take_delivery_token(tenant)
+    }
+
+    fn take_dry_run_token(&self, tenant: &TenantName) -> Result<(), QuotaExceeded> {
         let limit = self.inner.quotas.options.max_dry_runs_per_second;
         if limit == 0 {
             return Ok(());
@@ -643,6 +803,34 @@ impl EngineHandle {
         }
         *tokens -= 1.0;
         Ok(())
+    }
+
+    /// Takes a dry run's token of `tenant`'s delivery rate
+    /// (`[limits.tenants."NAME"] max_deliveries_per_second`), if it has
+    /// one: a dry run is a delivery to the same receiver, which the rate
+    /// protects.
+    ///
+    /// # Errors
+    /// [`QuotaExceeded::DeliveryRate`]: no token now.
+    fn take_delivery_token(&self, tenant: &TenantName) -> Result<(), QuotaExceeded> {
+        let Some(limit) = self
+            .inner
+            .quotas
+            .options
+            .tenants
+            .get(tenant.as_str())
+            .and_then(|limits| limits.max_deliveries_per_second)
+        else {
+            return Ok(());
+        };
+        if self.inner.limits.take_dry_run_token(tenant, self.now()) {
+            Ok(())
+        } else {
+            Err(QuotaExceeded::DeliveryRate {
+                tenant: tenant.clone(),
+                limit,
+            })
+        }
     }
 
     /// Before creating a bulk action of `tenant`: refused when it has its
@@ -678,4 +866,12 @@ impl EngineHandle {
             after = page.last().map(|action| action.id.clone());
         }
     }
+}
+
+/// A stored schedule's occurrences per minute against its tenant's budget
+/// (0 when its expression cannot be read: it never fires).
+pub(crate) fn schedule_rate(schedule: &Schedule) -> u64 {
+    schedule
+        .spec()
+        .map_or(0, |spec| budget::rate_of(schedule, &spec))
 }

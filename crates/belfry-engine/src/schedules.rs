@@ -60,7 +60,8 @@ pub enum ScheduleOpError {
     NotFound(ScheduleId),
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// Creating it would pass the tenant's quota of schedules.
+    /// Creating it would pass the tenant's quota of schedules, or storing
+    /// it its budget of occurrences per minute.
     #[error(transparent)]
     Quota(#[from] crate::quotas::QuotaExceeded),
 }
@@ -183,7 +184,18 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
         return apply(shared, vec![park]).await;
     }
 
-    let plan = schedule::plan(&definition, &spec, now, shared.options.plan_limits());
+    let mut plan = schedule::plan(&definition, &spec, now, shared.options.plan_limits());
+    let over_budget = shared
+        .quotas
+        .spend_occurrences(&entry.key.tenant, &mut plan, now);
+    if over_budget > 0 {
+        belfry_metrics::cron_occurrences(belfry_metrics::Occurrence::OverBudget, over_budget);
+        tracing::debug!(
+            key = ?entry.key,
+            over_budget,
+            "schedule occurrences past the tenant's budget not created"
+        );
+    }
     let mut occurrences = occurrence_commands(&entry.key.tenant, &plan, &shared.options);
     refuse_over_quota(shared, &mut occurrences).await?;
     if !occurrences.is_empty() {
@@ -407,7 +419,9 @@ impl EngineHandle {
         self.check_schedule_payload(schedule.payload.as_deref())?;
         let now = self.now();
         let existing = self.read_schedule(tenant, &schedule.id).await?;
-        let outcome = match existing.and_then(|(_, s)| live(s)) {
+        let old = existing.and_then(|(_, s)| live(s));
+        let old_rate = old.as_ref().map_or(0, crate::quotas::schedule_rate);
+        let outcome = match old {
             Some(old) => {
                 schedule.created_at = old.created_at;
                 // A completed schedule whose new definition has occurrences
@@ -439,11 +453,19 @@ impl EngineHandle {
             .cancel_future_occurrences(tenant, &schedule.id, now)
             .await?;
         commands.extend(self.control_commands(tenant, &mut schedule, &spec));
+        // After control_commands: a definition with nothing left is
+        // completed there and counts nothing.
+        let new_rate = belfry_core::schedule::budget::rate_of(&schedule, &spec);
+        self.check_schedule_rate(tenant, old_rate, new_rate).await?;
         let created = (outcome == PutOutcome::Created).then(|| tenant.clone());
+        let changed = tenant.clone();
         self.apply_then(commands, move |shared| {
             if let Some(tenant) = created {
                 shared.quotas.schedule_created(&tenant);
             }
+            shared
+                .quotas
+                .schedule_rate_changed(&changed, old_rate, new_rate);
         })
         .await?;
         Ok((outcome, self.state(tenant, schedule, None)))
@@ -557,8 +579,10 @@ impl EngineHandle {
             fence: None,
         });
         let deleted = tenant.clone();
+        let rate = crate::quotas::schedule_rate(&before);
         self.apply_then(commands, move |shared| {
-            shared.quotas.schedule_deleted(&deleted)
+            shared.quotas.schedule_deleted(&deleted);
+            shared.quotas.schedule_rate_changed(&deleted, rate, 0);
         })
         .await?;
         Ok(before)

@@ -99,7 +99,7 @@ pub const CRON_OCCURRENCES: Metric = Metric {
     name: "belfry_cron_occurrences_total",
     kind: Kind::Counter,
     unit: None,
-    help: "Occurrences of recurring schedules as planned: fired (scheduled for delivery), missed or skipped (by the schedule's misfire policy).",
+    help: "Occurrences of recurring schedules as planned: fired (scheduled for delivery), missed or skipped (by the schedule's misfire policy), over_budget (not created: the tenant's schedules used their occurrence budget).",
     labels: &["result"],
 };
 pub const PARTITIONS_OWNED: Metric = Metric {
@@ -481,6 +481,8 @@ pub enum Occurrence {
     Fired,
     Missed,
     Skipped,
+    /// Not created: past its tenant's occurrence budget.
+    OverBudget,
 }
 
 pub fn cron_occurrences(result: Occurrence, count: u64) {
@@ -491,6 +493,7 @@ pub fn cron_occurrences(result: Occurrence, count: u64) {
         Occurrence::Fired => "fired",
         Occurrence::Missed => "missed",
         Occurrence::Skipped => "skipped",
+        Occurrence::OverBudget => "over_budget",
     };
     counter!(CRON_OCCURRENCES.name, "result" => result).increment(count);
 }

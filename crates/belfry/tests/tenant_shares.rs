@@ -396,3 +396,283 @@ async fn concurrent_requests_share_one_quota_count() {
         "{counts} counts for 32 concurrent first writes"
     );
 }
+
+async fn put_schedule(node: &BelfryProcess, tenant: &str, id: &str, body: Value) -> (u16, Value) {
+    put_json(
+        &node.url(&format!("/v1/tenants/{tenant}/schedules/{id}")),
+        &body,
+    )
+    .await
+}
+
+/// 10,000 schedules firing every second are 600,000 occurrences a minute
+/// (each a stored event with the schedule's payload, and a delivery),
+/// all within the pending quota. With the default budget of 10,000
+/// occurrences a minute, the 167th `@every 1s` schedule is refused with
+/// a 429 that says why and stores nothing; a lower rate or a delete makes
+/// room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_cannot_fire_past_the_tenant_s_occurrence_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), &[]).await;
+    tenant(
+        &node,
+        "greedy",
+        json!({ "type": "http", "url": "http://127.0.0.1:9/hook" }),
+    )
+    .await;
+    // Starting in 2099: nothing fires; each still counts at its peak.
+    let every = |period: &str| {
+        json!({
+            "expression": format!("@every {period}"), "type": "every",
+            "start_at": LATER, "payload": "x".repeat(1024),
+        })
+    };
+    let mut refused = None;
+    for i in 0..200 {
+        let (status, body) = put_schedule(&node, "greedy", &format!("s{i}"), every("1s")).await;
+        if status != 201 {
+            refused = Some((i, status, body));
+            break;
+        }
+    }
+    let (created, status, body) = refused.expect("200 schedules firing every second are refused");
+    assert_eq!(created, 166, "166 × 60 = 9,960 a minute fit in 10,000");
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "quota_exceeded", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("10020") && message.contains("limits.max_schedule_occurrences_per_minute"),
+        "says how many and which limit: {message}"
+    );
+    let (status, _) = get_json(&node.url("/v1/tenants/greedy/schedules/s166")).await;
+    assert_eq!(status, 404, "nothing was stored");
+
+    // Lowering one (60 → 30 a minute) makes room for another every
+    // second; raising it back is then refused; a delete makes room.
+    let (status, body) = put_schedule(&node, "greedy", "s0", every("2s")).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = put_schedule(&node, "greedy", "s166", every("1s")).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = put_schedule(&node, "greedy", "s0", every("1s")).await;
+    assert_eq!(status, 429, "10,020 again: {body}");
+    let (status, _) = put_schedule(&node, "greedy", "s167", every("1s")).await;
+    assert_eq!(status, 429);
+    let (status, body) = belfry_testkit::delete(&node.url("/v1/tenants/greedy/schedules/s1")).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = put_schedule(&node, "greedy", "s167", every("1s")).await;
+    assert_eq!(status, 201, "{body}");
+}
+
+/// Schedules that fit the budget when made, then a node with a lower
+/// budget (the operator lowered it): each firing takes tokens, and the
+/// occurrences past the budget are not created, only counted in the
+/// schedule's `missed.over_budget`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn occurrences_past_the_budget_are_not_created_when_schedules_fire() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let mut node = start(dir.path(), &[]).await;
+    tenant(
+        &node,
+        "acme",
+        json!({ "type": "http", "url": receiver.url("/hook") }),
+    )
+    .await;
+    let schedules = ids("tick", 5);
+    for id in &schedules {
+        let (status, body) = put_schedule(
+            &node,
+            "acme",
+            id,
+            json!({ "expression": "@every 1s", "type": "every", "payload": "p" }),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    node.terminate().await;
+    let restarted_ms = now_ms();
+    let node = start(
+        dir.path(),
+        &[("BELFRY_LIMITS__MAX_SCHEDULE_OCCURRENCES_PER_MINUTE", "6")],
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    let over_budget = |node: &BelfryProcess| {
+        let urls: Vec<String> = schedules
+            .iter()
+            .map(|id| node.url(&format!("/v1/tenants/acme/schedules/{id}")))
+            .collect();
+        async move {
+            let mut total = 0;
+            for url in urls {
+                let (_, body) = get_json(&url).await;
+                total += body["missed"]["over_budget"].as_u64().unwrap_or(0);
+            }
+            total
+        }
+    };
+    // Five schedules every second against 6 a minute: ~5 over a second.
+    wait_until("firings pass the budget", || {
+        let total = over_budget(&node);
+        async move { (total.await >= 25).then_some(()) }
+    })
+    .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    // Occurrences after the lead of the first node were created by this one.
+    let created_after = restarted_ms + 6_000;
+    let mut created = 0;
+    for id in &schedules {
+        let (_, body) = get_json(&node.url(&format!(
+            "/v1/tenants/acme/schedules/{id}/occurrences?limit=1000"
+        )))
+        .await;
+        created += body["occurrences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| {
+                let at = o["scheduled_at"].as_str().unwrap();
+                belfry_core::Timestamp::parse_rfc3339(at)
+                    .unwrap()
+                    .as_millis()
+                    > created_after
+            })
+            .count();
+    }
+    let allowed = 6.0 + 6.0 * elapsed / 60.0 + 1.0;
+    assert!(
+        (created as f64) <= allowed,
+        "{created} occurrences created in {elapsed:.1} s against a budget of 6 a minute"
+    );
+}
+
+/// A bulk redrive makes failed events pending again, page by page: at the
+/// pending quota it stops, recorded as failed with the reason, and the
+/// events it did not reach stay failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_redrive_stops_at_the_pending_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    receiver.set_default_status(400);
+    let node = start(
+        dir.path(),
+        &[
+            ("BELFRY_LIMITS__MAX_PENDING_EVENTS_PER_TENANT", "3"),
+            ("BELFRY_ENGINE__BULK_PAGE_SIZE", "1"),
+        ],
+    )
+    .await;
+    tenant(
+        &node,
+        "acme",
+        json!({ "type": "http", "url": receiver.url("/hook") }),
+    )
+    .await;
+    let dead = ids("dead", 2);
+    schedule(&node, "acme", &dead, &rfc3339(now_ms())).await;
+    for id in &dead {
+        wait_until("the event fails for good", || {
+            let status = status_of(&node, "acme", id);
+            async move { (status.await == "failed").then_some(()) }
+        })
+        .await;
+    }
+    // Refused until the node's estimate, a second old, is counted again
+    // without the failed events (docs/security.md, "Precision").
+    wait_until("two pending events fit", || {
+        let url = node.url("/v1/tenants/acme/events");
+        let batch = json!({ "events": [
+            { "id": "e0", "deliver_at": LATER }, { "id": "e1", "deliver_at": LATER },
+        ] });
+        async move { (post_json(&url, &batch).await.0 == 200).then_some(()) }
+    })
+    .await;
+    // A redriven event is then retried, so it stays pending.
+    receiver.set_default_status(503);
+    // Two pending and two failed under a quota of three: the first page
+    // fits, the second would pass it.
+    let (status, body) = post_json(
+        &node.url("/v1/bulk-actions"),
+        &json!({ "action": "redrive", "filter": { "tenant": "acme", "status": "failed" } }),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let url = node.url(&format!(
+        "/v1/bulk-actions/{}",
+        body["id"].as_str().unwrap()
+    ));
+    let action = wait_until("the bulk redrive ends", || {
+        let url = url.clone();
+        async move {
+            let (_, body) = get_json(&url).await;
+            (body["state"] != "running").then_some(body)
+        }
+    })
+    .await;
+    assert_eq!(action["state"], "failed", "{action}");
+    let reason = action["error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("limits.max_pending_events_per_tenant"),
+        "says why: {action}"
+    );
+    let mut still_failed = 0;
+    for id in &dead {
+        if status_of(&node, "acme", id).await == "failed" {
+            still_failed += 1;
+        }
+    }
+    assert_eq!(
+        still_failed, 1,
+        "the first page was redriven, the second stopped at the quota"
+    );
+}
+
+/// A dry run is a delivery to the tenant's receiver: it takes a token of
+/// the tenant's delivery rate too, so a burst of dry runs cannot pass the
+/// rate its operator set to protect that receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_runs_take_from_the_tenant_s_delivery_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let config = dir.path().join("belfry.toml");
+    std::fs::write(
+        &config,
+        "[limits.tenants.\"acme\"]\nmax_deliveries_per_second = 2\n",
+    )
+    .unwrap();
+    let launch = BelfryLaunch::new(env!("CARGO_BIN_EXE_belfry"), dir.path().join("data"))
+        .arg("--config")
+        .arg(config.to_str().unwrap());
+    let node = BelfryProcess::start(launch).await.expect("belfry starts");
+    tenant(
+        &node,
+        "acme",
+        json!({ "type": "http", "url": receiver.url("/hook") }),
+    )
+    .await;
+    schedule(&node, "acme", &ids("e", 1), LATER).await;
+    let started = tokio::time::Instant::now();
+    let mut limited = Vec::new();
+    for _ in 0..30 {
+        let (status, body) =
+            post_json(&node.url("/events/dryrun?tenant=acme&id=e0"), &json!({})).await;
+        if status == 429 {
+            limited.push(body.to_string());
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(
+        limited
+            .iter()
+            .any(|body| body.contains("max_deliveries_per_second")),
+        "one refusal names the delivery rate: {limited:?}"
+    );
+    // 2 at once, 2 a second after (the dry-run rate alone allows 5).
+    let allowed = 2.0 + 2.0 * elapsed + 1.0;
+    assert!(
+        (receiver.count() as f64) <= allowed,
+        "{} deliveries in {elapsed:.1} s",
+        receiver.count()
+    );
+}

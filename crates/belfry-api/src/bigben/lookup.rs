@@ -84,7 +84,8 @@ pub(crate) async fn dry_run(
     if live_event(&state, &key).await?.is_none() {
         return Ok(not_found());
     }
-    // A delivery now, outside the tenant's delivery limits: its own rate.
+    // A delivery now, outside the delivery slots: its own rate, and a
+    // token of the tenant's delivery rate if it has one.
     state
         .engine
         .take_dry_run(&key.tenant)

@@ -328,6 +328,9 @@ pub struct MissedView {
     pub summarized: u64,
     pub first_summarized: Option<String>,
     pub last_summarized: Option<String>,
+    /// Not created: the tenant's schedules had used their budget of
+    /// occurrences per minute (`limits.max_schedule_occurrences_per_minute`).
+    pub over_budget: u64,
 }
 
 #[derive(ToSchema)]

@@ -196,6 +196,9 @@ pub(crate) struct MissedView {
     summarized: u64,
     first_summarized: Option<String>,
     last_summarized: Option<String>,
+    /// Not created: the tenant's schedules had used their budget of
+    /// occurrences per minute. Only counted here.
+    over_budget: u64,
 }
 
 impl From<MissedSummary> for MissedView {
@@ -205,6 +208,7 @@ impl From<MissedSummary> for MissedView {
             summarized: value.summarized,
             first_summarized: value.first_summarized.map(Timestamp::to_rfc3339),
             last_summarized: value.last_summarized.map(Timestamp::to_rfc3339),
+            over_budget: value.over_budget,
         }
     }
 }

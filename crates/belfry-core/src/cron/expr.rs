@@ -263,6 +263,26 @@ impl CronSpec {
         matches!(self.rule, Rule::Interval(_))
     }
 
+    /// The most occurrences it can have in one minute: the seconds its
+    /// seconds field matches (one without a seconds field), or an
+    /// interval's occurrences per minute, rounded up. What a tenant's
+    /// schedule budget counts (see `crate::schedule::budget`).
+    pub fn most_per_minute(&self) -> u64 {
+        match &self.rule {
+            Rule::Calendar(calendar) => {
+                let pattern = &calendar.cron.pattern;
+                let seconds = (0..60)
+                    .filter(|second| pattern.second_match(*second).unwrap_or(false))
+                    .count();
+                (seconds as u64).max(1)
+            }
+            Rule::Interval(interval) => {
+                let period = u64::try_from(interval.period_ms.max(1)).unwrap_or(1);
+                60_000u64.div_ceil(period)
+            }
+        }
+    }
+
     /// An iterator over the occurrences strictly after `after`, in order.
     pub fn occurrences_after(&self, after: Timestamp) -> Occurrences<'_> {
         Occurrences {

@@ -303,6 +303,15 @@ impl<J> DeliverySlots<J> {
         self.policy.initial_per_tenant.max(1)
     }
 
+    /// Takes a token of `tenant`'s rate at `now` for a delivery made
+    /// outside the slots (a dry run): `false` when it has none now, `true`
+    /// when it had one or has no rate. Queued deliveries wait for the next
+    /// token as usual ([`DeliverySlots::next_token_at`]).
+    pub fn take_token_now(&mut self, tenant: &TenantName, now: Timestamp) -> bool {
+        self.advance(now);
+        self.take_token(tenant)
+    }
+
     /// Takes a token of `tenant`'s rate, if it has one (or no rate).
     fn take_token(&mut self, tenant: &TenantName) -> bool {
         let Some(bucket) = self.buckets.get_mut(tenant) else {
