@@ -62,6 +62,9 @@ pub mod code {
     pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
     /// An event's payload is larger than `limits.max_payload_bytes`.
     pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
+    /// The node holds `api.max_answer_bytes_in_flight` of large answers
+    /// already (503, `Retry-After`).
+    pub const ANSWERS_BUSY: &str = "answers_busy";
 }
 
 /// A failure to answer with: status, stable code, client-safe message.

@@ -4,23 +4,24 @@
 //! Writes (`PUT`, batch `POST`) need the tenant to be registered; reads and
 //! cancels do not, because events outlive a tenant's registration.
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use belfry_core::auth::AuditAction;
 use belfry_core::retry::BackoffError;
 use belfry_core::tenant::MAX_PULL_ATTEMPTS;
 use belfry_core::{
-    Backoff, CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus,
-    EventVersion, PullSettings, QueueName, RetryPolicy, SinkConfig, TenantConfig, TenantName,
-    Timestamp,
+    Backoff, CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventRecord,
+    EventStatus, EventVersion, PullSettings, QueueName, RetryPolicy, SinkConfig, TenantConfig,
+    TenantName, Timestamp,
 };
 use belfry_store::{Applied, KeyedCommand, ListEventsParams, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::ApiState;
+use crate::answers::AnswerBudget;
 use crate::auth::Principal;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path, deserialize_naming_field, query_pairs};
@@ -231,7 +232,7 @@ async fn apply_one(
     })
 }
 
-fn record_view(applied: &belfry_store::Applied) -> Result<EventView, V1Error> {
+fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error> {
     applied.record.as_ref().map(EventView::from).ok_or_else(|| {
         tracing::error!(key = ?applied.key, outcome = ?applied.outcome, "applied command left no record");
         V1Error(ApiError::internal())
@@ -697,6 +698,7 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
 )]
 pub(crate) async fn list(
     State(state): State<ApiState>,
+    Extension(budget): Extension<AnswerBudget>,
     V1Path(tenant): V1Path<String>,
     uri: Uri,
 ) -> Result<Response, V1Error> {
@@ -725,35 +727,137 @@ pub(crate) async fn list(
     } else {
         after
     };
-    // One more than asked tells whether another page exists.
-    let mut records = state
-        .engine
-        .store()
-        .list_events(ListEventsParams {
-            tenant,
-            status: query.status,
-            from,
-            to: query.to,
-            after,
-            limit: limit + 1,
-        })
-        .await?;
-    let more = records.len() > limit;
-    records.truncate(limit);
-    let next_cursor = match records.last() {
-        Some(last) if more && time_ordered => {
-            Some(encode_time_cursor(last.event_time, &last.key.id))
+    let reservation = match budget.reserve().await {
+        Ok(reservation) => reservation,
+        Err(busy) => return Ok(busy),
+    };
+    let mut page = PageWriter::new(budget.per_answer());
+    // The store is read in pages bounded by bytes too: a first small read,
+    // then as many records as the room left holds at the largest size
+    // seen, plus one that tells whether more exist.
+    let mut position = (from, after);
+    let mut read = FIRST_READ.min(limit + 1);
+    let mut more = false;
+    'reading: loop {
+        let records = state
+            .engine
+            .store()
+            .list_events(ListEventsParams {
+                tenant: tenant.clone(),
+                status: query.status,
+                from: position.0,
+                to: query.to,
+                after: position.1.clone(),
+                limit: read,
+            })
+            .await?;
+        let exhausted = records.len() < read;
+        for record in &records {
+            if page.count == limit || !page.push(record)? {
+                more = true;
+                break 'reading;
+            }
+            position = if time_ordered {
+                (
+                    Some(
+                        query
+                            .from
+                            .map_or(record.event_time, |f| f.max(record.event_time)),
+                    ),
+                    Some(record.key.id.clone()),
+                )
+            } else {
+                (query.from, Some(record.key.id.clone()))
+            };
         }
-        Some(last) if more => Some(encode_cursor(&last.key.id)),
+        if exhausted {
+            break;
+        }
+        read = page.records_that_fit().min(limit - page.count) + 1;
+    }
+    let next_cursor = match &page.last {
+        Some((at, id)) if more && time_ordered => Some(encode_time_cursor(*at, id)),
+        Some((_, id)) if more => Some(encode_cursor(id)),
         _ => None,
     };
-    // A guard only: no listing above returns control events.
-    let events: Vec<EventView> = records
-        .iter()
-        .filter(|r| !r.key.id.is_internal())
-        .map(EventView::from)
-        .collect();
-    Ok(Json(json!({ "events": events, "next_cursor": next_cursor })).into_response())
+    Ok(reservation.answer(page.finish(next_cursor.as_deref())?))
+}
+
+/// Records of the first store read of a listing: 16 events of the largest
+/// default payload (256 KiB) are the default answer budget.
+const FIRST_READ: usize = 16;
+
+/// `{"events": [...], "next_cursor": ...}`, written item by item into one
+/// buffer (no tree of values, no copy of a payload but the one written),
+/// refusing the item that would pass the answer's byte budget.
+struct PageWriter {
+    json: Vec<u8>,
+    budget: usize,
+    count: usize,
+    /// The largest item written, in bytes.
+    largest: usize,
+    /// Instant and id of the last item written: the cursor's place.
+    last: Option<(Timestamp, EventId)>,
+}
+
+/// Room kept for `],"next_cursor":"…"}` (a cursor is at most a few hundred
+/// bytes).
+const PAGE_END_BYTES: usize = 1024;
+
+impl PageWriter {
+    fn new(budget: usize) -> PageWriter {
+        let mut json = Vec::with_capacity(budget.min(64 * 1024));
+        json.extend_from_slice(b"{\"events\":[");
+        PageWriter {
+            json,
+            budget,
+            count: 0,
+            largest: 0,
+            last: None,
+        }
+    }
+
+    /// Writes `record`'s view; `false` (nothing written) when it would pass
+    /// the budget and the page already holds an item. Control events are
+    /// skipped (a guard only: no listing returns them).
+    fn push(&mut self, record: &EventRecord) -> Result<bool, V1Error> {
+        if record.key.id.is_internal() {
+            return Ok(true);
+        }
+        let start = self.json.len();
+        if self.count > 0 {
+            self.json.push(b',');
+        }
+        serde_json::to_writer(&mut self.json, &EventView::from(record)).map_err(|error| {
+            tracing::error!(%error, "an event view did not serialize");
+            V1Error(ApiError::internal())
+        })?;
+        let written = self.json.len() - start;
+        if self.count > 0 && self.json.len() + PAGE_END_BYTES > self.budget {
+            self.json.truncate(start);
+            return Ok(false);
+        }
+        self.largest = self.largest.max(written);
+        self.count += 1;
+        self.last = Some((record.event_time, record.key.id.clone()));
+        Ok(true)
+    }
+
+    /// How many more items of the largest size seen fit (at least one).
+    fn records_that_fit(&self) -> usize {
+        let room = self.budget.saturating_sub(self.json.len() + PAGE_END_BYTES);
+        (room / self.largest.max(1)).max(1)
+    }
+
+    fn finish(mut self, next_cursor: Option<&str>) -> Result<Vec<u8>, V1Error> {
+        self.json.extend_from_slice(b"],\"next_cursor\":");
+        serde_json::to_writer(&mut self.json, &next_cursor).map_err(|error| {
+            tracing::error!(%error, "a cursor did not serialize");
+            V1Error(ApiError::internal())
+        })?;
+        self.json.push(b'}');
+        Ok(self.json)
+    }
 }
 
 /// An event's delivery history, oldest first.

@@ -46,7 +46,7 @@ fn millis(duration: std::time::Duration) -> u64 {
 #[derive(serde::Serialize)]
 pub(super) struct LeaseView<'a> {
     lease_id: String,
-    event: EventView,
+    event: EventView<'a>,
     queue: &'a str,
     attempt: u32,
     max_attempts: u32,

@@ -1,0 +1,237 @@
+//! What large answers may take of the node's memory.
+//!
+//! A listing of 1,000 events of 256 KiB is a quarter of a gigabyte; a
+//! client that reads it slowly keeps it in memory for as long as it reads,
+//! and many such clients would take the node. So:
+//!
+//! - one answer holds at most [`ApiOptions::max_answer_bytes`] of items
+//!   (always at least one, so paging makes progress; an item is bounded by
+//!   the payload limit): a listing stops early and answers its
+//!   continuation cursor as usual;
+//! - the node holds at most [`ApiOptions::max_answer_bytes_in_flight`] of
+//!   such answers at once, from before their store reads until their last
+//!   byte is handed to the connection. A request that finds the budget
+//!   spent waits up to [`BUSY_WAIT`], then gets `503 answers_busy` with
+//!   `Retry-After`;
+//! - the connection's write timeout (`server.write_timeout_ms`) bounds how
+//!   long a client that stops reading keeps its answer.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::{ApiError, V1Error, code};
+use crate::options::ApiOptions;
+
+/// How long a request waits for room in the node's answer budget.
+pub const BUSY_WAIT: Duration = Duration::from_secs(2);
+/// Bytes handed to the connection per frame: the connection's buffer takes
+/// a few of these, not the whole answer at once.
+const FRAME_BYTES: usize = 64 * 1024;
+/// Permits count KiB (a semaphore holds at most `usize::MAX >> 3`
+/// permits, and KiB are fine enough).
+const UNIT: usize = 1024;
+
+/// The node's budget of answer bytes in flight; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AnswerBudget {
+    permits: Arc<Semaphore>,
+    /// Bytes one answer reserves before it is built.
+    per_answer: usize,
+    /// The whole budget, in permits.
+    total_units: usize,
+}
+
+/// Room in the budget for one answer being built; shrunk to the answer's
+/// size when it is built, released when its body is done or dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    permit: OwnedSemaphorePermit,
+}
+
+impl AnswerBudget {
+    pub fn new(options: &ApiOptions) -> AnswerBudget {
+        let total_units = options.max_answer_bytes_in_flight.div_ceil(UNIT).max(1);
+        AnswerBudget {
+            permits: Arc::new(Semaphore::new(total_units)),
+            per_answer: options.max_answer_bytes.max(1),
+            total_units,
+        }
+    }
+
+    /// Bytes of items one answer may hold.
+    pub fn per_answer(&self) -> usize {
+        self.per_answer
+    }
+
+    /// Reserves room for one answer of up to [`Self::per_answer`] bytes.
+    ///
+    /// # Errors
+    /// The budget stayed spent for [`BUSY_WAIT`]: `503 answers_busy`, in
+    /// the `/v1` envelope, with `Retry-After`.
+    pub async fn reserve(&self) -> Result<Reservation, Response> {
+        let units = self.per_answer.div_ceil(UNIT).min(self.total_units);
+        let units = u32::try_from(units).unwrap_or(u32::MAX);
+        match tokio::time::timeout(BUSY_WAIT, self.permits.clone().acquire_many_owned(units)).await
+        {
+            Ok(Ok(permit)) => Ok(Reservation { permit }),
+            // The semaphore is never closed; a timeout is the busy case.
+            Ok(Err(_)) | Err(_) => Err(busy()),
+        }
+    }
+
+    /// Bytes currently reserved by answers (for tests and metrics).
+    pub fn in_flight_bytes(&self) -> usize {
+        (self.total_units - self.permits.available_permits()) * UNIT
+    }
+}
+
+fn busy() -> Response {
+    let mut response = V1Error(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        code::ANSWERS_BUSY,
+        "the node is sending too many large answers to slow clients; retry later",
+    ))
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(1));
+    response
+}
+
+impl Reservation {
+    /// A `200 application/json` answer of `json`, holding this
+    /// reservation (shrunk to its size) until its last byte is sent.
+    pub fn answer(mut self, json: Vec<u8>) -> Response {
+        let keep = json.len().div_ceil(UNIT).max(1);
+        if let Some(extra) = self.permit.num_permits().checked_sub(keep)
+            && extra > 0
+        {
+            drop(self.permit.split(extra));
+        }
+        let body = AnswerBody {
+            json: Bytes::from(json),
+            sent: 0,
+            reservation: Some(self),
+        };
+        let mut response = Body::new(body).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+}
+
+/// An answer handed out in frames of [`FRAME_BYTES`], each a copy, so
+/// that the whole answer is freed together with its reservation when the
+/// last frame is taken (or the connection ends first).
+struct AnswerBody {
+    json: Bytes,
+    sent: usize,
+    reservation: Option<Reservation>,
+}
+
+impl http_body::Body for AnswerBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        let end = (this.sent + FRAME_BYTES).min(this.json.len());
+        if this.sent == end {
+            return Poll::Ready(None);
+        }
+        let frame = Bytes::copy_from_slice(&this.json[this.sent..end]);
+        this.sent = end;
+        if end == this.json.len() {
+            this.json = Bytes::new();
+            this.sent = 0;
+            this.reservation = None;
+        }
+        Poll::Ready(Some(Ok(Frame::data(frame))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.sent == self.json.len()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact((self.json.len() - self.sent) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    fn budget(per_answer: usize, in_flight: usize) -> AnswerBudget {
+        AnswerBudget::new(&ApiOptions {
+            max_answer_bytes: per_answer,
+            max_answer_bytes_in_flight: in_flight,
+            ..ApiOptions::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn an_answer_holds_its_size_until_its_body_is_read() {
+        let budget = budget(64 * 1024, 128 * 1024);
+        let reservation = budget.reserve().await.unwrap();
+        assert_eq!(budget.in_flight_bytes(), 64 * 1024);
+        let json = vec![b'x'; 10_000];
+        let response = reservation.answer(json.clone());
+        assert_eq!(budget.in_flight_bytes(), 10 * 1024);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body.as_ref(), json.as_slice());
+        assert_eq!(budget.in_flight_bytes(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spent_budget_answers_busy_after_the_wait_and_frees_when_dropped() {
+        let budget = budget(64 * 1024, 100 * 1024);
+        let held = budget
+            .reserve()
+            .await
+            .unwrap()
+            .answer(vec![b'x'; 60 * 1024]);
+        let refused = budget.reserve().await.unwrap_err();
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
+        drop(held);
+        assert!(budget.reserve().await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_body_is_sized_and_sent_in_frames() {
+        let budget = budget(1 << 20, 1 << 20);
+        let response = budget
+            .reserve()
+            .await
+            .unwrap()
+            .answer(vec![b'y'; 3 * FRAME_BYTES + 1]);
+        let mut body = response.into_body();
+        assert_eq!(
+            http_body::Body::size_hint(&body).exact(),
+            Some(3 * FRAME_BYTES as u64 + 1)
+        );
+        let mut frames = 0;
+        while let Some(frame) = body.frame().await {
+            assert!(frame.unwrap().into_data().unwrap().len() <= FRAME_BYTES);
+            frames += 1;
+        }
+        assert_eq!(frames, 4);
+    }
+}
