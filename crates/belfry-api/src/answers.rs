@@ -7,12 +7,15 @@
 //! - one answer holds at most [`ApiOptions::max_answer_bytes`] of items
 //!   (always at least one, so paging makes progress; an item is bounded by
 //!   the payload limit): a listing stops early and answers its
-//!   continuation cursor as usual;
+//!   continuation cursor as usual; a pull claim grants events until their
+//!   payloads would pass it (the worker claims again for the rest);
 //! - the node holds at most [`ApiOptions::max_answer_bytes_in_flight`] of
 //!   such answers at once, from before their store reads until their last
 //!   byte is handed to the connection. A request that finds the budget
 //!   spent waits up to [`BUSY_WAIT`], then gets `503 answers_busy` with
-//!   `Retry-After`;
+//!   `Retry-After`. A claim's answer takes room when there is some but is
+//!   never held back: its leases are granted already (and a claim may
+//!   long-poll for 30 s, too long to hold room while it waits);
 //! - the connection's write timeout (`server.write_timeout_ms`) bounds how
 //!   long a client that stops reading keeps its answer.
 
@@ -89,6 +92,21 @@ impl AnswerBudget {
         }
     }
 
+    /// An answer already made that must go out whatever the budget (a
+    /// claim's leases are granted; a claim may wait 30 s, too long to
+    /// hold room while it waits): it holds room if there is some, and is
+    /// never delayed or refused.
+    pub fn answer_now(&self, json: Vec<u8>) -> Response {
+        let units = u32::try_from(json.len().div_ceil(UNIT).max(1)).unwrap_or(u32::MAX);
+        let reservation = self
+            .permits
+            .clone()
+            .try_acquire_many_owned(units)
+            .ok()
+            .map(|permit| Reservation { permit });
+        json_response(json, reservation)
+    }
+
     /// Bytes currently reserved by answers (for tests and metrics).
     pub fn in_flight_bytes(&self) -> usize {
         (self.total_units - self.permits.available_permits()) * UNIT
@@ -118,18 +136,22 @@ impl Reservation {
         {
             drop(self.permit.split(extra));
         }
-        let body = AnswerBody {
-            json: Bytes::from(json),
-            sent: 0,
-            reservation: Some(self),
-        };
-        let mut response = Body::new(body).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        response
+        json_response(json, Some(self))
     }
+}
+
+fn json_response(json: Vec<u8>, reservation: Option<Reservation>) -> Response {
+    let body = AnswerBody {
+        json: Bytes::from(json),
+        sent: 0,
+        reservation,
+    };
+    let mut response = Body::new(body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// An answer handed out in frames of [`FRAME_BYTES`], each a copy, so
