@@ -221,7 +221,7 @@ mod tests {
         assert_eq!(budget.in_flight_bytes(), 0);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_spent_budget_answers_busy_after_the_wait_and_frees_when_dropped() {
         let budget = budget(64 * 1024, 100 * 1024);
         let held = budget

@@ -282,3 +282,65 @@ async fn a_client_that_stops_reading_is_cut_off_after_the_write_timeout() {
         "the answer was cut off ({received} of {length} bytes)"
     );
 }
+
+/// With the node's answer budget spent by a client that reads nothing,
+/// the next listing waits briefly and is refused with `503 answers_busy`
+/// and `Retry-After` (small answers still go out); once the write timeout
+/// has cut the stuck client off, listings are answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_answer_budget_refuses_listings_until_the_stuck_reader_is_cut_off() {
+    let write_timeout = Duration::from_millis(3_000);
+    let dir = tempfile::tempdir().unwrap();
+    let node = BelfryProcess::start(
+        BelfryLaunch::new(env!("CARGO_BIN_EXE_belfry"), dir.path().join("data"))
+            .env(
+                "BELFRY_SERVER__WRITE_TIMEOUT_MS",
+                write_timeout.as_millis().to_string(),
+            )
+            // Room for one answer of the default 4 MiB.
+            .env("BELFRY_API__MAX_ANSWER_BYTES_IN_FLIGHT", "4194304"),
+    )
+    .await
+    .expect("belfry starts");
+    seed(&node, 30).await;
+    let list = events_url(&node, "?limit=1000");
+
+    let mut stuck = request(&node, &format!("/v1/tenants/{TENANT}/events?limit=1000")).await;
+    // Its answer has begun: the budget is its own. Then it reads no more.
+    let mut first = [0u8; 1024];
+    assert!(stuck.read(&mut first).await.unwrap() > 0);
+    let started = Instant::now();
+    let refused = belfry_testkit::http_client()
+        .get(&list)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 503);
+    assert_eq!(
+        refused
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "answers_busy", "{body}");
+    assert!(started.elapsed() < write_timeout, "{:?}", started.elapsed());
+    let (status, one) = get_json(&events_url(&node, "/e00000")).await;
+    assert_eq!(status, 200, "{one}");
+
+    // Cut off after the write timeout, the stuck reader's room comes back.
+    let answered = loop {
+        let (status, page) = get_json(&list).await;
+        if status == 200 {
+            break page;
+        }
+        assert_eq!(status, 503, "{page}");
+        assert!(
+            started.elapsed() < write_timeout + MARGIN + MARGIN,
+            "still refused after {:?}",
+            started.elapsed()
+        );
+    };
+    assert!(!answered["events"].as_array().unwrap().is_empty());
+}
