@@ -195,6 +195,92 @@ impl http_body::Body for AnswerBody {
     }
 }
 
+/// Records of the first store read of a byte-bounded listing: 16 events of
+/// the largest default payload (256 KiB) fill the default answer budget.
+/// Later reads take as many as the room left holds at the largest size
+/// seen ([`Page::items_that_fit`]).
+pub(crate) const FIRST_READ: usize = 16;
+
+/// Room kept for the end of a page, `],"next_cursor":"…"}` (a cursor is at
+/// most a few hundred bytes).
+const PAGE_END_BYTES: usize = 1024;
+
+/// `{"<key>": [...], "next_cursor": ...}`, written item by item into one
+/// buffer (no tree of values, no copy of a payload but the one written),
+/// refusing the item that would pass the answer's byte budget.
+pub(crate) struct Page {
+    json: Vec<u8>,
+    budget: usize,
+    count: usize,
+    /// The largest item written, in bytes.
+    largest: usize,
+}
+
+impl Page {
+    pub(crate) fn new(key: &str, budget: usize) -> Page {
+        let mut json = Vec::with_capacity(budget.min(64 * 1024));
+        json.push(b'{');
+        // A key is one of ours: plain ASCII, nothing to escape.
+        json.extend_from_slice(format!("\"{key}\":[").as_bytes());
+        Page {
+            json,
+            budget,
+            count: 0,
+            largest: 0,
+        }
+    }
+
+    /// Items written.
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Writes `item`; `false` (nothing written) when it would pass the
+    /// budget and the page already holds an item.
+    ///
+    /// # Errors
+    /// The item does not serialize (a bug; logged, answered 500).
+    pub(crate) fn push<T: serde::Serialize>(&mut self, item: &T) -> Result<bool, V1Error> {
+        let start = self.json.len();
+        if self.count > 0 {
+            self.json.push(b',');
+        }
+        serde_json::to_writer(&mut self.json, item).map_err(|error| {
+            tracing::error!(%error, "an item of a page did not serialize");
+            V1Error(ApiError::internal())
+        })?;
+        if self.count > 0 && self.json.len() + PAGE_END_BYTES > self.budget {
+            self.json.truncate(start);
+            return Ok(false);
+        }
+        self.largest = self.largest.max(self.json.len() - start);
+        self.count += 1;
+        Ok(true)
+    }
+
+    /// How many more items of the largest size seen fit (at least one).
+    pub(crate) fn items_that_fit(&self) -> usize {
+        let room = self.budget.saturating_sub(self.json.len() + PAGE_END_BYTES);
+        (room / self.largest.max(1)).max(1)
+    }
+
+    /// The whole answer's JSON.
+    pub(crate) fn finish(mut self, next_cursor: Option<&str>) -> Vec<u8> {
+        self.json.extend_from_slice(b"],\"next_cursor\":");
+        match next_cursor {
+            // Cursors are hex digits and `t`: nothing to escape.
+            Some(cursor) => {
+                self.json.push(b'"');
+                self.json.extend_from_slice(cursor.as_bytes());
+                self.json.push(b'"');
+            }
+            None => self.json.extend_from_slice(b"null"),
+        }
+        self.json.push(b'}');
+        self.json
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,6 +320,29 @@ mod tests {
         assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
         drop(held);
         assert!(budget.reserve().await.is_ok());
+    }
+
+    #[test]
+    fn a_page_refuses_the_item_past_its_budget_but_always_holds_one() {
+        let big = "x".repeat(3_000);
+        let mut page = Page::new("events", 2_000);
+        assert!(page.push(&big).unwrap(), "the first item always fits");
+        assert!(!page.push(&"y").unwrap());
+        assert_eq!(page.items_that_fit(), 1);
+        let json = page.finish(Some("t00ab"));
+        let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(value["events"].as_array().unwrap().len(), 1);
+        assert_eq!(value["next_cursor"], "t00ab");
+
+        let mut page = Page::new("schedules", 4_000);
+        for n in 0..5 {
+            assert!(page.push(&n).unwrap());
+        }
+        let value: serde_json::Value = serde_json::from_slice(&page.finish(None)).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({"schedules": [0, 1, 2, 3, 4], "next_cursor": null})
+        );
     }
 
     #[tokio::test]

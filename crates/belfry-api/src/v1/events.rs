@@ -12,16 +12,16 @@ use belfry_core::auth::AuditAction;
 use belfry_core::retry::BackoffError;
 use belfry_core::tenant::MAX_PULL_ATTEMPTS;
 use belfry_core::{
-    Backoff, CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventRecord,
-    EventStatus, EventVersion, PullSettings, QueueName, RetryPolicy, SinkConfig, TenantConfig,
-    TenantName, Timestamp,
+    Backoff, CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus,
+    EventVersion, PullSettings, QueueName, RetryPolicy, SinkConfig, TenantConfig, TenantName,
+    Timestamp,
 };
 use belfry_store::{Applied, KeyedCommand, ListEventsParams, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::ApiState;
-use crate::answers::AnswerBudget;
+use crate::answers::{AnswerBudget, FIRST_READ, Page};
 use crate::auth::Principal;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path, deserialize_naming_field, query_pairs};
@@ -731,7 +731,8 @@ pub(crate) async fn list(
         Ok(reservation) => reservation,
         Err(busy) => return Ok(busy),
     };
-    let mut page = PageWriter::new(budget.per_answer());
+    let mut page = Page::new("events", budget.per_answer());
+    let mut last: Option<(Timestamp, EventId)> = None;
     // The store is read in pages bounded by bytes too: a first small read,
     // then as many records as the room left holds at the largest size
     // seen, plus one that tells whether more exist.
@@ -753,9 +754,13 @@ pub(crate) async fn list(
             .await?;
         let exhausted = records.len() < read;
         for record in &records {
-            if page.count == limit || !page.push(record)? {
-                more = true;
-                break 'reading;
+            // A guard only: no listing returns control events.
+            if !record.key.id.is_internal() {
+                if page.count() == limit || !page.push(&EventView::from(record))? {
+                    more = true;
+                    break 'reading;
+                }
+                last = Some((record.event_time, record.key.id.clone()));
             }
             position = if time_ordered {
                 (
@@ -773,91 +778,14 @@ pub(crate) async fn list(
         if exhausted {
             break;
         }
-        read = page.records_that_fit().min(limit - page.count) + 1;
+        read = page.items_that_fit().min(limit - page.count()) + 1;
     }
-    let next_cursor = match &page.last {
+    let next_cursor = match &last {
         Some((at, id)) if more && time_ordered => Some(encode_time_cursor(*at, id)),
         Some((_, id)) if more => Some(encode_cursor(id)),
         _ => None,
     };
-    Ok(reservation.answer(page.finish(next_cursor.as_deref())?))
-}
-
-/// Records of the first store read of a listing: 16 events of the largest
-/// default payload (256 KiB) are the default answer budget.
-const FIRST_READ: usize = 16;
-
-/// `{"events": [...], "next_cursor": ...}`, written item by item into one
-/// buffer (no tree of values, no copy of a payload but the one written),
-/// refusing the item that would pass the answer's byte budget.
-struct PageWriter {
-    json: Vec<u8>,
-    budget: usize,
-    count: usize,
-    /// The largest item written, in bytes.
-    largest: usize,
-    /// Instant and id of the last item written: the cursor's place.
-    last: Option<(Timestamp, EventId)>,
-}
-
-/// Room kept for `],"next_cursor":"…"}` (a cursor is at most a few hundred
-/// bytes).
-const PAGE_END_BYTES: usize = 1024;
-
-impl PageWriter {
-    fn new(budget: usize) -> PageWriter {
-        let mut json = Vec::with_capacity(budget.min(64 * 1024));
-        json.extend_from_slice(b"{\"events\":[");
-        PageWriter {
-            json,
-            budget,
-            count: 0,
-            largest: 0,
-            last: None,
-        }
-    }
-
-    /// Writes `record`'s view; `false` (nothing written) when it would pass
-    /// the budget and the page already holds an item. Control events are
-    /// skipped (a guard only: no listing returns them).
-    fn push(&mut self, record: &EventRecord) -> Result<bool, V1Error> {
-        if record.key.id.is_internal() {
-            return Ok(true);
-        }
-        let start = self.json.len();
-        if self.count > 0 {
-            self.json.push(b',');
-        }
-        serde_json::to_writer(&mut self.json, &EventView::from(record)).map_err(|error| {
-            tracing::error!(%error, "an event view did not serialize");
-            V1Error(ApiError::internal())
-        })?;
-        let written = self.json.len() - start;
-        if self.count > 0 && self.json.len() + PAGE_END_BYTES > self.budget {
-            self.json.truncate(start);
-            return Ok(false);
-        }
-        self.largest = self.largest.max(written);
-        self.count += 1;
-        self.last = Some((record.event_time, record.key.id.clone()));
-        Ok(true)
-    }
-
-    /// How many more items of the largest size seen fit (at least one).
-    fn records_that_fit(&self) -> usize {
-        let room = self.budget.saturating_sub(self.json.len() + PAGE_END_BYTES);
-        (room / self.largest.max(1)).max(1)
-    }
-
-    fn finish(mut self, next_cursor: Option<&str>) -> Result<Vec<u8>, V1Error> {
-        self.json.extend_from_slice(b"],\"next_cursor\":");
-        serde_json::to_writer(&mut self.json, &next_cursor).map_err(|error| {
-            tracing::error!(%error, "a cursor did not serialize");
-            V1Error(ApiError::internal())
-        })?;
-        self.json.push(b'}');
-        Ok(self.json)
-    }
+    Ok(reservation.answer(page.finish(next_cursor.as_deref())))
 }
 
 /// An event's delivery history, oldest first.
