@@ -677,8 +677,10 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
 /// Lists a tenant's events: `{"events": [...], "next_cursor": ...}`, by id,
 /// or by `(deliver_at, id)` when filtered (`status`, `from`, `to`).
 ///
-/// Every page is answered from a store index and holds `limit` events
-/// whenever more exist; `next_cursor` is `null` exactly on the last page.
+/// Every page is answered from a store index and holds `limit` events, or
+/// fewer when their views would pass `api.max_answer_bytes` (at least
+/// one), whenever more exist; `next_cursor` is `null` exactly on the last
+/// page.
 /// Schedules' control events are the engine's, never listed: the store
 /// leaves them out of filtered listings, and an unfiltered (id-ordered)
 /// listing starts after them (their ids sort before every client id).
