@@ -53,6 +53,13 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// This node's credentials for the calls between the nodes of its
+    /// cluster; `None` on a single node, which forwards nothing and
+    /// refuses every forwarded request.
+    fn peers(&self) -> Option<&crate::PeerAuth> {
+        None
+    }
+
     /// The detailed view of `GET /v1/cluster`; `None` for a single node,
     /// whose view the API builds from its own engine.
     fn status(&self) -> Option<ClusterStatus> {

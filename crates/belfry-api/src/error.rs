@@ -50,8 +50,20 @@ pub mod code {
     /// The key may not do this: a `read` key writing, a tenant key on an
     /// admin route (403).
     pub const FORBIDDEN: &str = "forbidden";
-    /// Open mode: the `Host` header is not in `auth.allowed_hosts` (403).
+    /// A request marked as forwarded by another node whose signature does
+    /// not hold: missing, malformed, for another node, stale, replayed or
+    /// forged (403).
+    pub const FORWARD_REFUSED: &str = "forward_refused";
+    /// Keyless (open mode or `auth.mode = "none"`): the `Host` header is
+    /// neither a loopback name nor in `auth.allowed_hosts` (403).
     pub const HOST_NOT_ALLOWED: &str = "host_not_allowed";
+    /// Open mode: the request came through a proxy (it carries
+    /// `Forwarded`, `X-Forwarded-*`, `X-Real-IP` or `Via`, or is HTTP/1.0),
+    /// so it may come from anywhere (403).
+    pub const PROXIED_REQUEST_REFUSED: &str = "proxied_request_refused";
+    /// A key this node does not know yet, while its budget for reading
+    /// unknown keys is spent (503, `Retry-After`).
+    pub const KEY_LOOKUPS_BUSY: &str = "key_lookups_busy";
     /// A keyless bodiless write from a browser (403).
     pub const BROWSER_WRITE_REFUSED: &str = "browser_write_refused";
     /// The key is over `auth.rate_limit_per_key` (429, `Retry-After`).
@@ -65,6 +77,8 @@ pub mod code {
     /// The node holds `api.max_answer_bytes_in_flight` of large answers
     /// already (503, `Retry-After`).
     pub const ANSWERS_BUSY: &str = "answers_busy";
+    /// The tenant has `limits.max_bulk_actions_per_tenant` running (429).
+    pub const TOO_MANY_BULK_ACTIONS: &str = "too_many_bulk_actions";
 }
 
 /// A failure to answer with: status, stable code, client-safe message.

@@ -23,6 +23,8 @@
 //! - `v1`: tenants and events under `/v1`;
 //! - `metrics`: `GET /metrics` and the per-request counters;
 //! - `console`: the web console at `/ui`, its files embedded;
+//! - [`peer`]: calls between the nodes of a cluster, signed with the
+//!   cluster's shared secret ([`peer::PeerAuth`]);
 //! - [`auth`]: API keys, the [`auth::Principal`] of each request, tenant
 //!   isolation (the route table), masking of write-only secrets, the audit
 //!   log and the per-key rate limit (see `docs/security.md`).
@@ -51,6 +53,7 @@ pub mod ingest;
 mod metrics;
 pub mod openapi;
 pub mod options;
+pub mod peer;
 mod quota;
 mod v1;
 
@@ -60,6 +63,7 @@ pub use cluster::{
     PartitionView, Role, SingleNode,
 };
 pub use options::ApiOptions;
+pub use peer::PeerAuth;
 
 use crate::error::{ApiError, BigBenError, V1Error, code};
 

@@ -1050,7 +1050,7 @@ async fn the_host_allow_list_guards_the_open_mode() {
     for host in [
         "evil.example",
         "evil.example:8080",
-        "127.0.0.2",
+        "10.1.2.3",
         "localhost.evil.example",
     ] {
         let reply = node
@@ -1066,6 +1066,9 @@ async fn the_host_allow_list_guards_the_open_mode() {
         format!("localhost:{port}"),
         "localhost".to_string(),
         format!("127.0.0.1:{port}"),
+        // Any loopback address: a page loaded from an address is that
+        // address's own origin, no rebinding.
+        "127.0.0.2".to_string(),
         format!("[::1]:{port}"),
         "belfry.internal:443".to_string(),
         "LOCALHOST".to_string(),

@@ -1488,9 +1488,15 @@ struct OtherNode {
     engine: belfry_engine::Engine,
 }
 
+/// The secret nodes "a" and "b" share.
+const CLUSTER_SECRET: [u8; 32] = [7; 32];
+
 /// Who owns every partition, as node "a" sees it (`None`: no live owner).
-#[derive(Debug, Default)]
-struct Owners(std::sync::Mutex<Option<belfry_api::PartitionOwner>>);
+#[derive(Debug)]
+struct Owners {
+    owner: std::sync::Mutex<Option<belfry_api::PartitionOwner>>,
+    peers: belfry_api::PeerAuth,
+}
 
 impl belfry_api::ClusterView for Owners {
     fn members(&self) -> Vec<belfry_api::ClusterMember> {
@@ -1498,8 +1504,35 @@ impl belfry_api::ClusterView for Owners {
     }
 
     fn owner_of(&self, _: belfry_core::PartitionId) -> Option<belfry_api::PartitionOwner> {
-        self.0.lock().unwrap().clone()
+        self.owner.lock().unwrap().clone()
     }
+
+    fn peers(&self) -> Option<&belfry_api::PeerAuth> {
+        Some(&self.peers)
+    }
+}
+
+/// Node "b" (the harness's engine), as a cluster node accepting "a"'s
+/// signed forwards.
+#[derive(Debug)]
+struct NodeB(belfry_api::PeerAuth);
+
+impl belfry_api::ClusterView for NodeB {
+    fn members(&self) -> Vec<belfry_api::ClusterMember> {
+        Vec::new()
+    }
+
+    fn peers(&self) -> Option<&belfry_api::PeerAuth> {
+        Some(&self.0)
+    }
+}
+
+/// The harness's node as node "b" of a cluster with "a".
+fn node_b(h: &Harness) -> axum::Router {
+    belfry_api::router(belfry_api::ApiState {
+        cluster: std::sync::Arc::new(NodeB(belfry_api::PeerAuth::new("b", &CLUSTER_SECRET))),
+        ..h.state.clone()
+    })
 }
 
 /// Node "a" joins no real cluster: nothing here coordinates.
@@ -1595,7 +1628,10 @@ impl OtherNode {
             belfry_store::cluster::NodeId("a".into()),
             Arc::new(NoCoordinator),
         );
-        let owners = Arc::new(Owners::default());
+        let owners = Arc::new(Owners {
+            owner: std::sync::Mutex::new(None),
+            peers: belfry_api::PeerAuth::new("a", &CLUSTER_SECRET),
+        });
         let state = belfry_api::ApiState {
             engine: engine.handle(),
             options: Default::default(),
@@ -1617,7 +1653,7 @@ impl OtherNode {
     /// Every partition owned by node "b" at epoch 0, reached at `url`;
     /// `None`: no live owner.
     fn owned_at(&self, url: Option<&str>) {
-        *self.owners.0.lock().unwrap() = url.map(|url| belfry_api::PartitionOwner {
+        *self.owners.owner.lock().unwrap() = url.map(|url| belfry_api::PartitionOwner {
             node: "b".into(),
             url: url.into(),
             epoch: 0,
@@ -1752,7 +1788,7 @@ async fn a_call_whose_owner_recorded_it_but_never_answered_is_answered_from_the_
             .clone()
     };
     let a = OtherNode::start(&h);
-    let b = owner_that_never_answers(h.app.clone()).await;
+    let b = owner_that_never_answers(node_b(&h)).await;
     a.owned_at(Some(&b));
 
     let done = a.call(&lease("e1"), "complete", json!({})).await;
@@ -1811,6 +1847,40 @@ async fn a_call_whose_owner_recorded_it_but_never_answered_is_answered_from_the_
         let event = h.get(&format!("/v1/tenants/jobs/events/{id}")).await;
         assert_eq!(event.body["status"], status, "{event:?}");
     }
+    a.shutdown().await;
+    h.shutdown().await;
+}
+
+/// Nodes holding different cluster secrets (or clocks too far apart)
+/// refuse each other's forwards: the worker gets what an owner that does
+/// not answer gives (the store's record, else `node_unavailable`), never
+/// the owner's `forward_refused`, and nothing changes on the owner.
+#[tokio::test]
+async fn a_forward_the_owner_refuses_counts_as_unanswered() {
+    let h = Harness::start().await;
+    h.put("/v1/tenants/jobs", &json!({ "sink": { "type": "pull" } }))
+        .await;
+    let put = h
+        .put(
+            "/v1/tenants/jobs/events/e1",
+            &json!({ "deliver_at": common::from_now(50) }),
+        )
+        .await;
+    assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+    let lease = claim_n(&h, "jobs", 1).await.remove(0);
+    let a = OtherNode::start(&h);
+    let other_secret = belfry_api::router(belfry_api::ApiState {
+        cluster: std::sync::Arc::new(NodeB(belfry_api::PeerAuth::new("b", &[8; 32]))),
+        ..h.state.clone()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, other_secret).await });
+    a.owned_at(Some(&url));
+
+    assert_not_known(&a.call(&lease, "complete", json!({})).await);
+    let e1 = h.get("/v1/tenants/jobs/events/e1").await;
+    assert_ne!(e1.body["status"], "delivered", "not completed: {e1:?}");
     a.shutdown().await;
     h.shutdown().await;
 }

@@ -615,7 +615,7 @@ pub struct PullCommonArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16), conflicts_with = "target")]
     pub nodes: u16,
     /// `lease_ms` of each claim (1,000–43,200,000).
-    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1_000..=43_200_000))]
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1_000..=900_000))]
     pub lease_ms: u64,
     /// Time from the start of scheduling to the first due instant
     /// [default: 5 s + 50 µs per event].

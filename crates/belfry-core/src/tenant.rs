@@ -336,6 +336,11 @@ pub enum SinkConfigError {
     BadHeaderName(String),
     #[error("header {0:?} has a value that is not a valid HTTP header value")]
     BadHeaderValue(String),
+    #[error(
+        "header {0:?} may not be set by a tenant: Host, Forwarded, Proxy-* and X-Forwarded-* \
+         steer proxies and virtual hosts"
+    )]
+    ReservedHeader(String),
     #[error("topic must not be empty")]
     EmptyTopic,
     #[error("processor name must not be empty")]
@@ -402,6 +407,9 @@ impl HttpTarget {
             if !name_ok {
                 return Err(SinkConfigError::BadHeaderName(echo(name)));
             }
+            if reserved_header(name) {
+                return Err(SinkConfigError::ReservedHeader(echo(name)));
+            }
             if value.len() > MAX_HEADER_VALUE_LEN {
                 return Err(SinkConfigError::HeaderValueTooLong(name.clone()));
             }
@@ -413,11 +421,25 @@ impl HttpTarget {
     }
 }
 
+/// Whether a tenant may not set header `name` (any case): `Host`,
+/// `Forwarded`, `Proxy-*` and `X-Forwarded-*` would let a tenant pick the
+/// virtual host or the client a proxy or service behind the URL trusts.
+pub fn reserved_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    name == "host"
+        || name == "forwarded"
+        || name.starts_with("proxy-")
+        || name.starts_with("x-forwarded-")
+}
+
 /// Parses a webhook URL as the sinks will (WHATWG rules, via `url`) and
 /// refuses what would fail at every delivery: another scheme, no host or an
 /// invalid host name, port 0 or above 65535, more than [`MAX_URL_LEN`]
 /// bytes, whitespace or control characters (which the WHATWG parser would
-/// silently drop).
+/// silently drop), a backslash (read as `/` by the URL parser, not by
+/// every other) or anything but the host right after `//` (`http:///x`
+/// would be read as `http://x/`, and `http:///user:pass@h` hides its
+/// credentials from anyone reading it as written).
 ///
 /// # Errors
 /// The first problem found.
@@ -425,9 +447,18 @@ pub fn validate_url(text: &str) -> Result<url::Url, SinkConfigError> {
     if text.len() > MAX_URL_LEN {
         return Err(SinkConfigError::UrlTooLong);
     }
+    if text.contains('\\') {
+        return Err(SinkConfigError::BadUrl("it contains a backslash".into()));
+    }
     let prefix = text.get(..8).unwrap_or(text).to_ascii_lowercase();
     if !prefix.starts_with("http://") && !prefix.starts_with("https://") {
         return Err(SinkConfigError::BadScheme);
+    }
+    let authority = &text[text.find("//").map_or(0, |at| at + 2)..];
+    if authority.starts_with('/') {
+        return Err(SinkConfigError::BadUrl(
+            "the host must follow \"//\" directly".into(),
+        ));
     }
     if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(SinkConfigError::BadUrl(
@@ -504,6 +535,10 @@ mod tests {
             "http://h%20x/",
             "http://[fe80::1%25eth0]/",
             "http://a..b/",
+            "http:///x",
+            "http:///user:pass@h/",
+            "http:\\\\h/",
+            "http://h\\@evil/",
         ] {
             assert!(http(bad).validate().is_err(), "{bad}");
         }

@@ -180,10 +180,12 @@ impl Knobs {
             .collect();
         let max_ready = rng.usize(3, 40);
         let max_waiters = rng.usize(2, 10);
+        let max_leases = rng.usize(2, 30);
         let config = PullConfig {
             max_ready,
             max_ready_per_tenant: rng.usize(2, max_ready),
-            max_leases: rng.usize(2, 30),
+            max_leases,
+            max_leases_per_tenant: rng.usize(1, max_leases + 1),
             max_waiters,
             max_waiters_per_tenant: rng.usize(1, max_waiters),
             max_remembered: 100_000,
@@ -648,7 +650,12 @@ impl Sim {
                 q.waiters_of(tenant) <= c.max_waiters_per_tenant,
                 "{tenant:?}: waiters over the per-tenant bound"
             );
-            if q.lease_room() == 0 {
+            ensure!(
+                q.leases_of(tenant) <= c.max_leases_per_tenant,
+                "{tenant:?}: {} leases > per-tenant bound",
+                q.leases_of(tenant)
+            );
+            if q.lease_room_of(tenant) == 0 {
                 continue;
             }
             for queue in &self.knobs.queues {
@@ -1493,6 +1500,8 @@ impl Sim {
                 self.stats.too_many_waiters += 1;
                 Ok(())
             }
+            // At its lease share (checked by the invariants).
+            Reply::Error(PullError::TooManyLeases) => Ok(()),
             Reply::Error(PullError::Unavailable) => Ok(()),
             other => Err(format!("claim {call:?} answered {other:?}")),
         }

@@ -6,8 +6,9 @@
 //! wakes it) and every [`POLL`] otherwise, which is how it finds, after a
 //! restart, the actions still `running` and, in a cluster, those whose
 //! runner died (their claim lapsed). It claims at most
-//! [`MAX_ACTIONS_AT_ONCE`] actions and works on each in a task of its own,
-//! page by page:
+//! [`MAX_ACTIONS_AT_ONCE`] actions, one per tenant (so one tenant's queue
+//! of actions cannot hold back another's), and works on each in a task of
+//! its own, page by page:
 //!
 //! 1. read one page of the matching items (`engine.bulk_page_size`, 200):
 //!    events through [`belfry_store::Store::list_events`] with the action's
@@ -38,7 +39,7 @@
 //! Memory: one page of records per action at work, a bounded number of
 //! actions, and one page of running actions while looking for work.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -47,7 +48,7 @@ use belfry_core::bulk::{
     ItemOutcome, PageReport,
 };
 use belfry_core::schedule::ScheduleId;
-use belfry_core::{EventCommand, EventId, EventKey, EventVersion, Timestamp};
+use belfry_core::{EventCommand, EventId, EventKey, EventVersion, TenantName, Timestamp};
 use belfry_store::{
     Applied, KeyedCommand, ListEventsParams, RunningBulkActionsParams, StoreError, StoreResult,
 };
@@ -77,8 +78,8 @@ pub(crate) struct BulkRunner {
     /// back at once), a random id on a cluster node.
     runner_id: String,
     wake: Notify,
-    /// Actions this node works on now.
-    active: Mutex<HashSet<BulkActionId>>,
+    /// Actions this node works on now, with their tenants.
+    active: Mutex<HashMap<BulkActionId, TenantName>>,
 }
 
 impl BulkRunner {
@@ -90,7 +91,7 @@ impl BulkRunner {
         }
     }
 
-    fn active(&self) -> MutexGuard<'_, HashSet<BulkActionId>> {
+    fn active(&self) -> MutexGuard<'_, HashMap<BulkActionId, TenantName>> {
         // Poison means a panic while held; the set stays usable.
         self.active.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -112,8 +113,16 @@ impl EngineHandle {
     /// it at once. `false`: an action with its id exists (nothing stored).
     ///
     /// # Errors
-    /// Store failures.
-    pub async fn create_bulk_action(&self, action: BulkAction) -> StoreResult<bool> {
+    /// The tenant has its limit of running actions
+    /// (`limits.max_bulk_actions_per_tenant`), or a store failure.
+    pub async fn create_bulk_action(
+        &self,
+        action: BulkAction,
+    ) -> Result<bool, crate::quotas::QuotaError> {
+        // Checked and stored under one lock: two creates on this node
+        // cannot both take the last place (other nodes' may, by one each).
+        let _creating = self.inner.quotas.bulk_creates.lock().await;
+        self.check_bulk_quota(action.tenant()).await?;
         let created = self.store().create_bulk_action(action).await?;
         if created {
             self.inner.bulk.wake.notify_one();
@@ -197,8 +206,15 @@ async fn take_work(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> StoreResult
             if shared.bulk.active().len() >= MAX_ACTIONS_AT_ONCE {
                 return Ok(());
             }
-            if shared.bulk.active().contains(&action.id) {
-                continue;
+            {
+                let active = shared.bulk.active();
+                // One action per tenant at a time: a tenant's queue of
+                // actions cannot take every slot from the others.
+                if active.contains_key(&action.id)
+                    || active.values().any(|tenant| tenant == action.tenant())
+                {
+                    continue;
+                }
             }
             let now = shared.clock.now();
             let Some(claimed) = action.claimed(runner, now, shared.options.bulk_lease) else {
@@ -215,7 +231,10 @@ async fn take_work(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> StoreResult
                 resumed = stored.cursor.is_some(),
                 "working on a bulk action"
             );
-            shared.bulk.active().insert(stored.id.clone());
+            shared
+                .bulk
+                .active()
+                .insert(stored.id.clone(), stored.tenant().clone());
             tasks.spawn(work(shared.clone(), stored));
         }
         if !full {

@@ -59,6 +59,10 @@ pub struct PullOptions {
     pub max_ready_per_tenant: usize,
     /// Leases held plus grants being recorded; claims wait at the bound.
     pub max_leases: usize,
+    /// … of one tenant; a claim of a tenant at it is `429
+    /// too_many_leases`. Default (`None`): a tenth of `max_leases`, at
+    /// least one.
+    pub max_leases_per_tenant: Option<usize>,
     /// Claims long-polling; more are `429 too_many_waiters`.
     pub max_waiters: usize,
     /// … of one tenant.
@@ -74,6 +78,7 @@ impl Default for PullOptions {
             max_ready: config.max_ready,
             max_ready_per_tenant: config.max_ready_per_tenant,
             max_leases: config.max_leases,
+            max_leases_per_tenant: None,
             max_waiters: config.max_waiters,
             max_waiters_per_tenant: config.max_waiters_per_tenant,
             max_remembered: config.max_remembered,
@@ -82,11 +87,18 @@ impl Default for PullOptions {
 }
 
 impl PullOptions {
+    /// A tenant's share of the node's leases.
+    pub fn leases_per_tenant(&self) -> usize {
+        self.max_leases_per_tenant
+            .unwrap_or((self.max_leases / 10).max(1))
+    }
+
     pub fn config(&self) -> PullConfig {
         PullConfig {
             max_ready: self.max_ready,
             max_ready_per_tenant: self.max_ready_per_tenant,
             max_leases: self.max_leases,
+            max_leases_per_tenant: self.leases_per_tenant(),
             max_waiters: self.max_waiters,
             max_waiters_per_tenant: self.max_waiters_per_tenant,
             max_remembered: self.max_remembered,

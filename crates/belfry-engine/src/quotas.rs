@@ -5,10 +5,15 @@
 //! - A request that would take a tenant past a quota is refused whole,
 //!   before anything is stored ([`QuotaExceeded`]); the API answers `429
 //!   quota_exceeded` (counts) or `413 payload_too_large` (size).
-//! - Only client writes are checked ([`EngineHandle::check_quotas`] before
+//! - Client writes are checked ([`EngineHandle::check_quotas`] before
 //!   [`EngineHandle::apply`], [`EngineHandle::put_schedule`] for a new
-//!   schedule). The occurrences a schedule creates are not refused: the
-//!   schedules quota bounds them.
+//!   schedule and its payload). A redrive makes a finished event pending
+//!   again: it counts like a create.
+//! - A schedule's occurrences count against the pending quota when they
+//!   are created: those that would pass it are stored `missed`, with the
+//!   reason, instead of pending ([`EngineHandle::refuse_occurrences`]).
+//! - Dry runs deliver at most `limits.max_dry_runs_per_second` per tenant
+//!   and node ([`EngineHandle::take_dry_run`]).
 //! - Updating an event that is already pending does not count against the
 //!   pending quota; creating one, or creating one again after it finished,
 //!   does.
@@ -28,6 +33,11 @@
 //!   `limits.count_refresh_ms` and above half the quota, and before any
 //!   refusal when it is older than [`RECOUNT_BEFORE_REFUSING`].
 //!
+//! One count per tenant (and kind) runs at a time on a node: requests that
+//! need one while it runs wait for it and share its result, so a burst of
+//! requests near a quota costs one count, not one each. A count stops at
+//! the quota, so its cost is bounded by the quota.
+//!
 //! So a refusal rests on a count at most about a second old plus this
 //! node's own writes since (never on deliveries long finished); a tenant can
 //! pass its quota by what other nodes accepted for it since their last
@@ -36,7 +46,8 @@
 //! them, which is cheap for the numbers schedules come in).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use belfry_core::event::{CommandOutcome, EventCommand, EventStatus};
@@ -69,6 +80,14 @@ pub struct QuotaOptions {
     /// before it is counted again from the store. Default 10 s.
     #[serde(with = "belfry_core::time::serde_millis", rename = "count_refresh_ms")]
     pub count_refresh: Duration,
+    /// Dry runs (BigBen's `/events/dryrun`, a delivery now) per tenant and
+    /// second on one node, in bursts of up to as many; more are `429
+    /// rate_limited`. Default 5; 0: none.
+    pub max_dry_runs_per_second: u32,
+    /// Bulk actions of one tenant running at once (in a cluster: over all
+    /// nodes); creating one more is `429 too_many_bulk_actions`. Default
+    /// 2; 0: none.
+    pub max_bulk_actions_per_tenant: usize,
     /// Delivery limits of single tenants, by tenant name
     /// (`[limits.tenants."acme/billing"]`). Deliveries past them wait in
     /// their tenant's queue; none is dropped.
@@ -151,6 +170,8 @@ impl Default for QuotaOptions {
             max_schedules_per_tenant: 10_000,
             max_payload_bytes: 256 * 1024,
             count_refresh: Duration::from_secs(10),
+            max_dry_runs_per_second: 5,
+            max_bulk_actions_per_tenant: 2,
             tenants: BTreeMap::new(),
         }
     }
@@ -163,6 +184,8 @@ impl QuotaOptions {
             max_pending_events_per_tenant: 0,
             max_schedules_per_tenant: 0,
             max_payload_bytes: 0,
+            max_dry_runs_per_second: 0,
+            max_bulk_actions_per_tenant: 0,
             ..QuotaOptions::default()
         }
     }
@@ -182,6 +205,16 @@ pub enum QuotaExceeded {
         "a payload of {size} bytes is larger than the {limit} bytes allowed; nothing was stored"
     )]
     PayloadTooLarge { size: usize, limit: usize },
+    #[error(
+        "tenant {tenant} may dry-run at most {limit} deliveries per second \
+         (limits.max_dry_runs_per_second); retry later"
+    )]
+    DryRuns { tenant: TenantName, limit: u32 },
+    #[error(
+        "tenant {tenant} has {limit} bulk actions running, its limit \
+         (limits.max_bulk_actions_per_tenant); wait for one to finish or cancel one"
+    )]
+    BulkActions { tenant: TenantName, limit: usize },
 }
 
 /// Why [`EngineHandle::check_quotas`] refused.
@@ -200,7 +233,40 @@ pub(crate) struct Quotas {
     options: QuotaOptions,
     pending: Mutex<HashMap<TenantName, Estimate>>,
     schedules: Mutex<HashMap<TenantName, Estimate>>,
+    /// The count in flight per tenant and kind (single flight).
+    counting: Mutex<HashMap<(CountKind, TenantName), Arc<Gate>>>,
+    /// Dry-run tokens per tenant: (tokens, when last topped up).
+    dry_runs: Mutex<HashMap<TenantName, (f64, Timestamp)>>,
+    /// Held while a bulk action is checked and created, so two creates on
+    /// this node cannot both pass the per-tenant limit.
+    pub(crate) bulk_creates: tokio::sync::Mutex<()>,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum CountKind {
+    Pending,
+    Schedules,
+}
+
+impl CountKind {
+    fn name(self) -> &'static str {
+        match self {
+            CountKind::Pending => "pending_events",
+            CountKind::Schedules => "schedules",
+        }
+    }
+}
+
+/// One tenant's count in flight: whoever holds `turn` counts; `done`
+/// tells those who waited that a count finished meanwhile.
+#[derive(Debug, Default)]
+struct Gate {
+    turn: tokio::sync::Mutex<()>,
+    done: AtomicU64,
+}
+
+/// Dry-run buckets kept at most; full ones are dropped past it.
+const MAX_DRY_RUN_BUCKETS: usize = 10_000;
 
 #[derive(Debug, Clone, Copy)]
 struct Estimate {
@@ -229,6 +295,9 @@ impl Quotas {
             options,
             pending: Mutex::default(),
             schedules: Mutex::default(),
+            counting: Mutex::default(),
+            dry_runs: Mutex::default(),
+            bulk_creates: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -244,7 +313,7 @@ impl Quotas {
                 continue;
             }
             let delta = match item.outcome {
-                CommandOutcome::Created => 1,
+                CommandOutcome::Created | CommandOutcome::Redriven => 1,
                 CommandOutcome::Cancelled => -1,
                 _ => continue,
             };
@@ -292,6 +361,8 @@ impl EngineHandle {
             let payload = match &command.command {
                 EventCommand::Upsert { payload, .. }
                 | EventCommand::UpsertIfCurrent { payload, .. } => payload,
+                // Pending again: counted like a create.
+                EventCommand::Redrive { .. } => &None,
                 _ => continue,
             };
             if let Some(payload) = payload
@@ -371,6 +442,61 @@ impl EngineHandle {
     /// Counts `tenant`'s pending events (up to `limit` of each status) and
     /// makes that its estimate.
     async fn count_pending(&self, tenant: &TenantName, limit: u64) -> Result<Estimate, QuotaError> {
+        self.single_flight(CountKind::Pending, tenant, || {
+            self.count_pending_now(tenant, limit)
+        })
+        .await
+    }
+
+    /// Runs `count` unless a count of `kind` for `tenant` finished while
+    /// this one waited for its turn: then that count's estimate is the
+    /// answer.
+    async fn single_flight<F>(
+        &self,
+        kind: CountKind,
+        tenant: &TenantName,
+        count: impl FnOnce() -> F,
+    ) -> Result<Estimate, QuotaError>
+    where
+        F: std::future::Future<Output = Result<Estimate, QuotaError>>,
+    {
+        let quotas = &self.inner.quotas;
+        let key = (kind, tenant.clone());
+        let gate = lock(&quotas.counting)
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let seen = gate.done.load(Ordering::Acquire);
+        let result = {
+            let _turn = gate.turn.lock().await;
+            let estimates = match kind {
+                CountKind::Pending => &quotas.pending,
+                CountKind::Schedules => &quotas.schedules,
+            };
+            let shared = lock(estimates).get(tenant).copied();
+            match shared {
+                Some(estimate) if gate.done.load(Ordering::Acquire) != seen => Ok(estimate),
+                _ => {
+                    belfry_metrics::quota_count(kind.name());
+                    let result = count().await;
+                    gate.done.fetch_add(1, Ordering::Release);
+                    result
+                }
+            }
+        };
+        let mut counting = lock(&quotas.counting);
+        // Only the map and this call hold it: nobody waits; forget it.
+        if Arc::strong_count(&gate) == 2 {
+            counting.remove(&key);
+        }
+        result
+    }
+
+    async fn count_pending_now(
+        &self,
+        tenant: &TenantName,
+        limit: u64,
+    ) -> Result<Estimate, QuotaError> {
         let counted_at = self.now();
         let mut counted = 0;
         for status in [EventStatus::Scheduled, EventStatus::Retrying] {
@@ -428,6 +554,17 @@ impl EngineHandle {
         tenant: &TenantName,
         limit: u64,
     ) -> Result<Estimate, QuotaError> {
+        self.single_flight(CountKind::Schedules, tenant, || {
+            self.count_schedules_now(tenant, limit)
+        })
+        .await
+    }
+
+    async fn count_schedules_now(
+        &self,
+        tenant: &TenantName,
+        limit: u64,
+    ) -> Result<Estimate, QuotaError> {
         let counted_at = self.now();
         let at_most = usize::try_from(limit).unwrap_or(usize::MAX);
         let counted = match self.list_schedules(tenant, None, at_most).await {
@@ -443,5 +580,102 @@ impl EngineHandle {
         };
         lock(&self.inner.quotas.schedules).insert(tenant.clone(), estimate);
         Ok(estimate)
+    }
+
+    /// Before storing a schedule: its payload against
+    /// `limits.max_payload_bytes` (every occurrence carries it).
+    pub(crate) fn check_schedule_payload(
+        &self,
+        payload: Option<&str>,
+    ) -> Result<(), QuotaExceeded> {
+        let limit = self.inner.quotas.options.max_payload_bytes;
+        match payload {
+            Some(payload) if limit > 0 && payload.len() > limit => {
+                Err(QuotaExceeded::PayloadTooLarge {
+                    size: payload.len(),
+                    limit,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A schedule's new occurrences against its tenant's quotas: `Ok(None)`
+    /// when they fit, else the reason to store them `missed` with.
+    ///
+    /// # Errors
+    /// Counting failed.
+    pub(crate) async fn refuse_occurrences(
+        &self,
+        upserts: &[KeyedCommand],
+    ) -> Result<Option<QuotaExceeded>, StoreError> {
+        match self.check_quotas(upserts).await {
+            Ok(()) => Ok(None),
+            Err(QuotaError::Exceeded(exceeded)) => Ok(Some(exceeded)),
+            Err(QuotaError::Store(error)) => Err(error),
+        }
+    }
+
+    /// Takes one of `tenant`'s dry-run tokens.
+    ///
+    /// # Errors
+    /// [`QuotaExceeded::DryRuns`]: none left now.
+    pub fn take_dry_run(&self, tenant: &TenantName) -> Result<(), QuotaExceeded> {
+        let limit = self.inner.quotas.options.max_dry_runs_per_second;
+        if limit == 0 {
+            return Ok(());
+        }
+        let now = self.now();
+        let rate = f64::from(limit);
+        let mut buckets = lock(&self.inner.quotas.dry_runs);
+        if buckets.len() >= MAX_DRY_RUN_BUCKETS && !buckets.contains_key(tenant) {
+            // A full bucket is the same as none.
+            buckets.retain(|_, (tokens, at)| *tokens + rate * at.until(now).as_secs_f64() < rate);
+        }
+        let (tokens, at) = buckets.entry(tenant.clone()).or_insert((rate, now));
+        *tokens = (*tokens + rate * at.until(now).as_secs_f64()).min(rate);
+        *at = now;
+        if *tokens < 1.0 {
+            return Err(QuotaExceeded::DryRuns {
+                tenant: tenant.clone(),
+                limit,
+            });
+        }
+        *tokens -= 1.0;
+        Ok(())
+    }
+
+    /// Before creating a bulk action of `tenant`: refused when it has its
+    /// limit of running ones. Hold [`Quotas::bulk_creates`] from this check
+    /// until the action is stored.
+    pub(crate) async fn check_bulk_quota(&self, tenant: &TenantName) -> Result<(), QuotaError> {
+        let limit = self.inner.quotas.options.max_bulk_actions_per_tenant;
+        if limit == 0 {
+            return Ok(());
+        }
+        let mut running = 0;
+        let mut after = None;
+        loop {
+            let page = self
+                .inner
+                .store
+                .running_bulk_actions(belfry_store::RunningBulkActionsParams {
+                    after: after.clone(),
+                    limit: 100,
+                })
+                .await?;
+            running += page.iter().filter(|a| a.tenant() == tenant).count();
+            if running >= limit {
+                return Err(QuotaExceeded::BulkActions {
+                    tenant: tenant.clone(),
+                    limit,
+                }
+                .into());
+            }
+            if page.len() < 100 {
+                return Ok(());
+            }
+            after = page.last().map(|action| action.id.clone());
+        }
     }
 }

@@ -184,7 +184,8 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
     }
 
     let plan = schedule::plan(&definition, &spec, now, shared.options.plan_limits());
-    let occurrences = occurrence_commands(&entry.key.tenant, &plan, &shared.options);
+    let mut occurrences = occurrence_commands(&entry.key.tenant, &plan, &shared.options);
+    refuse_over_quota(shared, &mut occurrences).await?;
     if !occurrences.is_empty() {
         apply(shared, occurrences).await?;
         count_occurrences(&plan);
@@ -205,6 +206,58 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
     };
     let control = control_move(&entry.key, &record, at, &plan.schedule, fence);
     apply(shared, vec![control]).await
+}
+
+/// Occurrences count against their tenant's pending quota (and the payload
+/// limit, for a schedule stored before it was lowered): if the pending
+/// ones would pass it, they are all stored `missed` with the reason
+/// instead, so a tenant's schedules cannot pile up pending events (and
+/// deliveries) past what its own writes may.
+async fn refuse_over_quota(
+    shared: &Arc<Shared>,
+    occurrences: &mut Vec<KeyedCommand>,
+) -> StoreResult<()> {
+    let expired: std::collections::HashSet<EventKey> = occurrences
+        .iter()
+        .filter(|c| matches!(c.command, EventCommand::Expire { .. }))
+        .map(|c| c.key.clone())
+        .collect();
+    let pending: Vec<KeyedCommand> = occurrences
+        .iter()
+        .filter(|c| !expired.contains(&c.key))
+        .cloned()
+        .collect();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let handle = EngineHandle {
+        inner: shared.clone(),
+    };
+    let Some(exceeded) = handle.refuse_occurrences(&pending).await? else {
+        return Ok(());
+    };
+    let reason = match exceeded {
+        crate::quotas::QuotaExceeded::PendingEvents { limit, .. } => format!(
+            "missed: the tenant has its quota of {limit} pending events \
+             (limits.max_pending_events_per_tenant)"
+        ),
+        crate::quotas::QuotaExceeded::PayloadTooLarge { size, limit } => format!(
+            "missed: the schedule's payload of {size} bytes is larger than the {limit} bytes \
+             allowed (limits.max_payload_bytes)"
+        ),
+        other => format!("missed: {other}"),
+    };
+    tracing::info!(tenant = %pending[0].key.tenant.as_str(), %reason, "schedule occurrences stored missed");
+    for command in pending {
+        occurrences.push(KeyedCommand {
+            key: command.key,
+            command: EventCommand::Expire {
+                reason: reason.clone(),
+            },
+            fence: None,
+        });
+    }
+    Ok(())
 }
 
 /// Counts a stored plan's occurrences for `/metrics`: late ones the skip
@@ -332,6 +385,8 @@ async fn apply(shared: &Arc<Shared>, commands: Vec<KeyedCommand>) -> StoreResult
             retry: shared.options.retry.clone(),
         })
         .await?;
+    // Occurrences count in the pending estimate (control events do not).
+    shared.quotas.applied(&applied);
     shared.route_effects(&applied);
     Ok(())
 }
@@ -349,6 +404,7 @@ impl EngineHandle {
         mut schedule: Schedule,
     ) -> Result<(PutOutcome, ScheduleState), ScheduleOpError> {
         let spec = schedule.validate()?;
+        self.check_schedule_payload(schedule.payload.as_deref())?;
         let now = self.now();
         let existing = self.read_schedule(tenant, &schedule.id).await?;
         let outcome = match existing.and_then(|(_, s)| live(s)) {

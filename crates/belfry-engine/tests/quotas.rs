@@ -125,6 +125,7 @@ fn quotas(pending: u64, schedules: u64, payload: usize) -> QuotaOptions {
         max_payload_bytes: payload,
         count_refresh: Duration::from_secs(10),
         tenants: Default::default(),
+        ..QuotaOptions::unlimited()
     }
 }
 

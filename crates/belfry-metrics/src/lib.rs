@@ -267,8 +267,15 @@ pub const PULL_ERRORS: Metric = Metric {
     name: "belfry_pull_errors_total",
     kind: Kind::Counter,
     unit: None,
-    help: "Workers' claims and lease calls answered with an error, by code: lease_lost (expired, ended, superseded or moved), too_many_waiters, too_many_calls, store_unavailable.",
+    help: "Workers' claims and lease calls answered with an error, by code: lease_lost (expired, ended, superseded or moved), too_many_waiters, too_many_calls, too_many_leases (the tenant holds its share of the node's leases), store_unavailable.",
     labels: &["code"],
+};
+pub const QUOTA_COUNTS: Metric = Metric {
+    name: "belfry_quota_counts_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Counts of a tenant's pending events or schedules read from the store for its quota, by kind (pending_events, schedules); one at a time per tenant and kind, concurrent requests share it.",
+    labels: &["kind"],
 };
 pub const PULL_CLAIM_WAIT: Metric = Metric {
     name: "belfry_pull_claim_wait_seconds",
@@ -283,6 +290,20 @@ pub const PULL_LEASE_LATENESS: Metric = Metric {
     unit: Some(Unit::Seconds),
     help: "How late a lease was granted after its entry was due (leased_at - due_at; never negative). attempt=first: attempt 1 (the event's instant, or the end of a release's delay); attempt=retry: a later attempt (its back-off).",
     labels: &["attempt"],
+};
+pub const AUTH_KEY_READS: Metric = Metric {
+    name: "belfry_auth_key_reads_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "API keys read from the store by hash to authenticate a request, by result: found, unknown (no such key, or revoked) or failed (the store answered an error).",
+    labels: &["result"],
+};
+pub const AUTH_LOOKUPS_SHED: Metric = Metric {
+    name: "belfry_auth_key_lookups_shed_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Requests with a key this node did not know, answered 503 without a store read because the node's budget for such reads (auth.unknown_key_reads_per_second) was spent.",
+    labels: &[],
 };
 
 /// Every metric, for descriptions and `docs/operations.md`.
@@ -316,8 +337,11 @@ pub const ALL: &[Metric] = &[
     PULL_LEASE_ENDS,
     PULL_REFUSED,
     PULL_ERRORS,
+    QUOTA_COUNTS,
     PULL_CLAIM_WAIT,
     PULL_LEASE_LATENESS,
+    AUTH_KEY_READS,
+    AUTH_LOOKUPS_SHED,
 ];
 
 /// Renders the Prometheus text of this process's metrics.
@@ -492,6 +516,29 @@ pub fn api_request(route: &str, method: &str, status: u16, duration: Duration) {
     histogram!(API_DURATION.name, "route" => route.to_string()).record(duration.as_secs_f64());
 }
 
+/// How a store read of an API key ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRead {
+    Found,
+    Unknown,
+    Failed,
+}
+
+/// One store read of an API key by hash.
+pub fn auth_key_read(result: KeyRead) {
+    let result = match result {
+        KeyRead::Found => "found",
+        KeyRead::Unknown => "unknown",
+        KeyRead::Failed => "failed",
+    };
+    counter!(AUTH_KEY_READS.name, "result" => result).increment(1);
+}
+
+/// A lookup of an unknown key refused without a store read.
+pub fn auth_lookup_shed() {
+    counter!(AUTH_LOOKUPS_SHED.name).increment(1);
+}
+
 /// The store a commit went to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Store {
@@ -539,6 +586,12 @@ pub fn claim_answered(granted: bool, waited: Duration) {
 /// pull queue's closed set of codes, `PullError::code`).
 pub fn pull_error(code: &'static str) {
     counter!(PULL_ERRORS.name, "code" => code).increment(1);
+}
+
+/// A quota count of `kind` (`pending_events`, `schedules`) read the
+/// store.
+pub fn quota_count(kind: &'static str) {
+    counter!(QUOTA_COUNTS.name, "kind" => kind).increment(1);
 }
 
 /// The pull queue's state and counters, read when `/metrics` is scraped.

@@ -1,5 +1,5 @@
 //! API keys and the audit log on PostgreSQL (tables `api_keys`, `audit_log`;
-//! migration 5 in [`crate::schema`]).
+//! migration 5 in [`crate::schema`]; `revoked_api_keys`, migration 10).
 
 use belfry_core::auth::{ApiKey, AuditAction, AuditEntry, KeyHash, KeyId, Role};
 use belfry_core::{TenantName, Timestamp};
@@ -16,8 +16,10 @@ impl PostgresStore {
         let client = self.client().await?;
         let inserted = client
             .execute(
+                // A revoked secret is never stored again.
                 "INSERT INTO api_keys (id, tenant, role, hash, created_at, expires_at, last_used_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                 SELECT $1::text, $2::text, $3::text, $4::text, $5::bigint, $6::bigint, $7::bigint
+                 WHERE NOT EXISTS (SELECT 1 FROM revoked_api_keys WHERE hash = $4::text)
                  ON CONFLICT (hash) DO NOTHING",
                 &[
                     &key.id.as_str(),
@@ -68,7 +70,14 @@ impl PostgresStore {
         let client = self.client().await?;
         client
             .query_opt(
-                &format!("DELETE FROM api_keys WHERE id = $1 RETURNING {KEY_COLUMNS}"),
+                // One statement: the key leaves and its tombstone arrives
+                // together.
+                &format!(
+                    "WITH gone AS (DELETE FROM api_keys WHERE id = $1 RETURNING {KEY_COLUMNS}),
+                     tombstone AS (INSERT INTO revoked_api_keys (hash, id)
+                                   SELECT hash, id FROM gone ON CONFLICT (hash) DO NOTHING)
+                     SELECT {KEY_COLUMNS} FROM gone"
+                ),
                 &[&id.as_str()],
             )
             .await

@@ -465,6 +465,28 @@ pub(crate) async fn announce_pull_ready(
     Ok(())
 }
 
+/// Stores `candidate` unless a secret is stored, then reads the stored
+/// one: two statements, so the read sees a row another node committed
+/// while the insert waited for it.
+pub(crate) async fn cluster_secret(
+    store: &PostgresStore,
+    candidate: &[u8],
+) -> StoreResult<Vec<u8>> {
+    let client = store.client().await?;
+    client
+        .execute(
+            "INSERT INTO cluster_secret (secret) VALUES ($1) ON CONFLICT (singleton) DO NOTHING",
+            &[&candidate],
+        )
+        .await
+        .map_err(db_error)?;
+    let row = client
+        .query_one("SELECT secret FROM cluster_secret", &[])
+        .await
+        .map_err(db_error)?;
+    Ok(row.get(0))
+}
+
 pub(crate) async fn leader(store: &PostgresStore) -> StoreResult<Option<LeaderLease>> {
     let client = store.coordination_client().await?;
     client
@@ -515,7 +537,7 @@ pub(crate) struct PresenceSession {
 async fn open_presence(store: &PostgresStore, node: &NodeId) -> StoreResult<PresenceSession> {
     let (client, connection) = store
         .config
-        .connect(tokio_postgres::NoTls)
+        .connect(store.tls.clone())
         .await
         .map_err(db_error)?;
     // Ends when the client is dropped or the connection breaks.

@@ -31,9 +31,25 @@ pub(crate) fn db_error(error: tokio_postgres::Error) -> StoreError {
         };
     }
     if error.is_closed() || is_transport(&error) {
-        return StoreError::Unavailable(error.to_string());
+        return StoreError::Unavailable(describe(&error));
     }
-    StoreError::Internal(error.to_string())
+    StoreError::Internal(describe(&error))
+}
+
+/// The error with its causes: the driver's own text is only the kind
+/// ("error performing TLS handshake"); why is in the causes.
+pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        return format!("{} ({})", db.message(), db.code().code());
+    }
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// SQLSTATE `read_only_sql_transaction`.

@@ -14,6 +14,8 @@
 //! - [`wakeups`]: NOTIFY payloads and the LISTEN connection;
 //! - `rows`: row ↔ domain conversions and `unnest` column arrays;
 //! - `primary`: timeouts, and following the primary when it moves;
+//! - [`tls`]: TLS with libpq's `sslmode` and `sslrootcert`, for every
+//!   connection;
 //! - `error`: which failures are `Unavailable` (→ 503) and which are not.
 //!
 //! # Guarantees
@@ -55,6 +57,7 @@ mod notices;
 mod primary;
 mod rows;
 pub mod schema;
+pub mod tls;
 pub mod wakeups;
 
 pub use belfry_store::StoreError;
@@ -103,7 +106,8 @@ const WAKEUP_QUEUE: usize = 4_096;
 /// How to reach the database and size the node's use of it.
 #[derive(Debug, Clone)]
 pub struct PostgresOptions {
-    /// `postgres://user:password@host:port/database?options`.
+    /// `postgres://user:password@host:port/database?options`; TLS as
+    /// libpq's `sslmode` and `sslrootcert` options say ([`tls`]).
     pub url: String,
     /// Used only when this connect creates the schema; an existing
     /// database keeps the count it was created with.
@@ -142,6 +146,8 @@ pub struct PostgresStore {
     notify_horizon: Duration,
     /// For the dedicated LISTEN and presence connections.
     config: tokio_postgres::Config,
+    /// The TLS of every connection, pooled or not.
+    tls: tls::MakeTls,
     /// This node's presence session, once [`Coordinator::presence`] opened
     /// it; dropping the store closes it.
     presence: tokio::sync::Mutex<Option<coordinator::PresenceSession>>,
@@ -156,6 +162,7 @@ impl std::fmt::Debug for PostgresStore {
             .field("hosts", &self.config.get_hosts())
             .field("database", &self.config.get_dbname())
             .field("partitions", &self.partitions)
+            .field("sslmode", &self.tls.mode())
             .finish_non_exhaustive()
     }
 }
@@ -166,12 +173,12 @@ impl PostgresStore {
     ///
     /// # Errors
     /// [`StoreError::Unavailable`] when the database cannot be reached;
-    /// [`StoreError::Internal`] for a malformed URL or a failed migration.
+    /// [`StoreError::Internal`] for a malformed URL, an unreadable
+    /// `sslrootcert` or a failed migration. A TLS handshake that fails (no
+    /// TLS on the server under `sslmode=require`, a certificate refused
+    /// under `verify-*`) is `Unavailable`, saying why.
     pub async fn connect(options: PostgresOptions) -> StoreResult<PostgresStore> {
-        let mut config: tokio_postgres::Config = options
-            .url
-            .parse()
-            .map_err(|e| StoreError::Internal(format!("invalid database URL: {e}")))?;
+        let (mut config, tls) = tls::parse_url(&options.url).map_err(StoreError::Internal)?;
         // After the URL's own `options`, so ours win where both set one.
         let settings = match config.get_options() {
             Some(given) => format!("{given} {SESSION_SETTINGS}"),
@@ -189,11 +196,11 @@ impl PostgresStore {
         config.keepalives_retries(3);
 
         let primary = Arc::new(Primary::new());
-        let manager =
-            Manager::from_connect(config.clone(), notices::NoticesByLevel, manager_config());
+        let connect = || notices::NoticesByLevel { tls: tls.clone() };
+        let manager = Manager::from_connect(config.clone(), connect(), manager_config());
         let pool = pool_of(manager, options.pool_size.max(1), &primary)?;
         let coordination = pool_of(
-            Manager::from_connect(config.clone(), notices::NoticesByLevel, manager_config()),
+            Manager::from_connect(config.clone(), connect(), manager_config()),
             COORDINATION_CONNECTIONS,
             &primary,
         )?;
@@ -208,6 +215,7 @@ impl PostgresStore {
                 .notify_horizon
                 .saturating_add(options.clock_skew_margin),
             config,
+            tls,
             presence: tokio::sync::Mutex::new(None),
             primary,
         })
@@ -224,6 +232,7 @@ impl PostgresStore {
         let (sender, receiver) = mpsc::channel(WAKEUP_QUEUE);
         tokio::spawn(wakeups::listen(
             self.config.clone(),
+            self.tls.clone(),
             sender,
             self.primary.losses(),
         ));
@@ -1132,6 +1141,13 @@ impl Coordinator for PostgresStore {
     ) -> StoreResult<()> {
         self.guarded(Access::Write, async move {
             coordinator::announce_pull_ready(self, node, tenants).await
+        })
+        .await
+    }
+
+    async fn cluster_secret(&self, candidate: &[u8]) -> StoreResult<Vec<u8>> {
+        self.guarded(Access::Write, async move {
+            coordinator::cluster_secret(self, candidate).await
         })
         .await
     }

@@ -6,12 +6,16 @@
 
 use deadpool_postgres::Connect;
 use futures::future::BoxFuture;
-use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
+use tokio_postgres::{AsyncMessage, Client, Config};
+
+use crate::tls::MakeTls;
 
 /// Opens the pool's connections and drives each on a task that routes
 /// the server's notices by severity.
 #[derive(Debug)]
-pub(crate) struct NoticesByLevel;
+pub(crate) struct NoticesByLevel {
+    pub(crate) tls: MakeTls,
+}
 
 impl Connect for NoticesByLevel {
     fn connect(
@@ -19,8 +23,9 @@ impl Connect for NoticesByLevel {
         config: &Config,
     ) -> BoxFuture<'_, Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>> {
         let config = config.clone();
+        let tls = self.tls.clone();
         Box::pin(async move {
-            let (client, mut connection) = config.connect(NoTls).await?;
+            let (client, mut connection) = config.connect(tls).await?;
             let task = tokio::spawn(async move {
                 let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
                 while let Some(message) = futures::StreamExt::next(&mut messages).await {

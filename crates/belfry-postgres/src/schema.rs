@@ -320,6 +320,34 @@ ALTER TABLE events ADD COLUMN backoff text;
     ON attempts (tenant, id, version, number)
     WHERE number > 0"#,
     },
+    Migration {
+        version: 10,
+        apply: Apply::InTransaction,
+        name: "cluster secret",
+        // The key nodes sign their calls to each other with: written once,
+        // by the first node that joins (`coordinator::cluster_secret`).
+        sql: r#"
+CREATE TABLE cluster_secret (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    secret    bytea NOT NULL CHECK (length(secret) >= 32)
+);
+"#,
+    },
+    Migration {
+        version: 11,
+        apply: Apply::InTransaction,
+        name: "revoked api keys",
+        // The hash of every revoked key, so that its secret is never
+        // stored again (a bootstrap key revoked, then seeded at the next
+        // start). A revoked key's row still leaves `api_keys`, so builds
+        // before this one agree on which keys are valid.
+        sql: r#"
+CREATE TABLE revoked_api_keys (
+    hash text PRIMARY KEY,
+    id   text COLLATE "C" NOT NULL
+);
+"#,
+    },
 ];
 
 /// Applies the missing migrations and returns the database's partition

@@ -224,6 +224,7 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 /// is no longer the primary, where no change commits any more.
 pub(crate) async fn listen(
     config: tokio_postgres::Config,
+    tls: crate::tls::MakeTls,
     out: mpsc::Sender<Wakeup>,
     mut losses: watch::Receiver<u64>,
 ) {
@@ -231,7 +232,7 @@ pub(crate) async fn listen(
     while !out.is_closed() {
         losses.mark_unchanged();
         let outcome = tokio::select! {
-            outcome = listen_once(&config, &out, &mut backoff) => outcome,
+            outcome = listen_once(&config, &tls, &out, &mut backoff) => outcome,
             _ = losses.changed() => Err(ListenError::PrimaryLost),
         };
         match outcome {
@@ -251,10 +252,11 @@ pub(crate) async fn listen(
 /// One connection's life. `Ok` only when the subscriber went away.
 async fn listen_once(
     config: &tokio_postgres::Config,
+    tls: &crate::tls::MakeTls,
     out: &mpsc::Sender<Wakeup>,
     backoff: &mut Duration,
 ) -> Result<(), ListenError> {
-    let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
+    let (client, mut connection) = config.connect(tls.clone()).await?;
     let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
     let listen_sql = format!(
         "LISTEN {CHANNEL}; LISTEN {}; LISTEN {}",

@@ -35,10 +35,10 @@ async fn postgres_store(partitions: PartitionCount, pool_size: usize) -> StoreUn
     StoreUnderTest::new(Arc::new(store), ()).with_epoch_mover(Box::new(move |partition| {
         let url = url.clone();
         Box::pin(async move {
-            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            // With the URL's TLS settings (`BELFRY_TEST_PG_TLS=1`).
+            let client = belfry_postgres::tls::connect(&url)
                 .await
                 .expect("connect to the test database");
-            tokio::spawn(connection);
             let row = client
                 .query_one(
                     "UPDATE partitions SET epoch = epoch + 1 WHERE partition = $1 RETURNING epoch",

@@ -764,10 +764,7 @@ async fn a_live_node_whose_presence_session_broke_takes_its_lock_again() {
     let url = PgServer::shared().fresh_database().await;
     let a = node_store(&url, "a", 8081).await;
     let b = node_store(&url, "b", 8082).await;
-    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let admin = belfry_postgres::tls::connect(&url).await.unwrap();
     let cut = admin
         .query_one(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_locks
@@ -913,10 +910,7 @@ async fn concurrent_first_connects_migrate_once_and_keep_the_partition_count() {
         usize::from(counts[0].get())
     );
 
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = belfry_postgres::tls::connect(&url).await.unwrap();
     let row = client
         .query_one(
             "SELECT count(*), count(DISTINCT version) FROM belfry_schema_migrations",
@@ -927,6 +921,32 @@ async fn concurrent_first_connects_migrate_once_and_keep_the_partition_count() {
     let (migrations, versions): (i64, i64) = (row.get(0), row.get(1));
     assert!(migrations >= 2, "{migrations}");
     assert_eq!(migrations, versions, "each migration applied once");
+}
+
+/// Nodes joining at once each bring a candidate secret; one is stored and
+/// every node, later ones too, gets that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_joins_share_one_cluster_secret() {
+    let url = PgServer::shared().fresh_database().await;
+    let mut tasks = Vec::new();
+    for i in 0..4_u8 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let store = PostgresStore::connect(options(url, 4)).await.unwrap();
+            store.cluster_secret(&[i; 32]).await.unwrap()
+        }));
+    }
+    let mut secrets = Vec::new();
+    for task in tasks {
+        secrets.push(task.await.unwrap());
+    }
+    assert!(
+        (0..4_u8).any(|i| secrets[0] == [i; 32]),
+        "one candidate: {secrets:?}"
+    );
+    assert!(secrets.iter().all(|s| *s == secrets[0]), "{secrets:?}");
+    let later = PostgresStore::connect(options(url, 4)).await.unwrap();
+    assert_eq!(later.cluster_secret(&[9; 32]).await.unwrap(), secrets[0]);
 }
 
 /// A node's membership round must never queue behind its own data path: a
@@ -940,10 +960,7 @@ async fn membership_answers_while_every_data_connection_is_busy() {
     store_options.pool_size = 1;
     let store = std::sync::Arc::new(PostgresStore::connect(store_options).await.unwrap());
 
-    let (locker, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let locker = belfry_postgres::tls::connect(&url).await.unwrap();
     locker
         .batch_execute("BEGIN; LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
         .await

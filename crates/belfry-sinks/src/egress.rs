@@ -20,9 +20,12 @@
 //!    site-local (`fec0::/10`) and IPv4-compatible (`::/96`) addresses.
 //! 4. Loopback (`127.0.0.0/8`, `::1`) and private (`10.0.0.0/8`,
 //!    `172.16.0.0/12`, `192.168.0.0/16`, shared `100.64.0.0/10`, unique
-//!    local `fc00::/7`) addresses follow `egress.policy`: allowed under
-//!    `internal` (the default: BigBen called services on the company
-//!    network), refused under `public-only` (multi-tenant deployments).
+//!    local `fc00::/7`) addresses follow `egress.policy`: refused under
+//!    `auto` (the default) except loopback while the node runs open (no
+//!    API keys, a loopback listener: its operator is its only user),
+//!    refused under `public-only`, allowed under `internal` (a BigBen
+//!    drop-in calling services on the company network, chosen
+//!    explicitly).
 //! 5. Everything else (public unicast) is allowed.
 //!
 //! A refusal is a permanent failure of the delivery, recorded with the
@@ -31,6 +34,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -41,11 +45,26 @@ pub const EGRESS_BLOCKED: &str = "egress_blocked";
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EgressMode {
-    /// Loopback and private addresses are allowed.
+    /// Like `public-only`, except that loopback is allowed while the node
+    /// runs open ([`EgressPolicy::set_open`]): tenants are less trusted
+    /// than the operator once keys exist.
     #[default]
+    Auto,
+    /// Loopback and private addresses are allowed.
     Internal,
     /// Only public addresses (and `egress.allow`) are allowed.
     PublicOnly,
+}
+
+impl EgressMode {
+    /// The name in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EgressMode::Auto => "auto",
+            EgressMode::Internal => "internal",
+            EgressMode::PublicOnly => "public-only",
+        }
+    }
 }
 
 /// The node's egress settings (config section `egress`). Each field's doc
@@ -53,14 +72,27 @@ pub enum EgressMode {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EgressOptions {
-    /// `internal` (default): webhooks may reach loopback and private
-    /// addresses; `public-only`: they may not.
+    /// `auto` (default): webhooks may not reach loopback and private
+    /// addresses, except loopback while the node runs open (no API keys,
+    /// loopback listener); `public-only`: they may not; `internal`: they
+    /// may (a BigBen drop-in on a trusted network).
     pub policy: EgressMode,
     /// CIDR blocks (`10.1.0.0/16`, `fd00::/8`, or one address) always
     /// allowed, even inside an always-refused range; `egress.deny` wins.
     pub allow: Vec<Cidr>,
     /// CIDR blocks always refused.
     pub deny: Vec<Cidr>,
+}
+
+impl EgressOptions {
+    /// `policy = "internal"`, no lists: for callers that are the operator
+    /// (tests, examples, a BigBen drop-in).
+    pub fn internal() -> Self {
+        EgressOptions {
+            policy: EgressMode::Internal,
+            ..EgressOptions::default()
+        }
+    }
 }
 
 /// An address block: an address and a prefix length.
@@ -162,11 +194,14 @@ impl<'de> Deserialize<'de> for Cidr {
 
 /// Why an address was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{EGRESS_BLOCKED}: {address} is {reason}")]
+#[error("{EGRESS_BLOCKED}: {address} is {reason}{}", .policy.map(|p| format!(" (egress.policy is {})", p.as_str())).unwrap_or_default())]
 pub struct EgressRefusal {
     /// The address as checked (after mapping to IPv4).
     pub address: IpAddr,
     pub reason: &'static str,
+    /// The policy that refused an internal address; `None` for the
+    /// always-refused ranges and `egress.deny`.
+    pub policy: Option<EgressMode>,
 }
 
 /// The class of an address, for the rules above.
@@ -180,18 +215,57 @@ enum Class {
 }
 
 /// The options, ready to check addresses.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct EgressPolicy {
     options: EgressOptions,
+    /// Under `auto`: whether the node runs open, so loopback is allowed.
+    /// Off until the node says so; once keys exist it goes off for good.
+    open: AtomicBool,
 }
 
 impl EgressPolicy {
     pub fn new(options: EgressOptions) -> Self {
-        EgressPolicy { options }
+        EgressPolicy {
+            options,
+            open: AtomicBool::new(false),
+        }
     }
 
     pub fn options(&self) -> &EgressOptions {
         &self.options
+    }
+
+    /// Whether the node runs open (no API keys, a loopback listener): under
+    /// `auto`, loopback is allowed only then.
+    pub fn set_open(&self, open: bool) {
+        self.open.store(open, Ordering::Release);
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Whether a URL's host is always refused, as far as registration can
+    /// tell: an address literal (in any spelling the URL parser reads as
+    /// one) checked like a connection's, and `localhost` names (always
+    /// loopback, RFC 6761) checked as `127.0.0.1`. Other names are checked
+    /// at every delivery, after DNS.
+    ///
+    /// # Errors
+    /// The refusal, naming the address.
+    pub fn check_host(&self, host: &url::Host<&str>) -> Result<(), EgressRefusal> {
+        match host {
+            url::Host::Ipv4(ip) => self.check(IpAddr::V4(*ip)),
+            url::Host::Ipv6(ip) => self.check(IpAddr::V6(*ip)),
+            url::Host::Domain(name) => {
+                let name = name.strip_suffix('.').unwrap_or(name);
+                if name == "localhost" || name.ends_with(".localhost") {
+                    self.check(IpAddr::V4(Ipv4Addr::LOCALHOST))
+                } else {
+                    Ok(())
+                }
+            }
+        }
     }
 
     /// Whether a delivery may connect to `address`.
@@ -200,19 +274,27 @@ impl EgressPolicy {
     /// The refusal, naming the (mapped) address and its range.
     pub fn check(&self, address: IpAddr) -> Result<(), EgressRefusal> {
         let address = canonical(address);
-        let refuse = |reason| Err(EgressRefusal { address, reason });
+        let refuse = |reason, policy| {
+            Err(EgressRefusal {
+                address,
+                reason,
+                policy,
+            })
+        };
         if self.options.deny.iter().any(|cidr| cidr.contains(address)) {
-            return refuse("in egress.deny");
+            return refuse("in egress.deny", None);
         }
         if self.options.allow.iter().any(|cidr| cidr.contains(address)) {
             return Ok(());
         }
         match classify(address) {
-            Class::Forbidden(reason) => refuse(reason),
-            Class::Internal(reason) if self.options.policy == EgressMode::PublicOnly => {
-                refuse(reason)
-            }
-            Class::Internal(_) | Class::Public => Ok(()),
+            Class::Forbidden(reason) => refuse(reason, None),
+            Class::Internal(reason) => match self.options.policy {
+                EgressMode::Internal => Ok(()),
+                EgressMode::Auto if address.is_loopback() && self.is_open() => Ok(()),
+                policy => refuse(reason, Some(policy)),
+            },
+            Class::Public => Ok(()),
         }
     }
 }
@@ -287,23 +369,11 @@ fn classify_v4(ip: Ipv4Addr) -> Class {
         ),
     ];
     const INTERNAL: &[([u8; 4], u8, &str)] = &[
-        ([127, 0, 0, 0], 8, "loopback (egress.policy is public-only)"),
-        ([10, 0, 0, 0], 8, "private (egress.policy is public-only)"),
-        (
-            [172, 16, 0, 0],
-            12,
-            "private (egress.policy is public-only)",
-        ),
-        (
-            [192, 168, 0, 0],
-            16,
-            "private (egress.policy is public-only)",
-        ),
-        (
-            [100, 64, 0, 0],
-            10,
-            "shared address space (egress.policy is public-only)",
-        ),
+        ([127, 0, 0, 0], 8, "loopback"),
+        ([10, 0, 0, 0], 8, "private"),
+        ([172, 16, 0, 0], 12, "private"),
+        ([192, 168, 0, 0], 16, "private"),
+        ([100, 64, 0, 0], 10, "shared address space"),
     ];
     if let Some((_, _, reason)) = FORBIDDEN.iter().find(|(n, p, _)| in_v4(ip, *n, *p)) {
         return Class::Forbidden(reason);
@@ -333,7 +403,7 @@ fn classify_v6(ip: Ipv6Addr) -> Class {
         (0xfec0 << 112, 10, "deprecated site-local (fec0::/10)"),
     ];
     if ip == Ipv6Addr::LOCALHOST {
-        return Class::Internal("loopback (egress.policy is public-only)");
+        return Class::Internal("loopback");
     }
     if let Some((_, _, reason)) = FORBIDDEN.iter().find(|(n, p, _)| in_v6(ip, *n, *p)) {
         return Class::Forbidden(reason);
@@ -344,7 +414,7 @@ fn classify_v6(ip: Ipv6Addr) -> Class {
         return Class::Forbidden("reserved (IPv4-compatible ::/96)");
     }
     if in_v6(ip, 0xfc00 << 112, 7) {
-        return Class::Internal("unique local (egress.policy is public-only)");
+        return Class::Internal("unique local");
     }
     Class::Public
 }
@@ -432,6 +502,56 @@ mod tests {
         for address in PUBLIC {
             assert_eq!(internal.check(ip(address)), Ok(()), "{address}");
             assert_eq!(public_only.check(ip(address)), Ok(()), "{address}");
+        }
+    }
+
+    #[test]
+    fn auto_refuses_internal_addresses_and_allows_loopback_only_while_open() {
+        let auto = EgressPolicy::default();
+        for address in INTERNAL {
+            let refusal = auto.check(ip(address)).unwrap_err();
+            assert!(
+                refusal.to_string().ends_with("(egress.policy is auto)"),
+                "{refusal}"
+            );
+        }
+        auto.set_open(true);
+        for address in ["127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"] {
+            assert_eq!(auto.check(ip(address)), Ok(()), "{address}");
+        }
+        for address in ["10.1.2.3", "192.168.1.1", "100.64.0.1", "fd12:3456::1"] {
+            assert!(auto.check(ip(address)).is_err(), "{address}");
+        }
+        for address in ALWAYS_REFUSED {
+            assert!(auto.check(ip(address)).is_err(), "{address}");
+        }
+        auto.set_open(false);
+        assert!(auto.check(ip("127.0.0.1")).is_err());
+    }
+
+    #[test]
+    fn hosts_refused_at_registration() {
+        let auto = EgressPolicy::default();
+        let host = |text: &str| url::Url::parse(text).unwrap();
+        for refused in [
+            "http://localhost:9/",
+            "http://LocalHost./",
+            "http://app.localhost/",
+            "http://0x7f.1/",
+            "http://2130706433/",
+            "http://[::ffff:7f00:1]/",
+            "http://169.254.169.254/",
+        ] {
+            let url = host(refused);
+            assert!(auto.check_host(&url.host().unwrap()).is_err(), "{refused}");
+        }
+        for allowed in [
+            "http://hooks.example.com/",
+            "http://8.8.8.8/",
+            "http://localhost.example/",
+        ] {
+            let url = host(allowed);
+            assert_eq!(auto.check_host(&url.host().unwrap()), Ok(()), "{allowed}");
         }
     }
 

@@ -95,10 +95,14 @@ const NO_KAFKA: &str = "MESSAGING (Kafka) delivery is not available in this buil
 pub const BUILTIN_PROCESSORS: &[&str] = &[log::PROCESSOR_NAME];
 
 impl Sinks {
+    /// The sinks with the egress policy `internal`, for embedding where the
+    /// caller is the operator (tests, examples); a node passes its own
+    /// policy ([`Sinks::build`]).
+    ///
     /// # Errors
     /// When the HTTP client cannot be built.
     pub fn new(options: http::HttpSinkOptions) -> Result<Self, http::HttpSinkError> {
-        Self::with_egress(options, egress::EgressOptions::default())
+        Self::with_egress(options, egress::EgressOptions::internal())
     }
 
     /// [`Sinks::new`] with the node's egress policy.
@@ -126,12 +130,23 @@ impl Sinks {
         let _ = kafka;
         let policy = Arc::new(egress::EgressPolicy::new(egress.clone()));
         Ok(Sinks {
-            http: Arc::new(http::HttpSink::with_egress(options, egress)?),
+            http: Arc::new(http::HttpSink::with_policy(
+                options,
+                Arc::clone(&policy),
+                http::PlainHttp::Auto,
+                Vec::new(),
+            )?),
             #[cfg(feature = "kafka")]
             kafka: Arc::new(kafka::KafkaSink::with_policy(kafka, Arc::clone(&policy))),
             log: Arc::new(log::LogSink),
             egress: policy,
         })
+    }
+
+    /// The egress policy every sink checks (the node turns its open switch,
+    /// [`egress::EgressPolicy::set_open`]).
+    pub fn egress(&self) -> &Arc<egress::EgressPolicy> {
+        &self.egress
     }
 
     /// Whether this node can deliver to `config`; the message is for the
@@ -174,16 +189,31 @@ impl Sinks {
     }
 
     /// Whether the node's egress policy lets deliveries reach `config`'s
-    /// target, as far as registration can tell: a Kafka tenant's bootstrap
-    /// servers (addresses, and names that resolve) must be allowed.
-    /// Webhook URLs are checked at delivery (their names may resolve
-    /// elsewhere by then), as are the brokers a Kafka cluster advertises.
+    /// target, as far as registration can tell: a webhook URL's host must
+    /// not be an address (or `localhost` name) the policy refuses; a Kafka
+    /// tenant's bootstrap servers (addresses, and names that resolve) must
+    /// be allowed. Webhook host names are checked at delivery (they may
+    /// resolve elsewhere by then), as are the brokers a Kafka cluster
+    /// advertises.
     ///
     /// # Errors
-    /// The refusal, naming the address.
+    /// The refusal, naming the address (never the URL: it may carry
+    /// credentials).
     pub async fn check_egress(&self, config: &SinkConfig) -> Result<(), String> {
-        let SinkConfig::Kafka(target) = config else {
-            return Ok(());
+        let target = match config {
+            SinkConfig::Kafka(target) => target,
+            SinkConfig::Http(target) => {
+                let url =
+                    belfry_core::tenant::validate_url(&target.url).map_err(|e| e.to_string())?;
+                return match url.host() {
+                    Some(host) => self
+                        .egress
+                        .check_host(&host)
+                        .map_err(|refusal| format!("url host: {refusal}")),
+                    None => Ok(()),
+                };
+            }
+            SinkConfig::Builtin(_) | SinkConfig::Pull(_) => return Ok(()),
         };
         let Some(servers) = kafka::settings::servers_of(&target.props) else {
             return Ok(());

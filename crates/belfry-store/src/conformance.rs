@@ -2287,6 +2287,22 @@ where
         None
     );
     assert_eq!(store.list_api_keys().await.unwrap(), vec![admin]);
+    // A revoked secret is never stored again (a bootstrap key revoked,
+    // then seeded at the next start).
+    let revived = ApiKey::new(
+        &acme_secret,
+        Some(tenant("acme/x")),
+        Role::Write,
+        ts(6_000),
+        None,
+    )
+    .unwrap();
+    assert!(!store.put_api_key(revived).await.unwrap());
+    assert_eq!(
+        store.api_key_by_hash(&acme_secret.hash()).await.unwrap(),
+        None
+    );
+    assert_eq!(store.list_api_keys().await.unwrap().len(), 1);
 }
 
 pub async fn audit_log_append_page_purge<F, Fut>(factory: F)

@@ -566,13 +566,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Stores a new key, durably. Returns `false` and stores nothing when
     /// a key with the same hash exists (a bootstrap key seeded twice, by
-    /// two nodes at once).
+    /// two nodes at once) or was revoked (a revoked bootstrap key is not
+    /// seeded again).
     async fn put_api_key(&self, key: ApiKey) -> StoreResult<bool>;
     /// The key whose secret hashes to `hash`.
     async fn api_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>>;
     /// Every key, ordered by id.
     async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>>;
-    /// Removes a key (revocation), durably; returns what was removed.
+    /// Removes a key (revocation), durably, and remembers its hash for
+    /// good so that [`Store::put_api_key`] refuses it; returns what was
+    /// removed.
     async fn delete_api_key(&self, id: &KeyId) -> StoreResult<Option<ApiKey>>;
     /// Sets a key's `last_used_at` (only ever forward). Need not be
     /// durable; a missing key is not an error.

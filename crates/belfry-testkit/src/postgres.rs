@@ -27,9 +27,20 @@
 //!   swept at the next launch.
 //! - With `BELFRY_TEST_DATABASE_URL` set, [`PgServer::shared`] uses that
 //!   existing server instead of starting one (databases are created on it).
+//!
+//! # TLS
+//! [`PgServer::launch_tls`] starts a server with `ssl = on`, a certificate
+//! for `localhost` and 127.0.0.1 signed by a test CA made here (rcgen), and
+//! a `pg_hba.conf` that accepts TCP connections over TLS only (`hostssl`):
+//! a plain connection is refused. Its [`PgServer::url`]s ask for
+//! `sslmode=verify-full` with `sslrootcert` naming the CA file
+//! ([`PgServer::ca_file`]). With `BELFRY_TEST_PG_TLS=1`,
+//! [`PgServer::shared`] starts such a server, so every suite that uses the
+//! shared server (cluster, pull, store conformance) runs over TLS. The
+//! harness itself creates databases over the server's Unix socket.
 
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -40,6 +51,10 @@ use std::time::{Duration, Instant};
 /// Environment variable naming an existing server to use instead of a
 /// throwaway one (`postgres://user@host:port/db`).
 pub const DATABASE_URL_ENV: &str = "BELFRY_TEST_DATABASE_URL";
+
+/// Environment variable: `1` makes [`PgServer::shared`] a TLS-only server
+/// reached with `sslmode=verify-full` ([`PgServer::launch_tls`]).
+pub const PG_TLS_ENV: &str = "BELFRY_TEST_PG_TLS";
 
 /// How long `initdb`, a start or a stop may take. Generous: a loaded 2-core
 /// machine runs several test binaries at once.
@@ -106,6 +121,8 @@ struct LocalServer {
     port: u16,
     /// `Some((uid, gid))` when running as root.
     run_as: Option<(u32, u32)>,
+    /// Whether the server speaks TLS only (its files are in `root`).
+    tls: bool,
     postmaster: Mutex<Option<Child>>,
     /// Spawns postmasters from one long-lived thread: the parent-death
     /// signal fires when the *thread* that forked exits, and test threads
@@ -124,8 +141,10 @@ impl PgServer {
     pub fn shared() -> &'static PgServer {
         static SHARED: OnceLock<Result<PgServer, String>> = OnceLock::new();
         let server = SHARED.get_or_init(|| {
+            let tls = std::env::var(PG_TLS_ENV).is_ok_and(|v| v.trim() == "1");
             let result = match std::env::var(DATABASE_URL_ENV) {
                 Ok(url) if !url.trim().is_empty() => Ok(PgServer::external(url.trim())),
+                _ if tls => PgServer::launch_tls(),
                 _ => PgServer::launch(),
             };
             result.map_err(|e| e.to_string())
@@ -153,6 +172,20 @@ impl PgServer {
     /// # Errors
     /// Missing binaries, `initdb` failure, or a server that does not start.
     pub fn launch() -> Result<PgServer, PgError> {
+        PgServer::launch_with(false)
+    }
+
+    /// As [`PgServer::launch`], for a server that accepts TCP connections
+    /// over TLS only (see the module docs); its URLs use
+    /// `sslmode=verify-full`.
+    ///
+    /// # Errors
+    /// As [`PgServer::launch`], or the certificates cannot be written.
+    pub fn launch_tls() -> Result<PgServer, PgError> {
+        PgServer::launch_with(true)
+    }
+
+    fn launch_with(tls: bool) -> Result<PgServer, PgError> {
         let bindir = find_bindir().ok_or(PgError::BinariesMissing)?;
         let run_as = if running_as_root() {
             Some(postgres_user().ok_or(PgError::NoPostgresUser)?)
@@ -184,21 +217,33 @@ impl PgServer {
         let port = crate::free_port();
         // Built before the server runs, so that a failed start still
         // cleans up through `Drop`.
+        let query = if tls {
+            format!(
+                "?sslmode=verify-full&sslrootcert={}",
+                url_encode(&root.join(CA_FILE).to_string_lossy())
+            )
+        } else {
+            String::new()
+        };
         let server = PgServer {
             base_url: format!("postgres://postgres@127.0.0.1:{port}"),
             admin_database: "postgres".into(),
-            query: String::new(),
+            query,
             local: Some(LocalServer {
                 bindir,
                 root,
                 port,
                 run_as,
+                tls,
                 postmaster: Mutex::new(None),
                 spawner: Mutex::new(spawner),
             }),
         };
         let local = server.local()?;
         local.prepare_data_dir()?;
+        if tls {
+            local.prepare_tls()?;
+        }
         local.start()?;
         Ok(server)
     }
@@ -208,15 +253,48 @@ impl PgServer {
         format!("{}/{name}{}", self.base_url, self.query)
     }
 
+    /// The test CA's certificate (PEM) of a [`PgServer::launch_tls`]
+    /// server.
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.local
+            .as_ref()
+            .filter(|local| local.tls)
+            .map(|local| local.root.join(CA_FILE))
+    }
+
+    /// A connection for creating and dropping databases: over the Unix
+    /// socket for a launched server (which may refuse plain TCP), else to
+    /// the URL.
+    async fn admin_client(
+        &self,
+    ) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), PgError> {
+        let (client, connection) = match &self.local {
+            Some(local) => {
+                tokio_postgres::Config::new()
+                    .host_path(&local.root)
+                    .port(local.port)
+                    .user("postgres")
+                    .dbname(&self.admin_database)
+                    .connect(tokio_postgres::NoTls)
+                    .await?
+            }
+            None => {
+                tokio_postgres::connect(&self.url(&self.admin_database), tokio_postgres::NoTls)
+                    .await?
+            }
+        };
+        let driver = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok((client, driver))
+    }
+
     /// Creates database `name` and returns its URL.
     ///
     /// # Errors
     /// The server refused (bad name, already exists, server down).
     pub async fn create_database(&self, name: &str) -> Result<String, PgError> {
-        let admin_url = self.url(&self.admin_database);
-        let (client, connection) =
-            tokio_postgres::connect(&admin_url, tokio_postgres::NoTls).await?;
-        let driver = tokio::spawn(connection);
+        let (client, driver) = self.admin_client().await?;
         let quoted = format!("\"{}\"", name.replace('"', "\"\""));
         let result = client
             .batch_execute(&format!("CREATE DATABASE {quoted}"))
@@ -254,13 +332,9 @@ impl PgServer {
         static SWEPT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
         SWEPT
             .get_or_init(|| async {
-                let admin_url = self.url(&self.admin_database);
-                let Ok((client, connection)) =
-                    tokio_postgres::connect(&admin_url, tokio_postgres::NoTls).await
-                else {
+                let Ok((client, driver)) = self.admin_client().await else {
                     return;
                 };
-                let driver = tokio::spawn(connection);
                 let names: Vec<String> = client
                     .query(
                         "SELECT datname FROM pg_database WHERE starts_with(datname, $1)",
@@ -469,6 +543,18 @@ impl LocalServer {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "fsync=off"])
             .args(["-c", "max_connections=200"])
+            .args(if self.tls {
+                &[
+                    "-c",
+                    "ssl=on",
+                    "-c",
+                    "ssl_cert_file=../server.crt",
+                    "-c",
+                    "ssl_key_file=../server.key",
+                ][..]
+            } else {
+                &[]
+            })
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);
@@ -494,6 +580,38 @@ impl LocalServer {
             })?;
         *self.postmaster.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
         self.wait_ready()
+    }
+
+    /// Makes the test CA and the server's certificate and key (beside
+    /// `data/`), and lets TCP clients in over TLS only.
+    fn prepare_tls(&self) -> Result<(), PgError> {
+        let (ca, certificate, key) = test_certificates().map_err(|e| PgError::Command {
+            what: "make the test certificates".into(),
+            detail: e.to_string(),
+        })?;
+        let hba = "# Written by the test harness: TLS only over TCP.\n\
+                   local all all trust\n\
+                   hostssl all all 127.0.0.1/32 trust\n\
+                   hostssl all all ::1/128 trust\n";
+        for (path, contents, mode) in [
+            (self.root.join(CA_FILE), ca, 0o644),
+            (self.root.join("server.crt"), certificate, 0o644),
+            // The server refuses a key others may read.
+            (self.root.join("server.key"), key, 0o600),
+            (self.data_dir().join("pg_hba.conf"), hba.to_string(), 0o600),
+        ] {
+            let io_error = |source| PgError::Io {
+                path: path.clone(),
+                source,
+            };
+            std::fs::write(&path, contents).map_err(io_error)?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .map_err(io_error)?;
+            if let Some((uid, gid)) = self.run_as {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(io_error)?;
+            }
+        }
+        Ok(())
     }
 
     fn wait_ready(&self) -> Result<(), PgError> {
@@ -684,6 +802,47 @@ fn sweep_abandoned_dirs() {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
+}
+
+/// The file name of a TLS server's test CA, in its directory.
+const CA_FILE: &str = "ca.pem";
+
+/// `(CA certificate, server certificate, server key)`, PEM: a fresh test
+/// CA and a certificate it signs for `localhost` and 127.0.0.1.
+fn test_certificates() -> Result<(String, String, String), rcgen::Error> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair, KeyUsagePurpose,
+    };
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "belfry test database CA");
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate()?)?;
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "belfry test database");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate()?;
+    let certificate = params.signed_by(&key, &issuer)?;
+    Ok((issuer.pem(), certificate.pem(), key.serialize_pem()))
+}
+
+/// Percent-encodes a URL parameter's value.
+fn url_encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
 }
 
 /// Splits `postgres://user@host:port/db?opts` into the part before the

@@ -34,6 +34,11 @@ pub struct BelfryLaunch {
     /// Appended after `serve --listen .. --data-dir ..`.
     pub extra_args: Vec<String>,
     pub extra_env: Vec<(String, String)>,
+    /// Whether the node runs with `egress.policy = "internal"` (the
+    /// default here): tests deliver to receivers on 127.0.0.1, which the
+    /// node's own default refuses once it has keys. Turned off by
+    /// [`BelfryLaunch::default_egress`]; an `env` setting wins either way.
+    pub internal_egress: bool,
 }
 
 impl BelfryLaunch {
@@ -44,7 +49,15 @@ impl BelfryLaunch {
             port: None,
             extra_args: Vec::new(),
             extra_env: Vec::new(),
+            internal_egress: true,
         }
+    }
+
+    /// Runs the node with its own default egress policy, for tests of
+    /// that default.
+    pub fn default_egress(mut self) -> Self {
+        self.internal_egress = false;
+        self
     }
 
     pub fn port(mut self, port: u16) -> Self {
@@ -120,7 +133,12 @@ impl BelfryProcess {
     async fn spawn_and_wait(&mut self) -> Result<(), HarnessError> {
         let stdout = self.open_log("stdout.log")?;
         let stderr = self.open_log("stderr.log")?;
-        let child = Command::new(&self.launch.binary)
+        let mut command = Command::new(&self.launch.binary);
+        if self.launch.internal_egress {
+            // Set first: a test's own `env` of the same name wins.
+            command.env("BELFRY_EGRESS__POLICY", "internal");
+        }
+        let child = command
             .arg("serve")
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))

@@ -97,6 +97,23 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
 
+    /// PEM certificate chain of the API, leaf first: the API then speaks
+    /// HTTPS only; needs --tls-key. Reloaded when the file changes
+    /// [env: BELFRY_TLS__CERT_FILE]
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1)
+    /// [env: BELFRY_TLS__KEY_FILE]
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificates that sign client certificates: clients must
+    /// present one (tls.client_auth = "optional" lets them in without)
+    /// [env: BELFRY_TLS__CLIENT_CA_FILE]
+    #[arg(long, value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// Serve without authentication (auth.mode = "none"): anyone who can
     /// reach the port may read and change every tenant. Only behind a
     /// trusted network (a BigBen drop-in); without it, a node on a

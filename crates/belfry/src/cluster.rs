@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use belfry_api::{
     ClusterMember, ClusterStatus, ClusterView, LeaderStatus, NodeView, PartitionOwner,
-    PartitionView, Role,
+    PartitionView, PeerAuth, Role,
 };
 use belfry_core::event::Effect;
 use belfry_core::{PartitionCount, PartitionId, SystemClock};
@@ -58,6 +58,15 @@ pub async fn start(
         id: NodeId(uuid::Uuid::now_v7().to_string()),
         address: address.to_string(),
     };
+    // The first node to join stores the secret every node signs its
+    // calls to the others with.
+    let candidate = belfry_api::peer::generate_secret()
+        .map_err(|_| anyhow::anyhow!("cannot generate the cluster secret: no OS randomness"))?;
+    let secret = coordinator
+        .cluster_secret(&candidate)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot read the cluster secret from PostgreSQL: {e}"))?;
+    let peers = PeerAuth::new(node.id.0.clone(), &secret);
     tracing::info!(node = %node.id, %address, "joining the cluster");
     engine
         .handle()
@@ -101,6 +110,7 @@ pub async fn start(
         } else {
             "http"
         },
+        peers,
     };
     Ok((engine, Arc::new(view), task))
 }
@@ -126,6 +136,8 @@ pub struct MembershipView {
     /// How nodes reach each other: the scheme of this node's own listener
     /// (every node of a cluster is expected to serve alike).
     pub scheme: &'static str,
+    /// Signs this node's forwards and checks the ones it receives.
+    pub peers: PeerAuth,
 }
 
 impl ClusterView for MembershipView {
@@ -177,6 +189,10 @@ impl ClusterView for MembershipView {
 
     fn status(&self) -> Option<ClusterStatus> {
         Some(cluster_status(&self.membership.snapshot()))
+    }
+
+    fn peers(&self) -> Option<&PeerAuth> {
+        Some(&self.peers)
     }
 }
 

@@ -148,6 +148,33 @@ struct FlagOverrides {
     advertise: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     auth: Option<AuthFlags>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls: Option<TlsFlags>,
+}
+
+/// `--tls-cert`, `--tls-key`, `--tls-client-ca`: only those given, so the
+/// rest of `[tls]` keeps what the file or environment set.
+#[derive(Debug, Serialize)]
+struct TlsFlags {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cert_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_ca_file: Option<PathBuf>,
+}
+
+impl TlsFlags {
+    fn of(args: &ServeArgs) -> Option<TlsFlags> {
+        let flags = TlsFlags {
+            cert_file: args.tls_cert.clone(),
+            key_file: args.tls_key.clone(),
+            client_ca_file: args.tls_client_ca.clone(),
+        };
+        let any =
+            flags.cert_file.is_some() || flags.key_file.is_some() || flags.client_ca_file.is_some();
+        any.then_some(flags)
+    }
 }
 
 /// `--insecure-no-auth`.
@@ -198,6 +225,7 @@ impl Config {
                 auth: args.insecure_no_auth.then_some(AuthFlags {
                     mode: AuthMode::None,
                 }),
+                tls: TlsFlags::of(args),
             }));
         let figment = Figment::from(Serialized::defaults(Config::default())).merge(given.clone());
         let mut config: Config = figment.extract().map_err(describe_errors)?;
@@ -286,6 +314,7 @@ impl Config {
             ("pull.max_ready", pull.max_ready),
             ("pull.max_ready_per_tenant", pull.max_ready_per_tenant),
             ("pull.max_leases", pull.max_leases),
+            ("pull.max_leases_per_tenant", pull.leases_per_tenant()),
             ("pull.max_waiters", pull.max_waiters),
             ("pull.max_waiters_per_tenant", pull.max_waiters_per_tenant),
             ("pull.max_remembered", pull.max_remembered),
@@ -507,6 +536,9 @@ mod tests {
             database_url: None,
             advertise: None,
             log_format: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
             insecure_no_auth: false,
         }
     }
@@ -825,6 +857,34 @@ mod tests {
         let mut flags = args(None);
         flags.log_format = Some("yaml".to_string());
         assert!(Config::load(&flags).unwrap_err().contains("log_format"));
+    }
+
+    #[test]
+    fn tls_flags_set_their_keys_and_leave_the_rest_of_the_section() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("belfry.toml");
+        std::fs::write(
+            &path,
+            "[tls]\ncert_file = \"file.pem\"\nclient_auth = \"optional\"\nreload_interval_ms = 250\n",
+        )
+        .unwrap();
+        let mut flags = args(Some(path));
+        flags.tls_cert = Some(PathBuf::from("flag.pem"));
+        flags.tls_key = Some(PathBuf::from("flag-key.pem"));
+        flags.tls_client_ca = Some(PathBuf::from("clients.pem"));
+        let tls = Config::load(&flags).unwrap().tls;
+        assert_eq!(tls.cert_file, Some(PathBuf::from("flag.pem")), "flags win");
+        assert_eq!(tls.key_file, Some(PathBuf::from("flag-key.pem")));
+        assert_eq!(tls.client_ca_file, Some(PathBuf::from("clients.pem")));
+        assert_eq!(tls.client_auth, crate::tls::ClientAuth::Optional);
+        assert_eq!(tls.reload_interval.as_millis(), 250);
+
+        let mut flags = args(None);
+        flags.tls_cert = Some(PathBuf::from("cert.pem"));
+        assert_eq!(
+            Config::load(&flags).unwrap_err(),
+            "tls.cert_file is set but tls.key_file is not"
+        );
     }
 
     #[test]

@@ -108,6 +108,7 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
         config.sinks.kafka.clone(),
     )
     .map_err(|e| anyhow::anyhow!("cannot build the webhook client: {e}"))?;
+    let egress = Arc::clone(sinks.egress());
     // Bind before joining a cluster, so the advertised address works as soon
     // as other nodes can see this one.
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -170,15 +171,21 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
         engine.shutdown().await;
         return Err(anyhow::anyhow!(refusal));
     }
+    let _stop_egress_watch = watch_open_egress(&config, &store, egress).await;
+    let auth = Arc::new(belfry_api::Auth::new(
+        config.auth.clone(),
+        store,
+        config.listen,
+    ));
+    if let Err(error) = auth.load_known_keys().await {
+        // Not fatal: each key is then read at its first use.
+        tracing::warn!(%error, "could not read the API keys ahead of their first use");
+    }
     let state = ApiState {
         engine: engine.handle(),
         options: config.api.clone(),
         cluster: cluster_view,
-        auth: Arc::new(belfry_api::Auth::new(
-            config.auth.clone(),
-            store,
-            config.listen,
-        )),
+        auth,
         metrics: Some(metrics),
     };
     #[cfg(feature = "kafka")]
@@ -266,6 +273,52 @@ async fn shutdown_signal() {
 }
 
 /// Aborts a background task when the serving function returns.
+/// Under `egress.policy = "auto"`, a node that starts open (`auth.mode =
+/// "keys"`, a loopback listener, no key stored) lets webhooks reach
+/// loopback, as its operator is its only user; the first key (made here,
+/// by the CLI or by another node) ends that for good, seen within a
+/// second, as the API itself closes. `None` when there is nothing to
+/// watch.
+async fn watch_open_egress(
+    config: &Config,
+    store: &SharedStore,
+    egress: Arc<belfry_sinks::egress::EgressPolicy>,
+) -> Option<AbortOnDrop> {
+    let watched = config.egress.policy == belfry_sinks::egress::EgressMode::Auto
+        && config.auth.mode == belfry_api::AuthMode::Keys
+        && belfry_api::auth::is_loopback(config.listen);
+    if !watched
+        || !store
+            .list_api_keys()
+            .await
+            .is_ok_and(|keys| keys.is_empty())
+    {
+        return None;
+    }
+    egress.set_open(true);
+    tracing::info!(
+        "egress.policy = \"auto\": webhooks may reach loopback while the node has no API keys"
+    );
+    let store = Arc::clone(store);
+    Some(AbortOnDrop(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            if store
+                .list_api_keys()
+                .await
+                .is_ok_and(|keys| !keys.is_empty())
+            {
+                egress.set_open(false);
+                tracing::info!(
+                    "API keys exist: webhooks may no longer reach loopback (egress.policy = \"auto\")"
+                );
+                return;
+            }
+        }
+    })))
+}
+
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {

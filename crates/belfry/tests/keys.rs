@@ -476,3 +476,379 @@ async fn keys_made_on_one_cluster_node_hold_on_the_others() {
     assert_eq!(status(&events(a), Some(secret)).await, 401);
     until_status(&events(b), Some(secret), 401).await;
 }
+
+/// The sum of a counter's samples in a `/metrics` text, by `result` label
+/// when given (0 when absent).
+fn counter_sum(metrics: &str, name: &str, result: Option<&str>) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|line| result.is_none_or(|r| line.contains(&format!("result=\"{r}\""))))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn metrics_text(node: &BelfryProcess, admin: &str) -> String {
+    let answer = http_client()
+        .get(node.url("/metrics"))
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.text().await.unwrap()
+}
+
+/// Made-up keys each cost a store read and evicted the valid keys from
+/// the cache. Now a flood of them costs at most the node's budget of
+/// reads per second, and a valid key keeps answering from the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_made_up_keys_costs_bounded_store_reads() {
+    const CONNECTIONS: usize = 8;
+    const BUDGET_PER_SECOND: f64 = 50.0;
+    const TTL_MS: f64 = 5_000.0;
+    let flood: usize = std::env::var("BELFRY_TEST_KEY_FLOOD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let url = PgServer::shared().fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let admin = belfry_core::auth::KeySecret::generate().unwrap();
+    let admin = admin.expose().to_string();
+    let node = BelfryProcess::start(
+        BelfryLaunch::new(BIN, dir.path().join("unused"))
+            .arg("--database-url")
+            .arg(url.as_str())
+            .env("BELFRY_AUTH__BOOTSTRAP_ADMIN_KEY", &admin)
+            .env("BELFRY_AUTH__KEY_CACHE_TTL_MS", "5000"),
+    )
+    .await
+    .expect("node starts");
+    // A tenant key made through the node, besides the bootstrap key.
+    let created: Value = http_client()
+        .post(node.url("/v1/keys"))
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({ "tenant": "acme", "role": "read" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let reader = created["secret"].as_str().unwrap().to_string();
+    let reads_before = counter_sum(
+        &metrics_text(&node, &admin).await,
+        "belfry_auth_key_reads_total",
+        None,
+    );
+
+    let started = std::time::Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut flooders = Vec::new();
+    for connection in 0..CONNECTIONS {
+        let target = node.url("/v1/tenants");
+        let count = flood / CONNECTIONS + usize::from(connection < flood % CONNECTIONS);
+        flooders.push(tokio::spawn(async move {
+            let client = http_client();
+            let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+            for _ in 0..count {
+                let key = belfry_core::auth::KeySecret::generate().unwrap();
+                let status = client
+                    .get(&target)
+                    .bearer_auth(key.expose())
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16();
+                *statuses.entry(status).or_default() += 1;
+            }
+            statuses
+        }));
+    }
+    // Meanwhile the valid keys, one request at a time, on a thread of
+    // their own so the flood's tasks do not delay the measurement.
+    let valid = {
+        let stop = stop.clone();
+        let (admin_url, reader_url) =
+            (node.url("/v1/tenants"), node.url("/v1/tenants/acme/events"));
+        let (admin, reader) = (admin.clone(), reader.clone());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        std::thread::spawn(move || {
+            runtime.block_on(async move {
+                let client = http_client();
+                let mut latencies = Vec::new();
+                let mut refused = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (url, key) in [(&admin_url, &admin), (&reader_url, &reader)] {
+                        let sent = std::time::Instant::now();
+                        let status = client
+                            .get(url.as_str())
+                            .bearer_auth(key)
+                            .send()
+                            .await
+                            .unwrap()
+                            .status()
+                            .as_u16();
+                        latencies.push(sent.elapsed());
+                        if status != 200 {
+                            refused.push(status);
+                        }
+                    }
+                }
+                (latencies, refused)
+            })
+        })
+    };
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for flooder in flooders {
+        for (status, count) in flooder.await.unwrap() {
+            *statuses.entry(status).or_default() += count;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut latencies, refused) = valid.join().unwrap();
+
+    let metrics = metrics_text(&node, &admin).await;
+    let reads = counter_sum(&metrics, "belfry_auth_key_reads_total", None) - reads_before;
+    let shed = counter_sum(&metrics, "belfry_auth_key_lookups_shed_total", None);
+    latencies.sort();
+    let quantile = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q) as usize];
+    println!(
+        "{flood} made-up keys over {CONNECTIONS} connections in {elapsed:.1} s \
+         ({:.0} req/s): statuses {statuses:?}; store reads {reads} ({:.1}/s), \
+         shed {shed}; valid keys: {} requests, p50 {:?}, p99 {:?}, max {:?}",
+        flood as f64 / elapsed,
+        reads / elapsed,
+        latencies.len(),
+        quantile(0.5),
+        quantile(0.99),
+        latencies.last().unwrap(),
+    );
+    // Every made-up key is refused: 401 once read, 503 while the budget
+    // is spent.
+    assert_eq!(
+        statuses.get(&401).copied().unwrap_or(0) + statuses.get(&503).copied().unwrap_or(0),
+        flood,
+        "{statuses:?}"
+    );
+    // The bound: the budget (one second's worth at once, then the rate),
+    // plus one re-read per known key (2) per TTL.
+    let bound = BUDGET_PER_SECOND * (elapsed + 1.0) + 2.0 * (elapsed * 1000.0 / TTL_MS + 1.0);
+    assert!(
+        reads <= bound,
+        "{reads} store reads in {elapsed:.1} s, more than the bound {bound:.0}"
+    );
+    // The valid keys never left the cache: re-read only when their entry
+    // aged, never refused.
+    assert!(refused.is_empty(), "valid keys refused: {refused:?}");
+    let found = counter_sum(&metrics, "belfry_auth_key_reads_total", Some("found"));
+    assert!(
+        found <= 2.0 * (elapsed * 1000.0 / TTL_MS + 2.0),
+        "valid keys read {found} times in {elapsed:.1} s"
+    );
+}
+
+/// A raw HTTP/1.0 request, as nginx's default `proxy_pass` sends it; the
+/// status code.
+async fn http10(port: u16, method: &str, path: &str, body: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"))
+}
+
+/// A same-host reverse proxy made every internet client an admin of an
+/// open node (no key yet, loopback): it could mint an admin key. Now
+/// what came through a proxy is refused, and nothing is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_mode_refuses_requests_that_came_through_a_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = BelfryProcess::start(BelfryLaunch::new(BIN, dir.path().join("data")))
+        .await
+        .expect("belfry starts");
+    let host = format!("127.0.0.1:{}", node.port());
+    let admin_key = serde_json::json!({ "tenant": null, "role": "admin" });
+    for (name, value) in [
+        ("x-forwarded-for", "203.0.113.7"),
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "belfry.example"),
+        ("forwarded", "for=203.0.113.7"),
+        ("x-real-ip", "203.0.113.7"),
+        ("via", "1.1 proxy"),
+    ] {
+        let answer = http_client()
+            .post(node.url("/v1/keys"))
+            .header("host", &host)
+            .header(name, value)
+            .json(&admin_key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 403, "{name}");
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "proxied_request_refused", "{name}");
+    }
+    // nginx's default: HTTP/1.0, Host 127.0.0.1:PORT, no other marker.
+    assert_eq!(
+        http10(node.port(), "POST", "/v1/keys", &admin_key.to_string()).await,
+        403
+    );
+    // A Host that is not a loopback name.
+    let answer = http_client()
+        .post(node.url("/v1/keys"))
+        .header("host", format!("evil.example:{}", node.port()))
+        .json(&admin_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 403);
+    // Nothing was created: the node is still open, without a key.
+    let (status, keys) = belfry_testkit::get_json(&node.url("/v1/keys")).await;
+    assert_eq!(status, 200);
+    assert_eq!(keys["keys"], serde_json::json!([]), "{keys}");
+    // A client on this machine still gets in, by every loopback name.
+    for name in ["localhost", "127.0.0.1", "127.0.0.2"] {
+        let answer = http_client()
+            .get(node.url("/v1/tenants"))
+            .header("host", format!("{name}:{}", node.port()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200, "{name}");
+    }
+}
+
+/// `auth.mode = "none"` served any `Host`, so a page whose name was made to
+/// resolve to the node (DNS rebinding) could drive it from a browser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_auth_mode_refuses_foreign_host_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = BelfryProcess::start(
+        BelfryLaunch::new(BIN, dir.path().join("data")).arg("--insecure-no-auth"),
+    )
+    .await
+    .expect("belfry starts");
+    let with_host = |host: String| {
+        let url = node.url("/v1/tenants");
+        async move {
+            http_client()
+                .get(url)
+                .header("host", host)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let port = node.port();
+    assert_eq!(with_host(format!("rebound.evil.example:{port}")).await, 403);
+    let answer = http_client()
+        .post(node.url("/v1/tenants/acme"))
+        .header("host", "rebound.evil.example")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 403);
+    // Loopback names and addresses (a rebinding page has a name, not an
+    // address) are served.
+    for host in ["localhost", "127.0.0.1", "10.1.2.3", "[::1]"] {
+        assert_eq!(with_host(format!("{host}:{port}")).await, 200, "{host}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_cache_ttl_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = spawn_serve(
+        dir.path(),
+        &format!("127.0.0.1:{}", free_port()),
+        &[],
+        &[("BELFRY_AUTH__KEY_CACHE_TTL_MS", "86400000")],
+    );
+    let exit = exited(&mut child, dir.path()).await;
+    assert_eq!(exit.code(), Some(2), "{}", logs(dir.path()));
+    let output = logs(dir.path());
+    assert!(output.contains("auth.key_cache_ttl_ms"), "{output}");
+}
+
+/// A revoked bootstrap key was stored again at the next start (it is
+/// still in the configuration). Now it stays revoked, and its revocation
+/// holds at once on the node that revoked it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_bootstrap_key_stays_revoked_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = belfry_core::auth::KeySecret::generate().unwrap();
+    let bootstrap = bootstrap.expose();
+    let mut node = BelfryProcess::start(
+        BelfryLaunch::new(BIN, dir.path().join("data"))
+            .env("BELFRY_AUTH__BOOTSTRAP_ADMIN_KEY", bootstrap)
+            .env("BELFRY_AUTH__KEY_CACHE_TTL_MS", "60000"),
+    )
+    .await
+    .expect("belfry starts");
+    let tenants = node.url("/v1/tenants");
+    assert_eq!(status(&tenants, Some(bootstrap)).await, 200);
+    // The operator's own admin key replaces the bootstrap one.
+    let created: Value = http_client()
+        .post(node.url("/v1/keys"))
+        .bearer_auth(bootstrap)
+        .json(&serde_json::json!({ "tenant": null, "role": "admin" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let admin = created["secret"].as_str().unwrap().to_string();
+    let (_, me) = {
+        let answer = http_client()
+            .get(node.url("/v1/whoami"))
+            .bearer_auth(bootstrap)
+            .send()
+            .await
+            .unwrap();
+        (answer.status(), answer.json::<Value>().await.unwrap())
+    };
+    let bootstrap_id = me["key_id"].as_str().unwrap().to_string();
+    let revoked = http_client()
+        .delete(node.url(&format!("/v1/keys/{bootstrap_id}")))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoked.status(), 204);
+    // At once here, although the cache TTL is a minute.
+    assert_eq!(status(&tenants, Some(bootstrap)).await, 401);
+    node.restart().await.expect("belfry restarts");
+    assert_eq!(status(&tenants, Some(bootstrap)).await, 401);
+    assert_eq!(status(&tenants, Some(&admin)).await, 200);
+    assert!(
+        node.logs_tail(1_000)
+            .contains("auth.bootstrap_admin_key was revoked"),
+        "{}",
+        node.logs_tail(200)
+    );
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use belfry_core::{EventId, EventKey, PartitionCount, TenantName};
 use belfry_testkit::postgres::PgServer;
-use belfry_testkit::{BelfryLaunch, BelfryProcess, get_json, post_json, put_json};
+use belfry_testkit::{BelfryLaunch, BelfryProcess, free_port, get_json, post_json, put_json};
 use serde_json::{Value, json};
 
 mod common;
@@ -22,12 +22,23 @@ const SETTLE: Duration = Duration::from_secs(60);
 const PARTITIONS: u16 = 64;
 
 async fn start_node(url: &str) -> (BelfryProcess, tempfile::TempDir) {
+    start_node_with(url, |launch| launch).await
+}
+
+/// [`start_node`], its launch changed by `configure` (environment, port,
+/// arguments).
+async fn start_node_with(
+    url: &str,
+    configure: impl FnOnce(BelfryLaunch) -> BelfryLaunch,
+) -> (BelfryProcess, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let launch = BelfryLaunch::new(env!("CARGO_BIN_EXE_belfry"), dir.path().join("unused"))
         .arg("--database-url")
         .arg(url);
     (
-        BelfryProcess::start(launch).await.expect("node starts"),
+        BelfryProcess::start(configure(launch))
+            .await
+            .expect("node starts"),
         dir,
     )
 }
@@ -796,4 +807,445 @@ async fn claims_keep_their_queues_and_a_batch_completion_reaches_both_nodes_thro
         let (_, event) = get_json(&nodes[0].url(&format!("/v1/tenants/q/events/{id}"))).await;
         assert_eq!(event["status"], "delivered", "{event}");
     }
+}
+
+/// `POST path` with `body` and, if given, the key as a bearer token.
+async fn post_as(base: &str, key: Option<&str>, path: &str, body: &Value) -> (u16, Value) {
+    let mut request = belfry_testkit::http_client()
+        .post(format!("{base}{path}"))
+        .timeout(Duration::from_secs(40))
+        .json(body);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    answer_of(request).await
+}
+
+async fn answer_of(request: reqwest::RequestBuilder) -> (u16, Value) {
+    let response = request.send().await.expect("the node answers");
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// One HTTP/1.1 request as it crossed the wire.
+#[derive(Debug, Clone)]
+struct Captured {
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Captured {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Sends it again, as it was (but for `changed` headers: `None`
+    /// leaves one out), to `base`.
+    async fn send_to(&self, base: &str, changed: &[(&str, Option<&str>)]) -> (u16, Value) {
+        let mut request = belfry_testkit::http_client()
+            .post(format!("{base}{}", self.path))
+            .timeout(Duration::from_secs(40))
+            .body(self.body.clone());
+        for (name, value) in &self.headers {
+            let skip = ["host", "content-length"].contains(&name.to_ascii_lowercase().as_str())
+                || changed.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
+            if !skip {
+                request = request.header(name, value);
+            }
+        }
+        for (name, value) in changed {
+            if let Some(value) = value {
+                request = request.header(*name, *value);
+            }
+        }
+        answer_of(request).await
+    }
+}
+
+/// The requests (with `content-length` bodies, as nodes send them) in the
+/// bytes a client sent on one connection.
+fn requests_in(mut bytes: &[u8]) -> Vec<Captured> {
+    let mut found = Vec::new();
+    while let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&bytes[..end]).into_owned();
+        let mut lines = head.split("\r\n");
+        let first = lines.next().unwrap_or_default();
+        let path = first.split(' ').nth(1).unwrap_or_default().to_string();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|line| line.split_once(':'))
+            .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+            .collect();
+        let length: usize = headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        let start = end + 4;
+        if bytes.len() < start + length {
+            break;
+        }
+        found.push(Captured {
+            path,
+            headers,
+            body: bytes[start..start + length].to_vec(),
+        });
+        bytes = &bytes[start + length..];
+    }
+    found
+}
+
+/// A TCP relay to a port on 127.0.0.1 that keeps what clients sent
+/// through it: a node advertising the relay's address is reached through
+/// it, so the test sees what other nodes send that node.
+struct Relay {
+    port: u16,
+    /// What clients sent, per connection.
+    sent: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Relay {
+    async fn to(upstream: u16) -> Relay {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let record = sent.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    let index = {
+                        let mut record = record.lock().unwrap();
+                        record.push(Vec::new());
+                        record.len() - 1
+                    };
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let upstream = async {
+                        let mut buffer = [0_u8; 8192];
+                        while let Ok(read) = client_read.read(&mut buffer).await {
+                            if read == 0 {
+                                break;
+                            }
+                            record.lock().unwrap()[index].extend_from_slice(&buffer[..read]);
+                            if server_write.write_all(&buffer[..read]).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = server_write.shutdown().await;
+                    };
+                    let downstream = async {
+                        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                    };
+                    tokio::join!(upstream, downstream);
+                });
+            }
+        });
+        Relay { port, sent }
+    }
+
+    fn requests(&self) -> Vec<Captured> {
+        self.sent
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|bytes| requests_in(bytes))
+            .collect()
+    }
+}
+
+/// The cluster as `node` sees it (`GET /v1/cluster`), once every one of
+/// `count` nodes owns partitions and none is unowned or moving.
+async fn settled_view(node: &BelfryProcess, admin: &str, count: usize) -> Value {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        assert!(Instant::now() < deadline, "the partitions never settled");
+        let (status, view) = answer_of(
+            belfry_testkit::http_client()
+                .get(node.url("/v1/cluster"))
+                .bearer_auth(admin),
+        )
+        .await;
+        let nodes = view["nodes"].as_array().cloned().unwrap_or_default();
+        let settled = status == 200
+            && nodes.len() == count
+            && view.get("unowned").is_none()
+            && nodes.iter().all(|n| {
+                let partitions = n["partitions"].as_array().cloned().unwrap_or_default();
+                !partitions.is_empty() && partitions.iter().all(|p| p.get("moving_to").is_none())
+            });
+        if settled {
+            return view;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The partitions and id of the node advertised at `address` in `view`.
+fn node_at(view: &Value, address: &str) -> (String, HashSet<u16>) {
+    let node = view["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["address"] == address)
+        .unwrap_or_else(|| panic!("no node at {address}: {view}"));
+    let partitions = node["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["partition"].as_u64().unwrap() as u16)
+        .collect();
+    (node["id"].as_str().unwrap().to_string(), partitions)
+}
+
+/// Node A forwards a worker's calls to node B, which is reached through a
+/// relay that keeps what A sent. The forward is signed for B, and the
+/// worker's key does not travel. Sent again — to B (a replay), to C
+/// (another node), with the marker but another principal, or without the
+/// marker — it is refused; so is a marker forged by a client, with or
+/// without a valid worker key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_are_signed_for_one_node_and_a_forged_replayed_or_redirected_one_is_refused() {
+    let url = PgServer::shared().fresh_database().await;
+    let admin = belfry_core::auth::KeySecret::generate().unwrap();
+    let admin = admin.expose();
+    let keyed = |launch: BelfryLaunch| launch.env("BELFRY_AUTH__BOOTSTRAP_ADMIN_KEY", admin);
+    let (a, _a_dir) = start_node_with(&url, keyed).await;
+    let b_port = free_port();
+    let relay = Relay::to(b_port).await;
+    let b_address = format!("127.0.0.1:{}", relay.port);
+    let (b, _b_dir) = start_node_with(&url, |launch| {
+        keyed(launch)
+            .port(b_port)
+            .arg("--advertise")
+            .arg(b_address.clone())
+    })
+    .await;
+    let (c, _c_dir) = start_node_with(&url, keyed).await;
+    settled_view(&b, admin, 3).await;
+    let view = settled_view(&a, admin, 3).await;
+    let (b_id, b_owns) = node_at(&view, &b_address);
+
+    let (status, body) = answer_of(
+        belfry_testkit::http_client()
+            .put(a.url("/v1/tenants/jobs"))
+            .bearer_auth(admin)
+            .json(&json!({ "sink": { "type": "pull" } })),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, key) = post_as(
+        &a.base_url(),
+        Some(admin),
+        "/v1/keys",
+        &json!({ "role": "worker", "tenant": "jobs" }),
+    )
+    .await;
+    assert_eq!(status, 201, "{key}");
+    let worker = key["secret"].as_str().unwrap().to_string();
+    let ids = ids_in("jobs", "e", &b_owns, 3);
+    let events: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({ "id": id, "deliver_at": rfc3339(now_ms()) }))
+        .collect();
+    let (status, body) = post_as(
+        &a.base_url(),
+        Some(admin),
+        "/v1/tenants/jobs/events",
+        &json!({ "events": events }),
+    )
+    .await;
+    assert!(status == 200 || status == 201, "{status} {body}");
+
+    // The worker reaches A only; B's entries come through A.
+    let claim_body = json!({ "worker_id": "w", "max_events": 10, "wait_ms": 1_000 });
+    let mut leases = Vec::new();
+    let deadline = Instant::now() + SETTLE;
+    while leases.len() < ids.len() {
+        assert!(Instant::now() < deadline, "claimed only {leases:?}");
+        let (status, answer) = post_as(
+            &a.base_url(),
+            Some(&worker),
+            "/v1/tenants/jobs/leases",
+            &claim_body,
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+        leases.extend(answer["leases"].as_array().unwrap().iter().cloned());
+    }
+    let beat = format!(
+        "/v1/leases/{}/heartbeat",
+        leases[0]["lease_id"].as_str().unwrap()
+    );
+    let (status, answer) = post_as(&a.base_url(), Some(&worker), &beat, &json!({})).await;
+    assert_eq!(status, 200, "{answer}");
+
+    let captured = relay.requests();
+    let forwarded = captured
+        .iter()
+        .find(|r| r.path == beat)
+        .unwrap_or_else(|| panic!("the heartbeat never went through B's relay: {captured:?}"));
+    for request in &captured {
+        assert!(
+            request.header("authorization").is_none(),
+            "the worker's key was sent to another node: {request:?}"
+        );
+        assert!(
+            request.header("belfry-forwarded-signature").is_some(),
+            "an unsigned call between nodes: {request:?}"
+        );
+        assert_eq!(request.header("belfry-forwarded-to"), Some(b_id.as_str()));
+    }
+
+    let refused = |(status, answer): (u16, Value), what: &str| {
+        assert_eq!(status, 403, "{what}: {answer}");
+        assert_eq!(
+            answer["error"]["code"], "forward_refused",
+            "{what}: {answer}"
+        );
+    };
+    refused(forwarded.send_to(&b.base_url(), &[]).await, "replayed to B");
+    refused(forwarded.send_to(&c.base_url(), &[]).await, "sent to C");
+    refused(
+        forwarded
+            .send_to(&b.base_url(), &[("belfry-forwarded-for", Some("admin -"))])
+            .await,
+        "another principal",
+    );
+    // Without the marker it is a client's request, and carries no key.
+    let (status, answer) = forwarded
+        .send_to(&b.base_url(), &[("belfry-forwarded", None)])
+        .await;
+    assert_eq!(status, 401, "{answer}");
+
+    // A marker forged by a client: refused, with a worker key or without.
+    let forged = [
+        ("belfry-forwarded", a_id(&view, &b_address)),
+        ("belfry-forwarded-to", b_id.clone()),
+        ("belfry-forwarded-at", now_ms().to_string()),
+        ("belfry-forwarded-nonce", "00".repeat(16)),
+        ("belfry-forwarded-for", "admin -".to_string()),
+        (
+            "belfry-forwarded-signature",
+            format!("v1={}", "00".repeat(32)),
+        ),
+    ];
+    for key in [None, Some(worker.as_str())] {
+        let mut request = belfry_testkit::http_client()
+            .post(b.url("/v1/tenants/jobs/leases"))
+            .json(&claim_body);
+        for (name, value) in &forged {
+            request = request.header(*name, value);
+        }
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        refused(answer_of(request).await, "forged");
+        let mut marker_only = belfry_testkit::http_client()
+            .post(b.url(&beat))
+            .header("belfry-forwarded", "x")
+            .json(&json!({}));
+        if let Some(key) = key {
+            marker_only = marker_only.bearer_auth(key);
+        }
+        refused(answer_of(marker_only).await, "marker only");
+    }
+
+    // The real path still works: every lease completes through A.
+    for lease in &leases {
+        let done = format!(
+            "/v1/leases/{}/complete",
+            lease["lease_id"].as_str().unwrap()
+        );
+        let (status, answer) = post_as(&a.base_url(), Some(&worker), &done, &json!({})).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+}
+
+/// The id of a node of `view` other than the one at `address`.
+fn a_id(view: &Value, address: &str) -> String {
+    view["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["address"] != address)
+        .and_then(|n| n["id"].as_str())
+        .unwrap()
+        .to_string()
+}
+
+/// A node with `HTTP_PROXY` set (for its webhooks) still calls the other
+/// nodes directly: a proxy that records connections sees none, and the
+/// forwards work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_between_nodes_never_go_through_a_proxy() {
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = proxy.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    let url = PgServer::shared().fresh_database().await;
+    let (a, _a_dir) = start_node_with(&url, |launch| {
+        ["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY"]
+            .into_iter()
+            .fold(launch, |launch, name| launch.env(name, proxy_url.clone()))
+            .env("NO_PROXY", "")
+            .env("no_proxy", "")
+    })
+    .await;
+    let (b, _b_dir) = start_node(&url).await;
+    let nodes = vec![a, b];
+    let deadline = Instant::now() + SETTLE;
+    let owned = loop {
+        assert!(Instant::now() < deadline, "the partitions never spread");
+        let owned = owned_by(&nodes[0], &nodes).await;
+        if owned.iter().all(|o| !o.is_empty())
+            && owned.iter().map(HashSet::len).sum::<usize>() == 64
+        {
+            break owned;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    pull_tenant(&nodes[0], "jobs").await;
+    let ids = ids_in("jobs", "p", &owned[1], 3);
+    schedule(&[nodes[1].base_url()], "jobs", &ids, now_ms()).await;
+
+    let a = nodes[0].base_url();
+    let mut leases = Vec::new();
+    let deadline = Instant::now() + SETTLE;
+    while leases.len() < ids.len() {
+        assert_eq!(
+            connections.load(Ordering::SeqCst),
+            0,
+            "a call to another node went to the proxy"
+        );
+        assert!(Instant::now() < deadline, "claimed only {leases:?}");
+        leases.extend(claim(&a, "jobs", "w", 10, 30_000, 1_000).await);
+    }
+    for lease in &leases {
+        let (status, done) = lease_call(&a, lease, "complete").await;
+        assert_eq!(status, 200, "{done}");
+    }
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "a call went to the proxy"
+    );
 }

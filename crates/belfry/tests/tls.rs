@@ -82,6 +82,11 @@ impl Drop for Node {
 
 impl Node {
     fn start(dir: &Path, env: &[(&str, String)]) -> Node {
+        Node::start_with(dir, &[], env)
+    }
+
+    /// With `args` after `serve --listen … --data-dir …`.
+    fn start_with(dir: &Path, args: &[&str], env: &[(&str, String)]) -> Node {
         let port = belfry_testkit::free_port();
         let log = dir.join("belfry.log");
         let child = Command::new(env!("CARGO_BIN_EXE_belfry"))
@@ -92,6 +97,7 @@ impl Node {
                 "--data-dir",
             ])
             .arg(dir.join("data"))
+            .args(args)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).unwrap())
@@ -316,6 +322,70 @@ async fn client_certificates_are_required_or_optional() {
             "{mode} without a certificate: {answer}"
         );
     }
+}
+
+/// `belfry serve --tls-cert --tls-key --tls-client-ca`: the flags alone
+/// turn HTTPS and client certificates on, and win over the environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_flags_set_the_certificate_key_and_client_ca() {
+    let help = Command::new(env!("CARGO_BIN_EXE_belfry"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--tls-cert <FILE>",
+        "--tls-key <FILE>",
+        "--tls-client-ca <FILE>",
+    ] {
+        assert!(
+            help.contains(flag),
+            "`belfry serve --help` lists {flag}:\n{help}"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("Belfry test CA");
+    let clients = TestCa::new("Belfry test client CA");
+    let ca_file = write(dir.path(), "ca.pem", &ca.pem());
+    let (cert, key, _) = ca.issue("belfry", 1, false);
+    let cert_file = write(dir.path(), "cert.pem", &cert);
+    let key_file = write(dir.path(), "key.pem", &key);
+    let client_ca_file = write(dir.path(), "client-ca.pem", &clients.pem());
+    let (client_cert, client_key, _) = clients.issue("worker-1", 7, true);
+    let client_cert = write(dir.path(), "client.pem", &client_cert);
+    let client_key = write(dir.path(), "client-key.pem", &client_key);
+    let broken = write(dir.path(), "broken.pem", "not a certificate");
+    let with_cert = [
+        "--cacert",
+        ca_file.as_str(),
+        "--cert",
+        client_cert.as_str(),
+        "--key",
+        client_key.as_str(),
+    ];
+
+    let mut node = Node::start_with(
+        dir.path(),
+        &[
+            "--tls-cert",
+            &cert_file,
+            "--tls-key",
+            &key_file,
+            "--tls-client-ca",
+            &client_ca_file,
+        ],
+        // A broken certificate in the environment: the flag wins.
+        &[("BELFRY_TLS__CERT_FILE", broken)],
+    );
+    node.wait_ready(&with_cert);
+    let (ok, answer) = curl(&with_cert, &node.url("/ping"));
+    assert!(ok, "{answer}");
+    assert!(answer.contains("\"OK\""), "{answer}");
+    let (ok, answer) = curl(&["--cacert", &ca_file], &node.url("/ping"));
+    assert!(!ok, "a client without a certificate is refused: {answer}");
+    let plain = format!("http://127.0.0.1:{}/ping", node.port);
+    assert!(!curl(&[], &plain).0, "no plain HTTP");
 }
 
 #[test]

@@ -76,7 +76,10 @@ impl RateLimiter {
         });
         let elapsed = now.saturating_duration_since(bucket.updated).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed * self.rate).min(self.burst);
-        bucket.updated = now;
+        // Concurrent requests read the clock before the lock: an earlier
+        // `now` arriving late must not move the bucket's time back (the
+        // interval would be refilled twice).
+        bucket.updated = bucket.updated.max(now);
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;
             Ok(())
@@ -130,6 +133,10 @@ mod tests {
         // 100 ms later one token is back, not two.
         let later = start + Duration::from_millis(100);
         assert!(limiter.check(&key(1), later).is_ok());
+        assert!(limiter.check(&key(1), later).is_err());
+        // A request that read the clock earlier refills nothing, and does
+        // not make the next one refill the same interval again.
+        assert!(limiter.check(&key(1), start).is_err());
         assert!(limiter.check(&key(1), later).is_err());
     }
 

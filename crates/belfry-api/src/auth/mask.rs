@@ -34,14 +34,22 @@ pub fn sink(sink: &SinkConfig) -> SinkConfig {
     shown
 }
 
-/// `url` with any `user:password@` replaced by `****@`.
+/// `url` with any `user:password@` replaced by `****@`. The authority is
+/// found as the URL parser finds it, past any number of `/` or `\\` after
+/// the scheme (`http:///u:p@h` was once accepted and stored, and is
+/// delivered to `h` with those credentials).
 pub fn url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
+    let Some(scheme_end) = url.find(':') else {
         return url.to_string();
     };
-    let authority_start = scheme_end + 3;
+    let after_scheme = &url[scheme_end + 1..];
+    let slashes = after_scheme.len() - after_scheme.trim_start_matches(['/', '\\']).len();
+    if slashes == 0 {
+        return url.to_string();
+    }
+    let authority_start = scheme_end + 1 + slashes;
     let rest = &url[authority_start..];
-    let authority_len = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority_len = rest.find(['/', '\\', '?', '#']).unwrap_or(rest.len());
     let authority = &rest[..authority_len];
     match authority.rfind('@') {
         Some(at) => format!(
@@ -85,6 +93,9 @@ mod tests {
         assert_eq!(url("http://h/x@y"), "http://h/x@y");
         assert_eq!(url("http://h:8080/x"), "http://h:8080/x");
         assert_eq!(url("not a url"), "not a url");
+        // Stored by older versions: the parser skips the extra slashes.
+        assert_eq!(url("http:///u:p@h/x"), "http:///****@h/x");
+        assert_eq!(url("http:\\\\u:p@h/x"), "http:\\\\****@h/x");
     }
 
     #[test]

@@ -149,6 +149,14 @@ pub(crate) async fn authenticate(
         return next.run(request).await;
     }
     let uri = request.uri().clone();
+    // Another node's forward acts for the principal that node signed, or
+    // is refused; it is never taken as a client's request.
+    if request.headers().contains_key(&crate::peer::FORWARDED) {
+        return match crate::peer::admit(&state, request).await {
+            Ok(request) => next.run(request).await,
+            Err(error) => family_error(&uri, error),
+        };
+    }
     let auth = state.auth.clone();
     let keyless = auth.options().mode == super::AuthMode::None
         || !request.headers().contains_key(header::AUTHORIZATION);
@@ -183,6 +191,18 @@ pub(crate) async fn authenticate(
                 ),
             );
         }
+        if auth.open_for_lack_of_keys() && through_proxy(&request) {
+            return family_error(
+                &uri,
+                ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    code::PROXIED_REQUEST_REFUSED,
+                    "this request came through a proxy, and the API runs without keys \
+                     only for clients on this machine: create a key \
+                     (belfry keys create --role admin) to serve it",
+                ),
+            );
+        }
         if let Err(error) = check_browser_write(&request) {
             return family_error(&uri, error);
         }
@@ -204,10 +224,24 @@ pub(crate) async fn authenticate(
             Ok(Lookup::Refused(why)) => {
                 return with_challenge(family_error(&uri, unauthorized(why)));
             }
+            Ok(Lookup::Busy(wait)) => {
+                let mut response = family_error(
+                    &uri,
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        code::KEY_LOOKUPS_BUSY,
+                        "this node cannot check a key it has not seen yet right now; retry shortly",
+                    ),
+                );
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(whole_seconds(wait)));
+                return response;
+            }
             Err(error) => return family_error(&uri, ApiError::from_store(&error)),
         };
         if let Err(wait) = auth.limiter.check(&key.id, Instant::now()) {
-            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            let seconds = whole_seconds(wait);
             let mut response = family_error(
                 &uri,
                 ApiError::new(
@@ -218,7 +252,7 @@ pub(crate) async fn authenticate(
             );
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
             return response;
         }
         Principal {
@@ -234,6 +268,27 @@ pub(crate) async fn authenticate(
     };
     request.extensions_mut().insert(principal);
     next.run(request).await
+}
+
+/// A wait as `Retry-After` seconds: rounded up, at least 1.
+fn whole_seconds(wait: std::time::Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
+}
+
+/// Whether a proxy handled the request: it carries a header that proxies
+/// add (`Forwarded`, `X-Forwarded-*`, `X-Real-IP`, `Via`), or it is
+/// HTTP/1.0, which nginx speaks to its upstreams by default (and curl or a
+/// browser never do unless told). Such a request reached loopback, but its
+/// client may be anywhere.
+fn through_proxy(request: &Request) -> bool {
+    request.version() <= axum::http::Version::HTTP_10
+        || request.headers().keys().any(|name| {
+            let name = name.as_str();
+            name == "forwarded"
+                || name == "via"
+                || name == "x-real-ip"
+                || name.starts_with("x-forwarded-")
+        })
 }
 
 /// `Bearer <token>` (the scheme is case-insensitive).

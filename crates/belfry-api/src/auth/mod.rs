@@ -18,32 +18,38 @@
 //!   loopback address: then Belfry runs open (and says so in its log), so
 //!   the quick start works without a key. A non-loopback listener with no
 //!   key refuses to start ([`check_startup`]).
+//!   While open, a request that came through a proxy is refused: the
+//!   loopback address is what open mode trusts, and a proxy on this
+//!   machine relays clients from anywhere.
 //! - `auth.mode = "none"`: no authentication (BigBen drop-in behind a
-//!   trusted network); keys are ignored.
+//!   trusted network); keys are ignored, and the `Host` must be an address
+//!   or an allowed name (against DNS rebinding).
 //!
 //! # Layout
 //! - this file: [`AuthOptions`], [`Auth`] (the key cache, the open-mode
 //!   state), [`Principal`], start-up checks and the bootstrap key;
 //! - [`middleware`]: the two layers and the route table;
 //! - [`routes`]: `/v1/keys` and `/v1/audit`, and [`routes::audit`];
+//! - [`cache`]: the known keys, and the budget for reading unknown ones;
 //! - [`limit`]: per-key token buckets;
 //! - [`mask`]: write-only secrets in tenant answers.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use belfry_core::auth::{ApiKey, AuditAction, AuditEntry, KeyHash, KeyId, KeySecret, Role};
+use belfry_core::auth::{ApiKey, AuditAction, AuditEntry, KeyId, KeySecret, Role};
 use belfry_core::{TenantName, Timestamp};
 use belfry_store::{SharedStore, StoreResult};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, code};
 
+pub mod cache;
 pub mod limit;
 pub mod mask;
 pub(crate) mod middleware;
@@ -72,19 +78,31 @@ pub struct AuthOptions {
     /// stored yet, so a deployment can be provisioned without the CLI.
     /// Env `BELFRY_AUTH__BOOTSTRAP_ADMIN_KEY`.
     pub bootstrap_admin_key: Option<String>,
-    /// Host names (without port) accepted in the `Host` header while the
-    /// node runs open, besides `localhost`, `127.0.0.1`, `[::1]` and the
-    /// listen address; `"*"` accepts any. Against DNS rebinding.
+    /// Host names (without port) accepted in the `Host` header of requests
+    /// without a key (the node open, or `mode = "none"`), besides
+    /// `localhost`, loopback addresses, the listen address and, with
+    /// `mode = "none"`, any IP address; `"*"` accepts any. Against DNS
+    /// rebinding.
     pub allowed_hosts: Vec<String>,
     /// Requests per second per key; `0` (default) turns the limit off.
     pub rate_limit_per_key: u32,
     /// Requests a key may send at once above its rate (the bucket size);
     /// `0`: twice `rate_limit_per_key`.
     pub rate_limit_burst: u32,
-    /// How long a node trusts what it read of a key (its revocation by
-    /// another node or the CLI takes effect within this). Default 5000.
+    /// How long a node trusts what it read of a key: its revocation by
+    /// another node or the CLI takes effect within this (on the node that
+    /// revoked it, at once). Default 5000, at most 60000.
     pub key_cache_ttl_ms: u64,
+    /// Store reads per second, node-wide, for keys this node does not
+    /// know yet (a key created on another node, or a made-up one); the
+    /// rest are answered 503 with `Retry-After` and cost nothing. Keys the
+    /// node knows never wait for it. Default 50, at least 1.
+    pub unknown_key_reads_per_second: u32,
 }
+
+/// The longest `auth.key_cache_ttl_ms`: how long a revoked key may still
+/// be accepted by a node that did not revoke it.
+pub const MAX_KEY_CACHE_TTL_MS: u64 = 60_000;
 
 impl Default for AuthOptions {
     fn default() -> Self {
@@ -95,6 +113,7 @@ impl Default for AuthOptions {
             rate_limit_per_key: 0,
             rate_limit_burst: 0,
             key_cache_ttl_ms: 5_000,
+            unknown_key_reads_per_second: 50,
         }
     }
 }
@@ -111,6 +130,10 @@ impl std::fmt::Debug for AuthOptions {
             .field("rate_limit_per_key", &self.rate_limit_per_key)
             .field("rate_limit_burst", &self.rate_limit_burst)
             .field("key_cache_ttl_ms", &self.key_cache_ttl_ms)
+            .field(
+                "unknown_key_reads_per_second",
+                &self.unknown_key_reads_per_second,
+            )
             .finish()
     }
 }
@@ -132,6 +155,20 @@ impl AuthOptions {
                     "auth.allowed_hosts: {host:?} is not a host name (no scheme, path or port)"
                 ));
             }
+        }
+        if self.key_cache_ttl_ms > MAX_KEY_CACHE_TTL_MS {
+            problems.push(format!(
+                "auth.key_cache_ttl_ms is {}, more than {MAX_KEY_CACHE_TTL_MS}: a revoked key \
+                 would stay valid on other nodes that long",
+                self.key_cache_ttl_ms
+            ));
+        }
+        if self.unknown_key_reads_per_second == 0 {
+            problems.push(
+                "auth.unknown_key_reads_per_second must be at least 1 (keys created on \
+                 another node are read under it)"
+                    .to_string(),
+            );
         }
         problems
     }
@@ -234,16 +271,9 @@ pub(crate) fn unauthorized(message: impl Into<String>) -> ApiError {
     )
 }
 
-/// What a node knows of one key hash, and since when.
-struct Cached {
-    key: Option<ApiKey>,
-    read_at: Instant,
-}
-
-/// Most key hashes remembered (valid or not); the cache is emptied when
-/// full, so a flood of well-formed unknown keys costs store reads, never
-/// memory.
-const CACHE_CAPACITY: usize = 10_000;
+/// Most keys whose last use is remembered; emptied whole when full (only
+/// valid keys enter it).
+const TOUCHED_CAPACITY: usize = 10_000;
 
 /// A key's `last_used_at` is written at most this often.
 const TOUCH_INTERVAL: Duration = Duration::from_secs(60);
@@ -264,7 +294,7 @@ pub struct Auth {
     /// Whether a key existed at the last check, and when that was.
     keys_exist: AtomicBool,
     keys_checked: Mutex<Option<Instant>>,
-    cache: Mutex<HashMap<KeyHash, Cached>>,
+    keys: Arc<cache::KeyCache>,
     touched: Mutex<HashMap<KeyId, Instant>>,
     pub(crate) limiter: limit::RateLimiter,
 }
@@ -300,6 +330,12 @@ pub async fn check_startup(
             "auth.mode = \"none\": no authentication, anyone who can reach {listen} may read \
              and change every tenant; use only behind a trusted network"
         );
+        if options.allowed_hosts.is_empty() {
+            tracing::info!(
+                "requests must name this node by IP address or localhost in their Host \
+                 header; list DNS names it is reached by in auth.allowed_hosts"
+            );
+        }
         return Ok(());
     }
     let keys = store
@@ -326,8 +362,8 @@ pub async fn check_startup(
     }
 }
 
-/// Stores `auth.bootstrap_admin_key` unless a key with its hash exists.
-/// Returns the key's id when it was stored now.
+/// Stores `auth.bootstrap_admin_key` unless a key with its hash exists or
+/// was revoked. Returns the key's id when it was stored now.
 ///
 /// # Errors
 /// An invalid secret or a store failure.
@@ -356,6 +392,19 @@ pub async fn seed_bootstrap_key(
         .await
         .map_err(|e| format!("cannot store the bootstrap admin key: {e}"))?;
     if !stored {
+        // Stored by another node meanwhile, or revoked: a revoked key
+        // stays revoked, whatever the configuration still says.
+        let exists = store
+            .api_key_by_hash(&secret.hash())
+            .await
+            .map_err(|e| format!("cannot read the API keys: {e}"))?
+            .is_some();
+        if !exists {
+            tracing::warn!(
+                "auth.bootstrap_admin_key was revoked: it stays revoked and is not stored \
+                 again; remove it from the configuration"
+            );
+        }
         return Ok(None);
     }
     let entry = AuditEntry::new(
@@ -379,6 +428,9 @@ pub(crate) enum Lookup {
     Valid(ApiKey),
     /// Malformed, unknown (or revoked), or expired: all a 401.
     Refused(&'static str),
+    /// Not known to this node, and its budget for reading unknown keys is
+    /// spent: a 503, retry after this long.
+    Busy(Duration),
 }
 
 impl Auth {
@@ -392,17 +444,15 @@ impl Auth {
             .collect();
         if allowed_hosts.iter().any(|h| h == "*") {
             allowed_hosts.clear();
-        } else if options.mode == AuthMode::Keys {
-            // Implicit open mode: the built-in names. With mode = "none"
-            // only configured names restrict the Host header.
-            allowed_hosts.extend(
-                ["localhost", "127.0.0.1", "[::1]", "::1"]
-                    .into_iter()
-                    .map(String::from),
-            );
+        } else {
             allowed_hosts.push(host_of_addr(listen));
         }
         let limiter = limit::RateLimiter::new(options.rate_limit_per_key, options.rate_limit_burst);
+        let keys = Arc::new(cache::KeyCache::new(
+            store.clone(),
+            Duration::from_millis(options.key_cache_ttl_ms),
+            options.unknown_key_reads_per_second,
+        ));
         Auth {
             options,
             store,
@@ -410,7 +460,7 @@ impl Auth {
             allowed_hosts,
             keys_exist: AtomicBool::new(false),
             keys_checked: Mutex::new(None),
-            cache: Mutex::new(HashMap::new()),
+            keys,
             touched: Mutex::new(HashMap::new()),
             limiter,
         }
@@ -463,7 +513,11 @@ impl Auth {
         due
     }
 
-    /// Whether the `Host` header may be served while the node is open.
+    /// Whether the `Host` header may be served without a key: a loopback
+    /// name, the listen address, a name in `auth.allowed_hosts` (`"*"`:
+    /// any) and, with `auth.mode = "none"`, any IP address. A request whose
+    /// `Host` is some other name was sent to that name: a page whose name
+    /// now resolves to this node (DNS rebinding) reads as just that.
     pub(crate) fn host_allowed(&self, host: Option<&str>) -> bool {
         let Some(host) = host else {
             return true;
@@ -472,40 +526,38 @@ impl Auth {
             return true;
         }
         let name = strip_port(host).to_ascii_lowercase();
-        self.allowed_hosts.contains(&name)
+        if name == "localhost" || self.allowed_hosts.contains(&name) {
+            return true;
+        }
+        let ip = name
+            .strip_prefix('[')
+            .and_then(|v6| v6.strip_suffix(']'))
+            .unwrap_or(&name)
+            .parse::<std::net::IpAddr>();
+        match ip {
+            Ok(ip) => ip.is_loopback() || self.options.mode == AuthMode::None,
+            Err(_) => false,
+        }
     }
 
-    /// The key behind `secret`, from the cache or the store.
+    /// Whether the node runs open (`auth.mode = "keys"`, no key yet) rather
+    /// than with `auth.mode = "none"`.
+    pub(crate) fn open_for_lack_of_keys(&self) -> bool {
+        self.open_without_keys
+    }
+
+    /// The key behind `secret`, from the node's key tables or the store
+    /// (see [`cache`]).
     pub(crate) async fn lookup(&self, secret: &str, now: Timestamp) -> StoreResult<Lookup> {
         let Ok(secret) = KeySecret::parse(secret) else {
             return Ok(Lookup::Refused("the API key is malformed"));
         };
-        let hash = secret.hash();
-        let ttl = Duration::from_millis(self.options.key_cache_ttl_ms);
-        let cached = lock(&self.cache)
-            .get(&hash)
-            .filter(|c| c.read_at.elapsed() < ttl)
-            .map(|c| c.key.clone());
-        let key = match cached {
-            Some(key) => key,
-            None => {
-                let key = self.store.api_key_by_hash(&hash).await?;
-                let mut cache = lock(&self.cache);
-                if cache.len() >= CACHE_CAPACITY {
-                    cache.clear();
-                }
-                cache.insert(
-                    hash,
-                    Cached {
-                        key: key.clone(),
-                        read_at: Instant::now(),
-                    },
-                );
-                key
+        let key = match self.keys.find(&secret.hash()).await? {
+            cache::Found::Key(key) => key,
+            cache::Found::Missing => {
+                return Ok(Lookup::Refused("the API key is unknown or revoked"));
             }
-        };
-        let Some(key) = key else {
-            return Ok(Lookup::Refused("the API key is unknown or revoked"));
+            cache::Found::Busy(wait) => return Ok(Lookup::Busy(wait)),
         };
         if key.expired(now) {
             return Ok(Lookup::Refused("the API key has expired"));
@@ -513,6 +565,25 @@ impl Auth {
         self.keys_exist.store(true, Ordering::Release);
         self.touch(&key, now);
         Ok(Lookup::Valid(key))
+    }
+
+    /// Files every stored key as known, so that a flood of made-up keys
+    /// from the first second on does not delay the real ones (they would
+    /// otherwise share the budget for unknown keys until first read).
+    ///
+    /// # Errors
+    /// The store could not list the keys.
+    pub async fn load_known_keys(&self) -> StoreResult<usize> {
+        if self.options.mode == AuthMode::None {
+            return Ok(0);
+        }
+        let read_at = Instant::now();
+        let keys = self.store.list_api_keys().await?;
+        let count = keys.len().min(cache::KNOWN_CAPACITY);
+        for key in keys.into_iter().take(cache::KNOWN_CAPACITY) {
+            self.keys.remember(key, read_at);
+        }
+        Ok(count)
     }
 
     /// Records the key's use, at most once a minute per key, off the
@@ -526,7 +597,7 @@ impl Auth {
             {
                 return;
             }
-            if touched.len() >= CACHE_CAPACITY {
+            if touched.len() >= TOUCHED_CAPACITY {
                 touched.clear();
             }
             touched.insert(key.id.clone(), Instant::now());
@@ -540,13 +611,18 @@ impl Auth {
         });
     }
 
-    /// After a key was created or revoked through this node: forget what
-    /// was cached, so the change holds at once here.
-    pub(crate) fn keys_changed(&self, any_exists: Option<bool>) {
-        lock(&self.cache).clear();
-        if let Some(exists) = any_exists {
-            self.keys_exist.store(exists, Ordering::Release);
-        }
+    /// After a key was created through this node: it is valid here at
+    /// once, and the node is no longer open.
+    pub(crate) fn key_created(&self, key: ApiKey) {
+        self.keys.created(key);
+        self.keys_exist.store(true, Ordering::Release);
+        *lock(&self.keys_checked) = None;
+    }
+
+    /// After a key was revoked through this node: refused here at once.
+    pub(crate) fn key_revoked(&self, key: &ApiKey) {
+        self.keys.revoked(&key.hash);
+        lock(&self.touched).remove(&key.id);
         *lock(&self.keys_checked) = None;
     }
 }
@@ -629,5 +705,19 @@ mod tests {
             ..AuthOptions::default()
         };
         assert_eq!(bad.problems().len(), 2);
+        let at_the_cap = AuthOptions {
+            key_cache_ttl_ms: MAX_KEY_CACHE_TTL_MS,
+            ..AuthOptions::default()
+        };
+        assert!(at_the_cap.problems().is_empty());
+        let unbounded = AuthOptions {
+            key_cache_ttl_ms: MAX_KEY_CACHE_TTL_MS + 1,
+            unknown_key_reads_per_second: 0,
+            ..AuthOptions::default()
+        };
+        let problems = unbounded.problems();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].starts_with("auth.key_cache_ttl_ms"));
+        assert!(problems[1].starts_with("auth.unknown_key_reads_per_second"));
     }
 }

@@ -136,7 +136,7 @@ pub(crate) async fn create(
         tracing::error!("a new key's hash already exists");
         return Err(V1Error(ApiError::internal()));
     }
-    state.auth.keys_changed(Some(true));
+    state.auth.key_created(key.clone());
     tracing::info!(key = %key.id, role = %key.role, tenant = ?key.tenant.as_ref().map(TenantName::as_str), "API key created");
     audit(
         &state,
@@ -223,7 +223,7 @@ pub(crate) async fn revoke(
         .delete_api_key(&key_id)
         .await?
         .ok_or_else(not_found)?;
-    state.auth.keys_changed(None);
+    state.auth.key_revoked(&removed);
     tracing::info!(key = %removed.id, "API key revoked");
     audit(
         &state,

@@ -50,8 +50,10 @@ pub(crate) async fn find(State(state): State<ApiState>, uri: Uri) -> Result<Resp
 }
 
 /// Delivers the event to its tenant now, without changing its stored
-/// state, and answers what `find` would. If the dry-run delivery failed, its
-/// failure is in `error`.
+/// state, and answers what `find` would. If the dry-run delivery failed,
+/// `error` says how: the receiver's status, how the failure classifies
+/// (`retry` or `permanent`) and how long the attempt took, never what the
+/// receiver answered.
 #[utoipa::path(
     post,
     path = "/events/dryrun",
@@ -82,15 +84,26 @@ pub(crate) async fn dry_run(
     if live_event(&state, &key).await?.is_none() {
         return Ok(not_found());
     }
+    // A delivery now, outside the tenant's delivery limits: its own rate.
+    state
+        .engine
+        .take_dry_run(&key.tenant)
+        .map_err(|exceeded| BigBenError(crate::quota::exceeded_error(&exceeded)))?;
+    let started = std::time::Instant::now();
     let Some((record, result)) = state.engine.dry_run(&key).await? else {
         return Ok(not_found());
     };
+    let took = started.elapsed().as_millis();
     let mut response = view(&state, &record).await?;
     if result.verdict != Verdict::Delivered {
+        let class = match result.verdict {
+            Verdict::Permanent => "permanent",
+            _ => "retry",
+        };
         response = response.with_error(
             result.http_status.unwrap_or(500),
             format!(
-                "dry run delivery failed: {}",
+                "dry run delivery failed ({class}, {took} ms): {}",
                 result.error.as_deref().unwrap_or("unknown error")
             ),
         );

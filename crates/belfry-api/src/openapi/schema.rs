@@ -39,7 +39,11 @@ impl utoipa::IntoResponses for V1Errors {
             ("403", "The key may not do this"),
             ("429", "Rate limit or quota"),
             ("500", "Internal error (details only in the log)"),
-            ("503", "Store unavailable; retry"),
+            (
+                "503",
+                "Store unavailable, or a key this node has not seen yet while its reads of \
+                 unknown keys are at their budget; retry (Retry-After)",
+            ),
         ]
         .into_iter()
         .map(|(status, description)| {
@@ -695,7 +699,7 @@ pub struct ClaimLeases {
     pub worker_id: String,
     #[schema(minimum = 1, maximum = 100)]
     pub max_events: Option<u64>,
-    #[schema(minimum = 1000, maximum = 43200000)]
+    #[schema(minimum = 1000, maximum = 900000)]
     pub lease_ms: Option<u64>,
     #[schema(minimum = 0, maximum = 30000)]
     pub wait_ms: Option<u64>,
@@ -727,7 +731,7 @@ pub struct LeaseList {
 /// Body of a heartbeat (`{}`: the lease's own length).
 #[derive(ToSchema)]
 pub struct HeartbeatLease {
-    #[schema(minimum = 1000, maximum = 43200000)]
+    #[schema(minimum = 1000, maximum = 900000)]
     pub extend_ms: Option<u64>,
 }
 

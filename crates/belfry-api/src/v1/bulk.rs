@@ -168,7 +168,12 @@ pub(crate) async fn create(
         principal.key.as_ref().map(|k| k.to_string()),
         now,
     );
-    if !state.engine.create_bulk_action(action.clone()).await? {
+    let created = state
+        .engine
+        .create_bulk_action(action.clone())
+        .await
+        .map_err(crate::quota::quota_error)?;
+    if !created {
         // 60 random bits collided within one millisecond.
         tracing::error!(id = %action.id, "a new bulk action's id already exists");
         return Err(V1Error(ApiError::internal()));

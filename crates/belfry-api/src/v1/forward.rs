@@ -2,11 +2,12 @@
 //! them alone (`docs/pull.md`, "In a cluster").
 //!
 //! - **A call on a lease** is answered by the node owning the partition of
-//!   the lease's event. Another node forwards it there unchanged (path,
-//!   body, `Authorization`: the owner authenticates the worker again) with
-//!   the [`FORWARDED`] header, and answers with the owner's answer. A
-//!   request that carries the header is never forwarded again: it is
-//!   answered from this node's own state. When no owner can be asked (none
+//!   the lease's event. Another node forwards it there (the same path and
+//!   body), signed for the worker's principal ([`crate::peer`]: the
+//!   worker's key stays on the node it reached), and answers with the
+//!   owner's answer. A forwarded request (its signature checked by the
+//!   authentication layer) is never forwarded again: it is answered from
+//!   this node's own state. When no owner can be asked (none
 //!   is live or known yet, or it did not answer: it may have recorded the
 //!   call and died before answering), a complete, fail or release is
 //!   answered from the store's record of exactly that lease if it shows
@@ -15,18 +16,23 @@
 //!   call took effect is not known, and repeating it is safe.
 //! - **A claim** takes this node's own ready entries first, then asks the
 //!   nodes that announced ready entries of the tenant (a claim for the rest
-//!   with `wait_ms` 0, the worker's own key), and merges the leases. With
-//!   nothing found it parks here until its wait ends, an entry comes due
-//!   here, or another node announces the tenant (then it looks there).
+//!   with `wait_ms` 0, signed for the worker's principal), and merges the
+//!   leases. With nothing found it parks here until its wait ends, an
+//!   entry comes due here, or another node announces the tenant (then it
+//!   looks there).
+//!
+//! A node that refuses this node's signature (`forward_refused`: the
+//! nodes hold different cluster secrets, or their clocks disagree) counts
+//! as not answering; the worker never sees that code.
 //!
 //! Forwards are bounded ([`MAX_FORWARDS`] at once over the node) and
-//! pooled (one HTTP client per process). Answers never name another
-//! node's address.
+//! pooled (one HTTP client per process, which never uses a proxy: nodes
+//! call each other directly). Answers never name another node's address.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use belfry_core::TenantName;
 use belfry_core::pull::{ClaimRequest, LeaseCall, LeaseId, Reply};
@@ -34,11 +40,10 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 use crate::ApiState;
+use crate::auth::Principal;
 use crate::cluster::PartitionOwner;
 use crate::error::{ApiError, V1Error, code};
-
-/// Marks a request forwarded by another node (its value: that node's id).
-pub(crate) const FORWARDED: HeaderName = HeaderName::from_static("belfry-forwarded");
+use crate::peer::FORWARDED;
 
 /// Forwards in flight at once from this node; more wait for a place.
 const MAX_FORWARDS: usize = 256;
@@ -59,6 +64,8 @@ fn client() -> &'static reqwest::Client {
             .tcp_nodelay(true)
             .pool_max_idle_per_host(MAX_FORWARDS)
             .redirect(reqwest::redirect::Policy::none())
+            // `HTTP_PROXY` and friends are for calls leaving the cluster.
+            .no_proxy()
             .build()
             .unwrap_or_else(|error| {
                 // Only a broken TLS setup fails here; forwards then fail
@@ -74,7 +81,8 @@ fn permits() -> &'static Semaphore {
     &PERMITS
 }
 
-/// Whether another node forwarded this request.
+/// Whether another node forwarded this request (the authentication
+/// layer admitted its signature).
 fn is_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(&FORWARDED)
 }
@@ -128,6 +136,15 @@ pub(crate) async fn owner_unreachable(
 enum ForwardError {
     #[error("this node has not joined the cluster")]
     NotJoined,
+    #[error("the OS random source failed while signing")]
+    Signing,
+    #[error("the node's advertised address does not make a URL")]
+    BadUrl,
+    #[error(
+        "the node refused this node's signature: do the nodes share the cluster secret, \
+         and do their clocks agree?"
+    )]
+    SignatureRefused,
     /// Without its URL: the log names the node, not its address or the
     /// lease.
     #[error("{0}")]
@@ -140,29 +157,53 @@ impl From<reqwest::Error> for ForwardError {
     }
 }
 
-/// POSTs `body` to `path` on the node at `url` as a forwarded request,
-/// with the worker's `Authorization`.
+/// POSTs `body` to `path` on node `to` at `url`, signed as a forward of
+/// `principal`'s request.
 async fn post(
     state: &ApiState,
-    headers: &HeaderMap,
+    principal: &Principal,
+    to: &str,
     url: &str,
     path: &str,
     body: bytes::Bytes,
 ) -> Result<(StatusCode, bytes::Bytes), ForwardError> {
-    let node = state.engine.cluster_node().ok_or(ForwardError::NotJoined)?;
+    let peers = state.cluster.peers().ok_or(ForwardError::NotJoined)?;
+    let url = reqwest::Url::parse(&format!("{url}{path}")).map_err(|_| ForwardError::BadUrl)?;
+    // The target as sent: the URL parser may have escaped characters.
+    let target = match url.query() {
+        Some(query) => format!("{}?{query}", url.path()),
+        None => url.path().to_owned(),
+    };
+    // Signed once a place is free: waiting may take a while.
     let _permit = permits().acquire().await;
+    let signed = peers
+        .sign(
+            &Method::POST,
+            &target,
+            to,
+            state.engine.now().as_millis(),
+            principal,
+            &body,
+        )
+        .map_err(|_| ForwardError::Signing)?;
     let mut request = client()
-        .post(format!("{url}{path}"))
+        .post(url)
         .header(header::CONTENT_TYPE, "application/json")
-        .header(FORWARDED, node.0.as_str())
         .body(body);
-    if let Some(authorization) = headers.get(header::AUTHORIZATION) {
-        request = request.header(header::AUTHORIZATION, authorization);
+    for (name, value) in signed {
+        request = request.header(name, value);
     }
     let response = request.send().await?;
     let status = StatusCode::from_u16(response.status().as_u16())
         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    Ok((status, response.bytes().await?))
+    let body = response.bytes().await?;
+    if status == StatusCode::FORBIDDEN {
+        let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
+        if answer["error"]["code"] == code::FORWARD_REFUSED {
+            return Err(ForwardError::SignatureRefused);
+        }
+    }
+    Ok((status, body))
 }
 
 /// Where a call on `lease` must go: `None` to answer it here.
@@ -205,14 +246,14 @@ pub(crate) fn lease_owner(
 /// answers what it answered; with no answer, [`owner_unreachable`].
 pub(crate) async fn lease_call(
     state: &ApiState,
-    headers: &HeaderMap,
+    principal: &Principal,
     owner: &PartitionOwner,
     lease: &LeaseId,
     call: &LeaseCall,
     path: &str,
     body: bytes::Bytes,
 ) -> Result<Response, V1Error> {
-    match post(state, headers, &owner.url, path, body).await {
+    match post(state, principal, &owner.node, &owner.url, path, body).await {
         Ok((status, body)) => Ok((
             status,
             [(
@@ -242,7 +283,7 @@ pub(crate) enum NotCompleted {
 /// validated JSON text).
 pub(crate) async fn complete_on(
     state: &ApiState,
-    headers: &HeaderMap,
+    principal: &Principal,
     owner: &PartitionOwner,
     lease_text: &str,
     result: Option<&str>,
@@ -252,7 +293,16 @@ pub(crate) async fn complete_on(
         Some(result) => format!(r#"{{"result":{result}}}"#),
         None => "{}".to_owned(),
     };
-    match post(state, headers, &owner.url, &path, body.into()).await {
+    match post(
+        state,
+        principal,
+        &owner.node,
+        &owner.url,
+        &path,
+        body.into(),
+    )
+    .await
+    {
         Ok((StatusCode::OK, _)) => Ok(()),
         Ok((_, body)) => {
             let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
@@ -298,7 +348,7 @@ fn leases_of(reply: Reply) -> Result<Vec<Value>, V1Error> {
 /// it could not be asked.
 async fn claim_on(
     state: &ApiState,
-    headers: &HeaderMap,
+    principal: &Principal,
     node: &str,
     tenant: &TenantName,
     request: &ClaimRequest,
@@ -318,7 +368,7 @@ async fn claim_on(
     if let Some(queues) = &request.queues {
         body["queues"] = queues.iter().map(|queue| queue.as_str()).collect();
     }
-    match post(state, headers, &url, &path, body.to_string().into()).await {
+    match post(state, principal, node, &url, &path, body.to_string().into()).await {
         Ok((StatusCode::OK, body)) => {
             let mut answer: Value = serde_json::from_slice(&body).ok()?;
             match answer.get_mut("leases").map(Value::take) {
@@ -341,7 +391,7 @@ async fn claim_on(
 /// announced ready entries of `tenant`.
 async fn claim_elsewhere(
     state: &ApiState,
-    headers: &HeaderMap,
+    principal: &Principal,
     tenant: &TenantName,
     request: &ClaimRequest,
     leases: &mut Vec<Value>,
@@ -352,7 +402,7 @@ async fn claim_elsewhere(
         if want == 0 {
             return;
         }
-        match claim_on(state, headers, &node, tenant, request, want).await {
+        match claim_on(state, principal, &node, tenant, request, want).await {
             Some(got) => {
                 if got.len() < want {
                     state.engine.pull_node_drained(tenant, &node);
@@ -373,6 +423,7 @@ fn leases_answer(leases: Vec<Value>) -> Response {
 pub(crate) async fn claim(
     state: &ApiState,
     headers: &HeaderMap,
+    principal: &Principal,
     tenant: &TenantName,
     request: &ClaimRequest,
 ) -> Option<Result<Response, V1Error>> {
@@ -380,12 +431,12 @@ pub(crate) async fn claim(
     if is_forwarded(headers) {
         return None;
     }
-    Some(claim_in_cluster(state, headers, tenant, request).await)
+    Some(claim_in_cluster(state, principal, tenant, request).await)
 }
 
 async fn claim_in_cluster(
     state: &ApiState,
-    headers: &HeaderMap,
+    principal: &Principal,
     tenant: &TenantName,
     request: &ClaimRequest,
 ) -> Result<Response, V1Error> {
@@ -399,7 +450,7 @@ async fn claim_in_cluster(
     let mut watch = engine.pull_watch_elsewhere(tenant);
     let mut leases = leases_of(engine.pull_claim(tenant.clone(), at_once).await)?;
     loop {
-        claim_elsewhere(state, headers, tenant, request, &mut leases).await;
+        claim_elsewhere(state, principal, tenant, request, &mut leases).await;
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         if !leases.is_empty() || remaining.is_zero() {
             return Ok(leases_answer(leases));

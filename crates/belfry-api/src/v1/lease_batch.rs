@@ -23,6 +23,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::ApiState;
+use crate::auth::Principal;
 use crate::error::V1Error;
 use crate::extract::{V1Json, V1Path};
 use crate::v1::forward;
@@ -88,6 +89,7 @@ fn item_error_as(lease_id: &str, code: &str, message: &str) -> Value {
 )]
 pub(crate) async fn complete_batch(
     State(state): State<ApiState>,
+    principal: Principal,
     headers: HeaderMap,
     V1Path(tenant): V1Path<String>,
     V1Json(body): V1Json<CompleteBatchBody>,
@@ -114,6 +116,7 @@ pub(crate) async fn complete_batch(
     let answers = futures::future::join_all(calls.into_iter().map(|(text, lease, result)| {
         let state = &state;
         let headers = &headers;
+        let principal = &principal;
         let tenant = &tenant;
         async move {
             // The route admitted the key for the path's tenant only: a
@@ -134,7 +137,8 @@ pub(crate) async fn complete_batch(
                 Err(forward::NoOwner) => None,
             };
             if let Some(owner) = owner {
-                match forward::complete_on(state, headers, &owner, &text, result.as_deref()).await {
+                match forward::complete_on(state, principal, &owner, &text, result.as_deref()).await
+                {
                     Ok(()) => return item_delivered(&text),
                     Err(forward::NotCompleted::Refused(code, message)) => {
                         return item_error_as(&text, &code, &message);

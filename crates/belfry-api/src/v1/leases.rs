@@ -32,7 +32,9 @@ pub(super) fn pull_error(error: PullError) -> V1Error {
     let status = match error {
         PullError::LeaseLost => StatusCode::CONFLICT,
         PullError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        PullError::TooManyWaiters | PullError::TooManyCalls => StatusCode::TOO_MANY_REQUESTS,
+        PullError::TooManyWaiters | PullError::TooManyCalls | PullError::TooManyLeases => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
     };
     V1Error(ApiError::new(status, error.code(), error.to_string()))
 }
@@ -127,7 +129,7 @@ pub(super) fn answer(reply: Reply) -> Result<Response, V1Error> {
         (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Too many claims waiting, or rate limit", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Too many claims waiting, the tenant holds its share of the node's leases (`too_many_leases`), or rate limit", body = crate::openapi::schema::V1Error),
         (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
         (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
     )
@@ -135,6 +137,7 @@ pub(super) fn answer(reply: Reply) -> Result<Response, V1Error> {
 pub(crate) async fn claim(
     State(state): State<ApiState>,
     Extension(budget): Extension<AnswerBudget>,
+    principal: Principal,
     headers: HeaderMap,
     V1Path(tenant): V1Path<String>,
     V1Json(body): V1Json<ClaimBody>,
@@ -163,7 +166,7 @@ pub(crate) async fn claim(
         }
         None => return Err(tenant_not_found(&name)),
     }
-    if let Some(answered) = forward::claim(&state, &headers, &name, &request).await {
+    if let Some(answered) = forward::claim(&state, &headers, &principal, &name, &request).await {
         return answered;
     }
     match state.engine.pull_claim(name, request).await {
@@ -228,7 +231,7 @@ macro_rules! lease_route {
                 Ok(None) => answer(state.engine.pull_call(lease, call).await),
                 Ok(Some(owner)) => {
                     let path = format!(concat!("/v1/leases/{}/", $call), lease);
-                    forward::lease_call(&state, &headers, &owner, &lease, &call, &path, raw).await
+                    forward::lease_call(&state, &principal, &owner, &lease, &call, &path, raw).await
                 }
                 Err(forward::NoOwner) => forward::owner_unreachable(&state, &lease, &call).await,
             }

@@ -25,7 +25,7 @@ pub const DEFAULT_WAIT: Duration = Duration::ZERO;
 /// Shortest lease (and heartbeat extension).
 pub const MIN_LEASE: Duration = Duration::from_secs(1);
 /// Longest lease (and heartbeat extension).
-pub const MAX_LEASE: Duration = Duration::from_secs(12 * 3600);
+pub const MAX_LEASE: Duration = Duration::from_secs(15 * 60);
 /// `lease_ms` when a claim does not say.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The heartbeat interval advised with a lease is a third of the lease, at
@@ -358,10 +358,9 @@ mod tests {
             (request.max_events, request.lease, request.wait),
             (1, DEFAULT_LEASE, Duration::ZERO)
         );
-        let request = claim(
-            r#"{"worker_id": "w", "max_events": 100, "lease_ms": 43200000, "wait_ms": 30000}"#,
-        )
-        .unwrap();
+        let request =
+            claim(r#"{"worker_id": "w", "max_events": 100, "lease_ms": 900000, "wait_ms": 30000}"#)
+                .unwrap();
         assert_eq!(
             (request.max_events, request.lease, request.wait),
             (100, MAX_LEASE, MAX_WAIT)
@@ -389,7 +388,7 @@ mod tests {
         }
         for body in [
             r#"{"worker_id": "w", "lease_ms": 999}"#,
-            r#"{"worker_id": "w", "lease_ms": 43200001}"#,
+            r#"{"worker_id": "w", "lease_ms": 900001}"#,
             r#"{"worker_id": "w", "wait_ms": 30001}"#,
             r#"{"worker_id": "w", "wait_ms": 18446744073709551615}"#,
         ] {
@@ -444,7 +443,7 @@ mod tests {
             Ok(Some(Duration::from_secs(30)))
         );
         assert!(heartbeat(r#"{"extend_ms": 10}"#).is_err());
-        assert!(heartbeat(r#"{"extend_ms": 43200001}"#).is_err());
+        assert!(heartbeat(r#"{"extend_ms": 900001}"#).is_err());
         let release = |json: &str| {
             serde_json::from_str::<ReleaseBody>(json)
                 .unwrap()

@@ -80,9 +80,11 @@
 //!   complete, fail or release of the same lease answers as the first did.
 //! - Claims are answered oldest first per tenant, only with their
 //!   tenant's events; a ready entry never waits while a claim of its
-//!   tenant waits (unless the lease bound is reached).
+//!   tenant waits (unless the node's lease bound or the tenant's share of
+//!   it is reached).
 //! - Bounded: ready + granting `<= max_ready` (per tenant
-//!   `<= max_ready_per_tenant`), leases + granting `<= max_leases`,
+//!   `<= max_ready_per_tenant`), leases + granting `<= max_leases` (per
+//!   tenant `<= max_leases_per_tenant`),
 //!   waiters `<= max_waiters` (per tenant `<= max_waiters_per_tenant`),
 //!   remembered `<= max_remembered`, calls queued per lease
 //!   `<= MAX_QUEUED_CALLS_PER_LEASE`.

@@ -29,6 +29,9 @@ pub struct PullConfig {
     /// Leases held (active, being recorded, cancelled until their expiry)
     /// plus grants being recorded; claims wait while it is reached.
     pub max_leases: usize,
+    /// … of one tenant: its claims wait at it while other tenants' are
+    /// still served, so one tenant cannot hold every lease of the node.
+    pub max_leases_per_tenant: usize,
     /// Claims parked (long-polling or being granted); more are refused.
     pub max_waiters: usize,
     /// … of one tenant.
@@ -50,6 +53,7 @@ impl Default for PullConfig {
             max_ready: 100_000,
             max_ready_per_tenant: 10_000,
             max_leases: 100_000,
+            max_leases_per_tenant: 10_000,
             max_waiters: 10_000,
             max_waiters_per_tenant: 1_000,
             max_remembered: 100_000,
@@ -259,6 +263,13 @@ pub enum PullError {
     TooManyWaiters,
     #[error("too many calls on this lease are in progress")]
     TooManyCalls,
+    /// The tenant holds its share of the node's leases
+    /// (`max_leases_per_tenant`).
+    #[error(
+        "this tenant holds its share of this node's leases (pull.max_leases_per_tenant); \
+         complete, fail or release some before claiming more"
+    )]
+    TooManyLeases,
 }
 
 impl PullError {
@@ -269,6 +280,7 @@ impl PullError {
             PullError::Unavailable => "store_unavailable",
             PullError::TooManyWaiters => "too_many_waiters",
             PullError::TooManyCalls => "too_many_calls",
+            PullError::TooManyLeases => "too_many_leases",
         }
     }
 }
@@ -471,6 +483,9 @@ pub struct PullQueue {
     held: BTreeMap<(EventKey, EventVersion), Place>,
     grants: BTreeMap<OpId, GrantBatch>,
     granting_items: usize,
+    /// Leases plus grants being recorded, per tenant (the per-tenant lease
+    /// bound).
+    leases_by_tenant: HashMap<TenantName, usize>,
     leases: HashMap<LeaseId, Lease>,
     /// Active leases' expiries, cancelled leases' ends, and retries of
     /// expiries that could not be recorded.
@@ -503,6 +518,7 @@ impl PullQueue {
             held: BTreeMap::new(),
             grants: BTreeMap::new(),
             granting_items: 0,
+            leases_by_tenant: HashMap::new(),
             leases: HashMap::new(),
             timers: BTreeSet::new(),
             lease_ops: HashMap::new(),
@@ -649,6 +665,38 @@ impl PullQueue {
         self.config
             .max_leases
             .saturating_sub(self.leases.len() + self.granting_items)
+    }
+
+    /// Leases plus grants being recorded of `tenant`.
+    pub fn leases_of(&self, tenant: &TenantName) -> usize {
+        self.leases_by_tenant.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// New leases of `tenant` that fit: the node's room, at most what is
+    /// left of the tenant's share.
+    pub fn lease_room_of(&self, tenant: &TenantName) -> usize {
+        self.lease_room().min(
+            self.config
+                .max_leases_per_tenant
+                .saturating_sub(self.leases_of(tenant)),
+        )
+    }
+
+    fn count_leases(&mut self, tenant: &TenantName, added: usize) {
+        *self.leases_by_tenant.entry(tenant.clone()).or_default() += added;
+    }
+
+    /// One lease (or grant) of `tenant` ended: its claims may fit again.
+    fn uncount_lease(&mut self, tenant: &TenantName) {
+        if let Some(count) = self.leases_by_tenant.get_mut(tenant) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.leases_by_tenant.remove(tenant);
+            }
+        }
+        if self.waiting.contains_key(tenant) {
+            self.dirty.insert(tenant.clone());
+        }
     }
 
     /// When the runtime must send [`Input::Tick`] next, if anything is
@@ -831,6 +879,15 @@ impl PullQueue {
             });
             return;
         }
+        // Said at once rather than parked: at its share, only its own
+        // leases ending let a tenant claim more.
+        if self.leases_of(&tenant) >= self.config.max_leases_per_tenant {
+            out.push(Action::Reply {
+                call,
+                reply: Reply::Error(PullError::TooManyLeases),
+            });
+            return;
+        }
         self.next_waiter += 1;
         let seq = self.next_waiter;
         let deadline = now.plus(request.wait);
@@ -939,9 +996,14 @@ impl PullQueue {
             if self.ready.len_of(tenant) == 0 {
                 return;
             }
-            let room = self.lease_room();
-            if room == 0 {
+            if self.lease_room() == 0 {
                 self.starved = true;
+                return;
+            }
+            // At its share the tenant's claims wait for its own leases to
+            // end (which marks it dirty again); others are still served.
+            let room = self.lease_room_of(tenant);
+            if room == 0 {
                 return;
             }
             let Some(waiter) = self.waiters.get(&seq) else {
@@ -1001,6 +1063,7 @@ impl PullQueue {
                 });
             }
             self.granting_items += items.len();
+            self.count_leases(tenant, items.len());
             if let Some(waiter) = self.waiters.get_mut(&seq) {
                 waiter.granting = Some(op);
             }
@@ -1044,6 +1107,8 @@ impl PullQueue {
             } = item;
             let tenant = entry.entry.key.tenant.clone();
             let held_key = (entry.entry.key.clone(), entry.record.version.clone());
+            // The grant is counted no longer; a lease it became, below.
+            self.uncount_lease(&tenant);
             if fate == Fate::PartitionLost {
                 // Its ready count went with the partition.
                 continue;
@@ -1161,6 +1226,7 @@ impl PullQueue {
             Place::Leased { lease: id.clone() },
         );
         self.timers.insert((record.expires_at, id.clone()));
+        self.count_leases(&entry.entry.key.tenant, 1);
         self.leases.insert(
             id.clone(),
             Lease {
@@ -1553,6 +1619,7 @@ impl PullQueue {
 
     fn remove_lease(&mut self, id: &LeaseId) -> Option<Lease> {
         let lease = self.leases.remove(id)?;
+        self.uncount_lease(&id.key().tenant);
         self.timers.remove(&(lease.expires_at, id.clone()));
         if let Some(busy) = &lease.busy {
             self.lease_ops.remove(&busy.op);

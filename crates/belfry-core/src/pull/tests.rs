@@ -1225,6 +1225,41 @@ fn claims_wait_while_the_lease_bound_is_reached() {
 }
 
 #[test]
+fn a_tenant_at_its_lease_share_is_refused_while_others_are_served() {
+    let mut h = Harness::with(PullConfig {
+        max_leases: 4,
+        max_leases_per_tenant: 2,
+        ..PullConfig::default()
+    });
+    h.offer(vec![
+        ready("t", "a", 0),
+        ready("t", "b", 0),
+        ready("t", "c", 0),
+        ready("u", "d", 0),
+    ]);
+    let leases = h.grant("t", 5, 30_000);
+    assert_eq!(ids(&leases), ["a", "b"], "no more than its share");
+    assert_eq!(h.queue.leases_of(&tenant("t")), 2);
+    let (_, actions) = h.claim("t", 1, 30_000, 10_000);
+    assert!(
+        matches!(
+            &actions[..],
+            [Action::Reply {
+                reply: Reply::Error(PullError::TooManyLeases),
+                ..
+            }]
+        ),
+        "{actions:#?}"
+    );
+    assert_eq!(PullError::TooManyLeases.code(), "too_many_leases");
+    assert_eq!(ids(&h.grant("u", 5, 30_000)), ["d"], "u is still served");
+    // One of t's leases ends: t may claim again, up to its share.
+    h.call_done(&leases[0].lease, LeaseCall::Complete { result: None });
+    assert_eq!(ids(&h.grant("t", 5, 30_000)), ["c"]);
+    assert_eq!(h.queue.leases_of(&tenant("t")), 2);
+}
+
+#[test]
 fn remembered_outcomes_are_bounded_in_time_and_number() {
     let mut h = Harness::with(PullConfig {
         max_remembered: 2,

@@ -175,7 +175,14 @@ impl Client {
         request: &[u8],
         partial: &mut Partial,
     ) -> Result<Response, TransportError> {
-        if let Some(conn) = self.pool.checkout(&endpoint.authority) {
+        // A kept-alive connection is checked again: the policy can change
+        // (the node's open switch) while it sits in the pool.
+        let pooled = self.pool.checkout(&endpoint.authority).filter(|conn| {
+            conn.stream
+                .peer_addr()
+                .is_ok_and(|peer| self.egress.check(peer.ip()).is_ok())
+        });
+        if let Some(conn) = pooled {
             match self.exchange(endpoint, conn, request, partial).await {
                 Ok(response) => return Ok(response),
                 Err(Failure::Other(error)) => return Err(error),
@@ -862,7 +869,7 @@ mod unit_tests {
         let addresses = |list: &[&str]| -> Vec<SocketAddr> {
             list.iter().map(|a| a.parse().unwrap()).collect()
         };
-        let policy = EgressPolicy::default();
+        let policy = EgressPolicy::new(crate::egress::EgressOptions::internal());
         let (allowed, refusal) = allowed_addresses(
             addresses(&[
                 "169.254.169.254:80",

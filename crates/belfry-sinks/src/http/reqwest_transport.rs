@@ -40,8 +40,8 @@ pub struct ReqwestTransport {
 pub struct ReqwestTarget {
     url: reqwest::Url,
     headers: HeaderMap,
-    /// Set when the URL's host is an IP literal the policy refuses.
-    refused: Option<EgressRefusal>,
+    /// The URL's host when it is an IP literal (checked at every send).
+    literal: Option<IpAddr>,
 }
 
 impl ReqwestTransport {
@@ -109,7 +109,7 @@ impl Transport for ReqwestTransport {
         Ok(ReqwestTarget {
             url: url.clone(),
             headers: headers.clone(),
-            refused: literal.and_then(|ip| self.egress.check(ip).err()),
+            literal,
         })
     }
 
@@ -119,8 +119,10 @@ impl Transport for ReqwestTransport {
         request: Outgoing<'_>,
         timeout: Duration,
     ) -> Result<Response, TransportError> {
-        if let Some(refusal) = &target.refused {
-            return Err(TransportError::Egress(refusal.clone()));
+        // Checked at every send: the policy can change (the node's open
+        // switch), and reqwest does not resolve address literals.
+        if let Some(refusal) = target.literal.and_then(|ip| self.egress.check(ip).err()) {
+            return Err(TransportError::Egress(refusal));
         }
         let mut headers = target.headers.clone();
         headers.insert(

@@ -29,7 +29,8 @@ use crate::signing::{
 };
 use crate::{Delivery, DeliveryResult, Sink};
 
-/// How much of a refusal's body goes into the error message.
+/// How much of a refusal's body the transports keep. It never goes into
+/// an error message (see `status_result`).
 pub const ERROR_BODY_LIMIT: usize = 1024;
 
 /// How much of a response's body is read so the connection can be reused;
@@ -119,12 +120,12 @@ enum Route {
 }
 
 impl HttpSink {
-    /// The sink with the default egress policy (`internal`).
+    /// The sink with the egress policy `internal` (tests, embedding).
     ///
     /// # Errors
     /// When reqwest cannot build the client (e.g. an invalid user agent).
     pub fn new(options: HttpSinkOptions) -> Result<Self, HttpSinkError> {
-        Self::with_egress(options, EgressOptions::default())
+        Self::with_egress(options, EgressOptions::internal())
     }
 
     /// # Errors
@@ -157,7 +158,24 @@ impl HttpSink {
         plain_http: PlainHttp,
         roots: Vec<reqwest::Certificate>,
     ) -> Result<Self, HttpSinkError> {
-        let egress = Arc::new(EgressPolicy::new(egress));
+        Self::with_policy(
+            options,
+            Arc::new(EgressPolicy::new(egress)),
+            plain_http,
+            roots,
+        )
+    }
+
+    /// The sink checking `egress`, shared with the node's other sinks.
+    ///
+    /// # Errors
+    /// When reqwest cannot build the client (e.g. an invalid user agent).
+    pub fn with_policy(
+        options: HttpSinkOptions,
+        egress: Arc<EgressPolicy>,
+        plain_http: PlainHttp,
+        roots: Vec<reqwest::Certificate>,
+    ) -> Result<Self, HttpSinkError> {
         let reqwest = ReqwestTransport::with_roots(&options, Arc::clone(&egress), roots)
             .map_err(HttpSinkError::Client)?;
         let plain = Client::new(
@@ -228,17 +246,21 @@ impl HttpSink {
     }
 }
 
-/// The result for a response with `status`; `body` is the start of a
-/// non-2xx body, for the message.
-fn status_result(status: u16, body: &[u8]) -> DeliveryResult {
+/// The result for a response with `status`. The message is the status and
+/// its reason phrase, never the receiver's body: whoever reads the error
+/// (the tenant, through `last_error`, the attempts or a dry run) must not
+/// read what a service behind the URL answered.
+fn status_result(status: u16) -> DeliveryResult {
     let verdict = classify_status(status);
     if verdict == Verdict::Delivered {
         return DeliveryResult::delivered(Some(status));
     }
-    let message = if body.is_empty() {
-        format!("HTTP {status}")
-    } else {
-        format!("HTTP {status}: {}", String::from_utf8_lossy(body))
+    let message = match reqwest::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|code| code.canonical_reason())
+    {
+        Some(reason) => format!("HTTP {status} {reason}"),
+        None => format!("HTTP {status}"),
     };
     DeliveryResult::failed(verdict, Some(status), message)
 }
@@ -318,7 +340,7 @@ fn outcome(
     timeout: Duration,
 ) -> DeliveryResult {
     match sent {
-        Ok(response) => status_result(response.status, &response.body),
+        Ok(response) => status_result(response.status),
         Err(error) => {
             let (verdict, reason) = classify_transport_error(&error, connect_timeout, timeout);
             DeliveryResult::failed(verdict, None, reason)
@@ -334,6 +356,11 @@ fn outcome(
 fn tenant_headers(tenant_headers: &BTreeMap<String, String>) -> Result<HeaderMap, String> {
     let mut headers = HeaderMap::with_capacity(tenant_headers.len() + 9);
     for (name, value) in tenant_headers {
+        if belfry_core::tenant::reserved_header(name) {
+            // Refused at registration; one stored by an older version is
+            // left out rather than sent.
+            continue;
+        }
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| format!("tenant header name {name:?} is not a valid HTTP header name"))?;
         let value = HeaderValue::from_bytes(value.as_bytes())

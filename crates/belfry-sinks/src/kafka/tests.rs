@@ -102,7 +102,7 @@ async fn deliver(sink: &KafkaSink, tenant: &TenantConfig, event: &EventRecord) -
 }
 
 fn sink() -> KafkaSink {
-    KafkaSink::new(KafkaSinkOptions::default(), EgressOptions::default())
+    KafkaSink::new(KafkaSinkOptions::default(), EgressOptions::internal())
 }
 
 /// One record read back from `topic` (partition 0, from the start).
@@ -358,7 +358,7 @@ async fn producers_are_bounded() {
             max_producers: 2,
             ..KafkaSinkOptions::default()
         },
-        EgressOptions::default(),
+        EgressOptions::internal(),
     );
     for (i, linger) in ["1", "2", "3", "1"].iter().enumerate() {
         let mut tenant = tenant(&broker, &topic, &[("linger.ms", linger)]);
@@ -502,7 +502,7 @@ async fn a_full_producer_queue_is_a_retry() {
             queue_max_messages: 1,
             ..KafkaSinkOptions::default()
         },
-        EgressOptions::default(),
+        EgressOptions::internal(),
     );
     let tenant = tenant(&broker, &topic, &[("message.timeout.ms", "3000")]);
     delivered_eventually(&sink, &tenant, &event(&tenant, "first", "p".into())).await;

@@ -4,6 +4,7 @@
 //! |------------|------------------------------|-------|
 //! | `api_keys` | the key's hash (hex)         | format byte + JSON `ApiKey` |
 //! | `audit`    | `at` (8 bytes, sortable) ++ id | format byte + JSON `AuditEntry` |
+//! | `revoked_api_keys` | a revoked key's hash (hex) | its id (so a revoked secret is never stored again) |
 //!
 //! Both are small and rarely written, so they bypass the group-commit
 //! writers: each write is its own fsynced insert on a blocking thread,
@@ -29,6 +30,8 @@ const FORMAT_V1: u8 = 1;
 pub(crate) struct AuthKeyspaces {
     db: Database,
     keys: Keyspace,
+    /// Hashes of revoked keys: [`AuthKeyspaces::put_key`] refuses them.
+    revoked: Keyspace,
     audit: Keyspace,
     /// Serializes the writes of this file.
     write: Arc<Mutex<()>>,
@@ -40,6 +43,9 @@ impl AuthKeyspaces {
             db: db.clone(),
             keys: db
                 .keyspace("api_keys", KeyspaceCreateOptions::default)
+                .map_err(internal)?,
+            revoked: db
+                .keyspace("revoked_api_keys", KeyspaceCreateOptions::default)
                 .map_err(internal)?,
             audit: db
                 .keyspace("audit", KeyspaceCreateOptions::default)
@@ -66,10 +72,9 @@ impl AuthKeyspaces {
 
     pub(crate) fn put_key(&self, key: &ApiKey) -> StoreResult<bool> {
         let _guard = self.lock();
-        if self
-            .keys
-            .contains_key(key.hash.as_str().as_bytes())
-            .map_err(internal)?
+        let hash = key.hash.as_str().as_bytes();
+        if self.keys.contains_key(hash).map_err(internal)?
+            || self.revoked.contains_key(hash).map_err(internal)?
         {
             return Ok(false);
         }
@@ -105,6 +110,12 @@ impl AuthKeyspaces {
         let Some(key) = self.list_keys()?.into_iter().find(|k| k.id == *id) else {
             return Ok(None);
         };
+        // The tombstone first: a crash in between leaves a key that is
+        // still valid and cannot be stored again, never a revoked key that
+        // could be.
+        self.revoked
+            .insert(key.hash.as_str().as_bytes(), key.id.as_str().as_bytes())
+            .map_err(internal)?;
         self.keys
             .remove(key.hash.as_str().as_bytes())
             .map_err(internal)?;
