@@ -74,6 +74,9 @@ pub mod code {
     pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
     /// An event's payload is larger than `limits.max_payload_bytes`.
     pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
+    /// The node holds `api.max_answer_bytes_in_flight` of large answers
+    /// already (503, `Retry-After`).
+    pub const ANSWERS_BUSY: &str = "answers_busy";
     /// The tenant has `limits.max_bulk_actions_per_tenant` running (429).
     pub const TOO_MANY_BULK_ACTIONS: &str = "too_many_bulk_actions";
 }

@@ -7,6 +7,8 @@
 //!
 //! # Layout
 //! - [`options`]: [`ApiOptions`], the limits and BigBen's lapse offset;
+//! - [`answers`]: the byte budgets of large answers (per answer and node
+//!   wide);
 //! - [`cluster`]: [`ClusterView`], what `/events/cluster` reports;
 //! - [`error`]: [`error::ApiError`] and its two renderings (BigBen's
 //!   `{"message"}`, `/v1`'s `{"error": {"code", "message"}}`);
@@ -39,6 +41,7 @@ use axum::response::{IntoResponse, Response};
 use belfry_engine::EngineHandle;
 use tower_http::catch_panic::CatchPanicLayer;
 
+pub mod answers;
 pub mod auth;
 mod bigben;
 pub mod cluster;
@@ -111,6 +114,7 @@ pub fn router(state: ApiState) -> Router {
         ))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(axum::middleware::from_fn(metrics::record_request))
+        .layer(axum::Extension(answers::AnswerBudget::new(&state.options)))
         .with_state(state)
 }
 

@@ -24,6 +24,16 @@ pub struct ApiOptions {
     /// Largest `limit` accepted by list endpoints; larger is `400`.
     /// Default 1,000.
     pub max_list_limit: usize,
+    /// Most bytes of items one answer holds (event listings): a page stops
+    /// before the item that would pass it and answers its `next_cursor`
+    /// as usual; it always holds at least one item. Default 4 MiB.
+    pub max_answer_bytes: usize,
+    /// Most bytes of such answers the node holds at once, from before
+    /// their store reads until their last byte is handed to the client's
+    /// connection (slow readers hold theirs longer). A request that finds
+    /// it spent waits up to 2 s, then gets `503 answers_busy` with
+    /// `Retry-After`. Default 256 MiB.
+    pub max_answer_bytes_in_flight: usize,
 }
 
 impl Default for ApiOptions {
@@ -34,6 +44,8 @@ impl Default for ApiOptions {
             lapse_offset_ms: 0,
             default_list_limit: 100,
             max_list_limit: 1_000,
+            max_answer_bytes: 4 * 1024 * 1024,
+            max_answer_bytes_in_flight: 256 * 1024 * 1024,
         }
     }
 }

@@ -55,6 +55,13 @@ pub enum Scenario {
     /// healthy tenant's lateness, early and missing, the node's peak RSS
     /// and CPU, and the connections the hung endpoint held.
     Hung(HungArgs),
+    /// `--readers` clients listing `--reader-events` events of
+    /// `--reader-payload-bytes` each (`GET /v1/tenants/{t}/events?limit=1000`)
+    /// and reading every answer at `--read-bytes-per-s`, again and again,
+    /// next to a healthy tenant receiving `--healthy-rate` events/s for
+    /// `--duration`: the healthy tenant's lateness, the node's peak RSS,
+    /// the answers read and refused.
+    Readers(ReadersArgs),
     /// `--count` recurring schedules created with `PUT
     /// /v1/tenants/{tenant}/schedules/{id}` (Quartz `"{i % 60} * * * * ?"`:
     /// every minute, spread over the seconds of the minute), then their
@@ -245,6 +252,42 @@ pub struct HungArgs {
     /// [default: 10 s + 20 µs per event, room for ingest at 50k events/s].
     #[arg(long)]
     pub lead_ms: Option<u64>,
+    /// How long after the healthy tenant's last due instant to wait for its
+    /// deliveries.
+    #[arg(long, default_value_t = 30_000)]
+    pub grace_ms: u64,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ReadersArgs {
+    /// Clients listing at once.
+    #[arg(long, default_value_t = 50)]
+    pub readers: usize,
+    /// Events of the listed tenant (never due during the run).
+    #[arg(long, default_value_t = 1_000)]
+    pub reader_events: usize,
+    /// Payload of each listed event (the node's default limit: 256 KiB).
+    #[arg(long, default_value_t = 256 * 1024)]
+    pub reader_payload_bytes: usize,
+    /// How fast each client reads its answer.
+    #[arg(long, default_value_t = 1024 * 1024)]
+    pub read_bytes_per_s: u64,
+    /// Events per second of the healthy tenant.
+    #[arg(long, default_value_t = 200)]
+    pub healthy_rate: u64,
+    /// How long the healthy tenant's events keep coming due (and the
+    /// clients keep listing).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Time from scheduling the healthy tenant's events to the first.
+    #[arg(long, default_value_t = 5_000)]
+    pub lead_ms: u64,
     /// How long after the healthy tenant's last due instant to wait for its
     /// deliveries.
     #[arg(long, default_value_t = 30_000)]

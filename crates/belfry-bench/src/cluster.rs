@@ -534,6 +534,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
         cluster: Some(report),
         mixed: None,
         hung: None,
+        readers: None,
         kafka: None,
         pull: None,
         postgres_cpu: None,

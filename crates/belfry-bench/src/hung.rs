@@ -279,6 +279,7 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
         cluster: None,
         mixed: None,
         hung: Some(hung),
+        readers: None,
         kafka: None,
         pull: None,
         postgres_cpu,

@@ -690,6 +690,7 @@ async fn ingest(args: KafkaIngestArgs) -> anyhow::Result<Report> {
         cluster: None,
         mixed: None,
         hung: None,
+        readers: None,
         kafka: Some(kafka),
         pull: None,
         postgres_cpu: None,
@@ -875,6 +876,7 @@ async fn deliver(
         cluster: None,
         mixed: None,
         hung: None,
+        readers: None,
         kafka: Some(KafkaReport {
             broker: broker.describe(),
             bootstrap_servers: broker.bootstrap.clone(),

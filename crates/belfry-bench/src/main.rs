@@ -48,6 +48,7 @@ mod mixed;
 mod node;
 mod plots;
 mod pull;
+mod readers;
 mod report;
 mod scenarios;
 mod schedules;
@@ -67,6 +68,7 @@ fn main() -> ExitCode {
         Scenario::Steady(args) => args.output.clone(),
         Scenario::Mixed(args) => args.output.clone(),
         Scenario::Hung(args) => args.output.clone(),
+        Scenario::Readers(args) => args.output.clone(),
         Scenario::Burst(args) => args.output.clone(),
         Scenario::Backlog(args) => args.output.clone(),
         Scenario::Receive(args) => args.output.clone(),
@@ -93,6 +95,7 @@ fn main() -> ExitCode {
             Scenario::Steady(args) => scenarios::steady(args).await,
             Scenario::Mixed(args) => mixed::run(args).await,
             Scenario::Hung(args) => hung::run(args).await,
+            Scenario::Readers(args) => readers::run(args).await,
             Scenario::Burst(args) => scenarios::burst(args).await,
             Scenario::Backlog(args) => scenarios::backlog(args).await,
             Scenario::Receive(args) => scenarios::receive(args).await,

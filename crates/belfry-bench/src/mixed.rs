@@ -156,6 +156,7 @@ pub async fn run(args: MixedArgs) -> anyhow::Result<Report> {
         cluster: None,
         mixed: Some(mixed),
         hung: None,
+        readers: None,
         kafka: None,
         pull: None,
         postgres_cpu,

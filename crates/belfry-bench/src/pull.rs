@@ -351,6 +351,7 @@ async fn measure(
         cluster: None,
         mixed: None,
         hung: None,
+        readers: None,
         kafka: None,
         pull: Some(pull),
         postgres_cpu,

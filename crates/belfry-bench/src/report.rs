@@ -21,6 +21,8 @@ pub struct Report {
     pub mixed: Option<MixedReport>,
     /// The `hung` scenario: the hung tenants and the node's memory.
     pub hung: Option<HungReport>,
+    /// The `readers` scenario: slow clients of large listings.
+    pub readers: Option<crate::readers::ReadersReport>,
     /// The `kafka` scenarios: the broker, the topics and what only Kafka
     /// shows (answers, dead letters, record timestamps).
     pub kafka: Option<crate::kafka::KafkaReport>,
@@ -324,6 +326,9 @@ impl Report {
         if let Some(hung) = &self.hung {
             hung_rows(hung, &mut rows);
         }
+        if let Some(readers) = &self.readers {
+            readers_rows(readers, &mut rows);
+        }
         if let Some(kafka) = &self.kafka {
             kafka.rows(&mut rows);
         }
@@ -427,6 +432,43 @@ fn mixed_rows(mixed: &MixedReport, rows: &mut Vec<(String, String)>) {
     }
     if let Some(split) = mixed.postgres_cpu_while_firing {
         rows.push(("  PostgreSQL CPU firing".into(), cpu(split)));
+    }
+}
+
+fn readers_rows(readers: &crate::readers::ReadersReport, rows: &mut Vec<(String, String)>) {
+    let mib = |bytes: u64| format!("{} MiB", bytes >> 20);
+    rows.push((
+        "slow readers".into(),
+        format!(
+            "{} clients listing {} events of {} bytes at {}/s each",
+            readers.readers,
+            readers.reader_events,
+            readers.reader_payload_bytes,
+            mib(readers.read_bytes_per_s),
+        ),
+    ));
+    rows.push((
+        "  answers".into(),
+        format!(
+            "{} read whole, {} busy (503), {} other; {} read",
+            readers.answers_complete,
+            readers.answers_busy,
+            readers.answers_other,
+            mib(readers.bytes_read)
+        ),
+    ));
+    if let (Some(start), Some(max)) = (
+        readers.node_rss_at_start_bytes,
+        readers.node_rss_max_while_reading_bytes,
+    ) {
+        rows.push((
+            "  node RSS".into(),
+            format!(
+                "{} at start, {} at most while reading",
+                mib(start),
+                mib(max)
+            ),
+        ));
     }
 }
 

@@ -144,6 +144,7 @@ pub async fn run(args: SchedulesArgs) -> anyhow::Result<Report> {
         cluster: None,
         mixed: None,
         hung: None,
+        readers: None,
         kafka: None,
         pull: None,
         postgres_cpu: None,

@@ -1159,6 +1159,7 @@ impl Sim {
         let request = ClaimRequest {
             worker: self.workers[w].name.clone(),
             max_events: self.rng.range(1, 5) as u32,
+            max_bytes: usize::MAX,
             lease: ms(self.rng.range(1_000, 8_000)),
             wait: ms(if self.rng.per_mille(200) {
                 0

@@ -288,6 +288,11 @@ impl Config {
         at_least_one("api.max_batch", api.max_batch as u128);
         at_least_one("api.default_list_limit", api.default_list_limit as u128);
         at_least_one("api.max_list_limit", api.max_list_limit as u128);
+        at_least_one("api.max_answer_bytes", api.max_answer_bytes as u128);
+        at_least_one(
+            "api.max_answer_bytes_in_flight",
+            api.max_answer_bytes_in_flight as u128,
+        );
 
         let engine = &self.engine;
         at_least_one("engine.window_ms", engine.window.as_millis());
@@ -368,6 +373,7 @@ impl Config {
             server.request_timeout.as_millis(),
         );
         at_least_one("server.max_connections", server.max_connections as u128);
+        at_least_one("server.write_timeout_ms", server.write_timeout.as_millis());
         at_least_one(
             "limits.count_refresh_ms",
             self.limits.count_refresh.as_millis(),
@@ -399,6 +405,12 @@ impl Config {
         #[cfg(feature = "kafka")]
         if let Some(ingest) = &self.kafka.ingest {
             problems.extend(ingest.problems());
+        }
+        if api.max_answer_bytes > api.max_answer_bytes_in_flight {
+            problems.push(format!(
+                "api.max_answer_bytes ({}) must not exceed api.max_answer_bytes_in_flight ({})",
+                api.max_answer_bytes, api.max_answer_bytes_in_flight
+            ));
         }
         if api.default_list_limit > api.max_list_limit {
             problems.push(format!(
@@ -630,6 +642,8 @@ mod tests {
             ("api", "max_batch"),
             ("api", "default_list_limit"),
             ("api", "max_list_limit"),
+            ("api", "max_answer_bytes"),
+            ("api", "max_answer_bytes_in_flight"),
             ("engine", "window_ms"),
             ("engine", "max_events_in_memory"),
             ("engine", "max_in_flight"),
@@ -645,6 +659,7 @@ mod tests {
             ("server", "body_read_timeout_ms"),
             ("server", "request_timeout_ms"),
             ("server", "max_connections"),
+            ("server", "write_timeout_ms"),
             ("limits", "count_refresh_ms"),
         ] {
             let (toml, key) = if section.is_empty() {

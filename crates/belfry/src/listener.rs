@@ -18,6 +18,8 @@
 //!   from its headers) is answered `408 request_timeout` and its connection
 //!   closed; its handler is dropped, so a change it asked for may or may not
 //!   have been made (the message says so).
+//! - A connection whose writes make no progress for `write_timeout` (a
+//!   client that stopped reading its answer) is closed, freeing the answer.
 //! - On shutdown the listener stops accepting, asks every open connection
 //!   to close after its current request, and returns when all have.
 
@@ -74,6 +76,11 @@ pub struct ServerOptions {
     /// Most connections open at once; further ones wait in the accept
     /// queue until one closes. Default 10,000.
     pub max_connections: usize,
+    /// How long a write to a client may make no progress (a client that
+    /// stops reading its answer); then the connection is closed and the
+    /// answer's memory freed. Default 30 s.
+    #[serde(with = "belfry_core::time::serde_millis", rename = "write_timeout_ms")]
+    pub write_timeout: Duration,
 }
 
 impl Default for ServerOptions {
@@ -83,6 +90,7 @@ impl Default for ServerOptions {
             body_read_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(60),
             max_connections: 10_000,
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -133,6 +141,7 @@ pub async fn serve<H: Handshake>(
         .header_read_timeout(options.header_read_timeout)
         .keep_alive(true);
     let header_read_timeout = options.header_read_timeout;
+    let write_timeout = options.write_timeout;
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
 
@@ -180,6 +189,7 @@ pub async fn serve<H: Handshake>(
             let service = hyper::service::service_fn(move |request| {
                 handle(app.clone(), limits.clone(), request)
             });
+            let stream = WriteDeadline::new(stream, write_timeout);
             let connection = http.serve_connection(TokioIo::new(stream), service);
             if let Err(error) = watcher.watch(connection).await {
                 // Timeouts and clients that went away: routine.
@@ -334,6 +344,102 @@ impl hyper::body::Body for DeadlineBody {
     }
 }
 
+/// A stream whose writes fail with `TimedOut` once they have made no
+/// progress for `timeout`: the clock starts when a write (or flush) first
+/// waits and stops at the next byte written.
+struct WriteDeadline<S> {
+    inner: S,
+    timeout: Duration,
+    /// Armed while writes wait.
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    fn new(inner: S, timeout: Duration) -> Self {
+        WriteDeadline {
+            inner,
+            timeout,
+            stalled: None,
+        }
+    }
+
+    /// After a write or flush: progress disarms the clock; a wait arms it
+    /// (once) and fails when it has run out.
+    fn check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match result {
+            Poll::Ready(result) => {
+                self.stalled = None;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                let timeout = self.timeout;
+                let stalled = self
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                match stalled.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client read nothing for the write timeout",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.check(cx, result)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.check(cx, result)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_flush(cx);
+        this.check(cx, result)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.check(cx, result)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! Real sockets against [`serve`] with a small router.
@@ -396,6 +502,7 @@ mod tests {
             body_read_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
             max_connections: 100,
+            write_timeout: Duration::from_secs(10),
         }
     }
 

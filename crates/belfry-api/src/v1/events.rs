@@ -4,10 +4,10 @@
 //! Writes (`PUT`, batch `POST`) need the tenant to be registered; reads and
 //! cancels do not, because events outlive a tenant's registration.
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use belfry_core::auth::AuditAction;
 use belfry_core::retry::BackoffError;
 use belfry_core::tenant::MAX_PULL_ATTEMPTS;
@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::ApiState;
+use crate::answers::{AnswerBudget, FIRST_READ, Page};
 use crate::auth::Principal;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path, deserialize_naming_field, query_pairs};
@@ -231,7 +232,7 @@ async fn apply_one(
     })
 }
 
-fn record_view(applied: &belfry_store::Applied) -> Result<EventView, V1Error> {
+fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error> {
     applied.record.as_ref().map(EventView::from).ok_or_else(|| {
         tracing::error!(key = ?applied.key, outcome = ?applied.outcome, "applied command left no record");
         V1Error(ApiError::internal())
@@ -676,8 +677,10 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
 /// Lists a tenant's events: `{"events": [...], "next_cursor": ...}`, by id,
 /// or by `(deliver_at, id)` when filtered (`status`, `from`, `to`).
 ///
-/// Every page is answered from a store index and holds `limit` events
-/// whenever more exist; `next_cursor` is `null` exactly on the last page.
+/// Every page is answered from a store index and holds `limit` events, or
+/// fewer when their views would pass `api.max_answer_bytes` (at least
+/// one), whenever more exist; `next_cursor` is `null` exactly on the last
+/// page.
 /// Schedules' control events are the engine's, never listed: the store
 /// leaves them out of filtered listings, and an unfiltered (id-ordered)
 /// listing starts after them (their ids sort before every client id).
@@ -697,6 +700,7 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
 )]
 pub(crate) async fn list(
     State(state): State<ApiState>,
+    Extension(budget): Extension<AnswerBudget>,
     V1Path(tenant): V1Path<String>,
     uri: Uri,
 ) -> Result<Response, V1Error> {
@@ -725,35 +729,65 @@ pub(crate) async fn list(
     } else {
         after
     };
-    // One more than asked tells whether another page exists.
-    let mut records = state
-        .engine
-        .store()
-        .list_events(ListEventsParams {
-            tenant,
-            status: query.status,
-            from,
-            to: query.to,
-            after,
-            limit: limit + 1,
-        })
-        .await?;
-    let more = records.len() > limit;
-    records.truncate(limit);
-    let next_cursor = match records.last() {
-        Some(last) if more && time_ordered => {
-            Some(encode_time_cursor(last.event_time, &last.key.id))
+    let reservation = match budget.reserve().await {
+        Ok(reservation) => reservation,
+        Err(busy) => return Ok(busy),
+    };
+    let mut page = Page::new("events", budget.per_answer());
+    let mut last: Option<(Timestamp, EventId)> = None;
+    // The store is read in pages bounded by bytes too: a first small read,
+    // then as many records as the room left holds at the largest size
+    // seen, plus one that tells whether more exist.
+    let mut position = (from, after);
+    let mut read = FIRST_READ.min(limit + 1);
+    let mut more = false;
+    'reading: loop {
+        let records = state
+            .engine
+            .store()
+            .list_events(ListEventsParams {
+                tenant: tenant.clone(),
+                status: query.status,
+                from: position.0,
+                to: query.to,
+                after: position.1.clone(),
+                limit: read,
+            })
+            .await?;
+        let exhausted = records.len() < read;
+        for record in &records {
+            // A guard only: no listing returns control events.
+            if !record.key.id.is_internal() {
+                if page.count() == limit || !page.push(&EventView::from(record))? {
+                    more = true;
+                    break 'reading;
+                }
+                last = Some((record.event_time, record.key.id.clone()));
+            }
+            position = if time_ordered {
+                (
+                    Some(
+                        query
+                            .from
+                            .map_or(record.event_time, |f| f.max(record.event_time)),
+                    ),
+                    Some(record.key.id.clone()),
+                )
+            } else {
+                (query.from, Some(record.key.id.clone()))
+            };
         }
-        Some(last) if more => Some(encode_cursor(&last.key.id)),
+        if exhausted {
+            break;
+        }
+        read = page.items_that_fit().min(limit - page.count()) + 1;
+    }
+    let next_cursor = match &last {
+        Some((at, id)) if more && time_ordered => Some(encode_time_cursor(*at, id)),
+        Some((_, id)) if more => Some(encode_cursor(id)),
         _ => None,
     };
-    // A guard only: no listing above returns control events.
-    let events: Vec<EventView> = records
-        .iter()
-        .filter(|r| !r.key.id.is_internal())
-        .map(EventView::from)
-        .collect();
-    Ok(Json(json!({ "events": events, "next_cursor": next_cursor })).into_response())
+    Ok(reservation.answer(page.finish(next_cursor.as_deref())))
 }
 
 /// An event's delivery history, oldest first.

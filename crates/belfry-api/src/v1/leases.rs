@@ -7,10 +7,10 @@
 //! a cluster, calls on leases other nodes hold are forwarded there, and
 //! claims reach other nodes' ready entries too (see [`super::forward`]).
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use belfry_core::SinkConfig;
 use belfry_core::pull::{
     ClaimBody, CompleteBody, FailBody, GrantedLease, HeartbeatBody, LeaseCall, LeaseId, PullError,
@@ -19,6 +19,7 @@ use belfry_core::pull::{
 use serde_json::json;
 
 use crate::ApiState;
+use crate::answers::AnswerBudget;
 use crate::auth::Principal;
 use crate::error::{ApiError, V1Error};
 use crate::extract::{V1Json, V1JsonBytes, V1Path};
@@ -48,7 +49,7 @@ fn millis(duration: std::time::Duration) -> u64 {
 #[derive(serde::Serialize)]
 pub(super) struct LeaseView<'a> {
     lease_id: String,
-    event: EventView,
+    event: EventView<'a>,
     queue: &'a str,
     attempt: u32,
     max_attempts: u32,
@@ -135,15 +136,18 @@ pub(super) fn answer(reply: Reply) -> Result<Response, V1Error> {
 )]
 pub(crate) async fn claim(
     State(state): State<ApiState>,
+    Extension(budget): Extension<AnswerBudget>,
     principal: Principal,
     headers: HeaderMap,
     V1Path(tenant): V1Path<String>,
     V1Json(body): V1Json<ClaimBody>,
 ) -> Result<Response, V1Error> {
     let name = tenant_name(tenant)?;
-    let request = body
+    let mut request = body
         .validate()
         .map_err(|e| invalid_request(e.to_string()))?;
+    // One answer's worth of payloads, however many events that is.
+    request.max_bytes = budget.per_answer();
     match state
         .engine
         .store()
@@ -165,7 +169,19 @@ pub(crate) async fn claim(
     if let Some(answered) = forward::claim(&state, &headers, &principal, &name, &request).await {
         return answered;
     }
-    answer(state.engine.pull_claim(name, request).await)
+    match state.engine.pull_claim(name, request).await {
+        Reply::Leases(leases) => {
+            let list = LeaseList {
+                leases: leases.iter().map(lease_view).collect(),
+            };
+            let json = serde_json::to_vec(&list).map_err(|error| {
+                tracing::error!(%error, "a lease list did not serialize");
+                V1Error(ApiError::internal())
+            })?;
+            Ok(budget.answer_now(json))
+        }
+        other => answer(other),
+    }
 }
 
 /// The lease named in the path, if the principal reaches its tenant; a

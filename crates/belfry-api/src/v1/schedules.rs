@@ -9,10 +9,10 @@
 
 use std::time::Duration;
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use belfry_core::schedule::{
     DEFAULT_CATCH_UP_WINDOW, MissedSummary, Progress, ScheduleError, local_time,
 };
@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::ApiState;
+use crate::answers::{AnswerBudget, FIRST_READ, Page};
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path, query_pairs};
 use crate::v1::events::{BackoffBody, PullFields, admit_queue, decode_cursor, encode_cursor};
@@ -549,41 +550,62 @@ fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), A
 )]
 pub(crate) async fn list(
     State(state): State<ApiState>,
+    Extension(budget): Extension<AnswerBudget>,
     V1Path(tenant): V1Path<String>,
     uri: Uri,
 ) -> Result<Response, V1Error> {
     let tenant = tenant_name(tenant)?;
     let (limit, cursor) = page_query(&uri, &state)?;
-    let after = cursor
+    let mut after = cursor
         .map(|id| ScheduleId::new(id.as_str()))
         .transpose()
         .map_err(|_| {
             ApiError::bad_request(code::INVALID_CURSOR, "cursor is not one this server issued")
         })?;
-    let mut found = state
-        .engine
-        .list_schedules(&tenant, after.as_ref(), limit + 1)
-        .await
-        .map_err(op_error)?;
-    let more = found.len() > limit;
-    found.truncate(limit);
+    let reservation = match budget.reserve().await {
+        Ok(reservation) => reservation,
+        Err(busy) => return Ok(busy),
+    };
+    // Bounded by bytes like the event listing: read in pages, written
+    // item by item.
+    let mut page = Page::new("schedules", budget.per_answer());
+    let mut read = FIRST_READ.min(limit + 1);
+    let mut more = false;
+    'reading: loop {
+        let found = state
+            .engine
+            .list_schedules(&tenant, after.as_ref(), read)
+            .await
+            .map_err(op_error)?;
+        let exhausted = found.len() < read;
+        for schedule in &found {
+            if page.count() == limit || !page.push(&ScheduleView::from(schedule))? {
+                more = true;
+                break 'reading;
+            }
+            after = Some(schedule.schedule.id.clone());
+        }
+        if exhausted {
+            break;
+        }
+        read = page.items_that_fit().min(limit - page.count()) + 1;
+    }
     let next_cursor = more
-        .then(|| found.last())
+        .then_some(after.as_ref())
         .flatten()
-        .map(|s| encode_cursor(s.schedule.id.as_event_id()));
-    let schedules: Vec<ScheduleView> = found.iter().map(ScheduleView::from).collect();
-    Ok(Json(json!({ "schedules": schedules, "next_cursor": next_cursor })).into_response())
+        .map(|id| encode_cursor(id.as_event_id()));
+    Ok(reservation.answer(page.finish(next_cursor.as_deref())))
 }
 
 /// One occurrence in a schedule's history.
 #[derive(Debug, Serialize)]
-struct OccurrenceView {
+struct OccurrenceView<'a> {
     /// The occurrence's event id, also its deliveries' idempotency key.
-    id: String,
+    id: &'a str,
     scheduled_at: String,
     status: &'static str,
     attempts: u32,
-    last_error: Option<String>,
+    last_error: Option<&'a str>,
     triggered_at: Option<String>,
     finished_at: Option<String>,
 }
@@ -607,47 +629,65 @@ struct OccurrenceView {
 )]
 pub(crate) async fn occurrences(
     State(state): State<ApiState>,
+    Extension(budget): Extension<AnswerBudget>,
     V1Path((tenant, id)): V1Path<(String, String)>,
     uri: Uri,
 ) -> Result<Response, V1Error> {
     let tenant = tenant_name(tenant)?;
     let id = schedule_id(id)?;
-    let (limit, cursor) = page_query(&uri, &state)?;
-    let mut records = state
-        .engine
-        .schedule_occurrences(&tenant, &id, cursor.as_ref(), limit + 1)
-        .await
-        .map_err(op_error)?;
-    if records.is_empty()
-        && cursor.is_none()
-        && state
+    let (limit, mut cursor) = page_query(&uri, &state)?;
+    let first_page = cursor.is_none();
+    let reservation = match budget.reserve().await {
+        Ok(reservation) => reservation,
+        Err(busy) => return Ok(busy),
+    };
+    // Occurrences carry the schedule's payload (not shown): read in pages
+    // bounded by bytes, like the event listing.
+    let mut page = Page::new("occurrences", budget.per_answer());
+    let mut read = FIRST_READ.min(limit + 1);
+    let mut more = false;
+    'reading: loop {
+        let records = state
             .engine
-            .get_schedule(&tenant, &id)
+            .schedule_occurrences(&tenant, &id, cursor.as_ref(), read)
             .await
-            .map_err(op_error)?
-            .is_none()
-    {
-        return Err(V1Error(schedule_not_found(id.as_str())));
+            .map_err(op_error)?;
+        if records.is_empty()
+            && first_page
+            && page.count() == 0
+            && state
+                .engine
+                .get_schedule(&tenant, &id)
+                .await
+                .map_err(op_error)?
+                .is_none()
+        {
+            return Err(V1Error(schedule_not_found(id.as_str())));
+        }
+        let exhausted = records.len() < read;
+        for r in &records {
+            let view = OccurrenceView {
+                id: r.key.id.as_str(),
+                scheduled_at: r.event_time.to_rfc3339(),
+                status: r.status.as_str(),
+                attempts: r.attempts,
+                last_error: r.last_error.as_deref(),
+                triggered_at: r.triggered_at.map(Timestamp::to_rfc3339),
+                finished_at: r.finished_at.map(Timestamp::to_rfc3339),
+            };
+            if page.count() == limit || !page.push(&view)? {
+                more = true;
+                break 'reading;
+            }
+            cursor = Some(r.key.id.clone());
+        }
+        if exhausted {
+            break;
+        }
+        read = page.items_that_fit().min(limit - page.count()) + 1;
     }
-    let more = records.len() > limit;
-    records.truncate(limit);
-    let next_cursor = more
-        .then(|| records.last())
-        .flatten()
-        .map(|r| encode_cursor(&r.key.id));
-    let occurrences: Vec<OccurrenceView> = records
-        .iter()
-        .map(|r| OccurrenceView {
-            id: r.key.id.as_str().to_string(),
-            scheduled_at: r.event_time.to_rfc3339(),
-            status: r.status.as_str(),
-            attempts: r.attempts,
-            last_error: r.last_error.clone(),
-            triggered_at: r.triggered_at.map(Timestamp::to_rfc3339),
-            finished_at: r.finished_at.map(Timestamp::to_rfc3339),
-        })
-        .collect();
-    Ok(Json(json!({ "occurrences": occurrences, "next_cursor": next_cursor })).into_response())
+    let next_cursor = more.then_some(cursor.as_ref()).flatten().map(encode_cursor);
+    Ok(reservation.answer(page.finish(next_cursor.as_deref())))
 }
 
 /// `GET /v1/cron/preview?expression=&type=&timezone=&from=&count=`: the

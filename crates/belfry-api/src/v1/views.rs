@@ -55,51 +55,52 @@ fn rfc3339(at: Option<Timestamp>) -> Option<String> {
     at.map(Timestamp::to_rfc3339)
 }
 
-/// An event's status view.
+/// An event's status view. It borrows the record's strings (a payload may
+/// be 256 KiB): serialized straight from the record, never copied.
 #[derive(Debug, Serialize)]
-pub(crate) struct EventView {
-    pub tenant: String,
-    pub id: String,
+pub(crate) struct EventView<'a> {
+    pub tenant: &'a str,
+    pub id: &'a str,
     /// The current version: the idempotency key its deliveries carry.
-    pub version: String,
+    pub version: &'a str,
     pub deliver_at: String,
     pub status: &'static str,
     pub attempts: u32,
-    pub last_error: Option<String>,
+    pub last_error: Option<&'a str>,
     pub next_attempt_at: Option<String>,
     pub triggered_at: Option<String>,
     pub created_at: String,
     pub updated_at: String,
     pub finished_at: Option<String>,
-    pub payload: Option<String>,
+    pub payload: Option<&'a str>,
     pub delivery: Delivery,
     /// A pull tenant's event's own settings, shown when set.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub queue: Option<String>,
+    pub queue: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backoff: Option<Backoff>,
 }
 
-impl From<&EventRecord> for EventView {
-    fn from(record: &EventRecord) -> Self {
+impl<'a> From<&'a EventRecord> for EventView<'a> {
+    fn from(record: &'a EventRecord) -> Self {
         EventView {
-            tenant: record.key.tenant.as_str().to_string(),
-            id: record.key.id.as_str().to_string(),
-            version: record.version.as_str().to_string(),
+            tenant: record.key.tenant.as_str(),
+            id: record.key.id.as_str(),
+            version: record.version.as_str(),
             deliver_at: record.event_time.to_rfc3339(),
             status: record.status.as_str(),
             attempts: record.attempts,
-            last_error: record.last_error.clone(),
+            last_error: record.last_error.as_deref(),
             next_attempt_at: rfc3339(record.next_fire_at),
             triggered_at: rfc3339(record.triggered_at),
             created_at: record.created_at.to_rfc3339(),
             updated_at: record.updated_at.to_rfc3339(),
             finished_at: rfc3339(record.finished_at),
-            payload: record.payload.clone(),
+            payload: record.payload.as_deref(),
             delivery: record.delivery.into(),
-            queue: record.pull.queue.as_ref().map(|q| q.as_str().to_string()),
+            queue: record.pull.queue.as_ref().map(|q| q.as_str()),
             max_attempts: record.pull.max_attempts,
             backoff: record.pull.backoff,
         }

@@ -109,6 +109,11 @@ pub struct ClaimRequest {
     /// Only events of these queues (1 to [`MAX_QUEUES_PER_CLAIM`]); all
     /// of the tenant's: `None`.
     pub queues: Option<BTreeSet<QueueName>>,
+    /// Most payload bytes the granted events carry together: a claim stops
+    /// before the event that would pass it (one event is always granted).
+    /// Not in the body: the API sets its answer budget. Validation: no
+    /// bound.
+    pub max_bytes: usize,
 }
 
 impl ClaimBody {
@@ -140,6 +145,7 @@ impl ClaimBody {
             worker,
             max_events,
             queues,
+            max_bytes: usize::MAX,
             lease: millis(
                 "lease_ms",
                 self.lease_ms,

@@ -1022,7 +1022,8 @@ impl PullQueue {
             // and over.
             let want = (waiter.request.max_events.max(1) as usize).min(room);
             let deadline = waiter.deadline;
-            let entries = self.ready.take(tenant, want, only);
+            let max_bytes = waiter.request.max_bytes;
+            let entries = self.ready.take(tenant, want, only, max_bytes);
             self.next_op += 1;
             let op = OpId(self.next_op);
             let mut items = Vec::with_capacity(entries.len());

@@ -106,14 +106,17 @@ impl ReadyQueues {
     /// Takes up to `n` of `tenant`'s entries from the queues in `only`
     /// (all: `None`): the earliest of each queue in turn, so one busy
     /// queue cannot starve the others. A queue served goes to the end of
-    /// its tenant's turn.
+    /// its tenant's turn. Stops before the entry whose payload would take
+    /// the payloads taken past `max_bytes`, unless none is taken yet.
     pub(super) fn take(
         &mut self,
         tenant: &TenantName,
         n: usize,
         only: Option<&BTreeSet<QueueName>>,
+        max_bytes: usize,
     ) -> Vec<ReadyEntry> {
         let mut taken = Vec::new();
+        let mut bytes = 0usize;
         while taken.len() < n {
             let Some(queues) = self.tenants.get_mut(tenant) else {
                 break;
@@ -131,6 +134,15 @@ impl ReadyQueues {
             let Some(entries) = queues.queues.get_mut(&queue) else {
                 continue;
             };
+            let size = entries
+                .first_key_value()
+                .map_or(0, |(_, e)| payload_bytes(e));
+            if !taken.is_empty() && bytes.saturating_add(size) > max_bytes {
+                // Its place in the turn is kept for the next claim.
+                queues.turn.insert(next, queue);
+                break;
+            }
+            bytes = bytes.saturating_add(size);
             if let Some((_, entry)) = entries.pop_first() {
                 queues.len -= 1;
                 self.len -= 1;
@@ -164,4 +176,8 @@ impl ReadyQueues {
             .filter_map(|(tenant, queue, cursor)| self.remove(&tenant, &queue, &cursor))
             .collect()
     }
+}
+
+fn payload_bytes(entry: &ReadyEntry) -> usize {
+    entry.record.payload.as_ref().map_or(0, String::len)
 }

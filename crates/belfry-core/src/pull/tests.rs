@@ -141,6 +141,7 @@ impl Harness {
             request: ClaimRequest {
                 worker: WorkerId::new("w-1").unwrap(),
                 max_events: max,
+                max_bytes: usize::MAX,
                 lease: Duration::from_millis(lease_ms),
                 wait: Duration::from_millis(wait_ms),
                 queues: queues.map(|names| {
@@ -253,6 +254,48 @@ fn ids(leases: &[GrantedLease]) -> Vec<&str> {
 
 fn lost() -> Reply {
     Reply::Error(PullError::LeaseLost)
+}
+
+#[test]
+fn a_claim_stops_before_the_payload_bytes_would_pass_its_bound_but_grants_one() {
+    let mut h = Harness::new();
+    // Payloads "payload a" … : 9 bytes each.
+    h.at(5 * SECOND).offer(
+        ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|id| ready("t", id, SECOND))
+            .collect(),
+    );
+    let mut granted = Vec::new();
+    for max_bytes in [20, 1, usize::MAX] {
+        let call = h.call_id();
+        let request = ClaimRequest {
+            max_bytes,
+            ..ClaimBody {
+                worker_id: Some("w-1".into()),
+                max_events: Some(10),
+                ..ClaimBody::default()
+            }
+            .validate()
+            .unwrap()
+        };
+        let actions = h.handle(Input::Claim {
+            call,
+            tenant: tenant("t"),
+            request,
+        });
+        let done = h.persist(&actions, PersistResult::Done);
+        let Reply::Leases(leases) = reply_to(call, &[actions, done].concat()) else {
+            panic!("expected leases");
+        };
+        granted.push(
+            leases
+                .iter()
+                .map(|l| l.record.key.id.as_str().to_string())
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(granted, [vec!["a", "b"], vec!["c"], vec!["d", "e"]]);
 }
 
 #[test]
