@@ -688,7 +688,8 @@ mod tests {
              [engine.retry]\nfast_retries = 0\nbacklog_limit_ms = 0\n\
              [http]\npool_max_idle_per_host = 0\n\
              [limits]\nmax_pending_events_per_tenant = 0\nmax_schedules_per_tenant = 0\n\
-             max_payload_bytes = 0\n",
+             max_payload_bytes = 0\nmax_dry_runs_per_second = 0\n\
+             max_schedule_occurrences_per_minute = 0\nmax_bulk_actions_per_tenant = 0\n",
         )
         .unwrap();
         assert_eq!(config.engine.quotas, QuotaOptions::unlimited());
