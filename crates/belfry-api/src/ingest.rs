@@ -88,7 +88,10 @@ pub enum Verdict {
 /// # Errors
 /// Not JSON, or not an `EventRequest` object: the reason.
 pub fn parse_bigben(bytes: &[u8]) -> Result<EventRequest, String> {
-    serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    let mut parser = serde_json::Deserializer::from_slice(bytes);
+    let request = crate::extract::deserialize_naming_field(&mut parser)?;
+    parser.end().map_err(|e| crate::extract::syntax_error(&e))?;
+    Ok(request)
 }
 
 /// The `REJECTED` answer to a record that is not an `EventRequest` at all.
@@ -196,7 +199,7 @@ impl V1Record {
 pub fn parse_v1(bytes: &[u8]) -> Result<V1Record, String> {
     let mut parser = serde_json::Deserializer::from_slice(bytes);
     let record = crate::extract::deserialize_naming_field(&mut parser)?;
-    parser.end().map_err(|e| e.to_string())?;
+    parser.end().map_err(|e| crate::extract::syntax_error(&e))?;
     Ok(record)
 }
 
