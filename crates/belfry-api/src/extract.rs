@@ -329,8 +329,12 @@ pub fn rust_type_name_in(text: &str) -> Option<&'static str> {
     if let Some(name) = NAMES.iter().find(|name| words.contains(name)) {
         return Some(name);
     }
-    if text.contains("::") {
-        return Some("::");
+    // A Rust path (`alloc::string::String`, `belfry_core::ids::IdError`).
+    if let Some(prefix) = ["std::", "core::", "alloc::", "serde::", "belfry_"]
+        .into_iter()
+        .find(|prefix| text.contains(prefix))
+    {
+        return Some(prefix);
     }
     // serde_json's position: `line 3 column 7`.
     let serde_position = text.match_indices("line ").any(|(at, _)| {
