@@ -121,7 +121,8 @@ pub fn check_body(route: BodyRoute, body: &[u8]) -> Result<(), String> {
 /// if it does.
 pub fn leaked_rust_name(message: &str, input: &[u8]) -> Option<&'static str> {
     let name = crate::extract::rust_type_name_in(message)?;
-    // An answer may quote what the client sent ("unknown field `u64`").
-    let echoed = String::from_utf8_lossy(input).contains(name);
+    // An answer may quote what the client sent ("unknown field `u64`"),
+    // and a field path adds `:` to a quoted name (`alloc:` → `alloc::`).
+    let echoed = String::from_utf8_lossy(input).contains(name.trim_end_matches(':'));
     (!echoed).then_some(name)
 }
