@@ -103,3 +103,21 @@ cargo build -p belfry -p belfry-kafka-mock --bins
 cargo nextest run --workspace --all-features --no-fail-fast
 # nextest does not run doctests.
 cargo test --workspace --all-features --doc
+
+echo "==> cargo fuzz (bounded)"
+# The parsers of untrusted input (fuzz/README.md) each run briefly against
+# their seeds and the corpus kept under fuzz/corpus: a crash or a slow input
+# fails the suite. `--sanitizer none` keeps cargo-fuzz on the stable
+# toolchain. A machine without it builds the pinned version once (about a
+# minute on two cores); the first instrumented build of the targets takes
+# about ten.
+fuzz_version="0.13.2"
+if ! cargo fuzz --version 2>/dev/null | grep -q "$fuzz_version"; then
+  cargo install --locked "cargo-fuzz@$fuzz_version"
+fi
+fuzz_seconds="${BELFRY_TEST_FUZZ_SECONDS:-25}"
+for target in $(cargo fuzz list --fuzz-dir fuzz); do
+  mkdir -p "fuzz/corpus/$target"
+  cargo fuzz run --fuzz-dir fuzz --sanitizer none "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
+    -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+done

@@ -38,6 +38,8 @@ pub mod code {
     /// Deleting an event that is still scheduled or retrying (409):
     /// cancel it first.
     pub const EVENT_PENDING: &str = "event_pending";
+    /// A tenant that still holds events or schedules cannot be removed.
+    pub const TENANT_NOT_EMPTY: &str = "tenant_not_empty";
     pub const NOT_IMPLEMENTED: &str = "not_implemented";
     pub const STORE_UNAVAILABLE: &str = "store_unavailable";
     /// Cluster mode: the node holding a lease's partition cannot be

@@ -161,7 +161,7 @@ async fn read_body(req: Request, limit: usize) -> Result<bytes::Bytes, ApiError>
 }
 
 /// Parses a JSON body; a wrong shape names the field.
-fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let error = match serde_json::from_slice(bytes) {
         Ok(value) => return Ok(value),
         Err(error) => error,
@@ -175,7 +175,7 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if error.is_data() {
         let mut parser = serde_json::Deserializer::from_slice(bytes);
         return Err(wrong_shape(
-            field_error::<T, _>(&mut parser).unwrap_or_else(|| error.to_string()),
+            field_error::<T, _>(&mut parser).unwrap_or_else(|| in_api_words(&error)),
         ));
     }
     // serde_json reports some type mismatches (a number where an enum's
@@ -183,11 +183,11 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     // a shape problem, and the tree-based parse names it better.
     match serde_json::from_slice::<serde_json::Value>(bytes) {
         Ok(tree) => Err(wrong_shape(
-            field_error::<T, _>(tree).unwrap_or_else(|| error.to_string()),
+            field_error::<T, _>(tree).unwrap_or_else(|| in_api_words(&error)),
         )),
         Err(_) => Err(ApiError::bad_request(
             code::INVALID_JSON,
-            format!("request body is not valid JSON: {error}"),
+            format!("request body is not valid JSON: {}", syntax_error(&error)),
         )),
     }
 }
@@ -206,12 +206,142 @@ where
 /// A deserialization error prefixed with the field's path.
 fn describe(error: serde_path_to_error::Error<serde_json::Error>) -> String {
     let path = error.path().to_string();
-    let inner = error.into_inner();
+    let inner = in_api_words(error.inner());
     if path == "." {
-        inner.to_string()
+        inner
     } else {
         format!("{path}: {inner}")
     }
+}
+
+/// A JSON syntax error with its position, in our words (serde's ends in
+/// `at line 1 column 5`).
+pub(crate) fn syntax_error(error: &serde_json::Error) -> String {
+    let message = bare_message(error);
+    if error.line() == 0 {
+        message
+    } else {
+        format!(
+            "{message} (line {}, column {})",
+            error.line(),
+            error.column()
+        )
+    }
+}
+
+/// serde's message without the position it appends.
+fn bare_message(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    let position = format!(" at line {} column {}", error.line(), error.column());
+    match text.strip_suffix(&position) {
+        Some(bare) => bare.to_string(),
+        None => text,
+    }
+}
+
+/// A wrong-shape error in the API's words: what JSON was expected and what
+/// came, never serde's names of Rust types (`expected u64`, `struct
+/// PutEvent`) nor its parser position (the caller names the field).
+pub(crate) fn in_api_words(error: &serde_json::Error) -> String {
+    let message = bare_message(error);
+    if let Some(rest) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+        && let Some((found, expected)) = rest.split_once(", expected ")
+    {
+        return format!(
+            "expected {}, found {}",
+            expected_in_api_words(expected),
+            found_in_api_words(found)
+        );
+    }
+    if let Some(rest) = message.strip_prefix("invalid length ")
+        && let Some((length, expected)) = rest.split_once(", expected ")
+    {
+        return format!(
+            "expected {}, found an array of {length} items",
+            expected_in_api_words(expected)
+        );
+    }
+    if message.starts_with("data did not match any variant") {
+        return "not one of the accepted forms".to_string();
+    }
+    if rust_type_name_in(&message).is_some() {
+        return "not a valid value".to_string();
+    }
+    message
+}
+
+/// serde's `expected …` (a `Visitor`'s words, often a Rust type) as the
+/// JSON a client should send.
+fn expected_in_api_words(expected: &str) -> String {
+    let words = match expected {
+        "u8" => "a whole number from 0 to 255",
+        "u16" => "a whole number from 0 to 65535",
+        "u32" => "a whole number from 0 to 4294967295",
+        "u64" | "u128" | "usize" => "a whole number of 0 or more",
+        "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "a whole number",
+        "f32" | "f64" => "a number",
+        "a boolean" => "true or false",
+        "a string" | "a borrowed string" | "a character" | "a char" => "a string",
+        "a sequence" | "a tuple" => "an array",
+        "a map" => "an object",
+        "unit" => "null",
+        other if other.starts_with("struct ") || other.starts_with("map") => "an object",
+        other if other.starts_with("tuple") || other.starts_with("a tuple of size") => "an array",
+        other if other.contains("enum") => "one of the accepted values",
+        other if rust_type_name_in(other).is_none() => other,
+        _ => "a valid value",
+    };
+    words.to_string()
+}
+
+/// serde's `Unexpected` (what came) in JSON's words.
+fn found_in_api_words(found: &str) -> String {
+    match found {
+        "sequence" => "an array".to_string(),
+        "map" => "an object".to_string(),
+        "unit value" | "null" => "null".to_string(),
+        other => match other.strip_prefix("floating point ") {
+            Some(number) => format!("number {number}"),
+            None if other.starts_with("integer ")
+                || other.starts_with("string ")
+                || other.starts_with("boolean ") =>
+            {
+                other.to_string()
+            }
+            None => "a value of another kind".to_string(),
+        },
+    }
+}
+
+/// The first Rust type name or serde parser position in `text`, if any:
+/// what an answer must never show (`u64`, `struct`, `line 1 column 5`).
+pub fn rust_type_name_in(text: &str) -> Option<&'static str> {
+    const NAMES: [&str; 20] = [
+        "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize",
+        "f32", "f64", "struct", "enum", "Option", "Vec", "String", "HashMap",
+    ];
+    let words: Vec<&str> = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|word| !word.is_empty())
+        .collect();
+    if let Some(name) = NAMES.iter().find(|name| words.contains(name)) {
+        return Some(name);
+    }
+    // A Rust path (`alloc::string::String`, `belfry_core::ids::IdError`).
+    if let Some(prefix) = ["std::", "core::", "alloc::", "serde::", "belfry_"]
+        .into_iter()
+        .find(|prefix| text.contains(prefix))
+    {
+        return Some(prefix);
+    }
+    // serde_json's position: `line 3 column 7`.
+    let serde_position = text.match_indices("line ").any(|(at, _)| {
+        let rest = text[at + "line ".len()..].trim_start_matches(|c: char| c.is_ascii_digit());
+        rest.len() < text.len() - at - "line ".len() && rest.starts_with(" column ")
+    });
+    serde_position.then_some("line N column M")
 }
 
 /// `input` (a JSON tree, or a parser over bytes) as a `T`; a wrong shape

@@ -45,27 +45,54 @@ impl WriteScope for crate::Principal {
     }
 }
 
-/// Every tenant, or only those listed (an empty list: every tenant).
-#[derive(Debug, Clone, Default)]
+/// The tenants listed, or every registered tenant when the list is
+/// exactly `["*"]`. Nothing is allowed by default: whoever may write a
+/// topic would otherwise schedule for every tenant.
+#[derive(Debug, Clone)]
 pub struct TenantAllowList {
-    allowed: Vec<TenantName>,
+    /// `None`: every tenant (`["*"]`).
+    allowed: Option<Vec<TenantName>>,
 }
 
 impl TenantAllowList {
+    /// The list that allows every tenant.
+    pub const EVERY_TENANT: &str = "*";
+
     /// # Errors
-    /// A name that is not a valid tenant name.
+    /// An empty list (it must say whom it allows), `*` beside names, or a
+    /// name that is not a valid tenant name.
     pub fn new(names: &[String]) -> Result<Self, String> {
+        if names.is_empty() {
+            return Err(format!(
+                "must list the tenants records may schedule for, or be [\"{}\"] for every \
+                 registered tenant",
+                Self::EVERY_TENANT
+            ));
+        }
+        if names.iter().any(|name| name == Self::EVERY_TENANT) {
+            if names.len() > 1 {
+                return Err(format!(
+                    "\"{}\" (every tenant) cannot be combined with tenant names",
+                    Self::EVERY_TENANT
+                ));
+            }
+            return Ok(TenantAllowList { allowed: None });
+        }
         let allowed = names
             .iter()
             .map(|name| TenantName::new(name.clone()).map_err(|e| format!("{name:?}: {e}")))
             .collect::<Result<_, _>>()?;
-        Ok(TenantAllowList { allowed })
+        Ok(TenantAllowList {
+            allowed: Some(allowed),
+        })
     }
 }
 
 impl WriteScope for TenantAllowList {
     fn may_write(&self, tenant: &TenantName) -> bool {
-        self.allowed.is_empty() || self.allowed.contains(tenant)
+        self.allowed
+            .as_ref()
+            .is_none_or(|allowed| allowed.contains(tenant))
     }
 }
 
@@ -88,7 +115,10 @@ pub enum Verdict {
 /// # Errors
 /// Not JSON, or not an `EventRequest` object: the reason.
 pub fn parse_bigben(bytes: &[u8]) -> Result<EventRequest, String> {
-    serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    let mut parser = serde_json::Deserializer::from_slice(bytes);
+    let request = crate::extract::deserialize_naming_field(&mut parser)?;
+    parser.end().map_err(|e| crate::extract::syntax_error(&e))?;
+    Ok(request)
 }
 
 /// The `REJECTED` answer to a record that is not an `EventRequest` at all.
@@ -196,7 +226,7 @@ impl V1Record {
 pub fn parse_v1(bytes: &[u8]) -> Result<V1Record, String> {
     let mut parser = serde_json::Deserializer::from_slice(bytes);
     let record = crate::extract::deserialize_naming_field(&mut parser)?;
-    parser.end().map_err(|e| e.to_string())?;
+    parser.end().map_err(|e| crate::extract::syntax_error(&e))?;
     Ok(record)
 }
 

@@ -44,6 +44,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 pub mod answers;
 pub mod auth;
 mod bigben;
+pub mod bodies;
 pub mod cluster;
 mod console;
 pub mod error;

@@ -425,6 +425,7 @@ fn write_ingest_config(
                  group_id = \"belfry-bench\"\n\
                  response_topic = {ANSWER_TOPIC:?}\n\
                  dead_letter_topic = {DEAD_LETTER_TOPIC:?}\n\
+                 allowed_tenants = [\"*\"]\n\
                  max_batch = {}\n",
                 args.max_batch
             );

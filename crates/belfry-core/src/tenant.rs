@@ -479,6 +479,11 @@ pub fn validate_url(text: &str) -> Result<url::Url, SinkConfigError> {
     if url.port() == Some(0) {
         return Err(SinkConfigError::BadPort);
     }
+    // Parsing percent-encodes non-ASCII text (three bytes per byte): the
+    // URL Belfry calls must fit the bound too, not only what was sent.
+    if url.as_str().len() > MAX_URL_LEN {
+        return Err(SinkConfigError::UrlTooLong);
+    }
     Ok(url)
 }
 
@@ -544,6 +549,15 @@ mod tests {
         }
         let long = format!("http://h/{}", "a".repeat(MAX_URL_LEN));
         assert_eq!(http(&long).validate(), Err(SinkConfigError::UrlTooLong));
+        // Found by fuzzing: short as sent, three times longer once parsed
+        // (percent-encoded), so the URL called passed the bound and did
+        // not validate again.
+        let encoded = format!("http://h/{}", "é".repeat(MAX_URL_LEN / 4));
+        assert!(encoded.len() <= MAX_URL_LEN);
+        assert_eq!(http(&encoded).validate(), Err(SinkConfigError::UrlTooLong));
+        let fits = format!("http://h/{}", "é".repeat(MAX_URL_LEN / 8));
+        let url = validate_url(&fits).unwrap();
+        assert_eq!(validate_url(url.as_str()), Ok(url));
         assert_eq!(
             http("http://h:0/").validate(),
             Err(SinkConfigError::BadPort)

@@ -41,8 +41,10 @@ pub struct IngestOptions {
     /// unknown or not allowed tenant, over a quota), with the reason in
     /// their headers. Required: a bad record is never dropped silently.
     pub dead_letter_topic: String,
-    /// Tenants records may schedule for. Empty (default): every registered
-    /// tenant; whoever may write the topics may schedule for all of them.
+    /// Tenants records may schedule for. Required: the tenants' names, or
+    /// `["*"]` for every registered tenant (whoever may write the topics
+    /// may then schedule for all of them). Records for other tenants are
+    /// dead-lettered as `unknown_tenant`.
     pub allowed_tenants: Vec<String>,
     /// Most records stored in one durable batch. Default 2,000.
     pub max_batch: usize,
@@ -200,6 +202,7 @@ mod tests {
             bootstrap_servers: "127.0.0.1:9092".into(),
             topics: vec!["requests".into()],
             dead_letter_topic: "requests-dlq".into(),
+            allowed_tenants: vec!["acme".into()],
             ..IngestOptions::default()
         }
     }
@@ -207,6 +210,32 @@ mod tests {
     #[test]
     fn a_complete_section_is_valid() {
         assert_eq!(valid().problems(), Vec::<String>::new());
+        let every = IngestOptions {
+            allowed_tenants: vec!["*".into()],
+            ..valid()
+        };
+        assert_eq!(every.problems(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn allowed_tenants_must_say_whom_it_allows() {
+        for (allowed, needle) in [
+            (vec![], "must list the tenants"),
+            (
+                vec!["*".to_string(), "acme".to_string()],
+                "cannot be combined",
+            ),
+        ] {
+            let options = IngestOptions {
+                allowed_tenants: allowed,
+                ..valid()
+            };
+            let problems = options.problems().join("\n");
+            assert!(
+                problems.contains("kafka.ingest.allowed_tenants") && problems.contains(needle),
+                "{problems}"
+            );
+        }
     }
 
     #[test]

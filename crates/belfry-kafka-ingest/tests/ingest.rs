@@ -129,6 +129,7 @@ fn options(broker: &KafkaBroker, topic: &str, group: &str) -> IngestOptions {
         dead_letter_topic: format!("{topic}-dlq"),
         commit_interval: Duration::from_millis(100),
         retry_backoff: Duration::from_millis(50),
+        allowed_tenants: vec!["*".to_string()],
         consumer,
         ..IngestOptions::default()
     }

@@ -26,6 +26,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
+    private_file_modes();
     let cli = cli::Cli::parse();
     match cli.command {
         cli::Command::Serve(args) => match config::Config::load(&args) {
@@ -73,3 +74,14 @@ fn disable_transparent_huge_pages() {
 
 #[cfg(not(target_os = "linux"))]
 fn disable_transparent_huge_pages() {}
+
+/// Files and directories this process creates (the data directory's
+/// tables and journals, key files written by `belfry keys`) are readable
+/// by their owner only: they hold payloads, tenant secrets and key hashes.
+#[allow(unsafe_code)]
+fn private_file_modes() {
+    // SAFETY: umask only swaps the process's creation mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+}

@@ -160,6 +160,7 @@ fn write_config(dir: &Path, bootstrap: &str, topic: &str, ingest: bool) -> PathB
              group_id = \"belfry-e2e\"\n\
              response_topic = \"{topic}-responses\"\n\
              dead_letter_topic = \"{topic}-dlq\"\n\
+             allowed_tenants = [\"*\"]\n\
              commit_interval_ms = 200\n\
              [kafka.ingest.consumer]\n\
              \"session.timeout.ms\" = \"6000\"\n\

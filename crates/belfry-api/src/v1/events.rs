@@ -48,7 +48,7 @@ pub(crate) struct PutEvent {
 /// One item of a batch: the same as [`PutEvent`] plus its id.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an event object")]
-struct BatchItem {
+pub(crate) struct BatchItem {
     id: String,
     deliver_at: String,
     payload: Option<String>,
@@ -155,7 +155,7 @@ pub(crate) fn admit_command(tenant: &TenantConfig, command: &EventCommand) -> Re
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object with an events array")]
 pub(crate) struct Batch {
-    events: Vec<Value>,
+    pub(crate) events: Vec<Value>,
 }
 
 fn event_id(text: String) -> Result<EventId, ApiError> {

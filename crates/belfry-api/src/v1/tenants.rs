@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget, PullTarget};
-use belfry_core::{QueueName, SinkConfig, TenantConfig, TenantName};
+use belfry_core::{EventKey, QueueName, SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -427,17 +427,25 @@ pub(crate) async fn put(
     Ok((status, Json(answer)).into_response())
 }
 
-/// Removes a tenant's registration. Its events stay in the store.
+/// Removes a tenant, and revokes the API keys scoped to it, so that a new
+/// tenant of the same name starts empty and no old key works for it.
+///
+/// Refused (`409 tenant_not_empty`) while the tenant holds any event
+/// record or schedule: they would otherwise outlive it and belong to the
+/// next tenant of that name. Emptying a tenant is bounded work done by
+/// bulk actions (cancel, then delete) and schedule deletes, not by one
+/// request.
 #[utoipa::path(
     delete,
     path = "/v1/tenants/{tenant}",
     tag = "tenants",
     operation_id = "delete_tenant",
-    summary = "Remove a tenant registration (its events stay)",
+    summary = "Remove an empty tenant and revoke its keys",
     params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
     responses(
-        (status = 204, description = "Removed"),
+        (status = 204, description = "Removed; its keys are revoked"),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
+        (status = 409, description = "tenant_not_empty: it still holds events or schedules", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
@@ -450,19 +458,118 @@ pub(crate) async fn delete(
     V1Path(tenant): V1Path<String>,
 ) -> Result<Response, V1Error> {
     let name = tenant_name(tenant)?;
-    if state.engine.store().delete_tenant(&name).await? {
-        state.engine.tenant_changed(&name);
-        tracing::info!(tenant = %name, "tenant removed");
+    let store = state.engine.store();
+    let Some(config) = store.get_tenant(&name).await? else {
+        return Err(tenant_not_found(&name));
+    };
+    // Deleted schedules leave finished engine-internal records; they go
+    // first, so that nothing of this tenant outlives it.
+    let records = leftovers(&state, &name).await?;
+    if !records.is_empty() {
+        store.delete_finished(&records).await?;
+    }
+    if !store.delete_tenant(&name).await? {
+        return Err(tenant_not_found(&name));
+    }
+    state.engine.tenant_changed(&name);
+    // A write that passed its tenant check just before the delete may land
+    // after it; such an event would belong to the next tenant of this
+    // name, so the tenant is put back and the delete refused.
+    match leftovers(&state, &name).await {
+        Ok(left) if left.is_empty() => {}
+        Ok(_) => {
+            store.put_tenant(config).await?;
+            state.engine.tenant_changed(&name);
+            return Err(not_empty(&name));
+        }
+        Err(refusal) => {
+            store.put_tenant(config).await?;
+            state.engine.tenant_changed(&name);
+            return Err(refusal);
+        }
+    }
+    let revoked = revoke_keys(&state, &name).await?;
+    tracing::info!(tenant = %name, revoked_keys = revoked.len(), "tenant removed");
+    audit(
+        &state,
+        &principal,
+        AuditAction::TenantDeleted,
+        Some(&name),
+        None,
+    )
+    .await;
+    for key in revoked {
         audit(
             &state,
             &principal,
-            AuditAction::TenantDeleted,
+            AuditAction::KeyRevoked,
             Some(&name),
-            None,
+            Some(key),
         )
         .await;
-        Ok(StatusCode::NO_CONTENT.into_response())
-    } else {
-        Err(tenant_not_found(&name))
     }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Most records read per page while checking that a tenant is empty.
+const EMPTY_CHECK_PAGE: usize = 500;
+
+/// The finished engine-internal records of `name` (what deleted schedules
+/// leave), or `409 tenant_not_empty` if it holds any client event (of any
+/// status) or a live schedule. Internal ids sort before client ids, so a
+/// tenant with events is refused after one page at most.
+async fn leftovers(state: &ApiState, name: &TenantName) -> Result<Vec<EventKey>, V1Error> {
+    let mut leftovers = Vec::new();
+    let mut after = None;
+    loop {
+        let page = state
+            .engine
+            .store()
+            .list_events(belfry_store::ListEventsParams {
+                tenant: name.clone(),
+                status: None,
+                from: None,
+                to: None,
+                after: after.take(),
+                limit: EMPTY_CHECK_PAGE,
+            })
+            .await?;
+        for record in &page {
+            if !record.key.id.is_internal() || record.status.is_pending() {
+                return Err(not_empty(name));
+            }
+            leftovers.push(record.key.clone());
+        }
+        if page.len() < EMPTY_CHECK_PAGE {
+            return Ok(leftovers);
+        }
+        after = page.last().map(|record| record.key.id.clone());
+    }
+}
+
+fn not_empty(name: &TenantName) -> V1Error {
+    V1Error(ApiError::new(
+        StatusCode::CONFLICT,
+        code::TENANT_NOT_EMPTY,
+        format!(
+            "tenant {name} still holds events or schedules; cancel its pending events and \
+             delete its finished ones (bulk actions cancel, then delete) and delete its \
+             schedules first"
+        ),
+    ))
+}
+
+/// Deletes every API key scoped to `name`; answers their ids.
+async fn revoke_keys(state: &ApiState, name: &TenantName) -> Result<Vec<String>, V1Error> {
+    let store = state.engine.store();
+    let mut revoked = Vec::new();
+    for key in store.list_api_keys().await? {
+        if key.tenant.as_ref() == Some(name) && store.delete_api_key(&key.id).await?.is_some() {
+            revoked.push(key.id.to_string());
+        }
+    }
+    if !revoked.is_empty() {
+        state.auth.keys_changed(None);
+    }
+    Ok(revoked)
 }

@@ -382,6 +382,18 @@ fn parse_calendar(
             feature: "several patterns joined with '|' (create one schedule per pattern)",
         });
     }
+    // An empty list item (`,`, `1,,2`) leaves a field matching nothing;
+    // proving that such an expression never fires took seconds of search.
+    if let Some(field) = parts
+        .iter()
+        .find(|field| field.split(',').any(str::is_empty))
+    {
+        return Err(CronError::Invalid {
+            kind,
+            expression: clip(original),
+            reason: format!("field '{}' has an empty list item", clip(field)),
+        });
+    }
     let (parser, fields) = match kind {
         CronKind::Unix | CronKind::Cron4j => {
             if parts.len() != 5 {

@@ -861,3 +861,31 @@ fn occurrence_ids_are_deterministic() {
     );
     assert!(long.event_key().is_err());
 }
+
+// ---------------------------------------------------------- found by fuzzing
+
+/// A field that is an empty list (`,`) matched nothing, and checking that
+/// the expression ever fires searched for many seconds: one request could
+/// hold a CPU. Such fields are refused at once, in every kind.
+#[test]
+fn empty_list_items_are_refused_at_once() {
+    for (expression, kind) in [
+        ("*/2 , * * * 1", CronKind::Quartz),
+        ("0 , * * * ?", CronKind::Quartz),
+        (", * * * *", CronKind::Unix),
+        ("1,,2 * * * *", CronKind::Unix),
+        ("0 * * * *,", CronKind::Cron4j),
+        ("0 0 , * * *", CronKind::Spring),
+    ] {
+        let started = std::time::Instant::now();
+        let error = CronSpec::parse(expression, kind, Some("America/New_York")).unwrap_err();
+        assert!(
+            error.to_string().contains("empty list item"),
+            "{expression}: {error}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{expression}"
+        );
+    }
+}

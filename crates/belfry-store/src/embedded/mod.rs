@@ -167,6 +167,47 @@ impl std::fmt::Debug for EmbeddedStore {
     }
 }
 
+/// Creates `dir` (mode 0700) or, if it exists, makes it 0700: event
+/// payloads, tenant secrets and key hashes live there, and files inside it
+/// are unreachable to other local users whatever their own modes. A
+/// directory that was group or world accessible is tightened with a
+/// warning (data directories made by earlier versions were 0755).
+///
+/// # Errors
+/// It cannot be created, or its mode cannot be read or changed (not ours).
+fn private_dir(dir: &std::path::Path) -> StoreResult<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+
+    const PRIVATE: u32 = 0o700;
+    let failed = |what: &str, e: std::io::Error| {
+        StoreError::Internal(format!("cannot {what} {}: {e}", dir.display()))
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PRIVATE)
+        .create(dir)
+        .map_err(|e| failed("create", e))?;
+    let mode = std::fs::metadata(dir)
+        .map_err(|e| failed("read the mode of", e))?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(PRIVATE)).map_err(|e| {
+            failed(
+                &format!("restrict (to mode 0700; it is {mode:04o}, open to other users)"),
+                e,
+            )
+        })?;
+        tracing::warn!(
+            data_dir = %dir.display(),
+            was = format!("{mode:04o}"),
+            "the data directory was accessible to other local users; its mode is now 0700"
+        );
+    }
+    Ok(())
+}
+
 impl EmbeddedStore {
     /// Opens (or creates) the store in `options.data_dir`.
     ///
@@ -176,9 +217,7 @@ impl EmbeddedStore {
     /// if it cannot be opened otherwise (unreadable, written by a newer
     /// schema).
     pub fn open(options: EmbeddedOptions) -> StoreResult<Self> {
-        std::fs::create_dir_all(&options.data_dir).map_err(|e| {
-            StoreError::Internal(format!("cannot create {}: {e}", options.data_dir.display()))
-        })?;
+        private_dir(&options.data_dir)?;
         // fjall's flush and compaction workers start here; they run nicer
         // than the rest of the node (`background.rs`).
         let opened =
