@@ -339,10 +339,10 @@ async fn the_data_directory_and_its_files_are_private_to_their_user() {
 /// Kafka ingestion that does not say which tenants its topics may schedule
 /// for is refused at start: whoever may write a topic would otherwise
 /// schedule for every tenant. (Refused before any broker is contacted.)
-#[test]
-fn kafka_ingestion_without_allowed_tenants_is_refused_at_start() {
+#[tokio::test]
+async fn kafka_ingestion_without_allowed_tenants_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |allowed: &str| {
+    let run = async |allowed: &str| {
         let config = dir.path().join("belfry.toml");
         std::fs::write(
             &config,
@@ -355,39 +355,34 @@ fn kafka_ingestion_without_allowed_tenants_is_refused_at_start() {
             ),
         )
         .unwrap();
-        // `--check`-like: an invalid configuration exits before serving; a
-        // valid one is stopped by the test after it starts.
-        let mut child = std::process::Command::new(BIN)
+        // An invalid configuration exits before serving; a node that serves
+        // instead is killed when the timeout drops it (`kill_on_drop`).
+        let child = tokio::process::Command::new(BIN)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir.path().join("data"))
             .arg("--config")
             .arg(&config)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                let mut stderr = String::new();
-                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-                return Some((status.code(), stderr));
-            }
-            if std::time::Instant::now() > deadline {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let output = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+            .await
+            .ok()?
+            .unwrap();
+        Some((
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ))
     };
-    let (code, stderr) = run("").expect("refused at start, not served");
+    let (code, stderr) = run("").await.expect("refused at start, not served");
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("kafka.ingest.allowed_tenants") && stderr.contains("must list the tenants"),
         "{stderr}"
     );
-    let (code, stderr) = run("allowed_tenants = [\"*\", \"acme\"]\n").expect("refused");
+    let (code, stderr) = run("allowed_tenants = [\"*\", \"acme\"]\n").await.expect("refused");
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("cannot be combined"), "{stderr}");
 }

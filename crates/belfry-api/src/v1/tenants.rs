@@ -564,12 +564,13 @@ async fn revoke_keys(state: &ApiState, name: &TenantName) -> Result<Vec<String>,
     let store = state.engine.store();
     let mut revoked = Vec::new();
     for key in store.list_api_keys().await? {
-        if key.tenant.as_ref() == Some(name) && store.delete_api_key(&key.id).await?.is_some() {
+        if key.tenant.as_ref() != Some(name) {
+            continue;
+        }
+        if let Some(removed) = store.delete_api_key(&key.id).await? {
+            state.auth.key_revoked(&removed);
             revoked.push(key.id.to_string());
         }
-    }
-    if !revoked.is_empty() {
-        state.auth.keys_changed(None);
     }
     Ok(revoked)
 }
