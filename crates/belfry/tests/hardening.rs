@@ -382,7 +382,9 @@ async fn kafka_ingestion_without_allowed_tenants_is_refused_at_start() {
         stderr.contains("kafka.ingest.allowed_tenants") && stderr.contains("must list the tenants"),
         "{stderr}"
     );
-    let (code, stderr) = run("allowed_tenants = [\"*\", \"acme\"]\n").await.expect("refused");
+    let (code, stderr) = run("allowed_tenants = [\"*\", \"acme\"]\n")
+        .await
+        .expect("refused");
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("cannot be combined"), "{stderr}");
 }
