@@ -233,11 +233,8 @@ impl MakeTls {
                     .map_err(|e| format!("database URL: sslrootcert: {e}"))?
             }
             // libpq checks the chain whenever a root certificate is given.
-            (_, Some(roots)) => Arc::new(ChainOnly {
+            (_, roots) => Arc::new(NoHostCheck {
                 roots,
-                algorithms: provider.signature_verification_algorithms,
-            }),
-            (_, None) => Arc::new(Unverified {
                 algorithms: provider.signature_verification_algorithms,
             }),
         };
@@ -291,14 +288,18 @@ fn load_roots(root_cert: &RootCert) -> Result<RootCertStore, String> {
     Ok(roots)
 }
 
-/// `verify-ca`: the chain must lead to a trusted root; any host name.
+/// Every mode but `verify-full`: any host name. With roots (`verify-ca`, or
+/// `sslrootcert` given to `prefer`/`require`) the chain must lead to one of
+/// them; without, encryption without authentication, as libpq does. The
+/// handshake signature is checked either way (the server holds the key of
+/// the certificate it shows).
 #[derive(Debug)]
-struct ChainOnly {
-    roots: RootCertStore,
+struct NoHostCheck {
+    roots: Option<RootCertStore>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for NoHostCheck {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -307,57 +308,16 @@ impl ServerCertVerifier for ChainOnly {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.algorithms.all,
-        )?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-/// `prefer` and `require` without `sslrootcert`: encryption without
-/// authentication, as libpq does. The handshake signature is still checked
-/// (the server holds the key of the certificate it shows).
-#[derive(Debug)]
-struct Unverified {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
+        if let Some(roots) = &self.roots {
+            let cert = ParsedCertificate::try_from(end_entity)?;
+            verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                self.algorithms.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 
