@@ -600,7 +600,7 @@ mod tests {
         let config = load_toml(
             "[kafka.ingest]\nbootstrap_servers = \"127.0.0.1:9092\"\ntopics = [\"requests\"]\n\
              dead_letter_topic = \"requests-dlq\"\nresponse_topic = \"responses\"\n\
-             format = \"bigben\"\ncommit_interval_ms = 250\n\
+             format = \"bigben\"\ncommit_interval_ms = 250\nallowed_tenants = [\"*\"]\n\
              [kafka.ingest.consumer]\n\"session.timeout.ms\" = \"6000\"\n",
         )
         .unwrap();
@@ -616,7 +616,7 @@ mod tests {
         );
         let error = load_error(
             "[kafka.ingest]\nbootstrap_servers = \"b:9092\"\ntopics = [\"requests\"]\n\
-             commit_interval_ms = 0\n",
+             commit_interval_ms = 0\nallowed_tenants = [\"*\"]\n",
         );
         assert!(
             error.contains("kafka.ingest.dead_letter_topic is required"),
