@@ -37,7 +37,7 @@ use crate::scenarios::{
     Load, SETTLE, Session, database_param, ingest_warnings, load_params, merge, own_cpu_since,
     own_sample, pg_since,
 };
-use crate::stats::ProcessSample;
+use crate::stats::RssPeak;
 use crate::workload::{BodyWriter, Workload, now_ms};
 
 /// How often the node's RSS is read while the hung events are due.
@@ -206,18 +206,11 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
 
     sleep_until_ms(due_at).await;
     let at_due = session.node.sample();
-    let rss_max = Arc::new(AtomicU64::new(at_due.map_or(0, |s| s.rss_bytes)));
-    let sampler = session.node.pid().map(|pid| {
-        let rss_max = Arc::clone(&rss_max);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(RSS_POLL).await;
-                if let Some(sample) = ProcessSample::read(pid) {
-                    rss_max.fetch_max(sample.rss_bytes, Ordering::Relaxed);
-                }
-            }
-        })
-    });
+    let rss_peak = RssPeak::start(
+        session.node.pid(),
+        at_due.map_or(0, |s| s.rss_bytes),
+        RSS_POLL,
+    );
     let deadline =
         last_healthy_due.saturating_add(i64::try_from(args.grace_ms).unwrap_or(i64::MAX));
     let records = deliveries::wait_for(
@@ -230,9 +223,7 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
     )
     .await;
     let after = session.node.sample();
-    if let Some(sampler) = sampler {
-        sampler.abort();
-    }
+    let rss_max = rss_peak.stop();
     let postgres_cpu = pg_since(&session, pg_before).await;
     let bench_cpu = own_cpu_since(bench_before);
     let delivery = analyze_workload(&records, &healthy);
@@ -248,8 +239,7 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
         node_run_queue_wait_while_due_s: at_due
             .zip(after)
             .map(|(a, b)| b.run_queue_wait_s - a.run_queue_wait_s),
-        node_rss_max_while_due_bytes: after
-            .map(|s| rss_max.load(Ordering::Relaxed).max(s.rss_bytes)),
+        node_rss_max_while_due_bytes: after.map(|s| rss_max.max(s.rss_bytes)),
         connections_accepted: counters.accepted.load(Ordering::Relaxed),
         connections_with_request: counters.with_request.load(Ordering::Relaxed),
         connections_open_max: counters.open_max.load(Ordering::Relaxed),

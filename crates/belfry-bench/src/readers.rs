@@ -32,7 +32,7 @@ use crate::scenarios::{
     FAR_FUTURE_MS, Load, SETTLE, Session, database_param, ingest_warnings, load_params, merge,
     own_cpu_since, own_sample, pg_since,
 };
-use crate::stats::ProcessSample;
+use crate::stats::RssPeak;
 use crate::workload::{BodyWriter, Workload, now_ms};
 
 /// How often the node's RSS is read while the readers read.
@@ -172,18 +172,11 @@ pub async fn run(args: ReadersArgs) -> anyhow::Result<Report> {
 
     sleep_until_ms(due_at).await;
     let at_start = session.node.sample();
-    let rss_max = Arc::new(AtomicU64::new(at_start.map_or(0, |s| s.rss_bytes)));
-    let sampler = session.node.pid().map(|pid| {
-        let rss_max = Arc::clone(&rss_max);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(RSS_POLL).await;
-                if let Some(sample) = ProcessSample::read(pid) {
-                    rss_max.fetch_max(sample.rss_bytes, Ordering::Relaxed);
-                }
-            }
-        })
-    });
+    let rss_peak = RssPeak::start(
+        session.node.pid(),
+        at_start.map_or(0, |s| s.rss_bytes),
+        RSS_POLL,
+    );
     let counters = Arc::new(Counters::default());
     let address = session
         .node
@@ -220,9 +213,7 @@ pub async fn run(args: ReadersArgs) -> anyhow::Result<Report> {
     // Readers end with their page under way.
     while readers.join_next().await.is_some() {}
     let after = session.node.sample();
-    if let Some(sampler) = sampler {
-        sampler.abort();
-    }
+    let rss_max = rss_peak.stop();
     let postgres_cpu = pg_since(&session, pg_before).await;
     let bench_cpu = own_cpu_since(bench_before);
     let delivery = analyze_workload(&records, &healthy);
@@ -236,8 +227,7 @@ pub async fn run(args: ReadersArgs) -> anyhow::Result<Report> {
         answers_other: counters.other.load(Ordering::Relaxed),
         bytes_read: counters.bytes.load(Ordering::Relaxed),
         node_rss_at_start_bytes: at_start.map(|s| s.rss_bytes),
-        node_rss_max_while_reading_bytes: after
-            .map(|s| rss_max.load(Ordering::Relaxed).max(s.rss_bytes)),
+        node_rss_max_while_reading_bytes: after.map(|s| rss_max.max(s.rss_bytes)),
     };
     let params = json!({
         "readers": args.readers,

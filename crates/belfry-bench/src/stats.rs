@@ -48,6 +48,39 @@ impl Percentiles {
     }
 }
 
+/// The highest RSS a process reaches while a phase runs: sampled every
+/// `every` from `start` (the RSS when the phase began) until [`Self::stop`].
+pub struct RssPeak {
+    peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    sampler: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl RssPeak {
+    pub fn start(pid: Option<u32>, start: u64, every: std::time::Duration) -> RssPeak {
+        let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(start));
+        let sampler = pid.map(|pid| {
+            let peak = std::sync::Arc::clone(&peak);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    if let Some(sample) = ProcessSample::read(pid) {
+                        peak.fetch_max(sample.rss_bytes, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            })
+        });
+        RssPeak { peak, sampler }
+    }
+
+    /// Stops sampling; answers the highest RSS seen.
+    pub fn stop(self) -> u64 {
+        if let Some(sampler) = self.sampler {
+            sampler.abort();
+        }
+        self.peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// A process's resource use at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct ProcessSample {
