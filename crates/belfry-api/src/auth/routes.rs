@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::{Principal, Scope};
 use crate::ApiState;
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 use crate::extract::{V1Json, V1Path, query_pairs, query_value};
 
 /// Appends to the audit log. The change it records is done already, so a
@@ -99,26 +99,26 @@ pub(crate) async fn create(
     principal: Principal,
     V1Json(body): V1Json<CreateKey>,
 ) -> Result<Response, V1Error> {
-    let invalid = |message: String| V1Error(ApiError::bad_request(code::INVALID_REQUEST, message));
+    let invalid = |message: String| V1Error(ApiError::new(Code::InvalidRequest, message));
     let role = Role::parse(&body.role).map_err(|e| invalid(e.to_string()))?;
     let tenant = body
         .tenant
         .map(TenantName::new)
         .transpose()
-        .map_err(|e| V1Error(ApiError::bad_request(code::INVALID_NAME, e.to_string())))?;
+        .map_err(|e| V1Error(ApiError::new(Code::InvalidName, e.to_string())))?;
     let now = state.engine.now();
     let expires_at = match body.expires_at {
         None => None,
         Some(text) => {
             let at = Timestamp::parse_rfc3339(&text).ok_or_else(|| {
-                V1Error(ApiError::bad_request(
-                    code::INVALID_TIME,
+                V1Error(ApiError::new(
+                    Code::InvalidTime,
                     "expires_at is not an RFC 3339 instant with an offset (e.g. 2030-01-31T04:00:30Z)",
                 ))
             })?;
             if at <= now {
-                return Err(V1Error(ApiError::bad_request(
-                    code::INVALID_TIME,
+                return Err(V1Error(ApiError::new(
+                    Code::InvalidTime,
                     "expires_at is not in the future",
                 )));
             }
@@ -210,12 +210,7 @@ pub(crate) async fn revoke(
     principal: Principal,
     V1Path(id): V1Path<String>,
 ) -> Result<Response, V1Error> {
-    let not_found = || {
-        V1Error(ApiError::not_found(
-            code::KEY_NOT_FOUND,
-            format!("no key {id:?}"),
-        ))
-    };
+    let not_found = || V1Error(ApiError::new(Code::KeyNotFound, format!("no key {id:?}")));
     let key_id = KeyId::parse(&id).ok_or_else(not_found)?;
     let removed = state
         .engine
@@ -307,8 +302,8 @@ pub(crate) async fn audit_log(
             .ok()
             .filter(|n| (1..=AUDIT_PAGE_MAX).contains(n))
             .ok_or_else(|| {
-                V1Error(ApiError::bad_request(
-                    code::INVALID_QUERY,
+                V1Error(ApiError::new(
+                    Code::InvalidQuery,
                     format!("limit must be a whole number from 1 to {AUDIT_PAGE_MAX}"),
                 ))
             })?,
@@ -316,8 +311,8 @@ pub(crate) async fn audit_log(
     let after = match query_value(&pairs, "after") {
         None => None,
         Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| {
-            V1Error(ApiError::bad_request(
-                code::INVALID_CURSOR,
+            V1Error(ApiError::new(
+                Code::InvalidCursor,
                 "after is not a cursor this API answered",
             ))
         })?),

@@ -16,11 +16,12 @@ use serde_json::{Value, json};
 use crate::ApiState;
 use crate::auth::Principal;
 use crate::auth::routes::audit;
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 use crate::extract::{V1Json, V1Path, deserialize_naming_field};
 use crate::v1::events::BackoffBody;
 use crate::v1::signing;
 use crate::v1::views::TenantView;
+use crate::v1::{tenant_name, tenant_not_found};
 
 /// Body of `PUT /v1/tenants/{tenant}`.
 #[derive(Debug, Deserialize)]
@@ -159,7 +160,7 @@ fn string_map(
 }
 
 fn invalid_sink(message: impl Into<String>) -> V1Error {
-    V1Error(ApiError::bad_request(code::INVALID_SINK, message))
+    V1Error(ApiError::new(Code::InvalidSink, message))
 }
 
 impl SinkSpec {
@@ -290,23 +291,10 @@ impl SinkSpec {
         };
         sink.validate().map_err(|e| invalid_sink(e.to_string()))?;
         Sinks::check_supported(&sink)
-            .map_err(|message| V1Error(ApiError::bad_request(code::UNSUPPORTED_SINK, message)))?;
+            .map_err(|message| V1Error(ApiError::new(Code::UnsupportedSink, message)))?;
         Sinks::check_settings(&sink).map_err(invalid_sink)?;
         Ok(sink)
     }
-}
-
-/// Validates a tenant name taken from the path.
-pub(crate) fn tenant_name(text: String) -> Result<TenantName, V1Error> {
-    TenantName::new(text)
-        .map_err(|e| V1Error(ApiError::bad_request(code::INVALID_NAME, e.to_string())))
-}
-
-pub(crate) fn tenant_not_found(name: &TenantName) -> V1Error {
-    V1Error(ApiError::not_found(
-        code::TENANT_NOT_FOUND,
-        format!("tenant {name:?} is not registered"),
-    ))
 }
 
 /// Every tenant for admins; a tenant key sees its own tenant only.
@@ -549,8 +537,7 @@ async fn leftovers(state: &ApiState, name: &TenantName) -> Result<Vec<EventKey>,
 
 fn not_empty(name: &TenantName) -> V1Error {
     V1Error(ApiError::new(
-        StatusCode::CONFLICT,
-        code::TENANT_NOT_EMPTY,
+        Code::TenantNotEmpty,
         format!(
             "tenant {name} still holds events or schedules; cancel its pending events and \
              delete its finished ones (bulk actions cancel, then delete) and delete its \
