@@ -16,6 +16,9 @@ use crate::ApiState;
 use crate::error::{ApiError, Code, V1Error};
 use crate::extract::{V1Json, V1Path, query_pairs, query_value};
 
+/// The path of the keys (create, list).
+const KEYS: &str = "/v1/keys";
+
 /// Appends to the audit log. The change it records is done already, so a
 /// failure is logged, not answered.
 pub(crate) async fn audit(
@@ -81,7 +84,7 @@ impl From<&ApiKey> for KeyView {
 /// `POST /v1/keys` (admin): 201 with the secret, the only time it is shown.
 #[utoipa::path(
     post,
-    path = "/v1/keys",
+    path = KEYS,
     tag = "keys",
     operation_id = "create_key",
     summary = "Create an API key (admin)",
@@ -164,7 +167,7 @@ pub(crate) async fn create(
 /// `GET /v1/keys`: every key for admins, a tenant's own keys for its keys.
 #[utoipa::path(
     get,
-    path = "/v1/keys",
+    path = KEYS,
     tag = "keys",
     operation_id = "list_keys",
     summary = "API keys (a tenant key: its own tenant's)",

@@ -28,6 +28,9 @@ use crate::v1::events::{parse_instant, parse_status};
 use crate::v1::invalid_request;
 use crate::v1::{tenant_name, tenant_not_found};
 
+/// The path of the bulk actions (create, list).
+const BULK_ACTIONS: &str = "/v1/bulk-actions";
+
 /// Body of `POST /v1/bulk-actions`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a bulk action object")]
@@ -130,7 +133,7 @@ async fn visible(state: &ApiState, principal: &Principal, id: &str) -> Result<Bu
 /// `Location`; it runs in the background.
 #[utoipa::path(
     post,
-    path = "/v1/bulk-actions",
+    path = BULK_ACTIONS,
     tag = "bulk-actions",
     operation_id = "create_bulk_action",
     summary = "Start a bulk action over a tenant's events or schedules",
@@ -198,7 +201,7 @@ pub(crate) async fn create(
 /// A tenant key lists its own tenant's (with or without `tenant`).
 #[utoipa::path(
     get,
-    path = "/v1/bulk-actions",
+    path = BULK_ACTIONS,
     tag = "bulk-actions",
     operation_id = "list_bulk_actions",
     summary = "Bulk actions, newest first",

@@ -28,6 +28,11 @@ use crate::extract::{V1Json, V1Path, deserialize_naming_field, query_pairs};
 use crate::v1::views::{AttemptView, Delivery, EventView};
 use crate::v1::{tenant_name, tenant_not_found};
 
+/// The path of the tenant's events (list, batch).
+const EVENTS: &str = "/v1/tenants/{tenant}/events";
+/// The path of one event (put, get, cancel).
+const EVENT: &str = "/v1/tenants/{tenant}/events/{id}";
+
 /// Most history entries answered for one event; retries are bounded by the
 /// retry policy's backlog limit, so real histories stay far below this.
 const MAX_ATTEMPTS_LISTED: usize = 10_000;
@@ -242,7 +247,7 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error
 /// Schedules (201) or updates (200) one event.
 #[utoipa::path(
     put,
-    path = "/v1/tenants/{tenant}/events/{id}",
+    path = EVENT,
     tag = "events",
     operation_id = "put_event",
     summary = "Schedule (201) or update (200) one event",
@@ -282,7 +287,7 @@ pub(crate) async fn put(
 
 #[utoipa::path(
     get,
-    path = "/v1/tenants/{tenant}/events/{id}",
+    path = EVENT,
     tag = "events",
     operation_id = "get_event",
     summary = "An event's status",
@@ -309,7 +314,7 @@ pub(crate) async fn get(
 /// cancelled), 409 if it already finished.
 #[utoipa::path(
     delete,
-    path = "/v1/tenants/{tenant}/events/{id}",
+    path = EVENT,
     tag = "events",
     operation_id = "cancel_event",
     summary = "Cancel a pending event",
@@ -455,7 +460,7 @@ pub(crate) async fn delete(
 /// as `error`; when it fails all of it, the request fails as a whole.
 #[utoipa::path(
     post,
-    path = "/v1/tenants/{tenant}/events",
+    path = EVENTS,
     tag = "events",
     operation_id = "schedule_events",
     summary = "Schedule many events; each item answered on its own",
@@ -680,7 +685,7 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
 /// listing starts after them (their ids sort before every client id).
 #[utoipa::path(
     get,
-    path = "/v1/tenants/{tenant}/events",
+    path = EVENTS,
     tag = "events",
     operation_id = "list_events",
     summary = "A page of a tenant's events",

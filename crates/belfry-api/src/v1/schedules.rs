@@ -32,6 +32,9 @@ use crate::v1::events::{BackoffBody, PullFields, admit_queue, decode_cursor, enc
 use crate::v1::views::Delivery;
 use crate::v1::{tenant_name, tenant_not_found};
 
+/// The path of one schedule (put, get, delete).
+const SCHEDULE: &str = "/v1/tenants/{tenant}/schedules/{id}";
+
 /// Most occurrences a preview computes.
 const MAX_PREVIEW: usize = 1_000;
 /// Occurrences a preview computes when `count` is not given.
@@ -294,7 +297,7 @@ pub(crate) async fn require_tenant(state: &ApiState, name: &TenantName) -> Resul
 /// Creates (201) or replaces (200) a schedule; takes effect at once.
 #[utoipa::path(
     put,
-    path = "/v1/tenants/{tenant}/schedules/{id}",
+    path = SCHEDULE,
     tag = "schedules",
     operation_id = "put_schedule",
     summary = "Create (201) or replace (200) a recurring schedule",
@@ -361,7 +364,7 @@ pub(crate) async fn put(
 
 #[utoipa::path(
     get,
-    path = "/v1/tenants/{tenant}/schedules/{id}",
+    path = SCHEDULE,
     tag = "schedules",
     operation_id = "get_schedule",
     summary = "A schedule",
@@ -394,7 +397,7 @@ pub(crate) async fn get(
 /// until retention.
 #[utoipa::path(
     delete,
-    path = "/v1/tenants/{tenant}/schedules/{id}",
+    path = SCHEDULE,
     tag = "schedules",
     operation_id = "delete_schedule",
     summary = "Delete a schedule; future occurrences are cancelled",

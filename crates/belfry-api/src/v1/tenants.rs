@@ -23,6 +23,9 @@ use crate::v1::signing;
 use crate::v1::views::TenantView;
 use crate::v1::{tenant_name, tenant_not_found};
 
+/// The path of one tenant (get, put, delete).
+const TENANT: &str = "/v1/tenants/{tenant}";
+
 /// Body of `PUT /v1/tenants/{tenant}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a tenant object")]
@@ -328,7 +331,7 @@ pub(crate) async fn list(
 
 #[utoipa::path(
     get,
-    path = "/v1/tenants/{tenant}",
+    path = TENANT,
     tag = "tenants",
     operation_id = "get_tenant",
     summary = "A tenant",
@@ -355,7 +358,7 @@ pub(crate) async fn get(
 /// secrets gets one, answered this once as `signing_secret`.
 #[utoipa::path(
     put,
-    path = "/v1/tenants/{tenant}",
+    path = TENANT,
     tag = "tenants",
     operation_id = "put_tenant",
     summary = "Register (201) or replace (200) a tenant",
@@ -425,7 +428,7 @@ pub(crate) async fn put(
 /// request.
 #[utoipa::path(
     delete,
-    path = "/v1/tenants/{tenant}",
+    path = TENANT,
     tag = "tenants",
     operation_id = "delete_tenant",
     summary = "Remove an empty tenant and revoke its keys",
