@@ -5,7 +5,7 @@
 //! or refuses a browser's forged write, a foreign `Host` or a client over
 //! its rate — and one route layer ([`middleware::authorize`]) checks the
 //! principal against the route's [`rules::Rule`] (given by the route
-//! table, `crate::routing`): a tenant
+//! table in `routing.rs`): a tenant
 //! key reaches only its own tenant's paths (anything else looks like a
 //! tenant that does not exist: 404, no existence oracle), `read` keys do
 //! not write, and cluster internals, keys and the audit log are for
