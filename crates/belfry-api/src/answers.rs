@@ -26,13 +26,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 use crate::options::ApiOptions;
 
 /// How long a request waits for room in the node's answer budget.
@@ -115,8 +115,7 @@ impl AnswerBudget {
 
 fn busy() -> Response {
     let mut response = V1Error(ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        code::ANSWERS_BUSY,
+        Code::AnswersBusy,
         "the node is sending too many large answers to slow clients; retry later",
     ))
     .into_response();
@@ -316,7 +315,10 @@ mod tests {
             .unwrap()
             .answer(vec![b'x'; 60 * 1024]);
         let refused = budget.reserve().await.unwrap_err();
-        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            refused.status(),
+            axum::http::StatusCode::SERVICE_UNAVAILABLE
+        );
         assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
         drop(held);
         assert!(budget.reserve().await.is_ok());

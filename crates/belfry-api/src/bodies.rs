@@ -4,6 +4,7 @@
 
 use belfry_core::pull::{ClaimBody, CompleteBody, FailBody, HeartbeatBody, ReleaseBody};
 use serde::de::DeserializeOwned;
+use utoipa::Path;
 
 use crate::extract::{deserialize_naming_field, parse_json};
 
@@ -48,27 +49,34 @@ impl BodyRoute {
         BodyRoute::CreateKey,
     ];
 
-    /// The method and path (with `t` for the tenant, `e` for an id, `l`
-    /// for a lease id).
-    pub fn method_and_path(self) -> (&'static str, &'static str) {
-        match self {
-            BodyRoute::BigBenRegisterTenant => ("POST", "/events/tenant/register"),
-            BodyRoute::BigBenSchedule => ("POST", "/events/schedule"),
-            BodyRoute::BigBenCron => ("POST", "/cron"),
-            BodyRoute::PutTenant => ("PUT", "/v1/tenants/t"),
-            BodyRoute::RotateSigningSecret => ("POST", "/v1/tenants/t/signing-secrets/rotate"),
-            BodyRoute::PutEvent => ("PUT", "/v1/tenants/t/events/e"),
-            BodyRoute::EventBatch => ("POST", "/v1/tenants/t/events"),
-            BodyRoute::PutSchedule => ("PUT", "/v1/tenants/t/schedules/e"),
-            BodyRoute::CreateBulkAction => ("POST", "/v1/bulk-actions"),
-            BodyRoute::Claim => ("POST", "/v1/tenants/t/leases"),
-            BodyRoute::CompleteBatch => ("POST", "/v1/tenants/t/leases/complete"),
-            BodyRoute::Heartbeat => ("POST", "/v1/leases/l/heartbeat"),
-            BodyRoute::Complete => ("POST", "/v1/leases/l/complete"),
-            BodyRoute::Fail => ("POST", "/v1/leases/l/fail"),
-            BodyRoute::Release => ("POST", "/v1/leases/l/release"),
-            BodyRoute::CreateKey => ("POST", "/v1/keys"),
-        }
+    /// The method and a path of the route (`t` for the tenant, `e` for an
+    /// id, `l` for a lease id), the path taken from the handler's
+    /// `#[utoipa::path]`, as the router takes it.
+    pub fn method_and_path(self) -> (&'static str, String) {
+        use crate::{auth, bigben, v1};
+        let (method, pattern) = match self {
+            BodyRoute::BigBenRegisterTenant => ("POST", bigben::tenants::__path_register::path()),
+            BodyRoute::BigBenSchedule => ("POST", bigben::schedule::__path_schedule::path()),
+            BodyRoute::BigBenCron => ("POST", bigben::cron::__path_create::path()),
+            BodyRoute::PutTenant => ("PUT", v1::tenants::__path_put::path()),
+            BodyRoute::RotateSigningSecret => ("POST", v1::signing::__path_rotate::path()),
+            BodyRoute::PutEvent => ("PUT", v1::events::__path_put::path()),
+            BodyRoute::EventBatch => ("POST", v1::events::__path_batch::path()),
+            BodyRoute::PutSchedule => ("PUT", v1::schedules::__path_put::path()),
+            BodyRoute::CreateBulkAction => ("POST", v1::bulk::__path_create::path()),
+            BodyRoute::Claim => ("POST", v1::leases::__path_claim::path()),
+            BodyRoute::CompleteBatch => ("POST", v1::lease_batch::__path_complete_batch::path()),
+            BodyRoute::Heartbeat => ("POST", v1::leases::__path_heartbeat::path()),
+            BodyRoute::Complete => ("POST", v1::leases::__path_complete::path()),
+            BodyRoute::Fail => ("POST", v1::leases::__path_fail::path()),
+            BodyRoute::Release => ("POST", v1::leases::__path_release::path()),
+            BodyRoute::CreateKey => ("POST", auth::routes::__path_create::path()),
+        };
+        let path = pattern
+            .replace("{tenant}", "t")
+            .replace("{id}", "e")
+            .replace("{lease_id}", "l");
+        (method, path)
     }
 }
 

@@ -1,6 +1,9 @@
-//! What `GET /events/cluster` reports: the nodes and which one leads.
+//! What `GET /events/cluster` and `GET /v1/cluster` report: the nodes and
+//! which one leads; the handler of the second.
 
 use serde::{Deserialize, Serialize};
+
+use crate::ApiState;
 
 /// A node's role, in BigBen's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,4 +125,53 @@ impl ClusterView for SingleNode {
             role: Role::Master,
         }]
     }
+}
+
+/// `GET /v1/cluster`.
+#[utoipa::path(
+    get,
+    path = "/v1/cluster",
+    tag = "cluster",
+    operation_id = "cluster_status",
+    summary = "What this node last saw of the cluster (admin)",
+    responses(
+        (status = 200, description = "Leader, nodes and their partitions", body = crate::openapi::schema::ClusterStatus),
+        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
+        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error)
+    )
+)]
+pub(crate) async fn status(
+    axum::extract::State(state): axum::extract::State<ApiState>,
+) -> axum::Json<ClusterStatus> {
+    let status = state.cluster.status().unwrap_or_else(|| {
+        let me = state.cluster.members().into_iter().next();
+        let address = me.map(|m| m.address).unwrap_or_default();
+        ClusterStatus {
+            mode: "single",
+            leader: Some(LeaderStatus {
+                node: address.clone(),
+                address: Some(address.clone()),
+                term: 0,
+            }),
+            nodes: vec![NodeView {
+                id: address.clone(),
+                address,
+                role: Role::Master,
+                heartbeat_age_ms: None,
+                partitions: state
+                    .engine
+                    .owned_partitions()
+                    .into_iter()
+                    .map(|(p, epoch)| PartitionView {
+                        partition: p.0,
+                        epoch,
+                        moving_to: None,
+                    })
+                    .collect(),
+            }],
+            unowned: Vec::new(),
+        }
+    });
+    axum::Json(status)
 }

@@ -7,106 +7,205 @@
 //! Internal details (store errors, panics) go to the log, never to the body.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use belfry_core::pull::PullError;
 use belfry_store::StoreError;
 use serde_json::json;
 
-/// Stable machine-readable error codes of the native API.
-pub mod code {
-    pub const INVALID_JSON: &str = "invalid_json";
-    pub const INVALID_REQUEST: &str = "invalid_request";
-    pub const INVALID_NAME: &str = "invalid_name";
-    pub const INVALID_TIME: &str = "invalid_time";
-    pub const INVALID_QUERY: &str = "invalid_query";
-    pub const INVALID_CURSOR: &str = "invalid_cursor";
-    pub const INVALID_SINK: &str = "invalid_sink";
-    pub const UNSUPPORTED_SINK: &str = "unsupported_sink";
-    pub const BATCH_TOO_LARGE: &str = "batch_too_large";
-    pub const BODY_TOO_LARGE: &str = "body_too_large";
-    pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported_media_type";
-    pub const TENANT_NOT_FOUND: &str = "tenant_not_found";
-    pub const EVENT_NOT_FOUND: &str = "event_not_found";
-    pub const SCHEDULE_NOT_FOUND: &str = "schedule_not_found";
-    pub const BULK_ACTION_NOT_FOUND: &str = "bulk_action_not_found";
-    pub const INVALID_CRON: &str = "invalid_cron";
-    pub const INVALID_SCHEDULE: &str = "invalid_schedule";
-    pub const NOT_FOUND: &str = "not_found";
-    pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
-    pub const ALREADY_FINISHED: &str = "already_finished";
-    pub const NOT_REDRIVABLE: &str = "not_redrivable";
-    /// Deleting an event that is still scheduled or retrying (409):
-    /// cancel it first.
-    pub const EVENT_PENDING: &str = "event_pending";
+/// What went wrong, as the API tells it: each kind has one HTTP status and
+/// one stable machine-readable code (the native API's `error.code`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Code {
+    InvalidJson,
+    InvalidRequest,
+    InvalidName,
+    InvalidTime,
+    InvalidQuery,
+    InvalidCursor,
+    InvalidSink,
+    UnsupportedSink,
+    BatchTooLarge,
+    BodyTooLarge,
+    UnsupportedMediaType,
+    TenantNotFound,
+    /// BigBen's "tenant not registered / unknown tenant": a 400, where
+    /// `/v1` answers 404 [`Code::TenantNotFound`].
+    UnknownTenant,
+    EventNotFound,
+    ScheduleNotFound,
+    BulkActionNotFound,
+    InvalidCron,
+    InvalidSchedule,
+    NotFound,
+    MethodNotAllowed,
+    AlreadyFinished,
+    NotRedrivable,
+    /// Deleting an event that is still scheduled or retrying: cancel it
+    /// first.
+    EventPending,
     /// A tenant that still holds events or schedules cannot be removed.
-    pub const TENANT_NOT_EMPTY: &str = "tenant_not_empty";
-    pub const NOT_IMPLEMENTED: &str = "not_implemented";
-    pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+    TenantNotEmpty,
+    StoreUnavailable,
     /// Cluster mode: the node holding a lease's partition cannot be
     /// reached right now (or is not known yet), and the store shows no
     /// outcome of the call: whether it took effect is not known; repeating
     /// it is safe.
-    pub const NODE_UNAVAILABLE: &str = "node_unavailable";
-    /// No key, or a malformed, unknown, revoked or expired one (401).
-    pub const UNAUTHORIZED: &str = "unauthorized";
+    NodeUnavailable,
+    /// No key, or a malformed, unknown, revoked or expired one.
+    Unauthorized,
     /// The key may not do this: a `read` key writing, a tenant key on an
-    /// admin route (403).
-    pub const FORBIDDEN: &str = "forbidden";
+    /// admin route.
+    Forbidden,
     /// A request marked as forwarded by another node whose signature does
     /// not hold: missing, malformed, for another node, stale, replayed or
-    /// forged (403).
-    pub const FORWARD_REFUSED: &str = "forward_refused";
+    /// forged.
+    ForwardRefused,
     /// Keyless (open mode or `auth.mode = "none"`): the `Host` header is
-    /// neither a loopback name nor in `auth.allowed_hosts` (403).
-    pub const HOST_NOT_ALLOWED: &str = "host_not_allowed";
+    /// neither a loopback name nor in `auth.allowed_hosts`.
+    HostNotAllowed,
     /// Open mode: the request came through a proxy (it carries
     /// `Forwarded`, `X-Forwarded-*`, `X-Real-IP` or `Via`, or is HTTP/1.0),
-    /// so it may come from anywhere (403).
-    pub const PROXIED_REQUEST_REFUSED: &str = "proxied_request_refused";
+    /// so it may come from anywhere.
+    ProxiedRequestRefused,
     /// A key this node does not know yet, while its budget for reading
-    /// unknown keys is spent (503, `Retry-After`).
-    pub const KEY_LOOKUPS_BUSY: &str = "key_lookups_busy";
-    /// A keyless bodiless write from a browser (403).
-    pub const BROWSER_WRITE_REFUSED: &str = "browser_write_refused";
-    /// The key is over `auth.rate_limit_per_key` (429, `Retry-After`).
-    pub const RATE_LIMITED: &str = "rate_limited";
-    pub const KEY_NOT_FOUND: &str = "key_not_found";
-    pub const INTERNAL: &str = "internal";
+    /// unknown keys is spent (`Retry-After`).
+    KeyLookupsBusy,
+    /// A keyless bodiless write from a browser.
+    BrowserWriteRefused,
+    /// The key is over `auth.rate_limit_per_key` (`Retry-After`).
+    RateLimited,
+    KeyNotFound,
+    Internal,
     /// A per-tenant quota (pending events, schedules) would be passed.
-    pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
+    QuotaExceeded,
     /// An event's payload is larger than `limits.max_payload_bytes`.
-    pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
+    PayloadTooLarge,
     /// The node holds `api.max_answer_bytes_in_flight` of large answers
-    /// already (503, `Retry-After`).
-    pub const ANSWERS_BUSY: &str = "answers_busy";
-    /// The tenant has `limits.max_bulk_actions_per_tenant` running (429).
-    pub const TOO_MANY_BULK_ACTIONS: &str = "too_many_bulk_actions";
+    /// already (`Retry-After`).
+    AnswersBusy,
+    /// The tenant has `limits.max_bulk_actions_per_tenant` running.
+    TooManyBulkActions,
+    /// Pull workers: the lease expired, was taken back, or is another
+    /// tenant's.
+    LeaseLost,
+    TooManyWaiters,
+    TooManyCalls,
+    TooManyLeases,
 }
 
-/// A failure to answer with: status, stable code, client-safe message.
+impl Code {
+    /// The one mapping to HTTP: status and code.
+    const fn http(self) -> (StatusCode, &'static str) {
+        use StatusCode as S;
+        match self {
+            Code::InvalidJson => (S::BAD_REQUEST, "invalid_json"),
+            Code::InvalidRequest => (S::BAD_REQUEST, "invalid_request"),
+            Code::InvalidName => (S::BAD_REQUEST, "invalid_name"),
+            Code::InvalidTime => (S::BAD_REQUEST, "invalid_time"),
+            Code::InvalidQuery => (S::BAD_REQUEST, "invalid_query"),
+            Code::InvalidCursor => (S::BAD_REQUEST, "invalid_cursor"),
+            Code::InvalidSink => (S::BAD_REQUEST, "invalid_sink"),
+            Code::UnsupportedSink => (S::BAD_REQUEST, "unsupported_sink"),
+            Code::BatchTooLarge => (S::BAD_REQUEST, "batch_too_large"),
+            Code::BodyTooLarge => (S::PAYLOAD_TOO_LARGE, "body_too_large"),
+            Code::UnsupportedMediaType => (S::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            Code::TenantNotFound => (S::NOT_FOUND, "tenant_not_found"),
+            Code::UnknownTenant => (S::BAD_REQUEST, "unknown_tenant"),
+            Code::EventNotFound => (S::NOT_FOUND, "event_not_found"),
+            Code::ScheduleNotFound => (S::NOT_FOUND, "schedule_not_found"),
+            Code::BulkActionNotFound => (S::NOT_FOUND, "bulk_action_not_found"),
+            Code::InvalidCron => (S::BAD_REQUEST, "invalid_cron"),
+            Code::InvalidSchedule => (S::BAD_REQUEST, "invalid_schedule"),
+            Code::NotFound => (S::NOT_FOUND, "not_found"),
+            Code::MethodNotAllowed => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            Code::AlreadyFinished => (S::CONFLICT, "already_finished"),
+            Code::NotRedrivable => (S::CONFLICT, "not_redrivable"),
+            Code::EventPending => (S::CONFLICT, "event_pending"),
+            Code::TenantNotEmpty => (S::CONFLICT, "tenant_not_empty"),
+            Code::StoreUnavailable => (S::SERVICE_UNAVAILABLE, "store_unavailable"),
+            Code::NodeUnavailable => (S::SERVICE_UNAVAILABLE, "node_unavailable"),
+            Code::Unauthorized => (S::UNAUTHORIZED, "unauthorized"),
+            Code::Forbidden => (S::FORBIDDEN, "forbidden"),
+            Code::ForwardRefused => (S::FORBIDDEN, "forward_refused"),
+            Code::HostNotAllowed => (S::FORBIDDEN, "host_not_allowed"),
+            Code::ProxiedRequestRefused => (S::FORBIDDEN, "proxied_request_refused"),
+            Code::KeyLookupsBusy => (S::SERVICE_UNAVAILABLE, "key_lookups_busy"),
+            Code::BrowserWriteRefused => (S::FORBIDDEN, "browser_write_refused"),
+            Code::RateLimited => (S::TOO_MANY_REQUESTS, "rate_limited"),
+            Code::KeyNotFound => (S::NOT_FOUND, "key_not_found"),
+            Code::Internal => (S::INTERNAL_SERVER_ERROR, "internal"),
+            Code::QuotaExceeded => (S::TOO_MANY_REQUESTS, "quota_exceeded"),
+            Code::PayloadTooLarge => (S::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Code::AnswersBusy => (S::SERVICE_UNAVAILABLE, "answers_busy"),
+            Code::TooManyBulkActions => (S::TOO_MANY_REQUESTS, "too_many_bulk_actions"),
+            Code::LeaseLost => (S::CONFLICT, "lease_lost"),
+            Code::TooManyWaiters => (S::TOO_MANY_REQUESTS, "too_many_waiters"),
+            Code::TooManyCalls => (S::TOO_MANY_REQUESTS, "too_many_calls"),
+            Code::TooManyLeases => (S::TOO_MANY_REQUESTS, "too_many_leases"),
+        }
+    }
+
+    pub const fn status(self) -> StatusCode {
+        self.http().0
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        self.http().1
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for Code {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl From<PullError> for Code {
+    fn from(error: PullError) -> Self {
+        match error {
+            PullError::LeaseLost => Code::LeaseLost,
+            PullError::Unavailable => Code::StoreUnavailable,
+            PullError::TooManyWaiters => Code::TooManyWaiters,
+            PullError::TooManyCalls => Code::TooManyCalls,
+            PullError::TooManyLeases => Code::TooManyLeases,
+        }
+    }
+}
+
+/// A failure to answer with: its [`Code`] and a client-safe message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{status} {code}: {message}")]
+#[error("{} {code}: {message}", code.status())]
 pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
+    pub code: Code,
     pub message: String,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
         ApiError {
-            status,
             code,
             message: message.into(),
         }
     }
 
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError::new(StatusCode::BAD_REQUEST, code, message)
+    pub fn status(&self) -> StatusCode {
+        self.code.status()
     }
 
-    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError::new(StatusCode::NOT_FOUND, code, message)
+    /// `/v1`'s 404 for a tenant that is not registered, or that the key
+    /// may not see.
+    pub fn tenant_not_found(tenant: &str) -> Self {
+        ApiError::new(
+            Code::TenantNotFound,
+            format!("tenant {tenant:?} is not registered"),
+        )
     }
 
     /// Maps a store failure and logs it: `Unavailable` is a 503 the client
@@ -128,8 +227,7 @@ impl ApiError {
     pub fn for_store(error: &StoreError) -> Self {
         match error {
             StoreError::Unavailable(_) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                code::STORE_UNAVAILABLE,
+                Code::StoreUnavailable,
                 "the store is unavailable; a change requested may or may not have been made, \
                  retry later",
             ),
@@ -144,11 +242,7 @@ impl ApiError {
 
     /// The generic 500; say what happened in the log before calling this.
     pub fn internal() -> Self {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            code::INTERNAL,
-            "internal error; see the server log",
-        )
+        ApiError::new(Code::Internal, "internal error; see the server log")
     }
 }
 
@@ -177,13 +271,9 @@ impl From<StoreError> for V1Error {
 
 impl IntoResponse for V1Error {
     fn into_response(self) -> Response {
-        let ApiError {
-            status,
-            code,
-            message,
-        } = self.0;
+        let ApiError { code, message } = self.0;
         let body = json!({ "error": { "code": code, "message": message } });
-        (status, Json(body)).into_response()
+        (code.status(), Json(body)).into_response()
     }
 }
 
@@ -205,6 +295,17 @@ impl From<StoreError> for BigBenError {
 
 impl IntoResponse for BigBenError {
     fn into_response(self) -> Response {
-        (self.0.status, Json(json!({ "message": self.0.message }))).into_response()
+        (self.0.status(), Json(json!({ "message": self.0.message }))).into_response()
+    }
+}
+
+/// Renders `error` in the envelope of the route family `uri` belongs to:
+/// `/v1`'s under `/v1`, BigBen's elsewhere.
+pub(crate) fn family_error(uri: &Uri, error: ApiError) -> Response {
+    let path = uri.path();
+    if path == "/v1" || path.starts_with("/v1/") {
+        V1Error(error).into_response()
+    } else {
+        BigBenError(error).into_response()
     }
 }

@@ -15,12 +15,12 @@
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, Uri, header};
+use axum::http::{Uri, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
 use crate::ApiState;
-use crate::error::{ApiError, BigBenError, V1Error, code};
+use crate::error::{ApiError, BigBenError, Code, V1Error};
 
 /// A JSON body for the native API.
 #[derive(Debug)]
@@ -85,8 +85,8 @@ where
             Ok(Path(value)) => Ok(V1Path(value)),
             Err(rejection) => {
                 tracing::debug!(%rejection, "path parameters rejected");
-                Err(V1Error(ApiError::bad_request(
-                    code::INVALID_NAME,
+                Err(V1Error(ApiError::new(
+                    Code::InvalidName,
                     "a path segment is not valid percent-encoded UTF-8",
                 )))
             }
@@ -103,8 +103,8 @@ pub fn query_pairs(uri: &Uri) -> Result<Vec<(String, String)>, ApiError> {
         Ok(Query(pairs)) => Ok(pairs),
         Err(rejection) => {
             tracing::debug!(%rejection, "query string rejected");
-            Err(ApiError::bad_request(
-                code::INVALID_QUERY,
+            Err(ApiError::new(
+                Code::InvalidQuery,
                 "the query string cannot be decoded",
             ))
         }
@@ -130,8 +130,7 @@ async fn read_body(req: Request, limit: usize) -> Result<bytes::Bytes, ApiError>
     check_content_type(&req)?;
     let too_large = || {
         ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            code::BODY_TOO_LARGE,
+            Code::BodyTooLarge,
             format!("request body is larger than {limit} bytes"),
         )
     };
@@ -151,8 +150,8 @@ async fn read_body(req: Request, limit: usize) -> Result<bytes::Bytes, ApiError>
         }
         Err(error) => {
             tracing::debug!(%error, "reading a request body failed");
-            return Err(ApiError::bad_request(
-                code::INVALID_REQUEST,
+            return Err(ApiError::new(
+                Code::InvalidRequest,
                 "the request body could not be read",
             ));
         }
@@ -167,8 +166,8 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
         Err(error) => error,
     };
     let wrong_shape = |message: String| {
-        ApiError::bad_request(
-            code::INVALID_REQUEST,
+        ApiError::new(
+            Code::InvalidRequest,
             format!("request body has the wrong shape: {message}"),
         )
     };
@@ -185,8 +184,8 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
         Ok(tree) => Err(wrong_shape(
             field_error::<T, _>(tree).unwrap_or_else(|| in_api_words(&error)),
         )),
-        Err(_) => Err(ApiError::bad_request(
-            code::INVALID_JSON,
+        Err(_) => Err(ApiError::new(
+            Code::InvalidJson,
             format!("request body is not valid JSON: {}", syntax_error(&error)),
         )),
     }
@@ -375,8 +374,7 @@ fn check_content_type(req: &Request) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            code::UNSUPPORTED_MEDIA_TYPE,
+            Code::UnsupportedMediaType,
             "Content-Type must be application/json",
         ))
     }

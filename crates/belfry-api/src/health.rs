@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use belfry_core::TenantName;
 use serde::Serialize;
 
@@ -99,12 +99,9 @@ async fn probe_store(state: &ApiState) -> bool {
     }
 }
 
-pub(crate) fn routes() -> Router<ApiState> {
-    use axum::routing::get;
-    Router::new()
-        .route("/health/live", get(live))
-        .route("/health/ready", get(ready))
-        .layer(Extension(Arc::new(StoreProbe::default())))
+/// What `ready` keeps between probes.
+pub(crate) fn probe() -> Extension<Arc<StoreProbe>> {
+    Extension(Arc::new(StoreProbe::default()))
 }
 
 /// Liveness: the process serves HTTP.

@@ -28,22 +28,12 @@ use belfry_store::{Applied, KeyedCommand, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+pub use crate::auth::WriteScope;
 pub use crate::bigben::schedule::EventRequest;
 use crate::bigben::schedule::{QuotaMode, schedule_items};
-use crate::error::{ApiError, code};
+use crate::error::{ApiError, Code};
 use crate::v1::events::{BackoffBody, PullFields};
 use crate::v1::views::Delivery;
-
-/// Which tenants a writer may schedule for.
-pub trait WriteScope: Send + Sync {
-    fn may_write(&self, tenant: &TenantName) -> bool;
-}
-
-impl WriteScope for crate::Principal {
-    fn may_write(&self, tenant: &TenantName) -> bool {
-        crate::Principal::may_write(self, tenant)
-    }
-}
 
 /// The tenants listed, or every registered tenant when the list is
 /// exactly `["*"]`. Nothing is allowed by default: whoever may write a
@@ -164,10 +154,10 @@ pub fn bigben_verdict(response: &EventResponse) -> Verdict {
                 .map(|e| (e.code, e.message.clone()))
                 .unwrap_or((400, String::new()));
             let code = match status {
-                429 => code::QUOTA_EXCEEDED,
-                413 => code::PAYLOAD_TOO_LARGE,
+                429 => Code::QuotaExceeded.as_str(),
+                413 => Code::PayloadTooLarge.as_str(),
                 _ if message.starts_with(crate::bigben::schedule::TENANT_UNKNOWN) => {
-                    "unknown_tenant"
+                    Code::UnknownTenant.as_str()
                 }
                 _ => "rejected",
             };
@@ -243,11 +233,7 @@ pub struct V1Answer {
 impl V1Answer {
     /// The answer to a record that is not a `/v1` event object at all.
     pub fn unreadable(message: &str) -> V1Answer {
-        rejected(
-            None,
-            None,
-            &ApiError::bad_request(code::INVALID_JSON, message),
-        )
+        rejected(None, None, &ApiError::new(Code::InvalidJson, message))
     }
 }
 
@@ -284,7 +270,7 @@ pub async fn schedule_v1(
         let (tenant, id) = match names {
             (Ok(tenant), Ok(id)) => (tenant, id),
             (Err(e), _) | (_, Err(e)) => {
-                let error = ApiError::bad_request(code::INVALID_NAME, e.to_string());
+                let error = ApiError::new(Code::InvalidName, e.to_string());
                 answers.push(Some(rejected(
                     Some(&record.tenant),
                     Some(&record.id),
@@ -293,12 +279,7 @@ pub async fn schedule_v1(
                 continue;
             }
         };
-        let not_found = || {
-            ApiError::not_found(
-                code::TENANT_NOT_FOUND,
-                format!("tenant {:?} is not registered", record.tenant),
-            )
-        };
+        let not_found = || ApiError::tenant_not_found(&record.tenant);
         if !scope.may_write(&tenant) {
             answers.push(Some(rejected(
                 Some(&record.tenant),
@@ -309,10 +290,8 @@ pub async fn schedule_v1(
         }
         let command = if record.cancel {
             if record.has_write_fields() {
-                let error = ApiError::bad_request(
-                    code::INVALID_REQUEST,
-                    "a cancel carries only tenant and id",
-                );
+                let error =
+                    ApiError::new(Code::InvalidRequest, "a cancel carries only tenant and id");
                 answers.push(Some(rejected(
                     Some(&record.tenant),
                     Some(&record.id),
@@ -323,7 +302,7 @@ pub async fn schedule_v1(
             EventCommand::Cancel
         } else {
             let Some(deliver_at) = record.deliver_at.as_deref() else {
-                let error = ApiError::bad_request(code::INVALID_REQUEST, "deliver_at is required");
+                let error = ApiError::new(Code::InvalidRequest, "deliver_at is required");
                 answers.push(Some(rejected(
                     Some(&record.tenant),
                     Some(&record.id),
@@ -467,7 +446,7 @@ fn store_failed(key: &EventKey) -> V1Answer {
     V1Answer {
         verdict: Verdict::StoreFailed,
         body: json!({ "tenant": key.tenant.as_str(), "id": key.id.as_str(), "outcome": "error",
-                      "version": null, "error": { "code": code::STORE_UNAVAILABLE,
+                      "version": null, "error": { "code": Code::StoreUnavailable,
                       "message": "the store failed; the change may or may not have been made" } }),
     }
 }

@@ -10,7 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::ApiState;
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 
 /// The partitions the last scrape saw owned here, so one that moved away
 /// reads -1 instead of its old epoch.
@@ -34,8 +34,8 @@ static LAST_OWNED: Mutex<Vec<u16>> = Mutex::new(Vec::new());
 )]
 pub(crate) async fn scrape(State(state): State<ApiState>) -> Response {
     let Some(exporter) = &state.metrics else {
-        return V1Error(ApiError::not_found(
-            code::NOT_FOUND,
+        return V1Error(ApiError::new(
+            Code::NotFound,
             "metrics are not enabled on this node",
         ))
         .into_response();

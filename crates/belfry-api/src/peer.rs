@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use belfry_core::TenantName;
 use belfry_core::auth::{KeyId, Role};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -28,7 +28,7 @@ use ring::{digest, hmac};
 
 use crate::ApiState;
 use crate::auth::{Principal, Scope};
-use crate::error::{ApiError, code};
+use crate::error::{ApiError, Code};
 
 /// Marks a request forwarded by another node (its value: that node's id).
 pub const FORWARDED: HeaderName = HeaderName::from_static("belfry-forwarded");
@@ -103,11 +103,7 @@ pub enum Refused {
 
 impl From<Refused> for ApiError {
     fn from(refused: Refused) -> Self {
-        ApiError::new(
-            StatusCode::FORBIDDEN,
-            code::FORWARD_REFUSED,
-            refused.to_string(),
-        )
+        ApiError::new(Code::ForwardRefused, refused.to_string())
     }
 }
 
@@ -370,14 +366,13 @@ pub(crate) async fn admit(state: &ApiState, request: Request) -> Result<Request,
         Ok(collected) => collected.to_bytes(),
         Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
             return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                code::BODY_TOO_LARGE,
+                Code::BodyTooLarge,
                 format!("request body is larger than {limit} bytes"),
             ));
         }
         Err(_) => {
-            return Err(ApiError::bad_request(
-                code::INVALID_REQUEST,
+            return Err(ApiError::new(
+                Code::InvalidRequest,
                 "the request body could not be read",
             ));
         }

@@ -1,10 +1,9 @@
 //! Quota refusals at the HTTP edge (the quotas themselves live in
 //! `belfry_engine::quotas`).
 
-use axum::http::StatusCode;
 use belfry_engine::quotas::{QuotaError, QuotaExceeded};
 
-use crate::error::{ApiError, code};
+use crate::error::{ApiError, Code};
 
 /// `429 quota_exceeded` for counts (retrying later may succeed once events
 /// fire or schedules are deleted), `413 payload_too_large` for a payload,
@@ -19,27 +18,19 @@ pub(crate) fn quota_error(error: QuotaError) -> ApiError {
 
 pub(crate) fn exceeded_error(exceeded: &QuotaExceeded) -> ApiError {
     match exceeded {
-        QuotaExceeded::PayloadTooLarge { .. } => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            code::PAYLOAD_TOO_LARGE,
-            exceeded.to_string(),
-        ),
+        QuotaExceeded::PayloadTooLarge { .. } => {
+            ApiError::new(Code::PayloadTooLarge, exceeded.to_string())
+        }
         QuotaExceeded::PendingEvents { .. }
         | QuotaExceeded::Schedules { .. }
-        | QuotaExceeded::ScheduleOccurrences { .. } => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            code::QUOTA_EXCEEDED,
-            exceeded.to_string(),
-        ),
-        QuotaExceeded::DryRuns { .. } | QuotaExceeded::DeliveryRate { .. } => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            code::RATE_LIMITED,
-            exceeded.to_string(),
-        ),
-        QuotaExceeded::BulkActions { .. } => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            code::TOO_MANY_BULK_ACTIONS,
-            exceeded.to_string(),
-        ),
+        | QuotaExceeded::ScheduleOccurrences { .. } => {
+            ApiError::new(Code::QuotaExceeded, exceeded.to_string())
+        }
+        QuotaExceeded::DryRuns { .. } | QuotaExceeded::DeliveryRate { .. } => {
+            ApiError::new(Code::RateLimited, exceeded.to_string())
+        }
+        QuotaExceeded::BulkActions { .. } => {
+            ApiError::new(Code::TooManyBulkActions, exceeded.to_string())
+        }
     }
 }

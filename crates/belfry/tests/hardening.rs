@@ -256,7 +256,7 @@ async fn wrongly_typed_bodies_are_answered_in_the_apis_words_on_every_route() {
     for route in BodyRoute::ALL {
         let (method, path) = route.method_and_path();
         for body in &bodies {
-            let (status, answer) = send(method, &node.url(path), None, Some(body.clone())).await;
+            let (status, answer) = send(method, &node.url(&path), None, Some(body.clone())).await;
             let text = answer.to_string();
             assert!(status < 500, "{method} {path} {body}: {status} {text}");
             let input = body.to_string();

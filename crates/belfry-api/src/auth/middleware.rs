@@ -1,125 +1,21 @@
 //! The two layers: [`authenticate`] (every request) and [`authorize`]
-//! (every matched route, by the table in [`rule`]).
+//! (every matched route, by its [`Rule`] in the route table).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use belfry_core::TenantName;
 use serde_json::json;
 
+use super::rules::{Hide, Keys, Rule, RuleBook};
 use super::{Lookup, Principal, Scope, unauthorized};
-use crate::error::{ApiError, BigBenError, V1Error, code};
+use crate::ApiState;
+use crate::error::{ApiError, BigBenError, Code, V1Error, family_error};
 use crate::extract::{query_pairs, query_value};
-use crate::{ApiState, family_error};
-
-/// Who may call a route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Rule {
-    /// Anyone, without a key (`/ping`).
-    Public,
-    /// Any principal; the handler filters what it answers.
-    Any,
-    /// Any principal that may write; the handler checks every tenant the
-    /// body names.
-    AnyWriter,
-    /// Admin keys (and open mode) only; others get 403.
-    Admin,
-    /// The `{tenant}` path segment must be the principal's own tenant
-    /// (else the route's own "not found"); `write` routes need a writer.
-    PathTenant { write: bool, hide: Hide },
-    /// The same for the `tenant` query parameter.
-    QueryTenant { write: bool, hide: Hide },
-    /// Pull workers: the `{tenant}` path segment must be the principal's
-    /// own tenant (else 404) and its key a `worker` one, or an admin.
-    PullTenant,
-    /// Calls on a lease: `worker` keys and admins; the handler checks the
-    /// lease's tenant (another tenant's lease is `409 lease_lost`).
-    Worker,
-}
-
-/// How a route answers for a tenant that does not exist, so that a
-/// foreign tenant looks exactly like one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Hide {
-    /// `/v1`: 404 `tenant_not_found`.
-    V1,
-    /// BigBen's `find`/`dryrun`: 404 `{"status": "not found"}`.
-    BigBenStatus,
-    /// BigBen's `GET /cron/...`: 200 `[]`.
-    BigBenEmpty,
-    /// BigBen's `DELETE /cron/...`: 404 "no cron".
-    BigBenNoCron,
-}
-
-/// The route table (`docs/security.md` has it as a table). A route not
-/// listed here is admin-only: new routes are closed until decided.
-pub(crate) fn rule(method: &Method, path: &str) -> Rule {
-    let reads = method == Method::GET || method == Method::HEAD;
-    match path {
-        public if is_public_path(public) => Rule::Public,
-        // Anyone may ask; without a key it tells only whether keys are
-        // required (`authenticate` lets it through keyless).
-        WHOAMI => Rule::Public,
-        "/events/cluster" | "/v1/cluster" | "/v1/audit" | "/v1/keys/{id}" | "/metrics" => {
-            Rule::Admin
-        }
-        "/v1/keys" if reads => Rule::Any,
-        "/v1/keys" => Rule::Admin,
-        "/events/tenants" | "/v1/tenants" | "/v1/cron/preview" | "/v1/bulk-actions/{id}" => {
-            Rule::Any
-        }
-        "/events/tenant/register"
-        | "/events/schedule"
-        | "/cron"
-        | "/v1/bulk-actions/{id}/cancel" => Rule::AnyWriter,
-        "/v1/bulk-actions" if reads => Rule::QueryTenant {
-            write: false,
-            hide: Hide::V1,
-        },
-        "/v1/bulk-actions" => Rule::AnyWriter,
-        "/events/find" => Rule::QueryTenant {
-            write: false,
-            hide: Hide::BigBenStatus,
-        },
-        "/events/dryrun" => Rule::QueryTenant {
-            write: true,
-            hide: Hide::BigBenStatus,
-        },
-        "/cron/{tenant}/{id}" => Rule::PathTenant {
-            write: false,
-            hide: Hide::BigBenEmpty,
-        },
-        "/cron/{tenant}/{id}/{type}" => Rule::PathTenant {
-            write: true,
-            hide: Hide::BigBenNoCron,
-        },
-        "/v1/tenants/{tenant}/leases" | "/v1/tenants/{tenant}/leases/complete" => Rule::PullTenant,
-        lease_path if lease_path.starts_with("/v1/leases/{lease_id}/") => Rule::Worker,
-        tenant_path if tenant_path.starts_with("/v1/tenants/{tenant}") => Rule::PathTenant {
-            write: !reads,
-            hide: Hide::V1,
-        },
-        _ => Rule::Admin,
-    }
-}
-
-/// Paths that answer without a key, whatever the `Host`: they carry no
-/// data, and probes (load balancers, orchestrators) send neither. The
-/// console's page and assets are public too: every datum it shows comes
-/// from the API, with the key the user enters.
-fn is_public_path(path: &str) -> bool {
-    matches!(
-        path,
-        "/ping" | "/health/live" | "/health/ready" | "/openapi.json"
-    ) || crate::console::is_console_path(path)
-}
-
-/// `GET /v1/whoami`: public, but a key sent with it is checked (and
-/// described) as anywhere else.
-const WHOAMI: &str = "/v1/whoami";
 
 /// A tenant key with the `worker` role.
 fn is_worker(principal: &Principal) -> bool {
@@ -145,7 +41,8 @@ pub(crate) async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
-    if is_public_path(request.uri().path()) {
+    let keys = rule_book(&request).keys(request.uri().path());
+    if keys == Keys::Ignored {
         return next.run(request).await;
     }
     let uri = request.uri().clone();
@@ -166,7 +63,7 @@ pub(crate) async fn authenticate(
             Err(error) => return family_error(&uri, ApiError::from_store(&error)),
         };
         if !open {
-            if uri.path() == WHOAMI {
+            if keys == Keys::Optional {
                 // Answers "no key" instead of 401, so a sign-in page can
                 // ask without logging an error.
                 return next.run(request).await;
@@ -184,8 +81,7 @@ pub(crate) async fn authenticate(
             return family_error(
                 &uri,
                 ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    code::HOST_NOT_ALLOWED,
+                    Code::HostNotAllowed,
                     "this Host is not allowed while the API runs without keys \
                      (see auth.allowed_hosts)",
                 ),
@@ -195,8 +91,7 @@ pub(crate) async fn authenticate(
             return family_error(
                 &uri,
                 ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    code::PROXIED_REQUEST_REFUSED,
+                    Code::ProxiedRequestRefused,
                     "this request came through a proxy, and the API runs without keys \
                      only for clients on this machine: create a key \
                      (belfry keys create --role admin) to serve it",
@@ -228,8 +123,7 @@ pub(crate) async fn authenticate(
                 let mut response = family_error(
                     &uri,
                     ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        code::KEY_LOOKUPS_BUSY,
+                        Code::KeyLookupsBusy,
                         "this node cannot check a key it has not seen yet right now; retry shortly",
                     ),
                 );
@@ -245,8 +139,7 @@ pub(crate) async fn authenticate(
             let mut response = family_error(
                 &uri,
                 ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    code::RATE_LIMITED,
+                    Code::RateLimited,
                     format!("too many requests for this key; retry in {seconds} s"),
                 ),
             );
@@ -335,8 +228,7 @@ fn check_browser_write(request: &Request) -> Result<(), ApiError> {
                 Ok(())
             } else {
                 Err(ApiError::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    code::UNSUPPORTED_MEDIA_TYPE,
+                    Code::UnsupportedMediaType,
                     "a write without an API key must have Content-Type: application/json",
                 ))
             }
@@ -347,8 +239,7 @@ fn check_browser_write(request: &Request) -> Result<(), ApiError> {
                 || headers.contains_key("sec-fetch-mode");
             if from_browser {
                 Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    code::BROWSER_WRITE_REFUSED,
+                    Code::BrowserWriteRefused,
                     "a write from a browser needs Content-Type: application/json or an API key",
                 ))
             } else {
@@ -358,7 +249,16 @@ fn check_browser_write(request: &Request) -> Result<(), ApiError> {
     }
 }
 
-/// Checks the principal against the route's [`rule`].
+/// The route table's rules, which the router puts in every request.
+fn rule_book(request: &Request) -> Arc<RuleBook> {
+    request
+        .extensions()
+        .get::<Arc<RuleBook>>()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Checks the principal against the route's [`Rule`].
 pub(crate) async fn authorize(
     State(state): State<ApiState>,
     request: Request,
@@ -372,19 +272,14 @@ pub(crate) async fn authorize(
     else {
         return next.run(request).await;
     };
-    let rule = rule(request.method(), &path);
+    let rule = rule_book(&request).rule(request.method(), &path);
     if rule == Rule::Public {
         return next.run(request).await;
     }
     let Some(principal) = request.extensions().get::<Principal>().cloned() else {
         return with_challenge(family_error(&uri, unauthorized("an API key is required")));
     };
-    let forbidden = |message: &str| {
-        family_error(
-            &uri,
-            ApiError::new(StatusCode::FORBIDDEN, code::FORBIDDEN, message),
-        )
-    };
+    let forbidden = |message: &str| family_error(&uri, ApiError::new(Code::Forbidden, message));
     let read_only = "this key may only read";
     match rule {
         Rule::Public | Rule::Any => {}
@@ -459,15 +354,11 @@ pub(crate) async fn authorize(
 /// What a route answers for a tenant that does not exist.
 fn hidden(hide: Hide, tenant: &TenantName, id: Option<&str>, kind: Option<&str>) -> Response {
     match hide {
-        Hide::V1 => V1Error(ApiError::not_found(
-            code::TENANT_NOT_FOUND,
-            format!("tenant {tenant:?} is not registered"),
-        ))
-        .into_response(),
+        Hide::V1 => V1Error(ApiError::tenant_not_found(tenant.as_str())).into_response(),
         Hide::BigBenStatus => crate::bigben::not_found(),
         Hide::BigBenEmpty => axum::Json(json!([])).into_response(),
-        Hide::BigBenNoCron => BigBenError(ApiError::not_found(
-            code::SCHEDULE_NOT_FOUND,
+        Hide::BigBenNoCron => BigBenError(ApiError::new(
+            Code::ScheduleNotFound,
             format!(
                 "no cron {:?} of type {} for tenant {:?}",
                 id.unwrap_or_default(),
@@ -490,54 +381,5 @@ mod tests {
         assert_eq!(bearer("Basic dXNlcg=="), None);
         assert_eq!(bearer("Bearer "), None);
         assert_eq!(bearer("bfy_x"), None);
-    }
-
-    #[test]
-    fn the_console_and_whoami_are_public() {
-        for path in ["/ui", "/ui/", "/ui/{asset}"] {
-            assert_eq!(rule(&Method::GET, path), Rule::Public, "{path}");
-            assert!(is_public_path(path), "{path}");
-        }
-        assert_eq!(rule(&Method::GET, WHOAMI), Rule::Public);
-        // Public to route, but authenticated: a key sent is checked.
-        assert!(!is_public_path(WHOAMI));
-        assert_eq!(rule(&Method::GET, "/uix"), Rule::Admin);
-    }
-
-    #[test]
-    fn unknown_routes_are_admin_only() {
-        assert_eq!(rule(&Method::GET, "/v1/new-thing"), Rule::Admin);
-        assert_eq!(rule(&Method::GET, "/ping"), Rule::Public);
-        assert_eq!(
-            rule(&Method::GET, "/v1/tenants/{tenant}/events"),
-            Rule::PathTenant {
-                write: false,
-                hide: Hide::V1
-            }
-        );
-        assert_eq!(
-            rule(&Method::POST, "/v1/tenants/{tenant}/schedules/{id}/pause"),
-            Rule::PathTenant {
-                write: true,
-                hide: Hide::V1
-            }
-        );
-    }
-
-    #[test]
-    fn bulk_actions_are_written_by_writers_and_read_per_tenant() {
-        assert_eq!(rule(&Method::POST, "/v1/bulk-actions"), Rule::AnyWriter);
-        assert_eq!(
-            rule(&Method::GET, "/v1/bulk-actions"),
-            Rule::QueryTenant {
-                write: false,
-                hide: Hide::V1
-            }
-        );
-        assert_eq!(rule(&Method::GET, "/v1/bulk-actions/{id}"), Rule::Any);
-        assert_eq!(
-            rule(&Method::POST, "/v1/bulk-actions/{id}/cancel"),
-            Rule::AnyWriter
-        );
     }
 }

@@ -4,7 +4,8 @@
 //! `Authorization: Bearer <secret>` into a [`Principal`] — or answers 401,
 //! or refuses a browser's forged write, a foreign `Host` or a client over
 //! its rate — and one route layer ([`middleware::authorize`]) checks the
-//! principal against the route table ([`middleware::rule`]): a tenant
+//! principal against the route's [`rules::Rule`] (given by the route
+//! table in `routing.rs`): a tenant
 //! key reaches only its own tenant's paths (anything else looks like a
 //! tenant that does not exist: 404, no existence oracle), `read` keys do
 //! not write, and cluster internals, keys and the audit log are for
@@ -27,8 +28,11 @@
 //!
 //! # Layout
 //! - this file: [`AuthOptions`], [`Auth`] (the key cache, the open-mode
-//!   state), [`Principal`], start-up checks and the bootstrap key;
-//! - [`middleware`]: the two layers and the route table;
+//!   state), [`Principal`] and [`WriteScope`], start-up checks and the
+//!   bootstrap key;
+//! - [`middleware`]: the two layers;
+//! - [`rules`]: what a route's entry in the table says (`Rule`, `Keys`)
+//!   and the [`rules::RuleBook`] the layers read;
 //! - [`routes`]: `/v1/keys` and `/v1/audit`, and [`routes::audit`];
 //! - [`cache`]: the known keys, and the budget for reading unknown ones;
 //! - [`limit`]: per-key token buckets;
@@ -47,13 +51,25 @@ use belfry_core::{TenantName, Timestamp};
 use belfry_store::{SharedStore, StoreResult};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ApiError, code};
+use crate::error::{ApiError, Code};
 
 pub mod cache;
 pub mod limit;
 pub mod mask;
 pub(crate) mod middleware;
 pub(crate) mod routes;
+pub(crate) mod rules;
+
+/// Which tenants a writer may schedule for.
+pub trait WriteScope: Send + Sync {
+    fn may_write(&self, tenant: &TenantName) -> bool;
+}
+
+impl WriteScope for Principal {
+    fn may_write(&self, tenant: &TenantName) -> bool {
+        Principal::may_write(self, tenant)
+    }
+}
 
 /// How requests are authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -264,11 +280,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Principal {
 
 /// A 401 (the middleware adds `WWW-Authenticate: Bearer`).
 pub(crate) fn unauthorized(message: impl Into<String>) -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::UNAUTHORIZED,
-        code::UNAUTHORIZED,
-        message,
-    )
+    ApiError::new(Code::Unauthorized, message)
 }
 
 /// Most keys whose last use is remembered; emptied whole when full (only

@@ -13,8 +13,11 @@ use serde_json::json;
 
 use super::{Principal, Scope};
 use crate::ApiState;
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 use crate::extract::{V1Json, V1Path, query_pairs, query_value};
+
+/// The path of the keys (create, list).
+const KEYS: &str = "/v1/keys";
 
 /// Appends to the audit log. The change it records is done already, so a
 /// failure is logged, not answered.
@@ -81,7 +84,7 @@ impl From<&ApiKey> for KeyView {
 /// `POST /v1/keys` (admin): 201 with the secret, the only time it is shown.
 #[utoipa::path(
     post,
-    path = "/v1/keys",
+    path = KEYS,
     tag = "keys",
     operation_id = "create_key",
     summary = "Create an API key (admin)",
@@ -99,26 +102,26 @@ pub(crate) async fn create(
     principal: Principal,
     V1Json(body): V1Json<CreateKey>,
 ) -> Result<Response, V1Error> {
-    let invalid = |message: String| V1Error(ApiError::bad_request(code::INVALID_REQUEST, message));
+    let invalid = |message: String| V1Error(ApiError::new(Code::InvalidRequest, message));
     let role = Role::parse(&body.role).map_err(|e| invalid(e.to_string()))?;
     let tenant = body
         .tenant
         .map(TenantName::new)
         .transpose()
-        .map_err(|e| V1Error(ApiError::bad_request(code::INVALID_NAME, e.to_string())))?;
+        .map_err(|e| V1Error(ApiError::new(Code::InvalidName, e.to_string())))?;
     let now = state.engine.now();
     let expires_at = match body.expires_at {
         None => None,
         Some(text) => {
             let at = Timestamp::parse_rfc3339(&text).ok_or_else(|| {
-                V1Error(ApiError::bad_request(
-                    code::INVALID_TIME,
+                V1Error(ApiError::new(
+                    Code::InvalidTime,
                     "expires_at is not an RFC 3339 instant with an offset (e.g. 2030-01-31T04:00:30Z)",
                 ))
             })?;
             if at <= now {
-                return Err(V1Error(ApiError::bad_request(
-                    code::INVALID_TIME,
+                return Err(V1Error(ApiError::new(
+                    Code::InvalidTime,
                     "expires_at is not in the future",
                 )));
             }
@@ -164,7 +167,7 @@ pub(crate) async fn create(
 /// `GET /v1/keys`: every key for admins, a tenant's own keys for its keys.
 #[utoipa::path(
     get,
-    path = "/v1/keys",
+    path = KEYS,
     tag = "keys",
     operation_id = "list_keys",
     summary = "API keys (a tenant key: its own tenant's)",
@@ -210,12 +213,7 @@ pub(crate) async fn revoke(
     principal: Principal,
     V1Path(id): V1Path<String>,
 ) -> Result<Response, V1Error> {
-    let not_found = || {
-        V1Error(ApiError::not_found(
-            code::KEY_NOT_FOUND,
-            format!("no key {id:?}"),
-        ))
-    };
+    let not_found = || V1Error(ApiError::new(Code::KeyNotFound, format!("no key {id:?}")));
     let key_id = KeyId::parse(&id).ok_or_else(not_found)?;
     let removed = state
         .engine
@@ -307,8 +305,8 @@ pub(crate) async fn audit_log(
             .ok()
             .filter(|n| (1..=AUDIT_PAGE_MAX).contains(n))
             .ok_or_else(|| {
-                V1Error(ApiError::bad_request(
-                    code::INVALID_QUERY,
+                V1Error(ApiError::new(
+                    Code::InvalidQuery,
                     format!("limit must be a whole number from 1 to {AUDIT_PAGE_MAX}"),
                 ))
             })?,
@@ -316,8 +314,8 @@ pub(crate) async fn audit_log(
     let after = match query_value(&pairs, "after") {
         None => None,
         Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| {
-            V1Error(ApiError::bad_request(
-                code::INVALID_CURSOR,
+            V1Error(ApiError::new(
+                Code::InvalidCursor,
                 "after is not a cursor this API answered",
             ))
         })?),

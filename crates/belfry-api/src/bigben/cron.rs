@@ -29,7 +29,7 @@ use serde_json::json;
 
 use crate::ApiState;
 use crate::auth::Principal;
-use crate::error::{ApiError, BigBenError, code};
+use crate::error::{ApiError, BigBenError, Code};
 use crate::extract::{BigBenJson, query_pairs, query_value};
 use crate::v1::schedules::{
     Definition, Misfire, cron_error, op_error, require_tenant, schedule_id,
@@ -106,8 +106,8 @@ fn description(state: &ScheduleState) -> Option<String> {
 
 fn required(value: Option<String>, name: &str) -> Result<String, BigBenError> {
     value.filter(|v| !v.trim().is_empty()).ok_or_else(|| {
-        BigBenError(ApiError::bad_request(
-            code::INVALID_REQUEST,
+        BigBenError(ApiError::new(
+            Code::InvalidRequest,
             format!("{name} not present"),
         ))
     })
@@ -142,7 +142,7 @@ pub(crate) async fn create(
     let id = schedule_id(required(request.id, "id")?)?;
     let expression = required(request.expression, "expression")?;
     let tenant = TenantName::new(tenant_text)
-        .map_err(|e| ApiError::bad_request(code::INVALID_NAME, e.to_string()))?;
+        .map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))?;
     let delivery = request.delivery_option.unwrap_or_default();
     let schedule = Definition {
         expression,
@@ -166,8 +166,8 @@ pub(crate) async fn create(
         .map_err(|e| op_error(ScheduleOpError::Invalid(e)))?;
     // Another tenant than the key's own is unknown, like an unregistered one.
     if !principal.may_write(&tenant) || !require_tenant(&state, &tenant).await? {
-        return Err(BigBenError(ApiError::bad_request(
-            code::TENANT_NOT_FOUND,
+        return Err(BigBenError(ApiError::new(
+            Code::UnknownTenant,
             format!("tenant not registered / unknown tenant: {tenant}"),
         )));
     }
@@ -188,8 +188,8 @@ pub(crate) async fn create(
 fn segments<T>(path: Result<Path<T>, PathRejection>) -> Result<T, BigBenError> {
     path.map(|Path(value)| value).map_err(|rejection| {
         tracing::debug!(%rejection, "cron path rejected");
-        BigBenError(ApiError::bad_request(
-            code::INVALID_NAME,
+        BigBenError(ApiError::new(
+            Code::InvalidName,
             "a path segment is not valid percent-encoded UTF-8",
         ))
     })
@@ -222,8 +222,8 @@ pub(crate) async fn get(
         None | Some("false") => false,
         Some("true") => true,
         Some(other) => {
-            return Err(BigBenError(ApiError::bad_request(
-                code::INVALID_QUERY,
+            return Err(BigBenError(ApiError::new(
+                Code::InvalidQuery,
                 format!("describe must be true or false, not {other:?}"),
             )));
         }
@@ -278,8 +278,8 @@ pub(crate) async fn delete(
         other => Some(other.parse::<CronKind>().map_err(cron_error)?),
     };
     let no_cron = || {
-        BigBenError(ApiError::not_found(
-            code::SCHEDULE_NOT_FOUND,
+        BigBenError(ApiError::new(
+            Code::ScheduleNotFound,
             format!("no cron {id:?} of type {kind} for tenant {tenant:?}"),
         ))
     };

@@ -15,7 +15,7 @@ use belfry_sinks::body::{BigBenStatus, EventResponse};
 
 use crate::ApiState;
 use crate::bigben::not_found;
-use crate::error::{ApiError, BigBenError, code};
+use crate::error::{ApiError, BigBenError, Code};
 use crate::extract::{query_pairs, query_value};
 
 /// Attempts read back to find the last failure of an event; an event's
@@ -122,8 +122,8 @@ fn key_from_query(uri: &Uri) -> Result<Option<EventKey>, BigBenError> {
             other => query_value(&pairs, other),
         };
         value.filter(|v| !v.is_empty()).ok_or_else(|| {
-            BigBenError(ApiError::bad_request(
-                code::INVALID_QUERY,
+            BigBenError(ApiError::new(
+                Code::InvalidQuery,
                 format!("query parameter {name} is required"),
             ))
         })

@@ -6,16 +6,14 @@
 //! - `tenants`: `POST /events/tenant/register`, `GET /events/tenants`;
 //! - `cron`: `POST /cron`, `GET /cron/{tenant}/{id}`, `DELETE
 //!   /cron/{tenant}/{id}/{type}` over recurring schedules;
-//! - this file: the routes, `/ping` and `/events/cluster`.
+//! - this file: `/ping` and `/events/cluster`.
 
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use serde_json::json;
 
 use crate::ApiState;
@@ -24,20 +22,6 @@ pub(crate) mod cron;
 pub(crate) mod lookup;
 pub(crate) mod schedule;
 pub(crate) mod tenants;
-
-pub(crate) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/ping", get(ping))
-        .route("/events/cluster", get(cluster))
-        .route("/events/tenant/register", post(tenants::register))
-        .route("/events/tenants", get(tenants::list))
-        .route("/events/schedule", post(schedule::schedule))
-        .route("/events/find", get(lookup::find))
-        .route("/events/dryrun", post(lookup::dry_run))
-        .route("/cron", post(cron::create))
-        .route("/cron/{tenant}/{id}", get(cron::get))
-        .route("/cron/{tenant}/{id}/{type}", delete(cron::delete))
-}
 
 #[utoipa::path(
     get,
@@ -50,7 +34,7 @@ pub(crate) fn routes() -> Router<ApiState> {
         (status = 200, description = "Serving", body = crate::openapi::schema::Ping)
     )
 )]
-async fn ping() -> Json<serde_json::Value> {
+pub(crate) async fn ping() -> Json<serde_json::Value> {
     Json(json!({ "status": "OK" }))
 }
 
@@ -68,7 +52,7 @@ async fn ping() -> Json<serde_json::Value> {
         (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError)
     )
 )]
-async fn cluster(State(state): State<ApiState>) -> Json<BTreeMap<String, &'static str>> {
+pub(crate) async fn cluster(State(state): State<ApiState>) -> Json<BTreeMap<String, &'static str>> {
     Json(
         state
             .cluster

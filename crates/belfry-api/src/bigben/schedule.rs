@@ -29,9 +29,9 @@ use serde::{Deserialize, Deserializer};
 
 use crate::ApiState;
 use crate::auth::Principal;
-use crate::error::{ApiError, BigBenError, code};
+use crate::auth::WriteScope;
+use crate::error::{ApiError, BigBenError, Code};
 use crate::extract::BigBenJson;
-use crate::ingest::WriteScope;
 
 /// BigBen's `EventRequest`. Every field is optional so that a missing one
 /// becomes a per-item rejection rather than a failed request; unknown
@@ -131,8 +131,8 @@ pub(crate) async fn schedule(
     BigBenJson(requests): BigBenJson<Vec<EventRequest>>,
 ) -> Result<Response, BigBenError> {
     if requests.len() > state.options.max_batch {
-        return Err(BigBenError(ApiError::bad_request(
-            code::BATCH_TOO_LARGE,
+        return Err(BigBenError(ApiError::new(
+            Code::BatchTooLarge,
             format!(
                 "too many events in one request: {} (at most {})",
                 requests.len(),
@@ -342,7 +342,7 @@ async fn refuse_per_item(
                     Plan::Answered(
                         response
                             .with_status(BigBenStatus::Rejected)
-                            .with_error(error.status.as_u16(), error.message),
+                            .with_error(error.status().as_u16(), error.message),
                     )
                 }
             },

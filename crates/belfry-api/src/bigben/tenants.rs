@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 use crate::ApiState;
 use crate::auth::Principal;
 use crate::auth::routes::audit;
-use crate::error::{ApiError, BigBenError, code};
+use crate::error::{ApiError, BigBenError, Code};
 use crate::extract::BigBenJson;
 use crate::v1::tenants::{PullSpec, pull_target};
 
@@ -72,10 +72,7 @@ pub(crate) async fn register(
     let mut tenant = parse_config(config).map_err(BigBenError)?;
     let name = tenant.name.clone();
     if !principal.may_write(&name) {
-        return Err(BigBenError(ApiError::not_found(
-            code::TENANT_NOT_FOUND,
-            format!("tenant {:?} is not registered", name.as_str()),
-        )));
+        return Err(BigBenError(ApiError::tenant_not_found(name.as_str())));
     }
     state
         .engine
@@ -139,7 +136,7 @@ pub(crate) async fn list(
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(code::INVALID_SINK, message)
+    ApiError::new(Code::InvalidSink, message)
 }
 
 fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
@@ -150,7 +147,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
     };
     let tenant_text = text(config.tenant, "tenant")?;
     let name = TenantName::new(tenant_text)
-        .map_err(|e| ApiError::bad_request(code::INVALID_NAME, e.to_string()))?;
+        .map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))?;
     let kind = text(config.kind, "type")?;
     let mut props = match config.props {
         None | Some(Value::Null) => return Err(invalid("props must not be null")),
@@ -222,7 +219,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
     };
     sink.validate().map_err(|e| invalid(e.to_string()))?;
     Sinks::check_supported(&sink)
-        .map_err(|message| ApiError::bad_request(code::UNSUPPORTED_SINK, message))?;
+        .map_err(|message| ApiError::new(Code::UnsupportedSink, message))?;
     Sinks::check_settings(&sink).map_err(invalid)?;
     Ok(TenantConfig {
         name,

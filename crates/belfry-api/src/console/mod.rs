@@ -24,13 +24,10 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::OnceLock;
 
-use axum::Router;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 
-use crate::ApiState;
-use crate::error::{ApiError, code};
+use crate::error::{ApiError, Code};
 
 /// Where the console is served.
 const PREFIX: &str = "/ui";
@@ -109,17 +106,13 @@ fn etags() -> &'static [String] {
     })
 }
 
-pub(crate) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route(PREFIX, get(page))
-        .route("/ui/", get(page))
-        .route("/ui/{asset}", get(file))
-}
+/// The page's other address, left out of the OpenAPI document.
+pub(crate) const PAGE_WITH_SLASH: &str = "/ui/";
 
 /// The console's page.
 #[utoipa::path(
     get,
-    path = "/ui",
+    path = PREFIX,
     tag = "console",
     operation_id = "console_page",
     summary = "The web console (HTML; no key needed to load it, see docs/console.md)",
@@ -160,8 +153,8 @@ pub(crate) async fn file(uri: Uri, headers: HeaderMap) -> Response {
     match ASSETS.iter().position(|asset| asset.name == name) {
         Some(index) => serve(index, &headers),
         None => with_security_headers(
-            crate::error::BigBenError(ApiError::not_found(
-                code::NOT_FOUND,
+            crate::error::BigBenError(ApiError::new(
+                Code::NotFound,
                 format!("the console has no file {name:?}"),
             ))
             .into_response(),

@@ -1,21 +1,15 @@
-//! `GET /openapi.json`: the OpenAPI 3.1 document of every route, built from
-//! the handlers' `#[utoipa::path]` annotations and the shapes in
-//! [`schema`]. Public (no key): it describes the API, it holds no data.
+//! The OpenAPI 3.1 document's own parts: its info and tags
+//! ([`BelfryApi`]), the shapes in [`schema`], and [`finish`]. The paths
+//! come from the route table's handlers (their `#[utoipa::path]`
+//! annotations), which also serves the document at `GET /openapi.json`.
 //!
-//! Besides what utoipa derives, [`document`] adds the Bearer security
+//! Besides what utoipa derives, [`finish`] adds the Bearer security
 //! scheme (API keys `bfy_…`; optional, since a loopback node without keys
 //! runs open) and OpenAPI links from each create to its read and cancel,
 //! which clients and stateful testers (schemathesis) follow.
 
-use std::sync::OnceLock;
-
-use axum::Router;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use utoipa::OpenApi;
-
-use crate::ApiState;
 
 pub mod schema;
 
@@ -27,61 +21,6 @@ pub mod schema;
                        API unchanged plus Belfry's own /v1 API. Names in paths are one \
                        percent-encoded segment (`/` as `%2F`). See docs/api.md.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
-    ),
-    paths(
-        crate::health::live,
-        crate::health::ready,
-        crate::bigben::ping,
-        crate::bigben::cluster,
-        crate::bigben::tenants::register,
-        crate::bigben::tenants::list,
-        crate::bigben::schedule::schedule,
-        crate::bigben::lookup::find,
-        crate::bigben::lookup::dry_run,
-        crate::bigben::cron::create,
-        crate::bigben::cron::get,
-        crate::bigben::cron::delete,
-        crate::v1::tenants::list,
-        crate::v1::tenants::get,
-        crate::v1::tenants::put,
-        crate::v1::tenants::delete,
-        crate::v1::signing::rotate,
-        crate::v1::events::list,
-        crate::v1::events::batch,
-        crate::v1::events::get,
-        crate::v1::events::put,
-        crate::v1::events::cancel,
-        crate::v1::events::attempts,
-        crate::v1::events::redrive,
-        crate::v1::events::delete,
-        crate::v1::schedules::list,
-        crate::v1::schedules::get,
-        crate::v1::schedules::put,
-        crate::v1::schedules::delete,
-        crate::v1::schedules::pause,
-        crate::v1::schedules::resume,
-        crate::v1::schedules::occurrences,
-        crate::v1::schedules::preview,
-        crate::v1::bulk::create,
-        crate::v1::bulk::list,
-        crate::v1::bulk::get,
-        crate::v1::bulk::cancel,
-        crate::v1::leases::claim,
-        crate::v1::leases::heartbeat,
-        crate::v1::leases::complete,
-        crate::v1::leases::fail,
-        crate::v1::leases::release,
-        crate::v1::lease_batch::complete_batch,
-        crate::cluster_status,
-        crate::metrics::scrape,
-        crate::auth::routes::list,
-        crate::auth::routes::create,
-        crate::auth::routes::revoke,
-        crate::auth::routes::audit_log,
-        crate::auth::routes::whoami,
-        crate::console::page,
-        crate::console::file,
-        openapi_json,
     ),
     tags(
         (name = "bigben", description = "Walmart BigBen's API at its original paths; errors are `{\"message\"}`"),
@@ -96,26 +35,25 @@ pub mod schema;
         (name = "console", description = "The web console's page and files; no key needed to load them (the page asks for one)"),
     )
 )]
-struct BelfryApi;
+pub(crate) struct BelfryApi;
 
 /// The security scheme's name in the document.
 const SECURITY_SCHEME: &str = "api_key";
 
-/// The document as JSON, built once.
-pub fn document() -> &'static Value {
-    static DOCUMENT: OnceLock<Value> = OnceLock::new();
-    DOCUMENT.get_or_init(|| {
-        let mut document = serde_json::to_value(BelfryApi::openapi()).unwrap_or_else(|error| {
-            // Only a bug in a schema could get here; answer an empty API
-            // rather than fail every request.
-            tracing::error!(%error, "the OpenAPI document does not serialize");
-            json!({"openapi": "3.1.0", "info": {"title": "Belfry", "version": "0"}, "paths": {}})
-        });
-        add_security(&mut document);
-        add_links(&mut document);
-        add_schedule_refusals(&mut document);
-        document
-    })
+/// The document of `api` (the info and tags of [`BelfryApi`] with the
+/// route table's paths) as JSON, with the security scheme, links and
+/// answer shapes utoipa's annotations cannot say.
+pub(crate) fn finish(api: &utoipa::openapi::OpenApi) -> Value {
+    let mut document = serde_json::to_value(api).unwrap_or_else(|error| {
+        // Only a bug in a schema could get here; answer an empty API
+        // rather than fail every request.
+        tracing::error!(%error, "the OpenAPI document does not serialize");
+        json!({"openapi": "3.1.0", "info": {"title": "Belfry", "version": "0"}, "paths": {}})
+    });
+    add_security(&mut document);
+    add_links(&mut document);
+    add_schedule_refusals(&mut document);
+    document
 }
 
 /// Bearer API keys, optional (`{}`) because a node without keys on
@@ -132,10 +70,9 @@ fn add_security(document: &mut Value) {
     document["security"] = json!([{ SECURITY_SCHEME: [] }, {}]);
 }
 
-/// `(path, method, response statuses, [(link name, target operationId,
-/// parameters)])`.
+/// `(source operationId, response statuses, [(link name, target
+/// operationId, parameters)])`.
 type LinksFrom = (
-    &'static str,
     &'static str,
     &'static [&'static str],
     Vec<(&'static str, &'static str, Value)>,
@@ -156,8 +93,7 @@ fn add_links(document: &mut Value) {
     let tenant = from_path(&["tenant"]);
     let links: Vec<LinksFrom> = vec![
         (
-            "/v1/tenants/{tenant}/events/{id}",
-            "put",
+            "put_event",
             &["200", "201"],
             vec![
                 ("GetEvent", "get_event", tenant_and_id.clone()),
@@ -166,8 +102,7 @@ fn add_links(document: &mut Value) {
             ],
         ),
         (
-            "/v1/tenants/{tenant}",
-            "put",
+            "put_tenant",
             &["200", "201"],
             vec![
                 ("GetTenant", "get_tenant", tenant.clone()),
@@ -185,8 +120,7 @@ fn add_links(document: &mut Value) {
             ],
         ),
         (
-            "/v1/tenants/{tenant}/schedules/{id}",
-            "put",
+            "put_schedule",
             &["200", "201"],
             vec![
                 ("GetSchedule", "get_schedule", tenant_and_id.clone()),
@@ -201,8 +135,7 @@ fn add_links(document: &mut Value) {
             ],
         ),
         (
-            "/v1/bulk-actions",
-            "post",
+            "create_bulk_action",
             &["202"],
             vec![
                 (
@@ -218,8 +151,7 @@ fn add_links(document: &mut Value) {
             ],
         ),
         (
-            "/v1/keys",
-            "post",
+            "create_key",
             &["201"],
             vec![(
                 "RevokeKey",
@@ -228,8 +160,7 @@ fn add_links(document: &mut Value) {
             )],
         ),
         (
-            "/events/schedule",
-            "post",
+            "bigben_schedule",
             &["200", "206"],
             vec![
                 (
@@ -245,8 +176,7 @@ fn add_links(document: &mut Value) {
             ],
         ),
         (
-            "/cron",
-            "post",
+            "bigben_create_cron",
             &["200"],
             vec![
                 (
@@ -266,9 +196,12 @@ fn add_links(document: &mut Value) {
             ],
         ),
     ];
-    for (path, method, statuses, targets) in links {
+    for (source, statuses, targets) in links {
+        let Some(operation) = operation_mut(document, source) else {
+            continue;
+        };
         for status in statuses {
-            let response = &mut document["paths"][path][method]["responses"][*status];
+            let response = &mut operation["responses"][*status];
             if !response.is_object() {
                 continue;
             }
@@ -287,8 +220,10 @@ fn add_links(document: &mut Value) {
 /// request as a whole is refused. utoipa's annotation takes one body per
 /// status, so the second shape is added here.
 fn add_schedule_refusals(document: &mut Value) {
-    let schema = &mut document["paths"]["/events/schedule"]["post"]["responses"]["400"]["content"]
-        ["application/json"]["schema"];
+    let Some(operation) = operation_mut(document, "bigben_schedule") else {
+        return;
+    };
+    let schema = &mut operation["responses"]["400"]["content"]["application/json"]["schema"];
     if schema.is_object() {
         *schema = json!({
             "oneOf": [
@@ -299,23 +234,12 @@ fn add_schedule_refusals(document: &mut Value) {
     }
 }
 
-pub(crate) fn routes() -> Router<ApiState> {
-    Router::new().route("/openapi.json", axum::routing::get(openapi_json))
-}
-
-/// This document.
-#[utoipa::path(
-    get,
-    path = "/openapi.json",
-    tag = "health",
-    operation_id = "openapi_document",
-    security(()),
-    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json", body = Object))
-)]
-pub(crate) async fn openapi_json() -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        axum::Json(document()).into_response().into_body(),
-    )
-        .into_response()
+/// The operation whose `operationId` is `id`.
+fn operation_mut<'a>(document: &'a mut Value, id: &str) -> Option<&'a mut Value> {
+    document["paths"]
+        .as_object_mut()?
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+        .find(|operation| operation["operationId"] == id)
 }

@@ -22,11 +22,14 @@ use serde_json::{Value, json};
 
 use crate::ApiState;
 use crate::auth::Principal;
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 use crate::extract::{V1Json, V1Path, query_pairs};
 use crate::v1::events::{parse_instant, parse_status};
 use crate::v1::invalid_request;
-use crate::v1::tenants::{tenant_name, tenant_not_found};
+use crate::v1::{tenant_name, tenant_not_found};
+
+/// The path of the bulk actions (create, list).
+const BULK_ACTIONS: &str = "/v1/bulk-actions";
 
 /// Body of `POST /v1/bulk-actions`.
 #[derive(Debug, Deserialize)]
@@ -46,8 +49,8 @@ struct FilterBody {
 }
 
 fn not_found(id: &str) -> V1Error {
-    V1Error(ApiError::not_found(
-        code::BULK_ACTION_NOT_FOUND,
+    V1Error(ApiError::new(
+        Code::BulkActionNotFound,
         format!("no bulk action {id:?}"),
     ))
 }
@@ -59,7 +62,7 @@ fn parse_filter(kind: BulkKind, body: FilterBody) -> Result<BulkFilter, V1Error>
         (_, None) => None,
         (BulkTarget::Events, Some(text)) => Some(StatusFilter::Event(parse_status(
             &text,
-            code::INVALID_REQUEST,
+            Code::InvalidRequest,
         )?)),
         (BulkTarget::Schedules, Some(text)) => Some(StatusFilter::Schedule(
             ScheduleStatus::parse(&text)
@@ -130,7 +133,7 @@ async fn visible(state: &ApiState, principal: &Principal, id: &str) -> Result<Bu
 /// `Location`; it runs in the background.
 #[utoipa::path(
     post,
-    path = "/v1/bulk-actions",
+    path = BULK_ACTIONS,
     tag = "bulk-actions",
     operation_id = "create_bulk_action",
     summary = "Start a bulk action over a tenant's events or schedules",
@@ -198,7 +201,7 @@ pub(crate) async fn create(
 /// A tenant key lists its own tenant's (with or without `tenant`).
 #[utoipa::path(
     get,
-    path = "/v1/bulk-actions",
+    path = BULK_ACTIONS,
     tag = "bulk-actions",
     operation_id = "list_bulk_actions",
     summary = "Bulk actions, newest first",
@@ -218,8 +221,7 @@ pub(crate) async fn list(
     principal: Principal,
     uri: Uri,
 ) -> Result<Response, V1Error> {
-    let invalid_query =
-        |message: String| V1Error(ApiError::bad_request(code::INVALID_QUERY, message));
+    let invalid_query = |message: String| V1Error(ApiError::new(Code::InvalidQuery, message));
     let mut tenant = None;
     let mut limit = state.options.default_list_limit;
     let mut before = None;
@@ -240,8 +242,8 @@ pub(crate) async fn list(
             }
             "cursor" => {
                 before = Some(BulkActionId::parse(&value).ok_or_else(|| {
-                    V1Error(ApiError::bad_request(
-                        code::INVALID_CURSOR,
+                    V1Error(ApiError::new(
+                        Code::InvalidCursor,
                         "cursor is not one this server issued",
                     ))
                 })?);
@@ -342,8 +344,7 @@ pub(crate) async fn cancel(
             Ok(Json(view(&cancelled)).into_response())
         }
         Err(CancelBulkError::Finished(finished)) => Err(V1Error(ApiError::new(
-            StatusCode::CONFLICT,
-            code::ALREADY_FINISHED,
+            Code::AlreadyFinished,
             format!(
                 "the bulk action already finished ({})",
                 finished.state.as_str()

@@ -23,10 +23,15 @@ use serde_json::{Value, json};
 use crate::ApiState;
 use crate::answers::{AnswerBudget, FIRST_READ, Page};
 use crate::auth::Principal;
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 use crate::extract::{V1Json, V1Path, deserialize_naming_field, query_pairs};
-use crate::v1::tenants::{tenant_name, tenant_not_found};
 use crate::v1::views::{AttemptView, Delivery, EventView};
+use crate::v1::{tenant_name, tenant_not_found};
+
+/// The path of the tenant's events (list, batch).
+const EVENTS: &str = "/v1/tenants/{tenant}/events";
+/// The path of one event (put, get, cancel).
+const EVENT: &str = "/v1/tenants/{tenant}/events/{id}";
 
 /// Most history entries answered for one event; retries are bounded by the
 /// retry policy's backlog limit, so real histories stay far below this.
@@ -98,7 +103,7 @@ impl BackoffBody {
 impl PullFields {
     /// Validates them; an error names the field.
     pub(crate) fn settings(self) -> Result<PullSettings, ApiError> {
-        let invalid = |message: String| ApiError::bad_request(code::INVALID_REQUEST, message);
+        let invalid = |message: String| ApiError::new(Code::InvalidRequest, message);
         let queue = self
             .queue
             .map(|name| QueueName::new(name).map_err(|e| invalid(format!("queue is invalid: {e}"))))
@@ -134,7 +139,7 @@ pub(crate) fn admit_queue(tenant: &TenantConfig, pull: &PullSettings) -> Result<
     match &tenant.sink {
         SinkConfig::Pull(target) => target
             .check_queues("queue", pull.queue.iter())
-            .map_err(|e| ApiError::bad_request(code::INVALID_REQUEST, e.to_string())),
+            .map_err(|e| ApiError::new(Code::InvalidRequest, e.to_string())),
         _ => Ok(()),
     }
 }
@@ -159,12 +164,12 @@ pub(crate) struct Batch {
 }
 
 fn event_id(text: String) -> Result<EventId, ApiError> {
-    EventId::new(text).map_err(|e| ApiError::bad_request(code::INVALID_NAME, e.to_string()))
+    EventId::new(text).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
 }
 
 fn event_not_found(key: &EventKey) -> V1Error {
-    V1Error(ApiError::not_found(
-        code::EVENT_NOT_FOUND,
+    V1Error(ApiError::new(
+        Code::EventNotFound,
         format!("no event {:?} for tenant {:?}", key.id, key.tenant),
     ))
 }
@@ -177,8 +182,8 @@ pub(crate) fn upsert(
     pull: PullFields,
 ) -> Result<EventCommand, ApiError> {
     let event_time = Timestamp::parse_rfc3339(deliver_at).ok_or_else(|| {
-        ApiError::bad_request(
-            code::INVALID_TIME,
+        ApiError::new(
+            Code::InvalidTime,
             format!(
                 "deliver_at {deliver_at:?} is not an RFC 3339 instant with an offset \
                  (e.g. 2030-01-31T04:00:30Z)"
@@ -187,8 +192,8 @@ pub(crate) fn upsert(
     })?;
     let delivery: DeliveryOption = delivery.unwrap_or_default().into();
     if delivery == DeliveryOption::PayloadOnly && payload.is_none() {
-        return Err(ApiError::bad_request(
-            code::INVALID_REQUEST,
+        return Err(ApiError::new(
+            Code::InvalidRequest,
             "payload is required when delivery is payload_only",
         ));
     }
@@ -242,7 +247,7 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error
 /// Schedules (201) or updates (200) one event.
 #[utoipa::path(
     put,
-    path = "/v1/tenants/{tenant}/events/{id}",
+    path = EVENT,
     tag = "events",
     operation_id = "put_event",
     summary = "Schedule (201) or update (200) one event",
@@ -282,7 +287,7 @@ pub(crate) async fn put(
 
 #[utoipa::path(
     get,
-    path = "/v1/tenants/{tenant}/events/{id}",
+    path = EVENT,
     tag = "events",
     operation_id = "get_event",
     summary = "An event's status",
@@ -309,7 +314,7 @@ pub(crate) async fn get(
 /// cancelled), 409 if it already finished.
 #[utoipa::path(
     delete,
-    path = "/v1/tenants/{tenant}/events/{id}",
+    path = EVENT,
     tag = "events",
     operation_id = "cancel_event",
     summary = "Cancel a pending event",
@@ -332,8 +337,7 @@ pub(crate) async fn cancel(
     match applied.outcome {
         CommandOutcome::Cancelled => Ok(Json(record_view(&applied)?).into_response()),
         CommandOutcome::AlreadyFinished(status) => Err(V1Error(ApiError::new(
-            StatusCode::CONFLICT,
-            code::ALREADY_FINISHED,
+            Code::AlreadyFinished,
             format!(
                 "the event already finished with status {}; POST .../delete removes it",
                 status.as_str()
@@ -386,8 +390,7 @@ pub(crate) async fn redrive(
             Ok(Json(record_view(&applied)?).into_response())
         }
         CommandOutcome::NotRedrivable(status) => Err(V1Error(ApiError::new(
-            StatusCode::CONFLICT,
-            code::NOT_REDRIVABLE,
+            Code::NotRedrivable,
             format!(
                 "only failed or missed events can be redriven; this one is {}",
                 status.as_str()
@@ -440,8 +443,7 @@ pub(crate) async fn delete(
     // true at some instant during the request).
     match store.get_event(&key).await? {
         Some(record) if record.status.is_pending() => Err(V1Error(ApiError::new(
-            StatusCode::CONFLICT,
-            code::EVENT_PENDING,
+            Code::EventPending,
             format!(
                 "the event is still {}; cancel it first (DELETE on the event)",
                 record.status.as_str()
@@ -458,7 +460,7 @@ pub(crate) async fn delete(
 /// as `error`; when it fails all of it, the request fails as a whole.
 #[utoipa::path(
     post,
-    path = "/v1/tenants/{tenant}/events",
+    path = EVENTS,
     tag = "events",
     operation_id = "schedule_events",
     summary = "Schedule many events; each item answered on its own",
@@ -480,8 +482,8 @@ pub(crate) async fn batch(
 ) -> Result<Response, V1Error> {
     let tenant = tenant_name(tenant)?;
     if body.events.len() > state.options.max_batch {
-        return Err(V1Error(ApiError::bad_request(
-            code::BATCH_TOO_LARGE,
+        return Err(V1Error(ApiError::new(
+            Code::BatchTooLarge,
             format!(
                 "too many events in one request: {} (at most {})",
                 body.events.len(),
@@ -497,7 +499,7 @@ pub(crate) async fn batch(
     for value in body.events {
         let id_text = value.get("id").and_then(Value::as_str).map(str::to_string);
         let planned = deserialize_naming_field::<BatchItem, _>(value)
-            .map_err(|e| ApiError::bad_request(code::INVALID_REQUEST, e))
+            .map_err(|e| ApiError::new(Code::InvalidRequest, e))
             .and_then(|item| {
                 let id = event_id(item.id)?;
                 let pull = PullFields {
@@ -569,7 +571,7 @@ pub(crate) async fn batch(
                 failed += 1;
                 tracing::error!("store returned fewer results than commands");
                 json!({ "id": id, "outcome": "error", "version": null,
-                        "error": { "code": code::INTERNAL, "message": "internal error; see the server log" } })
+                        "error": { "code": Code::Internal, "message": "internal error; see the server log" } })
             }
             Err(error) => {
                 rejected += 1;
@@ -608,9 +610,9 @@ struct ListCursor {
 
 /// A `status` of the listing's filter (and of a bulk action's); refused
 /// with `code`.
-pub(crate) fn parse_status(value: &str, code: &'static str) -> Result<EventStatus, ApiError> {
+pub(crate) fn parse_status(value: &str, code: Code) -> Result<EventStatus, ApiError> {
     EventStatus::parse(value).ok_or_else(|| {
-        ApiError::bad_request(
+        ApiError::new(
             code,
             format!(
                 "unknown status {value:?}; expected scheduled, retrying, delivered, failed, \
@@ -623,15 +625,15 @@ pub(crate) fn parse_status(value: &str, code: &'static str) -> Result<EventStatu
 /// A `from` or `to` of the listing's filter (and of a bulk action's).
 pub(crate) fn parse_instant(name: &str, value: &str) -> Result<Timestamp, ApiError> {
     Timestamp::parse_rfc3339(value).ok_or_else(|| {
-        ApiError::bad_request(
-            code::INVALID_TIME,
+        ApiError::new(
+            Code::InvalidTime,
             format!("{name} {value:?} is not an RFC 3339 instant with an offset"),
         )
     })
 }
 
 fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> {
-    let invalid = |message: String| ApiError::bad_request(code::INVALID_QUERY, message);
+    let invalid = |message: String| ApiError::new(Code::InvalidQuery, message);
     let mut query = ListQuery {
         status: None,
         from: None,
@@ -641,7 +643,7 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
     };
     for (name, value) in query_pairs(uri)? {
         match name.as_str() {
-            "status" => query.status = Some(parse_status(&value, code::INVALID_QUERY)?),
+            "status" => query.status = Some(parse_status(&value, Code::InvalidQuery)?),
             "from" => query.from = Some(parse_instant("from", &value)?),
             "to" => query.to = Some(parse_instant("to", &value)?),
             "limit" => {
@@ -658,10 +660,7 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
             }
             "cursor" => {
                 query.after = Some(decode_list_cursor(&value).ok_or_else(|| {
-                    ApiError::bad_request(
-                        code::INVALID_CURSOR,
-                        "cursor is not one this server issued",
-                    )
+                    ApiError::new(Code::InvalidCursor, "cursor is not one this server issued")
                 })?);
             }
             other => {
@@ -686,7 +685,7 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
 /// listing starts after them (their ids sort before every client id).
 #[utoipa::path(
     get,
-    path = "/v1/tenants/{tenant}/events",
+    path = EVENTS,
     tag = "events",
     operation_id = "list_events",
     summary = "A page of a tenant's events",

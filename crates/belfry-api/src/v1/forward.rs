@@ -42,8 +42,9 @@ use tokio::sync::Semaphore;
 use crate::ApiState;
 use crate::auth::Principal;
 use crate::cluster::PartitionOwner;
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 use crate::peer::FORWARDED;
+use crate::v1::replies::{answer, lease_view, pull_error};
 
 /// Forwards in flight at once from this node; more wait for a place.
 const MAX_FORWARDS: usize = 256;
@@ -92,8 +93,7 @@ fn is_forwarded(headers: &HeaderMap) -> bool {
 /// it in hand (or have recorded it and died before answering).
 pub(crate) fn node_unavailable() -> V1Error {
     V1Error(ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        code::NODE_UNAVAILABLE,
+        Code::NodeUnavailable,
         "the node holding this lease cannot be reached right now; whether this call took effect \
          is not known; repeating it is safe and answers as the first call would have",
     ))
@@ -126,7 +126,7 @@ pub(crate) async fn owner_unreachable(
     call: &LeaseCall,
 ) -> Result<Response, V1Error> {
     match recorded(state, lease, call).await {
-        Some(reply) => super::leases::answer(reply),
+        Some(reply) => answer(reply),
         None => Err(node_unavailable()),
     }
 }
@@ -199,7 +199,7 @@ async fn post(
     let body = response.bytes().await?;
     if status == StatusCode::FORBIDDEN {
         let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
-        if answer["error"]["code"] == code::FORWARD_REFUSED {
+        if answer["error"]["code"] == Code::ForwardRefused.as_str() {
             return Err(ForwardError::SignatureRefused);
         }
     }
@@ -327,13 +327,13 @@ fn leases_of(reply: Reply) -> Result<Vec<Value>, V1Error> {
         Reply::Leases(leases) => leases
             .iter()
             .map(|lease| {
-                serde_json::to_value(super::leases::lease_view(lease)).map_err(|error| {
+                serde_json::to_value(lease_view(lease)).map_err(|error| {
                     tracing::error!(%error, "a lease could not be put in an answer");
                     V1Error(ApiError::internal())
                 })
             })
             .collect(),
-        Reply::Error(error) => Err(super::leases::pull_error(error)),
+        Reply::Error(error) => Err(pull_error(error)),
         other => {
             tracing::error!(
                 ?other,

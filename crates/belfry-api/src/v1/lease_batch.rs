@@ -28,7 +28,7 @@ use crate::error::V1Error;
 use crate::extract::{V1Json, V1Path};
 use crate::v1::forward;
 use crate::v1::invalid_request;
-use crate::v1::tenants::tenant_name;
+use crate::v1::tenant_name;
 
 /// Most leases one request completes (a claim's most events).
 pub const MAX_BATCH_COMPLETES: usize = belfry_core::pull::limits::MAX_EVENTS_PER_CLAIM as usize;
@@ -153,7 +153,7 @@ pub(crate) async fn complete_batch(
                 Some(reply) => item_answer(&text, reply),
                 None => {
                     let V1Error(error) = forward::node_unavailable();
-                    item_error_as(&text, error.code, &error.message)
+                    item_error_as(&text, error.code.as_str(), &error.message)
                 }
             }
         }

@@ -7,16 +7,15 @@
 //! a cluster, calls on leases other nodes hold are forwarded there, and
 //! claims reach other nodes' ready entries too (see [`super::forward`]).
 
+use axum::Extension;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use belfry_core::SinkConfig;
 use belfry_core::pull::{
-    ClaimBody, CompleteBody, FailBody, GrantedLease, HeartbeatBody, LeaseCall, LeaseId, PullError,
-    ReleaseBody, Reply,
+    ClaimBody, CompleteBody, FailBody, HeartbeatBody, LeaseCall, LeaseId, PullError, ReleaseBody,
+    Reply,
 };
-use serde_json::json;
 
 use crate::ApiState;
 use crate::answers::AnswerBudget;
@@ -25,92 +24,8 @@ use crate::error::{ApiError, V1Error};
 use crate::extract::{V1Json, V1JsonBytes, V1Path};
 use crate::v1::forward;
 use crate::v1::invalid_request;
-use crate::v1::tenants::{tenant_name, tenant_not_found};
-use crate::v1::views::EventView;
-
-pub(super) fn pull_error(error: PullError) -> V1Error {
-    let status = match error {
-        PullError::LeaseLost => StatusCode::CONFLICT,
-        PullError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        PullError::TooManyWaiters | PullError::TooManyCalls | PullError::TooManyLeases => {
-            StatusCode::TOO_MANY_REQUESTS
-        }
-    };
-    V1Error(ApiError::new(status, error.code(), error.to_string()))
-}
-
-fn millis(duration: std::time::Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// One lease as a claim answers it. Serialized straight from this struct
-/// (not through a `Value` tree): a busy claim loop answers thousands a
-/// second.
-#[derive(serde::Serialize)]
-pub(super) struct LeaseView<'a> {
-    lease_id: String,
-    event: EventView<'a>,
-    queue: &'a str,
-    attempt: u32,
-    max_attempts: u32,
-    due_at: String,
-    leased_at: String,
-    lease_expires_at: String,
-    deadline_at: String,
-    heartbeat_interval_ms: u64,
-}
-
-pub(super) fn lease_view(lease: &GrantedLease) -> LeaseView<'_> {
-    LeaseView {
-        lease_id: lease.lease.to_string(),
-        event: EventView::from(&lease.record),
-        queue: lease.queue.as_str(),
-        attempt: lease.attempt,
-        max_attempts: lease.max_attempts,
-        due_at: lease.due_at.to_rfc3339(),
-        leased_at: lease.leased_at.to_rfc3339(),
-        lease_expires_at: lease.expires_at.to_rfc3339(),
-        deadline_at: lease.deadline_at.to_rfc3339(),
-        heartbeat_interval_ms: millis(lease.heartbeat_interval),
-    }
-}
-
-/// `{"leases": [...]}`.
-#[derive(serde::Serialize)]
-struct LeaseList<'a> {
-    leases: Vec<LeaseView<'a>>,
-}
-
-/// The answer to a reply of the pull queue.
-pub(super) fn answer(reply: Reply) -> Result<Response, V1Error> {
-    let body = match reply {
-        Reply::Leases(leases) => {
-            let list = LeaseList {
-                leases: leases.iter().map(lease_view).collect(),
-            };
-            return Ok(Json(list).into_response());
-        }
-        Reply::Heartbeat {
-            expires_at,
-            cancel_requested,
-        } => json!({
-            "lease_expires_at": expires_at.to_rfc3339(),
-            "cancel_requested": cancel_requested,
-        }),
-        Reply::Completed => json!({ "state": "delivered" }),
-        Reply::Failed {
-            next_attempt_at: Some(at),
-        } => json!({ "state": "scheduled", "next_attempt_at": at.to_rfc3339() }),
-        Reply::Failed {
-            next_attempt_at: None,
-        } => json!({ "state": "failed" }),
-        Reply::Released { next_attempt_at } => {
-            json!({ "state": "scheduled", "next_attempt_at": next_attempt_at.to_rfc3339() })
-        }
-        Reply::Error(error) => return Err(pull_error(error)),
-    };
-    Ok(Json(body).into_response())
-}
+use crate::v1::replies::{LeaseList, answer, lease_view, pull_error};
+use crate::v1::{tenant_name, tenant_not_found};
 
 /// Claims up to `max_events` due events of a pull tenant.
 #[utoipa::path(

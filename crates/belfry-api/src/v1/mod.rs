@@ -1,5 +1,5 @@
 //! Belfry's native API under `/v1`: JSON in and out, one error envelope
-//! `{"error": {"code", "message"}}` with stable codes (see [`crate::error::code`]).
+//! `{"error": {"code", "message"}}` with stable codes (see [`crate::error::Code`]).
 //!
 //! Tenant names and event ids may contain `/`; in paths each is one
 //! percent-encoded segment (`/` as `%2F`). The router matches on the raw
@@ -15,21 +15,22 @@
 //!   `/v1/leases/{lease_id}/heartbeat|complete|fail|release`;
 //! - `forward`: cluster mode, pull workers' calls and claims reaching
 //!   the nodes that hold their leases and entries;
+//! - `replies`: the pull queue's replies as answers (leases, states,
+//!   errors);
 //! - `lease_batch`: `/v1/tenants/{tenant}/leases/complete`, up to 100
 //!   completions in one request;
 //! - `views`: the JSON shapes answered.
 
-use axum::Router;
-use axum::routing::{get, post};
+use belfry_core::TenantName;
 
-use crate::ApiState;
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 
 pub(crate) mod bulk;
 pub(crate) mod events;
 pub(crate) mod forward;
 pub(crate) mod lease_batch;
 pub(crate) mod leases;
+pub(crate) mod replies;
 pub(crate) mod schedules;
 pub(crate) mod signing;
 pub(crate) mod tenants;
@@ -37,70 +38,14 @@ pub(crate) mod views;
 
 /// A `400 invalid_request` with this message (bad input in a body or path).
 pub(crate) fn invalid_request(message: impl Into<String>) -> V1Error {
-    V1Error(ApiError::bad_request(code::INVALID_REQUEST, message))
+    V1Error(ApiError::new(Code::InvalidRequest, message))
 }
 
-pub(crate) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/v1/tenants", get(tenants::list))
-        .route(
-            "/v1/tenants/{tenant}",
-            get(tenants::get).put(tenants::put).delete(tenants::delete),
-        )
-        .route(
-            "/v1/tenants/{tenant}/signing-secrets/rotate",
-            post(signing::rotate),
-        )
-        .route(
-            "/v1/tenants/{tenant}/events",
-            get(events::list).post(events::batch),
-        )
-        .route(
-            "/v1/tenants/{tenant}/events/{id}",
-            get(events::get).put(events::put).delete(events::cancel),
-        )
-        .route(
-            "/v1/tenants/{tenant}/events/{id}/attempts",
-            get(events::attempts),
-        )
-        .route(
-            "/v1/tenants/{tenant}/events/{id}/redrive",
-            post(events::redrive),
-        )
-        .route(
-            "/v1/tenants/{tenant}/events/{id}/delete",
-            post(events::delete),
-        )
-        .route("/v1/tenants/{tenant}/schedules", get(schedules::list))
-        .route(
-            "/v1/tenants/{tenant}/schedules/{id}",
-            get(schedules::get)
-                .put(schedules::put)
-                .delete(schedules::delete),
-        )
-        .route(
-            "/v1/tenants/{tenant}/schedules/{id}/pause",
-            post(schedules::pause),
-        )
-        .route(
-            "/v1/tenants/{tenant}/schedules/{id}/resume",
-            post(schedules::resume),
-        )
-        .route(
-            "/v1/tenants/{tenant}/schedules/{id}/occurrences",
-            get(schedules::occurrences),
-        )
-        .route("/v1/cron/preview", get(schedules::preview))
-        .route("/v1/bulk-actions", get(bulk::list).post(bulk::create))
-        .route("/v1/bulk-actions/{id}", get(bulk::get))
-        .route("/v1/bulk-actions/{id}/cancel", post(bulk::cancel))
-        .route("/v1/tenants/{tenant}/leases", post(leases::claim))
-        .route(
-            "/v1/tenants/{tenant}/leases/complete",
-            post(lease_batch::complete_batch),
-        )
-        .route("/v1/leases/{lease_id}/heartbeat", post(leases::heartbeat))
-        .route("/v1/leases/{lease_id}/complete", post(leases::complete))
-        .route("/v1/leases/{lease_id}/fail", post(leases::fail))
-        .route("/v1/leases/{lease_id}/release", post(leases::release))
+/// Validates a tenant name taken from the path.
+pub(crate) fn tenant_name(text: String) -> Result<TenantName, V1Error> {
+    TenantName::new(text).map_err(|e| V1Error(ApiError::new(Code::InvalidName, e.to_string())))
+}
+
+pub(crate) fn tenant_not_found(name: &TenantName) -> V1Error {
+    V1Error(ApiError::tenant_not_found(name.as_str()))
 }

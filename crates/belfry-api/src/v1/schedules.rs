@@ -26,11 +26,14 @@ use serde_json::json;
 
 use crate::ApiState;
 use crate::answers::{AnswerBudget, FIRST_READ, Page};
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 use crate::extract::{V1Json, V1Path, query_pairs};
 use crate::v1::events::{BackoffBody, PullFields, admit_queue, decode_cursor, encode_cursor};
-use crate::v1::tenants::{tenant_name, tenant_not_found};
 use crate::v1::views::Delivery;
+use crate::v1::{tenant_name, tenant_not_found};
+
+/// The path of one schedule (put, get, delete).
+const SCHEDULE: &str = "/v1/tenants/{tenant}/schedules/{id}";
 
 /// Most occurrences a preview computes.
 const MAX_PREVIEW: usize = 1_000;
@@ -153,8 +156,8 @@ impl Definition {
 fn instant(name: &str, text: Option<&str>) -> Result<Option<Timestamp>, ApiError> {
     text.map(|value| {
         Timestamp::parse_rfc3339(value).ok_or_else(|| {
-            ApiError::bad_request(
-                code::INVALID_TIME,
+            ApiError::new(
+                Code::InvalidTime,
                 format!("{name} {value:?} is not an RFC 3339 instant with an offset"),
             )
         })
@@ -163,7 +166,7 @@ fn instant(name: &str, text: Option<&str>) -> Result<Option<Timestamp>, ApiError
 }
 
 pub(crate) fn cron_error(error: impl std::fmt::Display) -> ApiError {
-    ApiError::bad_request(code::INVALID_CRON, error.to_string())
+    ApiError::new(Code::InvalidCron, error.to_string())
 }
 
 /// Maps an engine error: invalid definitions are 400, unknown schedules
@@ -171,9 +174,7 @@ pub(crate) fn cron_error(error: impl std::fmt::Display) -> ApiError {
 pub(crate) fn op_error(error: ScheduleOpError) -> ApiError {
     match error {
         ScheduleOpError::Invalid(ScheduleError::Cron(cron)) => cron_error(cron),
-        ScheduleOpError::Invalid(other) => {
-            ApiError::bad_request(code::INVALID_SCHEDULE, other.to_string())
-        }
+        ScheduleOpError::Invalid(other) => ApiError::new(Code::InvalidSchedule, other.to_string()),
         ScheduleOpError::NotFound(id) => schedule_not_found(id.as_str()),
         ScheduleOpError::Store(store) => ApiError::from_store(&store),
         ScheduleOpError::Quota(exceeded) => crate::quota::exceeded_error(&exceeded),
@@ -181,11 +182,11 @@ pub(crate) fn op_error(error: ScheduleOpError) -> ApiError {
 }
 
 pub(crate) fn schedule_not_found(id: &str) -> ApiError {
-    ApiError::not_found(code::SCHEDULE_NOT_FOUND, format!("no schedule {id:?}"))
+    ApiError::new(Code::ScheduleNotFound, format!("no schedule {id:?}"))
 }
 
 pub(crate) fn schedule_id(text: String) -> Result<ScheduleId, ApiError> {
-    ScheduleId::new(text).map_err(|e| ApiError::bad_request(code::INVALID_NAME, e.to_string()))
+    ScheduleId::new(text).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
 }
 
 /// Missed occurrences beyond the per-firing recording cap.
@@ -296,7 +297,7 @@ pub(crate) async fn require_tenant(state: &ApiState, name: &TenantName) -> Resul
 /// Creates (201) or replaces (200) a schedule; takes effect at once.
 #[utoipa::path(
     put,
-    path = "/v1/tenants/{tenant}/schedules/{id}",
+    path = SCHEDULE,
     tag = "schedules",
     operation_id = "put_schedule",
     summary = "Create (201) or replace (200) a recurring schedule",
@@ -363,7 +364,7 @@ pub(crate) async fn put(
 
 #[utoipa::path(
     get,
-    path = "/v1/tenants/{tenant}/schedules/{id}",
+    path = SCHEDULE,
     tag = "schedules",
     operation_id = "get_schedule",
     summary = "A schedule",
@@ -396,7 +397,7 @@ pub(crate) async fn get(
 /// until retention.
 #[utoipa::path(
     delete,
-    path = "/v1/tenants/{tenant}/schedules/{id}",
+    path = SCHEDULE,
     tag = "schedules",
     operation_id = "delete_schedule",
     summary = "Delete a schedule; future occurrences are cancelled",
@@ -505,8 +506,8 @@ fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), A
                     .ok()
                     .filter(|n| (1..=state.options.max_list_limit).contains(n))
                     .ok_or_else(|| {
-                        ApiError::bad_request(
-                            code::INVALID_QUERY,
+                        ApiError::new(
+                            Code::InvalidQuery,
                             format!(
                                 "limit must be a whole number from 1 to {}",
                                 state.options.max_list_limit
@@ -516,15 +517,12 @@ fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), A
             }
             "cursor" => {
                 cursor = Some(decode_cursor(&value).ok_or_else(|| {
-                    ApiError::bad_request(
-                        code::INVALID_CURSOR,
-                        "cursor is not one this server issued",
-                    )
+                    ApiError::new(Code::InvalidCursor, "cursor is not one this server issued")
                 })?);
             }
             other => {
-                return Err(ApiError::bad_request(
-                    code::INVALID_QUERY,
+                return Err(ApiError::new(
+                    Code::InvalidQuery,
                     format!("unknown query parameter {other:?}; expected limit or cursor"),
                 ));
             }
@@ -559,9 +557,7 @@ pub(crate) async fn list(
     let mut after = cursor
         .map(|id| ScheduleId::new(id.as_str()))
         .transpose()
-        .map_err(|_| {
-            ApiError::bad_request(code::INVALID_CURSOR, "cursor is not one this server issued")
-        })?;
+        .map_err(|_| ApiError::new(Code::InvalidCursor, "cursor is not one this server issued"))?;
     let reservation = match budget.reserve().await {
         Ok(reservation) => reservation,
         Err(busy) => return Ok(busy),
@@ -709,7 +705,7 @@ pub(crate) async fn occurrences(
     )
 )]
 pub(crate) async fn preview(State(state): State<ApiState>, uri: Uri) -> Result<Response, V1Error> {
-    let invalid = |message: String| ApiError::bad_request(code::INVALID_QUERY, message);
+    let invalid = |message: String| ApiError::new(Code::InvalidQuery, message);
     let mut expression = None;
     let mut kind = None;
     let mut zone = None;

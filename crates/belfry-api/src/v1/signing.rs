@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::ApiState;
 use crate::auth::Principal;
 use crate::auth::routes::audit;
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 use crate::extract::{V1Json, V1Path};
-use crate::v1::tenants::{tenant_name, tenant_not_found};
+use crate::v1::{tenant_name, tenant_not_found};
 
 /// How long a rotated-out secret keeps signing when the request does not
 /// say: a day, time enough to roll the new one out to every receiver.
@@ -143,8 +143,8 @@ pub(crate) async fn rotate(
 /// [`MAX_GRACE_PERIOD_SECS`].
 fn grace_period(value: Option<&serde_json::Value>) -> Result<Duration, V1Error> {
     let invalid = || {
-        V1Error(ApiError::bad_request(
-            code::INVALID_REQUEST,
+        V1Error(ApiError::new(
+            Code::InvalidRequest,
             format!(
                 "grace_period_secs must be a whole number of seconds from 0 to \
                  {MAX_GRACE_PERIOD_SECS}"

@@ -16,11 +16,15 @@ use serde_json::{Value, json};
 use crate::ApiState;
 use crate::auth::Principal;
 use crate::auth::routes::audit;
-use crate::error::{ApiError, V1Error, code};
+use crate::error::{ApiError, Code, V1Error};
 use crate::extract::{V1Json, V1Path, deserialize_naming_field};
 use crate::v1::events::BackoffBody;
 use crate::v1::signing;
 use crate::v1::views::TenantView;
+use crate::v1::{tenant_name, tenant_not_found};
+
+/// The path of one tenant (get, put, delete).
+const TENANT: &str = "/v1/tenants/{tenant}";
 
 /// Body of `PUT /v1/tenants/{tenant}`.
 #[derive(Debug, Deserialize)]
@@ -159,7 +163,7 @@ fn string_map(
 }
 
 fn invalid_sink(message: impl Into<String>) -> V1Error {
-    V1Error(ApiError::bad_request(code::INVALID_SINK, message))
+    V1Error(ApiError::new(Code::InvalidSink, message))
 }
 
 impl SinkSpec {
@@ -290,23 +294,10 @@ impl SinkSpec {
         };
         sink.validate().map_err(|e| invalid_sink(e.to_string()))?;
         Sinks::check_supported(&sink)
-            .map_err(|message| V1Error(ApiError::bad_request(code::UNSUPPORTED_SINK, message)))?;
+            .map_err(|message| V1Error(ApiError::new(Code::UnsupportedSink, message)))?;
         Sinks::check_settings(&sink).map_err(invalid_sink)?;
         Ok(sink)
     }
-}
-
-/// Validates a tenant name taken from the path.
-pub(crate) fn tenant_name(text: String) -> Result<TenantName, V1Error> {
-    TenantName::new(text)
-        .map_err(|e| V1Error(ApiError::bad_request(code::INVALID_NAME, e.to_string())))
-}
-
-pub(crate) fn tenant_not_found(name: &TenantName) -> V1Error {
-    V1Error(ApiError::not_found(
-        code::TENANT_NOT_FOUND,
-        format!("tenant {name:?} is not registered"),
-    ))
 }
 
 /// Every tenant for admins; a tenant key sees its own tenant only.
@@ -340,7 +331,7 @@ pub(crate) async fn list(
 
 #[utoipa::path(
     get,
-    path = "/v1/tenants/{tenant}",
+    path = TENANT,
     tag = "tenants",
     operation_id = "get_tenant",
     summary = "A tenant",
@@ -367,7 +358,7 @@ pub(crate) async fn get(
 /// secrets gets one, answered this once as `signing_secret`.
 #[utoipa::path(
     put,
-    path = "/v1/tenants/{tenant}",
+    path = TENANT,
     tag = "tenants",
     operation_id = "put_tenant",
     summary = "Register (201) or replace (200) a tenant",
@@ -437,7 +428,7 @@ pub(crate) async fn put(
 /// request.
 #[utoipa::path(
     delete,
-    path = "/v1/tenants/{tenant}",
+    path = TENANT,
     tag = "tenants",
     operation_id = "delete_tenant",
     summary = "Remove an empty tenant and revoke its keys",
@@ -549,8 +540,7 @@ async fn leftovers(state: &ApiState, name: &TenantName) -> Result<Vec<EventKey>,
 
 fn not_empty(name: &TenantName) -> V1Error {
     V1Error(ApiError::new(
-        StatusCode::CONFLICT,
-        code::TENANT_NOT_EMPTY,
+        Code::TenantNotEmpty,
         format!(
             "tenant {name} still holds events or schedules; cancel its pending events and \
              delete its finished ones (bulk actions cancel, then delete) and delete its \
