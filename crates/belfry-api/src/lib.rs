@@ -32,6 +32,9 @@
 //! - `console`: the web console at `/ui`, its files embedded;
 //! - [`peer`]: calls between the nodes of a cluster, signed with the
 //!   cluster's shared secret ([`peer::PeerAuth`]);
+//! - `gate`: the two layers every request passes: authentication (the
+//!   [`auth::Principal`], or a signed forward from a peer) and authorization
+//!   (the route's rule);
 //! - [`auth`]: API keys, the [`auth::Principal`] of each request, tenant
 //!   isolation (the rules the route table gives each route), masking of
 //!   write-only secrets, the audit log and the per-key rate limit (see
@@ -55,6 +58,7 @@ pub mod cluster;
 mod console;
 pub mod error;
 pub mod extract;
+mod gate;
 pub mod health;
 pub mod ingest;
 mod metrics;

@@ -2,7 +2,7 @@
 //!
 //! Each entry is a handler, whose `#[utoipa::path]` gives its path and
 //! method, and its [`Rule`]. The axum router, the rules that
-//! [`authorize`](crate::auth::middleware::authorize) applies and the
+//! [`authorize`](crate::gate::authorize) applies and the
 //! OpenAPI paths are all built from [`table`], so none of them can miss a
 //! route or disagree on its path.
 
@@ -32,16 +32,10 @@ pub fn router(state: ApiState) -> Router {
     let Table { api, book } = table();
     let (routes, _) = api.split_for_parts();
     routes
-        .route_layer(from_fn_with_state(
-            state.clone(),
-            auth::middleware::authorize,
-        ))
+        .route_layer(from_fn_with_state(state.clone(), crate::gate::authorize))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(from_fn_with_state(
-            state.clone(),
-            auth::middleware::authenticate,
-        ))
+        .layer(from_fn_with_state(state.clone(), crate::gate::authenticate))
         .layer(Extension(Arc::new(book)))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(from_fn(metrics::record_request))

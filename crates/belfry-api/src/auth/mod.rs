@@ -1,9 +1,9 @@
 //! Authentication and tenant isolation (see `docs/security.md`).
 //!
-//! One middleware ([`middleware::authenticate`], on every request) turns
+//! One middleware ([`crate::gate::authenticate`], on every request) turns
 //! `Authorization: Bearer <secret>` into a [`Principal`] — or answers 401,
 //! or refuses a browser's forged write, a foreign `Host` or a client over
-//! its rate — and one route layer ([`middleware::authorize`]) checks the
+//! its rate — and one route layer ([`crate::gate::authorize`]) checks the
 //! principal against the route's [`rules::Rule`] (given by the route
 //! table in `routing.rs`): a tenant
 //! key reaches only its own tenant's paths (anything else looks like a
@@ -30,7 +30,7 @@
 //! - this file: [`AuthOptions`], [`Auth`] (the key cache, the open-mode
 //!   state), [`Principal`] and [`WriteScope`], start-up checks and the
 //!   bootstrap key;
-//! - [`middleware`]: the two layers;
+//! - the two layers that read these live in `crate::gate`;
 //! - [`rules`]: what a route's entry in the table says (`Rule`, `Keys`)
 //!   and the [`rules::RuleBook`] the layers read;
 //! - [`routes`]: `/v1/keys` and `/v1/audit`, and [`routes::audit`];
@@ -56,7 +56,7 @@ use crate::error::{ApiError, Code};
 pub mod cache;
 pub mod limit;
 pub mod mask;
-pub(crate) mod middleware;
+
 pub(crate) mod routes;
 pub(crate) mod rules;
 
@@ -190,7 +190,7 @@ impl AuthOptions {
     }
 }
 
-/// Who is asking, set by [`middleware::authenticate`] on every request.
+/// Who is asking, set by [`crate::gate::authenticate`] on every request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     /// The key used; `None` in open mode.

@@ -2,7 +2,7 @@
 //! every event or schedule of one tenant that a filter matches, as a
 //! resource that runs in the background (`belfry_engine::bulk`).
 //!
-//! Who may do what (the route table in `auth/middleware.rs` and the
+//! Who may do what (the route table in `routing.rs` and the
 //! handlers): a tenant's `write` key creates and cancels its own tenant's
 //! actions, `read` keys read them, admins everything; another tenant's
 //! action answers as one that does not exist (404). Creation and

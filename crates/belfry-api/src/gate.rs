@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Response};
 use belfry_core::TenantName;
 use serde_json::json;
 
-use super::rules::{Hide, Keys, Rule, RuleBook};
-use super::{Lookup, Principal, Scope, unauthorized};
 use crate::ApiState;
+use crate::auth::rules::{Hide, Keys, Rule, RuleBook};
+use crate::auth::{AuthMode, Lookup, Principal, Scope, unauthorized};
 use crate::error::{ApiError, BigBenError, Code, V1Error, family_error};
 use crate::extract::{query_pairs, query_value};
 
@@ -55,7 +55,7 @@ pub(crate) async fn authenticate(
         };
     }
     let auth = state.auth.clone();
-    let keyless = auth.options().mode == super::AuthMode::None
+    let keyless = auth.options().mode == AuthMode::None
         || !request.headers().contains_key(header::AUTHORIZATION);
     let principal = if keyless {
         let open = match auth.open_now().await {
