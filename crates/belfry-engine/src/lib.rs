@@ -186,7 +186,7 @@ impl Engine {
         let options_pull = options.pull.clone();
         let shared = Arc::new(Shared {
             limits: dispatch::Limits::new(&options),
-            quotas: quotas::Quotas::new(options.quotas.clone()),
+            quotas: quotas::Quotas::new(options.limits.clone()),
             finished: tokio::sync::Notify::new(),
             schedule_firings: Arc::new(tokio::sync::Semaphore::new(
                 schedules::MAX_CONCURRENT_FIRINGS,

@@ -1228,7 +1228,7 @@ fn claims_wait_while_the_lease_bound_is_reached() {
 fn a_tenant_at_its_lease_share_is_refused_while_others_are_served() {
     let mut h = Harness::with(PullConfig {
         max_leases: 4,
-        max_leases_per_tenant: 2,
+        max_leases_per_tenant: Some(2),
         ..PullConfig::default()
     });
     h.offer(vec![
