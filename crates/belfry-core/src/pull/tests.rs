@@ -1204,6 +1204,8 @@ fn an_abandoned_claim_is_not_answered_and_its_grants_are_released() {
 fn claims_wait_while_the_lease_bound_is_reached() {
     let mut h = Harness::with(PullConfig {
         max_leases: 2,
+        // The node's bound only: no tenant share below it.
+        max_leases_per_tenant: Some(2),
         ..PullConfig::default()
     });
     h.offer(vec![
