@@ -1,6 +1,6 @@
 //! `[kafka.ingest]`: where requests come from, where answers and bad
 //! records go, and the consumer's settings. Each field's doc comment is the
-//! user reference (`docs/kafka.md` mirrors it).
+//! user reference (`docs/kafka.md`'s table is rendered from it).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
