@@ -120,15 +120,15 @@ pub fn bigben_unreadable(message: &str) -> EventResponse {
 
 /// Schedules BigBen requests exactly as `POST /events/schedule` does (the
 /// same checks, messages and answers), except that quotas refuse per item.
-/// `lapse_offset_ms` is `api.lapse_offset_ms`.
+/// `lapse_offset` is `api.lapse_offset_ms`.
 pub async fn schedule_bigben(
     engine: &EngineHandle,
-    lapse_offset_ms: u64,
+    lapse_offset: std::time::Duration,
     scope: &dyn WriteScope,
     requests: Vec<EventRequest>,
 ) -> Vec<EventResponse> {
     let count = requests.len();
-    match schedule_items(engine, lapse_offset_ms, scope, requests, QuotaMode::PerItem).await {
+    match schedule_items(engine, lapse_offset, scope, requests, QuotaMode::PerItem).await {
         Ok(scheduled) => scheduled.responses,
         // `PerItem` answers quota refusals per item; this is a bug.
         Err(error) => {

@@ -398,7 +398,7 @@ async fn past_due_is_triggered_stored_and_delivered() {
 async fn lapse_offset_answers_triggered_but_never_fires_early() {
     let receiver = Receiver::start().await;
     let h = Harness::with_options(ApiOptions {
-        lapse_offset_ms: 3_600_000,
+        lapse_offset: std::time::Duration::from_secs(3_600),
         ..ApiOptions::default()
     })
     .await;

@@ -1436,7 +1436,7 @@ async fn completes_are_written_in_batches_and_a_failed_shard_reads_as_unavailabl
 async fn a_repeat_whose_record_cannot_be_read_is_unavailable_not_lost() {
     let engine_options = belfry_engine::EngineOptions {
         shutdown_grace: std::time::Duration::from_millis(500),
-        pull: belfry_engine::pull::PullOptions {
+        pull: belfry_core::pull::PullConfig {
             max_remembered: 0,
             ..Default::default()
         },

@@ -33,12 +33,18 @@
 //! - [`liveness`]: when a cluster node counts as crashed before its leases
 //!   run out ([`liveness::CrashWatch`] over its presence lock and heartbeat).
 //! - [`auth`]: API key secrets (format, checksum, hash), roles, audit entries.
+//! - [`config`]: what option structs share: the checks' [`config::Problems`]
+//!   and the derived reference of their keys ([`config::ConfigKeys`]).
 //! - [`bulk`]: bulk actions (cancel, redrive, pause, resume over a filter):
 //!   the record, its progress and the claim rule of its runners.
+
+// The derived `ConfigKeys` impls name `::belfry_core`, also inside it.
+extern crate self as belfry_core;
 
 pub mod assignment;
 pub mod auth;
 pub mod bulk;
+pub mod config;
 pub mod cron;
 pub mod event;
 pub mod fire;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{ConfigKeys, Problems};
 use crate::time::Timestamp;
 
 /// How one delivery attempt ended. Every sink classifies into exactly these.
@@ -37,21 +38,26 @@ pub enum Verdict {
 /// persists every retry, so its back-off phase replaces those scans; the
 /// quick phase keeps the early retries close together instead of growing.
 /// Every retry is persisted, so none is lost to a restart.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryPolicy {
-    /// Retries in the quick phase, each `initial_delay` after the failed
-    /// attempt; the back-off starts after them (BigBen's `max.retries`).
+    /// The quick phase (BigBen's `max.retries`): this many retries each
+    /// wait `initial_delay_ms`, then each further one waits `multiplier`
+    /// times longer (defaults: 1 s, 1 s, 1 s, 2 s, 4 s …); `0` or `1`:
+    /// back-off from the first retry (1 s, 2 s, 4 s …, BigBen's own quick
+    /// phase).
     pub fast_retries: u32,
     /// Delay of the first retry and of every retry in the quick phase.
     #[serde(with = "crate::time::serde_millis", rename = "initial_delay_ms")]
     pub initial_delay: Duration,
-    /// Growth of the delay per failed attempt after the quick phase (≥ 1).
+    /// Growth of the delay per failed attempt after the quick phase (at
+    /// least 1.0).
     pub multiplier: f64,
     /// Longest delay between two attempts.
     #[serde(with = "crate::time::serde_millis", rename = "max_delay_ms")]
     pub max_delay: Duration,
-    /// After this long past the event's instant, stop retrying.
+    /// Stop retrying this long after the event's instant; the event then
+    /// ends `failed`. `0`: never retry.
     #[serde(with = "crate::time::serde_millis", rename = "backlog_limit_ms")]
     pub backlog_limit: Duration,
 }
@@ -69,6 +75,29 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// Refuses zero delays, a `max_delay` below `initial_delay` and a
+    /// multiplier below 1, naming their keys.
+    pub fn validate(&self, problems: &mut Problems) {
+        problems.at_least_one("initial_delay_ms", self.initial_delay);
+        problems.at_least_one("max_delay_ms", self.max_delay);
+        if !self.initial_delay.is_zero() && self.max_delay < self.initial_delay {
+            problems.push(format!(
+                "{} ({}) must not be less than {} ({})",
+                problems.key("max_delay_ms"),
+                self.max_delay.as_millis(),
+                problems.key("initial_delay_ms"),
+                self.initial_delay.as_millis()
+            ));
+        }
+        if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
+            problems.push(format!(
+                "{} must be a finite number of at least 1.0, not {}",
+                problems.key("multiplier"),
+                self.multiplier
+            ));
+        }
+    }
+
     /// The delay before the next attempt after `failed_attempts` failures
     /// (1 for the first), or `None` when the event should fail for good.
     ///

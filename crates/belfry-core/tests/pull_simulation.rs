@@ -185,7 +185,7 @@ impl Knobs {
             max_ready,
             max_ready_per_tenant: rng.usize(2, max_ready),
             max_leases,
-            max_leases_per_tenant: rng.usize(1, max_leases + 1),
+            max_leases_per_tenant: Some(rng.usize(1, max_leases + 1)),
             max_waiters,
             max_waiters_per_tenant: rng.usize(1, max_waiters),
             max_remembered: 100_000,
@@ -651,7 +651,7 @@ impl Sim {
                 "{tenant:?}: waiters over the per-tenant bound"
             );
             ensure!(
-                q.leases_of(tenant) <= c.max_leases_per_tenant,
+                q.leases_of(tenant) <= c.leases_per_tenant(),
                 "{tenant:?}: {} leases > per-tenant bound",
                 q.leases_of(tenant)
             );

@@ -58,7 +58,7 @@ impl Limits {
             options.max_in_flight,
             options.max_in_flight_per_tenant,
         ));
-        for (name, limits) in &options.quotas.tenants {
+        for (name, limits) in &options.limits.tenants {
             // Names are checked with the config; a bad one limits nobody.
             if let Ok(tenant) = TenantName::new(name.clone()) {
                 slots.set_tenant_limits(

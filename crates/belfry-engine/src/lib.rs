@@ -26,7 +26,8 @@
 //!   over a filter, page by page, resumable, one node at a time);
 //! - [`purge`]: the background retention sweep;
 //! - [`quotas`]: per-tenant quotas on pending events, schedules and
-//!   payload size, checked before client writes;
+//!   payload size, checked before client writes; the node's `[limits]`
+//!   section ([`quotas::LimitsOptions`]);
 //! - [`tenants`]: a short-lived cache of tenant configs;
 //! - `writes`: writes made for callers that may go away (API requests,
 //!   ingest, bulk actions): store call and routing in a task of their own.
@@ -186,7 +187,7 @@ impl Engine {
         let options_pull = options.pull.clone();
         let shared = Arc::new(Shared {
             limits: dispatch::Limits::new(&options),
-            quotas: quotas::Quotas::new(options.quotas.clone()),
+            quotas: quotas::Quotas::new(options.limits.clone()),
             finished: tokio::sync::Notify::new(),
             schedule_firings: Arc::new(tokio::sync::Semaphore::new(
                 schedules::MAX_CONCURRENT_FIRINGS,

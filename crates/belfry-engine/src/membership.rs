@@ -81,6 +81,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use belfry_core::config::{ConfigKeys, Problems};
 use belfry_core::liveness::{CrashWatch, Sighting};
 use belfry_core::{PartitionId, partition_ranges};
 use belfry_store::StoreResult;
@@ -93,11 +94,13 @@ use tokio::task::JoinHandle;
 
 use crate::{EngineHandle, Ownership};
 
-/// Membership knobs (the `cluster` section of the configuration).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Membership knobs (the `cluster` section of the configuration). Each
+/// field's doc comment is the user reference.
+#[derive(Debug, Clone, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct MembershipOptions {
-    /// How long a heartbeat, the leader lease and a partition lease last.
+    /// How long a heartbeat, the leader lease and a partition lease last;
+    /// more than `safety_margin_ms` plus `tick_ms`.
     #[serde(with = "belfry_core::time::serde_millis", rename = "lease_ttl_ms")]
     pub lease_ttl: Duration,
     /// How often a node heartbeats and renews.
@@ -106,16 +109,43 @@ pub struct MembershipOptions {
     /// A node stops firing this long before its lease could expire.
     #[serde(with = "belfry_core::time::serde_millis", rename = "safety_margin_ms")]
     pub safety_margin: Duration,
-    /// How often a node looks at every node's presence lock.
+    /// How often a node looks at every node's presence lock (the database
+    /// session a node holds for its lifetime; see `docs/operations.md`,
+    /// "Crashed nodes").
     #[serde(
         with = "belfry_core::time::serde_millis",
         rename = "presence_interval_ms"
     )]
     pub presence_interval: Duration,
-    /// How long a node's presence lock must stay gone, and its heartbeat
-    /// silent, before it counts as crashed ([`belfry_core::liveness`]).
+    /// A node whose presence lock stays gone and whose heartbeat stays
+    /// silent this long counts as crashed: its partitions move at once
+    /// instead of after `lease_ttl_ms`. `0`: at the next look.
     #[serde(with = "belfry_core::time::serde_millis", rename = "presence_grace_ms")]
     pub presence_grace: Duration,
+}
+
+impl MembershipOptions {
+    /// Refuses zero periods and a lease too short for its renewals, naming
+    /// their keys.
+    pub fn validate(&self, problems: &mut Problems) {
+        problems.at_least_one("lease_ttl_ms", self.lease_ttl);
+        problems.at_least_one("tick_ms", self.tick);
+        problems.at_least_one("presence_interval_ms", self.presence_interval);
+        if !self.tick.is_zero()
+            && !self.lease_ttl.is_zero()
+            && self.lease_ttl <= self.safety_margin + self.tick
+        {
+            problems.push(format!(
+                "{} ({}) must exceed {} ({}) + {} ({})",
+                problems.key("lease_ttl_ms"),
+                self.lease_ttl.as_millis(),
+                problems.key("safety_margin_ms"),
+                self.safety_margin.as_millis(),
+                problems.key("tick_ms"),
+                self.tick.as_millis()
+            ));
+        }
+    }
 }
 
 impl Default for MembershipOptions {

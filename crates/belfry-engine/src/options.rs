@@ -1,31 +1,42 @@
-//! Engine configuration.
+//! Engine configuration: the `[engine]` section. Each field's doc comment
+//! is the user reference.
 
 use std::time::Duration;
 
 use belfry_core::RetryPolicy;
+use belfry_core::config::{ConfigKeys, Problems};
 use serde::{Deserialize, Serialize};
 
 /// The engine's knobs. Defaults follow BigBen where BigBen had one.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineOptions {
-    /// How far ahead each partition loads events into memory.
+    /// How far ahead each partition holds events in memory.
     #[serde(with = "belfry_core::time::serde_millis", rename = "window_ms")]
     pub window: Duration,
-    /// Upper bound on events held in memory over all partitions (BigBen's
-    /// "max events in memory").
+    /// Cap on events held in memory over all partitions (BigBen's "max
+    /// events in memory").
     pub max_events_in_memory: usize,
     /// Deliveries in flight at once, over all tenants.
     pub max_in_flight: usize,
-    /// Deliveries in flight at once for one tenant, so a slow tenant cannot
-    /// take every slot.
+    /// … for one tenant, reached by a slow start (16 at first, one more per
+    /// answered attempt; a tenant idle for a minute starts over); besides,
+    /// the last quarter of the slots goes only to tenants below their share
+    /// of it, so hung tenants cannot take every slot. At most
+    /// `engine.max_in_flight`; lowering `engine.max_in_flight` below it
+    /// lowers the default along.
     pub max_in_flight_per_tenant: usize,
     /// Events that came due while the node was down fire at start if they
-    /// are at most this late; older ones end as `missed`.
+    /// are at most this late; older ones end `missed` (counted from the
+    /// event's last change: one submitted past-due fires at once). `0`:
+    /// nothing late fires.
     #[serde(with = "belfry_core::time::serde_millis", rename = "lookback_ms")]
     pub lookback: Duration,
+    /// Retries of failed deliveries.
+    #[config(section)]
     pub retry: RetryPolicy,
-    /// How long finished events and their attempt history are kept.
+    /// How long finished events and their attempt history are kept; `0`:
+    /// purged at the next sweep.
     #[serde(
         with = "belfry_core::time::serde_millis",
         rename = "history_retention_ms"
@@ -34,18 +45,19 @@ pub struct EngineOptions {
     /// How often the retention sweep runs.
     #[serde(with = "belfry_core::time::serde_millis", rename = "purge_interval_ms")]
     pub purge_interval: Duration,
-    /// How long the recorder collects delivery outcomes before writing
-    /// them as one batch. Longer means fewer fsyncs per delivery (they
-    /// dominated the CPU at steady rates); it is also the extra window in
-    /// which a crash causes a duplicate delivery. Delivery itself never
-    /// waits for it.
+    /// How long delivery outcomes are collected before they are written as
+    /// one batch. Longer means fewer fsyncs per delivery; it is also the
+    /// extra window in which a crash causes a duplicate delivery. Delivery
+    /// itself never waits for it. `0`: each outcome is written at once.
     #[serde(with = "belfry_core::time::serde_millis", rename = "record_linger_ms")]
     pub record_linger: Duration,
-    /// How long shutdown waits for in-flight deliveries.
+    /// How long shutdown waits for in-flight deliveries; `0`: it does not
+    /// wait (they are retried after the restart).
     #[serde(with = "belfry_core::time::serde_millis", rename = "shutdown_grace_ms")]
     pub shutdown_grace: Duration,
     /// Recurring schedules create each occurrence this long before it is
-    /// due, so it fires with the lateness of a one-off event.
+    /// due, so it fires with the lateness of a one-off event. It and
+    /// `schedule_misfire_threshold_ms` must not both be `0`.
     #[serde(with = "belfry_core::time::serde_millis", rename = "schedule_lead_ms")]
     pub schedule_lead: Duration,
     /// An occurrence a schedule reaches more than this late (e.g. after
@@ -59,25 +71,24 @@ pub struct EngineOptions {
     /// Most missed occurrences stored one by one per schedule firing; the
     /// rest are counted in the schedule's missed summary.
     pub schedule_max_missed_recorded: usize,
-    /// How long before their instant the records of due entries are read
-    /// (in one batch, off the delivery path; a round starts once an entry
-    /// is due within half of it). A store stall shorter than that half
-    /// delays no delivery: the embedded store blocks reads of a keyspace
-    /// while a compaction installs its result, up to a second on a busy
-    /// node. Zero reads each record when its entry fires, which a cluster
-    /// needs: a cancel acknowledged by another node is then seen however
-    /// late its wake-up arrives.
+    /// Single node: records of entries due this soon are read in one batch
+    /// ahead of their instant, each at least half this long before it (a
+    /// store stall shorter than that, such as a compaction installing its
+    /// result, delays no delivery). Cluster nodes read at fire time, so a
+    /// cancel acknowledged by another node is seen however late its
+    /// wake-up arrives. `0`: read each record when it fires.
     #[serde(with = "belfry_core::time::serde_millis", rename = "read_ahead_ms")]
     pub read_ahead: Duration,
-    /// How often each partition reconciles a page of its window with the
-    /// store, arming what a lost wake-up left out. Zero disables it.
+    /// How often each partition reconciles a page (128 entries) of its
+    /// window with the store, arming what a lost wake-up left out. `0`:
+    /// never.
     #[serde(
         with = "belfry_core::time::serde_millis",
         rename = "repair_interval_ms"
     )]
     pub repair_interval: Duration,
-    /// Items a bulk action handles per page: one store read, one batch
-    /// of writes and one progress save each (`docs/api.md`).
+    /// Items a bulk action handles per page: one store read, one batch of
+    /// writes and one progress save each (`docs/api.md`).
     pub bulk_page_size: usize,
     /// How long a node's claim on a bulk action lasts unless renewed (every
     /// page renews it): after a node dies, another takes its actions over
@@ -91,17 +102,46 @@ pub struct EngineOptions {
         rename = "bulk_page_pause_ms"
     )]
     pub bulk_page_pause: Duration,
-    /// Per-tenant quotas; the node sets them from its `[limits]` section
-    /// (not an `engine.*` key). Default here: none.
+    /// Per-tenant limits: not an `engine.*` key, the node passes its
+    /// `[limits]` section. Default here: none.
     #[serde(skip)]
-    pub quotas: crate::quotas::QuotaOptions,
-    /// The pull queue's bounds; the node sets them from its `[pull]`
-    /// section (not an `engine.*` key).
+    pub limits: crate::quotas::LimitsOptions,
+    /// The pull queue's bounds: not an `engine.*` key, the node passes its
+    /// `[pull]` section.
     #[serde(skip)]
-    pub pull: crate::pull::PullOptions,
+    pub pull: belfry_core::pull::PullConfig,
 }
 
 impl EngineOptions {
+    /// Refuses zero windows, intervals and limits where zero means nothing,
+    /// and contradictory values, naming their keys. `limits` and `pull`
+    /// are their own sections.
+    pub fn validate(&self, problems: &mut Problems) {
+        problems.at_least_one("window_ms", self.window);
+        problems.at_least_one("max_events_in_memory", self.max_events_in_memory);
+        problems.at_least_one("max_in_flight", self.max_in_flight);
+        problems.at_least_one("max_in_flight_per_tenant", self.max_in_flight_per_tenant);
+        problems.at_least_one("purge_interval_ms", self.purge_interval);
+        problems.section("retry", |problems| self.retry.validate(problems));
+        if self.max_in_flight_per_tenant > self.max_in_flight {
+            problems.push(format!(
+                "{} ({}) must not exceed {} ({})",
+                problems.key("max_in_flight_per_tenant"),
+                self.max_in_flight_per_tenant,
+                problems.key("max_in_flight"),
+                self.max_in_flight
+            ));
+        }
+        if self.schedule_lead.is_zero() && self.schedule_misfire_threshold.is_zero() {
+            problems.push(format!(
+                "{} and {} must not both be 0 (every occurrence would be reached late, and \
+                 so missed)",
+                problems.key("schedule_lead_ms"),
+                problems.key("schedule_misfire_threshold_ms")
+            ));
+        }
+    }
+
     /// The schedule planner's limits.
     pub fn plan_limits(&self) -> belfry_core::schedule::PlanLimits {
         belfry_core::schedule::PlanLimits {
@@ -134,8 +174,8 @@ impl Default for EngineOptions {
             bulk_page_size: 200,
             bulk_lease: Duration::from_secs(15),
             bulk_page_pause: Duration::ZERO,
-            quotas: crate::quotas::QuotaOptions::unlimited(),
-            pull: crate::pull::PullOptions::default(),
+            limits: crate::quotas::LimitsOptions::unlimited(),
+            pull: belfry_core::pull::PullConfig::default(),
         }
     }
 }

@@ -39,7 +39,6 @@ use belfry_core::{PartitionId, Timestamp};
 use belfry_store::{
     ChangeLeaseParams, ChangeLeasesParams, Fence, RecordLeasesParams, StoreResult, StoredLeaseState,
 };
-use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::Shared;
@@ -47,65 +46,6 @@ use crate::partition::PartitionRuntime;
 
 /// Longest sleep of the timer task between ticks: the wall clock may jump.
 pub(crate) const MAX_SLEEP: Duration = Duration::from_secs(1);
-
-/// The pull queue's bounds: the node's `[pull]` section.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PullOptions {
-    /// Entries ready or being granted on this node; more go back to their
-    /// partition and fire again after a pause.
-    pub max_ready: usize,
-    /// … of one tenant.
-    pub max_ready_per_tenant: usize,
-    /// Leases held plus grants being recorded; claims wait at the bound.
-    pub max_leases: usize,
-    /// … of one tenant; a claim of a tenant at it is `429
-    /// too_many_leases`. Default (`None`): a tenth of `max_leases`, at
-    /// least one.
-    pub max_leases_per_tenant: Option<usize>,
-    /// Claims long-polling; more are `429 too_many_waiters`.
-    pub max_waiters: usize,
-    /// … of one tenant.
-    pub max_waiters_per_tenant: usize,
-    /// Outcomes remembered to answer a repeated call the same way.
-    pub max_remembered: usize,
-}
-
-impl Default for PullOptions {
-    fn default() -> Self {
-        let config = PullConfig::default();
-        PullOptions {
-            max_ready: config.max_ready,
-            max_ready_per_tenant: config.max_ready_per_tenant,
-            max_leases: config.max_leases,
-            max_leases_per_tenant: None,
-            max_waiters: config.max_waiters,
-            max_waiters_per_tenant: config.max_waiters_per_tenant,
-            max_remembered: config.max_remembered,
-        }
-    }
-}
-
-impl PullOptions {
-    /// A tenant's share of the node's leases.
-    pub fn leases_per_tenant(&self) -> usize {
-        self.max_leases_per_tenant
-            .unwrap_or((self.max_leases / 10).max(1))
-    }
-
-    pub fn config(&self) -> PullConfig {
-        PullConfig {
-            max_ready: self.max_ready,
-            max_ready_per_tenant: self.max_ready_per_tenant,
-            max_leases: self.max_leases,
-            max_leases_per_tenant: self.leases_per_tenant(),
-            max_waiters: self.max_waiters,
-            max_waiters_per_tenant: self.max_waiters_per_tenant,
-            max_remembered: self.max_remembered,
-            ..PullConfig::default()
-        }
-    }
-}
 
 /// The node's pull queue and the requests waiting for its answers.
 #[derive(Debug)]
@@ -122,7 +62,7 @@ pub(crate) struct PullRuntime {
 }
 
 impl PullRuntime {
-    pub(crate) fn new(options: &PullOptions) -> Self {
+    pub(crate) fn new(config: &PullConfig) -> Self {
         let nonces = NonceSource::random().unwrap_or_else(|error| {
             // Nonces only tell leases of one attempt apart; the fencing
             // (epoch, attempt, store check) does not depend on them.
@@ -133,11 +73,11 @@ impl PullRuntime {
             NonceSource::from_seed(seed)
         });
         PullRuntime {
-            queue: Mutex::new(PullQueue::new(options.config(), nonces)),
+            queue: Mutex::new(PullQueue::new(config.clone(), nonces)),
             replies: Mutex::new(HashMap::new()),
             next_call: AtomicU64::new(0),
             wake: Notify::new(),
-            lease_writes: LeaseWrites::new(options.max_leases),
+            lease_writes: LeaseWrites::new(config.max_leases),
         }
     }
 

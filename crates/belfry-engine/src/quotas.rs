@@ -56,6 +56,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use belfry_core::config::{ConfigKeys, Problems};
 use belfry_core::event::{CommandOutcome, EventCommand, EventStatus};
 use belfry_core::schedule::budget::{self, OccurrenceBudget};
 use belfry_core::schedule::{Plan, Schedule};
@@ -69,68 +70,74 @@ use crate::EngineHandle;
 /// request.
 pub const RECOUNT_BEFORE_REFUSING: Duration = Duration::from_secs(1);
 
-/// Per-tenant quotas (`[limits]`). Zero: no limit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The node's `[limits]` section: per-tenant quotas on what clients store
+/// and ask for, and single tenants' own limits (`tenants`), delivery rates
+/// included. Zero: no limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
-pub struct QuotaOptions {
-    /// Most pending (scheduled or retrying) events per tenant; a request
-    /// that would pass it is refused whole with `429 quota_exceeded`.
-    /// Approximate (see `docs/security.md`). Default 10,000,000; 0: none.
+pub struct LimitsOptions {
+    /// Pending (scheduled or retrying) events per tenant; a request that
+    /// would pass it is refused whole with `429 quota_exceeded` (an
+    /// estimate per node, see `docs/security.md`). `0`: no limit.
     pub max_pending_events_per_tenant: u64,
-    /// Most schedules per tenant; creating one more is refused with `429
-    /// quota_exceeded`. Default 10,000; 0: none.
+    /// Schedules per tenant; creating one more is `429 quota_exceeded`.
+    /// `0`: no limit.
     pub max_schedules_per_tenant: u64,
     /// Largest payload of one event, in bytes; a request holding a larger
-    /// one is refused whole with `413 payload_too_large`. Default 256 KiB;
-    /// 0: none (`api.max_body_bytes` still bounds the request).
+    /// one is refused whole with `413 payload_too_large`. `0`: no limit
+    /// (`api.max_body_bytes` still bounds the request).
     pub max_payload_bytes: usize,
-    /// How old a tenant's estimate may grow, once above half its quota,
-    /// before it is counted again from the store. Default 10 s.
+    /// How old a tenant's pending-event estimate may grow, once above half
+    /// its quota, before it is counted again from the store.
     #[serde(with = "belfry_core::time::serde_millis", rename = "count_refresh_ms")]
     pub count_refresh: Duration,
     /// Dry runs (BigBen's `/events/dryrun`, a delivery now) per tenant and
     /// second on one node, in bursts of up to as many; more are `429
-    /// rate_limited`. Default 5; 0: none.
+    /// rate_limited`. `0`: no limit.
     pub max_dry_runs_per_second: u32,
-    /// Occurrences one tenant's schedules may create per minute: creating
-    /// or changing a schedule that would take the tenant's schedules past
-    /// it (each at its peak minute) is `429 quota_exceeded`, and
-    /// occurrences past it when they fire (a token bucket per tenant and
-    /// node) are not created, only counted. Default 10,000; 0: none.
+    /// Occurrences one tenant's schedules may create per minute, each
+    /// schedule counted at its busiest minute (`@every 1s`: 60): creating
+    /// or changing a schedule past it is `429 quota_exceeded`; at fire time
+    /// occurrences past it (a token bucket per tenant and node) are not
+    /// created, only counted in the schedule's `missed.over_budget`. `0`:
+    /// no limit.
     pub max_schedule_occurrences_per_minute: u64,
     /// Bulk actions of one tenant running at once (in a cluster: over all
-    /// nodes); creating one more is `429 too_many_bulk_actions`. Default
-    /// 2; 0: none.
+    /// nodes); creating one more is `429 too_many_bulk_actions`. `0`: no
+    /// limit.
     pub max_bulk_actions_per_tenant: usize,
-    /// Delivery limits of single tenants, by tenant name
-    /// (`[limits.tenants."acme/billing"]`). Deliveries past them wait in
-    /// their tenant's queue; none is dropped.
-    pub tenants: BTreeMap<String, TenantDeliveryLimits>,
+    /// Single tenants' own limits, by tenant name
+    /// (`[limits.tenants."acme/billing"]`).
+    #[config(section)]
+    pub tenants: BTreeMap<String, TenantLimits>,
 }
 
 /// One tenant's own limits (`[limits.tenants."NAME"]`): its delivery rate
 /// and concurrency, and quotas that replace the node-wide ones for it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
-pub struct TenantDeliveryLimits {
-    /// Deliveries started per second, at most (bursts up to one second's
-    /// worth after a pause). None: no rate limit.
+pub struct TenantLimits {
+    /// Deliveries the tenant starts per second, at most (bursts of one
+    /// second's worth after a pause); the rest wait in its queue, none is
+    /// dropped. A dry run takes a token too (none left: `429
+    /// rate_limited`).
     pub max_deliveries_per_second: Option<u32>,
-    /// Deliveries in flight at once (instead of
-    /// `engine.max_in_flight_per_tenant`, at most `engine.max_in_flight`).
+    /// Deliveries of the tenant in flight at once, at most
+    /// `engine.max_in_flight`.
+    #[config(default = "`engine.max_in_flight_per_tenant`")]
     pub max_concurrent_deliveries: Option<usize>,
-    /// This tenant's pending-event quota instead of
-    /// `limits.max_pending_events_per_tenant` (0: none).
+    /// The tenant's pending-event quota (`0`: none).
+    #[config(default = "`limits.max_pending_events_per_tenant`")]
     pub max_pending_events: Option<u64>,
-    /// This tenant's schedule quota instead of
-    /// `limits.max_schedules_per_tenant` (0: none).
+    /// The tenant's schedule quota (`0`: none).
+    #[config(default = "`limits.max_schedules_per_tenant`")]
     pub max_schedules: Option<u64>,
-    /// This tenant's schedule occurrence budget instead of
-    /// `limits.max_schedule_occurrences_per_minute` (0: none).
+    /// The tenant's schedule occurrence budget (`0`: none).
+    #[config(default = "`limits.max_schedule_occurrences_per_minute`")]
     pub max_schedule_occurrences_per_minute: Option<u64>,
 }
 
-impl QuotaOptions {
+impl LimitsOptions {
     /// `tenant`'s pending-event quota (0: none).
     pub fn pending_limit(&self, tenant: &TenantName) -> u64 {
         self.tenants
@@ -164,33 +171,30 @@ impl QuotaOptions {
                 .any(|limits| limits.max_pending_events.is_some_and(|limit| limit > 0))
     }
 
-    /// Problems with the per-tenant limits, naming their keys.
-    pub fn problems(&self) -> Vec<String> {
-        let mut problems = Vec::new();
+    /// Refuses a zero refresh, invalid tenant names and zero delivery
+    /// limits, naming their keys.
+    pub fn validate(&self, problems: &mut Problems) {
+        problems.at_least_one("count_refresh_ms", self.count_refresh);
         for (name, limits) in &self.tenants {
             if TenantName::new(name.clone()).is_err() {
-                problems.push(format!(
-                    "limits.tenants: {name:?} is not a valid tenant name"
-                ));
+                let tenants = problems.key("tenants");
+                problems.push(format!("{tenants}: {name:?} is not a valid tenant name"));
             }
-            if limits.max_deliveries_per_second == Some(0) {
-                problems.push(format!(
-                    "limits.tenants.{name:?}.max_deliveries_per_second must be at least 1, not 0"
-                ));
-            }
-            if limits.max_concurrent_deliveries == Some(0) {
-                problems.push(format!(
-                    "limits.tenants.{name:?}.max_concurrent_deliveries must be at least 1, not 0"
-                ));
-            }
+            problems.section(&format!("tenants.{name:?}"), |problems| {
+                if limits.max_deliveries_per_second == Some(0) {
+                    problems.at_least_one("max_deliveries_per_second", 0_u32);
+                }
+                if limits.max_concurrent_deliveries == Some(0) {
+                    problems.at_least_one("max_concurrent_deliveries", 0_usize);
+                }
+            });
         }
-        problems
     }
 }
 
-impl Default for QuotaOptions {
+impl Default for LimitsOptions {
     fn default() -> Self {
-        QuotaOptions {
+        LimitsOptions {
             max_pending_events_per_tenant: 10_000_000,
             max_schedules_per_tenant: 10_000,
             max_payload_bytes: 256 * 1024,
@@ -203,17 +207,17 @@ impl Default for QuotaOptions {
     }
 }
 
-impl QuotaOptions {
+impl LimitsOptions {
     /// No quota at all (what an engine built in code gets by default).
     pub fn unlimited() -> Self {
-        QuotaOptions {
+        LimitsOptions {
             max_pending_events_per_tenant: 0,
             max_schedules_per_tenant: 0,
             max_payload_bytes: 0,
             max_dry_runs_per_second: 0,
             max_schedule_occurrences_per_minute: 0,
             max_bulk_actions_per_tenant: 0,
-            ..QuotaOptions::default()
+            ..LimitsOptions::default()
         }
     }
 }
@@ -272,7 +276,7 @@ pub enum QuotaError {
 /// The estimates of one node.
 #[derive(Debug)]
 pub(crate) struct Quotas {
-    options: QuotaOptions,
+    options: LimitsOptions,
     pending: Mutex<HashMap<TenantName, Estimate>>,
     schedules: Mutex<HashMap<TenantName, Estimate>>,
     /// Occurrences per minute the tenant's live schedules reach together
@@ -338,7 +342,7 @@ impl Estimate {
 }
 
 impl Quotas {
-    pub(crate) fn new(options: QuotaOptions) -> Self {
+    pub(crate) fn new(options: LimitsOptions) -> Self {
         Quotas {
             options,
             pending: Mutex::default(),

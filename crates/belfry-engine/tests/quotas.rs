@@ -14,7 +14,7 @@ use belfry_core::{
     Clock, EventId, EventKey, EventVersion, ManualClock, PartitionCount, SinkConfig, SystemClock,
     TenantConfig, TenantName, Timestamp,
 };
-use belfry_engine::quotas::{QuotaError, QuotaExceeded, QuotaOptions, TenantDeliveryLimits};
+use belfry_engine::quotas::{LimitsOptions, QuotaError, QuotaExceeded, TenantLimits};
 use belfry_engine::schedules::ScheduleOpError;
 use belfry_engine::{Engine, EngineHandle, EngineOptions};
 use belfry_sinks::Sinks;
@@ -32,13 +32,13 @@ struct Node {
 
 impl Node {
     /// With the manual clock.
-    fn start(quotas: QuotaOptions) -> Node {
+    fn start(quotas: LimitsOptions) -> Node {
         Node::start_with(quotas, true)
     }
 
     /// With the manual clock, or the system clock (deliveries need real
     /// time to pass).
-    fn start_with(quotas: QuotaOptions, manual_clock: bool) -> Node {
+    fn start_with(quotas: LimitsOptions, manual_clock: bool) -> Node {
         belfry_testkit::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let store: SharedStore = Arc::new(
@@ -51,7 +51,7 @@ impl Node {
         );
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
         let options = EngineOptions {
-            quotas,
+            limits: quotas,
             ..EngineOptions::default()
         };
         let sinks = Sinks::new(Default::default()).unwrap();
@@ -118,14 +118,14 @@ fn cancel(tenant_name: &str, id: &str) -> KeyedCommand {
     }
 }
 
-fn quotas(pending: u64, schedules: u64, payload: usize) -> QuotaOptions {
-    QuotaOptions {
+fn quotas(pending: u64, schedules: u64, payload: usize) -> LimitsOptions {
+    LimitsOptions {
         max_pending_events_per_tenant: pending,
         max_schedules_per_tenant: schedules,
         max_payload_bytes: payload,
         count_refresh: Duration::from_secs(10),
         tenants: Default::default(),
-        ..QuotaOptions::unlimited()
+        ..LimitsOptions::unlimited()
     }
 }
 
@@ -310,14 +310,18 @@ fn arrivals(receiver: &Receiver, name: &str) -> Vec<i64> {
     times
 }
 
-fn delivery_limits(name: &str, per_second: Option<u32>, concurrent: Option<usize>) -> QuotaOptions {
+fn delivery_limits(
+    name: &str,
+    per_second: Option<u32>,
+    concurrent: Option<usize>,
+) -> LimitsOptions {
     let mut options = quotas(0, 0, 0);
     options.tenants.insert(
         name.to_string(),
-        TenantDeliveryLimits {
+        TenantLimits {
             max_deliveries_per_second: per_second,
             max_concurrent_deliveries: concurrent,
-            ..TenantDeliveryLimits::default()
+            ..TenantLimits::default()
         },
     );
     options
@@ -388,17 +392,17 @@ async fn a_tenants_own_quota_replaces_the_node_wide_one() {
     let mut options = quotas(3, 1, 0);
     options.tenants.insert(
         "small".into(),
-        TenantDeliveryLimits {
+        TenantLimits {
             max_pending_events: Some(1),
-            ..TenantDeliveryLimits::default()
+            ..TenantLimits::default()
         },
     );
     options.tenants.insert(
         "big".into(),
-        TenantDeliveryLimits {
+        TenantLimits {
             max_pending_events: Some(5),
             max_schedules: Some(0),
-            ..TenantDeliveryLimits::default()
+            ..TenantLimits::default()
         },
     );
     let node = Node::start(options);

@@ -1,10 +1,11 @@
 //! `[kafka.ingest]`: where requests come from, where answers and bad
 //! records go, and the consumer's settings. Each field's doc comment is the
-//! user reference (`docs/kafka.md` mirrors it).
+//! user reference (`docs/kafka.md`'s table is rendered from it).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use belfry_core::config::{ConfigKeys, Problems};
 use serde::{Deserialize, Serialize};
 
 /// What one record holds.
@@ -21,18 +22,20 @@ pub enum Format {
 }
 
 /// `[kafka.ingest]`. Present: this node consumes requests from `topics`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct IngestOptions {
     /// `host:port,...` of the Kafka cluster. Required.
+    #[config(default = "required")]
     pub bootstrap_servers: String,
     /// Topics the requests are read from. Required.
+    #[config(default = "required")]
     pub topics: Vec<String>,
     /// The consumer group. Every node of a cluster uses the same group, so
-    /// each partition of the topics is read by one node at a time. Default
-    /// `belfry-ingest`.
+    /// each partition of the topics is read by one node at a time.
     pub group_id: String,
-    /// `bigben` (default) or `v1`.
+    /// What one record holds: `bigben` (a BigBen `EventRequest`) or `v1` (a
+    /// `/v1` event with `tenant` and `id`).
     pub format: Format,
     /// Where the answer to each record goes (BigBen `EventResponse`, or the
     /// `/v1` result), keyed like the request. None: no answers.
@@ -40,37 +43,40 @@ pub struct IngestOptions {
     /// Where records that can never be stored go (not JSON, invalid fields,
     /// unknown or not allowed tenant, over a quota), with the reason in
     /// their headers. Required: a bad record is never dropped silently.
+    #[config(default = "required")]
     pub dead_letter_topic: String,
     /// Tenants records may schedule for. Required: the tenants' names, or
     /// `["*"]` for every registered tenant (whoever may write the topics
-    /// may then schedule for all of them). Records for other tenants are
-    /// dead-lettered as `unknown_tenant`.
+    /// may then schedule for all of them; `*` cannot be combined with
+    /// names). Records for other tenants are dead-lettered as
+    /// `unknown_tenant`.
+    #[config(default = "required")]
     pub allowed_tenants: Vec<String>,
-    /// Most records stored in one durable batch. Default 2,000.
+    /// Most records stored in one durable batch.
     pub max_batch: usize,
-    /// How long a batch waits for more records after its first one.
-    /// Default 5 ms; 0: take only what has arrived.
+    /// How long a batch waits for more records after its first one. `0`:
+    /// take only what has arrived.
     #[serde(with = "belfry_core::time::serde_millis", rename = "batch_linger_ms")]
     pub batch_linger: Duration,
     /// How often stored offsets (those of records already written to the
     /// store) are committed to Kafka in the background. A crash re-reads at
-    /// most this much. Default 1,000 ms.
+    /// most about this much.
     #[serde(
         with = "belfry_core::time::serde_millis",
         rename = "commit_interval_ms"
     )]
     pub commit_interval: Duration,
     /// First wait before a batch is tried again after the store (or the
-    /// answer/dead-letter producer) failed; doubles up to 5 s. Default 200 ms.
+    /// answer/dead-letter producer) failed; doubles up to 5 s.
     #[serde(with = "belfry_core::time::serde_millis", rename = "retry_backoff_ms")]
     pub retry_backoff: Duration,
     /// More librdkafka consumer settings (e.g. `security.protocol`,
     /// `session.timeout.ms`, `auto.offset.reset`). The settings the
-    /// guarantees rest on cannot be changed here (see [`RESERVED_CONSUMER`]).
+    /// guarantees rest on cannot be changed here (listed below).
     pub consumer: BTreeMap<String, String>,
     /// More librdkafka settings of the producer of answers and dead
     /// letters (e.g. `security.protocol`, `linger.ms`). It is idempotent
-    /// with `acks=all`; those cannot be changed (see [`RESERVED_PRODUCER`]).
+    /// with `acks=all`; those cannot be changed (listed below).
     pub producer: BTreeMap<String, String>,
 }
 
@@ -115,27 +121,25 @@ impl Default for IngestOptions {
 }
 
 impl IngestOptions {
-    /// Every problem, each naming its key under `kafka.ingest`.
-    pub fn problems(&self) -> Vec<String> {
-        let mut problems = Vec::new();
-        let key = |name: &str| format!("kafka.ingest.{name}");
+    /// Refuses a section that cannot run, naming each problem's key.
+    pub fn validate(&self, problems: &mut Problems) {
         if self.bootstrap_servers.trim().is_empty() {
-            problems.push(format!("{} is required", key("bootstrap_servers")));
+            problems.push(format!("{} is required", problems.key("bootstrap_servers")));
         }
         if self.topics.is_empty() || self.topics.iter().any(|t| t.trim().is_empty()) {
             problems.push(format!(
                 "{} must name at least one topic, and no empty one",
-                key("topics")
+                problems.key("topics")
             ));
         }
         if self.group_id.trim().is_empty() {
-            problems.push(format!("{} must not be empty", key("group_id")));
+            problems.push(format!("{} must not be empty", problems.key("group_id")));
         }
         if self.dead_letter_topic.trim().is_empty() {
             problems.push(format!(
                 "{} is required: records that can never be stored go there (nothing is \
                  dropped silently)",
-                key("dead_letter_topic")
+                problems.key("dead_letter_topic")
             ));
         }
         if self
@@ -145,7 +149,7 @@ impl IngestOptions {
         {
             problems.push(format!(
                 "{} must not be empty (leave it out for no answers)",
-                key("response_topic")
+                problems.key("response_topic")
             ));
         }
         for (name, output) in [
@@ -157,25 +161,17 @@ impl IngestOptions {
             {
                 problems.push(format!(
                     "{} ({topic:?}) must not be one of {} (Belfry would read its own output)",
-                    key(name),
-                    key("topics")
+                    problems.key(name),
+                    problems.key("topics")
                 ));
             }
         }
         if let Err(error) = belfry_api::ingest::TenantAllowList::new(&self.allowed_tenants) {
-            problems.push(format!("{}: {error}", key("allowed_tenants")));
+            problems.push(format!("{}: {error}", problems.key("allowed_tenants")));
         }
-        if self.max_batch == 0 {
-            problems.push(format!("{} must be at least 1, not 0", key("max_batch")));
-        }
-        for (name, value) in [
-            ("commit_interval_ms", self.commit_interval),
-            ("retry_backoff_ms", self.retry_backoff),
-        ] {
-            if value.is_zero() {
-                problems.push(format!("{} must be at least 1, not 0", key(name)));
-            }
-        }
+        problems.at_least_one("max_batch", self.max_batch);
+        problems.at_least_one("commit_interval_ms", self.commit_interval);
+        problems.at_least_one("retry_backoff_ms", self.retry_backoff);
         for (section, settings, reserved) in [
             ("consumer", &self.consumer, RESERVED_CONSUMER),
             ("producer", &self.producer, RESERVED_PRODUCER),
@@ -184,18 +180,24 @@ impl IngestOptions {
                 if reserved.contains(&name.as_str()) {
                     problems.push(format!(
                         "{}.\"{name}\" is set by Belfry and cannot be changed",
-                        key(section)
+                        problems.key(section)
                     ));
                 }
             }
         }
-        problems
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn problems(options: &IngestOptions) -> Vec<String> {
+        Problems::check("kafka.ingest", |problems| options.validate(problems))
+            .err()
+            .map(|error| error.problems().to_vec())
+            .unwrap_or_default()
+    }
 
     fn valid() -> IngestOptions {
         IngestOptions {
@@ -209,12 +211,12 @@ mod tests {
 
     #[test]
     fn a_complete_section_is_valid() {
-        assert_eq!(valid().problems(), Vec::<String>::new());
+        assert_eq!(problems(&valid()), Vec::<String>::new());
         let every = IngestOptions {
             allowed_tenants: vec!["*".into()],
             ..valid()
         };
-        assert_eq!(every.problems(), Vec::<String>::new());
+        assert_eq!(problems(&every), Vec::<String>::new());
     }
 
     #[test]
@@ -230,7 +232,7 @@ mod tests {
                 allowed_tenants: allowed,
                 ..valid()
             };
-            let problems = options.problems().join("\n");
+            let problems = problems(&options).join("\n");
             assert!(
                 problems.contains("kafka.ingest.allowed_tenants") && problems.contains(needle),
                 "{problems}"
@@ -253,7 +255,7 @@ mod tests {
             producer: [("acks".to_string(), "1".to_string())].into(),
             ..IngestOptions::default()
         };
-        let problems = options.problems().join("\n");
+        let problems = problems(&options).join("\n");
         for needle in [
             "kafka.ingest.bootstrap_servers is required",
             "kafka.ingest.group_id",

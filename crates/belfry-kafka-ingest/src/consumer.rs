@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use belfry_api::ingest::{TenantAllowList, Verdict};
+use belfry_core::config::Problems;
 use belfry_engine::EngineHandle;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{
@@ -81,7 +82,7 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// Joins the consumer group and starts consuming. `lapse_offset_ms` is
+    /// Joins the consumer group and starts consuming. `lapse_offset` is
     /// `api.lapse_offset_ms` (BigBen's past-due threshold). Must be called
     /// inside a tokio runtime.
     ///
@@ -90,12 +91,10 @@ impl Ingest {
     pub fn start(
         options: IngestOptions,
         engine: EngineHandle,
-        lapse_offset_ms: u64,
+        lapse_offset: Duration,
     ) -> Result<Ingest, IngestError> {
-        let problems = options.problems();
-        if !problems.is_empty() {
-            return Err(IngestError::Config(problems.join("; ")));
-        }
+        Problems::check("kafka.ingest", |problems| options.validate(problems))
+            .map_err(|error| IngestError::Config(error.to_string()))?;
         let scope = TenantAllowList::new(&options.allowed_tenants).map_err(IngestError::Config)?;
         let context = IngestContext::default();
         let consumer: StreamConsumer<IngestContext> =
@@ -108,7 +107,7 @@ impl Ingest {
         let worker = Worker {
             reader: Reader {
                 format: options.format,
-                lapse_offset_ms,
+                lapse_offset,
                 scope,
             },
             options,

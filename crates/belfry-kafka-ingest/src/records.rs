@@ -27,7 +27,7 @@ pub mod header {
 #[derive(Debug, Clone)]
 pub(crate) struct Reader {
     pub(crate) format: Format,
-    pub(crate) lapse_offset_ms: u64,
+    pub(crate) lapse_offset: std::time::Duration,
     pub(crate) scope: TenantAllowList,
 }
 
@@ -87,7 +87,7 @@ impl Reader {
         }
         if !requests.is_empty() {
             let responses =
-                ingest::schedule_bigben(engine, self.lapse_offset_ms, &self.scope, requests).await;
+                ingest::schedule_bigben(engine, self.lapse_offset, &self.scope, requests).await;
             for (slot, response) in slots.into_iter().zip(responses) {
                 answers[slot] = Some(Answered {
                     verdict: ingest::bigben_verdict(&response),

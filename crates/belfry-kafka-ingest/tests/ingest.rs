@@ -65,7 +65,7 @@ impl Node {
         let options = EngineOptions {
             shutdown_grace: Duration::from_millis(500),
             // The node's defaults (`[limits]`), as `belfry serve` sets them.
-            quotas: belfry_engine::quotas::QuotaOptions::default(),
+            limits: belfry_engine::quotas::LimitsOptions::default(),
             ..EngineOptions::default()
         };
         let engine = Engine::start(options, faulty, sinks, Arc::new(SystemClock));
@@ -99,7 +99,7 @@ impl Node {
 
     fn ingest(&self, options: IngestOptions) -> Ingest {
         let engine = self.engine.as_ref().unwrap().handle();
-        Ingest::start(options, engine, 0).unwrap()
+        Ingest::start(options, engine, Duration::ZERO).unwrap()
     }
 
     async fn shutdown(mut self) {

@@ -36,6 +36,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use belfry_core::config::ConfigKeys;
 use serde::{Deserialize, Serialize};
 
 /// The stable code at the start of a refused attempt's error.
@@ -69,18 +70,23 @@ impl EgressMode {
 
 /// The node's egress settings (config section `egress`). Each field's doc
 /// comment is the user reference.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct EgressOptions {
-    /// `auto` (default): webhooks may not reach loopback and private
-    /// addresses, except loopback while the node runs open (no API keys,
-    /// loopback listener); `public-only`: they may not; `internal`: they
-    /// may (a BigBen drop-in on a trusted network).
+    /// Which addresses webhooks may reach: `auto` refuses loopback and
+    /// private addresses, except loopback while the node runs open (no API
+    /// keys, loopback listener: the tour); `public-only` refuses them
+    /// always; `internal` allows them (a BigBen drop-in calling services on
+    /// its network: set it explicitly). Link-local, cloud metadata,
+    /// multicast, broadcast and reserved addresses are always refused, and
+    /// a URL whose host is a refused address is a 400 at registration
+    /// (`docs/security.md`).
     pub policy: EgressMode,
-    /// CIDR blocks (`10.1.0.0/16`, `fd00::/8`, or one address) always
-    /// allowed, even inside an always-refused range; `egress.deny` wins.
+    /// CIDR blocks webhooks may always reach (`["10.20.0.0/16"]`,
+    /// `fd00::/8`, or one address), even inside an always-refused range;
+    /// `egress.deny` wins.
     pub allow: Vec<Cidr>,
-    /// CIDR blocks always refused.
+    /// CIDR blocks webhooks may never reach (wins over `egress.allow`).
     pub deny: Vec<Cidr>,
 }
 

@@ -60,6 +60,17 @@ pub enum Command {
     /// Show the cluster as a running node sees it: the leader and its
     /// term, each node and the partitions it owns.
     Cluster(crate::client::cluster::ClusterArgs),
+
+    /// The configuration's reference.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print every configuration key of this build (its flag or
+    /// environment variable, default and meaning) as a Markdown table.
+    Reference,
 }
 
 #[derive(Debug, Args)]

@@ -52,7 +52,12 @@ pub async fn start(
     let mut wakeups = store.subscribe_wakeups();
     let shared: SharedStore = store.clone();
     let coordinator: Arc<dyn Coordinator> = store;
-    let engine = Engine::start_unowned(config.engine.clone(), shared, sinks, Arc::new(SystemClock));
+    let engine = Engine::start_unowned(
+        config.engine_options(),
+        shared,
+        sinks,
+        Arc::new(SystemClock),
+    );
 
     let node = NodeInfo {
         id: NodeId(uuid::Uuid::now_v7().to_string()),

@@ -1,14 +1,19 @@
 //! Node configuration: defaults → TOML file → `BELFRY_*` environment →
-//! command-line flags. Every field's doc comment is the user reference (the
-//! README's configuration table mirrors it).
+//! command-line flags.
+//!
+//! Every section is an option struct that owns its keys, defaults, doc
+//! comments (the user reference: [`crate::reference`] renders the README's
+//! table from them) and checks; [`Config::validate`] delegates to them.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use belfry_api::{ApiOptions, AuthMode, AuthOptions};
+use belfry_core::config::{ConfigKeys, Problems};
+use belfry_core::pull::PullConfig;
 use belfry_engine::EngineOptions;
 use belfry_engine::membership::MembershipOptions;
-use belfry_engine::quotas::QuotaOptions;
+use belfry_engine::quotas::LimitsOptions;
 use belfry_sinks::egress::EgressOptions;
 use belfry_sinks::http::HttpSinkOptions;
 use belfry_sinks::kafka::KafkaSinkOptions;
@@ -20,30 +25,39 @@ use crate::cli::ServeArgs;
 use crate::listener::ServerOptions;
 use crate::tls::TlsOptions;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Address of the HTTP API.
     pub listen: SocketAddr,
-    /// Directory of the embedded store.
+    /// Directory of the embedded store (created mode 0700; an existing one
+    /// open to other users is set to 0700, with a warning).
     pub data_dir: PathBuf,
-    /// Partitions of a new store (an existing store keeps its own).
+    /// Partitions of a *new* store (an existing one keeps its own).
     pub partitions: u16,
-    /// "text" or "json".
+    /// `text` (coloured only on a terminal and without `NO_COLOR`) or
+    /// `json`; the level is set with `RUST_LOG` (default `info`, storage
+    /// engine at `warn`).
     pub log_format: String,
-    /// PostgreSQL URL: run as a cluster node on it instead of the embedded
-    /// store.
+    /// Run as a cluster node on this PostgreSQL database instead of the
+    /// embedded store; TLS by libpq's `sslmode` (`disable`, `prefer`
+    /// (default), `require`, `verify-ca`, `verify-full`) and `sslrootcert`
+    /// (a PEM CA file, or `system`) in its query (`docs/operations.md`,
+    /// "Database TLS").
     pub database_url: Option<String>,
-    /// HOST:PORT other nodes and clients use for this node (default: the
-    /// listen address).
+    /// `HOST:PORT` other nodes and clients use for this node.
+    #[config(default = "the listen address")]
     pub advertise: Option<String>,
-    /// Connections to PostgreSQL per node.
+    /// PostgreSQL connections per node for events, leases, tenants and
+    /// keys; the cluster coordinator keeps three of its own beside them, so
+    /// a busy data path never delays a lease renewal, plus a presence
+    /// session and the LISTEN connection.
     pub database_pool_size: usize,
     /// Cluster mode: how far the nodes' clocks may disagree. A change made
     /// through any node is announced to the partition's owner when the
     /// event is due within `engine.window_ms` plus this margin (on the
     /// writer's clock), so a writer whose clock lags the owner's by up to
-    /// this still reaches the far edge of the owner's window. Zero: the
+    /// this still reaches the far edge of the owner's window. `0`: the
     /// clocks agree exactly.
     #[serde(
         with = "belfry_core::time::serde_millis",
@@ -51,41 +65,54 @@ pub struct Config {
     )]
     pub clock_skew_margin: std::time::Duration,
     /// Membership and lease timing (cluster mode).
+    #[config(section)]
     pub cluster: MembershipOptions,
     /// HTTP API limits and BigBen knobs.
+    #[config(section)]
     pub api: ApiOptions,
-    /// API keys, open mode, the Host allow-list and the per-key rate limit
-    /// (`docs/security.md`).
-    pub auth: AuthOptions,
     /// Firing, concurrency, retries, retention.
+    #[config(section)]
     pub engine: EngineOptions,
     /// Webhook client.
+    #[config(section)]
     pub http: HttpSinkOptions,
-    /// Which addresses webhooks may reach (`egress.policy`, `egress.allow`,
-    /// `egress.deny`).
+    /// The API listener: timeouts for slow clients, the connection cap.
+    #[config(section)]
+    pub server: ServerOptions,
+    /// Which addresses webhooks may reach.
+    #[config(section)]
     pub egress: EgressOptions,
     /// Delivery sinks besides the webhook client: `sinks.kafka` (producers
     /// for Kafka tenants).
+    #[config(section)]
     pub sinks: SinksConfig,
-    /// The API listener: timeouts for slow clients, the connection cap.
-    pub server: ServerOptions,
     /// TLS for the API (on when `tls.cert_file` is set).
+    #[config(section)]
     pub tls: TlsOptions,
-    /// Per-tenant quotas: pending events, schedules, payload size.
-    pub limits: QuotaOptions,
+    /// Per-tenant limits: quotas, and single tenants' delivery limits.
+    #[config(section)]
+    pub limits: LimitsOptions,
     /// The pull queue's bounds (`docs/pull.md`).
-    pub pull: belfry_engine::pull::PullOptions,
+    #[config(section)]
+    pub pull: PullConfig,
     /// Kafka: `[kafka.ingest]` consumes event requests from topics.
     #[cfg(feature = "kafka")]
+    #[config(section)]
     pub kafka: KafkaConfig,
+    /// API keys, open mode, the Host allow-list and the per-key rate limit
+    /// (`docs/security.md`).
+    #[config(section)]
+    pub auth: AuthOptions,
 }
 
 /// `[kafka]`.
 #[cfg(feature = "kafka")]
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaConfig {
-    /// Present: consume event requests from Kafka (`docs/kafka.md`).
+    /// Present: read event requests from Kafka topics; keys and defaults in
+    /// [`docs/kafka.md`](docs/kafka.md#configuration).
+    #[config(default = "off", toml_only)]
     pub ingest: Option<belfry_kafka_ingest::IngestOptions>,
 }
 
@@ -103,33 +130,48 @@ impl Default for Config {
             clock_skew_margin: std::time::Duration::from_secs(5),
             cluster: MembershipOptions::default(),
             api: ApiOptions::default(),
-            auth: AuthOptions::default(),
             engine: EngineOptions::default(),
             http: HttpSinkOptions::default(),
+            server: ServerOptions::default(),
             egress: EgressOptions::default(),
             sinks: SinksConfig::default(),
-            server: ServerOptions::default(),
             tls: TlsOptions::default(),
-            limits: QuotaOptions::default(),
-            pull: belfry_engine::pull::PullOptions::default(),
+            limits: LimitsOptions::default(),
+            pull: PullConfig::default(),
             #[cfg(feature = "kafka")]
             kafka: KafkaConfig::default(),
+            auth: AuthOptions::default(),
         }
     }
 }
 
 /// The `sinks` section.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct SinksConfig {
     /// Producers of Kafka deliveries (`MESSAGING` tenants).
+    #[config(section)]
     pub kafka: KafkaSinkOptions,
 }
 
 /// Environment variables `BELFRY_*` set keys; `__` separates nested keys
 /// (`BELFRY_ENGINE__RETRY__MAX_DELAY_MS`).
-const ENV_PREFIX: &str = "BELFRY_";
-const ENV_SPLIT: &str = "__";
+pub(crate) const ENV_PREFIX: &str = "BELFRY_";
+pub(crate) const ENV_SPLIT: &str = "__";
+
+/// The keys `belfry serve` flags set ([`FlagOverrides`]), for the reference.
+pub(crate) const FLAGS: &[(&str, &str)] = &[
+    ("listen", "--listen"),
+    ("data_dir", "--data-dir"),
+    ("partitions", "--partitions"),
+    ("log_format", "--log-format"),
+    ("database_url", "--database-url"),
+    ("advertise", "--advertise"),
+    ("tls.cert_file", "--tls-cert"),
+    ("tls.key_file", "--tls-key"),
+    ("tls.client_ca_file", "--tls-client-ca"),
+    ("auth.mode", "--insecure-no-auth"),
+];
 
 /// The flags that were given, as a partial config layered last.
 #[derive(Debug, Default, Serialize)]
@@ -234,228 +276,55 @@ impl Config {
             engine.max_in_flight_per_tenant =
                 engine.max_in_flight_per_tenant.min(engine.max_in_flight);
         }
-        // The engine checks the quotas; `[limits]` is their one home.
-        config.engine.quotas = config.limits.clone();
-        config.engine.pull = config.pull.clone();
         config.validate()?;
         Ok(config)
     }
 
+    /// The engine's options: `[engine]` with the `[limits]` and `[pull]`
+    /// sections it enforces.
+    pub fn engine_options(&self) -> EngineOptions {
+        EngineOptions {
+            limits: self.limits.clone(),
+            pull: self.pull.clone(),
+            ..self.engine.clone()
+        }
+    }
+
     /// Refuses values a node cannot run with: zero intervals, periods,
-    /// timeouts, windows and limits (a zero `engine.purge_interval_ms` or
-    /// `cluster.tick_ms` would panic a background task; a zero in-flight
-    /// limit would stall every delivery), and contradictory combinations.
-    /// Every problem is reported, each naming its key.
-    ///
-    /// Zero stays valid where it means something: `engine.lookback_ms`
-    /// (nothing late fires at start), `engine.record_linger_ms` (write each
-    /// outcome at once), `engine.shutdown_grace_ms` (do not wait for
-    /// in-flight deliveries; they are retried after the restart),
-    /// `engine.history_retention_ms` (purge finished events at the next
-    /// sweep), `engine.read_ahead_ms` (read each record when it fires),
-    /// `engine.repair_interval_ms` (no repair pages),
-    /// `engine.retry.backlog_limit_ms` (never retry),
-    /// `engine.retry.fast_retries`, `engine.schedule_lead_ms` or
-    /// `engine.schedule_misfire_threshold_ms` (not both),
-    /// `engine.schedule_max_missed_recorded`, `api.lapse_offset_ms`,
-    /// `http.pool_max_idle_per_host` (no keep-alive),
-    /// `cluster.safety_margin_ms`, `cluster.presence_grace_ms` (a node whose
-    /// presence lock is gone counts as crashed at the next look) and the
-    /// `limits.max_*` quotas (no limit).
+    /// timeouts, windows and limits where zero means nothing (a zero
+    /// `engine.purge_interval_ms` would panic a background task, a zero
+    /// in-flight limit stall every delivery), and contradictory
+    /// combinations. Each section checks its own keys; zero stays valid
+    /// where a key's doc comment says what it means. Every problem is
+    /// reported, each naming its key.
     ///
     /// # Errors
     /// The problems found, separated by `; `.
     pub fn validate(&self) -> Result<(), String> {
-        let mut problems = Vec::new();
-        let mut at_least_one = |key: &str, value: u128| {
-            if value == 0 {
-                problems.push(format!("{key} must be at least 1, not 0"));
-            }
-        };
-        at_least_one("partitions", u128::from(self.partitions));
-        at_least_one("database_pool_size", self.database_pool_size as u128);
-
-        let cluster = &self.cluster;
-        at_least_one("cluster.lease_ttl_ms", cluster.lease_ttl.as_millis());
-        at_least_one("cluster.tick_ms", cluster.tick.as_millis());
-        at_least_one(
-            "cluster.presence_interval_ms",
-            cluster.presence_interval.as_millis(),
-        );
-
-        let api = &self.api;
-        at_least_one("api.max_body_bytes", api.max_body_bytes as u128);
-        at_least_one("api.max_batch", api.max_batch as u128);
-        at_least_one("api.default_list_limit", api.default_list_limit as u128);
-        at_least_one("api.max_list_limit", api.max_list_limit as u128);
-        at_least_one("api.max_answer_bytes", api.max_answer_bytes as u128);
-        at_least_one(
-            "api.max_answer_bytes_in_flight",
-            api.max_answer_bytes_in_flight as u128,
-        );
-
-        let engine = &self.engine;
-        at_least_one("engine.window_ms", engine.window.as_millis());
-        at_least_one(
-            "engine.max_events_in_memory",
-            engine.max_events_in_memory as u128,
-        );
-        at_least_one("engine.max_in_flight", engine.max_in_flight as u128);
-        at_least_one(
-            "engine.max_in_flight_per_tenant",
-            engine.max_in_flight_per_tenant as u128,
-        );
-        at_least_one(
-            "engine.purge_interval_ms",
-            engine.purge_interval.as_millis(),
-        );
-        let pull = &self.pull;
-        for (name, value) in [
-            ("pull.max_ready", pull.max_ready),
-            ("pull.max_ready_per_tenant", pull.max_ready_per_tenant),
-            ("pull.max_leases", pull.max_leases),
-            ("pull.max_leases_per_tenant", pull.leases_per_tenant()),
-            ("pull.max_waiters", pull.max_waiters),
-            ("pull.max_waiters_per_tenant", pull.max_waiters_per_tenant),
-            ("pull.max_remembered", pull.max_remembered),
-        ] {
-            at_least_one(name, value as u128);
-        }
-        let retry = &engine.retry;
-        at_least_one(
-            "engine.retry.initial_delay_ms",
-            retry.initial_delay.as_millis(),
-        );
-        at_least_one("engine.retry.max_delay_ms", retry.max_delay.as_millis());
-
-        let http = &self.http;
-        at_least_one(
-            "http.connect_timeout_ms",
-            u128::from(http.connect_timeout_ms),
-        );
-        at_least_one(
-            "http.request_timeout_ms",
-            u128::from(http.request_timeout_ms),
-        );
-        at_least_one(
-            "http.max_tenant_timeout_ms",
-            u128::from(http.max_tenant_timeout_ms),
-        );
-        let kafka = &self.sinks.kafka;
-        at_least_one("sinks.kafka.max_producers", kafka.max_producers as u128);
-        at_least_one(
-            "sinks.kafka.message_timeout_ms",
-            u128::from(kafka.message_timeout_ms),
-        );
-        at_least_one(
-            "sinks.kafka.max_message_timeout_ms",
-            u128::from(kafka.max_message_timeout_ms),
-        );
-        at_least_one(
-            "sinks.kafka.queue_max_messages",
-            u128::from(kafka.queue_max_messages),
-        );
-        at_least_one(
-            "sinks.kafka.queue_max_kbytes",
-            u128::from(kafka.queue_max_kbytes),
-        );
-        let server = &self.server;
-        at_least_one(
-            "server.header_read_timeout_ms",
-            server.header_read_timeout.as_millis(),
-        );
-        at_least_one(
-            "server.body_read_timeout_ms",
-            server.body_read_timeout.as_millis(),
-        );
-        at_least_one(
-            "server.request_timeout_ms",
-            server.request_timeout.as_millis(),
-        );
-        at_least_one("server.max_connections", server.max_connections as u128);
-        at_least_one("server.write_timeout_ms", server.write_timeout.as_millis());
-        at_least_one(
-            "limits.count_refresh_ms",
-            self.limits.count_refresh.as_millis(),
-        );
-
-        if http.pool_idle_timeout_ms == 0 {
-            problems.push(
-                "http.pool_idle_timeout_ms must be at least 1, not 0 (to keep no idle \
-                 connections, set http.pool_max_idle_per_host = 0)"
-                    .to_string(),
-            );
-        }
-
-        if !cluster.tick.is_zero()
-            && !cluster.lease_ttl.is_zero()
-            && cluster.lease_ttl <= cluster.safety_margin + cluster.tick
-        {
-            problems.push(format!(
-                "cluster.lease_ttl_ms ({}) must exceed cluster.safety_margin_ms ({}) + \
-                 cluster.tick_ms ({})",
-                cluster.lease_ttl.as_millis(),
-                cluster.safety_margin.as_millis(),
-                cluster.tick.as_millis()
-            ));
-        }
-        problems.extend(self.tls.problems());
-        problems.extend(self.limits.problems());
-        problems.extend(self.auth.problems());
-        #[cfg(feature = "kafka")]
-        if let Some(ingest) = &self.kafka.ingest {
-            problems.extend(ingest.problems());
-        }
-        if api.max_answer_bytes > api.max_answer_bytes_in_flight {
-            problems.push(format!(
-                "api.max_answer_bytes ({}) must not exceed api.max_answer_bytes_in_flight ({})",
-                api.max_answer_bytes, api.max_answer_bytes_in_flight
-            ));
-        }
-        if api.default_list_limit > api.max_list_limit {
-            problems.push(format!(
-                "api.default_list_limit ({}) must not exceed api.max_list_limit ({})",
-                api.default_list_limit, api.max_list_limit
-            ));
-        }
-        if engine.max_in_flight_per_tenant > engine.max_in_flight {
-            problems.push(format!(
-                "engine.max_in_flight_per_tenant ({}) must not exceed engine.max_in_flight ({})",
-                engine.max_in_flight_per_tenant, engine.max_in_flight
-            ));
-        }
-        if engine.schedule_lead.is_zero() && engine.schedule_misfire_threshold.is_zero() {
-            problems.push(
-                "engine.schedule_lead_ms and engine.schedule_misfire_threshold_ms must not \
-                 both be 0 (every occurrence would be reached late, and so missed)"
-                    .to_string(),
-            );
-        }
-        if !retry.initial_delay.is_zero() && retry.max_delay < retry.initial_delay {
-            problems.push(format!(
-                "engine.retry.max_delay_ms ({}) must not be less than \
-                 engine.retry.initial_delay_ms ({})",
-                retry.max_delay.as_millis(),
-                retry.initial_delay.as_millis()
-            ));
-        }
-        if !(retry.multiplier.is_finite() && retry.multiplier >= 1.0) {
-            problems.push(format!(
-                "engine.retry.multiplier must be a finite number of at least 1.0, not {}",
-                retry.multiplier
-            ));
-        }
+        let mut problems = Problems::default();
+        problems.at_least_one("partitions", self.partitions);
+        problems.at_least_one("database_pool_size", self.database_pool_size);
         if !matches!(self.log_format.as_str(), "text" | "json") {
             problems.push(format!(
                 "log_format must be \"text\" or \"json\", not {:?}",
                 self.log_format
             ));
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("; "))
+        problems.section("cluster", |p| self.cluster.validate(p));
+        problems.section("api", |p| self.api.validate(p));
+        problems.section("engine", |p| self.engine.validate(p));
+        problems.section("http", |p| self.http.validate(p));
+        problems.section("server", |p| self.server.validate(p));
+        problems.section("sinks.kafka", |p| self.sinks.kafka.validate(p));
+        problems.section("tls", |p| self.tls.validate(p));
+        problems.section("limits", |p| self.limits.validate(p));
+        problems.section("pull", |p| self.pull.validate(p));
+        #[cfg(feature = "kafka")]
+        if let Some(ingest) = &self.kafka.ingest {
+            problems.section("kafka.ingest", |p| ingest.validate(p));
         }
+        problems.section("auth", |p| self.auth.validate(p));
+        problems.finish().map_err(|error| error.to_string())
     }
 }
 
@@ -692,13 +561,13 @@ mod tests {
              max_schedule_occurrences_per_minute = 0\nmax_bulk_actions_per_tenant = 0\n",
         )
         .unwrap();
-        assert_eq!(config.engine.quotas, QuotaOptions::unlimited());
+        assert_eq!(config.engine_options().limits, LimitsOptions::unlimited());
         let limited = load_toml(
             "[limits.tenants.\"acme/billing\"]\nmax_deliveries_per_second = 50\n\
              max_concurrent_deliveries = 4",
         )
         .unwrap();
-        let limits = &limited.engine.quotas.tenants["acme/billing"];
+        let limits = &limited.engine_options().limits.tenants["acme/billing"];
         assert_eq!(limits.max_deliveries_per_second, Some(50));
         assert_eq!(limits.max_concurrent_deliveries, Some(4));
         assert!(config.engine.shutdown_grace.is_zero());

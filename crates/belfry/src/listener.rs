@@ -34,6 +34,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, Response, StatusCode, header};
+use belfry_core::config::{ConfigKeys, Problems};
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -44,14 +45,15 @@ use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
-/// Timeouts and the connection cap of the API listener (`[server]`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Timeouts and the connection cap of the API listener (`[server]`). Each
+/// field's doc comment is the user reference.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerOptions {
     /// Time a client has to send a request's complete headers (and, with
     /// TLS, to finish its handshake); also how long an idle keep-alive
     /// connection stays open. Slower: the connection is closed without an
-    /// answer. Default 10 s.
+    /// answer.
     #[serde(
         with = "belfry_core::time::serde_millis",
         rename = "header_read_timeout_ms"
@@ -59,7 +61,6 @@ pub struct ServerOptions {
     pub header_read_timeout: Duration,
     /// Time a client has to send a request's complete body, counted from
     /// its headers. Slower: `408 request_timeout`, connection closed.
-    /// Default 30 s.
     #[serde(
         with = "belfry_core::time::serde_millis",
         rename = "body_read_timeout_ms"
@@ -67,20 +68,31 @@ pub struct ServerOptions {
     pub body_read_timeout: Duration,
     /// Time from a request's headers to its answer. Slower: `408
     /// request_timeout`, connection closed (a change it asked for may or
-    /// may not have been made). Default 60 s.
+    /// may not have been made).
     #[serde(
         with = "belfry_core::time::serde_millis",
         rename = "request_timeout_ms"
     )]
     pub request_timeout: Duration,
     /// Most connections open at once; further ones wait in the accept
-    /// queue until one closes. Default 10,000.
+    /// queue until one closes.
     pub max_connections: usize,
     /// How long a write to a client may make no progress (a client that
     /// stops reading its answer); then the connection is closed and the
-    /// answer's memory freed. Default 30 s.
+    /// answer's memory freed.
     #[serde(with = "belfry_core::time::serde_millis", rename = "write_timeout_ms")]
     pub write_timeout: Duration,
+}
+
+impl ServerOptions {
+    /// Refuses zero timeouts and a zero connection cap, naming their keys.
+    pub fn validate(&self, problems: &mut Problems) {
+        problems.at_least_one("header_read_timeout_ms", self.header_read_timeout);
+        problems.at_least_one("body_read_timeout_ms", self.body_read_timeout);
+        problems.at_least_one("request_timeout_ms", self.request_timeout);
+        problems.at_least_one("max_connections", self.max_connections);
+        problems.at_least_one("write_timeout_ms", self.write_timeout);
+    }
 }
 
 impl Default for ServerOptions {

@@ -2,6 +2,7 @@
 //!
 //! - `belfry serve`: runs a node (see [`serve`]);
 //! - configuration: [`config`] (defaults → TOML file → `BELFRY_*` env → flags);
+//!   `belfry config reference` prints every key ([`reference`]);
 //! - `belfry events|tenants|schedules|dead|cluster`: a client of a running
 //!   node over HTTP (see [`client`]).
 
@@ -12,6 +13,7 @@ mod config;
 mod cron_cmd;
 mod keys_cmd;
 mod listener;
+mod reference;
 mod serve;
 mod tls;
 
@@ -54,6 +56,10 @@ fn main() -> ExitCode {
             client::bulk::execute(client, args.command).await
         }),
         cli::Command::Cluster(args) => client::run(args.connection, client::cluster::execute),
+        cli::Command::Config(cli::ConfigCommand::Reference) => {
+            print!("{}", reference::node_table());
+            ExitCode::SUCCESS
+        }
     }
 }
 

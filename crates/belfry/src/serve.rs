@@ -138,7 +138,8 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
                         ),
                     })?;
             let store: SharedStore = Arc::new(store);
-            let engine = Engine::start(config.engine.clone(), store, sinks, Arc::new(SystemClock));
+            let engine =
+                Engine::start(config.engine_options(), store, sinks, Arc::new(SystemClock));
             let view: Arc<dyn ClusterView> = Arc::new(SingleNode {
                 address: address.clone(),
             });
@@ -198,7 +199,7 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
                 belfry_kafka_ingest::Ingest::start(
                     options.clone(),
                     engine.handle(),
-                    config.api.lapse_offset_ms,
+                    config.api.lapse_offset,
                 )
                 .map_err(|e| anyhow::anyhow!("kafka.ingest: {e}"))?,
             )

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use belfry_core::config::{ConfigKeys, Problems};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -36,24 +37,27 @@ use tokio::net::TcpStream;
 
 use crate::listener::Handshake;
 
-/// TLS settings (`[tls]`); TLS is on when `cert_file` is set.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// TLS settings (`[tls]`); TLS is on when `cert_file` is set. Each field's
+/// doc comment is the user reference.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsOptions {
     /// PEM certificate chain of the API (leaf first). Set: the API speaks
-    /// HTTPS only. Requires `key_file`.
+    /// HTTPS only. Requires `key_file`. Both files are re-read every
+    /// `reload_interval_ms` and a changed pair is served without a restart
+    /// (a pair that does not load is logged and the old one kept).
     pub cert_file: Option<PathBuf>,
     /// PEM private key of `cert_file` (PKCS#8, PKCS#1 or SEC1).
     pub key_file: Option<PathBuf>,
     /// PEM CA certificates that sign client certificates: set, clients are
-    /// asked for a certificate (see `client_auth`).
+    /// asked for a certificate (see `client_auth`). Requires `cert_file`.
     pub client_ca_file: Option<PathBuf>,
     /// With `client_ca_file`: `"required"` (default) refuses a client
     /// without a valid certificate; `"optional"` lets clients without one
     /// in (an invalid one is still refused).
     pub client_auth: ClientAuth,
     /// How often `cert_file` and `key_file` are checked for a new
-    /// certificate. Default 5 s.
+    /// certificate.
     #[serde(
         with = "belfry_core::time::serde_millis",
         rename = "reload_interval_ms"
@@ -74,21 +78,21 @@ impl Default for TlsOptions {
 }
 
 impl TlsOptions {
-    /// Problems with the combination of settings, each naming its key.
-    pub fn problems(&self) -> Vec<String> {
-        let mut problems = Vec::new();
+    /// Refuses a certificate without its key and the reverse, client CAs
+    /// without a certificate, and a zero reload interval, naming their
+    /// keys.
+    pub fn validate(&self, problems: &mut Problems) {
+        let (cert, key) = (problems.key("cert_file"), problems.key("key_file"));
         match (&self.cert_file, &self.key_file) {
-            (Some(_), None) => problems.push("tls.cert_file is set but tls.key_file is not".into()),
-            (None, Some(_)) => problems.push("tls.key_file is set but tls.cert_file is not".into()),
+            (Some(_), None) => problems.push(format!("{cert} is set but {key} is not")),
+            (None, Some(_)) => problems.push(format!("{key} is set but {cert} is not")),
             _ => {}
         }
         if self.client_ca_file.is_some() && self.cert_file.is_none() {
-            problems.push("tls.client_ca_file needs tls.cert_file and tls.key_file".into());
+            let client_ca = problems.key("client_ca_file");
+            problems.push(format!("{client_ca} needs {cert} and {key}"));
         }
-        if self.reload_interval.is_zero() {
-            problems.push("tls.reload_interval_ms must be at least 1, not 0".into());
-        }
-        problems
+        problems.at_least_one("reload_interval_ms", self.reload_interval);
     }
 }
 

@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use belfry_core::auth::{ApiKey, AuditAction, AuditEntry, KeyId, KeySecret, Role};
+use belfry_core::config::{ConfigKeys, Problems};
 use belfry_core::{TenantName, Timestamp};
 use belfry_store::{SharedStore, StoreResult};
 use serde::{Deserialize, Serialize};
@@ -84,15 +85,15 @@ pub enum AuthMode {
 
 /// The `auth` section of the configuration. The doc comments are the
 /// user's reference.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthOptions {
-    /// `"keys"` (default) or `"none"` (no authentication; also
-    /// `belfry serve --insecure-no-auth`).
+    /// `keys`: API keys required once one exists (open only with no key
+    /// on a loopback address; no key on another address refuses to
+    /// start); `none`: no authentication (trusted networks only).
     pub mode: AuthMode,
     /// An admin key (a valid `bfy_` secret) stored at start if it is not
     /// stored yet, so a deployment can be provisioned without the CLI.
-    /// Env `BELFRY_AUTH__BOOTSTRAP_ADMIN_KEY`.
     pub bootstrap_admin_key: Option<String>,
     /// Host names (without port) accepted in the `Host` header of requests
     /// without a key (the node open, or `mode = "none"`), besides
@@ -100,25 +101,27 @@ pub struct AuthOptions {
     /// `mode = "none"`, any IP address; `"*"` accepts any. Against DNS
     /// rebinding.
     pub allowed_hosts: Vec<String>,
-    /// Requests per second per key; `0` (default) turns the limit off.
+    /// Requests per second per key; over it `429 rate_limited` with
+    /// `Retry-After`. `0`: no limit.
     pub rate_limit_per_key: u32,
-    /// Requests a key may send at once above its rate (the bucket size);
+    /// Requests a key may send at once above its rate (the bucket size).
     /// `0`: twice `rate_limit_per_key`.
     pub rate_limit_burst: u32,
     /// How long a node trusts what it read of a key: its revocation by
     /// another node or the CLI takes effect within this (on the node that
-    /// revoked it, at once). Default 5000, at most 60000.
-    pub key_cache_ttl_ms: u64,
+    /// revoked it, at once). At most 60000.
+    #[serde(with = "belfry_core::time::serde_millis", rename = "key_cache_ttl_ms")]
+    pub key_cache_ttl: Duration,
     /// Store reads per second, node-wide, for keys this node does not
-    /// know yet (a key created on another node, or a made-up one); the
-    /// rest are answered 503 with `Retry-After` and cost nothing. Keys the
-    /// node knows never wait for it. Default 50, at least 1.
+    /// know yet (a key created on another node, or a made-up one); beyond
+    /// it `503 key_lookups_busy` with `Retry-After`, no store read. Keys
+    /// the node knows never wait for it. At least 1.
     pub unknown_key_reads_per_second: u32,
 }
 
 /// The longest `auth.key_cache_ttl_ms`: how long a revoked key may still
 /// be accepted by a node that did not revoke it.
-pub const MAX_KEY_CACHE_TTL_MS: u64 = 60_000;
+pub const MAX_KEY_CACHE_TTL: Duration = Duration::from_secs(60);
 
 impl Default for AuthOptions {
     fn default() -> Self {
@@ -128,7 +131,7 @@ impl Default for AuthOptions {
             allowed_hosts: Vec::new(),
             rate_limit_per_key: 0,
             rate_limit_burst: 0,
-            key_cache_ttl_ms: 5_000,
+            key_cache_ttl: Duration::from_secs(5),
             unknown_key_reads_per_second: 50,
         }
     }
@@ -145,7 +148,7 @@ impl std::fmt::Debug for AuthOptions {
             .field("allowed_hosts", &self.allowed_hosts)
             .field("rate_limit_per_key", &self.rate_limit_per_key)
             .field("rate_limit_burst", &self.rate_limit_burst)
-            .field("key_cache_ttl_ms", &self.key_cache_ttl_ms)
+            .field("key_cache_ttl", &self.key_cache_ttl)
             .field(
                 "unknown_key_reads_per_second",
                 &self.unknown_key_reads_per_second,
@@ -155,38 +158,39 @@ impl std::fmt::Debug for AuthOptions {
 }
 
 impl AuthOptions {
-    /// Problems with these settings, each naming its key.
-    pub fn problems(&self) -> Vec<String> {
-        let mut problems = Vec::new();
+    /// Refuses an invalid bootstrap key, host names that are not, and
+    /// bounds that would keep revoked keys valid or unknown keys out,
+    /// naming their keys.
+    pub fn validate(&self, problems: &mut Problems) {
         if let Some(secret) = &self.bootstrap_admin_key
             && let Err(error) = KeySecret::parse(secret)
         {
-            problems.push(format!(
-                "auth.bootstrap_admin_key is not a valid key: {error}"
-            ));
+            let key = problems.key("bootstrap_admin_key");
+            problems.push(format!("{key} is not a valid key: {error}"));
         }
         for host in &self.allowed_hosts {
             if host.is_empty() || host.contains(['/', ' ', '@']) {
+                let key = problems.key("allowed_hosts");
                 problems.push(format!(
-                    "auth.allowed_hosts: {host:?} is not a host name (no scheme, path or port)"
+                    "{key}: {host:?} is not a host name (no scheme, path or port)"
                 ));
             }
         }
-        if self.key_cache_ttl_ms > MAX_KEY_CACHE_TTL_MS {
+        if self.key_cache_ttl > MAX_KEY_CACHE_TTL {
+            let key = problems.key("key_cache_ttl_ms");
             problems.push(format!(
-                "auth.key_cache_ttl_ms is {}, more than {MAX_KEY_CACHE_TTL_MS}: a revoked key \
-                 would stay valid on other nodes that long",
-                self.key_cache_ttl_ms
+                "{key} is {}, more than {}: a revoked key would stay valid on other nodes that \
+                 long",
+                self.key_cache_ttl.as_millis(),
+                MAX_KEY_CACHE_TTL.as_millis()
             ));
         }
         if self.unknown_key_reads_per_second == 0 {
-            problems.push(
-                "auth.unknown_key_reads_per_second must be at least 1 (keys created on \
-                 another node are read under it)"
-                    .to_string(),
-            );
+            let key = problems.key("unknown_key_reads_per_second");
+            problems.push(format!(
+                "{key} must be at least 1 (keys created on another node are read under it)"
+            ));
         }
-        problems
     }
 }
 
@@ -462,7 +466,7 @@ impl Auth {
         let limiter = limit::RateLimiter::new(options.rate_limit_per_key, options.rate_limit_burst);
         let keys = Arc::new(cache::KeyCache::new(
             store.clone(),
-            Duration::from_millis(options.key_cache_ttl_ms),
+            options.key_cache_ttl,
             options.unknown_key_reads_per_second,
         ));
         Auth {
@@ -702,6 +706,13 @@ mod tests {
         assert_eq!(Principal::OPEN.actor(), "open");
     }
 
+    fn problems(options: &AuthOptions) -> Vec<String> {
+        Problems::check("auth", |problems| options.validate(problems))
+            .err()
+            .map(|error| error.problems().to_vec())
+            .unwrap_or_default()
+    }
+
     #[test]
     fn options_are_checked_and_debug_hides_the_bootstrap_key() {
         let secret = KeySecret::generate().unwrap();
@@ -709,25 +720,25 @@ mod tests {
             bootstrap_admin_key: Some(secret.expose().to_string()),
             ..AuthOptions::default()
         };
-        assert!(options.problems().is_empty());
+        assert!(problems(&options).is_empty());
         assert!(!format!("{options:?}").contains(secret.expose()));
         let bad = AuthOptions {
             bootstrap_admin_key: Some("bfy_short".into()),
             allowed_hosts: vec!["http://x/".into()],
             ..AuthOptions::default()
         };
-        assert_eq!(bad.problems().len(), 2);
+        assert_eq!(problems(&bad).len(), 2);
         let at_the_cap = AuthOptions {
-            key_cache_ttl_ms: MAX_KEY_CACHE_TTL_MS,
+            key_cache_ttl: MAX_KEY_CACHE_TTL,
             ..AuthOptions::default()
         };
-        assert!(at_the_cap.problems().is_empty());
+        assert!(problems(&at_the_cap).is_empty());
         let unbounded = AuthOptions {
-            key_cache_ttl_ms: MAX_KEY_CACHE_TTL_MS + 1,
+            key_cache_ttl: MAX_KEY_CACHE_TTL + Duration::from_millis(1),
             unknown_key_reads_per_second: 0,
             ..AuthOptions::default()
         };
-        let problems = unbounded.problems();
+        let problems = problems(&unbounded);
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].starts_with("auth.key_cache_ttl_ms"));
         assert!(problems[1].starts_with("auth.unknown_key_reads_per_second"));

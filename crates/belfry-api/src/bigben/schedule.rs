@@ -143,7 +143,7 @@ pub(crate) async fn schedule(
     let total = requests.len();
     let scheduled = schedule_items(
         &state.engine,
-        state.options.lapse_offset_ms,
+        state.options.lapse_offset,
         &principal,
         requests,
         QuotaMode::WholeRequest,
@@ -187,13 +187,13 @@ pub(crate) struct Scheduled {
 /// quota count failed; nothing was stored.
 pub(crate) async fn schedule_items(
     engine: &EngineHandle,
-    lapse_offset_ms: u64,
+    lapse_offset: Duration,
     scope: &dyn WriteScope,
     requests: Vec<EventRequest>,
     quota_mode: QuotaMode,
 ) -> Result<Scheduled, QuotaError> {
     let now = engine.now();
-    let lapse_limit = now.plus(Duration::from_millis(lapse_offset_ms));
+    let lapse_limit = now.plus(lapse_offset);
     let total = requests.len();
 
     let mut registered = Registered::new(scope);

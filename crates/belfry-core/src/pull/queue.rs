@@ -4,6 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConfigKeys, Problems};
 use crate::event::{AttemptReport, EventRecord};
 use crate::fire::Finish;
 use crate::ids::{EventKey, EventVersion, QueueName, TenantName, WorkerId};
@@ -19,32 +22,64 @@ use super::limits::{
 use super::policy::{AttemptPolicy, GiveUp};
 use super::ready::ReadyQueues;
 
-/// The queue's bounds and pauses.
-#[derive(Debug, Clone)]
+/// The queue's bounds (the node's `[pull]` section) and pauses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
+#[serde(default, deny_unknown_fields)]
 pub struct PullConfig {
-    /// Entries ready or being granted on this node; more are refused.
+    /// Pull tenants' events due and held for a claim on this node; more go
+    /// back to their partition and come again a second later
+    /// (`docs/pull.md`).
     pub max_ready: usize,
     /// … of one tenant.
     pub max_ready_per_tenant: usize,
-    /// Leases held (active, being recorded, cancelled until their expiry)
-    /// plus grants being recorded; claims wait while it is reached.
+    /// Leases held on this node (active, being recorded, cancelled until
+    /// their expiry) plus grants being recorded; claims wait while it is
+    /// reached.
     pub max_leases: usize,
-    /// … of one tenant: its claims wait at it while other tenants' are
-    /// still served, so one tenant cannot hold every lease of the node.
-    pub max_leases_per_tenant: usize,
-    /// Claims parked (long-polling or being granted); more are refused.
+    /// Leases one tenant holds on this node; a claim past it is `429
+    /// too_many_leases` while other tenants' are still served.
+    #[config(default = "a tenth of `pull.max_leases`, at least 1")]
+    pub max_leases_per_tenant: Option<usize>,
+    /// Claims long-polling on this node; more are `429 too_many_waiters`.
     pub max_waiters: usize,
     /// … of one tenant.
     pub max_waiters_per_tenant: usize,
-    /// Outcomes remembered to answer a repeated call the same way.
+    /// Ended leases whose outcome answers a repeated call the same way
+    /// (for 10 minutes).
     pub max_remembered: usize,
-    /// … for this long.
+    /// How long an ended lease's outcome is remembered.
+    #[serde(skip)]
     pub remember_for: Duration,
     /// A refused entry is handed back to its partition core to fire again
     /// after this pause ([`Finish::RetryAt`]).
+    #[serde(skip)]
     pub refused_pause: Duration,
     /// Pause before an expiry that could not be recorded is tried again.
+    #[serde(skip)]
     pub store_retry: Duration,
+}
+
+impl PullConfig {
+    /// A tenant's share of the node's leases.
+    pub fn leases_per_tenant(&self) -> usize {
+        self.max_leases_per_tenant
+            .unwrap_or((self.max_leases / 10).max(1))
+    }
+
+    /// Refuses zero bounds, naming their keys.
+    pub fn validate(&self, problems: &mut Problems) {
+        for (key, value) in [
+            ("max_ready", self.max_ready),
+            ("max_ready_per_tenant", self.max_ready_per_tenant),
+            ("max_leases", self.max_leases),
+            ("max_leases_per_tenant", self.leases_per_tenant()),
+            ("max_waiters", self.max_waiters),
+            ("max_waiters_per_tenant", self.max_waiters_per_tenant),
+            ("max_remembered", self.max_remembered),
+        ] {
+            problems.at_least_one(key, value);
+        }
+    }
 }
 
 impl Default for PullConfig {
@@ -53,7 +88,7 @@ impl Default for PullConfig {
             max_ready: 100_000,
             max_ready_per_tenant: 10_000,
             max_leases: 100_000,
-            max_leases_per_tenant: 10_000,
+            max_leases_per_tenant: None,
             max_waiters: 10_000,
             max_waiters_per_tenant: 1_000,
             max_remembered: 100_000,
@@ -677,7 +712,7 @@ impl PullQueue {
     pub fn lease_room_of(&self, tenant: &TenantName) -> usize {
         self.lease_room().min(
             self.config
-                .max_leases_per_tenant
+                .leases_per_tenant()
                 .saturating_sub(self.leases_of(tenant)),
         )
     }
@@ -881,7 +916,7 @@ impl PullQueue {
         }
         // Said at once rather than parked: at its share, only its own
         // leases ending let a tenant claim more.
-        if self.leases_of(&tenant) >= self.config.max_leases_per_tenant {
+        if self.leases_of(&tenant) >= self.config.leases_per_tenant() {
             out.push(Action::Reply {
                 call,
                 reply: Reply::Error(PullError::TooManyLeases),

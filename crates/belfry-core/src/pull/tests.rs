@@ -1204,6 +1204,8 @@ fn an_abandoned_claim_is_not_answered_and_its_grants_are_released() {
 fn claims_wait_while_the_lease_bound_is_reached() {
     let mut h = Harness::with(PullConfig {
         max_leases: 2,
+        // The node's bound only: no tenant share below it.
+        max_leases_per_tenant: Some(2),
         ..PullConfig::default()
     });
     h.offer(vec![
@@ -1228,7 +1230,7 @@ fn claims_wait_while_the_lease_bound_is_reached() {
 fn a_tenant_at_its_lease_share_is_refused_while_others_are_served() {
     let mut h = Harness::with(PullConfig {
         max_leases: 4,
-        max_leases_per_tenant: 2,
+        max_leases_per_tenant: Some(2),
         ..PullConfig::default()
     });
     h.offer(vec![

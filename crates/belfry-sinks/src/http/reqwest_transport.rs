@@ -75,9 +75,9 @@ impl ReqwestTransport {
         }
         let client = builder
             .tls_backend_rustls()
-            .connect_timeout(options.connect_timeout())
+            .connect_timeout(options.connect_timeout)
             .pool_max_idle_per_host(options.pool_max_idle_per_host)
-            .pool_idle_timeout(options.pool_idle_timeout())
+            .pool_idle_timeout(options.pool_idle_timeout)
             .user_agent(options.user_agent.clone())
             .tcp_nodelay(true)
             // A 3xx is a retry, never followed: following would turn the POST

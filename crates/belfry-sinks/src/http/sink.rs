@@ -179,9 +179,9 @@ impl HttpSink {
         let reqwest = ReqwestTransport::with_roots(&options, Arc::clone(&egress), roots)
             .map_err(HttpSinkError::Client)?;
         let plain = Client::new(
-            options.connect_timeout(),
+            options.connect_timeout,
             options.pool_max_idle_per_host,
-            options.pool_idle_timeout(),
+            options.pool_idle_timeout,
             egress,
         );
         let proxied = HTTP_PROXY_VARIABLES
@@ -293,7 +293,7 @@ impl Sink for HttpSink {
             }
         };
         let body = render_delivery_body(delivery.event, delivery.triggered_at);
-        let timeout = self.options.request_timeout(target.timeout_ms);
+        let timeout = self.options.timeout_for(target.timeout_ms);
 
         let event = delivery.event;
         let event_id = encoded(event.key.id.as_str());
@@ -329,7 +329,7 @@ impl Sink for HttpSink {
             Route::Plain(target) => Transport::send(&*self.plain, target, request, timeout).await,
             Route::Reqwest(target) => self.reqwest.send(target, request, timeout).await,
         };
-        outcome(sent, self.options.connect_timeout(), timeout)
+        outcome(sent, self.options.connect_timeout, timeout)
     }
 }
 

@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
+use belfry_core::config::{ConfigKeys, Problems};
 use serde::{Deserialize, Serialize};
 
 /// How the node's Kafka producers behave.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaSinkOptions {
     /// Producers kept open at once. Tenants with the same bootstrap servers
@@ -15,13 +16,21 @@ pub struct KafkaSinkOptions {
     /// acknowledged) and reopened when needed.
     pub max_producers: usize,
     /// How long one delivery may wait for the broker's acknowledgement,
-    /// including librdkafka's own retries (`message.timeout.ms`), in
-    /// milliseconds. A tenant's `message.timeout.ms` overrides it, up to
+    /// including librdkafka's own retries (`message.timeout.ms`). A
+    /// tenant's `message.timeout.ms` overrides it, up to
     /// `max_message_timeout_ms`.
-    pub message_timeout_ms: u64,
+    #[serde(
+        with = "belfry_core::time::serde_millis",
+        rename = "message_timeout_ms"
+    )]
+    pub message_timeout: Duration,
     /// The longest a tenant's own `message.timeout.ms` may hold a delivery
-    /// slot, in milliseconds.
-    pub max_message_timeout_ms: u64,
+    /// slot.
+    #[serde(
+        with = "belfry_core::time::serde_millis",
+        rename = "max_message_timeout_ms"
+    )]
+    pub max_message_timeout: Duration,
     /// Records queued in one producer at most
     /// (`queue.buffering.max.messages`); a delivery that finds the queue
     /// full is retried later.
@@ -31,7 +40,8 @@ pub struct KafkaSinkOptions {
     pub queue_max_kbytes: u32,
     /// How long a producer waits to batch records (`linger.ms`); a tenant
     /// may set its own.
-    pub linger_ms: u32,
+    #[serde(with = "belfry_core::time::serde_millis", rename = "linger_ms")]
+    pub linger: Duration,
     /// Names this Belfry cluster to Kafka in the fenced (transactional)
     /// mode: transactional ids are `<cluster_id>-<settings>-p<partition>`.
     /// Every node of one cluster must have the same value (so that the new
@@ -44,28 +54,36 @@ impl Default for KafkaSinkOptions {
     fn default() -> Self {
         KafkaSinkOptions {
             max_producers: 32,
-            message_timeout_ms: 10_000,
-            max_message_timeout_ms: 30_000,
+            message_timeout: Duration::from_secs(10),
+            max_message_timeout: Duration::from_secs(30),
             queue_max_messages: 20_000,
             queue_max_kbytes: 16 * 1024,
-            linger_ms: 5,
+            linger: Duration::from_millis(5),
             cluster_id: "belfry".to_string(),
         }
     }
 }
 
 impl KafkaSinkOptions {
+    /// Refuses zero counts and timeouts, naming their keys.
+    pub fn validate(&self, problems: &mut Problems) {
+        problems.at_least_one("max_producers", self.max_producers);
+        problems.at_least_one("message_timeout_ms", self.message_timeout);
+        problems.at_least_one("max_message_timeout_ms", self.max_message_timeout);
+        problems.at_least_one("queue_max_messages", self.queue_max_messages);
+        problems.at_least_one("queue_max_kbytes", self.queue_max_kbytes);
+    }
+
     /// The produce limit for a tenant: its own `message.timeout.ms` (or
     /// `delivery.timeout.ms`, the Java name) when set and non-zero, capped
     /// at `max_message_timeout_ms`; else the node's.
-    pub fn message_timeout(&self, tenant_ms: Option<u64>) -> Duration {
-        Duration::from_millis(
-            tenant_ms
-                .filter(|ms| *ms > 0)
-                .map(|ms| ms.min(self.max_message_timeout_ms.max(1)))
-                .unwrap_or(self.message_timeout_ms)
-                .max(1),
-        )
+    pub fn message_timeout_for(&self, tenant_ms: Option<u64>) -> Duration {
+        let least = Duration::from_millis(1);
+        tenant_ms
+            .filter(|ms| *ms > 0)
+            .map(|ms| Duration::from_millis(ms).min(self.max_message_timeout.max(least)))
+            .unwrap_or(self.message_timeout)
+            .max(least)
     }
 }
 
@@ -77,11 +95,17 @@ mod tests {
     fn tenant_timeouts_are_capped() {
         let options = KafkaSinkOptions::default();
         assert_eq!(
-            options.message_timeout(Some(3_600_000)),
+            options.message_timeout_for(Some(3_600_000)),
             Duration::from_secs(30)
         );
-        assert_eq!(options.message_timeout(Some(2_000)), Duration::from_secs(2));
-        assert_eq!(options.message_timeout(None), Duration::from_secs(10));
-        assert_eq!(options.message_timeout(Some(0)), Duration::from_secs(10));
+        assert_eq!(
+            options.message_timeout_for(Some(2_000)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(options.message_timeout_for(None), Duration::from_secs(10));
+        assert_eq!(
+            options.message_timeout_for(Some(0)),
+            Duration::from_secs(10)
+        );
     }
 }

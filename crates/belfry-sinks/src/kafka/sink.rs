@@ -184,9 +184,12 @@ impl KafkaSink {
             .iter()
             .find_map(|name| target.props.get(*name))
             .and_then(|ms| ms.trim().parse::<u64>().ok());
-        let timeout = self.options.message_timeout(tenant_timeout);
+        let timeout = self.options.message_timeout_for(tenant_timeout);
         let mut all = Settings::new();
-        all.insert("linger.ms".into(), self.options.linger_ms.to_string());
+        all.insert(
+            "linger.ms".into(),
+            self.options.linger.as_millis().to_string(),
+        );
         all.insert("client.id".into(), "belfry".into());
         for (name, value) in &target.props {
             if IGNORED.contains(&name.as_str())
