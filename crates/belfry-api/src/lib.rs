@@ -16,6 +16,9 @@
 //!   (axum's defaults answer plain text);
 //! - [`health`]: `/health/live` and `/health/ready`;
 //! - [`openapi`]: `GET /openapi.json`, generated from the handlers;
+//! - `pipeline`: the one write path of event writes (checked items →
+//!   quotas → one durable batch through the engine → one outcome per item)
+//!   that BigBen's and `/v1`'s write routes and [`ingest`] share;
 //! - [`ingest`]: the same validation and write path without HTTP, for the
 //!   Kafka consumer;
 //! - `bigben`: `/ping`, `/events/...`, `/cron` (see `docs/api.md` for the
@@ -55,6 +58,7 @@ mod metrics;
 pub mod openapi;
 pub mod options;
 pub mod peer;
+mod pipeline;
 mod quota;
 mod v1;
 
