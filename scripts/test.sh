@@ -7,7 +7,8 @@
 # and its WebDriver (apt: chromium, chromium-driver) for the console's
 # browser tests, and python3 with a venv holding PyPI's standardwebhooks
 # (the independent signature verifier), confluent-kafka (the independent
-# Kafka client) and schemathesis (the OpenAPI contract fuzzer). The Kafka tests run against `belfry-kafka-mock`, librdkafka's
+# Kafka client), schemathesis (the OpenAPI contract fuzzer) and
+# openapi-python-client (a client generated from the OpenAPI document). The Kafka tests run against `belfry-kafka-mock`, librdkafka's
 # mock cluster in its own process, or against a real broker named by
 # BELFRY_TEST_KAFKA_BOOTSTRAP. Usage: scripts/test.sh
 set -euo pipefail
@@ -69,19 +70,20 @@ if [ ! -x "${BELFRY_TEST_CHROMIUM:-/usr/bin/chromium}" ] || [ ! -x "${BELFRY_TES
   apt_install Chromium "" chromium chromium-driver
 fi
 
-echo "==> Python clients (standardwebhooks, confluent-kafka, prometheus-client, schemathesis)"
+echo "==> Python clients (standardwebhooks, confluent-kafka, prometheus-client, schemathesis, openapi-python-client)"
 # The end-to-end tests check Belfry with independent clients from PyPI
 # (webhook signatures with `standardwebhooks`, Kafka with `confluent-kafka`,
 # `/metrics` with Prometheus's own parser from `prometheus-client`, the API
-# against its OpenAPI document with `schemathesis`),
+# against its OpenAPI document with `schemathesis`, the README's tour with a
+# client that `openapi-python-client` generates from that document),
 # in a venv under target/ (pinned there). Make sure python3 and its venv module exist.
 if ! command -v python3 >/dev/null 2>&1 || ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
   apt_install "python3 (with venv)" "" python3 python3-venv
 fi
 venv="${CARGO_TARGET_DIR:-target}/belfry-test-venv"
-if ! "$venv/bin/python" -c "import standardwebhooks, confluent_kafka, prometheus_client, schemathesis" >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c "import standardwebhooks, confluent_kafka, prometheus_client, schemathesis, openapi_python_client" >/dev/null 2>&1; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet "standardwebhooks==1.1.0" "confluent-kafka==2.12.2" "prometheus-client==0.21.1" "schemathesis==4.32.5"
+  "$venv/bin/pip" install --quiet "standardwebhooks==1.1.0" "confluent-kafka==2.12.2" "prometheus-client==0.21.1" "schemathesis==4.32.5" "openapi-python-client==0.29.1"
 fi
 export BELFRY_TEST_PYTHON="$PWD/$venv/bin/python"
 case "$venv" in /*) export BELFRY_TEST_PYTHON="$venv/bin/python" ;; esac

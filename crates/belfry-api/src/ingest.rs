@@ -2,10 +2,11 @@
 //! /events/schedule` and of `/v1` event writes, for edges that receive
 //! requests some other way (the Kafka consumer in `belfry-kafka-ingest`).
 //!
-//! Nothing here is validated twice: BigBen requests go through the same
-//! function as the HTTP route ([`schedule_bigben`]), `/v1` records through
-//! the same field checks as `PUT /v1/tenants/{t}/events/{id}`
-//! ([`schedule_v1`]). Every item is answered; the [`Verdict`] of each tells
+//! Nothing here is validated or written twice: BigBen requests go through
+//! the same checks as the HTTP route ([`schedule_bigben`]), `/v1` records
+//! through the same field checks as `PUT /v1/tenants/{t}/events/{id}`
+//! ([`schedule_v1`]), and both through the write pipeline every HTTP write
+//! route uses. Every item is answered; the [`Verdict`] of each tells
 //! the caller whether it is done (stored, or answered without a change),
 //! rejected (bad input: it will never succeed), or failed in the store
 //! (retry it).
@@ -18,20 +19,18 @@
 //! - Who may write for which tenant is the caller's [`WriteScope`]; a
 //!   tenant outside it is answered exactly like an unregistered one.
 
-use std::collections::HashMap;
-
-use belfry_core::{CommandOutcome, EventCommand, EventKey, TenantConfig, TenantName};
+use belfry_core::{CommandOutcome, EventCommand, EventId, EventKey, TenantName};
 use belfry_engine::EngineHandle;
-use belfry_engine::quotas::QuotaError;
 use belfry_sinks::body::{BigBenStatus, EventResponse};
-use belfry_store::{Applied, KeyedCommand, StoreError};
+use belfry_store::{Applied, KeyedCommand};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-pub use crate::auth::WriteScope;
 pub use crate::bigben::schedule::EventRequest;
-use crate::bigben::schedule::{QuotaMode, schedule_items};
+use crate::bigben::schedule::schedule_items;
 use crate::error::{ApiError, Code};
+pub use crate::pipeline::WriteScope;
+use crate::pipeline::{Checked, Outcome, Pipeline, QuotaMode, Tenants};
 use crate::v1::events::{BackoffBody, PullFields};
 use crate::v1::views::Delivery;
 
@@ -255,171 +254,118 @@ pub async fn schedule_v1(
     scope: &dyn WriteScope,
     records: Vec<V1Record>,
 ) -> Vec<V1Answer> {
-    // The tenants looked up so far (`None`: not registered).
-    let mut known: HashMap<TenantName, Option<TenantConfig>> = HashMap::new();
-    let mut answers: Vec<Option<V1Answer>> = Vec::with_capacity(records.len());
-    // (answer slot, command), in record order.
-    let mut planned: Vec<(usize, KeyedCommand)> = Vec::new();
-    let mut failed = false;
+    let count = records.len();
+    let mut pipeline = Pipeline::new(engine, scope);
     for record in records {
-        let slot = answers.len();
-        let names = (
-            TenantName::new(record.tenant.clone()),
-            belfry_core::EventId::new(record.id.clone()),
-        );
-        let (tenant, id) = match names {
-            (Ok(tenant), Ok(id)) => (tenant, id),
-            (Err(e), _) | (_, Err(e)) => {
-                let error = ApiError::new(Code::InvalidName, e.to_string());
-                answers.push(Some(rejected(
-                    Some(&record.tenant),
-                    Some(&record.id),
-                    &error,
-                )));
-                continue;
-            }
-        };
-        let not_found = || ApiError::tenant_not_found(&record.tenant);
-        if !scope.may_write(&tenant) {
-            answers.push(Some(rejected(
-                Some(&record.tenant),
-                Some(&record.id),
-                &not_found(),
-            )));
-            continue;
+        let checked = check_v1(record, &mut pipeline.tenants).await;
+        pipeline.push(checked);
+    }
+    let written = match pipeline.write(QuotaMode::PerItem).await {
+        Ok(written) => written,
+        // `PerItem` answers quota refusals per item; this is a bug.
+        Err(error) => {
+            tracing::error!(%error, "per-item quota mode refused a whole batch");
+            let failed = V1Answer {
+                verdict: Verdict::StoreFailed,
+                body: json!({ "outcome": "error" }),
+            };
+            return vec![failed; count];
         }
-        let command = if record.cancel {
-            if record.has_write_fields() {
-                let error =
-                    ApiError::new(Code::InvalidRequest, "a cancel carries only tenant and id");
-                answers.push(Some(rejected(
-                    Some(&record.tenant),
-                    Some(&record.id),
-                    &error,
-                )));
-                continue;
+    };
+    if let Some(failure) = &written.store_failure {
+        tracing::warn!(error = %failure.error, "an ingested batch failed in the store");
+    }
+    written
+        .outcomes
+        .into_iter()
+        .map(|outcome| match outcome {
+            Outcome::Applied { applied, .. } => v1_applied(&applied),
+            // Nothing is answered unchanged without the store.
+            Outcome::Unchanged((tenant, id)) => {
+                rejected(Some(&tenant), Some(&id), &ApiError::internal())
             }
-            EventCommand::Cancel
-        } else {
-            let Some(deliver_at) = record.deliver_at.as_deref() else {
-                let error = ApiError::new(Code::InvalidRequest, "deliver_at is required");
-                answers.push(Some(rejected(
-                    Some(&record.tenant),
-                    Some(&record.id),
-                    &error,
-                )));
-                continue;
-            };
-            let pull = PullFields {
-                queue: record.queue,
-                max_attempts: record.max_attempts,
-                backoff: record.backoff,
-            };
+            Outcome::Rejected {
+                echo: (tenant, id),
+                error,
+            } => rejected(Some(&tenant), Some(&id), &error),
+            Outcome::StoreFailed {
+                echo: (tenant, id), ..
+            } => store_failed(&tenant, &id),
+        })
+        .collect()
+}
+
+/// Checks one record as `PUT` (or `DELETE`) of its event would; the echo is
+/// its tenant and id as sent.
+async fn check_v1(record: V1Record, tenants: &mut Tenants<'_>) -> Checked<(String, String)> {
+    let names = (
+        TenantName::new(record.tenant.clone()),
+        EventId::new(record.id.clone()),
+    );
+    let has_write_fields = record.has_write_fields();
+    let echo = (record.tenant, record.id);
+    let reject = |echo, error| Checked::Rejected { echo, error };
+    let (tenant, id) = match names {
+        (Ok(tenant), Ok(id)) => (tenant, id),
+        (Err(e), _) | (_, Err(e)) => {
+            return reject(echo, ApiError::new(Code::InvalidName, e.to_string()));
+        }
+    };
+    let not_found = |tenant: &str| {
+        ApiError::new(
+            Code::TenantNotFound,
+            format!("tenant {tenant:?} is not registered"),
+        )
+    };
+    if !tenants.may_write(&tenant) {
+        let error = not_found(&echo.0);
+        return reject(echo, error);
+    }
+    let command = if record.cancel {
+        if has_write_fields {
+            return reject(
+                echo,
+                ApiError::new(Code::InvalidRequest, "a cancel carries only tenant and id"),
+            );
+        }
+        EventCommand::Cancel
+    } else {
+        let Some(deliver_at) = record.deliver_at.as_deref() else {
+            return reject(
+                echo,
+                ApiError::new(Code::InvalidRequest, "deliver_at is required"),
+            );
+        };
+        let pull = PullFields {
+            queue: record.queue,
+            max_attempts: record.max_attempts,
+            backoff: record.backoff,
+        };
+        let command =
             match crate::v1::events::upsert(deliver_at, record.payload, record.delivery, pull) {
                 Ok(command) => command,
-                Err(error) => {
-                    answers.push(Some(rejected(
-                        Some(&record.tenant),
-                        Some(&record.id),
-                        &error,
-                    )));
-                    continue;
-                }
-            }
-        };
+                Err(error) => return reject(echo, error),
+            };
         // Writes need a registered tenant; cancels do not (events outlive
         // their tenant's registration).
-        if !record.cancel {
-            if !known.contains_key(&tenant) {
-                match engine.store().get_tenant(&tenant).await {
-                    Ok(found) => {
-                        known.insert(tenant.clone(), found);
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "tenant lookup failed during ingestion");
-                        failed = true;
-                    }
-                }
-            }
-            // After a failed lookup the tenant is unknown here; every
-            // planned item is answered as a store failure below.
-            let checked = match known.get(&tenant) {
-                Some(None) => Err(not_found()),
-                Some(Some(config)) => crate::v1::events::admit_command(config, &command),
-                None => Ok(()),
-            };
-            if let Err(error) = checked {
-                answers.push(Some(rejected(
-                    Some(&record.tenant),
-                    Some(&record.id),
-                    &error,
-                )));
-                continue;
-            }
-        }
-        answers.push(None);
-        planned.push((
-            slot,
-            KeyedCommand {
-                key: EventKey::new(tenant, id),
-                command,
-                fence: None,
-            },
-        ));
-    }
-    if failed {
-        for (slot, command) in &planned {
-            answers[*slot] = Some(store_failed(&command.key));
-        }
-        planned.clear();
-    }
-    // Quotas: the batch as a whole, then (only if it passes one) per item.
-    if !planned.is_empty() {
-        let commands: Vec<KeyedCommand> = planned.iter().map(|(_, c)| c.clone()).collect();
-        if engine.check_quotas(&commands).await.is_err() {
-            let mut kept = Vec::with_capacity(planned.len());
-            for (slot, command) in planned {
-                match engine.check_quotas(std::slice::from_ref(&command)).await {
-                    Ok(()) => kept.push((slot, command)),
-                    Err(QuotaError::Exceeded(exceeded)) => {
-                        let error = crate::quota::exceeded_error(&exceeded);
-                        answers[slot] = Some(rejected(
-                            Some(command.key.tenant.as_str()),
-                            Some(command.key.id.as_str()),
-                            &error,
-                        ));
-                    }
-                    Err(QuotaError::Store(_)) => answers[slot] = Some(store_failed(&command.key)),
-                }
-            }
-            planned = kept;
-        }
-    }
-    if !planned.is_empty() {
-        let (slots, commands): (Vec<usize>, Vec<KeyedCommand>) = planned.into_iter().unzip();
-        let keys: Vec<EventKey> = commands.iter().map(|c| c.key.clone()).collect();
-        let results: Vec<Option<Applied>> = match engine.apply(commands).await {
-            Ok(applied) => applied.into_iter().map(Some).collect(),
-            Err(StoreError::Partial(partial)) => {
-                tracing::warn!(error = %partial, "part of an ingested batch failed in the store");
-                partial.results.into_iter().map(Result::ok).collect()
-            }
-            Err(error) => {
-                tracing::warn!(%error, "an ingested batch failed in the store");
-                Vec::new()
-            }
+        let admitted = match tenants.registered(&tenant).await {
+            Ok(Some(config)) => crate::v1::events::admit_command(config, &command),
+            Ok(None) => Err(not_found(&echo.0)),
+            Err(error) => return Checked::StoreFailed { echo, error },
         };
-        for (index, (slot, key)) in slots.into_iter().zip(keys).enumerate() {
-            answers[slot] = Some(match results.get(index).and_then(Option::as_ref) {
-                Some(applied) => v1_applied(applied),
-                None => store_failed(&key),
-            });
+        if let Err(error) = admitted {
+            return reject(echo, error);
         }
+        command
+    };
+    Checked::Write {
+        echo,
+        command: KeyedCommand {
+            key: EventKey::new(tenant, id),
+            command,
+            fence: None,
+        },
     }
-    answers
-        .into_iter()
-        .map(|answer| answer.unwrap_or_else(store_failed_unknown))
-        .collect()
 }
 
 fn v1_applied(applied: &Applied) -> V1Answer {
@@ -442,19 +388,11 @@ fn v1_applied(applied: &Applied) -> V1Answer {
     }
 }
 
-fn store_failed(key: &EventKey) -> V1Answer {
+fn store_failed(tenant: &str, id: &str) -> V1Answer {
     V1Answer {
         verdict: Verdict::StoreFailed,
-        body: json!({ "tenant": key.tenant.as_str(), "id": key.id.as_str(), "outcome": "error",
-                      "version": null, "error": { "code": Code::StoreUnavailable,
+        body: json!({ "tenant": tenant, "id": id, "outcome": "error",
+                      "version": null, "error": { "code": Code::StoreUnavailable.as_str(),
                       "message": "the store failed; the change may or may not have been made" } }),
-    }
-}
-
-fn store_failed_unknown() -> V1Answer {
-    tracing::error!("an ingested record was left without an answer");
-    V1Answer {
-        verdict: Verdict::StoreFailed,
-        body: json!({ "outcome": "error" }),
     }
 }

@@ -23,6 +23,9 @@
 //! - [`health`]: `/health/live` and `/health/ready`;
 //! - [`openapi`]: the OpenAPI document's info, tags, body shapes, security
 //!   scheme and links (its paths come from the route table);
+//! - `pipeline`: the one write path of event writes (checked items →
+//!   quotas → one durable batch through the engine → one outcome per item)
+//!   that BigBen's and `/v1`'s write routes and [`ingest`] share;
 //! - [`ingest`]: the same validation and write path without HTTP, for the
 //!   Kafka consumer;
 //! - `bigben`: `/ping`, `/events/...`, `/cron` (see `docs/api.md` for the
@@ -65,6 +68,7 @@ mod metrics;
 pub mod openapi;
 pub mod options;
 pub mod peer;
+mod pipeline;
 mod quota;
 mod routing;
 mod v1;

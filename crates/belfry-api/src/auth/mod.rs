@@ -61,17 +61,6 @@ pub mod mask;
 pub(crate) mod routes;
 pub(crate) mod rules;
 
-/// Which tenants a writer may schedule for.
-pub trait WriteScope: Send + Sync {
-    fn may_write(&self, tenant: &TenantName) -> bool;
-}
-
-impl WriteScope for Principal {
-    fn may_write(&self, tenant: &TenantName) -> bool {
-        Principal::may_write(self, tenant)
-    }
-}
-
 /// How requests are authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

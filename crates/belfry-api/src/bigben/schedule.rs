@@ -9,7 +9,6 @@
 //! answer and only the others are `ERROR`. Nothing is claimed stored that
 //! was not, and nothing is claimed unchanged that may have been stored.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::Json;
@@ -21,17 +20,17 @@ use belfry_core::{
     TenantName, Timestamp,
 };
 use belfry_engine::EngineHandle;
-use belfry_engine::quotas::{QuotaError, QuotaExceeded};
+use belfry_engine::quotas::QuotaError;
 use belfry_sinks::body::{BigBenStatus, EventResponse, Mode};
-use belfry_store::{Applied, KeyedCommand, StoreError};
+use belfry_store::{KeyedCommand, StoreError};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 
 use crate::ApiState;
 use crate::auth::Principal;
-use crate::auth::WriteScope;
 use crate::error::{ApiError, BigBenError, Code};
 use crate::extract::BigBenJson;
+use crate::pipeline::{Checked, Outcome, Pipeline, QuotaMode, Tenants, WriteScope};
 
 /// BigBen's `EventRequest`. Every field is optional so that a missing one
 /// becomes a per-item rejection rather than a failed request; unknown
@@ -91,20 +90,6 @@ mod message {
     pub const ID_MISSING: &str = "id not present";
 }
 
-/// What happens to one item.
-enum Plan {
-    /// Answered without touching the store (rejected, or a REMOVE of a name
-    /// that cannot exist).
-    Answered(EventResponse),
-    /// Goes into the store batch at `index`.
-    Apply {
-        response: EventResponse,
-        index: usize,
-        /// Answered `TRIGGERED` (before now + lapse offset).
-        lapsed: bool,
-    },
-}
-
 #[utoipa::path(
     post,
     path = "/events/schedule",
@@ -157,18 +142,6 @@ pub(crate) async fn schedule(
     Ok((status, Json(scheduled.responses)).into_response())
 }
 
-/// How quotas refuse (`[limits]`, see `belfry_engine::quotas`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QuotaMode {
-    /// HTTP: a request that passes a quota is refused whole (`429`/`413`),
-    /// before anything is stored; the client retries it.
-    WholeRequest,
-    /// Kafka: the records of one poll come from many clients, so only the
-    /// items that pass a quota are `REJECTED` (code 429 or 413); the others
-    /// are stored.
-    PerItem,
-}
-
 /// The answers to a batch of requests, in their order.
 #[derive(Debug)]
 pub(crate) struct Scheduled {
@@ -177,10 +150,16 @@ pub(crate) struct Scheduled {
     pub(crate) store_failure: Option<StoreError>,
 }
 
-/// Validates `requests` (BigBen's checks in BigBen's order, then Belfry's),
-/// applies the valid ones in one durable batch through the engine, and
-/// answers each item. Shared by `POST /events/schedule` and Kafka
-/// ingestion.
+/// What an item's answer needs besides the store's result.
+struct Echo {
+    response: EventResponse,
+    /// Answered `TRIGGERED` (before now + lapse offset).
+    lapsed: bool,
+}
+
+/// Validates `requests` (BigBen's checks in BigBen's order, then Belfry's)
+/// and writes the valid ones through the [`Pipeline`]; answers each item.
+/// Shared by `POST /events/schedule` and Kafka ingestion.
 ///
 /// # Errors
 /// Only in [`QuotaMode::WholeRequest`]: the request passes a quota, or the
@@ -194,185 +173,43 @@ pub(crate) async fn schedule_items(
 ) -> Result<Scheduled, QuotaError> {
     let now = engine.now();
     let lapse_limit = now.plus(lapse_offset);
-    let total = requests.len();
-
-    let mut registered = Registered::new(scope);
-    let mut commands = Vec::new();
-    let mut plans = Vec::with_capacity(total);
-    let mut store_failure: Option<StoreError> = None;
+    let mut pipeline = Pipeline::new(engine, scope);
     for request in requests {
-        let plan = match check_item(request, engine, &mut registered, lapse_limit).await {
-            Checked::Valid {
-                response,
-                command,
-                lapsed,
-            } => {
-                commands.push(command);
-                Plan::Apply {
-                    response,
-                    index: commands.len() - 1,
-                    lapsed,
-                }
-            }
-            Checked::Answered(answered) => Plan::Answered(answered),
-            Checked::StoreFailed(response, error) => {
-                store_failure.get_or_insert(error);
-                Plan::Answered(store_error_item(response))
-            }
-        };
-        plans.push(plan);
+        let checked = check_item(request, &mut pipeline.tenants, lapse_limit).await;
+        pipeline.push(checked);
     }
-
-    // Quotas refuse before anything is stored.
-    if store_failure.is_none() && !commands.is_empty() {
-        match (engine.check_quotas(&commands).await, quota_mode) {
-            (Ok(()), _) => {}
-            (Err(error), QuotaMode::WholeRequest) => return Err(error),
-            (Err(QuotaError::Store(error)), QuotaMode::PerItem) => {
-                store_failure = Some(error);
-            }
-            (Err(QuotaError::Exceeded(_)), QuotaMode::PerItem) => {
-                match refuse_per_item(engine, commands, plans).await {
-                    Ok((kept, replanned)) => {
-                        commands = kept;
-                        plans = replanned;
-                    }
-                    Err((error, replanned)) => {
-                        store_failure = Some(error);
-                        commands = Vec::new();
-                        plans = replanned;
-                    }
-                }
-            }
-        }
-    }
-    // Per command: what the store did, or `None` if it failed.
-    let applied: Vec<Option<Applied>> = match (&store_failure, commands.is_empty()) {
-        (None, false) => match engine.apply(commands).await {
-            Ok(applied) => applied.into_iter().map(Some).collect(),
-            Err(StoreError::Partial(partial)) => {
-                store_failure = partial.first_error().cloned();
-                partial.results.into_iter().map(Result::ok).collect()
-            }
-            Err(error) => {
-                store_failure = Some(error);
-                Vec::new()
-            }
-        },
-        _ => Vec::new(),
-    };
-    let responses: Vec<EventResponse> = plans
+    let written = pipeline.write(quota_mode).await?;
+    let responses = written
+        .outcomes
         .into_iter()
-        .map(|plan| match plan {
-            Plan::Answered(response) => response,
-            Plan::Apply {
-                response,
-                index,
-                lapsed,
-            } => match applied.get(index).and_then(Option::as_ref) {
-                Some(item) => answer(response, &item.outcome, item.record.as_ref(), lapsed, now),
-                None => store_error_item(response),
-            },
+        .map(|outcome| match outcome {
+            Outcome::Applied { echo, applied } => answer(
+                echo.response,
+                &applied.outcome,
+                applied.record.as_ref(),
+                echo.lapsed,
+                now,
+            ),
+            Outcome::Unchanged(echo) => echo.response,
+            Outcome::Rejected { echo, error } => echo
+                .response
+                .with_status(BigBenStatus::Rejected)
+                .with_error(error.status().as_u16(), error.message),
+            Outcome::StoreFailed { echo, .. } => store_error_item(echo.response),
         })
         .collect();
     Ok(Scheduled {
         responses,
-        store_failure,
+        store_failure: written.store_failure.map(|failure| failure.error),
     })
-}
-
-/// [`QuotaMode::PerItem`] after the batch as a whole passed a quota: each
-/// command is checked on its own; those that pass a quota are answered
-/// `REJECTED` and left out. Returns the commands kept and the plans with
-/// their new indexes; a failed count fails every item that was to be
-/// applied.
-async fn refuse_per_item(
-    engine: &EngineHandle,
-    commands: Vec<KeyedCommand>,
-    plans: Vec<Plan>,
-) -> Result<(Vec<KeyedCommand>, Vec<Plan>), (StoreError, Vec<Plan>)> {
-    let mut refused: Vec<Option<QuotaExceeded>> = Vec::with_capacity(commands.len());
-    let mut failure = None;
-    for command in &commands {
-        match engine.check_quotas(std::slice::from_ref(command)).await {
-            Ok(()) => refused.push(None),
-            Err(QuotaError::Exceeded(exceeded)) => refused.push(Some(exceeded)),
-            Err(QuotaError::Store(error)) => {
-                failure = Some(error);
-                break;
-            }
-        }
-    }
-    if let Some(error) = failure {
-        let plans = plans
-            .into_iter()
-            .map(|plan| match plan {
-                Plan::Apply { response, .. } => Plan::Answered(store_error_item(response)),
-                answered => answered,
-            })
-            .collect();
-        return Err((error, plans));
-    }
-    let mut new_index = Vec::with_capacity(commands.len());
-    let mut kept = Vec::new();
-    for (command, refusal) in commands.into_iter().zip(&refused) {
-        new_index.push(refusal.is_none().then_some(kept.len()));
-        if refusal.is_none() {
-            kept.push(command);
-        }
-    }
-    let plans = plans
-        .into_iter()
-        .map(|plan| match plan {
-            Plan::Apply {
-                response,
-                index,
-                lapsed,
-            } => match (new_index[index], &refused[index]) {
-                (Some(index), _) => Plan::Apply {
-                    response,
-                    index,
-                    lapsed,
-                },
-                (None, refusal) => {
-                    let error = refusal
-                        .as_ref()
-                        .map(crate::quota::exceeded_error)
-                        .unwrap_or_else(ApiError::internal);
-                    Plan::Answered(
-                        response
-                            .with_status(BigBenStatus::Rejected)
-                            .with_error(error.status().as_u16(), error.message),
-                    )
-                }
-            },
-            answered => answered,
-        })
-        .collect();
-    Ok((kept, plans))
-}
-
-/// The result of validating one item.
-enum Checked {
-    /// Valid: apply `command`; `lapsed` items are answered `TRIGGERED`.
-    Valid {
-        response: EventResponse,
-        command: KeyedCommand,
-        lapsed: bool,
-    },
-    /// The item's final answer (rejected, or nothing to do).
-    Answered(EventResponse),
-    /// The store failed while checking the tenant.
-    StoreFailed(EventResponse, StoreError),
 }
 
 /// Validates one item: BigBen's checks in BigBen's order, then Belfry's.
 async fn check_item(
     request: EventRequest,
-    engine: &EngineHandle,
-    registered: &mut Registered<'_>,
+    tenants: &mut Tenants<'_>,
     lapse_limit: Timestamp,
-) -> Checked {
+) -> Checked<Echo> {
     let mode = request.mode.unwrap_or_default();
     let response = EventResponse {
         id: request.id.clone(),
@@ -383,12 +220,13 @@ async fn check_item(
         delivery_option: Some(request.delivery_option.unwrap_or_default()),
         ..EventResponse::default()
     };
-    let reject = |response: EventResponse, message: &str| {
-        Checked::Answered(
-            response
-                .with_status(BigBenStatus::Rejected)
-                .with_error(400, message),
-        )
+    let echo = |response: EventResponse| Echo {
+        response,
+        lapsed: false,
+    };
+    let reject = |response: EventResponse, message: &str| Checked::Rejected {
+        echo: echo(response),
+        error: ApiError::new(Code::InvalidRequest, message),
     };
     let Some(tenant_text) = request.tenant.as_deref().filter(|t| !t.is_empty()) else {
         return reject(response, message::TENANT_MISSING);
@@ -402,44 +240,38 @@ async fn check_item(
         };
         return match (TenantName::new(tenant_text), EventId::new(id_text)) {
             // Another tenant's event is, for this key, an unknown one.
-            (Ok(tenant), Ok(_)) if !registered.scope.may_write(&tenant) => {
-                Checked::Answered(response)
+            (Ok(tenant), Ok(_)) if !tenants.may_write(&tenant) => {
+                Checked::Unchanged(echo(response))
             }
-            (Ok(tenant), Ok(id)) => Checked::Valid {
-                response,
+            (Ok(tenant), Ok(id)) => Checked::Write {
+                echo: echo(response),
                 command: KeyedCommand {
                     key: EventKey::new(tenant, id),
                     command: EventCommand::Cancel,
                     fence: None,
                 },
-                lapsed: false,
             },
             // A name that cannot be stored names no event: like an unknown id.
-            _ => Checked::Answered(response),
+            _ => Checked::Unchanged(echo(response)),
         };
     }
 
     let Some(time_text) = request.event_time.as_deref() else {
         return reject(response, message::EVENT_TIME_MISSING);
     };
-    let tenant = match TenantName::new(tenant_text) {
-        Ok(tenant) => tenant,
-        Err(_) => {
-            return reject(
-                response,
-                &format!("{}: {tenant_text}", message::TENANT_UNKNOWN),
-            );
-        }
+    let unknown = format!("{}: {tenant_text}", message::TENANT_UNKNOWN);
+    let Ok(tenant) = TenantName::new(tenant_text) else {
+        return reject(response, &unknown);
     };
-    match registered.check(engine, &tenant).await {
-        Ok(true) => {}
-        Ok(false) => {
-            return reject(
-                response,
-                &format!("{}: {tenant_text}", message::TENANT_UNKNOWN),
-            );
+    match tenants.registered(&tenant).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return reject(response, &unknown),
+        Err(error) => {
+            return Checked::StoreFailed {
+                echo: echo(response),
+                error,
+            };
         }
-        Err(error) => return Checked::StoreFailed(response, error),
     }
     let delivery = request.delivery_option.unwrap_or_default();
     if delivery == DeliveryOption::PayloadOnly && request.payload.is_none() {
@@ -466,43 +298,12 @@ async fn check_item(
         },
         fence: None,
     };
-    Checked::Valid {
-        response,
+    Checked::Write {
+        echo: Echo {
+            response,
+            lapsed: event_time < lapse_limit,
+        },
         command,
-        lapsed: event_time < lapse_limit,
-    }
-}
-
-/// Which tenants are registered, looked up once per request, for the writer
-/// asking: a tenant it may not write is unknown, exactly like an
-/// unregistered one.
-struct Registered<'a> {
-    known: HashMap<TenantName, bool>,
-    scope: &'a dyn WriteScope,
-}
-
-impl<'a> Registered<'a> {
-    fn new(scope: &'a dyn WriteScope) -> Self {
-        Registered {
-            known: HashMap::new(),
-            scope,
-        }
-    }
-
-    async fn check(
-        &mut self,
-        engine: &EngineHandle,
-        tenant: &TenantName,
-    ) -> Result<bool, StoreError> {
-        if !self.scope.may_write(tenant) {
-            return Ok(false);
-        }
-        if let Some(known) = self.known.get(tenant) {
-            return Ok(*known);
-        }
-        let known = engine.store().get_tenant(tenant).await?.is_some();
-        self.known.insert(tenant.clone(), known);
-        Ok(known)
     }
 }
 

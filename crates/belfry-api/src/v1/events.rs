@@ -13,10 +13,9 @@ use belfry_core::retry::BackoffError;
 use belfry_core::tenant::MAX_PULL_ATTEMPTS;
 use belfry_core::{
     Backoff, CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus,
-    EventVersion, PullSettings, QueueName, RetryPolicy, SinkConfig, TenantConfig, TenantName,
-    Timestamp,
+    EventVersion, PullSettings, QueueName, RetryPolicy, SinkConfig, TenantConfig, Timestamp,
 };
-use belfry_store::{Applied, KeyedCommand, ListEventsParams, StoreError};
+use belfry_store::{KeyedCommand, ListEventsParams};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -25,6 +24,7 @@ use crate::answers::{AnswerBudget, FIRST_READ, Page};
 use crate::auth::Principal;
 use crate::error::{ApiError, Code, V1Error};
 use crate::extract::{V1Json, V1Path, deserialize_naming_field, query_pairs};
+use crate::pipeline::{Admitted, Checked, Outcome, Pipeline, QuotaMode, Tenants};
 use crate::v1::views::{AttemptView, Delivery, EventView};
 use crate::v1::{tenant_name, tenant_not_found};
 
@@ -206,13 +206,6 @@ pub(crate) fn upsert(
     })
 }
 
-async fn require_tenant(state: &ApiState, name: &TenantName) -> Result<TenantConfig, V1Error> {
-    match state.engine.store().get_tenant(name).await? {
-        Some(tenant) => Ok(tenant),
-        None => Err(tenant_not_found(name)),
-    }
-}
-
 /// Applies one command and returns its result; an empty answer from the
 /// store is a bug, logged and answered as a 500.
 async fn apply_one(
@@ -276,13 +269,55 @@ pub(crate) async fn put(
         backoff: body.backoff,
     };
     let command = upsert(&body.deliver_at, body.payload, body.delivery, pull)?;
-    admit_command(&require_tenant(&state, &tenant).await?, &command)?;
-    let applied = apply_one(&state, EventKey::new(tenant, id), command).await?;
-    let status = match applied.outcome {
-        CommandOutcome::Created => StatusCode::CREATED,
-        _ => StatusCode::OK,
+    let mut pipeline = Pipeline::new(&state.engine, &Admitted);
+    let key = EventKey::new(tenant, id);
+    let checked = admit_write(&mut pipeline.tenants, (), key, command).await;
+    pipeline.push(checked);
+    let written = pipeline
+        .write(QuotaMode::WholeRequest)
+        .await
+        .map_err(crate::quota::quota_error)?;
+    match written.outcomes.into_iter().next() {
+        Some(Outcome::Applied { applied, .. }) => {
+            let status = match applied.outcome {
+                CommandOutcome::Created => StatusCode::CREATED,
+                _ => StatusCode::OK,
+            };
+            Ok((status, Json(record_view(&applied)?)).into_response())
+        }
+        Some(Outcome::Rejected { error, .. }) => Err(V1Error(error)),
+        Some(Outcome::StoreFailed { error, .. }) => Err(error.into()),
+        Some(Outcome::Unchanged(())) | None => {
+            tracing::error!("the write pipeline left an event write without a result");
+            Err(V1Error(ApiError::internal()))
+        }
+    }
+}
+
+/// Checks that `key`'s tenant is registered and admits `command`'s
+/// settings (`404`, `400` otherwise): the last checks of a `/v1` write.
+async fn admit_write<E>(
+    tenants: &mut Tenants<'_>,
+    echo: E,
+    key: EventKey,
+    command: EventCommand,
+) -> Checked<E> {
+    let admitted = match tenants.registered(&key.tenant).await {
+        Ok(Some(config)) => admit_command(config, &command),
+        Ok(None) => Err(tenant_not_found(&key.tenant).0),
+        Err(error) => return Checked::StoreFailed { echo, error },
     };
-    Ok((status, Json(record_view(&applied)?)).into_response())
+    match admitted {
+        Ok(()) => Checked::Write {
+            echo,
+            command: KeyedCommand {
+                key,
+                command,
+                fence: None,
+            },
+        },
+        Err(error) => Checked::Rejected { echo, error },
+    }
 }
 
 #[utoipa::path(
@@ -491,14 +526,15 @@ pub(crate) async fn batch(
             ),
         )));
     }
-    let config = require_tenant(&state, &tenant).await?;
-
-    // Per item: its id (if readable) and either its command or its error.
-    let mut items: Vec<(Option<String>, Result<usize, ApiError>)> = Vec::new();
-    let mut commands = Vec::new();
+    let mut pipeline = Pipeline::new(&state.engine, &Admitted);
+    // Refused as a whole when unknown, before any item.
+    if pipeline.tenants.registered(&tenant).await?.is_none() {
+        return Err(tenant_not_found(&tenant));
+    }
     for value in body.events {
+        // Echoed on the item's answer when it is readable.
         let id_text = value.get("id").and_then(Value::as_str).map(str::to_string);
-        let planned = deserialize_naming_field::<BatchItem, _>(value)
+        let parsed = deserialize_naming_field::<BatchItem, _>(value)
             .map_err(|e| ApiError::new(Code::InvalidRequest, e))
             .and_then(|item| {
                 let id = event_id(item.id)?;
@@ -508,72 +544,65 @@ pub(crate) async fn batch(
                     backoff: item.backoff,
                 };
                 let command = upsert(&item.deliver_at, item.payload, item.delivery, pull)?;
-                admit_command(&config, &command)?;
                 Ok((id, command))
             });
-        let slot = planned.map(|(id, command)| {
-            commands.push(KeyedCommand {
-                key: EventKey::new(tenant.clone(), id),
-                command,
-                fence: None,
-            });
-            commands.len() - 1
-        });
-        items.push((id_text, slot));
-    }
-    // Per command: what the store did, or why it failed.
-    let applied: Vec<Result<Applied, ApiError>> = if commands.is_empty() {
-        Vec::new()
-    } else {
-        state
-            .engine
-            .check_quotas(&commands)
-            .await
-            .map_err(crate::quota::quota_error)?;
-        match state.engine.apply(commands).await {
-            Ok(applied) => applied.into_iter().map(Ok).collect(),
-            Err(StoreError::Partial(partial)) => {
-                // Logged once here, not once per failed item.
-                tracing::error!(error = %partial, "part of a batch failed in the store");
-                partial
-                    .results
-                    .into_iter()
-                    .map(|result| result.map_err(|error| ApiError::for_store(&error)))
-                    .collect()
+        let checked = match parsed {
+            Ok((id, command)) => {
+                let key = EventKey::new(tenant.clone(), id);
+                admit_write(&mut pipeline.tenants, id_text, key, command).await
             }
-            Err(error) => return Err(error.into()),
+            Err(error) => Checked::Rejected {
+                echo: id_text,
+                error,
+            },
+        };
+        pipeline.push(checked);
+    }
+    let written = pipeline
+        .write(QuotaMode::WholeRequest)
+        .await
+        .map_err(crate::quota::quota_error)?;
+    match &written.store_failure {
+        // Nothing was stored: the request fails as a whole.
+        Some(failure) if !failure.per_command => return Err(failure.error.clone().into()),
+        // Logged once here, not once per failed item.
+        Some(failure) => {
+            tracing::error!(error = %failure.error, "part of a batch failed in the store");
         }
-    };
+        None => {}
+    }
 
     let mut rejected = 0usize;
     let mut failed = 0usize;
-    let results: Vec<Value> = items
+    let results: Vec<Value> = written
+        .outcomes
         .into_iter()
-        .map(|(id, slot)| match slot.map(|index| applied.get(index)) {
-            Ok(Some(Ok(done))) => {
-                let outcome = match done.outcome {
+        .map(|outcome| match outcome {
+            Outcome::Applied { applied, .. } => {
+                let outcome = match applied.outcome {
                     CommandOutcome::Created => "created",
                     _ => "updated",
                 };
                 json!({
-                    "id": done.key.id.as_str(),
+                    "id": applied.key.id.as_str(),
                     "outcome": outcome,
-                    "version": done.record.as_ref().map(|r| r.version.as_str()),
+                    "version": applied.record.as_ref().map(|r| r.version.as_str()),
                     "error": null,
                 })
             }
-            Ok(Some(Err(error))) => {
+            Outcome::StoreFailed { echo: id, error } => {
                 failed += 1;
+                let error = ApiError::for_store(&error);
                 json!({ "id": id, "outcome": "error", "version": null,
                         "error": { "code": error.code, "message": error.message } })
             }
-            Ok(None) => {
+            Outcome::Unchanged(id) => {
                 failed += 1;
-                tracing::error!("store returned fewer results than commands");
+                tracing::error!("the write pipeline left a batch item without a result");
                 json!({ "id": id, "outcome": "error", "version": null,
                         "error": { "code": Code::Internal, "message": "internal error; see the server log" } })
             }
-            Err(error) => {
+            Outcome::Rejected { echo: id, error } => {
                 rejected += 1;
                 json!({ "id": id, "outcome": "rejected", "version": null,
                         "error": { "code": error.code, "message": error.message } })

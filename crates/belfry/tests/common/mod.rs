@@ -25,6 +25,7 @@ pub const PYTHON_PACKAGES: &[&str] = &[
     "confluent-kafka==2.12.2",
     "prometheus-client==0.21.1",
     "schemathesis==4.32.5",
+    "openapi-python-client==0.29.1",
 ];
 
 /// A Python interpreter that imports `module` (one of [`PYTHON_PACKAGES`]'):
