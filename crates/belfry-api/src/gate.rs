@@ -2,7 +2,6 @@
 //! (every matched route, by its [`Rule`] in the route table).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::{HeaderValue, Method, header};
@@ -134,7 +133,7 @@ pub(crate) async fn authenticate(
             }
             Err(error) => return family_error(&uri, ApiError::from_store(&error)),
         };
-        if let Err(wait) = auth.limiter.check(&key.id, Instant::now()) {
+        if let Err(wait) = auth.limiter.check(&key.id, auth.clock.monotonic()) {
             let seconds = whole_seconds(wait);
             let mut response = family_error(
                 &uri,

@@ -28,7 +28,7 @@ use crate::{ApiState, answers, auth, bigben, cluster, console, health, metrics, 
 /// native API under `/v1`, behind authentication (every request) and
 /// authorization (every route, by its [`Rule`]).
 pub fn router(state: ApiState) -> Router {
-    use axum::middleware::{from_fn, from_fn_with_state};
+    use axum::middleware::from_fn_with_state;
     let Table { api, book } = table();
     let (routes, _) = api.split_for_parts();
     routes
@@ -38,7 +38,7 @@ pub fn router(state: ApiState) -> Router {
         .layer(from_fn_with_state(state.clone(), crate::gate::authenticate))
         .layer(Extension(Arc::new(book)))
         .layer(CatchPanicLayer::custom(panic_response))
-        .layer(from_fn(metrics::record_request))
+        .layer(from_fn_with_state(state.clone(), metrics::record_request))
         .layer(Extension(answers::AnswerBudget::new(&state.options)))
         .with_state(state)
 }

@@ -11,6 +11,7 @@
 //! The dispatcher checks it right before each delivery, so a node that was
 //! paused (SIGSTOP, a long GC-like stall) past its lease delivers nothing for
 //! the partitions it lost.
+#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use belfry_core::fire::Input;
-use belfry_core::{PartitionId, Timestamp, partition_ranges};
+use belfry_core::ownership::FiringWindow;
+use belfry_core::{MonoTime, PartitionId, Timestamp, partition_ranges};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -92,17 +94,28 @@ impl PartitionLease {
         self.fire_until.store(0, Ordering::SeqCst);
     }
 
+    /// The window as it stands, on a time line starting at `base`.
+    fn window(&self) -> FiringWindow {
+        FiringWindow {
+            from: micros(self.fire_from.load(Ordering::SeqCst)),
+            until: micros(self.fire_until.load(Ordering::SeqCst)),
+        }
+    }
+
     /// Whether a delivery may start now.
     pub(crate) fn may_fire(&self) -> bool {
-        let now = self.offset(Instant::now());
-        now >= self.fire_from.load(Ordering::SeqCst) && now < self.fire_until.load(Ordering::SeqCst)
+        self.window().may_fire(micros(self.offset(Instant::now())))
     }
 
     /// How long until firing may start (zero if it may already).
     pub(crate) fn wait_before_firing(&self) -> Duration {
-        let now = self.offset(Instant::now());
-        Duration::from_micros(self.fire_from.load(Ordering::SeqCst).saturating_sub(now))
+        self.window()
+            .wait_before_firing(micros(self.offset(Instant::now())))
     }
+}
+
+fn micros(offset: u64) -> MonoTime {
+    MonoTime::from_origin(Duration::from_micros(offset))
 }
 
 /// A running partition worker.

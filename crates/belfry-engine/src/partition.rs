@@ -15,6 +15,7 @@
 //! the core synchronously by whoever has them ([`PartitionRuntime::input`]),
 //! under the core's lock; there is no inbox to grow. The worker sleeps until
 //! the core's next wake-up or until poked.
+#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

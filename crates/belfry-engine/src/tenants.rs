@@ -4,6 +4,7 @@
 //! Entries expire after [`TTL`] so that a change made through another node
 //! (cluster mode) is seen within seconds; changes through this node
 //! invalidate at once.
+#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

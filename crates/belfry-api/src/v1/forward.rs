@@ -441,7 +441,8 @@ async fn claim_in_cluster(
     request: &ClaimRequest,
 ) -> Result<Response, V1Error> {
     let engine = &state.engine;
-    let deadline = tokio::time::Instant::now() + request.wait;
+    let clock = engine.clock();
+    let deadline = clock.monotonic().plus(request.wait);
     let at_once = ClaimRequest {
         wait: Duration::ZERO,
         ..request.clone()
@@ -451,7 +452,7 @@ async fn claim_in_cluster(
     let mut leases = leases_of(engine.pull_claim(tenant.clone(), at_once).await)?;
     loop {
         claim_elsewhere(state, principal, tenant, request, &mut leases).await;
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let remaining = deadline.since(clock.monotonic());
         if !leases.is_empty() || remaining.is_zero() {
             return Ok(leases_answer(leases));
         }
@@ -465,7 +466,7 @@ async fn claim_in_cluster(
             .pull_claim_until(tenant.clone(), parked, watch.changed())
             .await;
         leases = leases_of(reply)?;
-        if !leases.is_empty() || tokio::time::Instant::now() >= deadline {
+        if !leases.is_empty() || clock.monotonic() >= deadline {
             return Ok(leases_answer(leases));
         }
         watch = engine.pull_watch_elsewhere(tenant);
