@@ -6,6 +6,10 @@
 //! dir, loopback, no keys, as the tour runs), asserting what the tour
 //! shows. A document the generator cannot read, or a step the client
 //! cannot express, fails here.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::path::Path;
 use std::process::{Command, Output};
