@@ -7,7 +7,6 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{QueueName, TenantName};
-use crate::pull::limits::MAX_QUEUES_PER_CLAIM;
 use crate::retry::{Backoff, BackoffError};
 use crate::time::Timestamp;
 
@@ -126,7 +125,7 @@ pub enum SinkConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PullTarget {
     /// Attempts (failed or expired leases) after which an event fails;
-    /// [`crate::pull::limits::DEFAULT_MAX_ATTEMPTS`] when `None`.
+    /// [`DEFAULT_MAX_ATTEMPTS`] when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
     /// The back-off of its events that set none; the node's retry policy
@@ -145,13 +144,15 @@ pub const MAX_PULL_ATTEMPTS: u32 = 1000;
 
 /// The most queues a pull tenant may declare: as many as one claim may
 /// name, so one claim can always name them all.
-pub const MAX_DECLARED_QUEUES: usize = MAX_QUEUES_PER_CLAIM;
+pub const MAX_DECLARED_QUEUES: usize = 32;
+
+/// Attempts of a pull event when neither it nor its tenant says.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 20;
 
 impl PullTarget {
     /// The attempt cap of the tenant's events.
     pub fn max_attempts(&self) -> u32 {
-        self.max_attempts
-            .unwrap_or(crate::pull::limits::DEFAULT_MAX_ATTEMPTS)
+        self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS)
     }
 
     /// Whether the tenant's events may name `queue`: any queue when the

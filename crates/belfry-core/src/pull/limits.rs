@@ -14,8 +14,8 @@ use crate::ids::{IdError, QueueName, WorkerId};
 
 /// Most events one claim may lease.
 pub const MAX_EVENTS_PER_CLAIM: u32 = 100;
-/// Most queues one claim may name.
-pub const MAX_QUEUES_PER_CLAIM: usize = 32;
+/// Most queues one claim may name: every queue a tenant may declare.
+pub const MAX_QUEUES_PER_CLAIM: usize = crate::tenant::MAX_DECLARED_QUEUES;
 /// `max_events` when a claim does not say.
 pub const DEFAULT_EVENTS_PER_CLAIM: u32 = 1;
 /// Longest long-poll of a claim.
@@ -42,8 +42,7 @@ pub const MAX_RESULT_BYTES: usize = 64 * 1024;
 /// Calls on one lease that may wait while another is being recorded;
 /// more are refused ([`super::PullError::TooManyCalls`]).
 pub const MAX_QUEUED_CALLS_PER_LEASE: usize = 4;
-/// Attempts of a pull event when neither it nor its tenant says.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 20;
+pub use crate::tenant::DEFAULT_MAX_ATTEMPTS;
 /// The error code of an attempt whose lease expired.
 pub const LEASE_EXPIRED_CODE: &str = "lease_expired";
 

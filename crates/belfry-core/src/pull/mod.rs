@@ -105,8 +105,9 @@ pub use limits::{
 pub use policy::{AttemptPolicy, GiveUp};
 pub use queue::{
     Action, CallId, GrantedLease, Input, LeaseCall, LeaseChange, LeaseRecord, OpId, PersistResult,
-    PullConfig, PullError, PullQueue, PullStats, ReadyEntry, Reply, Resolution,
+    PullConfig, PullError, PullQueue, PullStats, Reply, Resolution,
 };
+pub use ready::ReadyEntry;
 
 #[cfg(test)]
 mod tests;

@@ -20,7 +20,7 @@ use super::limits::{
     ClaimRequest, FailRequest, LEASE_EXPIRED_CODE, MAX_QUEUED_CALLS_PER_LEASE, heartbeat_interval,
 };
 use super::policy::{AttemptPolicy, GiveUp};
-use super::ready::ReadyQueues;
+use super::ready::{ReadyEntry, ReadyQueues};
 
 /// The queue's bounds (the node's `[pull]` section) and pauses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
@@ -97,21 +97,6 @@ impl Default for PullConfig {
             store_retry: Duration::from_millis(500),
         }
     }
-}
-
-/// A fired entry of a pull tenant, handed over by its partition's runtime
-/// once it read the record and claimed its version with the partition
-/// core. It stays outstanding in that core until an [`Action::Finish`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReadyEntry {
-    pub entry: DueCursor,
-    pub partition: PartitionId,
-    /// The partition's fencing epoch: leases are granted under it.
-    pub epoch: u64,
-    /// Pending, with `next_fire_at == entry.due`.
-    pub record: EventRecord,
-    pub queue: QueueName,
-    pub policy: AttemptPolicy,
 }
 
 /// Names a request being answered (a claim or a call on a lease); chosen

@@ -3,11 +3,27 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
+use crate::event::EventRecord;
 use crate::ids::{QueueName, TenantName};
 use crate::partition::PartitionId;
 use crate::timer::DueCursor;
 
-use super::queue::ReadyEntry;
+use super::policy::AttemptPolicy;
+
+/// A fired entry of a pull tenant, handed over by its partition's runtime
+/// once it read the record and claimed its version with the partition
+/// core. It stays outstanding in that core until an [`Action::Finish`](super::Action::Finish).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadyEntry {
+    pub entry: DueCursor,
+    pub partition: PartitionId,
+    /// The partition's fencing epoch: leases are granted under it.
+    pub epoch: u64,
+    /// Pending, with `next_fire_at == entry.due`.
+    pub record: EventRecord,
+    pub queue: QueueName,
+    pub policy: AttemptPolicy,
+}
 
 /// One tenant's ready entries.
 #[derive(Debug, Default)]
