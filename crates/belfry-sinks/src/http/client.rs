@@ -27,9 +27,10 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, HOST, HeaderMap, USER_AGENT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::pool::Pool;
-use super::sink::{DRAIN_LIMIT, ERROR_BODY_LIMIT, OWN_HEADERS};
-use super::transport::{Outgoing, Response, Transport, TransportError};
+use super::pool::{Pool, Reusable};
+use super::transport::{
+    DRAIN_LIMIT, ERROR_BODY_LIMIT, OWN_HEADERS, Outgoing, Response, Transport, TransportError,
+};
 use crate::egress::{EgressPolicy, EgressRefusal};
 
 /// The largest response head accepted (status line and headers, all
@@ -102,7 +103,7 @@ impl Endpoint {
 /// egress policy every resolved address must pass.
 #[derive(Debug)]
 pub struct Client {
-    pool: Pool,
+    pool: Pool<Conn>,
     connect_timeout: Duration,
     egress: Arc<EgressPolicy>,
 }
@@ -479,6 +480,12 @@ impl Budget<'_> {
         }
         self.drained = self.drained.saturating_add(bytes.len());
         self.drained <= DRAIN_LIMIT
+    }
+}
+
+impl Reusable for Conn {
+    fn is_reusable(&self) -> bool {
+        Conn::is_reusable(self)
     }
 }
 

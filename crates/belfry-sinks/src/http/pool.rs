@@ -13,33 +13,37 @@ use std::time::Duration;
 
 use belfry_core::{Clock, MonoTime};
 
-use super::client::Conn;
+/// A pooled connection: whether it can carry another request (the server
+/// may have closed it while it sat idle).
+pub(crate) trait Reusable {
+    fn is_reusable(&self) -> bool;
+}
 
 /// Idle connections, most recently used last.
 #[derive(Debug)]
-pub(crate) struct Pool {
-    inner: Mutex<Inner>,
+pub(crate) struct Pool<C> {
+    inner: Mutex<Inner<C>>,
     max_idle_per_host: usize,
     idle_timeout: Duration,
     clock: Arc<dyn Clock>,
 }
 
 #[derive(Debug)]
-struct Inner {
+struct Inner<C> {
     /// Per `host:port`, in the order they went idle.
-    idle: HashMap<Arc<str>, Vec<Idle>>,
+    idle: HashMap<Arc<str>, Vec<Idle<C>>>,
     /// When every authority's expired connections were last dropped.
     last_sweep: MonoTime,
 }
 
 #[derive(Debug)]
-struct Idle {
-    conn: Conn,
+struct Idle<C> {
+    conn: C,
     /// When it went back to the pool.
     since: MonoTime,
 }
 
-impl Pool {
+impl<C: Reusable> Pool<C> {
     pub(crate) fn new(
         max_idle_per_host: usize,
         idle_timeout: Duration,
@@ -58,7 +62,7 @@ impl Pool {
 
     /// The most recently used idle connection to `authority` that is still
     /// open, dropping the expired ones on the way.
-    pub(crate) fn checkout(&self, authority: &str) -> Option<Conn> {
+    pub(crate) fn checkout(&self, authority: &str) -> Option<C> {
         // Declared before the guard, so dropped (closed) after it.
         let mut closed = Vec::new();
         loop {
@@ -83,7 +87,7 @@ impl Pool {
     /// Keeps `conn` for the next request to `authority`, unless the
     /// authority already has `max_idle_per_host` idle connections (then it
     /// is closed).
-    pub(crate) fn put(&self, authority: &Arc<str>, conn: Conn) {
+    pub(crate) fn put(&self, authority: &Arc<str>, conn: C) {
         if self.max_idle_per_host == 0 {
             return;
         }
@@ -112,7 +116,7 @@ impl Pool {
     /// Moves every authority's expired connections into `closed` and
     /// forgets authorities without idle connections; due once per idle
     /// timeout.
-    fn sweep(&self, inner: &mut Inner, now: MonoTime, closed: &mut Vec<Idle>) {
+    fn sweep(&self, inner: &mut Inner<C>, now: MonoTime, closed: &mut Vec<Idle<C>>) {
         inner.last_sweep = now;
         inner.idle.retain(|_, list| {
             let expired = self.expired(list, now);
@@ -123,11 +127,11 @@ impl Pool {
 
     /// How many of `list`'s oldest connections have been idle too long:
     /// pushed in time order, so the expired ones are a prefix.
-    fn expired(&self, list: &[Idle], now: MonoTime) -> usize {
+    fn expired(&self, list: &[Idle<C>], now: MonoTime) -> usize {
         list.partition_point(|entry| now.since(entry.since) >= self.idle_timeout)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Inner<C>> {
         // Poison means a panic elsewhere mid-update; the map is still valid.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -138,6 +142,7 @@ mod tests {
     use belfry_core::ManualClock;
     use tokio::net::{TcpListener, TcpStream};
 
+    use super::super::client::Conn;
     use super::*;
 
     async fn connect(listener: &TcpListener) -> (Conn, TcpStream) {

@@ -24,8 +24,9 @@ use belfry_core::Verdict;
 use super::client::allowed_addresses;
 use super::config::HttpSinkOptions;
 use super::retry::classify_status;
-use super::sink::{DRAIN_LIMIT, ERROR_BODY_LIMIT};
-use super::transport::{Outgoing, Response, Transport, TransportError};
+use super::transport::{
+    DRAIN_LIMIT, ERROR_BODY_LIMIT, Outgoing, Response, Transport, TransportError,
+};
 use crate::egress::{EgressPolicy, EgressRefusal};
 
 /// The reqwest transport.

@@ -18,6 +18,7 @@ use super::client::{Client, PlainTarget};
 use super::config::HttpSinkOptions;
 use super::reqwest_transport::{ReqwestTarget, ReqwestTransport};
 use super::retry::{classify_status, classify_transport_error};
+pub use super::transport::{DRAIN_LIMIT, ERROR_BODY_LIMIT};
 use super::transport::{Outgoing, Response, Transport, TransportError};
 use super::{
     HEADER_ATTEMPT, HEADER_EVENT_ID, HEADER_IDEMPOTENCY_KEY, HEADER_SCHEDULED_AT, HEADER_TENANT,
@@ -28,14 +29,6 @@ use crate::signing::{
     HEADER_WEBHOOK_ID, HEADER_WEBHOOK_SIGNATURE, HEADER_WEBHOOK_TIMESTAMP, Signer, unix_seconds,
 };
 use crate::{Delivery, DeliveryResult, Sink};
-
-/// How much of a refusal's body the transports keep. It never goes into
-/// an error message (see `status_result`).
-pub const ERROR_BODY_LIMIT: usize = 1024;
-
-/// How much of a response's body is read so the connection can be reused;
-/// a larger body is abandoned (and its connection closed) instead.
-pub const DRAIN_LIMIT: usize = 64 * 1024;
 
 /// Bytes written as `%XX` in Belfry's own headers: everything outside
 /// printable ASCII (controls, space, non-ASCII) and `%` itself, so the
@@ -48,24 +41,6 @@ pub enum HttpSinkError {
     #[error("cannot build the webhook HTTP client: {0}")]
     Client(#[source] reqwest::Error),
 }
-
-/// Headers every request gets from Belfry: a tenant's header with one of
-/// these names is dropped (reqwest: replaced). Belfry's own, the signing
-/// headers, and the framing and connection headers the client manages.
-pub(crate) const OWN_HEADERS: &[&str] = &[
-    "content-type",
-    HEADER_EVENT_ID,
-    HEADER_TENANT,
-    HEADER_SCHEDULED_AT,
-    HEADER_ATTEMPT,
-    HEADER_IDEMPOTENCY_KEY,
-    HEADER_WEBHOOK_ID,
-    HEADER_WEBHOOK_TIMESTAMP,
-    HEADER_WEBHOOK_SIGNATURE,
-    "content-length",
-    "transfer-encoding",
-    "connection",
-];
 
 /// The environment variables through which reqwest (hyper-util) picks up a
 /// proxy for plain http.

@@ -26,7 +26,37 @@ use std::time::Duration;
 
 use reqwest::header::HeaderMap;
 
+use super::{
+    HEADER_ATTEMPT, HEADER_EVENT_ID, HEADER_IDEMPOTENCY_KEY, HEADER_SCHEDULED_AT, HEADER_TENANT,
+};
 use crate::egress::EgressRefusal;
+use crate::signing::{HEADER_WEBHOOK_ID, HEADER_WEBHOOK_SIGNATURE, HEADER_WEBHOOK_TIMESTAMP};
+
+/// How much of a refusal's body the transports keep. It never goes into
+/// an error message (see `status_result`).
+pub const ERROR_BODY_LIMIT: usize = 1024;
+
+/// How much of a response's body is read so the connection can be reused;
+/// a larger body is abandoned (and its connection closed) instead.
+pub const DRAIN_LIMIT: usize = 64 * 1024;
+
+/// Headers every request gets from Belfry: a tenant's header with one of
+/// these names is dropped (reqwest: replaced). Belfry's own, the signing
+/// headers, and the framing and connection headers the client manages.
+pub(crate) const OWN_HEADERS: &[&str] = &[
+    "content-type",
+    HEADER_EVENT_ID,
+    HEADER_TENANT,
+    HEADER_SCHEDULED_AT,
+    HEADER_ATTEMPT,
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_WEBHOOK_ID,
+    HEADER_WEBHOOK_TIMESTAMP,
+    HEADER_WEBHOOK_SIGNATURE,
+    "content-length",
+    "transfer-encoding",
+    "connection",
+];
 
 /// A response as far as a delivery needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
