@@ -20,6 +20,11 @@ cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+echo "==> import circles"
+# No two modules of a product crate may import each other, directly or
+# around a loop (scripts/check_module_cycles.py says how it draws edges).
+python3 scripts/check_module_cycles.py
+
 # Installs Debian packages with apt-get, as root or through sudo.
 # Usage: apt_install WHAT HINT PACKAGE... (WHAT and HINT for the messages).
 apt_install() {
