@@ -7,6 +7,7 @@
 
 mod cli;
 mod client;
+#[cfg(feature = "postgres")]
 mod cluster;
 mod config;
 mod cron_cmd;
