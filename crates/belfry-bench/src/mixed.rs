@@ -19,7 +19,7 @@ use serde_json::json;
 
 use crate::cli::MixedArgs;
 use crate::deliveries::analyze_workload;
-use crate::load::{self, PacedStream};
+use crate::load::{self, Pace, PacedStream};
 use crate::report::{MixedReport, Report};
 use crate::scenarios::{
     Load, Meter, Session, Shape, await_deliveries, database_param, ingest_warnings, load_params,
@@ -62,10 +62,12 @@ pub async fn run(args: MixedArgs) -> anyhow::Result<Report> {
         load::client(args.ingest_concurrency)?,
         session.node.url("/events/schedule"),
         make,
-        args.ingest_rate,
-        batch,
-        args.ingest_concurrency,
-        last_due,
+        Pace {
+            rate: args.ingest_rate,
+            batch,
+            concurrency: args.ingest_concurrency,
+            stop_at_ms: last_due,
+        },
     );
 
     sleep_until_ms(first_due).await;

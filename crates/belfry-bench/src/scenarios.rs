@@ -80,6 +80,19 @@ impl Session {
         })
     }
 
+    /// `count` events over `spread_ms` from a day from now: none comes due
+    /// during a run.
+    pub(crate) fn far_future(&self, count: usize, spread_ms: u64, load: Load) -> Workload {
+        let first_due = now_ms() + FAR_FUTURE_MS;
+        Workload::uniform(
+            &self.tenant,
+            count,
+            first_due,
+            spread_ms,
+            load.payload_bytes,
+        )
+    }
+
     /// Stops the node and drops its PostgreSQL database, if any.
     pub(crate) async fn close(self) {
         self.node.close().await;
@@ -140,13 +153,7 @@ pub(crate) fn ingest_warnings(ingest: &IngestReport) -> Vec<String> {
 pub async fn ingest(args: IngestArgs) -> anyhow::Result<Report> {
     let load = Load::from(&args.load);
     let session = Session::open(&args.node, load).await?;
-    let workload = Workload::uniform(
-        &session.tenant,
-        args.count,
-        now_ms() + FAR_FUTURE_MS,
-        args.spread_ms,
-        load.payload_bytes,
-    );
+    let workload = session.far_future(args.count, args.spread_ms, load);
     let meter = Meter::start(&session.node).await;
     let ingest = session.ingest(&workload, load, "ingest").await;
     let measured = meter.stop(&session.node).await;
@@ -401,13 +408,7 @@ async fn deliver(shape: Shape, load: &LoadArgs, node: &NodeArgs) -> anyhow::Resu
 pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
     let load = Load::from(&args.load);
     let mut session = Session::open(&args.node, load).await?;
-    let workload = Workload::uniform(
-        &session.tenant,
-        args.count,
-        now_ms() + FAR_FUTURE_MS,
-        args.spread_ms,
-        load.payload_bytes,
-    );
+    let workload = session.far_future(args.count, args.spread_ms, load);
     let before = session.node.sample();
     let bench_before = own_sample();
     let ingest = session.ingest(&workload, load, "backlog").await;
