@@ -169,8 +169,9 @@ pub struct IngestArgs {
     pub output: OutputArgs,
 }
 
-#[derive(Debug, Args)]
-pub struct SteadyArgs {
+/// Events coming due at a steady rate (`steady`, `mixed`, `kafka steady`).
+#[derive(Debug, Args, Clone)]
+pub struct SteadyRate {
     /// Events per second coming due.
     #[arg(long, default_value_t = 10_000)]
     pub rate: u64,
@@ -184,6 +185,12 @@ pub struct SteadyArgs {
     /// How long after the last due instant to wait for deliveries.
     #[arg(long, default_value_t = 60_000)]
     pub grace_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct SteadyArgs {
+    #[command(flatten)]
+    pub steady: SteadyRate,
     #[command(flatten)]
     pub load: LoadArgs,
     #[command(flatten)]
@@ -194,19 +201,9 @@ pub struct SteadyArgs {
 
 #[derive(Debug, Args)]
 pub struct MixedArgs {
-    /// Events per second coming due (measured for lateness).
-    #[arg(long, default_value_t = 10_000)]
-    pub rate: u64,
-    /// How long events keep coming due: `30s`, `500ms`, `2m` or seconds.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub duration: Duration,
-    /// Time from the start of scheduling to the first due instant
-    /// [default: 5 s + 50 µs per event, as `steady`].
-    #[arg(long)]
-    pub lead_ms: Option<u64>,
-    /// How long after the last due instant to wait for deliveries.
-    #[arg(long, default_value_t = 60_000)]
-    pub grace_ms: u64,
+    /// The events whose lateness is measured.
+    #[command(flatten)]
+    pub steady: SteadyRate,
     /// New events per second ingested while the others fire.
     #[arg(long, default_value_t = 20_000)]
     pub ingest_rate: u64,
@@ -540,19 +537,8 @@ pub struct KafkaBurstArgs {
 
 #[derive(Debug, Args)]
 pub struct KafkaSteadyArgs {
-    /// Events per second coming due.
-    #[arg(long, default_value_t = 10_000)]
-    pub rate: u64,
-    /// How long events keep coming due: `30s`, `500ms`, `2m` or seconds.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub duration: Duration,
-    /// Time from the start of scheduling to the first due instant
-    /// [default: 5 s + 50 µs per event].
-    #[arg(long)]
-    pub lead_ms: Option<u64>,
-    /// How long after the last due instant to wait for deliveries.
-    #[arg(long, default_value_t = 60_000)]
-    pub grace_ms: u64,
+    #[command(flatten)]
+    pub steady: SteadyRate,
     #[command(flatten)]
     pub kafka: KafkaCommonArgs,
     #[command(flatten)]

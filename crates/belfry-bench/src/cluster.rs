@@ -30,13 +30,14 @@ use tempfile::TempDir;
 
 use crate::cli::ClusterArgs;
 use crate::database::{Database, PostgresCpu, minus};
-use crate::deliveries::{self, analyze_workload};
+use crate::deliveries::analyze_workload;
 use crate::failover::{self, Kill};
 use crate::load;
 use crate::node::Node;
 use crate::report::{ClusterNodeReport, ClusterReport, Report};
 use crate::scenarios::{
-    FAR_FUTURE_MS, Load, SETTLE, ingest_warnings, load_params, merge, own_cpu_since, own_sample,
+    FAR_FUTURE_MS, Load, await_deliveries, ingest_warnings, load_params, merge, own_cpu_since,
+    own_sample,
 };
 use crate::stats::{CpuSplit, MachineSample, ProcessSample, load_average};
 use crate::workload::{Workload, now_ms};
@@ -363,7 +364,6 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
     let mut killed_index = None;
     let mut nodes_t2 = nodes_t1.clone();
     if !args.ingest_only {
-        let last_due = workload.due_ms.iter().copied().max().unwrap_or(first_due);
         if ingest.finished_at_ms > first_due {
             warnings.push(format!(
                 "ingest finished {} ms after the first due instant: lateness includes ingest (raise --lead-ms)",
@@ -435,16 +435,8 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
                 partitions_owned_after_ms: None,
             });
         }
-        let deadline = last_due.saturating_add(i64::try_from(args.grace_ms).unwrap_or(i64::MAX));
-        let records = deliveries::wait_for(
-            &receiver,
-            workload.len(),
-            deadline,
-            SETTLE,
-            "cluster delivery",
-            |records| analyze_workload(records, &workload).delivered,
-        )
-        .await;
+        let label = "cluster delivery";
+        let records = await_deliveries(&receiver, &workload, args.grace_ms, label).await;
         delivery = Some(analyze_workload(&records, &workload));
         if let (Some(mut kill), Some(watcher)) = (kill, watcher) {
             let takeover = watcher.await.unwrap_or_default();
@@ -529,17 +521,8 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
         warnings,
         ingest: Some(ingest),
         delivery,
-        node: None,
-        backlog: None,
         cluster: Some(report),
-        mixed: None,
-        hung: None,
-        readers: None,
-        kafka: None,
-        pull: None,
-        postgres_cpu: None,
-        load_average_before: None,
-        load_average_after: None,
         bench_cpu,
+        ..Report::default()
     })
 }

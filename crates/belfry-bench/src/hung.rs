@@ -29,15 +29,14 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::cli::HungArgs;
-use crate::deliveries::{self, analyze_workload};
+use crate::deliveries::analyze_workload;
 use crate::load::{self, Bodies};
 use crate::mixed::sleep_until_ms;
-use crate::report::{HungReport, NodeReport, Report};
+use crate::report::{HungReport, Report};
 use crate::scenarios::{
-    Load, SETTLE, Session, database_param, ingest_warnings, load_params, merge, own_cpu_since,
-    own_sample, pg_since,
+    Load, Meter, Session, await_deliveries, database_param, events_over, ingest_warnings,
+    load_params, merge,
 };
-use crate::stats::RssPeak;
 use crate::workload::{BodyWriter, Workload, now_ms};
 
 /// How often the node's RSS is read while the hung events are due.
@@ -149,9 +148,7 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
             .with_context(|| session.node.logs_tail())?;
     }
 
-    let duration_ms = u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX);
-    let healthy_count =
-        usize::try_from(args.healthy_rate.saturating_mul(duration_ms) / 1000).unwrap_or(usize::MAX);
+    let (duration_ms, healthy_count) = events_over(args.healthy_rate, args.duration);
     let per_tenant = args.hung_events;
     let hung_total = per_tenant.saturating_mul(tenants);
     let lead_ms = args
@@ -165,12 +162,9 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
         duration_ms,
         load.payload_bytes,
     );
-    let last_healthy_due = healthy.due_ms.iter().copied().max().unwrap_or(due_at);
 
     session.receiver.reserve(healthy.len());
-    let before = session.node.sample();
-    let pg_before = session.node.postgres_cpu().await;
-    let bench_before = own_sample();
+    let meter = Meter::start(&session.node).await;
     let healthy_ingest = session.ingest(&healthy, load, "hung: healthy tenant").await;
     let mut warnings = ingest_warnings(&healthy_ingest);
 
@@ -205,27 +199,12 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
     }
 
     sleep_until_ms(due_at).await;
-    let at_due = session.node.sample();
-    let rss_peak = RssPeak::start(
-        session.node.pid(),
-        at_due.map_or(0, |s| s.rss_bytes),
-        RSS_POLL,
-    );
-    let deadline =
-        last_healthy_due.saturating_add(i64::try_from(args.grace_ms).unwrap_or(i64::MAX));
-    let records = deliveries::wait_for(
-        &session.receiver,
-        healthy.len(),
-        deadline,
-        SETTLE,
-        "hung: healthy tenant delivery",
-        |records| analyze_workload(records, &healthy).delivered,
-    )
-    .await;
-    let after = session.node.sample();
-    let rss_max = rss_peak.stop();
-    let postgres_cpu = pg_since(&session, pg_before).await;
-    let bench_cpu = own_cpu_since(bench_before);
+    let (at_due, rss_peak) = session.node.watch_rss(RSS_POLL);
+    let label = "hung: healthy tenant delivery";
+    let records = await_deliveries(&session.receiver, &healthy, args.grace_ms, label).await;
+    let measured = meter.stop(&session.node).await;
+    let after = measured.after;
+    let rss_max = rss_peak.stop_with(after);
     let delivery = analyze_workload(&records, &healthy);
     let counters = &endpoint.counters;
     let hung = HungReport {
@@ -239,7 +218,7 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
         node_run_queue_wait_while_due_s: at_due
             .zip(after)
             .map(|(a, b)| b.run_queue_wait_s - a.run_queue_wait_s),
-        node_rss_max_while_due_bytes: after.map(|s| rss_max.max(s.rss_bytes)),
+        node_rss_max_while_due_bytes: rss_max,
         connections_accepted: counters.accepted.load(Ordering::Relaxed),
         connections_with_request: counters.with_request.load(Ordering::Relaxed),
         connections_open_max: counters.open_max.load(Ordering::Relaxed),
@@ -259,23 +238,10 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
         "node": session.node.base_url(),
     });
     let report = Report {
-        scenario: "hung",
-        params: merge(load_params(load), params),
-        warnings,
         ingest: Some(hung_ingest),
         delivery: Some(delivery),
-        node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
-        backlog: None,
-        cluster: None,
-        mixed: None,
         hung: Some(hung),
-        readers: None,
-        kafka: None,
-        pull: None,
-        postgres_cpu,
-        load_average_before: None,
-        load_average_after: None,
-        bench_cpu,
+        ..measured.report("hung", merge(load_params(load), params), warnings)
     };
     drop(endpoint);
     session.close().await;

@@ -46,11 +46,11 @@ use crate::load::{self, Bodies, clear_progress_line, progress_line};
 use crate::node::Node;
 use crate::report::{NodeReport, Report, percentiles};
 use crate::scenarios::{
-    FAR_FUTURE_MS, Load, SETTLE, default_lead_ms, ingest_warnings, load_params, merge,
-    own_cpu_since, own_sample, spot_check,
+    FAR_FUTURE_MS, Load, SETTLE, Shape, ingest_warnings, load_params, merge, own_cpu_since,
+    own_sample, scheduled_late, spot_check,
 };
 use crate::stats::Percentiles;
-use crate::workload::{BodyWriter, Workload, now_ms, parse_instant_ms};
+use crate::workload::{BodyWriter, now_ms, parse_instant_ms};
 
 /// The request topic of `ingest`; answers and dead letters go to topics
 /// named after it.
@@ -180,30 +180,11 @@ pub async fn run(args: KafkaArgs) -> anyhow::Result<Report> {
     match args.mode {
         KafkaMode::Ingest(args) => ingest(args).await,
         KafkaMode::Burst(args) => {
-            let lead_ms = args.lead_ms.unwrap_or_else(|| default_lead_ms(args.count));
-            let shape = Shape {
-                scenario: "kafka-burst",
-                count: args.count,
-                lead_ms,
-                spread_ms: 0,
-                grace_ms: args.grace_ms,
-                params: json!({"count": args.count, "lead_ms": lead_ms, "grace_ms": args.grace_ms}),
-            };
+            let shape = Shape::burst("kafka-burst", args.count, args.lead_ms, args.grace_ms);
             deliver(shape, &args.kafka, &args.load, &args.node).await
         }
         KafkaMode::Steady(args) => {
-            let duration_ms = u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX);
-            let count =
-                usize::try_from(args.rate.saturating_mul(duration_ms) / 1000).unwrap_or(usize::MAX);
-            let lead_ms = args.lead_ms.unwrap_or_else(|| default_lead_ms(count));
-            let shape = Shape {
-                scenario: "kafka-steady",
-                count,
-                lead_ms,
-                spread_ms: duration_ms,
-                grace_ms: args.grace_ms,
-                params: json!({"rate": args.rate, "duration_ms": duration_ms, "count": count, "lead_ms": lead_ms, "grace_ms": args.grace_ms}),
-            };
+            let shape = Shape::steady("kafka-steady", &args.steady);
             deliver(shape, &args.kafka, &args.load, &args.node).await
         }
     }
@@ -622,9 +603,7 @@ async fn ingest(args: KafkaIngestArgs) -> anyhow::Result<Report> {
         _ => 0.0,
     };
     let (spot_found, spot_checked) = spot_check(&client, &node, &tenant, count).await;
-    let node_report = node_before
-        .zip(node_after)
-        .map(|(b, a)| NodeReport::between(&b, &a));
+    let node_report = NodeReport::over(node_before, node_after);
 
     if accepted < count {
         warnings.push(format!(
@@ -684,20 +663,10 @@ async fn ingest(args: KafkaIngestArgs) -> anyhow::Result<Report> {
             "node": node.base_url(),
         }),
         warnings,
-        ingest: None,
-        delivery: None,
         node: node_report,
-        backlog: None,
-        cluster: None,
-        mixed: None,
-        hung: None,
-        readers: None,
         kafka: Some(kafka),
-        pull: None,
-        postgres_cpu: None,
-        load_average_before: None,
-        load_average_after: None,
         bench_cpu,
+        ..Report::default()
     };
     node.close().await;
     drop(broker);
@@ -710,16 +679,6 @@ fn props_json(args: &KafkaCommonArgs) -> serde_json::Value {
         .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
         .collect::<serde_json::Map<_, _>>()
         .into()
-}
-
-/// The events of `burst` or `steady`.
-struct Shape {
-    scenario: &'static str,
-    count: usize,
-    lead_ms: u64,
-    spread_ms: u64,
-    grace_ms: u64,
-    params: serde_json::Value,
 }
 
 /// One record of the tenant's topic.
@@ -792,13 +751,7 @@ async fn deliver(
     };
     warm_up(&client, &node, &tenant, &reader).await?;
 
-    let workload = Workload::uniform(
-        &tenant,
-        count,
-        now_ms() + i64::try_from(shape.lead_ms).unwrap_or(i64::MAX),
-        shape.spread_ms,
-        load.payload_bytes,
-    );
+    let workload = shape.workload(&tenant, load.payload_bytes);
     let first_due = workload.due_ms.iter().copied().min().unwrap_or(0);
     let last_due = workload.due_ms.iter().copied().max().unwrap_or(0);
     let node_before = node.sample();
@@ -813,12 +766,7 @@ async fn deliver(
     )
     .await;
     let mut warnings = ingest_warnings(&ingest);
-    if ingest.finished_at_ms > first_due {
-        warnings.push(format!(
-            "scheduling finished {} ms after the first due instant (raise --lead-ms)",
-            ingest.finished_at_ms - first_due
-        ));
-    }
+    warnings.extend(scheduled_late(&ingest, first_due));
     let node_at_first_due = {
         crate::mixed::sleep_until_ms(first_due).await;
         node.sample()
@@ -870,14 +818,7 @@ async fn deliver(
         warnings,
         ingest: Some(ingest),
         delivery: Some(delivery),
-        node: node_before
-            .zip(node_after)
-            .map(|(b, a)| NodeReport::between(&b, &a)),
-        backlog: None,
-        cluster: None,
-        mixed: None,
-        hung: None,
-        readers: None,
+        node: NodeReport::over(node_before, node_after),
         kafka: Some(KafkaReport {
             broker: broker.describe(),
             bootstrap_servers: broker.bootstrap.clone(),
@@ -887,11 +828,8 @@ async fn deliver(
             record_timestamp_lateness_ms: Percentiles::of(&mut stamped),
             node_cpu_per_event_us,
         }),
-        pull: None,
-        postgres_cpu: None,
-        load_average_before: None,
-        load_average_after: None,
         bench_cpu,
+        ..Report::default()
     };
     node.close().await;
     drop(broker);

@@ -230,29 +230,33 @@ pub struct PacedReport {
     pub max_lag_ms: f64,
 }
 
+/// How a [`PacedStream`] sends: `rate` events/s in requests of `batch`
+/// events, at most `concurrency` in flight, the last one before
+/// `stop_at_ms` (wall clock).
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    pub rate: u64,
+    pub batch: usize,
+    pub concurrency: usize,
+    pub stop_at_ms: i64,
+}
+
 impl PacedStream {
-    /// Starts sending now; the last request is sent before `stop_at_ms`
-    /// (wall clock). `make(n)` builds request `n`.
+    /// Starts sending now; `make(n)` builds request `n`.
     pub fn start(
         client: reqwest::Client,
         url: String,
         make: impl Fn(usize) -> (Bytes, usize) + Send + Sync + 'static,
-        rate: u64,
-        batch: usize,
-        concurrency: usize,
-        stop_at_ms: i64,
+        pace: Pace,
     ) -> PacedStream {
         let acknowledged = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(paced(
-            client,
-            url,
-            make,
-            rate.max(1),
-            batch.max(1),
-            concurrency.max(1),
-            stop_at_ms,
-            Arc::clone(&acknowledged),
-        ));
+        let pace = Pace {
+            rate: pace.rate.max(1),
+            batch: pace.batch.max(1),
+            concurrency: pace.concurrency.max(1),
+            ..pace
+        };
+        let task = tokio::spawn(paced(client, url, make, pace, Arc::clone(&acknowledged)));
         PacedStream { acknowledged, task }
     }
 
@@ -270,17 +274,19 @@ impl PacedStream {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn paced(
     client: reqwest::Client,
     url: String,
     make: impl Fn(usize) -> (Bytes, usize) + Send + Sync + 'static,
-    rate: u64,
-    batch: usize,
-    concurrency: usize,
-    stop_at_ms: i64,
+    pace: Pace,
     acknowledged: Arc<AtomicU64>,
 ) -> PacedReport {
+    let Pace {
+        rate,
+        batch,
+        concurrency,
+        stop_at_ms,
+    } = pace;
     let started = tokio::time::Instant::now();
     let stop = started
         + Duration::from_millis(u64::try_from(stop_at_ms - crate::workload::now_ms()).unwrap_or(0));

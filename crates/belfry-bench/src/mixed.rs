@@ -18,14 +18,14 @@ use anyhow::Context;
 use serde_json::json;
 
 use crate::cli::MixedArgs;
-use crate::deliveries::{self, analyze_workload};
-use crate::load::{self, PacedStream};
-use crate::report::{MixedReport, NodeReport, Report};
+use crate::deliveries::analyze_workload;
+use crate::load::{self, Pace, PacedStream};
+use crate::report::{MixedReport, Report};
 use crate::scenarios::{
-    Load, SETTLE, Session, database_param, default_lead_ms, ingest_warnings, load_params, merge,
-    own_cpu_since, own_sample, pg_since,
+    Load, Meter, Session, Shape, await_deliveries, database_param, ingest_warnings, load_params,
+    merge, scheduled_late,
 };
-use crate::workload::{BodyWriter, Workload, now_ms};
+use crate::workload::{BodyWriter, now_ms};
 
 /// Sleeps until wall-clock `at_ms` (returns at once when it passed).
 pub(crate) async fn sleep_until_ms(at_ms: i64) {
@@ -38,31 +38,16 @@ pub(crate) async fn sleep_until_ms(at_ms: i64) {
 pub async fn run(args: MixedArgs) -> anyhow::Result<Report> {
     let load = Load::from(&args.load);
     let session = Session::open(&args.node, load).await?;
-    let duration_ms = u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX);
-    let count = usize::try_from(args.rate.saturating_mul(duration_ms) / 1000).unwrap_or(usize::MAX);
-    let lead_ms = args.lead_ms.unwrap_or_else(|| default_lead_ms(count));
-    let workload = Workload::uniform(
-        &session.tenant,
-        count,
-        now_ms() + i64::try_from(lead_ms).unwrap_or(i64::MAX),
-        duration_ms,
-        load.payload_bytes,
-    );
+    let shape = Shape::steady("mixed", &args.steady);
+    let workload = shape.workload(&session.tenant, load.payload_bytes);
     let first_due = workload.due_ms.iter().copied().min().unwrap_or(0);
     let last_due = workload.due_ms.iter().copied().max().unwrap_or(0);
 
     session.receiver.reserve(workload.len());
-    let before = session.node.sample();
-    let pg_before = session.node.postgres_cpu().await;
-    let bench_before = own_sample();
+    let meter = Meter::start(&session.node).await;
     let ingest = session.ingest(&workload, load, "mixed").await;
     let mut warnings = ingest_warnings(&ingest);
-    if ingest.finished_at_ms > first_due {
-        warnings.push(format!(
-            "scheduling finished {} ms after the first due instant (raise --lead-ms)",
-            ingest.finished_at_ms - first_due
-        ));
-    }
+    warnings.extend(scheduled_late(&ingest, first_due));
 
     let batch = args.ingest_batch.max(1);
     let writer = BodyWriter::new(&session.tenant, load.payload_bytes);
@@ -77,10 +62,12 @@ pub async fn run(args: MixedArgs) -> anyhow::Result<Report> {
         load::client(args.ingest_concurrency)?,
         session.node.url("/events/schedule"),
         make,
-        args.ingest_rate,
-        batch,
-        args.ingest_concurrency,
-        last_due,
+        Pace {
+            rate: args.ingest_rate,
+            batch,
+            concurrency: args.ingest_concurrency,
+            stop_at_ms: last_due,
+        },
     );
 
     sleep_until_ms(first_due).await;
@@ -101,20 +88,15 @@ pub async fn run(args: MixedArgs) -> anyhow::Result<Report> {
         ));
     }
 
-    let deadline = last_due.saturating_add(i64::try_from(args.grace_ms).unwrap_or(i64::MAX));
-    let records = deliveries::wait_for(
+    let records = await_deliveries(
         &session.receiver,
-        workload.len(),
-        deadline,
-        SETTLE,
+        &workload,
+        shape.grace_ms,
         "mixed delivery",
-        |records| analyze_workload(records, &workload).delivered,
     )
     .await;
     let delivery = analyze_workload(&records, &workload);
-    let after = session.node.sample();
-    let postgres_cpu = pg_since(&session, pg_before).await;
-    let bench_cpu = own_cpu_since(bench_before);
+    let measured = meter.stop(&session.node).await;
 
     let firing_s = ((last_due - first_due).max(1)) as f64 / 1000.0;
     let acknowledged_while_firing = acked_at_last.saturating_sub(acked_at_first);
@@ -133,11 +115,6 @@ pub async fn run(args: MixedArgs) -> anyhow::Result<Report> {
             .map(|(a, b)| crate::database::minus(b, a)),
     };
     let params = json!({
-        "rate": args.rate,
-        "duration_ms": duration_ms,
-        "count": count,
-        "lead_ms": lead_ms,
-        "grace_ms": args.grace_ms,
         "ingest_rate": args.ingest_rate,
         "ingest_batch": batch,
         "ingest_concurrency": args.ingest_concurrency,
@@ -145,24 +122,12 @@ pub async fn run(args: MixedArgs) -> anyhow::Result<Report> {
         "database": database_param(&args.node),
         "node": session.node.base_url(),
     });
+    let params = merge(merge(load_params(load), shape.params), params);
     let report = Report {
-        scenario: "mixed",
-        params: merge(load_params(load), params),
-        warnings,
         ingest: Some(ingest),
         delivery: Some(delivery),
-        node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
-        backlog: None,
-        cluster: None,
         mixed: Some(mixed),
-        hung: None,
-        readers: None,
-        kafka: None,
-        pull: None,
-        postgres_cpu,
-        load_average_before: None,
-        load_average_after: None,
-        bench_cpu,
+        ..measured.report("mixed", params, warnings)
     };
     session.close().await;
     Ok(report)

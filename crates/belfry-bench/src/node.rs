@@ -11,7 +11,7 @@ use tempfile::TempDir;
 
 use crate::cli::NodeArgs;
 use crate::database::{Database, PostgresCpu};
-use crate::stats::{CpuSplit, ProcessSample};
+use crate::stats::{CpuSplit, ProcessSample, RssPeak};
 
 /// How long a node on PostgreSQL may take to own every partition.
 const OWNED_DEADLINE: Duration = Duration::from_secs(90);
@@ -170,6 +170,13 @@ impl Node {
 
     pub fn sample(&self) -> Option<ProcessSample> {
         ProcessSample::read(self.pid()?)
+    }
+
+    /// The node now, and its RSS peak from now on, read `every` so often.
+    pub fn watch_rss(&self, every: Duration) -> (Option<ProcessSample>, RssPeak) {
+        let now = self.sample();
+        let peak = RssPeak::start(self.pid(), now.map_or(0, |s| s.rss_bytes), every);
+        (now, peak)
     }
 
     /// kill -9, start again on the same data dir, and time from the start

@@ -341,23 +341,15 @@ async fn measure(
         ),
         warnings,
         ingest: Some(ingest),
-        delivery: None,
         // One node: its RSS and CPU; several: their CPU is in `pull`.
         node: match (node_before.as_slice(), node_after.as_slice()) {
             ([Some(before)], [Some(after)]) => Some(NodeReport::between(before, after)),
             _ => None,
         },
-        backlog: None,
-        cluster: None,
-        mixed: None,
-        hung: None,
-        readers: None,
-        kafka: None,
         pull: Some(pull),
         postgres_cpu,
-        load_average_before: None,
-        load_average_after: None,
         bench_cpu,
+        ..Report::default()
     };
     nodes.close().await;
     Ok(report)

@@ -24,15 +24,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::cli::ReadersArgs;
-use crate::deliveries::{self, analyze_workload};
+use crate::deliveries::analyze_workload;
 use crate::load::{self, Bodies};
 use crate::mixed::sleep_until_ms;
-use crate::report::{NodeReport, Report};
+use crate::report::Report;
 use crate::scenarios::{
-    FAR_FUTURE_MS, Load, SETTLE, Session, database_param, ingest_warnings, load_params, merge,
-    own_cpu_since, own_sample, pg_since,
+    FAR_FUTURE_MS, Load, Meter, Session, await_deliveries, database_param, events_over,
+    ingest_warnings, load_params, merge, scheduled_late,
 };
-use crate::stats::RssPeak;
 use crate::workload::{BodyWriter, Workload, now_ms};
 
 /// How often the node's RSS is read while the readers read.
@@ -143,9 +142,7 @@ pub async fn run(args: ReadersArgs) -> anyhow::Result<Report> {
     .await;
     let mut warnings = ingest_warnings(&big_ingest);
 
-    let duration_ms = u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX);
-    let healthy_count =
-        usize::try_from(args.healthy_rate.saturating_mul(duration_ms) / 1000).unwrap_or(usize::MAX);
+    let (duration_ms, healthy_count) = events_over(args.healthy_rate, args.duration);
     let due_at = now_ms() + i64::try_from(args.lead_ms).unwrap_or(i64::MAX);
     let healthy = Workload::uniform(
         &session.tenant,
@@ -156,27 +153,15 @@ pub async fn run(args: ReadersArgs) -> anyhow::Result<Report> {
     );
     let last_healthy_due = healthy.due_ms.iter().copied().max().unwrap_or(due_at);
     session.receiver.reserve(healthy.len());
-    let before = session.node.sample();
-    let pg_before = session.node.postgres_cpu().await;
-    let bench_before = own_sample();
+    let meter = Meter::start(&session.node).await;
     let healthy_ingest = session
         .ingest(&healthy, load, "readers: healthy tenant")
         .await;
     warnings.extend(ingest_warnings(&healthy_ingest));
-    if healthy_ingest.finished_at_ms > due_at {
-        warnings.push(format!(
-            "scheduling finished {} ms after the first instant (raise --lead-ms)",
-            healthy_ingest.finished_at_ms - due_at
-        ));
-    }
+    warnings.extend(scheduled_late(&healthy_ingest, due_at));
 
     sleep_until_ms(due_at).await;
-    let at_start = session.node.sample();
-    let rss_peak = RssPeak::start(
-        session.node.pid(),
-        at_start.map_or(0, |s| s.rss_bytes),
-        RSS_POLL,
-    );
+    let (at_start, rss_peak) = session.node.watch_rss(RSS_POLL);
     let counters = Arc::new(Counters::default());
     let address = session
         .node
@@ -199,23 +184,12 @@ pub async fn run(args: ReadersArgs) -> anyhow::Result<Report> {
         });
     }
 
-    let deadline =
-        last_healthy_due.saturating_add(i64::try_from(args.grace_ms).unwrap_or(i64::MAX));
-    let records = deliveries::wait_for(
-        &session.receiver,
-        healthy.len(),
-        deadline,
-        SETTLE,
-        "readers: healthy tenant delivery",
-        |records| analyze_workload(records, &healthy).delivered,
-    )
-    .await;
+    let label = "readers: healthy tenant delivery";
+    let records = await_deliveries(&session.receiver, &healthy, args.grace_ms, label).await;
     // Readers end with their page under way.
     while readers.join_next().await.is_some() {}
-    let after = session.node.sample();
-    let rss_max = rss_peak.stop();
-    let postgres_cpu = pg_since(&session, pg_before).await;
-    let bench_cpu = own_cpu_since(bench_before);
+    let measured = meter.stop(&session.node).await;
+    let rss_max = rss_peak.stop_with(measured.after);
     let delivery = analyze_workload(&records, &healthy);
     let readers_report = ReadersReport {
         readers: args.readers,
@@ -227,7 +201,7 @@ pub async fn run(args: ReadersArgs) -> anyhow::Result<Report> {
         answers_other: counters.other.load(Ordering::Relaxed),
         bytes_read: counters.bytes.load(Ordering::Relaxed),
         node_rss_at_start_bytes: at_start.map(|s| s.rss_bytes),
-        node_rss_max_while_reading_bytes: after.map(|s| rss_max.max(s.rss_bytes)),
+        node_rss_max_while_reading_bytes: rss_max,
     };
     let params = json!({
         "readers": args.readers,
@@ -243,23 +217,10 @@ pub async fn run(args: ReadersArgs) -> anyhow::Result<Report> {
         "node": session.node.base_url(),
     });
     let report = Report {
-        scenario: "readers",
-        params: merge(load_params(load), params),
-        warnings,
         ingest: Some(big_ingest),
         delivery: Some(delivery),
-        node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
-        backlog: None,
-        cluster: None,
-        mixed: None,
-        hung: None,
         readers: Some(readers_report),
-        kafka: None,
-        pull: None,
-        postgres_cpu,
-        load_average_before: None,
-        load_average_after: None,
-        bench_cpu,
+        ..measured.report("readers", merge(load_params(load), params), warnings)
     };
     session.close().await;
     Ok(report)

@@ -6,7 +6,8 @@ use crate::deliveries::DeliveryReport;
 use crate::load::{IngestReport, PacedReport};
 use crate::stats::{CpuSplit, Percentiles, ProcessSample};
 
-#[derive(Debug, Clone, Serialize)]
+/// Sections a scenario does not measure stay `None` (`..Report::default()`).
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     pub scenario: &'static str,
     /// The settings of the run, as given or defaulted.
@@ -66,6 +67,11 @@ impl NodeReport {
             cpu_during_run: after.cpu_since(before),
             run_queue_wait_s: after.run_queue_wait_s - before.run_queue_wait_s,
         }
+    }
+
+    /// [`NodeReport::between`] when both samples could be read.
+    pub fn over(before: Option<ProcessSample>, after: Option<ProcessSample>) -> Option<Self> {
+        before.zip(after).map(|(b, a)| Self::between(&b, &a))
     }
 }
 

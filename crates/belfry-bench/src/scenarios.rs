@@ -4,10 +4,12 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use belfry_testkit::Receiver;
+use belfry_testkit::{Receiver, RecordedRequest};
 use serde_json::json;
 
-use crate::cli::{BacklogArgs, BurstArgs, IngestArgs, LoadArgs, NodeArgs, ReceiveArgs, SteadyArgs};
+use crate::cli::{
+    BacklogArgs, BurstArgs, IngestArgs, LoadArgs, NodeArgs, ReceiveArgs, SteadyArgs, SteadyRate,
+};
 use crate::deliveries::{self, analyze_peer, analyze_workload};
 use crate::load::{self, Bodies, IngestReport};
 use crate::node::Node;
@@ -78,6 +80,19 @@ impl Session {
         })
     }
 
+    /// `count` events over `spread_ms` from a day from now: none comes due
+    /// during a run.
+    pub(crate) fn far_future(&self, count: usize, spread_ms: u64, load: Load) -> Workload {
+        let first_due = now_ms() + FAR_FUTURE_MS;
+        Workload::uniform(
+            &self.tenant,
+            count,
+            first_due,
+            spread_ms,
+            load.payload_bytes,
+        )
+    }
+
     /// Stops the node and drops its PostgreSQL database, if any.
     pub(crate) async fn close(self) {
         self.node.close().await;
@@ -138,50 +153,174 @@ pub(crate) fn ingest_warnings(ingest: &IngestReport) -> Vec<String> {
 pub async fn ingest(args: IngestArgs) -> anyhow::Result<Report> {
     let load = Load::from(&args.load);
     let session = Session::open(&args.node, load).await?;
-    let workload = Workload::uniform(
-        &session.tenant,
-        args.count,
-        now_ms() + FAR_FUTURE_MS,
-        args.spread_ms,
-        load.payload_bytes,
-    );
-    let before = session.node.sample();
-    let pg_before = session.node.postgres_cpu().await;
-    let bench_before = own_sample();
+    let workload = session.far_future(args.count, args.spread_ms, load);
+    let meter = Meter::start(&session.node).await;
     let ingest = session.ingest(&workload, load, "ingest").await;
-    let after = session.node.sample();
-    let postgres_cpu = pg_since(&session, pg_before).await;
-    let bench_cpu = own_cpu_since(bench_before);
+    let measured = meter.stop(&session.node).await;
+    let params = merge(
+        load_params(load),
+        json!({"count": args.count, "spread_ms": args.spread_ms, "node": session.node.base_url()}),
+    );
+    let warnings = ingest_warnings(&ingest);
     let report = Report {
-        scenario: "ingest",
-        params: merge(
-            load_params(load),
-            json!({"count": args.count, "spread_ms": args.spread_ms, "node": session.node.base_url()}),
-        ),
-        warnings: ingest_warnings(&ingest),
         ingest: Some(ingest),
-        delivery: None,
-        node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
-        backlog: None,
-        cluster: None,
-        mixed: None,
-        hung: None,
-        readers: None,
-        kafka: None,
-        pull: None,
-        postgres_cpu,
-        load_average_before: None,
-        load_average_after: None,
-        bench_cpu,
+        ..measured.report("ingest", params, warnings)
     };
     session.close().await;
     Ok(report)
 }
 
-/// PostgreSQL's CPU since `before`, for a node on `--database-url`.
-pub(crate) async fn pg_since(session: &Session, before: Option<CpuSplit>) -> Option<CpuSplit> {
-    let after = session.node.postgres_cpu().await?;
-    Some(crate::database::minus(after, before?))
+/// The node's, PostgreSQL's (a node on `--database-url`) and this tool's
+/// resource use over a measured span.
+pub(crate) struct Meter {
+    node: Option<ProcessSample>,
+    postgres: Option<CpuSplit>,
+    bench: Option<ProcessSample>,
+}
+
+/// What a [`Meter`] measured.
+pub(crate) struct Measured {
+    /// The node at the end of the span.
+    pub(crate) after: Option<ProcessSample>,
+    node: Option<NodeReport>,
+    postgres_cpu: Option<CpuSplit>,
+    bench_cpu: Option<CpuSplit>,
+}
+
+impl Meter {
+    pub(crate) async fn start(node: &Node) -> Meter {
+        Meter {
+            node: node.sample(),
+            postgres: node.postgres_cpu().await,
+            bench: own_sample(),
+        }
+    }
+
+    pub(crate) async fn stop(self, node: &Node) -> Measured {
+        let after = node.sample();
+        let postgres_cpu = match (node.postgres_cpu().await, self.postgres) {
+            (Some(after), Some(before)) => Some(crate::database::minus(after, before)),
+            _ => None,
+        };
+        Measured {
+            after,
+            node: NodeReport::over(self.node, after),
+            postgres_cpu,
+            bench_cpu: own_cpu_since(self.bench),
+        }
+    }
+}
+
+impl Measured {
+    /// The scenario's report with the span's resource use; the scenario
+    /// fills in what else it measured.
+    pub(crate) fn report(
+        self,
+        scenario: &'static str,
+        params: serde_json::Value,
+        warnings: Vec<String>,
+    ) -> Report {
+        Report {
+            scenario,
+            params,
+            warnings,
+            node: self.node,
+            postgres_cpu: self.postgres_cpu,
+            bench_cpu: self.bench_cpu,
+            ..Report::default()
+        }
+    }
+}
+
+/// Waits until every event of `workload` arrived, at most `grace_ms` past
+/// its last due instant, then [`SETTLE`] for late duplicates.
+pub(crate) async fn await_deliveries(
+    receiver: &Receiver,
+    workload: &Workload,
+    grace_ms: u64,
+    label: &str,
+) -> Vec<RecordedRequest> {
+    let last_due = workload.due_ms.iter().copied().max().unwrap_or(0);
+    let deadline = last_due.saturating_add(i64::try_from(grace_ms).unwrap_or(i64::MAX));
+    deliveries::wait_for(
+        receiver,
+        workload.len(),
+        deadline,
+        SETTLE,
+        label,
+        |records| analyze_workload(records, workload).delivered,
+    )
+    .await
+}
+
+/// The warning when scheduling ended after the first event came due.
+pub(crate) fn scheduled_late(ingest: &IngestReport, first_due: i64) -> Option<String> {
+    (ingest.finished_at_ms > first_due).then(|| {
+        format!(
+            "scheduling finished {} ms after the first due instant (raise --lead-ms)",
+            ingest.finished_at_ms - first_due
+        )
+    })
+}
+
+/// When a scenario's events come due: `count` of them spread over
+/// `spread_ms`, the first `lead_ms` after scheduling starts.
+pub(crate) struct Shape {
+    pub(crate) scenario: &'static str,
+    pub(crate) count: usize,
+    pub(crate) lead_ms: u64,
+    pub(crate) spread_ms: u64,
+    pub(crate) grace_ms: u64,
+    /// The settings, for the report.
+    pub(crate) params: serde_json::Value,
+}
+
+impl Shape {
+    /// `rate` events/s coming due for `duration`.
+    pub(crate) fn steady(scenario: &'static str, steady: &SteadyRate) -> Shape {
+        let (duration_ms, count) = events_over(steady.rate, steady.duration);
+        let lead_ms = steady.lead_ms.unwrap_or_else(|| default_lead_ms(count));
+        let grace_ms = steady.grace_ms;
+        Shape {
+            scenario,
+            count,
+            lead_ms,
+            spread_ms: duration_ms,
+            grace_ms,
+            params: json!({"rate": steady.rate, "duration_ms": duration_ms, "count": count, "lead_ms": lead_ms, "grace_ms": grace_ms}),
+        }
+    }
+
+    /// `count` events due at one instant.
+    pub(crate) fn burst(
+        scenario: &'static str,
+        count: usize,
+        lead_ms: Option<u64>,
+        grace_ms: u64,
+    ) -> Shape {
+        let lead_ms = lead_ms.unwrap_or_else(|| default_lead_ms(count));
+        Shape {
+            scenario,
+            count,
+            lead_ms,
+            spread_ms: 0,
+            grace_ms,
+            params: json!({"count": count, "lead_ms": lead_ms, "grace_ms": grace_ms}),
+        }
+    }
+
+    /// The events of `tenant`, the first due `lead_ms` from now.
+    pub(crate) fn workload(&self, tenant: &str, payload_bytes: usize) -> Workload {
+        let first_due = now_ms() + i64::try_from(self.lead_ms).unwrap_or(i64::MAX);
+        Workload::uniform(tenant, self.count, first_due, self.spread_ms, payload_bytes)
+    }
+}
+
+/// `duration` in ms, and how many events `rate` per second make over it.
+pub(crate) fn events_over(rate: u64, duration: Duration) -> (u64, usize) {
+    let duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    let count = usize::try_from(rate.saturating_mul(duration_ms) / 1000).unwrap_or(usize::MAX);
+    (duration_ms, count)
 }
 
 pub(crate) fn own_sample() -> Option<ProcessSample> {
@@ -208,91 +347,60 @@ async fn schedule_and_deliver(
     params: serde_json::Value,
 ) -> Report {
     session.receiver.reserve(workload.len());
-    let before = session.node.sample();
-    let pg_before = session.node.postgres_cpu().await;
-    let bench_before = own_sample();
+    let meter = Meter::start(&session.node).await;
     let ingest = session.ingest(workload, load, scenario).await;
     let mut warnings = ingest_warnings(&ingest);
     let first_due = workload.due_ms.iter().copied().min().unwrap_or(0);
-    let last_due = workload.due_ms.iter().copied().max().unwrap_or(0);
     if ingest.finished_at_ms > first_due {
         warnings.push(format!(
             "ingest finished {} ms after the first due instant: early lateness includes ingest contention (raise --lead-ms)",
             ingest.finished_at_ms - first_due
         ));
     }
-    let deadline = last_due.saturating_add(i64::try_from(grace_ms).unwrap_or(i64::MAX));
-    let records = deliveries::wait_for(
-        &session.receiver,
-        workload.len(),
-        deadline,
-        SETTLE,
-        &format!("{scenario} delivery"),
-        |records| analyze_workload(records, workload).delivered,
-    )
-    .await;
+    let label = format!("{scenario} delivery");
+    let records = await_deliveries(&session.receiver, workload, grace_ms, &label).await;
     let delivery = analyze_workload(&records, workload);
-    let after = session.node.sample();
-    let postgres_cpu = pg_since(session, pg_before).await;
-    let bench_cpu = own_cpu_since(bench_before);
+    let measured = meter.stop(&session.node).await;
+    let params = merge(
+        merge(load_params(load), params),
+        json!({"node": session.node.base_url()}),
+    );
     Report {
-        scenario,
-        params: merge(
-            merge(load_params(load), params),
-            json!({"node": session.node.base_url()}),
-        ),
-        warnings,
         ingest: Some(ingest),
         delivery: Some(delivery),
-        node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
-        backlog: None,
-        cluster: None,
-        mixed: None,
-        hung: None,
-        readers: None,
-        kafka: None,
-        pull: None,
-        postgres_cpu,
-        load_average_before: None,
-        load_average_after: None,
-        bench_cpu,
+        ..measured.report(scenario, params, warnings)
     }
 }
 
 pub async fn steady(args: SteadyArgs) -> anyhow::Result<Report> {
-    let load = Load::from(&args.load);
-    let session = Session::open(&args.node, load).await?;
-    let duration_ms = u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX);
-    let count = usize::try_from(args.rate.saturating_mul(duration_ms) / 1000).unwrap_or(usize::MAX);
-    let lead_ms = args.lead_ms.unwrap_or_else(|| default_lead_ms(count));
-    let workload = Workload::uniform(
-        &session.tenant,
-        count,
-        now_ms() + lead_ms as i64,
-        duration_ms,
-        load.payload_bytes,
-    );
-    let params = json!({"rate": args.rate, "duration_ms": duration_ms, "count": count, "lead_ms": lead_ms, "grace_ms": args.grace_ms, "database": database_param(&args.node)});
-    let report =
-        schedule_and_deliver(&session, &workload, load, args.grace_ms, "steady", params).await;
-    session.close().await;
-    Ok(report)
+    deliver(
+        Shape::steady("steady", &args.steady),
+        &args.load,
+        &args.node,
+    )
+    .await
 }
 
 pub async fn burst(args: BurstArgs) -> anyhow::Result<Report> {
-    let load = Load::from(&args.load);
-    let session = Session::open(&args.node, load).await?;
-    let lead_ms = args.lead_ms.unwrap_or_else(|| default_lead_ms(args.count));
-    let workload = Workload::uniform(
-        &session.tenant,
-        args.count,
-        now_ms() + lead_ms as i64,
-        0,
-        load.payload_bytes,
-    );
-    let params = json!({"count": args.count, "lead_ms": lead_ms, "grace_ms": args.grace_ms, "database": database_param(&args.node)});
-    let report =
-        schedule_and_deliver(&session, &workload, load, args.grace_ms, "burst", params).await;
+    let shape = Shape::burst("burst", args.count, args.lead_ms, args.grace_ms);
+    deliver(shape, &args.load, &args.node).await
+}
+
+/// Schedules the shape's events on a fresh session and waits for them.
+async fn deliver(shape: Shape, load: &LoadArgs, node: &NodeArgs) -> anyhow::Result<Report> {
+    let load = Load::from(load);
+    let session = Session::open(node, load).await?;
+    let workload = shape.workload(&session.tenant, load.payload_bytes);
+    let params = merge(shape.params, json!({"database": database_param(node)}));
+    let report = schedule_and_deliver(
+        &session,
+        &workload,
+        load,
+        shape.grace_ms,
+        shape.scenario,
+        params,
+    )
+    .await;
     session.close().await;
     Ok(report)
 }
@@ -300,13 +408,7 @@ pub async fn burst(args: BurstArgs) -> anyhow::Result<Report> {
 pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
     let load = Load::from(&args.load);
     let mut session = Session::open(&args.node, load).await?;
-    let workload = Workload::uniform(
-        &session.tenant,
-        args.count,
-        now_ms() + FAR_FUTURE_MS,
-        args.spread_ms,
-        load.payload_bytes,
-    );
+    let workload = session.far_future(args.count, args.spread_ms, load);
     let before = session.node.sample();
     let bench_before = own_sample();
     let ingest = session.ingest(&workload, load, "backlog").await;
@@ -355,8 +457,7 @@ pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
         ),
         warnings,
         ingest: Some(ingest),
-        delivery: None,
-        node: before.zip(loaded).map(|(b, a)| NodeReport::between(&b, &a)),
+        node: NodeReport::over(before, loaded),
         backlog: Some(BacklogReport {
             pending_events: pending,
             data_dir_bytes,
@@ -366,16 +467,8 @@ pub async fn backlog(args: BacklogArgs) -> anyhow::Result<Report> {
             restart_to_serving_ms: restart.map(|d| d.as_secs_f64() * 1000.0),
             rss_after_restart_bytes: rss_after_restart,
         }),
-        cluster: None,
-        mixed: None,
-        hung: None,
-        readers: None,
-        kafka: None,
-        pull: None,
-        postgres_cpu: None,
-        load_average_before: None,
-        load_average_after: None,
         bench_cpu,
+        ..Report::default()
     };
     session.close().await;
     Ok(report)
@@ -442,21 +535,9 @@ pub async fn receive(args: ReceiveArgs) -> anyhow::Result<Report> {
     Ok(Report {
         scenario: "receive",
         params: json!({"port": receiver.addr().port(), "expect": args.expect}),
-        ingest: None,
         delivery: Some(analyze_peer(&records, args.expect)),
-        node: None,
-        backlog: None,
-        cluster: None,
-        mixed: None,
-        hung: None,
-        readers: None,
-        kafka: None,
-        pull: None,
-        postgres_cpu: None,
-        load_average_before: None,
-        load_average_after: None,
-        bench_cpu: None,
         warnings: Vec::new(),
+        ..Report::default()
     })
 }
 

@@ -139,18 +139,9 @@ pub async fn run(args: SchedulesArgs) -> anyhow::Result<Report> {
         warnings,
         ingest: Some(creation),
         delivery: Some(delivery),
-        node: before.zip(after).map(|(b, a)| NodeReport::between(&b, &a)),
-        backlog: None,
-        cluster: None,
-        mixed: None,
-        hung: None,
-        readers: None,
-        kafka: None,
-        pull: None,
-        postgres_cpu: None,
-        load_average_before: None,
-        load_average_after: None,
+        node: NodeReport::over(before, after),
         bench_cpu,
+        ..Report::default()
     };
     session.close().await;
     Ok(report)

@@ -79,6 +79,13 @@ impl RssPeak {
         }
         self.peak.load(std::sync::atomic::Ordering::Relaxed)
     }
+
+    /// Stops sampling; the highest RSS seen, `last` included (`None`
+    /// without `last`).
+    pub fn stop_with(self, last: Option<ProcessSample>) -> Option<u64> {
+        let peak = self.stop();
+        last.map(|s| peak.max(s.rss_bytes))
+    }
 }
 
 /// A process's resource use at one moment.

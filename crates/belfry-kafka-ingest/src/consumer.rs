@@ -143,44 +143,61 @@ impl Ingest {
 }
 
 fn consumer_config(options: &IngestOptions) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    // Defaults a user may change.
-    config
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .set("client.id", "belfry-ingest")
-        // For the consumer-lag gauge of `/metrics`.
-        .set("statistics.interval.ms", "5000");
-    for (key, value) in &options.consumer {
-        config.set(key, value);
-    }
-    // What the guarantees rest on (see `RESERVED_CONSUMER`).
-    config
-        .set("bootstrap.servers", &options.bootstrap_servers)
-        .set("group.id", &options.group_id)
-        .set("enable.auto.commit", "true")
-        .set("enable.auto.offset.store", "false")
-        .set(
-            "auto.commit.interval.ms",
-            options.commit_interval.as_millis().to_string(),
-        )
-        .set("enable.partition.eof", "false");
-    config
+    let commit_interval_ms = options.commit_interval.as_millis().to_string();
+    client_config(
+        &[
+            ("auto.offset.reset", "earliest"),
+            ("isolation.level", "read_committed"),
+            ("client.id", "belfry-ingest"),
+            // For the consumer-lag gauge of `/metrics`.
+            ("statistics.interval.ms", "5000"),
+        ],
+        &options.consumer,
+        // What the guarantees rest on (see `RESERVED_CONSUMER`).
+        &[
+            ("bootstrap.servers", &options.bootstrap_servers),
+            ("group.id", &options.group_id),
+            ("enable.auto.commit", "true"),
+            ("enable.auto.offset.store", "false"),
+            ("auto.commit.interval.ms", &commit_interval_ms),
+            ("enable.partition.eof", "false"),
+        ],
+    )
 }
 
 fn producer_config(options: &IngestOptions) -> ClientConfig {
+    client_config(
+        &[
+            ("linger.ms", "5"),
+            ("message.timeout.ms", "30000"),
+            ("client.id", "belfry-ingest-answers"),
+        ],
+        &options.producer,
+        &[
+            ("bootstrap.servers", &options.bootstrap_servers),
+            ("enable.idempotence", "true"),
+            ("acks", "all"),
+        ],
+    )
+}
+
+/// `defaults`, then the user's `settings` over them, then `reserved` over
+/// both.
+fn client_config(
+    defaults: &[(&str, &str)],
+    settings: &std::collections::BTreeMap<String, String>,
+    reserved: &[(&str, &str)],
+) -> ClientConfig {
     let mut config = ClientConfig::new();
-    config
-        .set("linger.ms", "5")
-        .set("message.timeout.ms", "30000")
-        .set("client.id", "belfry-ingest-answers");
-    for (key, value) in &options.producer {
+    let user = settings.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    for (key, value) in defaults
+        .iter()
+        .copied()
+        .chain(user)
+        .chain(reserved.iter().copied())
+    {
         config.set(key, value);
     }
-    config
-        .set("bootstrap.servers", &options.bootstrap_servers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all");
     config
 }
 

@@ -464,15 +464,20 @@ pub enum Ended {
 
 /// `count` event versions reached `ended`.
 pub fn events_ended(ended: Ended, count: u64) {
-    if count == 0 {
-        return;
-    }
     let status = match ended {
         Ended::Delivered => "delivered",
         Ended::Failed => "failed",
         Ended::Missed => "missed",
     };
-    counter!(EVENTS_ENDED.name, "status" => status).increment(count);
+    add_labelled(EVENTS_ENDED.name, ("status", status), count);
+}
+
+/// Adds `count` to the counter `name` with one label; a zero count
+/// creates no series.
+fn add_labelled(name: &'static str, label: (&'static str, &'static str), count: u64) {
+    if count > 0 {
+        counter!(name, label.0 => label.1).increment(count);
+    }
 }
 
 /// What became of a schedule's occurrence.
@@ -486,16 +491,13 @@ pub enum Occurrence {
 }
 
 pub fn cron_occurrences(result: Occurrence, count: u64) {
-    if count == 0 {
-        return;
-    }
     let result = match result {
         Occurrence::Fired => "fired",
         Occurrence::Missed => "missed",
         Occurrence::Skipped => "skipped",
         Occurrence::OverBudget => "over_budget",
     };
-    counter!(CRON_OCCURRENCES.name, "result" => result).increment(count);
+    add_labelled(CRON_OCCURRENCES.name, ("result", result), count);
 }
 
 pub fn lease_lost() {

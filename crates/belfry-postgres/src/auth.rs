@@ -6,6 +6,7 @@ use belfry_core::{TenantName, Timestamp};
 use belfry_store::{AuditPageParams, StoreResult};
 
 use crate::PostgresStore;
+use crate::cached;
 use crate::error::{corrupt, db_error};
 
 const KEY_COLUMNS: &str = "id, tenant, role, hash, created_at, expires_at, last_used_at";
@@ -37,18 +38,11 @@ impl PostgresStore {
     }
 
     pub(crate) async fn auth_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&format!(
-                "SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = $1"
-            ))
-            .await
-            .map_err(db_error)?;
-        client
-            .query_opt(&statement, &[&hash.as_str()])
-            .await
-            .map_err(db_error)?
-            .map(|row| key_from_row(&row))
+        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = $1");
+        cached::query(&self.client().await?, &sql, &[&hash.as_str()])
+            .await?
+            .first()
+            .map(key_from_row)
             .transpose()
     }
 

@@ -56,21 +56,17 @@ impl PostgresStore {
         params: ListBulkActionsParams,
     ) -> StoreResult<Vec<BulkAction>> {
         let limit = i64::try_from(params.limit).unwrap_or(i64::MAX);
-        let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT action::text FROM bulk_actions
-                 WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR id < $2)
-                 ORDER BY id DESC LIMIT $3",
-                &[
-                    &params.tenant.as_ref().map(TenantName::as_str),
-                    &params.before.as_ref().map(BulkActionId::as_str),
-                    &limit,
-                ],
-            )
-            .await
-            .map_err(db_error)?;
-        rows.iter().map(decode).collect()
+        self.bulk_query(
+            "SELECT action::text FROM bulk_actions
+             WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR id < $2)
+             ORDER BY id DESC LIMIT $3",
+            &[
+                &params.tenant.as_ref().map(TenantName::as_str),
+                &params.before.as_ref().map(BulkActionId::as_str),
+                &limit,
+            ],
+        )
+        .await
     }
 
     pub(crate) async fn bulk_running(
@@ -78,16 +74,23 @@ impl PostgresStore {
         params: RunningBulkActionsParams,
     ) -> StoreResult<Vec<BulkAction>> {
         let limit = i64::try_from(params.limit).unwrap_or(i64::MAX);
+        self.bulk_query(
+            "SELECT action::text FROM bulk_actions
+             WHERE state = 'running' AND ($1::text IS NULL OR id > $1)
+             ORDER BY id LIMIT $2",
+            &[&params.after.as_ref().map(BulkActionId::as_str), &limit],
+        )
+        .await
+    }
+
+    /// The bulk actions a `SELECT action::text` finds.
+    async fn bulk_query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> StoreResult<Vec<BulkAction>> {
         let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT action::text FROM bulk_actions
-                 WHERE state = 'running' AND ($1::text IS NULL OR id > $1)
-                 ORDER BY id LIMIT $2",
-                &[&params.after.as_ref().map(BulkActionId::as_str), &limit],
-            )
-            .await
-            .map_err(db_error)?;
+        let rows = client.query(sql, params).await.map_err(db_error)?;
         rows.iter().map(decode).collect()
     }
 

@@ -44,6 +44,7 @@ use belfry_store::cluster::{
 };
 
 use crate::PostgresStore;
+use crate::cached;
 use crate::error::{StoreError, corrupt, db_error};
 use crate::rows::partition_from_i32;
 
@@ -453,15 +454,9 @@ pub(crate) async fn announce_pull_ready(
     if payloads.is_empty() {
         return Ok(());
     }
+    let sql = "SELECT count(pg_notify($1, p)) FROM unnest($2::text[]) AS p";
     let client = store.client().await?;
-    let statement = client
-        .prepare_cached("SELECT count(pg_notify($1, p)) FROM unnest($2::text[]) AS p")
-        .await
-        .map_err(db_error)?;
-    client
-        .query_one(&statement, &[&PULL_READY_CHANNEL, &payloads])
-        .await
-        .map_err(db_error)?;
+    cached::query(&client, sql, &[&PULL_READY_CHANNEL, &payloads]).await?;
     Ok(())
 }
 

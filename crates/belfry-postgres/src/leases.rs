@@ -27,6 +27,7 @@ use deadpool_postgres::Transaction;
 
 use crate::PostgresStore;
 use crate::apply::{INSERT_HISTORY_SQL, lock_events_sql, update_events_sql};
+use crate::cached;
 use crate::error::{StoreError, db_error, pool_error};
 use crate::rows::{AttemptColumns, EventColumns, record_from_row};
 
@@ -86,30 +87,32 @@ pub(crate) async fn change_lease(
         return Ok(outcome);
     };
     write_leases(&tx, [&write.lease]).await?;
+    let mut columns = EventColumns::default();
     if let Some(record) = &write.record {
-        let mut columns = EventColumns::default();
         columns.push(record);
-        let statement = tx
-            .prepare_cached(&update_events_sql())
-            .await
-            .map_err(db_error)?;
-        tx.execute(&statement, &columns.params())
-            .await
-            .map_err(db_error)?;
     }
+    let mut history = AttemptColumns::default();
     if let Some(attempt) = &write.attempt {
-        let mut history = AttemptColumns::default();
         history.push(key, attempt);
-        let statement = tx
-            .prepare_cached(INSERT_HISTORY_SQL)
-            .await
-            .map_err(db_error)?;
-        tx.execute(&statement, &history.params())
-            .await
-            .map_err(db_error)?;
     }
+    write_events_and_history(&tx, &columns, &history).await?;
     tx.commit().await.map_err(db_error)?;
     Ok(outcome)
+}
+
+/// The events' new rows and the attempts' history, each when there is any.
+async fn write_events_and_history(
+    tx: &Transaction<'_>,
+    columns: &EventColumns,
+    history: &AttemptColumns,
+) -> StoreResult<()> {
+    if !columns.is_empty() {
+        cached::execute(tx, &update_events_sql(), &columns.params()).await?;
+    }
+    if !history.is_empty() {
+        cached::execute(tx, INSERT_HISTORY_SQL, &history.params()).await?;
+    }
+    Ok(())
 }
 
 /// Many changes in one transaction: the partitions' rows `FOR SHARE` in
@@ -156,28 +159,11 @@ pub(crate) async fn change_leases(
         }
     }
     write_leases(&tx, written_leases.values()).await?;
-    if !written_records.is_empty() {
-        let mut columns = EventColumns::default();
-        for record in written_records.values() {
-            columns.push(record);
-        }
-        let statement = tx
-            .prepare_cached(&update_events_sql())
-            .await
-            .map_err(db_error)?;
-        tx.execute(&statement, &columns.params())
-            .await
-            .map_err(db_error)?;
+    let mut columns = EventColumns::default();
+    for record in written_records.values() {
+        columns.push(record);
     }
-    if !history.is_empty() {
-        let statement = tx
-            .prepare_cached(INSERT_HISTORY_SQL)
-            .await
-            .map_err(db_error)?;
-        tx.execute(&statement, &history.params())
-            .await
-            .map_err(db_error)?;
-    }
+    write_events_and_history(&tx, &columns, &history).await?;
     tx.commit().await.map_err(db_error)?;
     Ok(outcomes)
 }
@@ -267,35 +253,18 @@ async fn lock(tx: &Transaction<'_>, keys: &[&EventKey]) -> StoreResult<Locked> {
     sorted.dedup();
     let tenants: Vec<&str> = sorted.iter().map(|k| k.tenant.as_str()).collect();
     let ids: Vec<&str> = sorted.iter().map(|k| k.id.as_str()).collect();
-    let statement = tx
-        .prepare_cached(&lock_events_sql())
-        .await
-        .map_err(db_error)?;
     let mut records = HashMap::with_capacity(sorted.len());
-    for row in tx
-        .query(&statement, &[&tenants, &ids])
-        .await
-        .map_err(db_error)?
-    {
+    for row in cached::query(tx, &lock_events_sql(), &[&tenants, &ids]).await? {
         let record = record_from_row(&row)?;
         records.insert(record.key.clone(), record);
     }
-    let statement = tx
-        .prepare_cached(
-            "SELECT l.lease::text FROM leases l
-             JOIN unnest($1::text[], $2::text[]) AS k(tenant, id)
-               ON l.tenant = k.tenant AND l.id = k.id
-             ORDER BY l.tenant, l.id
-             FOR UPDATE OF l",
-        )
-        .await
-        .map_err(db_error)?;
+    let lock_leases = "SELECT l.lease::text FROM leases l
+         JOIN unnest($1::text[], $2::text[]) AS k(tenant, id)
+           ON l.tenant = k.tenant AND l.id = k.id
+         ORDER BY l.tenant, l.id
+         FOR UPDATE OF l";
     let mut leases = HashMap::with_capacity(sorted.len());
-    for row in tx
-        .query(&statement, &[&tenants, &ids])
-        .await
-        .map_err(db_error)?
-    {
+    for row in cached::query(tx, lock_leases, &[&tenants, &ids]).await? {
         let lease = LeaseDoc::decode(row.get::<_, String>(0).as_bytes())?;
         leases.insert(lease.record.lease.key().clone(), lease);
     }

@@ -13,6 +13,8 @@
 //!   with the node's presence session;
 //! - [`wakeups`]: NOTIFY payloads and the LISTEN connection;
 //! - `rows`: row ↔ domain conversions and `unnest` column arrays;
+//! - `cached`: prepared statements cached per connection, run with store
+//!   errors;
 //! - `primary`: timeouts, and following the primary when it moves;
 //! - [`tls`]: TLS with libpq's `sslmode` and `sslrootcert`, for every
 //!   connection;
@@ -52,6 +54,7 @@ use tokio::sync::mpsc;
 mod apply;
 mod auth;
 mod bulk;
+mod cached;
 mod coordinator;
 mod error;
 mod leases;
@@ -538,51 +541,35 @@ impl Store for PostgresStore {
         &self,
         params: RecordLeasesParams,
     ) -> StoreResult<Vec<LeaseWriteOutcome>> {
-        self.guarded(Access::Write, async move {
-            leases::record_leases(self, params).await
-        })
-        .await
+        self.guarded(Access::Write, leases::record_leases(self, params))
+            .await
     }
 
     async fn change_lease(&self, params: ChangeLeaseParams) -> StoreResult<LeaseWriteOutcome> {
-        self.guarded(Access::Write, async move {
-            leases::change_lease(self, params).await
-        })
-        .await
+        self.guarded(Access::Write, leases::change_lease(self, params))
+            .await
     }
 
     async fn change_leases(
         &self,
         params: ChangeLeasesParams,
     ) -> StoreResult<Vec<LeaseWriteOutcome>> {
-        self.guarded(Access::Write, async move {
-            leases::change_leases(self, params).await
-        })
-        .await
+        self.guarded(Access::Write, leases::change_leases(self, params))
+            .await
     }
 
     async fn get_lease(&self, key: &EventKey) -> StoreResult<Option<StoredLease>> {
-        self.guarded(
-            Access::Read,
-            async move { leases::get_lease(self, key).await },
-        )
-        .await
+        self.guarded(Access::Read, leases::get_lease(self, key))
+            .await
     }
 
     async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
         self.guarded(Access::Read, async move {
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached(
-                    "SELECT name, sink::text, signing::text FROM tenants WHERE name = $1",
-                )
-                .await
-                .map_err(db_error)?;
-            client
-                .query_opt(&statement, &[&name.as_str()])
-                .await
-                .map_err(db_error)?
-                .map(|row| tenant_from_row(&row))
+            let sql = "SELECT name, sink::text, signing::text FROM tenants WHERE name = $1";
+            cached::query(&self.client().await?, sql, &[&name.as_str()])
+                .await?
+                .first()
+                .map(tenant_from_row)
                 .transpose()
         })
         .await
@@ -590,15 +577,9 @@ impl Store for PostgresStore {
 
     async fn list_tenants(&self) -> StoreResult<Vec<TenantConfig>> {
         self.guarded(Access::Read, async move {
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached("SELECT name, sink::text, signing::text FROM tenants ORDER BY name")
-                .await
-                .map_err(db_error)?;
-            client
-                .query(&statement, &[])
-                .await
-                .map_err(db_error)?
+            let sql = "SELECT name, sink::text, signing::text FROM tenants ORDER BY name";
+            cached::query(&self.client().await?, sql, &[])
+                .await?
                 .iter()
                 .map(tenant_from_row)
                 .collect()
@@ -608,28 +589,19 @@ impl Store for PostgresStore {
 
     async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool> {
         self.guarded(Access::Write, async move {
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached("DELETE FROM tenants WHERE name = $1")
-                .await
-                .map_err(db_error)?;
-            let deleted = client
-                .execute(&statement, &[&name.as_str()])
-                .await
-                .map_err(db_error)?;
+            let sql = "DELETE FROM tenants WHERE name = $1";
+            let deleted = cached::execute(&self.client().await?, sql, &[&name.as_str()]).await?;
             Ok(deleted > 0)
         })
         .await
     }
 
     async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
-        self.guarded(Access::Write, async move {
-            // A hung server (stopped, cut off) must not hold callers
-            // forever: the guard's timeout answers `Unavailable` (503), the
-            // outcome being unknown.
-            apply::apply(self, params).await
-        })
-        .await
+        // A hung server (stopped, cut off) must not hold callers forever:
+        // the guard's timeout answers `Unavailable` (503), the outcome
+        // being unknown.
+        self.guarded(Access::Write, apply::apply(self, params))
+            .await
     }
 
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
@@ -928,93 +900,70 @@ impl Store for PostgresStore {
     }
 
     async fn put_api_key(&self, key: ApiKey) -> StoreResult<bool> {
-        self.guarded(Access::Write, async move { self.auth_put_key(key).await })
-            .await
+        self.guarded(Access::Write, self.auth_put_key(key)).await
     }
 
     async fn api_key_by_hash(&self, hash: &KeyHash) -> StoreResult<Option<ApiKey>> {
-        self.guarded(
-            Access::Read,
-            async move { self.auth_key_by_hash(hash).await },
-        )
-        .await
+        self.guarded(Access::Read, self.auth_key_by_hash(hash))
+            .await
     }
 
     async fn list_api_keys(&self) -> StoreResult<Vec<ApiKey>> {
-        self.guarded(Access::Read, async move { self.auth_list_keys().await })
-            .await
+        self.guarded(Access::Read, self.auth_list_keys()).await
     }
 
     async fn delete_api_key(&self, id: &KeyId) -> StoreResult<Option<ApiKey>> {
-        self.guarded(Access::Write, async move { self.auth_delete_key(id).await })
-            .await
+        self.guarded(Access::Write, self.auth_delete_key(id)).await
     }
 
     async fn touch_api_key(&self, id: &KeyId, at: Timestamp) -> StoreResult<()> {
-        self.guarded(
-            Access::Write,
-            async move { self.auth_touch_key(id, at).await },
-        )
-        .await
+        self.guarded(Access::Write, self.auth_touch_key(id, at))
+            .await
     }
 
     async fn append_audit(&self, entry: AuditEntry) -> StoreResult<()> {
-        self.guarded(
-            Access::Write,
-            async move { self.auth_append_audit(entry).await },
-        )
-        .await
+        self.guarded(Access::Write, self.auth_append_audit(entry))
+            .await
     }
 
     async fn list_audit(&self, params: AuditPageParams) -> StoreResult<Vec<AuditEntry>> {
-        self.guarded(
-            Access::Read,
-            async move { self.auth_list_audit(params).await },
-        )
-        .await
+        self.guarded(Access::Read, self.auth_list_audit(params))
+            .await
     }
 
     async fn purge_audit(&self, before: Timestamp, limit: usize) -> StoreResult<usize> {
-        self.guarded(Access::Write, async move {
-            self.auth_purge_audit(before, limit).await
-        })
-        .await
+        self.guarded(Access::Write, self.auth_purge_audit(before, limit))
+            .await
     }
 
     async fn create_bulk_action(&self, action: BulkAction) -> StoreResult<bool> {
-        self.guarded(Access::Write, async move { self.bulk_create(action).await })
-            .await
+        self.guarded(Access::Write, self.bulk_create(action)).await
     }
 
     async fn get_bulk_action(&self, id: &BulkActionId) -> StoreResult<Option<BulkAction>> {
-        self.guarded(Access::Read, async move { self.bulk_get(id).await })
-            .await
+        self.guarded(Access::Read, self.bulk_get(id)).await
     }
 
     async fn list_bulk_actions(
         &self,
         params: ListBulkActionsParams,
     ) -> StoreResult<Vec<BulkAction>> {
-        self.guarded(Access::Read, async move { self.bulk_list(params).await })
-            .await
+        self.guarded(Access::Read, self.bulk_list(params)).await
     }
 
     async fn running_bulk_actions(
         &self,
         params: RunningBulkActionsParams,
     ) -> StoreResult<Vec<BulkAction>> {
-        self.guarded(Access::Read, async move { self.bulk_running(params).await })
-            .await
+        self.guarded(Access::Read, self.bulk_running(params)).await
     }
 
     async fn update_bulk_action(&self, action: BulkAction) -> StoreResult<Option<BulkAction>> {
-        self.guarded(Access::Write, async move { self.bulk_update(action).await })
-            .await
+        self.guarded(Access::Write, self.bulk_update(action)).await
     }
 
     async fn purge_bulk_actions(&self, params: PurgeBulkActionsParams) -> StoreResult<usize> {
-        self.guarded(Access::Write, async move { self.bulk_purge(params).await })
-            .await
+        self.guarded(Access::Write, self.bulk_purge(params)).await
     }
 }
 
@@ -1039,27 +988,21 @@ impl Coordinator for PostgresStore {
         node: &belfry_store::cluster::NodeInfo,
         ttl: Duration,
     ) -> StoreResult<Vec<belfry_store::cluster::NodeStatus>> {
-        self.guarded(Access::Heartbeat, async move {
-            coordinator::heartbeat(self, node, ttl).await
-        })
-        .await
+        self.guarded(Access::Heartbeat, coordinator::heartbeat(self, node, ttl))
+            .await
     }
 
     async fn leave(&self, node: &belfry_store::cluster::NodeId) -> StoreResult<()> {
-        self.guarded(Access::Write, async move {
-            coordinator::leave(self, node).await
-        })
-        .await
+        self.guarded(Access::Write, coordinator::leave(self, node))
+            .await
     }
 
     async fn remove_dead_nodes(
         &self,
         ttl: Duration,
     ) -> StoreResult<Vec<belfry_store::cluster::NodeStatus>> {
-        self.guarded(Access::Write, async move {
-            coordinator::remove_dead_nodes(self, ttl).await
-        })
-        .await
+        self.guarded(Access::Write, coordinator::remove_dead_nodes(self, ttl))
+            .await
     }
 
     async fn claim_leadership(
@@ -1067,17 +1010,16 @@ impl Coordinator for PostgresStore {
         node: &belfry_store::cluster::NodeId,
         ttl: Duration,
     ) -> StoreResult<belfry_store::cluster::LeaderLease> {
-        self.guarded(Access::Write, async move {
-            coordinator::claim_leadership(self, node, ttl).await
-        })
+        self.guarded(
+            Access::Write,
+            coordinator::claim_leadership(self, node, ttl),
+        )
         .await
     }
 
     async fn release_leadership(&self, node: &belfry_store::cluster::NodeId) -> StoreResult<()> {
-        self.guarded(Access::Write, async move {
-            coordinator::release_leadership(self, node).await
-        })
-        .await
+        self.guarded(Access::Write, coordinator::release_leadership(self, node))
+            .await
     }
 
     async fn assign(
@@ -1086,9 +1028,10 @@ impl Coordinator for PostgresStore {
         term: u64,
         owners: Vec<(belfry_core::PartitionId, belfry_store::cluster::NodeId)>,
     ) -> StoreResult<()> {
-        self.guarded(Access::Write, async move {
-            coordinator::assign(self, leader, term, owners).await
-        })
+        self.guarded(
+            Access::Write,
+            coordinator::assign(self, leader, term, owners),
+        )
         .await
     }
 
@@ -1097,10 +1040,8 @@ impl Coordinator for PostgresStore {
         node: &belfry_store::cluster::NodeId,
         ttl: Duration,
     ) -> StoreResult<Vec<belfry_store::cluster::OwnedPartition>> {
-        self.guarded(Access::Write, async move {
-            coordinator::renew_ownership(self, node, ttl).await
-        })
-        .await
+        self.guarded(Access::Write, coordinator::renew_ownership(self, node, ttl))
+            .await
     }
 
     async fn release_partitions(
@@ -1108,23 +1049,20 @@ impl Coordinator for PostgresStore {
         node: &belfry_store::cluster::NodeId,
         partitions: &[(belfry_core::PartitionId, u64)],
     ) -> StoreResult<Vec<belfry_core::PartitionId>> {
-        self.guarded(Access::Write, async move {
-            coordinator::release_partitions(self, node, partitions).await
-        })
-        .await
-    }
-
-    async fn assignments(&self) -> StoreResult<Vec<belfry_store::cluster::PartitionAssignment>> {
         self.guarded(
-            Access::Read,
-            async move { coordinator::assignments(self).await },
+            Access::Write,
+            coordinator::release_partitions(self, node, partitions),
         )
         .await
     }
 
-    async fn leader(&self) -> StoreResult<Option<belfry_store::cluster::LeaderLease>> {
-        self.guarded(Access::Read, async move { coordinator::leader(self).await })
+    async fn assignments(&self) -> StoreResult<Vec<belfry_store::cluster::PartitionAssignment>> {
+        self.guarded(Access::Read, coordinator::assignments(self))
             .await
+    }
+
+    async fn leader(&self) -> StoreResult<Option<belfry_store::cluster::LeaderLease>> {
+        self.guarded(Access::Read, coordinator::leader(self)).await
     }
 
     async fn presence(
@@ -1146,17 +1084,16 @@ impl Coordinator for PostgresStore {
         node: &belfry_store::cluster::NodeId,
         tenants: &[belfry_core::TenantName],
     ) -> StoreResult<()> {
-        self.guarded(Access::Write, async move {
-            coordinator::announce_pull_ready(self, node, tenants).await
-        })
+        self.guarded(
+            Access::Write,
+            coordinator::announce_pull_ready(self, node, tenants),
+        )
         .await
     }
 
     async fn cluster_secret(&self, candidate: &[u8]) -> StoreResult<Vec<u8>> {
-        self.guarded(Access::Write, async move {
-            coordinator::cluster_secret(self, candidate).await
-        })
-        .await
+        self.guarded(Access::Write, coordinator::cluster_secret(self, candidate))
+            .await
     }
 }
 

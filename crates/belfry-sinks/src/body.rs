@@ -141,32 +141,18 @@ pub fn render_delivery_body(record: &EventRecord, triggered_at: Timestamp) -> Ve
 
 #[cfg(test)]
 mod tests {
-    use belfry_core::{EventId, EventKey, EventVersion, PartitionId, TenantName};
+    use belfry_core::{EventId, EventKey, TenantName};
 
     use super::*;
 
     fn record(delivery: DeliveryOption) -> EventRecord {
         let at = Timestamp::parse_rfc3339("2030-01-31T09:30:30.250+05:30").unwrap();
-        EventRecord {
-            key: EventKey::new(
-                TenantName::new("TenantB/ProgramB/EnvC").unwrap(),
-                EventId::new("order-42").unwrap(),
-            ),
-            partition: PartitionId(0),
-            version: EventVersion::from_string("v-1".into()),
-            event_time: at,
-            payload: Some("{\"orderId\":42}".into()),
-            delivery,
-            status: EventStatus::Scheduled,
-            next_fire_at: Some(at),
-            attempts: 0,
-            last_error: None,
-            triggered_at: None,
-            created_at: at,
-            updated_at: at,
-            finished_at: None,
-            pull: Default::default(),
-        }
+        let key = EventKey::new(
+            TenantName::new("TenantB/ProgramB/EnvC").unwrap(),
+            EventId::new("order-42").unwrap(),
+        );
+        let payload = Some("{\"orderId\":42}".into());
+        crate::scheduled_event(key, at, payload, delivery)
     }
 
     #[test]

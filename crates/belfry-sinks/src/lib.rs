@@ -274,3 +274,44 @@ impl Sinks {
         }
     }
 }
+
+/// A prepared target's route and signer, or the permanent failure of a
+/// config that cannot be delivered to (no request is tried).
+pub(crate) fn route_and_signer<'a, R>(
+    route: &'a Result<R, String>,
+    signer: &'a Result<Option<signing::Signer>, String>,
+) -> Result<(&'a R, Option<&'a signing::Signer>), DeliveryResult> {
+    let unusable =
+        |reason: &String| DeliveryResult::failed(Verdict::Permanent, None, reason.clone());
+    let route = route.as_ref().map_err(unusable)?;
+    let signer = signer.as_ref().map_err(unusable)?;
+    Ok((route, signer.as_ref()))
+}
+
+/// A scheduled event due `at`, as the engine hands it to a sink (the
+/// sinks' tests).
+#[cfg(test)]
+pub(crate) fn scheduled_event(
+    key: belfry_core::EventKey,
+    at: Timestamp,
+    payload: Option<String>,
+    delivery: belfry_core::DeliveryOption,
+) -> EventRecord {
+    EventRecord {
+        key,
+        partition: belfry_core::PartitionId(0),
+        version: belfry_core::EventVersion::from_string("v-1".into()),
+        event_time: at,
+        payload,
+        delivery,
+        status: belfry_core::EventStatus::Scheduled,
+        next_fire_at: Some(at),
+        attempts: 0,
+        last_error: None,
+        triggered_at: None,
+        created_at: at,
+        updated_at: at,
+        finished_at: None,
+        pull: Default::default(),
+    }
+}

@@ -28,7 +28,6 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 
-#[cfg(feature = "postgres")]
 pub async fn start(
     config: &Config,
     url: &str,
@@ -115,18 +114,6 @@ pub async fn start(
         peers,
     };
     Ok((engine, Arc::new(view), task))
-}
-
-#[cfg(not(feature = "postgres"))]
-pub async fn start(
-    _config: &Config,
-    _url: &str,
-    _partitions: PartitionCount,
-    _sinks: Sinks,
-    _address: &str,
-    _stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<(Engine, Arc<dyn ClusterView>, JoinHandle<()>)> {
-    anyhow::bail!("this build of belfry has no PostgreSQL support (cargo feature `postgres`)")
 }
 
 /// `/events/cluster` from the membership loop's last snapshot: every live

@@ -549,9 +549,23 @@ mod tests {
     /// Sends `request` on a fresh connection, returns everything read
     /// until the server closes.
     async fn exchange(address: SocketAddr, request: &[u8]) -> String {
+        read_to_close(&mut connect_and_send(address, request).await).await
+    }
+
+    /// A fresh connection that has sent `bytes` (maybe half a request).
+    async fn connect_and_send(address: SocketAddr, bytes: &[u8]) -> TcpStream {
         let mut stream = TcpStream::connect(address).await.unwrap();
-        stream.write_all(request).await.unwrap();
-        read_to_close(&mut stream).await
+        stream.write_all(bytes).await.unwrap();
+        stream
+    }
+
+    /// A timeout of `due` happened neither early nor long after.
+    fn assert_in_time(elapsed: Duration, due: Duration) {
+        assert!(
+            elapsed >= due - Duration::from_millis(50),
+            "after {elapsed:?}"
+        );
+        assert!(elapsed <= due + MARGIN, "after {elapsed:?}");
     }
 
     async fn read_to_close(stream: &mut TcpStream) -> String {
@@ -561,6 +575,7 @@ mod tests {
     }
 
     const PING: &[u8] = b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    const KEEP_ALIVE_PING: &[u8] = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n";
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn half_sent_headers_are_closed_in_time_while_others_are_served() {
@@ -569,11 +584,8 @@ mod tests {
             ..options()
         })
         .await;
-        let mut stuck = TcpStream::connect(server.address).await.unwrap();
-        stuck
-            .write_all(b"POST /events/schedule HTTP/1.1\r\nHost: x\r\n")
-            .await
-            .unwrap();
+        let half = b"POST /events/schedule HTTP/1.1\r\nHost: x\r\n";
+        let mut stuck = connect_and_send(server.address, half).await;
         let started = Instant::now();
         let closed = tokio::spawn(async move {
             let answer = read_to_close(&mut stuck).await;
@@ -588,14 +600,7 @@ mod tests {
         }
         let (elapsed, answer) = closed.await.unwrap();
         assert!(served > 0);
-        assert!(
-            elapsed >= Duration::from_millis(450),
-            "closed after {elapsed:?}"
-        );
-        assert!(
-            elapsed <= Duration::from_millis(500) + MARGIN,
-            "closed after {elapsed:?}"
-        );
+        assert_in_time(elapsed, Duration::from_millis(500));
         // Closed without an answer, or with hyper's bare 408.
         assert!(
             answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
@@ -610,11 +615,7 @@ mod tests {
             ..options()
         })
         .await;
-        let mut stream = TcpStream::connect(server.address).await.unwrap();
-        stream
-            .write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
+        let mut stream = connect_and_send(server.address, KEEP_ALIVE_PING).await;
         let started = Instant::now();
         let answer = read_to_close(&mut stream).await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -638,23 +639,18 @@ mod tests {
                 r#"{"message":"the request body did not arrive within 500 ms"}"#,
             ),
         ] {
-            let mut stream = TcpStream::connect(server.address).await.unwrap();
             let head = format!(
                 "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
                  Content-Length: 100\r\n\r\n{{\"a\":"
             );
-            stream.write_all(head.as_bytes()).await.unwrap();
+            let mut stream = connect_and_send(server.address, head.as_bytes()).await;
             let started = Instant::now();
             let answer = read_to_close(&mut stream).await;
             let elapsed = started.elapsed();
             assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
             assert!(answer.contains("connection: close"), "{answer}");
             assert!(answer.ends_with(expected), "{answer}");
-            assert!(elapsed >= Duration::from_millis(450), "{elapsed:?}");
-            assert!(
-                elapsed <= Duration::from_millis(500) + MARGIN,
-                "{elapsed:?}"
-            );
+            assert_in_time(elapsed, Duration::from_millis(500));
         }
         // A body that arrives in time is served.
         let answer = exchange(
@@ -678,11 +674,7 @@ mod tests {
         let elapsed = started.elapsed();
         assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
         assert!(answer.contains("may or may not have been made"), "{answer}");
-        assert!(elapsed >= Duration::from_millis(450), "{elapsed:?}");
-        assert!(
-            elapsed <= Duration::from_millis(500) + MARGIN,
-            "{elapsed:?}"
-        );
+        assert_in_time(elapsed, Duration::from_millis(500));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -695,11 +687,7 @@ mod tests {
         // Two open connections, each proven accepted by an answer.
         let mut open = Vec::new();
         for _ in 0..2 {
-            let mut stream = TcpStream::connect(server.address).await.unwrap();
-            stream
-                .write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-                .await
-                .unwrap();
+            let mut stream = connect_and_send(server.address, KEEP_ALIVE_PING).await;
             let mut buffer = [0_u8; 512];
             let n = stream.read(&mut buffer).await.unwrap();
             assert!(buffer[..n].starts_with(b"HTTP/1.1 200"));
@@ -719,10 +707,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn shutdown_closes_idle_connections_and_returns() {
         let mut server = start(options()).await;
-        let mut idle = TcpStream::connect(server.address).await.unwrap();
-        idle.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
+        let mut idle = connect_and_send(server.address, KEEP_ALIVE_PING).await;
         let mut buffer = [0_u8; 512];
         let n = idle.read(&mut buffer).await.unwrap();
         assert!(buffer[..n].starts_with(b"HTTP/1.1 200"));

@@ -8,6 +8,7 @@
 
 mod cli;
 mod client;
+#[cfg(feature = "postgres")]
 mod cluster;
 mod config;
 mod cron_cmd;

@@ -147,8 +147,17 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
                 address: address.clone(),
             });
             tracing::info!(data_dir = %config.data_dir.display(), "single node on the embedded store");
-            (engine, view, None)
+            // No membership loop to stop.
+            (engine, view, None::<tokio::task::JoinHandle<()>>)
         }
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => {
+            let _ = cluster_stopped;
+            anyhow::bail!(
+                "this build of belfry has no PostgreSQL support (cargo feature `postgres`)"
+            )
+        }
+        #[cfg(feature = "postgres")]
         Some(url) => {
             let (engine, view, task) = crate::cluster::start(
                 &config,

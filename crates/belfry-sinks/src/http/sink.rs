@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use belfry_core::tenant::HttpTarget;
-use belfry_core::{SigningSecrets, SinkConfig, TenantName, Verdict};
+use belfry_core::{SigningSecrets, SinkConfig, TenantConfig, TenantName, Verdict};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
@@ -28,7 +28,7 @@ use crate::egress::{EgressOptions, EgressPolicy};
 use crate::signing::{
     HEADER_WEBHOOK_ID, HEADER_WEBHOOK_SIGNATURE, HEADER_WEBHOOK_TIMESTAMP, Signer, unix_seconds,
 };
-use crate::{Delivery, DeliveryResult, Sink};
+use crate::{Delivery, DeliveryResult, Sink, route_and_signer};
 
 /// Bytes written as `%XX` in Belfry's own headers: everything outside
 /// printable ASCII (controls, space, non-ASCII) and `%` itself, so the
@@ -175,15 +175,11 @@ impl HttpSink {
     }
 
     /// The parsed form of `target`, cached per tenant.
-    fn prepared(
-        &self,
-        tenant: &TenantName,
-        target: &HttpTarget,
-        signing: Option<&SigningSecrets>,
-    ) -> Arc<PreparedTarget> {
+    fn prepared(&self, tenant: &TenantConfig, target: &HttpTarget) -> Arc<PreparedTarget> {
+        let signing = tenant.signing.as_ref();
         // Poison means a panic mid-insert elsewhere; the map is still valid.
         let mut cache = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
-        match cache.get(tenant) {
+        match cache.get(&tenant.name) {
             Some(entry) if entry.source == *target && entry.signing_source.as_ref() == signing => {
                 entry.clone()
             }
@@ -197,7 +193,7 @@ impl HttpSink {
                         .transpose()
                         .map_err(|e| e.to_string()),
                 });
-                cache.insert(tenant.clone(), entry.clone());
+                cache.insert(tenant.name.clone(), entry.clone());
                 entry
             }
         }
@@ -253,22 +249,10 @@ impl Sink for HttpSink {
                 "tenant is not configured for HTTP delivery",
             );
         };
-        let prepared = self.prepared(
-            &delivery.tenant.name,
-            target,
-            delivery.tenant.signing.as_ref(),
-        );
-        let route = match &prepared.route {
-            Ok(route) => route,
-            Err(reason) => {
-                return DeliveryResult::failed(Verdict::Permanent, None, reason.clone());
-            }
-        };
-        let signer = match &prepared.signer {
-            Ok(signer) => signer.as_ref(),
-            Err(reason) => {
-                return DeliveryResult::failed(Verdict::Permanent, None, reason.clone());
-            }
+        let prepared = self.prepared(delivery.tenant, target);
+        let (route, signer) = match route_and_signer(&prepared.route, &prepared.signer) {
+            Ok(usable) => usable,
+            Err(result) => return result,
         };
         let body = render_delivery_body(delivery.event, delivery.triggered_at);
         let timeout = self.options.timeout_for(target.timeout_ms);

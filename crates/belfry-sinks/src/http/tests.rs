@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use belfry_core::tenant::HttpTarget;
 use belfry_core::{
-    DeliveryOption, EventId, EventKey, EventRecord, EventStatus, EventVersion, PartitionId,
-    SigningSecrets, SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
+    DeliveryOption, EventId, EventKey, EventRecord, EventVersion, PartitionId, SigningSecrets,
+    SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
 };
 use belfry_testkit::{Receiver, Response, Rule, free_port};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -71,22 +71,11 @@ fn tenant(url: String, timeout_ms: Option<u64>) -> TenantConfig {
 
 fn event(tenant: &TenantConfig, id: &str, delivery: DeliveryOption) -> EventRecord {
     let at = Timestamp::parse_rfc3339("2030-01-31T04:00:30.250Z").unwrap();
+    let key = EventKey::new(tenant.name.clone(), EventId::new(id).unwrap());
     EventRecord {
-        key: EventKey::new(tenant.name.clone(), EventId::new(id).unwrap()),
         partition: PartitionId(1),
         version: EventVersion::from_string("0190-version-1".into()),
-        event_time: at,
-        payload: Some("{\"orderId\":42}".into()),
-        delivery,
-        status: EventStatus::Scheduled,
-        next_fire_at: Some(at),
-        attempts: 0,
-        last_error: None,
-        triggered_at: None,
-        created_at: at,
-        updated_at: at,
-        finished_at: None,
-        pull: Default::default(),
+        ..crate::scheduled_event(key, at, Some("{\"orderId\":42}".into()), delivery)
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use belfry_core::tenant::{KafkaKey, KafkaTarget};
-use belfry_core::{SigningSecrets, SinkConfig, TenantName, Verdict};
+use belfry_core::{SigningSecrets, SinkConfig, TenantConfig, TenantName, Verdict};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureRecord, Producer as _};
@@ -25,7 +25,7 @@ use crate::egress::{EgressOptions, EgressPolicy};
 use crate::signing::{
     HEADER_WEBHOOK_ID, HEADER_WEBHOOK_SIGNATURE, HEADER_WEBHOOK_TIMESTAMP, Signer, unix_seconds,
 };
-use crate::{Delivery, DeliveryResult, Sink};
+use crate::{Delivery, DeliveryResult, Sink, route_and_signer};
 
 /// How much longer than `message.timeout.ms` a delivery waits for
 /// librdkafka's answer before giving up on it (librdkafka answers every
@@ -148,15 +148,11 @@ impl KafkaSink {
         self.producers.len()
     }
 
-    fn prepared(
-        &self,
-        tenant: &TenantName,
-        target: &KafkaTarget,
-        signing: Option<&SigningSecrets>,
-    ) -> Arc<Prepared> {
+    fn prepared(&self, tenant: &TenantConfig, target: &KafkaTarget) -> Arc<Prepared> {
+        let signing = tenant.signing.as_ref();
         // Poison means a panic mid-insert elsewhere; the map is still valid.
         let mut cache = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
-        match cache.get(tenant) {
+        match cache.get(&tenant.name) {
             Some(entry) if entry.source == *target && entry.signing_source.as_ref() == signing => {
                 Arc::clone(entry)
             }
@@ -170,7 +166,7 @@ impl KafkaSink {
                         .transpose()
                         .map_err(|e| e.to_string()),
                 });
-                cache.insert(tenant.clone(), Arc::clone(&entry));
+                cache.insert(tenant.name.clone(), Arc::clone(&entry));
                 entry
             }
         }
@@ -319,18 +315,10 @@ impl Sink for KafkaSink {
                 "tenant is not configured for Kafka delivery",
             );
         };
-        let prepared = self.prepared(
-            &delivery.tenant.name,
-            target,
-            delivery.tenant.signing.as_ref(),
-        );
-        let route = match &prepared.route {
-            Ok(route) => route,
-            Err(reason) => return DeliveryResult::failed(Verdict::Permanent, None, reason.clone()),
-        };
-        let signer = match &prepared.signer {
-            Ok(signer) => signer.as_ref(),
-            Err(reason) => return DeliveryResult::failed(Verdict::Permanent, None, reason.clone()),
+        let prepared = self.prepared(delivery.tenant, target);
+        let (route, signer) = match route_and_signer(&prepared.route, &prepared.signer) {
+            Ok(usable) => usable,
+            Err(result) => return result,
         };
         // Fenced mode needs a partition to act for: a dry run (no epoch)
         // goes out through the idempotent producer.

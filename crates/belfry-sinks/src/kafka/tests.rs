@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use belfry_core::tenant::{KafkaKey, KafkaTarget};
 use belfry_core::{
-    DeliveryOption, EventId, EventKey, EventRecord, EventStatus, EventVersion, PartitionId,
-    SigningSecrets, SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
+    DeliveryOption, EventId, EventKey, EventRecord, EventVersion, PartitionId, SigningSecrets,
+    SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
 };
 use belfry_testkit::KafkaBroker;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -56,22 +56,11 @@ fn tenant(broker: &KafkaBroker, topic: &str, extra: &[(&str, &str)]) -> TenantCo
 
 fn event(tenant: &TenantConfig, id: &str, payload: String) -> EventRecord {
     let at = Timestamp::parse_rfc3339("2030-01-31T04:00:30.250Z").unwrap();
+    let key = EventKey::new(tenant.name.clone(), EventId::new(id).unwrap());
     EventRecord {
-        key: EventKey::new(tenant.name.clone(), EventId::new(id).unwrap()),
         partition: PartitionId(3),
         version: EventVersion::from_string(format!("version-of-{id}")),
-        event_time: at,
-        payload: Some(payload),
-        delivery: DeliveryOption::FullEvent,
-        status: EventStatus::Scheduled,
-        next_fire_at: Some(at),
-        attempts: 0,
-        last_error: None,
-        triggered_at: None,
-        created_at: at,
-        updated_at: at,
-        finished_at: None,
-        pull: Default::default(),
+        ..crate::scheduled_event(key, at, Some(payload), DeliveryOption::FullEvent)
     }
 }
 

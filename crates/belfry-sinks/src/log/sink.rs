@@ -37,8 +37,7 @@ impl Sink for LogSink {
 mod tests {
     use belfry_core::tenant::BuiltinTarget;
     use belfry_core::{
-        DeliveryOption, EventId, EventKey, EventRecord, EventStatus, EventVersion, PartitionId,
-        SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
+        DeliveryOption, EventId, EventKey, SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
     };
 
     use super::*;
@@ -53,23 +52,8 @@ mod tests {
             signing: None,
         };
         let at = Timestamp::from_millis(1_000);
-        let event = EventRecord {
-            key: EventKey::new(tenant.name.clone(), EventId::new("e").unwrap()),
-            partition: PartitionId(0),
-            version: EventVersion::from_string("v".into()),
-            event_time: at,
-            payload: None,
-            delivery: DeliveryOption::FullEvent,
-            status: EventStatus::Scheduled,
-            next_fire_at: Some(at),
-            attempts: 0,
-            last_error: None,
-            triggered_at: None,
-            created_at: at,
-            updated_at: at,
-            finished_at: None,
-            pull: Default::default(),
-        };
+        let key = EventKey::new(tenant.name.clone(), EventId::new("e").unwrap());
+        let event = crate::scheduled_event(key, at, None, DeliveryOption::FullEvent);
         let result = LogSink
             .deliver(Delivery {
                 tenant: &tenant,

@@ -39,17 +39,12 @@ pub(crate) struct AuthKeyspaces {
 
 impl AuthKeyspaces {
     pub(crate) fn open(db: &Database) -> StoreResult<AuthKeyspaces> {
+        let keyspace = |name| super::open_keyspace(db, name, KeyspaceCreateOptions::default);
         Ok(AuthKeyspaces {
             db: db.clone(),
-            keys: db
-                .keyspace("api_keys", KeyspaceCreateOptions::default)
-                .map_err(internal)?,
-            revoked: db
-                .keyspace("revoked_api_keys", KeyspaceCreateOptions::default)
-                .map_err(internal)?,
-            audit: db
-                .keyspace("audit", KeyspaceCreateOptions::default)
-                .map_err(internal)?,
+            keys: keyspace("api_keys")?,
+            revoked: keyspace("revoked_api_keys")?,
+            audit: keyspace("audit")?,
             write: Arc::new(Mutex::new(())),
         })
     }

@@ -39,10 +39,7 @@ pub(crate) struct BulkKeyspaces {
 
 impl BulkKeyspaces {
     pub(crate) fn open(db: &Database) -> StoreResult<BulkKeyspaces> {
-        let keyspace = |name: &str| {
-            db.keyspace(name, KeyspaceCreateOptions::default)
-                .map_err(internal)
-        };
+        let keyspace = |name| super::open_keyspace(db, name, KeyspaceCreateOptions::default);
         Ok(BulkKeyspaces {
             db: db.clone(),
             actions: keyspace("bulk_actions")?,

@@ -114,6 +114,12 @@ pub fn due_key(partition: PartitionId, at: Timestamp, key: &EventKey) -> Vec<u8>
 
 /// [`due_key`] from an already encoded event key.
 pub fn due_key_raw(partition: PartitionId, at: Timestamp, encoded_key: &[u8]) -> Vec<u8> {
+    partition_instant_key(partition, at, encoded_key)
+}
+
+/// `partition (u16 BE) ++ instant ++ encoded event key`: the layout of
+/// the due and the retention index.
+fn partition_instant_key(partition: PartitionId, at: Timestamp, encoded_key: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(10 + encoded_key.len());
     out.extend_from_slice(&partition.0.to_be_bytes());
     out.extend_from_slice(&instant_bytes(at));
@@ -150,11 +156,7 @@ pub fn decode_due_key(bytes: &[u8]) -> StoreResult<DueCursor> {
 /// retention index. The partition comes first so that each writer shard
 /// purges only the partitions it owns.
 pub fn finished_key_raw(partition: PartitionId, at: Timestamp, encoded_key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(10 + encoded_key.len());
-    out.extend_from_slice(&partition.0.to_be_bytes());
-    out.extend_from_slice(&instant_bytes(at));
-    out.extend_from_slice(encoded_key);
-    out
+    partition_instant_key(partition, at, encoded_key)
 }
 
 /// `partition ++ instant`: every finished key of `partition` that sorts

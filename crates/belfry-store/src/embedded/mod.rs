@@ -96,8 +96,8 @@ use self::writer::{Job, Keyspaces, Writer, internal};
 use crate::lease::LeaseDoc;
 use crate::{
     Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, ChangeLeasesParams,
-    CountEventsParams, DuePageParams, KeyedCommand, LeaseWriteOutcome, ListBulkActionsParams,
-    ListEventsParams, PartialApply, PurgeBulkActionsParams, PurgeParams, RecordLeasesParams,
+    CountEventsParams, DuePageParams, LeaseWriteOutcome, ListBulkActionsParams, ListEventsParams,
+    PartialApply, PurgeBulkActionsParams, PurgeParams, RecordLeasesParams,
     RunningBulkActionsParams, Store, StoreError, StoreResult, StoreStats, StoredLease,
 };
 
@@ -245,29 +245,16 @@ impl EmbeddedStore {
             }
         };
         owner::record(&options.data_dir);
+        let default = KeyspaceCreateOptions::default;
         let ks = Keyspaces {
-            meta: db
-                .keyspace("meta", KeyspaceCreateOptions::default)
-                .map_err(internal)?,
-            tenants: db
-                .keyspace("tenants", KeyspaceCreateOptions::default)
-                .map_err(internal)?,
-            events: db
-                .keyspace("events", tuning::write_heavy)
-                .map_err(internal)?,
-            due: db.keyspace("due", tuning::write_heavy).map_err(internal)?,
-            attempts: db
-                .keyspace("attempts", tuning::write_heavy)
-                .map_err(internal)?,
-            finished: db
-                .keyspace("finished", tuning::write_heavy)
-                .map_err(internal)?,
-            by_status_time: db
-                .keyspace("by_status_time", tuning::write_heavy)
-                .map_err(internal)?,
-            leases: db
-                .keyspace("leases", KeyspaceCreateOptions::default)
-                .map_err(internal)?,
+            meta: open_keyspace(&db, "meta", default)?,
+            tenants: open_keyspace(&db, "tenants", default)?,
+            events: open_keyspace(&db, "events", tuning::write_heavy)?,
+            due: open_keyspace(&db, "due", tuning::write_heavy)?,
+            attempts: open_keyspace(&db, "attempts", tuning::write_heavy)?,
+            finished: open_keyspace(&db, "finished", tuning::write_heavy)?,
+            by_status_time: open_keyspace(&db, "by_status_time", tuning::write_heavy)?,
+            leases: open_keyspace(&db, "leases", default)?,
             journal_sync: Default::default(),
             db,
         };
@@ -428,6 +415,24 @@ impl EmbeddedStore {
         usize::from(partition.0) % self.shards.len().max(1)
     }
 
+    /// `items` split by writer shard, in input order within each part,
+    /// each part with its items' input indexes.
+    fn split_by_shard<T>(
+        &self,
+        items: impl IntoIterator<Item = T>,
+        key: impl Fn(&T) -> &EventKey,
+    ) -> Vec<(Vec<usize>, Vec<T>)> {
+        let mut parts: Vec<(Vec<usize>, Vec<T>)> = (0..self.shards.len())
+            .map(|_| (Vec::new(), Vec::new()))
+            .collect();
+        for (index, item) in items.into_iter().enumerate() {
+            let shard = self.shard_of(self.partitions.partition_of(key(&item)));
+            parts[shard].0.push(index);
+            parts[shard].1.push(item);
+        }
+        parts
+    }
+
     /// Splits an apply by shard, keeping each shard's commands in input
     /// order (all commands of one key go to one shard, so per-key order is
     /// kept), runs the parts concurrently, and puts the results back in
@@ -435,13 +440,7 @@ impl EmbeddedStore {
     /// failed and others committed, [`StoreError::Partial`].
     async fn apply_sharded(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
         let total = params.commands.len();
-        let mut parts: Vec<(Vec<usize>, Vec<KeyedCommand>)> =
-            (0..self.shards.len()).map(|_| Default::default()).collect();
-        for (index, command) in params.commands.into_iter().enumerate() {
-            let shard = self.shard_of(self.partitions.partition_of(&command.key));
-            parts[shard].0.push(index);
-            parts[shard].1.push(command);
-        }
+        let parts = self.split_by_shard(params.commands, |command| &command.key);
         let mut pending = Vec::new();
         for (shard, (indexes, commands)) in parts.into_iter().enumerate() {
             if commands.is_empty() {
@@ -463,12 +462,8 @@ impl EmbeddedStore {
         // Every part sent is awaited, even after a failure, so that the
         // answer comes only once no part is still in flight.
         let mut results: Vec<Option<StoreResult<Applied>>> = (0..total).map(|_| None).collect();
-        for (indexes, answer) in pending {
-            let answer = match answer {
-                Ok(receiver) => receiver.await.unwrap_or_else(|_| Err(writer_gone())),
-                Err(error) => Err(error),
-            };
-            match answer {
+        for (indexes, sent) in pending {
+            match answer_of(sent).await {
                 Ok(applied) if applied.len() == indexes.len() => {
                     for (index, applied) in indexes.into_iter().zip(applied) {
                         results[index] = Some(Ok(applied));
@@ -511,6 +506,15 @@ impl EmbeddedStore {
     }
 }
 
+/// Opens the keyspace `name`, created with `options` if missing.
+pub(crate) fn open_keyspace(
+    db: &Database,
+    name: &str,
+    options: impl FnOnce() -> KeyspaceCreateOptions,
+) -> StoreResult<fjall::Keyspace> {
+    db.keyspace(name, options).map_err(internal)
+}
+
 /// Runs `work` on `state` on a blocking thread: fjall reads may wait on
 /// its version lock, which a flush holds while it fsyncs.
 pub(crate) async fn blocking<S: Send + 'static, T: Send + 'static>(
@@ -550,6 +554,11 @@ fn read_event(ks: &Keyspaces, encoded: &[u8]) -> StoreResult<Option<EventRecord>
 /// The shard that writes tenants: they are few, and one writer keeps their
 /// updates in order.
 const TENANT_SHARD: usize = 0;
+
+/// The answer to a job [`EmbeddedStore::send`] sent, or why it failed.
+async fn answer_of<T>(sent: StoreResult<oneshot::Receiver<StoreResult<T>>>) -> StoreResult<T> {
+    sent?.await.unwrap_or_else(|_| Err(writer_gone()))
+}
 
 fn writer_gone() -> StoreError {
     StoreError::Unavailable("the embedded store's writer has stopped".into())
@@ -684,13 +693,7 @@ impl Store for EmbeddedStore {
         params: ChangeLeasesParams,
     ) -> StoreResult<Vec<LeaseWriteOutcome>> {
         let total = params.changes.len();
-        let mut parts: Vec<(Vec<usize>, Vec<ChangeLeaseParams>)> =
-            (0..self.shards.len()).map(|_| Default::default()).collect();
-        for (index, change) in params.changes.into_iter().enumerate() {
-            let shard = self.shard_of(self.partitions.partition_of(change.lease.key()));
-            parts[shard].0.push(index);
-            parts[shard].1.push(change);
-        }
+        let parts = self.split_by_shard(params.changes, |change| change.lease.key());
         let pending: Vec<_> = parts
             .into_iter()
             .enumerate()
@@ -708,12 +711,8 @@ impl Store for EmbeddedStore {
         // a repeat of the parts that did commit answers the same.
         let mut outcomes: Vec<Option<LeaseWriteOutcome>> = vec![None; total];
         let mut failure = None;
-        for (indexes, answer) in pending {
-            let answer = match answer {
-                Ok(receiver) => receiver.await.unwrap_or_else(|_| Err(writer_gone())),
-                Err(error) => Err(error),
-            };
-            match answer {
+        for (indexes, sent) in pending {
+            match answer_of(sent).await {
                 Ok(part) if part.len() == indexes.len() => {
                     for (index, outcome) in indexes.into_iter().zip(part) {
                         outcomes[index] = Some(outcome);
@@ -881,13 +880,7 @@ impl Store for EmbeddedStore {
     async fn delete_finished(&self, keys: &[EventKey]) -> StoreResult<Vec<bool>> {
         // Each shard deletes its own partitions' events (no other thread
         // writes them); the parts run at once.
-        let mut parts: Vec<(Vec<usize>, Vec<EventKey>)> =
-            (0..self.shards.len()).map(|_| Default::default()).collect();
-        for (index, key) in keys.iter().enumerate() {
-            let shard = self.shard_of(self.partitions.partition_of(key));
-            parts[shard].0.push(index);
-            parts[shard].1.push(key.clone());
-        }
+        let parts = self.split_by_shard(keys.iter().cloned(), |key| key);
         let mut pending = Vec::new();
         for (shard, (indexes, keys)) in parts.into_iter().enumerate() {
             if !keys.is_empty() {
@@ -900,12 +893,8 @@ impl Store for EmbeddedStore {
         // Every part sent is awaited before answering, even after a failure.
         let mut deleted = vec![false; keys.len()];
         let mut failure = None;
-        for (indexes, answer) in pending {
-            let answer = match answer {
-                Ok(receiver) => receiver.await.unwrap_or_else(|_| Err(writer_gone())),
-                Err(error) => Err(error),
-            };
-            match answer {
+        for (indexes, sent) in pending {
+            match answer_of(sent).await {
                 Ok(part) => {
                     for (index, gone) in indexes.into_iter().zip(part) {
                         deleted[index] = gone;

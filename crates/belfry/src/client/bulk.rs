@@ -5,7 +5,10 @@
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use super::{Client, Connection, Failure, Fields, Table, next_page, query, segment, show, text};
+use super::{
+    Client, Connection, DueRange, Failure, Fields, Paging, cells, column, query, render_items,
+    segment, show, text,
+};
 
 #[derive(Debug, Args)]
 pub struct BulkArgs {
@@ -45,13 +48,8 @@ pub struct CreateArgs {
     #[arg(long, value_name = "STATUS")]
     pub status: Option<String>,
 
-    /// Events due at or after this instant (RFC 3339)
-    #[arg(long, value_name = "INSTANT")]
-    pub from: Option<String>,
-
-    /// Events due before this instant (RFC 3339)
-    #[arg(long, value_name = "INSTANT")]
-    pub to: Option<String>,
+    #[command(flatten)]
+    pub due: DueRange,
 }
 
 #[derive(Debug, Args)]
@@ -66,55 +64,42 @@ pub struct ListArgs {
     #[arg(long, value_name = "TENANT")]
     pub tenant: Option<String>,
 
-    /// Actions per page (the node's default when left out)
-    #[arg(long, value_name = "N")]
-    pub limit: Option<u32>,
-
-    /// Where the previous page ended (its `more: --cursor …` line)
-    #[arg(long, value_name = "CURSOR")]
-    pub cursor: Option<String>,
+    #[command(flatten)]
+    pub paging: Paging,
 }
 
 pub async fn execute(client: &Client, command: BulkCommand) -> Result<(), Failure> {
     match command {
         BulkCommand::Create(args) => {
             let mut filter = json!({ "tenant": args.tenant });
-            for (field, value) in [
-                ("status", args.status),
-                ("from", args.from),
-                ("to", args.to),
-            ] {
+            let status = [("status", args.status)];
+            for (field, value) in status.into_iter().chain(args.due.pairs()) {
                 if let Some(value) = value {
                     filter[field] = Value::String(value);
                 }
             }
             let body = json!({ "action": args.action, "filter": filter });
-            let answer = client.post_json("/v1/bulk-actions", &body).await?;
-            show(client, &answer, render_action);
+            let answer = client.post_json("/v1/bulk-actions", &body).await;
+            show(client, answer, render_action)
         }
-        BulkCommand::Get(action) => {
-            let answer = client.get(&action_path(&action)?).await?;
-            show(client, &answer, render_action);
-        }
+        BulkCommand::Get(action) => show(
+            client,
+            client.get(&action_path(&action)?).await,
+            render_action,
+        ),
         BulkCommand::List(args) => {
+            let tenant = [("tenant", args.tenant)];
             let path = format!(
                 "/v1/bulk-actions{}",
-                query(&[
-                    ("tenant", args.tenant),
-                    ("limit", args.limit.map(|n| n.to_string())),
-                    ("cursor", args.cursor),
-                ])
+                query(&[tenant.as_slice(), &args.paging.pairs()].concat())
             );
-            let answer = client.get(&path).await?;
-            show(client, &answer, render_list);
+            show(client, client.get(&path).await, render_list)
         }
         BulkCommand::Cancel(action) => {
             let path = format!("{}/cancel", action_path(&action)?);
-            let answer = client.post(&path).await?;
-            show(client, &answer, render_action);
+            show(client, client.post(&path).await, render_action)
         }
     }
-    Ok(())
 }
 
 fn action_path(action: &ActionRef) -> Result<String, Failure> {
@@ -157,37 +142,27 @@ fn render_action(action: &Value) -> String {
 }
 
 fn render_list(answer: &Value) -> String {
-    let actions = answer
-        .get("bulk_actions")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if actions.is_empty() {
-        return "no bulk actions\n".into();
-    }
-    let mut table = Table::new(&[
-        "ID",
-        "ACTION",
-        "STATE",
-        "MATCHED",
-        "SUCCEEDED",
-        "SKIPPED",
-        "FAILED",
-        "CREATED AT",
-        "FILTER",
-    ]);
-    for action in actions {
-        table.row(vec![
-            text(action, "id"),
-            text(action, "action"),
-            text(action, "state"),
-            text(action, "matched"),
-            text(action, "succeeded"),
-            text(action, "skipped"),
-            text(action, "failed"),
-            text(action, "created_at"),
-            filter_text(action),
-        ]);
-    }
-    table.render() + &next_page(answer)
+    let fields = [
+        "id",
+        "action",
+        "state",
+        "matched",
+        "succeeded",
+        "skipped",
+        "failed",
+        "created_at",
+    ];
+    let mut header: Vec<String> = fields.iter().map(|f| column(f)).collect();
+    header.push("FILTER".into());
+    render_items(
+        answer,
+        "bulk_actions",
+        "no bulk actions",
+        &header,
+        |action| {
+            let mut row = cells(action, &fields);
+            row.push(filter_text(action));
+            row
+        },
+    )
 }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use clap::Args;
 use serde_json::Value;
 
-use super::{Client, Connection, Failure, Fields, Table, show, text};
+use super::{Client, Connection, Failure, Fields, Table, items, show, text};
 
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
@@ -15,9 +15,7 @@ pub struct ClusterArgs {
 }
 
 pub async fn execute(client: &Client) -> Result<(), Failure> {
-    let answer = client.get("/v1/cluster").await?;
-    show(client, &answer, render);
-    Ok(())
+    show(client, client.get("/v1/cluster").await, render)
 }
 
 fn render(status: &Value) -> String {
@@ -38,11 +36,7 @@ fn render(status: &Value) -> String {
         "PARTITIONS",
         "OWNED",
     ]);
-    let nodes = status
-        .get("nodes")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let nodes = items(status, "nodes");
     for node in nodes {
         let partitions = partition_numbers(node.get("partitions"));
         table.row(vec![

@@ -11,7 +11,8 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 use super::{
-    Client, Connection, Failure, Fields, Table, next_page, print, query, segment, show, text,
+    Client, Connection, DueRange, Failure, Fields, Paging, cells, print, query, render_fields,
+    render_items, segment, show, tenant_item_path,
 };
 
 #[derive(Debug, Args)]
@@ -81,21 +82,11 @@ pub struct ListArgs {
 /// Paging and instant bounds of a listing.
 #[derive(Debug, Args)]
 pub struct Page {
-    /// Events due at or after this instant (RFC 3339)
-    #[arg(long, value_name = "INSTANT")]
-    pub from: Option<String>,
+    #[command(flatten)]
+    pub due: DueRange,
 
-    /// Events due before this instant (RFC 3339)
-    #[arg(long, value_name = "INSTANT")]
-    pub to: Option<String>,
-
-    /// Events per page (the node's default when left out)
-    #[arg(long, value_name = "N")]
-    pub limit: Option<u32>,
-
-    /// Where the previous page ended (its `more: --cursor …` line)
-    #[arg(long, value_name = "CURSOR")]
-    pub cursor: Option<String>,
+    #[command(flatten)]
+    pub paging: Paging,
 }
 
 #[derive(Debug, Args)]
@@ -140,25 +131,23 @@ pub async fn execute(client: &Client, command: EventsCommand) -> Result<(), Fail
             if let Some(delivery) = args.delivery {
                 body["delivery"] = Value::String(delivery);
             }
-            let answer = client.put(&event_path(&args.event)?, &body).await?;
-            show(client, &answer, render_event);
+            let path = event_path(&args.event)?;
+            show(client, client.put(&path, &body).await, render_event)
         }
         EventsCommand::Get(event) => {
-            let answer = client.get(&event_path(&event)?).await?;
-            show(client, &answer, render_event);
+            show(client, client.get(&event_path(&event)?).await, render_event)
         }
-        EventsCommand::Cancel(event) => {
-            let answer = client.delete(&event_path(&event)?).await?;
-            show(client, &answer, render_event);
-        }
+        EventsCommand::Cancel(event) => show(
+            client,
+            client.delete(&event_path(&event)?).await,
+            render_event,
+        ),
         EventsCommand::Attempts(event) => {
             let path = format!("{}/attempts", event_path(&event)?);
-            let answer = client.get(&path).await?;
-            show(client, &answer, render_attempts);
+            show(client, client.get(&path).await, render_attempts)
         }
-        EventsCommand::List(args) => list(client, &args.tenant, args.status, args.page).await?,
+        EventsCommand::List(args) => list(client, &args.tenant, args.status, args.page).await,
     }
-    Ok(())
 }
 
 pub async fn execute_dead(client: &Client, command: DeadCommand) -> Result<(), Failure> {
@@ -168,9 +157,7 @@ pub async fn execute_dead(client: &Client, command: DeadCommand) -> Result<(), F
         }
         DeadCommand::Redrive(event) => {
             let path = format!("{}/redrive", event_path(&event)?);
-            let answer = client.post(&path).await?;
-            show(client, &answer, render_event);
-            Ok(())
+            show(client, client.post(&path).await, render_event)
         }
         DeadCommand::Delete(event) => {
             let path = format!("{}/delete", event_path(&event)?);
@@ -197,25 +184,20 @@ async fn list(
     let path = format!(
         "/v1/tenants/{}/events{}",
         segment("tenant", tenant)?,
-        query(&[
-            ("status", status),
-            ("from", page.from),
-            ("to", page.to),
-            ("limit", page.limit.map(|n| n.to_string())),
-            ("cursor", page.cursor),
-        ])
+        query(
+            &[
+                [("status", status)].as_slice(),
+                &page.due.pairs(),
+                &page.paging.pairs(),
+            ]
+            .concat()
+        )
     );
-    let answer = client.get(&path).await?;
-    show(client, &answer, render_event_list);
-    Ok(())
+    show(client, client.get(&path).await, render_event_list)
 }
 
 fn event_path(event: &EventRef) -> Result<String, Failure> {
-    Ok(format!(
-        "/v1/tenants/{}/events/{}",
-        segment("tenant", &event.tenant)?,
-        segment("event id", &event.id)?
-    ))
+    tenant_item_path(&event.tenant, "events", "event id", &event.id)
 }
 
 /// `--at` as the instant to send: RFC 3339 as given (the server keeps its
@@ -317,48 +299,23 @@ fn render_event(event: &Value) -> String {
 }
 
 fn render_event_list(answer: &Value) -> String {
-    let events = answer
-        .get("events")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if events.is_empty() {
-        return "no events\n".into();
-    }
-    let mut table = Table::new(&["ID", "STATUS", "DELIVER AT", "ATTEMPTS", "LAST ERROR"]);
-    for event in events {
-        table.row(vec![
-            text(event, "id"),
-            text(event, "status"),
-            text(event, "deliver_at"),
-            text(event, "attempts"),
-            text(event, "last_error"),
-        ]);
-    }
-    table.render() + &next_page(answer)
+    let fields = ["id", "status", "deliver_at", "attempts", "last_error"];
+    render_fields(answer, "events", "no events", &fields)
 }
 
 fn render_attempts(answer: &Value) -> String {
-    let attempts = answer
-        .get("attempts")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if attempts.is_empty() {
-        return "no attempts yet\n".into();
-    }
-    let mut table = Table::new(&["#", "STARTED AT", "DURATION MS", "OUTCOME", "HTTP", "ERROR"]);
-    for attempt in attempts {
-        table.row(vec![
-            text(attempt, "number"),
-            text(attempt, "started_at"),
-            text(attempt, "duration_ms"),
-            text(attempt, "outcome"),
-            text(attempt, "http_status"),
-            text(attempt, "error"),
-        ]);
-    }
-    table.render()
+    let header = ["#", "STARTED AT", "DURATION MS", "OUTCOME", "HTTP", "ERROR"];
+    let fields = [
+        "number",
+        "started_at",
+        "duration_ms",
+        "outcome",
+        "http_status",
+        "error",
+    ];
+    render_items(answer, "attempts", "no attempts yet", &header, |attempt| {
+        cells(attempt, &fields)
+    })
 }
 
 #[cfg(test)]

@@ -291,6 +291,21 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
+/// `/v1/tenants/{tenant}/{collection}/{id}`; `what` names the id in an
+/// error.
+pub fn tenant_item_path(
+    tenant: &str,
+    collection: &str,
+    what: &str,
+    id: &str,
+) -> Result<String, Failure> {
+    Ok(format!(
+        "/v1/tenants/{}/{collection}/{}",
+        segment("tenant", tenant)?,
+        segment(what, id)?
+    ))
+}
+
 /// One path segment for a tenant name, event or schedule id.
 pub fn segment(what: &str, name: &str) -> Result<String, Failure> {
     // URL parsers resolve "." and ".." (encoded or not) as dot segments,
@@ -354,12 +369,104 @@ pub fn print(text: &str) {
 }
 
 /// Prints the answer: its raw JSON with `--json`, else what `render`
-/// makes of it.
-pub fn show(client: &Client, answer: &Answer, render: impl FnOnce(&Value) -> String) {
+/// makes of it. Takes the request's outcome so a command is one line.
+pub fn show(
+    client: &Client,
+    answer: Result<Answer, Failure>,
+    render: impl FnOnce(&Value) -> String,
+) -> Result<(), Failure> {
+    let answer = answer?;
     if client.json {
         print(&answer.raw);
     } else {
         print(&render(&answer.value));
+    }
+    Ok(())
+}
+
+/// The array `field` of an answer; empty when it is missing.
+pub fn items<'a>(answer: &'a Value, field: &str) -> &'a [Value] {
+    answer
+        .get(field)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+/// The named fields of `value` as cells, in this order.
+pub fn cells(value: &Value, fields: &[&str]) -> Vec<String> {
+    fields.iter().map(|field| text(value, field)).collect()
+}
+
+/// A column's header from the field it shows: `deliver_at` → `DELIVER AT`.
+pub fn column(field: &str) -> String {
+    field.to_uppercase().replace('_', " ")
+}
+
+/// A listing of the `fields` of each item, each under its [`column`].
+pub fn render_fields(answer: &Value, field: &str, none: &str, fields: &[&str]) -> String {
+    let header: Vec<String> = fields.iter().map(|f| column(f)).collect();
+    render_items(answer, field, none, &header, |item| cells(item, fields))
+}
+
+/// A listing: `none` when its `field` array is empty, else a table with a
+/// row per item, then the next-page line (when the answer has one).
+pub fn render_items<S: AsRef<str>>(
+    answer: &Value,
+    field: &str,
+    none: &str,
+    header: &[S],
+    row: impl Fn(&Value) -> Vec<String>,
+) -> String {
+    let items = items(answer, field);
+    if items.is_empty() {
+        return format!("{none}\n");
+    }
+    let mut table = Table::new(header);
+    for item in items {
+        table.row(row(item));
+    }
+    table.render() + &next_page(answer)
+}
+
+/// Paging of a listing.
+#[derive(Debug, Args)]
+pub struct Paging {
+    /// Items per page (the node's default when left out)
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u32>,
+
+    /// Where the previous page ended (its `more: --cursor …` line)
+    #[arg(long, value_name = "CURSOR")]
+    pub cursor: Option<String>,
+}
+
+impl Paging {
+    /// The query pairs, for [`query`].
+    pub fn pairs(self) -> [(&'static str, Option<String>); 2] {
+        [
+            ("limit", self.limit.map(|n| n.to_string())),
+            ("cursor", self.cursor),
+        ]
+    }
+}
+
+/// Bounds on the events' due instants.
+#[derive(Debug, Args)]
+pub struct DueRange {
+    /// Events due at or after this instant (RFC 3339)
+    #[arg(long, value_name = "INSTANT")]
+    pub from: Option<String>,
+
+    /// Events due before this instant (RFC 3339)
+    #[arg(long, value_name = "INSTANT")]
+    pub to: Option<String>,
+}
+
+impl DueRange {
+    /// The named bounds that are set, for a query or a filter.
+    pub fn pairs(self) -> [(&'static str, Option<String>); 2] {
+        [("from", self.from), ("to", self.to)]
     }
 }
 
@@ -380,9 +487,9 @@ pub struct Table {
 }
 
 impl Table {
-    pub fn new(header: &[&str]) -> Table {
+    pub fn new<S: AsRef<str>>(header: &[S]) -> Table {
         Table {
-            header: header.iter().map(|h| h.to_string()).collect(),
+            header: header.iter().map(|h| h.as_ref().to_string()).collect(),
             rows: Vec::new(),
         }
     }

@@ -5,7 +5,10 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 use super::events::read_payload;
-use super::{Client, Connection, Failure, Fields, Table, next_page, query, segment, show, text};
+use super::{
+    Client, Connection, Failure, Fields, Paging, query, render_fields, segment, show,
+    tenant_item_path,
+};
 
 #[derive(Debug, Args)]
 pub struct SchedulesArgs {
@@ -44,13 +47,8 @@ pub struct ListArgs {
     /// The tenant
     pub tenant: String,
 
-    /// Schedules per page (the node's default when left out)
-    #[arg(long, value_name = "N")]
-    pub limit: Option<u32>,
-
-    /// Where the previous page ended (its `more: --cursor …` line)
-    #[arg(long, value_name = "CURSOR")]
-    pub cursor: Option<String>,
+    #[command(flatten)]
+    pub paging: Paging,
 }
 
 #[derive(Debug, Args)]
@@ -85,18 +83,15 @@ pub async fn execute(client: &Client, command: SchedulesCommand) -> Result<(), F
             let path = format!(
                 "/v1/tenants/{}/schedules{}",
                 segment("tenant", &args.tenant)?,
-                query(&[
-                    ("limit", args.limit.map(|n| n.to_string())),
-                    ("cursor", args.cursor),
-                ])
+                query(&args.paging.pairs())
             );
-            let answer = client.get(&path).await?;
-            show(client, &answer, render_list);
+            show(client, client.get(&path).await, render_list)
         }
-        SchedulesCommand::Get(schedule) => {
-            let answer = client.get(&schedule_path(&schedule)?).await?;
-            show(client, &answer, render_schedule);
-        }
+        SchedulesCommand::Get(schedule) => show(
+            client,
+            client.get(&schedule_path(&schedule)?).await,
+            render_schedule,
+        ),
         SchedulesCommand::Put(args) => {
             let mut body = json!({ "expression": args.cron });
             let optional = [
@@ -110,63 +105,39 @@ pub async fn execute(client: &Client, command: SchedulesCommand) -> Result<(), F
                     body[field] = Value::String(value);
                 }
             }
-            let answer = client.put(&schedule_path(&args.schedule)?, &body).await?;
-            show(client, &answer, render_schedule);
+            let path = schedule_path(&args.schedule)?;
+            show(client, client.put(&path, &body).await, render_schedule)
         }
-        SchedulesCommand::Delete(schedule) => {
-            let answer = client.delete(&schedule_path(&schedule)?).await?;
-            show(client, &answer, render_schedule);
-        }
-        SchedulesCommand::Pause(schedule) => {
-            let path = format!("{}/pause", schedule_path(&schedule)?);
-            let answer = client.post(&path).await?;
-            show(client, &answer, render_schedule);
-        }
-        SchedulesCommand::Resume(schedule) => {
-            let path = format!("{}/resume", schedule_path(&schedule)?);
-            let answer = client.post(&path).await?;
-            show(client, &answer, render_schedule);
-        }
+        SchedulesCommand::Delete(schedule) => show(
+            client,
+            client.delete(&schedule_path(&schedule)?).await,
+            render_schedule,
+        ),
+        SchedulesCommand::Pause(schedule) => status_change(client, &schedule, "pause").await,
+        SchedulesCommand::Resume(schedule) => status_change(client, &schedule, "resume").await,
     }
-    Ok(())
+}
+
+/// `POST …/schedules/{id}/pause` or `…/resume`.
+async fn status_change(client: &Client, schedule: &ScheduleRef, verb: &str) -> Result<(), Failure> {
+    let path = format!("{}/{verb}", schedule_path(schedule)?);
+    show(client, client.post(&path).await, render_schedule)
 }
 
 fn schedule_path(schedule: &ScheduleRef) -> Result<String, Failure> {
-    Ok(format!(
-        "/v1/tenants/{}/schedules/{}",
-        segment("tenant", &schedule.tenant)?,
-        segment("schedule id", &schedule.id)?
-    ))
+    tenant_item_path(&schedule.tenant, "schedules", "schedule id", &schedule.id)
 }
 
 fn render_list(answer: &Value) -> String {
-    let schedules = answer
-        .get("schedules")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if schedules.is_empty() {
-        return "no schedules\n".into();
-    }
-    let mut table = Table::new(&[
-        "ID",
-        "STATUS",
-        "EXPRESSION",
-        "TIME ZONE",
-        "NEXT OCCURRENCE",
-        "OCCURRENCES",
-    ]);
-    for schedule in schedules {
-        table.row(vec![
-            text(schedule, "id"),
-            text(schedule, "status"),
-            text(schedule, "expression"),
-            text(schedule, "time_zone"),
-            text(schedule, "next_occurrence"),
-            text(schedule, "occurrences"),
-        ]);
-    }
-    table.render() + &next_page(answer)
+    let fields = [
+        "id",
+        "status",
+        "expression",
+        "time_zone",
+        "next_occurrence",
+        "occurrences",
+    ];
+    render_fields(answer, "schedules", "no schedules", &fields)
 }
 
 fn render_schedule(schedule: &Value) -> String {

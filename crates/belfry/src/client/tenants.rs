@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand};
 use serde_json::{Map, Value, json};
 
-use super::{Client, Connection, Failure, Fields, Table, clean, segment, show, text};
+use super::{Client, Connection, Failure, Fields, clean, render_items, segment, show, text};
 
 #[derive(Debug, Args)]
 pub struct TenantsArgs {
@@ -48,15 +48,10 @@ pub struct PutArgs {
 
 pub async fn execute(client: &Client, command: TenantsCommand) -> Result<(), Failure> {
     match command {
-        TenantsCommand::List => {
-            let answer = client.get("/v1/tenants").await?;
-            show(client, &answer, render_list);
-        }
+        TenantsCommand::List => show(client, client.get("/v1/tenants").await, render_list),
         TenantsCommand::Get { tenant } => {
-            let answer = client
-                .get(&format!("/v1/tenants/{}", segment("tenant", &tenant)?))
-                .await?;
-            show(client, &answer, render_tenant);
+            let path = format!("/v1/tenants/{}", segment("tenant", &tenant)?);
+            show(client, client.get(&path).await, render_tenant)
         }
         TenantsCommand::Put(args) => {
             let mut sink = json!({ "type": "http", "url": args.webhook });
@@ -67,11 +62,10 @@ pub async fn execute(client: &Client, command: TenantsCommand) -> Result<(), Fai
                 sink["timeout_ms"] = json!(timeout_ms);
             }
             let path = format!("/v1/tenants/{}", segment("tenant", &args.tenant)?);
-            let answer = client.put(&path, &json!({ "sink": sink })).await?;
-            show(client, &answer, render_tenant);
+            let answer = client.put(&path, &json!({ "sink": sink })).await;
+            show(client, answer, render_tenant)
         }
     }
-    Ok(())
 }
 
 fn headers(pairs: &[String]) -> Result<Map<String, Value>, Failure> {
@@ -98,20 +92,11 @@ fn target(sink: &Value) -> String {
 }
 
 fn render_list(answer: &Value) -> String {
-    let tenants = answer
-        .get("tenants")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if tenants.is_empty() {
-        return "no tenants\n".into();
-    }
-    let mut table = Table::new(&["NAME", "SINK", "TARGET"]);
-    for tenant in tenants {
+    let header = ["NAME", "SINK", "TARGET"];
+    render_items(answer, "tenants", "no tenants", &header, |tenant| {
         let sink = tenant.get("sink").unwrap_or(&Value::Null);
-        table.row(vec![text(tenant, "name"), text(sink, "type"), target(sink)]);
-    }
-    table.render()
+        vec![text(tenant, "name"), text(sink, "type"), target(sink)]
+    })
 }
 
 fn render_tenant(tenant: &Value) -> String {
