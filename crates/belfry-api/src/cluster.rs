@@ -1,9 +1,10 @@
 //! What `GET /events/cluster` reports: the nodes and which one leads.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// A node's role, in BigBen's words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub enum Role {
     Master,
     Slave,
@@ -69,7 +70,7 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug + 'static {
 
 /// `GET /v1/cluster`: nodes, leader and term, partitions per node with
 /// epochs, heartbeat ages.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct ClusterStatus {
     /// `"single"` (embedded store) or `"cluster"` (PostgreSQL).
     pub mode: &'static str,
@@ -78,17 +79,18 @@ pub struct ClusterStatus {
     /// Partitions no live node owns right now (between a release and the
     /// next grant, or after an owner died), ordered; left out when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(required = false)]
     pub unowned: Vec<PartitionView>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct LeaderStatus {
     pub node: String,
     pub address: Option<String>,
     pub term: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct NodeView {
     pub id: String,
     pub address: String,
@@ -99,13 +101,14 @@ pub struct NodeView {
     pub partitions: Vec<PartitionView>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct PartitionView {
     pub partition: u16,
     pub epoch: u64,
     /// The node the leader is handing it to: the owner has been asked to
     /// release it (a planned hand-over in progress).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub moving_to: Option<String>,
 }
 

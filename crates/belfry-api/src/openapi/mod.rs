@@ -1,6 +1,8 @@
 //! `GET /openapi.json`: the OpenAPI 3.1 document of every route, built from
-//! the handlers' `#[utoipa::path]` annotations and the shapes in
-//! [`schema`]. Public (no key): it describes the API, it holds no data.
+//! the handlers' `#[utoipa::path]` annotations: each body's schema is the
+//! view the handler serializes or the struct it parses (`ToSchema` next to
+//! the handler), the shared envelopes are in [`schema`]. Public (no key):
+//! it describes the API, it holds no data.
 //!
 //! Besides what utoipa derives, [`document`] adds the Bearer security
 //! scheme (API keys `bfy_…`; optional, since a loopback node without keys

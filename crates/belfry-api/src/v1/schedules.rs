@@ -22,10 +22,10 @@ use belfry_core::{
 };
 use belfry_engine::schedules::{PutOutcome, ScheduleOpError, ScheduleState};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use utoipa::ToSchema;
 
 use crate::ApiState;
-use crate::answers::{AnswerBudget, FIRST_READ, Page};
+use crate::answers::{AnswerBudget, FIRST_READ, Listing, Page};
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path, query_pairs};
 use crate::v1::events::{BackoffBody, PullFields, admit_queue, decode_cursor, encode_cursor};
@@ -39,7 +39,7 @@ const DEFAULT_PREVIEW: usize = 10;
 
 /// The misfire policy on the wire: `{"policy": "fire_once"}`,
 /// `{"policy": "fire_all", "cap": 10}`, `{"policy": "skip"}`.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(
     rename_all = "snake_case",
     tag = "policy",
@@ -48,7 +48,11 @@ const DEFAULT_PREVIEW: usize = 10;
 )]
 pub(crate) enum Misfire {
     FireOnce,
-    FireAll { cap: u32 },
+    FireAll {
+        /// Most missed occurrences fired at once.
+        #[schema(minimum = 1, maximum = 1000)]
+        cap: u32,
+    },
     Skip,
 }
 
@@ -73,23 +77,38 @@ impl From<MisfirePolicy> for Misfire {
 }
 
 /// Body of `PUT /v1/tenants/{tenant}/schedules/{id}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, expecting = "a schedule object")]
+#[schema(example = json!({"expression": "30 2 * * *", "time_zone": "Europe/Berlin", "payload": "report"}))]
 pub(crate) struct PutSchedule {
+    /// A cron expression of `type`, a macro (`@daily`) or `@every 5m`.
     expression: String,
-    /// `unix` (default), `quartz`, `spring`, `cron4j` or `every`.
+    /// `unix` (default), `quartz`, `spring`, `cron4j` or `every` (alias
+    /// `interval`), in any case.
     #[serde(rename = "type")]
+    #[schema(
+        pattern = "^\\s*(?:[Uu][Nn][Ii][Xx]|[Qq][Uu][Aa][Rr][Tt][Zz]|[Ss][Pp][Rr][Ii][Nn][Gg]|[Cc][Rr][Oo][Nn]4[Jj]|[Ee][Vv][Ee][Rr][Yy]|[Ii][Nn][Tt][Ee][Rr][Vv][Aa][Ll])\\s*$"
+    )]
     kind: Option<String>,
+    /// An IANA zone (default `UTC`).
     time_zone: Option<String>,
     payload: Option<String>,
     delivery: Option<Delivery>,
+    #[schema(format = DateTime)]
     start_at: Option<String>,
+    #[schema(format = DateTime)]
     end_at: Option<String>,
+    #[schema(minimum = 1)]
     max_occurrences: Option<u64>,
     misfire: Option<Misfire>,
     catch_up_window_ms: Option<u64>,
+    /// Pull tenants: the queue of its occurrences (default `default`).
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
     queue: Option<String>,
+    /// Pull tenants: its occurrences' attempt cap (else the tenant's).
+    #[schema(minimum = 1, maximum = 1000)]
     max_attempts: Option<u32>,
+    /// Pull tenants: its occurrences' back-off (else the node's).
     backoff: Option<BackoffBody>,
 }
 
@@ -189,7 +208,7 @@ pub(crate) fn schedule_id(text: String) -> Result<ScheduleId, ApiError> {
 }
 
 /// Missed occurrences beyond the per-firing recording cap.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct MissedView {
     /// Stored one by one as occurrences in status `missed`.
     recorded: u64,
@@ -215,7 +234,7 @@ impl From<MissedSummary> for MissedView {
 }
 
 /// A schedule as `/v1` shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct ScheduleView {
     pub tenant: String,
     pub id: String,
@@ -224,6 +243,7 @@ pub(crate) struct ScheduleView {
     pub kind: String,
     pub time_zone: String,
     pub description: Option<String>,
+    /// `active`, `paused`, `completed` (`deleted` in a delete's answer).
     pub status: &'static str,
     pub next_occurrence: Option<String>,
     pub next_occurrence_local: Option<String>,
@@ -236,10 +256,13 @@ pub(crate) struct ScheduleView {
     pub catch_up_window_ms: u64,
     /// Given to its occurrences, shown when set.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub queue: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub max_attempts: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<BackoffBody>, nullable = false)]
     pub backoff: Option<belfry_core::Backoff>,
     /// Occurrences handled so far (created or recorded as missed).
     pub occurrences: u64,
@@ -250,6 +273,15 @@ pub(crate) struct ScheduleView {
     /// Why the schedule stopped, if it stopped abnormally.
     pub error: Option<String>,
 }
+
+/// A page of a tenant's schedules, by id.
+pub(crate) struct ScheduleList;
+
+impl Listing for ScheduleList {
+    const KEY: &'static str = "schedules";
+    type Item<'a> = ScheduleView;
+}
+crate::openapi::schema::list_page!(ScheduleList, "A page of schedules");
 
 impl From<&ScheduleState> for ScheduleView {
     fn from(state: &ScheduleState) -> Self {
@@ -300,11 +332,11 @@ pub(crate) async fn require_tenant(state: &ApiState, name: &TenantName) -> Resul
     tag = "schedules",
     operation_id = "put_schedule",
     summary = "Create (201) or replace (200) a recurring schedule",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
-    request_body(content = crate::openapi::schema::PutSchedule, content_type = "application/json"),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    request_body(content = PutSchedule, content_type = "application/json"),
     responses(
-        (status = 201, description = "Created", body = crate::openapi::schema::ScheduleView),
-        (status = 200, description = "Replaced", body = crate::openapi::schema::ScheduleView),
+        (status = 201, description = "Created", body = ScheduleView),
+        (status = 200, description = "Replaced", body = ScheduleView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -367,9 +399,9 @@ pub(crate) async fn put(
     tag = "schedules",
     operation_id = "get_schedule",
     summary = "A schedule",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
     responses(
-        (status = 200, description = "The schedule", body = crate::openapi::schema::ScheduleView),
+        (status = 200, description = "The schedule", body = ScheduleView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1Errors
@@ -400,9 +432,9 @@ pub(crate) async fn get(
     tag = "schedules",
     operation_id = "delete_schedule",
     summary = "Delete a schedule; future occurrences are cancelled",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
     responses(
-        (status = 200, description = "The schedule as it was (status deleted)", body = crate::openapi::schema::ScheduleView),
+        (status = 200, description = "The schedule as it was (status deleted)", body = ScheduleView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -439,9 +471,9 @@ pub(crate) async fn delete(
     tag = "schedules",
     operation_id = "pause_schedule",
     summary = "Pause a schedule",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
     responses(
-        (status = 200, description = "Paused", body = crate::openapi::schema::ScheduleView),
+        (status = 200, description = "Paused", body = ScheduleView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -469,9 +501,9 @@ pub(crate) async fn pause(
     tag = "schedules",
     operation_id = "resume_schedule",
     summary = "Resume a schedule from now",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
     responses(
-        (status = 200, description = "Resumed", body = crate::openapi::schema::ScheduleView),
+        (status = 200, description = "Resumed", body = ScheduleView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -540,9 +572,9 @@ fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), A
     tag = "schedules",
     operation_id = "list_schedules",
     summary = "A page of a tenant's schedules",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("limit" = Option<u32>, Query, description = "1 to max_list_limit"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     responses(
-        (status = 200, description = "A page", body = crate::openapi::schema::ScheduleList),
+        (status = 200, description = "A page", body = ScheduleList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1Errors
@@ -568,7 +600,7 @@ pub(crate) async fn list(
     };
     // Bounded by bytes like the event listing: read in pages, written
     // item by item.
-    let mut page = Page::new("schedules", budget.per_answer());
+    let mut page = Page::<ScheduleList>::new(budget.per_answer());
     let mut read = FIRST_READ.min(limit + 1);
     let mut more = false;
     'reading: loop {
@@ -598,16 +630,46 @@ pub(crate) async fn list(
 }
 
 /// One occurrence in a schedule's history.
-#[derive(Debug, Serialize)]
-struct OccurrenceView<'a> {
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct OccurrenceView<'a> {
     /// The occurrence's event id, also its deliveries' idempotency key.
     id: &'a str,
     scheduled_at: String,
+    /// The occurrence event's status.
     status: &'static str,
     attempts: u32,
     last_error: Option<&'a str>,
     triggered_at: Option<String>,
     finished_at: Option<String>,
+}
+
+/// A page of a schedule's occurrences, in instant order.
+pub(crate) struct OccurrenceList;
+
+impl Listing for OccurrenceList {
+    const KEY: &'static str = "occurrences";
+    type Item<'a> = OccurrenceView<'a>;
+}
+crate::openapi::schema::list_page!(OccurrenceList, "A page of a schedule's occurrences");
+
+/// One occurrence of a preview.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PreviewOccurrence {
+    utc: String,
+    /// The same instant in the zone, with its offset.
+    local: String,
+}
+
+/// The answer to a preview.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Preview {
+    expression: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    time_zone: String,
+    description: String,
+    from: String,
+    occurrences: Vec<PreviewOccurrence>,
 }
 
 /// A schedule's occurrences in instant order, with their status:
@@ -619,9 +681,9 @@ struct OccurrenceView<'a> {
     tag = "schedules",
     operation_id = "list_occurrences",
     summary = "A schedule's occurrences in instant order",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("limit" = Option<u32>, Query, description = "1 to max_list_limit"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     responses(
-        (status = 200, description = "A page", body = crate::openapi::schema::OccurrenceList),
+        (status = 200, description = "A page", body = OccurrenceList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1Errors
@@ -643,7 +705,7 @@ pub(crate) async fn occurrences(
     };
     // Occurrences carry the schedule's payload (not shown): read in pages
     // bounded by bytes, like the event listing.
-    let mut page = Page::new("occurrences", budget.per_answer());
+    let mut page = Page::<OccurrenceList>::new(budget.per_answer());
     let mut read = FIRST_READ.min(limit + 1);
     let mut more = false;
     'reading: loop {
@@ -698,9 +760,9 @@ pub(crate) async fn occurrences(
     tag = "schedules",
     operation_id = "preview_cron",
     summary = "The next occurrences of a cron expression",
-    params(("expression" = String, Query, description = "Cron expression, macro or @every"), ("type" = Option<String>, Query, description = "unix, quartz, spring, cron4j or every"), ("timezone" = Option<String>, Query, description = "IANA zone"), ("from" = Option<String>, Query, description = "RFC 3339; default now"), ("count" = Option<u32>, Query, description = "1 to 1000; default 10")),
+    params(("expression" = String, Query, description = "Cron expression, macro or @every"), ("type" = Option<String>, Query, pattern = "^\\s*(?:[Uu][Nn][Ii][Xx]|[Qq][Uu][Aa][Rr][Tt][Zz]|[Ss][Pp][Rr][Ii][Nn][Gg]|[Cc][Rr][Oo][Nn]4[Jj]|[Ee][Vv][Ee][Rr][Yy]|[Ii][Nn][Tt][Ee][Rr][Vv][Aa][Ll])\\s*$", description = "unix, quartz, spring, cron4j or every (alias interval), in any case"), ("timezone" = Option<String>, Query, description = "IANA zone"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339; default now"), ("count" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to 1000; default 10")),
     responses(
-        (status = 200, description = "The occurrences", body = crate::openapi::schema::Preview),
+        (status = 200, description = "The occurrences", body = Preview),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
         (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
@@ -749,18 +811,21 @@ pub(crate) async fn preview(State(state): State<ApiState>, uri: Uri) -> Result<R
         .map_err(cron_error)?;
     let spec = CronSpec::parse(&expression, kind, zone.as_deref()).map_err(cron_error)?;
     let from = from.unwrap_or_else(|| state.engine.now());
-    let occurrences: Vec<_> = spec
+    let occurrences = spec
         .occurrences_after(from)
         .take(count)
-        .map(|at| json!({ "utc": at.to_rfc3339(), "local": local_time(&spec, at) }))
+        .map(|at| PreviewOccurrence {
+            utc: at.to_rfc3339(),
+            local: local_time(&spec, at),
+        })
         .collect();
-    Ok(Json(json!({
-        "expression": spec.expression(),
-        "type": spec.kind().as_str(),
-        "time_zone": spec.time_zone_name(),
-        "description": spec.describe(),
-        "from": from.to_rfc3339(),
-        "occurrences": occurrences,
-    }))
-    .into_response())
+    let preview = Preview {
+        expression: spec.expression().to_string(),
+        kind: spec.kind().as_str(),
+        time_zone: spec.time_zone_name().to_string(),
+        description: spec.describe(),
+        from: from.to_rfc3339(),
+        occurrences,
+    };
+    Ok(Json(preview).into_response())
 }
