@@ -378,7 +378,7 @@ const AUDIT_PAGE_MAX: usize = 1_000;
     tag = "keys",
     operation_id = "audit_log",
     summary = "The audit log, oldest first (admin)",
-    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to 1000; default 100"), ("after" = Option<String>, Query, description = "next of the previous page")),
+    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to 1000; default 100"), ("after" = Option<String>, Query, pattern = "^[+-]?[0-9]{1,18}\\.[A-Za-z0-9]+$", description = "next of the previous page")),
     responses(
         (status = 200, description = "A page", body = AuditPage),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),

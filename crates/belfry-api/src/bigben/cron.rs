@@ -30,6 +30,7 @@ use utoipa::ToSchema;
 use crate::ApiState;
 use crate::auth::Principal;
 use crate::error::{ApiError, BigBenError, code};
+use crate::extract::whole::Whole;
 use crate::extract::{BigBenJson, query_pairs, query_value};
 use crate::v1::schedules::{
     Definition, Misfire, cron_error, op_error, require_tenant, schedule_id,
@@ -60,9 +61,11 @@ pub(crate) struct CronRequest {
     delivery_option: Option<DeliveryOption>,
     start_at: Option<String>,
     end_at: Option<String>,
-    max_occurrences: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 18446744073709551615.0)]
+    max_occurrences: Option<Whole<u64>>,
     misfire: Option<Misfire>,
-    catch_up_window_ms: Option<u64>,
+    #[schema(value_type = Option<u64>, maximum = 18446744073709551615.0)]
+    catch_up_window_ms: Option<Whole<u64>>,
 }
 
 /// A cron as BigBen's routes show it.
@@ -175,11 +178,13 @@ pub(crate) async fn create(
         delivery,
         start_at: request.start_at,
         end_at: request.end_at,
-        max_occurrences: request.max_occurrences,
+        max_occurrences: request.max_occurrences.map(Whole::get),
         misfire: request.misfire.map_or(MisfirePolicy::FireOnce, Into::into),
         catch_up_window: request
             .catch_up_window_ms
-            .map_or(DEFAULT_CATCH_UP_WINDOW, Duration::from_millis),
+            .map_or(DEFAULT_CATCH_UP_WINDOW, |ms| {
+                Duration::from_millis(ms.get())
+            }),
         // BigBen's cron requests have no such fields.
         pull: Default::default(),
     }
@@ -224,7 +229,7 @@ fn segments<T>(path: Result<Path<T>, PathRejection>) -> Result<T, BigBenError> {
     tag = "bigben",
     operation_id = "bigben_get_cron",
     summary = "A cron (zero or one)",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment"), ("describe" = Option<bool>, Query, description = "add a description")),
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`); a name that cannot exist has no cron"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("describe" = Option<bool>, Query, description = "add a description")),
     responses(
         (status = 200, description = "Zero or one cron", body = Vec<CronAnswer>),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
@@ -276,7 +281,7 @@ pub(crate) async fn get(
     tag = "bigben",
     operation_id = "bigben_delete_cron",
     summary = "Delete a cron of a type (or *)",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment"), ("type" = String, Path, description = "The cron type or *")),
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`); a name that cannot exist has no cron"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("type" = String, Path, pattern = "^(?:\\*|\\s*(?:[Uu][Nn][Ii][Xx]|[Qq][Uu][Aa][Rr][Tt][Zz]|[Ss][Pp][Rr][Ii][Nn][Gg]|[Cc][Rr][Oo][Nn]4[Jj]|[Ee][Vv][Ee][Rr][Yy]|[Ii][Nn][Tt][Ee][Rr][Vv][Aa][Ll])\\s*)$", description = "The cron type (any case) or *")),
     responses(
         (status = 200, description = "Deleted", body = crate::bigben::StatusOk),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),

@@ -227,8 +227,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
             let timeout_ms = match props.remove("timeout_ms") {
                 None | Some(Value::Null) => None,
                 Some(value) => Some(
-                    value
-                        .as_u64()
+                    crate::extract::whole::u64_of(&value)
                         .ok_or_else(|| invalid("props.timeout_ms must be a whole number"))?,
                 ),
             };

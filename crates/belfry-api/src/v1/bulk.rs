@@ -286,7 +286,7 @@ pub(crate) async fn create(
     tag = "bulk-actions",
     operation_id = "list_bulk_actions",
     summary = "Bulk actions, newest first",
-    params(("tenant" = Option<String>, Query, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Only this tenant's (a tenant key: its own, the default)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("tenant" = Option<String>, Query, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Only this tenant's (a tenant key: its own, the default)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^bulk_[0-9a-f]{12}[0-9A-Za-z]{10}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = BulkActionList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),

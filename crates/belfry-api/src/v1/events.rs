@@ -25,6 +25,7 @@ use crate::ApiState;
 use crate::answers::{AnswerBudget, FIRST_READ, Page};
 use crate::auth::Principal;
 use crate::error::{ApiError, V1Error, code};
+use crate::extract::whole::Whole;
 use crate::extract::{V1Json, V1Path, deserialize_naming_field, query_pairs};
 use crate::openapi::schema::V1ErrorDetail;
 use crate::v1::tenants::{tenant_name, tenant_not_found};
@@ -50,8 +51,8 @@ pub(crate) struct PutEvent {
     #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
     queue: Option<String>,
     /// Pull tenants: attempts before the event fails (else the tenant's).
-    #[schema(minimum = 1, maximum = 1000)]
-    max_attempts: Option<u32>,
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    max_attempts: Option<Whole<u32>>,
     /// Pull tenants: the back-off between attempts (else the node's).
     backoff: Option<BackoffBody>,
 }
@@ -73,8 +74,8 @@ pub(crate) struct BatchItem {
     delivery: Option<Delivery>,
     #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
     queue: Option<String>,
-    #[schema(minimum = 1, maximum = 1000)]
-    max_attempts: Option<u32>,
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    max_attempts: Option<Whole<u32>>,
     backoff: Option<BackoffBody>,
 }
 
@@ -94,13 +95,13 @@ pub(crate) struct PullFields {
 #[serde(deny_unknown_fields, expecting = "a backoff object")]
 #[schema(as = Backoff)]
 pub(crate) struct BackoffBody {
-    #[schema(minimum = 1, maximum = 86400000)]
-    initial_delay_ms: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 86400000)]
+    initial_delay_ms: Option<Whole<u64>>,
     #[schema(minimum = 1, maximum = 100)]
     multiplier: Option<f64>,
     /// At least `initial_delay_ms`.
-    #[schema(minimum = 1, maximum = 86400000)]
-    max_delay_ms: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 86400000)]
+    max_delay_ms: Option<Whole<u64>>,
 }
 
 impl BackoffBody {
@@ -113,10 +114,11 @@ impl BackoffBody {
         let defaults = RetryPolicy::default();
         let initial = self
             .initial_delay_ms
-            .unwrap_or(defaults.initial_delay.as_millis() as u64);
-        let max = self
-            .max_delay_ms
-            .unwrap_or((defaults.max_delay.as_millis() as u64).max(initial));
+            .map_or(defaults.initial_delay.as_millis() as u64, Whole::get);
+        let max = self.max_delay_ms.map_or(
+            (defaults.max_delay.as_millis() as u64).max(initial),
+            Whole::get,
+        );
         Backoff::new(initial, self.multiplier.unwrap_or(defaults.multiplier), max)
     }
 }
@@ -185,7 +187,7 @@ pub(crate) struct Batch {
     /// 10,000). Each is validated on its own: one that is malformed (even
     /// not an object) is answered `rejected` in `results`, and the others
     /// are stored.
-    #[schema(value_type = Vec<Object>, max_items = 10000)]
+    #[schema(value_type = Vec<Value>, max_items = 10000)]
     pub(crate) events: Vec<Value>,
 }
 
@@ -336,7 +338,7 @@ pub(crate) async fn put(
     let id = event_id(id)?;
     let pull = PullFields {
         queue: body.queue,
-        max_attempts: body.max_attempts,
+        max_attempts: body.max_attempts.map(Whole::get),
         backoff: body.backoff,
     };
     let command = upsert(&body.deliver_at, body.payload, body.delivery, pull)?;
@@ -571,7 +573,7 @@ pub(crate) async fn batch(
                 let id = event_id(item.id)?;
                 let pull = PullFields {
                     queue: item.queue,
-                    max_attempts: item.max_attempts,
+                    max_attempts: item.max_attempts.map(Whole::get),
                     backoff: item.backoff,
                 };
                 let command = upsert(&item.deliver_at, item.payload, item.delivery, pull)?;
@@ -775,7 +777,7 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
     tag = "events",
     operation_id = "list_events",
     summary = "A page of a tenant's events",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("status" = Option<String>, Query, pattern = "^(scheduled|retrying|delivered|failed|missed|cancelled)$", description = "scheduled, retrying, delivered, failed, missed or cancelled"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, format = DateTime, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("status" = Option<String>, Query, pattern = "^(scheduled|retrying|delivered|failed|missed|cancelled)$", description = "scheduled, retrying, delivered, failed, missed or cancelled"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, format = DateTime, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:t[0-9a-fA-F]{16})?(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = EventList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),

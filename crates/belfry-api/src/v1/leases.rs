@@ -25,6 +25,7 @@ use crate::ApiState;
 use crate::answers::AnswerBudget;
 use crate::auth::Principal;
 use crate::error::{ApiError, V1Error};
+use crate::extract::whole::Whole;
 use crate::extract::{V1Json, V1JsonBytes, V1Path};
 use crate::v1::forward;
 use crate::v1::invalid_request;
@@ -55,12 +56,12 @@ pub(crate) struct ClaimLeases {
     /// 1 to 128 bytes, no control characters.
     #[schema(value_type = String, required = true, min_length = 1, max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$")]
     worker_id: Option<String>,
-    #[schema(minimum = 1, maximum = 100)]
-    max_events: Option<u64>,
-    #[schema(minimum = 1000, maximum = 900000)]
-    lease_ms: Option<u64>,
-    #[schema(minimum = 0, maximum = 30000)]
-    wait_ms: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 100)]
+    max_events: Option<Whole<u64>>,
+    #[schema(value_type = Option<u64>, minimum = 1000, maximum = 900000)]
+    lease_ms: Option<Whole<u64>>,
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 30000)]
+    wait_ms: Option<Whole<u64>>,
     /// Only events of these named queues (1 to 32 names); omitted: all of
     /// the tenant's queues, in turn.
     #[schema(min_items = 1, max_items = 32)]
@@ -71,9 +72,9 @@ impl From<ClaimLeases> for ClaimBody {
     fn from(body: ClaimLeases) -> Self {
         ClaimBody {
             worker_id: body.worker_id,
-            max_events: body.max_events,
-            lease_ms: body.lease_ms,
-            wait_ms: body.wait_ms,
+            max_events: body.max_events.map(Whole::get),
+            lease_ms: body.lease_ms.map(Whole::get),
+            wait_ms: body.wait_ms.map(Whole::get),
             queues: body.queues,
         }
     }
@@ -83,14 +84,14 @@ impl From<ClaimLeases> for ClaimBody {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct HeartbeatLease {
-    #[schema(minimum = 1000, maximum = 900000)]
-    extend_ms: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 1000, maximum = 900000)]
+    extend_ms: Option<Whole<u64>>,
 }
 
 impl From<HeartbeatLease> for HeartbeatBody {
     fn from(body: HeartbeatLease) -> Self {
         HeartbeatBody {
-            extend_ms: body.extend_ms,
+            extend_ms: body.extend_ms.map(Whole::get),
         }
     }
 }
@@ -132,8 +133,8 @@ pub(crate) struct LeaseError {
 pub(crate) struct FailLease {
     error: LeaseError,
     /// Not with `permanent: true`.
-    #[schema(minimum = 0, maximum = 86400000)]
-    retry_after_ms: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 86400000)]
+    retry_after_ms: Option<Whole<u64>>,
     #[serde(default)]
     permanent: bool,
 }
@@ -145,7 +146,7 @@ impl From<FailLease> for FailBody {
                 code: body.error.code,
                 message: body.error.message,
             },
-            retry_after_ms: body.retry_after_ms,
+            retry_after_ms: body.retry_after_ms.map(Whole::get),
             permanent: body.permanent,
         }
     }
@@ -155,14 +156,14 @@ impl From<FailLease> for FailBody {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ReleaseLease {
-    #[schema(minimum = 0, maximum = 86400000)]
-    delay_ms: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 86400000)]
+    delay_ms: Option<Whole<u64>>,
 }
 
 impl From<ReleaseLease> for ReleaseBody {
     fn from(body: ReleaseLease) -> Self {
         ReleaseBody {
-            delay_ms: body.delay_ms,
+            delay_ms: body.delay_ms.map(Whole::get),
         }
     }
 }

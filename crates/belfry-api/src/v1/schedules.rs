@@ -27,6 +27,7 @@ use utoipa::ToSchema;
 use crate::ApiState;
 use crate::answers::{AnswerBudget, FIRST_READ, Listing, Page};
 use crate::error::{ApiError, V1Error, code};
+use crate::extract::whole::Whole;
 use crate::extract::{V1Json, V1Path, query_pairs};
 use crate::v1::events::{BackoffBody, PullFields, admit_queue, decode_cursor, encode_cursor};
 use crate::v1::tenants::{tenant_name, tenant_not_found};
@@ -50,6 +51,7 @@ pub(crate) enum Misfire {
     FireOnce,
     FireAll {
         /// Most missed occurrences fired at once.
+        #[serde(deserialize_with = "crate::extract::whole::u32")]
         #[schema(minimum = 1, maximum = 1000)]
         cap: u32,
     },
@@ -98,16 +100,17 @@ pub(crate) struct PutSchedule {
     start_at: Option<String>,
     #[schema(format = DateTime)]
     end_at: Option<String>,
-    #[schema(minimum = 1)]
-    max_occurrences: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 18446744073709551615.0)]
+    max_occurrences: Option<Whole<u64>>,
     misfire: Option<Misfire>,
-    catch_up_window_ms: Option<u64>,
+    #[schema(value_type = Option<u64>, maximum = 18446744073709551615.0)]
+    catch_up_window_ms: Option<Whole<u64>>,
     /// Pull tenants: the queue of its occurrences (default `default`).
     #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
     queue: Option<String>,
     /// Pull tenants: its occurrences' attempt cap (else the tenant's).
-    #[schema(minimum = 1, maximum = 1000)]
-    max_attempts: Option<u32>,
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    max_attempts: Option<Whole<u32>>,
     /// Pull tenants: its occurrences' back-off (else the node's).
     backoff: Option<BackoffBody>,
 }
@@ -359,14 +362,16 @@ pub(crate) async fn put(
         delivery: body.delivery.unwrap_or_default().into(),
         start_at: body.start_at,
         end_at: body.end_at,
-        max_occurrences: body.max_occurrences,
+        max_occurrences: body.max_occurrences.map(Whole::get),
         misfire: body.misfire.map_or(MisfirePolicy::FireOnce, Into::into),
         catch_up_window: body
             .catch_up_window_ms
-            .map_or(DEFAULT_CATCH_UP_WINDOW, Duration::from_millis),
+            .map_or(DEFAULT_CATCH_UP_WINDOW, |ms| {
+                Duration::from_millis(ms.get())
+            }),
         pull: PullFields {
             queue: body.queue,
-            max_attempts: body.max_attempts,
+            max_attempts: body.max_attempts.map(Whole::get),
             backoff: body.backoff,
         }
         .settings()?,
@@ -572,7 +577,7 @@ fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), A
     tag = "schedules",
     operation_id = "list_schedules",
     summary = "A page of a tenant's schedules",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-35-6][0-9a-fA-F]|4[1-9a-fA-F]|7[0-9a-eA-E]){1,400}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = ScheduleList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
@@ -681,7 +686,7 @@ pub(crate) struct Preview {
     tag = "schedules",
     operation_id = "list_occurrences",
     summary = "A schedule's occurrences in instant order",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = OccurrenceList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),

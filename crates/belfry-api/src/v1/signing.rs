@@ -145,8 +145,7 @@ fn grace_period(value: Option<&serde_json::Value>) -> Result<Duration, V1Error> 
     };
     match value {
         None | Some(serde_json::Value::Null) => Ok(DEFAULT_GRACE_PERIOD),
-        Some(value) => value
-            .as_u64()
+        Some(value) => crate::extract::whole::u64_of(value)
             .filter(|secs| *secs <= MAX_GRACE_PERIOD_SECS)
             .map(Duration::from_secs)
             .ok_or_else(invalid),

@@ -67,7 +67,7 @@ struct SinkSpec {
     #[schema(value_type = Option<BTreeMap<String, String>>)]
     headers: Option<Value>,
     /// `http`: the delivery's timeout.
-    #[schema(value_type = Option<u64>)]
+    #[schema(value_type = Option<u64>, maximum = 18446744073709551615.0)]
     timeout_ms: Option<Value>,
     /// `builtin`: the processor (`log`).
     #[schema(value_type = Option<String>)]
@@ -135,8 +135,7 @@ pub(crate) fn pull_target(spec: PullSpec, prefix: &str) -> Result<PullTarget, St
     let max_attempts = match spec.max_attempts {
         None | Some(Value::Null) => None,
         Some(value) => Some(
-            value
-                .as_u64()
+            crate::extract::whole::u64_of(&value)
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or_else(|| format!("{prefix}max_attempts must be a whole number"))?,
         ),
@@ -231,7 +230,7 @@ impl SinkSpec {
         let headers = string_map(headers, "sink.headers")?;
         let timeout_ms = match timeout_ms {
             None | Some(Value::Null) => None,
-            Some(value) => Some(value.as_u64().ok_or_else(|| {
+            Some(value) => Some(crate::extract::whole::u64_of(&value).ok_or_else(|| {
                 invalid_sink("sink.timeout_ms must be a whole number of milliseconds")
             })?),
         };
