@@ -31,7 +31,8 @@ use serde_json::{Value, json};
 pub use crate::bigben::schedule::EventRequest;
 use crate::bigben::schedule::{QuotaMode, schedule_items};
 use crate::error::{ApiError, code};
-use crate::v1::events::{BackoffBody, PullFields};
+use crate::v1::events::PullFields;
+use crate::v1::views::BackoffBody;
 use crate::v1::views::Delivery;
 
 /// Which tenants a writer may schedule for.

@@ -9,12 +9,10 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use belfry_core::auth::AuditAction;
-use belfry_core::retry::BackoffError;
 use belfry_core::tenant::MAX_PULL_ATTEMPTS;
 use belfry_core::{
-    Backoff, CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus,
-    EventVersion, PullSettings, QueueName, RetryPolicy, SinkConfig, TenantConfig, TenantName,
-    Timestamp,
+    CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus, EventVersion,
+    PullSettings, QueueName, SinkConfig, TenantConfig, TenantName, Timestamp,
 };
 use belfry_store::{Applied, KeyedCommand, ListEventsParams, StoreError};
 use serde::{Deserialize, Serialize};
@@ -29,7 +27,7 @@ use crate::extract::whole::Whole;
 use crate::extract::{V1Json, V1Path, deserialize_naming_field, query_pairs};
 use crate::openapi::schema::V1ErrorDetail;
 use crate::v1::tenants::{tenant_name, tenant_not_found};
-use crate::v1::views::{AttemptView, Delivery, EventList, EventView};
+use crate::v1::views::{AttemptView, BackoffBody, Delivery, EventList, EventView};
 
 /// Most history entries answered for one event; retries are bounded by the
 /// retry policy's backlog limit, so real histories stay far below this.
@@ -86,41 +84,6 @@ pub(crate) struct PullFields {
     pub queue: Option<String>,
     pub max_attempts: Option<u32>,
     pub backoff: Option<BackoffBody>,
-}
-
-/// A pull event's back-off: the first retry after `initial_delay_ms`,
-/// each further one `multiplier` times longer, at most `max_delay_ms`.
-/// Omitted fields: 1,000 ms, 2, 3,600,000 ms (at least `initial_delay_ms`).
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields, expecting = "a backoff object")]
-#[schema(as = Backoff)]
-pub(crate) struct BackoffBody {
-    #[schema(value_type = Option<u64>, minimum = 1, maximum = 86400000)]
-    initial_delay_ms: Option<Whole<u64>>,
-    #[schema(minimum = 1, maximum = 100)]
-    multiplier: Option<f64>,
-    /// At least `initial_delay_ms`.
-    #[schema(value_type = Option<u64>, minimum = 1, maximum = 86400000)]
-    max_delay_ms: Option<Whole<u64>>,
-}
-
-impl BackoffBody {
-    /// The back-off it gives, omitted fields taking the node's defaults.
-    ///
-    /// # Errors
-    /// A field out of its range; the message names it
-    /// (`backoff.multiplier`, …).
-    pub(crate) fn into_backoff(self) -> Result<Backoff, BackoffError> {
-        let defaults = RetryPolicy::default();
-        let initial = self
-            .initial_delay_ms
-            .map_or(defaults.initial_delay.as_millis() as u64, Whole::get);
-        let max = self.max_delay_ms.map_or(
-            (defaults.max_delay.as_millis() as u64).max(initial),
-            Whole::get,
-        );
-        Backoff::new(initial, self.multiplier.unwrap_or(defaults.multiplier), max)
-    }
 }
 
 impl PullFields {

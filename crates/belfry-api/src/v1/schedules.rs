@@ -29,9 +29,9 @@ use crate::answers::{AnswerBudget, FIRST_READ, Listing, Page};
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::whole::Whole;
 use crate::extract::{V1Json, V1Path, query_pairs};
-use crate::v1::events::{BackoffBody, PullFields, admit_queue, decode_cursor, encode_cursor};
+use crate::v1::events::{PullFields, admit_queue, decode_cursor, encode_cursor};
 use crate::v1::tenants::{tenant_name, tenant_not_found};
-use crate::v1::views::Delivery;
+use crate::v1::views::{BackoffBody, Delivery};
 
 /// Most occurrences a preview computes.
 const MAX_PREVIEW: usize = 1_000;

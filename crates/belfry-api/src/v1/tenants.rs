@@ -19,9 +19,8 @@ use crate::auth::Principal;
 use crate::auth::routes::audit;
 use crate::error::{ApiError, V1Error, code};
 use crate::extract::{V1Json, V1Path, deserialize_naming_field};
-use crate::v1::events::BackoffBody;
 use crate::v1::signing;
-use crate::v1::views::TenantView;
+use crate::v1::views::{BackoffBody, TenantView};
 
 /// Body of `PUT /v1/tenants/{tenant}`.
 #[derive(Debug, Deserialize, ToSchema)]

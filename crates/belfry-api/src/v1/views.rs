@@ -2,14 +2,16 @@
 //! routes. Each is also its OpenAPI schema (`ToSchema`); the shapes of
 //! one route live next to its handler.
 
+use belfry_core::retry::BackoffError;
 use belfry_core::{
-    Attempt, Backoff, DeliveryOption, EventRecord, SinkConfig, TenantConfig, Timestamp, Verdict,
+    Attempt, Backoff, DeliveryOption, EventRecord, RetryPolicy, SinkConfig, TenantConfig,
+    Timestamp, Verdict,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::answers::Listing;
-use crate::v1::events::BackoffBody;
+use crate::extract::whole::Whole;
 
 /// `delivery` on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
@@ -160,5 +162,40 @@ impl From<&Attempt> for AttemptView {
             http_status: attempt.http_status,
             error: attempt.error.clone(),
         }
+    }
+}
+
+/// A pull event's back-off: the first retry after `initial_delay_ms`,
+/// each further one `multiplier` times longer, at most `max_delay_ms`.
+/// Omitted fields: 1,000 ms, 2, 3,600,000 ms (at least `initial_delay_ms`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, expecting = "a backoff object")]
+#[schema(as = Backoff)]
+pub(crate) struct BackoffBody {
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 86400000)]
+    initial_delay_ms: Option<Whole<u64>>,
+    #[schema(minimum = 1, maximum = 100)]
+    multiplier: Option<f64>,
+    /// At least `initial_delay_ms`.
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 86400000)]
+    max_delay_ms: Option<Whole<u64>>,
+}
+
+impl BackoffBody {
+    /// The back-off it gives, omitted fields taking the node's defaults.
+    ///
+    /// # Errors
+    /// A field out of its range; the message names it
+    /// (`backoff.multiplier`, …).
+    pub(crate) fn into_backoff(self) -> Result<Backoff, BackoffError> {
+        let defaults = RetryPolicy::default();
+        let initial = self
+            .initial_delay_ms
+            .map_or(defaults.initial_delay.as_millis() as u64, Whole::get);
+        let max = self.max_delay_ms.map_or(
+            (defaults.max_delay.as_millis() as u64).max(initial),
+            Whole::get,
+        );
+        Backoff::new(initial, self.multiplier.unwrap_or(defaults.multiplier), max)
     }
 }
