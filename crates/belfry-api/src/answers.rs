@@ -20,6 +20,7 @@
 //!   long a client that stops reading keeps its answer.
 
 use std::convert::Infallible;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -204,28 +205,40 @@ pub(crate) const FIRST_READ: usize = 16;
 /// most a few hundred bytes).
 const PAGE_END_BYTES: usize = 1024;
 
-/// `{"<key>": [...], "next_cursor": ...}`, written item by item into one
-/// buffer (no tree of values, no copy of a payload but the one written),
-/// refusing the item that would pass the answer's byte budget.
-pub(crate) struct Page {
+/// A listing answered in byte-bounded pages: the key its items are
+/// answered under and their type. Its OpenAPI schema is made by
+/// `openapi::schema::list_page!`.
+pub(crate) trait Listing {
+    /// `{"<KEY>": [...], "next_cursor": ...}`; plain ASCII, nothing to
+    /// escape.
+    const KEY: &'static str;
+    type Item<'a>: serde::Serialize;
+}
+
+/// `{"<key>": [...], "next_cursor": ...}` of listing `L`, written item by
+/// item into one buffer (no tree of values, no copy of a payload but the
+/// one written), refusing the item that would pass the answer's byte
+/// budget.
+pub(crate) struct Page<L: Listing> {
     json: Vec<u8>,
     budget: usize,
     count: usize,
     /// The largest item written, in bytes.
     largest: usize,
+    listing: PhantomData<L>,
 }
 
-impl Page {
-    pub(crate) fn new(key: &str, budget: usize) -> Page {
+impl<L: Listing> Page<L> {
+    pub(crate) fn new(budget: usize) -> Page<L> {
         let mut json = Vec::with_capacity(budget.min(64 * 1024));
         json.push(b'{');
-        // A key is one of ours: plain ASCII, nothing to escape.
-        json.extend_from_slice(format!("\"{key}\":[").as_bytes());
+        json.extend_from_slice(format!("\"{}\":[", L::KEY).as_bytes());
         Page {
             json,
             budget,
             count: 0,
             largest: 0,
+            listing: PhantomData,
         }
     }
 
@@ -239,7 +252,7 @@ impl Page {
     ///
     /// # Errors
     /// The item does not serialize (a bug; logged, answered 500).
-    pub(crate) fn push<T: serde::Serialize>(&mut self, item: &T) -> Result<bool, V1Error> {
+    pub(crate) fn push(&mut self, item: &L::Item<'_>) -> Result<bool, V1Error> {
         let start = self.json.len();
         if self.count > 0 {
             self.json.push(b',');
@@ -285,6 +298,18 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
+    struct Strings;
+    impl Listing for Strings {
+        const KEY: &'static str = "events";
+        type Item<'a> = &'a str;
+    }
+
+    struct Numbers;
+    impl Listing for Numbers {
+        const KEY: &'static str = "schedules";
+        type Item<'a> = u32;
+    }
+
     fn budget(per_answer: usize, in_flight: usize) -> AnswerBudget {
         AnswerBudget::new(&ApiOptions {
             max_answer_bytes: per_answer,
@@ -327,8 +352,11 @@ mod tests {
     #[test]
     fn a_page_refuses_the_item_past_its_budget_but_always_holds_one() {
         let big = "x".repeat(3_000);
-        let mut page = Page::new("events", 2_000);
-        assert!(page.push(&big).unwrap(), "the first item always fits");
+        let mut page = Page::<Strings>::new(2_000);
+        assert!(
+            page.push(&big.as_str()).unwrap(),
+            "the first item always fits"
+        );
         assert!(!page.push(&"y").unwrap());
         assert_eq!(page.items_that_fit(), 1);
         let json = page.finish(Some("t00ab"));
@@ -336,7 +364,7 @@ mod tests {
         assert_eq!(value["events"].as_array().unwrap().len(), 1);
         assert_eq!(value["next_cursor"], "t00ab");
 
-        let mut page = Page::new("schedules", 4_000);
+        let mut page = Page::<Numbers>::new(4_000);
         for n in 0..5 {
             assert!(page.push(&n).unwrap());
         }

@@ -2,11 +2,12 @@
 //! which one leads; the handler of the second.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::ApiState;
 
 /// A node's role, in BigBen's words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub enum Role {
     Master,
     Slave,
@@ -72,7 +73,7 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug + 'static {
 
 /// `GET /v1/cluster`: nodes, leader and term, partitions per node with
 /// epochs, heartbeat ages.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct ClusterStatus {
     /// `"single"` (embedded store) or `"cluster"` (PostgreSQL).
     pub mode: &'static str,
@@ -81,17 +82,18 @@ pub struct ClusterStatus {
     /// Partitions no live node owns right now (between a release and the
     /// next grant, or after an owner died), ordered; left out when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(required = false)]
     pub unowned: Vec<PartitionView>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct LeaderStatus {
     pub node: String,
     pub address: Option<String>,
     pub term: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct NodeView {
     pub id: String,
     pub address: String,
@@ -102,13 +104,14 @@ pub struct NodeView {
     pub partitions: Vec<PartitionView>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct PartitionView {
     pub partition: u16,
     pub epoch: u64,
     /// The node the leader is handing it to: the owner has been asked to
     /// release it (a planned hand-over in progress).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub moving_to: Option<String>,
 }
 
@@ -135,7 +138,7 @@ impl ClusterView for SingleNode {
     operation_id = "cluster_status",
     summary = "What this node last saw of the cluster (admin)",
     responses(
-        (status = 200, description = "Leader, nodes and their partitions", body = crate::openapi::schema::ClusterStatus),
+        (status = 200, description = "Leader, nodes and their partitions", body = ClusterStatus),
         (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
         (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error)

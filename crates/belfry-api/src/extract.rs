@@ -379,3 +379,148 @@ fn check_content_type(req: &Request) -> Result<(), ApiError> {
         ))
     }
 }
+
+/// Whole numbers as JSON Schema reads them: `2.0` is the integer 2, so a
+/// client written against the OpenAPI document may send it so. Integer
+/// fields of request bodies are [`whole::Whole`]s; a wrong value gets the
+/// same message as a plain integer field would.
+pub(crate) mod whole {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{self, Deserialize, Deserializer, Unexpected, Visitor};
+    use serde_json::Value;
+
+    /// `value` as a `u64`: an unsigned integer, or a float with no
+    /// fraction in range.
+    pub(crate) fn u64_of(value: &Value) -> Option<u64> {
+        value.as_u64().or_else(|| {
+            value
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64)
+                .and_then(|f| u64::try_from(f as u128).ok())
+        })
+    }
+
+    /// An integer type read as [`Whole`]; `NAME` is what serde's own
+    /// messages call it, so that [`crate::extract::in_api_words`] words
+    /// them the same.
+    pub(crate) trait Integer: TryFrom<u64> + Sized {
+        const NAME: &'static str;
+    }
+
+    impl Integer for u32 {
+        const NAME: &'static str = "u32";
+    }
+
+    impl Integer for u64 {
+        const NAME: &'static str = "u64";
+    }
+
+    /// An integer written as an integer or as a whole float.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) struct Whole<T>(pub T);
+
+    impl<T> Whole<T> {
+        pub(crate) fn get(self) -> T {
+            self.0
+        }
+    }
+
+    struct WholeVisitor<T>(PhantomData<T>);
+
+    impl<T: Integer> WholeVisitor<T> {
+        fn in_range<E: de::Error>(&self, value: u64, unexpected: Unexpected<'_>) -> Result<T, E> {
+            T::try_from(value).map_err(|_| E::invalid_value(unexpected, self))
+        }
+    }
+
+    impl<'de, T: Integer> Visitor<'de> for WholeVisitor<T> {
+        type Value = T;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(T::NAME)
+        }
+
+        fn visit_u64<E: de::Error>(self, value: u64) -> Result<T, E> {
+            self.in_range(value, Unexpected::Unsigned(value))
+        }
+
+        fn visit_i64<E: de::Error>(self, value: i64) -> Result<T, E> {
+            let unsigned = u64::try_from(value)
+                .map_err(|_| E::invalid_value(Unexpected::Signed(value), &self))?;
+            self.in_range(unsigned, Unexpected::Signed(value))
+        }
+
+        fn visit_f64<E: de::Error>(self, value: f64) -> Result<T, E> {
+            match u64_of(&Value::from(value)) {
+                Some(whole) => self.in_range(whole, Unexpected::Float(value)),
+                None if value.fract() == 0.0 => {
+                    Err(E::invalid_value(Unexpected::Float(value), &self))
+                }
+                None => Err(E::invalid_type(Unexpected::Float(value), &self)),
+            }
+        }
+    }
+
+    impl<'de, T: Integer> Deserialize<'de> for Whole<T> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer
+                .deserialize_u64(WholeVisitor(PhantomData))
+                .map(Whole)
+        }
+    }
+
+    /// A required `u32` field read as a [`Whole`] (`deserialize_with`).
+    pub(crate) fn u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        Ok(Whole::<u32>::deserialize(d)?.0)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use serde::Deserialize;
+
+        use super::Whole;
+        use crate::extract::in_api_words;
+
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Body {
+            small: Option<Whole<u32>>,
+            large: Option<Whole<u64>>,
+        }
+
+        fn read(json: &str) -> Result<Body, String> {
+            serde_json::from_str(json).map_err(|e| in_api_words(&e))
+        }
+
+        #[test]
+        fn whole_floats_read_as_integers_and_the_rest_as_before() {
+            let body = read(r#"{"small": 2.0, "large": 351464.0}"#).unwrap();
+            assert_eq!(
+                (body.small, body.large),
+                (Some(Whole(2)), Some(Whole(351_464)))
+            );
+            let body = read(r#"{"small": null}"#).unwrap();
+            assert_eq!((body.small, body.large), (None, None));
+            // An object is not an array: a short one is refused, as before.
+            assert!(read("[null]").is_err());
+            assert_eq!(
+                read(r#"{"small": 1.5}"#).unwrap_err(),
+                "expected a whole number from 0 to 4294967295, found number `1.5`"
+            );
+            assert_eq!(
+                read(r#"{"small": 5000000000}"#).unwrap_err(),
+                "expected a whole number from 0 to 4294967295, found integer `5000000000`"
+            );
+            assert_eq!(
+                read(r#"{"large": -1}"#).unwrap_err(),
+                "expected a whole number of 0 or more, found integer `-1`"
+            );
+            assert_eq!(
+                read(r#"{"large": "7"}"#).unwrap_err(),
+                "expected a whole number of 0 or more, found string \"7\""
+            );
+        }
+    }
+}

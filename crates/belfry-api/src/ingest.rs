@@ -31,7 +31,8 @@ use crate::bigben::schedule::schedule_items;
 use crate::error::{ApiError, Code};
 pub use crate::pipeline::WriteScope;
 use crate::pipeline::{Checked, Outcome, Pipeline, QuotaMode, Tenants};
-use crate::v1::events::{BackoffBody, PullFields};
+use crate::v1::events::PullFields;
+use crate::v1::views::BackoffBody;
 use crate::v1::views::Delivery;
 
 /// The tenants listed, or every registered tenant when the list is

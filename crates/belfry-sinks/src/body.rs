@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// BigBen's `mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Mode {
     #[default]
     #[serde(rename = "UPSERT")]
@@ -19,6 +20,7 @@ pub enum Mode {
 
 /// BigBen's `eventStatus`, as answers and deliveries use it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum BigBenStatus {
     /// Schedule: stored as a new event.
@@ -54,6 +56,7 @@ impl BigBenStatus {
 
 /// BigBen's per-item error: `{"code": 400, "message": "..."}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EventError {
     pub code: u16,
     pub message: String,
@@ -66,6 +69,7 @@ pub struct EventError {
 /// including items rejected for missing fields; `None` is written as `null`
 /// (never omitted), and missing fields read back as `None`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EventResponse {
     pub id: Option<String>,
@@ -74,6 +78,8 @@ pub struct EventResponse {
     pub tenant: Option<String>,
     pub payload: Option<String>,
     pub mode: Option<Mode>,
+    /// `FULL_EVENT` or `PAYLOAD_ONLY`.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub delivery_option: Option<DeliveryOption>,
     /// The server's id of this version of the event.
     pub event_id: Option<String>,

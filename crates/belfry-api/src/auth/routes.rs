@@ -9,7 +9,7 @@ use belfry_core::auth::{ApiKey, AuditAction, AuditEntry, KeyId, KeySecret, Role}
 use belfry_core::{TenantName, Timestamp};
 use belfry_store::AuditPageParams;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use utoipa::ToSchema;
 
 use super::{Principal, Scope};
 use crate::ApiState;
@@ -47,21 +47,110 @@ pub(crate) async fn audit(
 }
 
 /// Body of `POST /v1/keys`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, expecting = "a key object")]
+#[schema(example = json!({"tenant": "acme/orders", "role": "write"}))]
 pub(crate) struct CreateKey {
+    /// Absent (or `null`) exactly for `admin`; 1 to 200 bytes, no control
+    /// characters.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     tenant: Option<String>,
+    #[schema(value_type = KeyRole)]
     role: String,
+    /// RFC 3339, in the future.
     #[serde(default)]
+    #[schema(format = DateTime)]
     expires_at: Option<String>,
 }
 
+/// What a key may do: `read`, `write`, `worker` (pull workers) or `admin`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum KeyRole {
+    Read,
+    Write,
+    Worker,
+    Admin,
+}
+
+impl From<Role> for KeyRole {
+    fn from(role: Role) -> Self {
+        match role {
+            Role::Read => KeyRole::Read,
+            Role::Write => KeyRole::Write,
+            Role::Worker => KeyRole::Worker,
+            Role::Admin => KeyRole::Admin,
+        }
+    }
+}
+
+/// The creation answer: the only time the secret is shown.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct CreatedKey<'a> {
+    id: String,
+    /// `bfy_…`.
+    secret: &'a str,
+    tenant: Option<String>,
+    role: KeyRole,
+    expires_at: Option<String>,
+    created_at: String,
+}
+
+/// The keys a listing shows.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct KeyList {
+    keys: Vec<KeyView>,
+}
+
+/// `GET /v1/whoami`: the key a request carries.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"key_id": "key_4f2a", "role": "read", "tenant": "acme/orders", "can_write": false, "open": false}))]
+pub(crate) struct Whoami<'a> {
+    /// `null` without a key (open mode, or none sent).
+    key_id: Option<String>,
+    /// Open mode: `admin`; `null` when no key was sent and keys are
+    /// required.
+    role: Option<KeyRole>,
+    /// A tenant key's tenant; `null` for admins.
+    tenant: Option<&'a str>,
+    /// Whether the key may change data.
+    can_write: bool,
+    /// Whether the node runs without keys (everyone is admin).
+    open: bool,
+}
+
+/// One entry of the audit log.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AuditEntryView<'a> {
+    id: &'a str,
+    at: String,
+    /// A key id, or `open`, `cli`, `bootstrap`.
+    actor: &'a str,
+    #[schema(value_type = String)]
+    action: AuditAction,
+    tenant: Option<&'a str>,
+    target: Option<&'a str>,
+}
+
+/// A page of the audit log, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AuditPage<'a> {
+    entries: Vec<AuditEntryView<'a>>,
+    /// Pass as `after` for the next page; `null` on the last.
+    next: Option<String>,
+}
+
 /// A key as listings show it (never the secret, nor its hash).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct KeyView {
     id: String,
     tenant: Option<String>,
+    #[schema(value_type = KeyRole)]
     role: Role,
     expires_at: Option<String>,
     created_at: String,
@@ -88,9 +177,9 @@ impl From<&ApiKey> for KeyView {
     tag = "keys",
     operation_id = "create_key",
     summary = "Create an API key (admin)",
-    request_body(content = crate::openapi::schema::CreateKey, content_type = "application/json"),
+    request_body(content = CreateKey, content_type = "application/json"),
     responses(
-        (status = 201, description = "The key and its secret, shown once", body = crate::openapi::schema::CreatedKey),
+        (status = 201, description = "The key and its secret, shown once", body = CreatedKey),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
@@ -150,18 +239,15 @@ pub(crate) async fn create(
     )
     .await;
     let view = KeyView::from(&key);
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({
-            "id": view.id,
-            "secret": secret.expose(),
-            "tenant": view.tenant,
-            "role": view.role,
-            "expires_at": view.expires_at,
-            "created_at": view.created_at,
-        })),
-    )
-        .into_response())
+    let created = CreatedKey {
+        id: view.id,
+        secret: secret.expose(),
+        tenant: view.tenant,
+        role: view.role.into(),
+        expires_at: view.expires_at,
+        created_at: view.created_at,
+    };
+    Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
 /// `GET /v1/keys`: every key for admins, a tenant's own keys for its keys.
@@ -172,7 +258,7 @@ pub(crate) async fn create(
     operation_id = "list_keys",
     summary = "API keys (a tenant key: its own tenant's)",
     responses(
-        (status = 200, description = "The keys", body = crate::openapi::schema::KeyList),
+        (status = 200, description = "The keys", body = KeyList),
         (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
         (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
         (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
@@ -184,12 +270,12 @@ pub(crate) async fn list(
     principal: Principal,
 ) -> Result<Response, V1Error> {
     let keys = state.engine.store().list_api_keys().await?;
-    let views: Vec<KeyView> = keys
+    let keys = keys
         .iter()
         .filter(|key| principal.is_admin() || key.tenant.as_ref() == principal.tenant())
         .map(KeyView::from)
         .collect();
-    Ok(Json(json!({ "keys": views })).into_response())
+    Ok(Json(KeyList { keys }).into_response())
 }
 
 /// `DELETE /v1/keys/{id}` (admin): revokes at once on this node (within
@@ -245,7 +331,7 @@ pub(crate) async fn revoke(
     operation_id = "whoami",
     summary = "The key this request carries: its id, role and tenant",
     responses(
-        (status = 200, description = "The key (or none)", body = crate::openapi::schema::Whoami),
+        (status = 200, description = "The key (or none)", body = Whoami),
         (status = 401, description = "A key was sent and it is not valid", body = crate::openapi::schema::V1Error),
         (status = 403, description = "This Host is not allowed while the node runs open", body = crate::openapi::schema::V1Error),
         (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
@@ -253,25 +339,29 @@ pub(crate) async fn revoke(
         (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
     )
 )]
-pub(crate) async fn whoami(
-    principal: Option<axum::Extension<Principal>>,
-) -> Json<serde_json::Value> {
+pub(crate) async fn whoami(principal: Option<axum::Extension<Principal>>) -> Response {
     let Some(axum::Extension(principal)) = principal else {
-        return Json(json!({
-            "key_id": null, "role": null, "tenant": null, "can_write": false, "open": false,
-        }));
+        let nobody = Whoami {
+            key_id: None,
+            role: None,
+            tenant: None,
+            can_write: false,
+            open: false,
+        };
+        return Json(nobody).into_response();
     };
     let role = match &principal.scope {
         Scope::Open | Scope::Admin => Role::Admin,
         Scope::Tenant { role, .. } => *role,
     };
-    Json(json!({
-        "key_id": principal.key.as_ref().map(ToString::to_string),
-        "role": role.as_str(),
-        "tenant": principal.tenant().map(TenantName::as_str),
-        "can_write": principal.can_write(),
-        "open": principal.scope == Scope::Open,
-    }))
+    let answer = Whoami {
+        key_id: principal.key.as_ref().map(ToString::to_string),
+        role: Some(role.into()),
+        tenant: principal.tenant().map(TenantName::as_str),
+        can_write: principal.can_write(),
+        open: principal.scope == Scope::Open,
+    };
+    Json(answer).into_response()
 }
 
 /// Default and largest page of `GET /v1/audit`.
@@ -286,9 +376,9 @@ const AUDIT_PAGE_MAX: usize = 1_000;
     tag = "keys",
     operation_id = "audit_log",
     summary = "The audit log, oldest first (admin)",
-    params(("limit" = Option<u32>, Query, description = "1 to 1000; default 100"), ("after" = Option<String>, Query, description = "next of the previous page")),
+    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to 1000; default 100"), ("after" = Option<String>, Query, pattern = "^[+-]?[0-9]{1,18}\\.[A-Za-z0-9]+$", description = "next of the previous page")),
     responses(
-        (status = 200, description = "A page", body = crate::openapi::schema::AuditPage),
+        (status = 200, description = "A page", body = AuditPage),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1Errors
     )
@@ -332,20 +422,18 @@ pub(crate) async fn audit_log(
                 .map(|e| format!("{}.{}", e.at.as_millis(), e.id))
         })
         .flatten();
-    let views: Vec<_> = entries
+    let entries = entries
         .iter()
-        .map(|e| {
-            json!({
-                "id": e.id,
-                "at": e.at.to_rfc3339(),
-                "actor": e.actor,
-                "action": e.action,
-                "tenant": e.tenant.as_ref().map(TenantName::as_str),
-                "target": e.target,
-            })
+        .map(|e| AuditEntryView {
+            id: &e.id,
+            at: e.at.to_rfc3339(),
+            actor: &e.actor,
+            action: e.action,
+            tenant: e.tenant.as_ref().map(TenantName::as_str),
+            target: e.target.as_deref(),
         })
         .collect();
-    Ok(Json(json!({ "entries": views, "next": next })).into_response())
+    Ok(Json(AuditPage { entries, next }).into_response())
 }
 
 fn parse_cursor(text: &str) -> Option<(Timestamp, String)> {

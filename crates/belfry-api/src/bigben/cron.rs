@@ -25,11 +25,12 @@ use belfry_core::schedule::DEFAULT_CATCH_UP_WINDOW;
 use belfry_core::{CronKind, DeliveryOption, MisfirePolicy, TenantName, Timestamp};
 use belfry_engine::schedules::{ScheduleOpError, ScheduleState};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use utoipa::ToSchema;
 
 use crate::ApiState;
 use crate::auth::Principal;
 use crate::error::{ApiError, BigBenError, Code};
+use crate::extract::whole::Whole;
 use crate::extract::{BigBenJson, query_pairs, query_value};
 use crate::v1::schedules::{
     Definition, Misfire, cron_error, op_error, require_tenant, schedule_id,
@@ -37,28 +38,40 @@ use crate::v1::schedules::{
 
 /// BigBen's `Cron`, plus Belfry's optional extensions. Every field is
 /// optional so that a missing one gets BigBen-style message.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", expecting = "a Cron object")]
+#[schema(example = json!({"tenant": "shop/orders", "id": "every-5s", "expression": "*/5 * * * * ?", "type": "QUARTZ"}))]
 pub(crate) struct CronRequest {
+    /// Required: a registered tenant.
+    #[schema(required = true)]
     tenant: Option<String>,
+    /// Required.
+    #[schema(required = true)]
     id: Option<String>,
+    /// Required.
+    #[schema(required = true)]
     expression: Option<String>,
+    /// `UNIX` (default), `QUARTZ`, `SPRING`, `CRON4J`, `EVERY`, in any case.
     #[serde(rename = "type")]
     kind: Option<String>,
     time_zone: Option<String>,
     payload: Option<String>,
+    /// `FULL_EVENT` (default) or `PAYLOAD_ONLY`.
+    #[schema(value_type = Option<String>)]
     delivery_option: Option<DeliveryOption>,
     start_at: Option<String>,
     end_at: Option<String>,
-    max_occurrences: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 18446744073709551615.0)]
+    max_occurrences: Option<Whole<u64>>,
     misfire: Option<Misfire>,
-    catch_up_window_ms: Option<u64>,
+    #[schema(value_type = Option<u64>, maximum = 18446744073709551615.0)]
+    catch_up_window_ms: Option<Whole<u64>>,
 }
 
 /// A cron as BigBen's routes show it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct CronView {
+pub(crate) struct CronView {
     tenant: String,
     id: String,
     expression: String,
@@ -66,6 +79,8 @@ struct CronView {
     kind: String,
     time_zone: String,
     payload: Option<String>,
+    /// `FULL_EVENT` or `PAYLOAD_ONLY`.
+    #[schema(value_type = String)]
     delivery_option: DeliveryOption,
     start_at: Option<String>,
     end_at: Option<String>,
@@ -100,6 +115,17 @@ impl From<&ScheduleState> for CronView {
     }
 }
 
+/// A cron with its description.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct CronAnswer {
+    cron: CronView,
+    /// In words; `null` if it cannot be described. Always in the
+    /// answer of `POST /cron`; in `GET`'s with `describe=true` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, required = false)]
+    description: Option<Option<String>>,
+}
+
 fn description(state: &ScheduleState) -> Option<String> {
     state.schedule.spec().ok().map(|spec| spec.describe())
 }
@@ -119,9 +145,9 @@ fn required(value: Option<String>, name: &str) -> Result<String, BigBenError> {
     tag = "bigben",
     operation_id = "bigben_create_cron",
     summary = "Create or replace a recurring schedule (BigBen Cron)",
-    request_body(content = crate::openapi::schema::CronRequest, content_type = "application/json"),
+    request_body(content = CronRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The cron and its description", body = crate::openapi::schema::CronAnswer),
+        (status = 200, description = "The cron and its description", body = CronAnswer),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
         (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
         (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
@@ -152,11 +178,13 @@ pub(crate) async fn create(
         delivery,
         start_at: request.start_at,
         end_at: request.end_at,
-        max_occurrences: request.max_occurrences,
+        max_occurrences: request.max_occurrences.map(Whole::get),
         misfire: request.misfire.map_or(MisfirePolicy::FireOnce, Into::into),
         catch_up_window: request
             .catch_up_window_ms
-            .map_or(DEFAULT_CATCH_UP_WINDOW, Duration::from_millis),
+            .map_or(DEFAULT_CATCH_UP_WINDOW, |ms| {
+                Duration::from_millis(ms.get())
+            }),
         // BigBen's cron requests have no such fields.
         pull: Default::default(),
     }
@@ -176,11 +204,11 @@ pub(crate) async fn create(
         .put_schedule(&tenant, schedule)
         .await
         .map_err(op_error)?;
-    Ok(Json(json!({
-        "cron": CronView::from(&saved),
-        "description": description(&saved),
-    }))
-    .into_response())
+    let answer = CronAnswer {
+        cron: CronView::from(&saved),
+        description: Some(description(&saved)),
+    };
+    Ok(Json(answer).into_response())
 }
 
 /// Path segments, percent-decoded; a malformed path is a 400 in BigBen's
@@ -201,9 +229,9 @@ fn segments<T>(path: Result<Path<T>, PathRejection>) -> Result<T, BigBenError> {
     tag = "bigben",
     operation_id = "bigben_get_cron",
     summary = "A cron (zero or one)",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("describe" = Option<bool>, Query, description = "add a description")),
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`); a name that cannot exist has no cron"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("describe" = Option<bool>, Query, description = "add a description")),
     responses(
-        (status = 200, description = "Zero or one cron", body = Vec<crate::openapi::schema::CronAnswer>),
+        (status = 200, description = "Zero or one cron", body = Vec<CronAnswer>),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
         (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
         (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
@@ -230,21 +258,18 @@ pub(crate) async fn get(
     };
     // Names that cannot exist have no cron.
     let (Ok(tenant), Ok(id)) = (TenantName::new(tenant), schedule_id(id)) else {
-        return Ok(Json(json!([])).into_response());
+        return Ok(Json(Vec::<CronAnswer>::new()).into_response());
     };
     let found = state
         .engine
         .get_schedule(&tenant, &id)
         .await
         .map_err(op_error)?;
-    let items: Vec<_> = found
+    let items: Vec<CronAnswer> = found
         .iter()
-        .map(|state| {
-            let mut item = json!({ "cron": CronView::from(state) });
-            if describe {
-                item["description"] = json!(description(state));
-            }
-            item
+        .map(|state| CronAnswer {
+            cron: CronView::from(state),
+            description: describe.then(|| description(state)),
         })
         .collect();
     Ok(Json(items).into_response())
@@ -256,9 +281,9 @@ pub(crate) async fn get(
     tag = "bigben",
     operation_id = "bigben_delete_cron",
     summary = "Delete a cron of a type (or *)",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("type" = String, Path, description = "The cron type or *")),
+    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`); a name that cannot exist has no cron"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("type" = String, Path, pattern = "^(?:\\*|\\s*(?:[Uu][Nn][Ii][Xx]|[Qq][Uu][Aa][Rr][Tt][Zz]|[Ss][Pp][Rr][Ii][Nn][Gg]|[Cc][Rr][Oo][Nn]4[Jj]|[Ee][Vv][Ee][Rr][Yy]|[Ii][Nn][Tt][Ee][Rr][Vv][Aa][Ll])\\s*)$", description = "The cron type (any case) or *")),
     responses(
-        (status = 200, description = "Deleted", body = crate::openapi::schema::StatusOk),
+        (status = 200, description = "Deleted", body = crate::bigben::StatusOk),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
         (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
         (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
@@ -300,7 +325,7 @@ pub(crate) async fn delete(
         return Err(no_cron());
     }
     match state.engine.delete_schedule(&tenant_name, &schedule).await {
-        Ok(_) => Ok(Json(json!({ "status": "OK" })).into_response()),
+        Ok(_) => Ok(Json(crate::bigben::StatusOk::OK).into_response()),
         Err(ScheduleOpError::NotFound(_)) => Err(no_cron()),
         Err(other) => Err(BigBenError(op_error(other))),
     }

@@ -14,7 +14,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::ApiState;
 
@@ -31,11 +32,29 @@ pub(crate) mod tenants;
     summary = "Liveness as BigBen had it",
     security(()),
     responses(
-        (status = 200, description = "Serving", body = crate::openapi::schema::Ping)
+        (status = 200, description = "Serving", body = StatusOk)
     )
 )]
-pub(crate) async fn ping() -> Json<serde_json::Value> {
-    Json(json!({ "status": "OK" }))
+pub(crate) async fn ping() -> Json<StatusOk> {
+    Json(StatusOk::OK)
+}
+
+/// `{"status": "OK"}`: `/ping`, and a deleted cron.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct StatusOk {
+    #[schema(example = "OK")]
+    status: &'static str,
+}
+
+impl StatusOk {
+    pub(crate) const OK: StatusOk = StatusOk { status: "OK" };
+}
+
+/// BigBen's "not found" of `find` and `dryrun`.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"status": "not found"}))]
+pub(crate) struct BigBenNotFound {
+    status: &'static str,
 }
 
 /// Node address → `"Master"` / `"Slave"`.
@@ -67,7 +86,9 @@ pub(crate) async fn cluster(State(state): State<ApiState>) -> Json<BTreeMap<Stri
 pub(crate) fn not_found() -> Response {
     (
         StatusCode::NOT_FOUND,
-        Json(json!({ "status": "not found" })),
+        Json(BigBenNotFound {
+            status: "not found",
+        }),
     )
         .into_response()
 }

@@ -35,16 +35,21 @@ use crate::pipeline::{Checked, Outcome, Pipeline, QuotaMode, Tenants, WriteScope
 /// BigBen's `EventRequest`. Every field is optional so that a missing one
 /// becomes a per-item rejection rather than a failed request; unknown
 /// fields (e.g. an `eventId` echoed back by a client) are ignored.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", expecting = "an EventRequest object")]
+#[schema(example = json!({"id": "order-42", "tenant": "shop/orders", "eventTime": "2030-01-31T04:00:30Z", "payload": "{}"}))]
 pub struct EventRequest {
     id: Option<String>,
+    /// RFC 3339 (BigBen's ISO instant).
     event_time: Option<String>,
     tenant: Option<String>,
     payload: Option<String>,
+    /// `UPSERT` (default) or `REMOVE`.
     #[serde(default, deserialize_with = "mode_field")]
     mode: Option<Mode>,
+    /// `FULL_EVENT` (default) or `PAYLOAD_ONLY`.
     #[serde(default, deserialize_with = "delivery_option_field")]
+    #[schema(value_type = Option<String>, pattern = "^(FULL_EVENT|PAYLOAD_ONLY)$")]
     delivery_option: Option<DeliveryOption>,
 }
 
@@ -96,10 +101,10 @@ mod message {
     tag = "bigben",
     operation_id = "bigben_schedule",
     summary = "Schedule, update or remove events (BigBen EventRequests)",
-    request_body(content = Vec<crate::openapi::schema::EventRequest>, content_type = "application/json"),
+    request_body(content = Vec<EventRequest>, content_type = "application/json"),
     responses(
-        (status = 200, description = "Every item answered", body = Vec<crate::openapi::schema::EventResponse>),
-        (status = 206, description = "Some items REJECTED or ERROR", body = Vec<crate::openapi::schema::EventResponse>),
+        (status = 200, description = "Every item answered", body = Vec<EventResponse>),
+        (status = 206, description = "Some items REJECTED or ERROR", body = Vec<EventResponse>),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
         (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
         (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),

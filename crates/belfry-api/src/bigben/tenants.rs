@@ -9,12 +9,14 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use belfry_core::Backoff;
 use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget};
 use belfry_core::{SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
-use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 use crate::ApiState;
 use crate::auth::Principal;
@@ -27,14 +29,67 @@ use crate::v1::tenants::{PullSpec, pull_target};
 /// BigBen's message instead of a parser error, and plain JSON so that a
 /// wrong type gets a message naming the field (not serde's "invalid type:
 /// integer, expected a string").
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(expecting = "a ProcessorConfig object")]
+#[schema(example = json!({"tenant": "shop/orders", "type": "HTTP", "props": {"url": "http://127.0.0.1:9000/hook"}}))]
 pub(crate) struct ProcessorConfig {
+    /// 1 to 200 bytes, no control characters.
+    #[schema(value_type = String, required = true, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$")]
     tenant: Option<Value>,
+    /// `HTTP`, `MESSAGING`, `CUSTOM_CLASS` or Belfry's `PULL`.
     #[serde(rename = "type")]
+    #[schema(value_type = String, required = true, pattern = "^(HTTP|MESSAGING|CUSTOM_CLASS|PULL)$")]
     kind: Option<Value>,
+    /// `HTTP`: `url`, `headers`?, `timeout_ms`?; `MESSAGING`: `topic` and
+    /// producer settings; `CUSTOM_CLASS`: `eventProcessorClass`; `PULL`:
+    /// `max_attempts`?, `backoff`?, `queues`?.
+    #[schema(value_type = Object, required = true)]
     props: Option<Value>,
 }
+
+/// A tenant in BigBen's `ProcessorConfig` shape.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ProcessorConfigView)]
+pub(crate) struct ConfigView {
+    tenant: String,
+    /// `HTTP`, `MESSAGING`, `CUSTOM_CLASS` or `PULL`.
+    #[serde(rename = "type")]
+    kind: &'static str,
+    /// By type, see `Props`.
+    #[schema(value_type = Object)]
+    props: Props,
+}
+
+/// A `ProcessorConfig`'s `props` by type; write-only values answer as
+/// `****`.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub(crate) enum Props {
+    Http {
+        url: String,
+        headers: BTreeMap<String, String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+    },
+    /// `topic` and the producer settings.
+    Messaging(BTreeMap<String, String>),
+    CustomClass {
+        #[serde(rename = "eventProcessorClass")]
+        event_processor_class: String,
+    },
+    Pull {
+        max_attempts: u32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        backoff: Option<Backoff>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        queues: Option<Vec<belfry_core::QueueName>>,
+    },
+}
+
+/// Tenant name → its `ProcessorConfig`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(transparent)]
+pub(crate) struct Tenants(BTreeMap<String, ConfigView>);
 
 /// Registers (or replaces) a tenant; answers every tenant's config the
 /// key may see (masked). A tenant key registers only its own tenant:
@@ -50,9 +105,9 @@ pub(crate) struct ProcessorConfig {
     tag = "bigben",
     operation_id = "bigben_register_tenant",
     summary = "Register or replace a tenant (BigBen ProcessorConfig)",
-    request_body(content = crate::openapi::schema::ProcessorConfig, content_type = "application/json"),
+    request_body(content = ProcessorConfig, content_type = "application/json"),
     responses(
-        (status = 200, description = "Every tenant the key may see; a new signing secret in the webhook-signing-secret header", body = crate::openapi::schema::Tenants),
+        (status = 200, description = "Every tenant the key may see; a new signing secret in the webhook-signing-secret header", body = Tenants),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
         (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
         (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
@@ -114,7 +169,7 @@ pub const SIGNING_SECRET_HEADER: HeaderName = HeaderName::from_static("webhook-s
     operation_id = "bigben_list_tenants",
     summary = "Every tenant the key may see",
     responses(
-        (status = 200, description = "Tenant to ProcessorConfig", body = crate::openapi::schema::Tenants),
+        (status = 200, description = "Tenant to ProcessorConfig", body = Tenants),
         (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
         (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
         (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
@@ -124,15 +179,15 @@ pub const SIGNING_SECRET_HEADER: HeaderName = HeaderName::from_static("webhook-s
 pub(crate) async fn list(
     State(state): State<ApiState>,
     principal: Principal,
-) -> Result<Json<BTreeMap<String, Value>>, BigBenError> {
+) -> Result<Json<Tenants>, BigBenError> {
     let tenants = state.engine.store().list_tenants().await?;
-    Ok(Json(
+    Ok(Json(Tenants(
         tenants
             .iter()
             .filter(|t| principal.sees(&t.name))
             .map(|t| (t.name.as_str().to_string(), render(t)))
             .collect(),
-    ))
+    )))
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
@@ -169,8 +224,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
             let timeout_ms = match props.remove("timeout_ms") {
                 None | Some(Value::Null) => None,
                 Some(value) => Some(
-                    value
-                        .as_u64()
+                    crate::extract::whole::u64_of(&value)
                         .ok_or_else(|| invalid("props.timeout_ms must be a whole number"))?,
                 ),
             };
@@ -251,39 +305,40 @@ fn scalar_text(value: Value, what: &str) -> Result<String, ApiError> {
 
 /// A tenant in BigBen's `ProcessorConfig` shape, write-only secrets
 /// masked ([`crate::auth::mask`]).
-pub(crate) fn render(tenant: &TenantConfig) -> Value {
-    let (kind, props) = match &crate::auth::mask::sink(&tenant.sink) {
-        SinkConfig::Http(target) => {
-            let mut props = json!({ "url": target.url, "headers": target.headers });
-            if let Some(timeout) = target.timeout_ms {
-                props["timeout_ms"] = json!(timeout);
-            }
-            ("HTTP", props)
-        }
+pub(crate) fn render(tenant: &TenantConfig) -> ConfigView {
+    let (kind, props) = match crate::auth::mask::sink(&tenant.sink) {
+        SinkConfig::Http(target) => (
+            "HTTP",
+            Props::Http {
+                url: target.url,
+                headers: target.headers,
+                timeout_ms: target.timeout_ms,
+            },
+        ),
         SinkConfig::Kafka(target) => {
-            let mut props: Map<String, Value> = target
-                .props
-                .iter()
-                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-                .collect();
-            props.insert("topic".into(), Value::String(target.topic.clone()));
-            ("MESSAGING", Value::Object(props))
+            let mut props = target.props;
+            props.insert("topic".into(), target.topic);
+            ("MESSAGING", Props::Messaging(props))
         }
         SinkConfig::Builtin(target) => (
             "CUSTOM_CLASS",
-            json!({ "eventProcessorClass": target.processor }),
+            Props::CustomClass {
+                event_processor_class: target.processor,
+            },
         ),
         // BigBen has no pull type: shown under Belfry's own name.
-        SinkConfig::Pull(target) => {
-            let mut props = json!({ "max_attempts": target.max_attempts() });
-            if let Some(backoff) = &target.backoff {
-                props["backoff"] = json!(backoff);
-            }
-            if let Some(queues) = &target.queues {
-                props["queues"] = json!(queues);
-            }
-            ("PULL", props)
-        }
+        SinkConfig::Pull(target) => (
+            "PULL",
+            Props::Pull {
+                max_attempts: target.max_attempts(),
+                backoff: target.backoff,
+                queues: target.queues,
+            },
+        ),
     };
-    json!({ "tenant": tenant.name.as_str(), "type": kind, "props": props })
+    ConfigView {
+        tenant: tenant.name.as_str().to_string(),
+        kind,
+        props,
+    }
 }

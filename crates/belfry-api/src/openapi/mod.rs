@@ -161,7 +161,9 @@ fn add_links(document: &mut Value) {
         ),
         (
             "bigben_schedule",
-            &["200", "206"],
+            // Not 206: its first item may be a rejected one, echoed as sent
+            // (an empty or invalid id).
+            &["200"],
             vec![
                 (
                     "FindEvent",

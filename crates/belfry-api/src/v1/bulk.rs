@@ -17,8 +17,8 @@ use belfry_core::bulk::{BulkAction, BulkActionId, BulkFilter, BulkKind, BulkTarg
 use belfry_core::{ScheduleStatus, Timestamp};
 use belfry_engine::bulk::CancelBulkError;
 use belfry_store::ListBulkActionsParams;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::ApiState;
 use crate::auth::Principal;
@@ -32,20 +32,109 @@ use crate::v1::{tenant_name, tenant_not_found};
 const BULK_ACTIONS: &str = "/v1/bulk-actions";
 
 /// Body of `POST /v1/bulk-actions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, expecting = "a bulk action object")]
+#[schema(example = json!({"action": "redrive", "filter": {"tenant": "shop/orders", "status": "failed"}}))]
 pub(crate) struct CreateBulkAction {
+    #[schema(value_type = BulkActionKind)]
     action: String,
     filter: FilterBody,
 }
 
-#[derive(Debug, Deserialize)]
+/// Which items of one tenant a bulk action acts on.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, expecting = "a filter object")]
+#[schema(as = BulkFilterBody)]
 struct FilterBody {
+    /// Required: a bulk action acts on one tenant (1 to 200 bytes, no
+    /// control characters).
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     tenant: String,
+    /// Events: `scheduled`, `retrying` (cancel), `failed`, `missed`
+    /// (redrive) or `delivered`, `failed`, `missed`, `cancelled` (delete,
+    /// which requires one). Schedules: `active` (pause) or `paused`
+    /// (resume).
     status: Option<String>,
+    /// Events only: RFC 3339, inclusive bound of deliver_at.
+    #[schema(format = DateTime)]
     from: Option<String>,
+    /// Events only: RFC 3339, exclusive bound of deliver_at.
+    #[schema(format = DateTime)]
     to: Option<String>,
+}
+
+/// What a bulk action does: `cancel`, `redrive` and `delete` act on
+/// events, `pause` and `resume` on schedules.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum BulkActionKind {
+    Cancel,
+    Redrive,
+    Delete,
+    Pause,
+    Resume,
+}
+
+impl From<BulkKind> for BulkActionKind {
+    fn from(kind: BulkKind) -> Self {
+        match kind {
+            BulkKind::Cancel => BulkActionKind::Cancel,
+            BulkKind::Redrive => BulkActionKind::Redrive,
+            BulkKind::Delete => BulkActionKind::Delete,
+            BulkKind::Pause => BulkActionKind::Pause,
+            BulkKind::Resume => BulkActionKind::Resume,
+        }
+    }
+}
+
+/// The filter as given (absent fields were not given).
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BulkFilterView<'a> {
+    tenant: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    status: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    from: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    to: Option<String>,
+}
+
+/// A bulk action and its progress: `matched` grows as pages are read;
+/// each matched item is `succeeded`, `skipped` (its state no longer
+/// allowed the action) or `failed` (its write failed).
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BulkActionView<'a> {
+    id: &'a str,
+    action: BulkActionKind,
+    filter: BulkFilterView<'a>,
+    /// `running`, `completed`, `cancelled` or `failed`.
+    state: &'static str,
+    matched: u64,
+    succeeded: u64,
+    skipped: u64,
+    failed: u64,
+    /// The id of the key that created it; `null` in open mode.
+    created_by: Option<&'a str>,
+    created_at: String,
+    updated_at: String,
+    finished_at: Option<String>,
+    /// Why it failed (state `failed`).
+    error: Option<&'a str>,
+}
+
+/// A page of bulk actions, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BulkActionList<'a> {
+    bulk_actions: Vec<BulkActionView<'a>>,
+    /// Pass as `cursor` for the next page; `null` on the last.
+    next_cursor: Option<String>,
 }
 
 fn not_found(id: &str) -> V1Error {
@@ -91,32 +180,27 @@ fn parse_filter(kind: BulkKind, body: FilterBody) -> Result<BulkFilter, V1Error>
 
 /// The answer's view of an action (`docs/api.md`): the filter as given,
 /// the progress, who created it and when.
-fn view(action: &BulkAction) -> Value {
-    let mut filter = json!({ "tenant": action.tenant().as_str() });
-    if let Some(status) = action.filter.status {
-        filter["status"] = json!(status.as_str());
+fn view(action: &BulkAction) -> BulkActionView<'_> {
+    BulkActionView {
+        id: action.id.as_str(),
+        action: action.kind.into(),
+        filter: BulkFilterView {
+            tenant: action.tenant().as_str(),
+            status: action.filter.status.map(StatusFilter::as_str),
+            from: action.filter.from.map(Timestamp::to_rfc3339),
+            to: action.filter.to.map(Timestamp::to_rfc3339),
+        },
+        state: action.state.as_str(),
+        matched: action.progress.matched,
+        succeeded: action.progress.succeeded,
+        skipped: action.progress.skipped,
+        failed: action.progress.failed,
+        created_by: action.created_by.as_deref(),
+        created_at: action.created_at.to_rfc3339(),
+        updated_at: action.updated_at.to_rfc3339(),
+        finished_at: action.finished_at.map(Timestamp::to_rfc3339),
+        error: action.error.as_deref(),
     }
-    if let Some(from) = action.filter.from {
-        filter["from"] = json!(from.to_rfc3339());
-    }
-    if let Some(to) = action.filter.to {
-        filter["to"] = json!(to.to_rfc3339());
-    }
-    json!({
-        "id": action.id.as_str(),
-        "action": action.kind.as_str(),
-        "filter": filter,
-        "state": action.state.as_str(),
-        "matched": action.progress.matched,
-        "succeeded": action.progress.succeeded,
-        "skipped": action.progress.skipped,
-        "failed": action.progress.failed,
-        "created_by": action.created_by,
-        "created_at": action.created_at.to_rfc3339(),
-        "updated_at": action.updated_at.to_rfc3339(),
-        "finished_at": action.finished_at.map(Timestamp::to_rfc3339),
-        "error": action.error,
-    })
 }
 
 /// The action `id` if the principal may see it; otherwise, like an
@@ -137,9 +221,9 @@ async fn visible(state: &ApiState, principal: &Principal, id: &str) -> Result<Bu
     tag = "bulk-actions",
     operation_id = "create_bulk_action",
     summary = "Start a bulk action over a tenant's events or schedules",
-    request_body(content = crate::openapi::schema::CreateBulkAction, content_type = "application/json"),
+    request_body(content = CreateBulkAction, content_type = "application/json"),
     responses(
-        (status = 202, description = "Started; follow it at Location", body = crate::openapi::schema::BulkActionView,
+        (status = 202, description = "Started; follow it at Location", body = BulkActionView,
             headers(("Location" = String, description = "/v1/bulk-actions/{id}"))),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
@@ -205,9 +289,9 @@ pub(crate) async fn create(
     tag = "bulk-actions",
     operation_id = "list_bulk_actions",
     summary = "Bulk actions, newest first",
-    params(("tenant" = Option<String>, Query, description = "Only this tenant's (a tenant key: its own, the default)"), ("limit" = Option<u32>, Query, description = "1 to max_list_limit"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("tenant" = Option<String>, Query, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Only this tenant's (a tenant key: its own, the default)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^bulk_[0-9a-f]{12}[0-9A-Za-z]{10}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
-        (status = 200, description = "A page", body = crate::openapi::schema::BulkActionList),
+        (status = 200, description = "A page", body = BulkActionList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
@@ -278,8 +362,11 @@ pub(crate) async fn list(
         .last()
         .filter(|_| more)
         .map(|last| last.id.to_string());
-    let views: Vec<Value> = actions.iter().map(view).collect();
-    Ok(Json(json!({ "bulk_actions": views, "next_cursor": next_cursor })).into_response())
+    let answer = BulkActionList {
+        bulk_actions: actions.iter().map(view).collect(),
+        next_cursor,
+    };
+    Ok(Json(answer).into_response())
 }
 
 #[utoipa::path(
@@ -290,7 +377,7 @@ pub(crate) async fn list(
     summary = "A bulk action and its progress",
     params(("id" = String, Path, description = "Bulk action id, bulk_...")),
     responses(
-        (status = 200, description = "The action", body = crate::openapi::schema::BulkActionView),
+        (status = 200, description = "The action", body = BulkActionView),
         (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown bulk action", body = crate::openapi::schema::V1Error),
         (status = 429, description = "Rate limit", body = crate::openapi::schema::V1Error),
@@ -317,7 +404,7 @@ pub(crate) async fn get(
     summary = "Stop a running bulk action",
     params(("id" = String, Path, description = "Bulk action id, bulk_...")),
     responses(
-        (status = 200, description = "Cancelled", body = crate::openapi::schema::BulkActionView),
+        (status = 200, description = "Cancelled", body = BulkActionView),
         (status = 404, description = "Unknown bulk action", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Already finished", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),

@@ -9,23 +9,25 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use belfry_core::auth::AuditAction;
-use belfry_core::retry::BackoffError;
 use belfry_core::tenant::MAX_PULL_ATTEMPTS;
 use belfry_core::{
-    Backoff, CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus,
-    EventVersion, PullSettings, QueueName, RetryPolicy, SinkConfig, TenantConfig, Timestamp,
+    CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus, EventVersion,
+    PullSettings, QueueName, SinkConfig, TenantConfig, Timestamp,
 };
 use belfry_store::{KeyedCommand, ListEventsParams};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::ApiState;
 use crate::answers::{AnswerBudget, FIRST_READ, Page};
 use crate::auth::Principal;
 use crate::error::{ApiError, Code, V1Error};
+use crate::extract::whole::Whole;
 use crate::extract::{V1Json, V1Path, deserialize_naming_field, query_pairs};
+use crate::openapi::schema::V1ErrorDetail;
 use crate::pipeline::{Admitted, Checked, Outcome, Pipeline, QuotaMode, Tenants};
-use crate::v1::views::{AttemptView, Delivery, EventView};
+use crate::v1::views::{AttemptView, BackoffBody, Delivery, EventList, EventView};
 use crate::v1::{tenant_name, tenant_not_found};
 
 /// The path of the tenant's events (list, batch).
@@ -38,28 +40,46 @@ const EVENT: &str = "/v1/tenants/{tenant}/events/{id}";
 const MAX_ATTEMPTS_LISTED: usize = 10_000;
 
 /// Body of `PUT /v1/tenants/{tenant}/events/{id}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, expecting = "an event object")]
+#[schema(example = json!({"deliver_at": "2030-01-31T04:00:30Z", "payload": "{\"orderId\":42}"}))]
 pub(crate) struct PutEvent {
     /// RFC 3339 with an offset or `Z`.
+    #[schema(format = DateTime)]
     deliver_at: String,
     payload: Option<String>,
+    /// Default `full_event`; `payload_only` needs `payload`.
     delivery: Option<Delivery>,
+    /// Pull tenants: the named queue workers claim it from (default
+    /// `default`); ignored for push tenants.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
     queue: Option<String>,
-    max_attempts: Option<u32>,
+    /// Pull tenants: attempts before the event fails (else the tenant's).
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    max_attempts: Option<Whole<u32>>,
+    /// Pull tenants: the back-off between attempts (else the node's).
     backoff: Option<BackoffBody>,
 }
 
 /// One item of a batch: the same as [`PutEvent`] plus its id.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, expecting = "an event object")]
 pub(crate) struct BatchItem {
+    /// 1 to 500 bytes, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 500,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     id: String,
+    #[schema(format = DateTime)]
     deliver_at: String,
     payload: Option<String>,
     delivery: Option<Delivery>,
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
     queue: Option<String>,
-    max_attempts: Option<u32>,
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    max_attempts: Option<Whole<u32>>,
     backoff: Option<BackoffBody>,
 }
 
@@ -70,34 +90,6 @@ pub(crate) struct PullFields {
     pub queue: Option<String>,
     pub max_attempts: Option<u32>,
     pub backoff: Option<BackoffBody>,
-}
-
-/// `backoff` on the wire; omitted fields take the node's defaults
-/// (1 s, ×2, at most 1 h, and never below `initial_delay_ms`).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a backoff object")]
-pub(crate) struct BackoffBody {
-    initial_delay_ms: Option<u64>,
-    multiplier: Option<f64>,
-    max_delay_ms: Option<u64>,
-}
-
-impl BackoffBody {
-    /// The back-off it gives, omitted fields taking the node's defaults.
-    ///
-    /// # Errors
-    /// A field out of its range; the message names it
-    /// (`backoff.multiplier`, …).
-    pub(crate) fn into_backoff(self) -> Result<Backoff, BackoffError> {
-        let defaults = RetryPolicy::default();
-        let initial = self
-            .initial_delay_ms
-            .unwrap_or(defaults.initial_delay.as_millis() as u64);
-        let max = self
-            .max_delay_ms
-            .unwrap_or((defaults.max_delay.as_millis() as u64).max(initial));
-        Backoff::new(initial, self.multiplier.unwrap_or(defaults.multiplier), max)
-    }
 }
 
 impl PullFields {
@@ -157,10 +149,53 @@ pub(crate) fn admit_command(tenant: &TenantConfig, command: &EventCommand) -> Re
 
 /// Body of `POST /v1/tenants/{tenant}/events`. Items are parsed one by one
 /// so that one malformed item does not sink the others.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, expecting = "an object with an events array")]
 pub(crate) struct Batch {
+    /// Items shaped like `BatchItem`, at most `api.max_batch` (default
+    /// 10,000). Each is validated on its own: one that is malformed (even
+    /// not an object) is answered `rejected` in `results`, and the others
+    /// are stored.
+    #[schema(value_type = Vec<Value>, max_items = 10000)]
     pub(crate) events: Vec<Value>,
+}
+
+/// What became of one item of a batch.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum BatchOutcome {
+    Created,
+    Updated,
+    /// Invalid; nothing stored.
+    Rejected,
+    /// The store failed it.
+    Error,
+}
+
+/// One item's answer, in the request's order.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BatchResult<'a> {
+    /// `null` when the item had no string `id`.
+    pub id: Option<&'a str>,
+    pub outcome: BatchOutcome,
+    /// The stored version (`created`, `updated`).
+    pub version: Option<&'a str>,
+    /// Why (`rejected`, `error`).
+    pub error: Option<V1ErrorDetail>,
+}
+
+/// The answer to a batch.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BatchAnswer<'a> {
+    pub results: Vec<BatchResult<'a>>,
+    pub rejected: usize,
+    pub failed: usize,
+}
+
+/// An event's delivery history.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Attempts {
+    pub attempts: Vec<AttemptView>,
 }
 
 fn event_id(text: String) -> Result<EventId, ApiError> {
@@ -244,11 +279,11 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error
     tag = "events",
     operation_id = "put_event",
     summary = "Schedule (201) or update (200) one event",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
-    request_body(content = crate::openapi::schema::PutEvent, content_type = "application/json"),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    request_body(content = PutEvent, content_type = "application/json"),
     responses(
-        (status = 201, description = "Scheduled", body = crate::openapi::schema::EventView),
-        (status = 200, description = "Updated (moved when deliver_at changed)", body = crate::openapi::schema::EventView),
+        (status = 201, description = "Scheduled", body = EventView),
+        (status = 200, description = "Updated (moved when deliver_at changed)", body = EventView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -265,7 +300,7 @@ pub(crate) async fn put(
     let id = event_id(id)?;
     let pull = PullFields {
         queue: body.queue,
-        max_attempts: body.max_attempts,
+        max_attempts: body.max_attempts.map(Whole::get),
         backoff: body.backoff,
     };
     let command = upsert(&body.deliver_at, body.payload, body.delivery, pull)?;
@@ -326,9 +361,9 @@ async fn admit_write<E>(
     tag = "events",
     operation_id = "get_event",
     summary = "An event's status",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
     responses(
-        (status = 200, description = "The event", body = crate::openapi::schema::EventView),
+        (status = 200, description = "The event", body = EventView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1Errors
@@ -353,9 +388,9 @@ pub(crate) async fn get(
     tag = "events",
     operation_id = "cancel_event",
     summary = "Cancel a pending event",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
     responses(
-        (status = 200, description = "Cancelled", body = crate::openapi::schema::EventView),
+        (status = 200, description = "Cancelled", body = EventView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Already finished", body = crate::openapi::schema::V1Error),
@@ -392,9 +427,9 @@ pub(crate) async fn cancel(
     tag = "events",
     operation_id = "redrive_event",
     summary = "Send a failed or missed event again, now, as a new version",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
     responses(
-        (status = 200, description = "Pending again, due now", body = crate::openapi::schema::EventView),
+        (status = 200, description = "Pending again, due now", body = EventView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant or event", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Not failed or missed", body = crate::openapi::schema::V1Error),
@@ -446,7 +481,7 @@ pub(crate) async fn redrive(
     tag = "events",
     operation_id = "delete_event",
     summary = "Delete a finished event and its history",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
     responses(
         (status = 204, description = "Deleted"),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
@@ -499,10 +534,10 @@ pub(crate) async fn delete(
     tag = "events",
     operation_id = "schedule_events",
     summary = "Schedule many events; each item answered on its own",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
-    request_body(content = crate::openapi::schema::Batch, content_type = "application/json"),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    request_body(content = Batch, content_type = "application/json"),
     responses(
-        (status = 200, description = "Per-item results in input order", body = crate::openapi::schema::BatchAnswer),
+        (status = 200, description = "Per-item results in input order", body = BatchAnswer),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -540,7 +575,7 @@ pub(crate) async fn batch(
                 let id = event_id(item.id)?;
                 let pull = PullFields {
                     queue: item.queue,
-                    max_attempts: item.max_attempts,
+                    max_attempts: item.max_attempts.map(Whole::get),
                     backoff: item.backoff,
                 };
                 let command = upsert(&item.deliver_at, item.payload, item.delivery, pull)?;
@@ -574,42 +609,55 @@ pub(crate) async fn batch(
 
     let mut rejected = 0usize;
     let mut failed = 0usize;
-    let results: Vec<Value> = written
+    fn refused<'a>(
+        id: &'a Option<String>,
+        outcome: BatchOutcome,
+        error: &ApiError,
+    ) -> BatchResult<'a> {
+        BatchResult {
+            id: id.as_deref(),
+            outcome,
+            version: None,
+            error: Some(V1ErrorDetail {
+                code: error.code.as_str().to_string(),
+                message: error.message.clone(),
+            }),
+        }
+    }
+    let results: Vec<BatchResult<'_>> = written
         .outcomes
-        .into_iter()
+        .iter()
         .map(|outcome| match outcome {
-            Outcome::Applied { applied, .. } => {
-                let outcome = match applied.outcome {
-                    CommandOutcome::Created => "created",
-                    _ => "updated",
-                };
-                json!({
-                    "id": applied.key.id.as_str(),
-                    "outcome": outcome,
-                    "version": applied.record.as_ref().map(|r| r.version.as_str()),
-                    "error": null,
-                })
-            }
+            Outcome::Applied { applied, .. } => BatchResult {
+                id: Some(applied.key.id.as_str()),
+                outcome: match applied.outcome {
+                    CommandOutcome::Created => BatchOutcome::Created,
+                    _ => BatchOutcome::Updated,
+                },
+                version: applied.record.as_ref().map(|r| r.version.as_str()),
+                error: None,
+            },
             Outcome::StoreFailed { echo: id, error } => {
                 failed += 1;
-                let error = ApiError::for_store(&error);
-                json!({ "id": id, "outcome": "error", "version": null,
-                        "error": { "code": error.code, "message": error.message } })
+                refused(id, BatchOutcome::Error, &ApiError::for_store(error))
             }
             Outcome::Unchanged(id) => {
                 failed += 1;
                 tracing::error!("the write pipeline left a batch item without a result");
-                json!({ "id": id, "outcome": "error", "version": null,
-                        "error": { "code": Code::Internal, "message": "internal error; see the server log" } })
+                refused(id, BatchOutcome::Error, &ApiError::internal())
             }
             Outcome::Rejected { echo: id, error } => {
                 rejected += 1;
-                json!({ "id": id, "outcome": "rejected", "version": null,
-                        "error": { "code": error.code, "message": error.message } })
+                refused(id, BatchOutcome::Rejected, error)
             }
         })
         .collect();
-    Ok(Json(json!({ "results": results, "rejected": rejected, "failed": failed })).into_response())
+    let answer = BatchAnswer {
+        results,
+        rejected,
+        failed,
+    };
+    Ok(Json(answer).into_response())
 }
 
 /// Query of the event list.
@@ -718,9 +766,9 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
     tag = "events",
     operation_id = "list_events",
     summary = "A page of a tenant's events",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("status" = Option<String>, Query, description = "scheduled, retrying, delivered, failed, missed or cancelled"), ("from" = Option<String>, Query, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, description = "1 to max_list_limit"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("status" = Option<String>, Query, pattern = "^(scheduled|retrying|delivered|failed|missed|cancelled)$", description = "scheduled, retrying, delivered, failed, missed or cancelled"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, format = DateTime, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:t[0-9a-fA-F]{16})?(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
-        (status = 200, description = "A page", body = crate::openapi::schema::EventList),
+        (status = 200, description = "A page", body = EventList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1Errors
@@ -761,7 +809,7 @@ pub(crate) async fn list(
         Ok(reservation) => reservation,
         Err(busy) => return Ok(busy),
     };
-    let mut page = Page::new("events", budget.per_answer());
+    let mut page = Page::<EventList>::new(budget.per_answer());
     let mut last: Option<(Timestamp, EventId)> = None;
     // The store is read in pages bounded by bytes too: a first small read,
     // then as many records as the room left holds at the largest size
@@ -825,9 +873,9 @@ pub(crate) async fn list(
     tag = "events",
     operation_id = "list_attempts",
     summary = "An event's delivery history, oldest first",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Event id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
     responses(
-        (status = 200, description = "The attempts", body = crate::openapi::schema::Attempts),
+        (status = 200, description = "The attempts", body = Attempts),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1Errors
@@ -843,8 +891,8 @@ pub(crate) async fn attempts(
         return Err(event_not_found(&key));
     }
     let history = store.attempts(&key, MAX_ATTEMPTS_LISTED).await?;
-    let attempts: Vec<AttemptView> = history.iter().map(AttemptView::from).collect();
-    Ok(Json(json!({ "attempts": attempts })).into_response())
+    let attempts = history.iter().map(AttemptView::from).collect();
+    Ok(Json(Attempts { attempts }).into_response())
 }
 
 /// Cursors are the last id of a page, hex-encoded: opaque to clients, safe

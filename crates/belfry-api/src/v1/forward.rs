@@ -414,8 +414,15 @@ async fn claim_elsewhere(
     }
 }
 
+/// A claim's answer with leases of several nodes, each as its node
+/// answered it (`leases::LeaseList`'s shape).
+#[derive(serde::Serialize)]
+struct Leases {
+    leases: Vec<Value>,
+}
+
 fn leases_answer(leases: Vec<Value>) -> Response {
-    axum::Json(json!({ "leases": leases })).into_response()
+    axum::Json(Leases { leases }).into_response()
 }
 
 /// A claim on a cluster node: see the module documentation. `None` when

@@ -19,8 +19,9 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use belfry_core::pull::{CompleteBody, LeaseCall, LeaseId, PullError, Reply};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::ApiState;
 use crate::auth::Principal;
@@ -33,22 +34,64 @@ use crate::v1::tenant_name;
 /// Most leases one request completes (a claim's most events).
 pub const MAX_BATCH_COMPLETES: usize = belfry_core::pull::limits::MAX_EVENTS_PER_CLAIM as usize;
 
-#[derive(Debug, Deserialize)]
+/// Body of `POST /v1/tenants/{tenant}/leases/complete`.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = CompleteLeases)]
+#[schema(example = json!({"leases": [{"lease_id": "AAAB…", "result": {"rows": 3}}, {"lease_id": "AAAC…"}]}))]
 pub(crate) struct CompleteBatchBody {
+    /// 1 to 100 leases of the path's tenant.
+    #[schema(min_items = 1, max_items = 100)]
     leases: Vec<CompleteBatchItem>,
 }
 
-#[derive(Debug, Deserialize)]
+/// One lease to complete.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = CompleteLeaseItem)]
 struct CompleteBatchItem {
     lease_id: String,
+    /// Any JSON, its text up to 64 KiB.
     #[serde(default)]
+    #[schema(value_type = Object)]
     result: Option<Value>,
 }
 
+/// The error of one item.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = CompleteLeaseError)]
+pub(crate) struct ItemError {
+    /// `lease_lost`, `too_many_calls`, `store_unavailable` or
+    /// `node_unavailable`.
+    code: String,
+    message: String,
+}
+
+/// One lease's outcome: `state` (`delivered`) or `error`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+#[schema(as = CompleteLeaseOutcome)]
+pub(crate) enum ItemAnswer {
+    Delivered {
+        lease_id: String,
+        /// `delivered`.
+        state: &'static str,
+    },
+    Refused {
+        lease_id: String,
+        error: ItemError,
+    },
+}
+
+/// Each lease's outcome, in the request's order.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = CompleteLeasesAnswer)]
+pub(crate) struct BatchAnswer {
+    results: Vec<ItemAnswer>,
+}
+
 /// One item's outcome, as answered.
-fn item_answer(lease_id: &str, reply: Reply) -> Value {
+fn item_answer(lease_id: &str, reply: Reply) -> ItemAnswer {
     match reply {
         Reply::Completed => item_delivered(lease_id),
         Reply::Error(error) => item_error(lease_id, error),
@@ -57,16 +100,25 @@ fn item_answer(lease_id: &str, reply: Reply) -> Value {
     }
 }
 
-fn item_delivered(lease_id: &str) -> Value {
-    json!({ "lease_id": lease_id, "state": "delivered" })
+fn item_delivered(lease_id: &str) -> ItemAnswer {
+    ItemAnswer::Delivered {
+        lease_id: lease_id.to_string(),
+        state: "delivered",
+    }
 }
 
-fn item_error(lease_id: &str, error: PullError) -> Value {
+fn item_error(lease_id: &str, error: PullError) -> ItemAnswer {
     item_error_as(lease_id, error.code(), &error.to_string())
 }
 
-fn item_error_as(lease_id: &str, code: &str, message: &str) -> Value {
-    json!({ "lease_id": lease_id, "error": { "code": code, "message": message } })
+fn item_error_as(lease_id: &str, code: &str, message: &str) -> ItemAnswer {
+    ItemAnswer::Refused {
+        lease_id: lease_id.to_string(),
+        error: ItemError {
+            code: code.to_string(),
+            message: message.to_string(),
+        },
+    }
 }
 
 /// Completes several leases of one tenant; one answer per lease, in order.
@@ -76,10 +128,10 @@ fn item_error_as(lease_id: &str, code: &str, message: &str) -> Value {
     tag = "leases",
     operation_id = "complete_leases",
     summary = "Complete up to 100 leases of a tenant at once; each lease answered on its own",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
-    request_body(content = crate::openapi::schema::CompleteLeases, content_type = "application/json"),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    request_body(content = CompleteBatchBody, content_type = "application/json"),
     responses(
-        (status = 200, description = "Each lease's outcome, in order", body = crate::openapi::schema::CompleteLeasesAnswer),
+        (status = 200, description = "Each lease's outcome, in order", body = BatchAnswer),
         (status = 400, description = "Bad input (no lease, more than 100, a malformed lease id, a result too large); nothing was changed", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body too large", body = crate::openapi::schema::V1Error),
@@ -159,5 +211,5 @@ pub(crate) async fn complete_batch(
         }
     }))
     .await;
-    Ok(Json(json!({ "results": answers })).into_response())
+    Ok(Json(BatchAnswer { results: answers }).into_response())
 }

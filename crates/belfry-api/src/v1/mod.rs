@@ -19,7 +19,8 @@
 //!   errors);
 //! - `lease_batch`: `/v1/tenants/{tenant}/leases/complete`, up to 100
 //!   completions in one request;
-//! - `views`: the JSON shapes answered.
+//! - `views`: the JSON shapes several routes share (an event, a tenant, a
+//!   back-off), each also its OpenAPI schema.
 
 use belfry_core::TenantName;
 

@@ -4,7 +4,8 @@
 use axum::Json;
 use axum::response::{IntoResponse, Response};
 use belfry_core::pull::{GrantedLease, PullError, Reply};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::error::{ApiError, V1Error};
 use crate::v1::views::EventView;
@@ -20,7 +21,7 @@ fn millis(duration: std::time::Duration) -> u64 {
 /// One lease as a claim answers it. Serialized straight from this struct
 /// (not through a `Value` tree): a busy claim loop answers thousands a
 /// second.
-#[derive(serde::Serialize)]
+#[derive(Serialize, ToSchema)]
 pub(crate) struct LeaseView<'a> {
     lease_id: String,
     event: EventView<'a>,
@@ -49,15 +50,35 @@ pub(crate) fn lease_view(lease: &GrantedLease) -> LeaseView<'_> {
     }
 }
 
-/// `{"leases": [...]}`.
-#[derive(serde::Serialize)]
+/// The leases a claim granted.
+#[derive(Serialize, ToSchema)]
 pub(crate) struct LeaseList<'a> {
     pub(crate) leases: Vec<LeaseView<'a>>,
 }
 
+/// The answer to a heartbeat.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct HeartbeatAnswer {
+    lease_expires_at: String,
+    /// The event was cancelled: stop working on it.
+    cancel_requested: bool,
+}
+
+/// Where the event stands after a lease ended.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub(crate) enum LeaseState {
+    Delivered,
+    /// Due again at `next_attempt_at`.
+    Scheduled {
+        next_attempt_at: String,
+    },
+    Failed,
+}
+
 /// The answer to a reply of the pull queue.
 pub(crate) fn answer(reply: Reply) -> Result<Response, V1Error> {
-    let body = match reply {
+    let state = match reply {
         Reply::Leases(leases) => {
             let list = LeaseList {
                 leases: leases.iter().map(lease_view).collect(),
@@ -67,21 +88,26 @@ pub(crate) fn answer(reply: Reply) -> Result<Response, V1Error> {
         Reply::Heartbeat {
             expires_at,
             cancel_requested,
-        } => json!({
-            "lease_expires_at": expires_at.to_rfc3339(),
-            "cancel_requested": cancel_requested,
-        }),
-        Reply::Completed => json!({ "state": "delivered" }),
+        } => {
+            let answer = HeartbeatAnswer {
+                lease_expires_at: expires_at.to_rfc3339(),
+                cancel_requested,
+            };
+            return Ok(Json(answer).into_response());
+        }
+        Reply::Completed => LeaseState::Delivered,
         Reply::Failed {
             next_attempt_at: Some(at),
-        } => json!({ "state": "scheduled", "next_attempt_at": at.to_rfc3339() }),
+        } => LeaseState::Scheduled {
+            next_attempt_at: at.to_rfc3339(),
+        },
         Reply::Failed {
             next_attempt_at: None,
-        } => json!({ "state": "failed" }),
-        Reply::Released { next_attempt_at } => {
-            json!({ "state": "scheduled", "next_attempt_at": next_attempt_at.to_rfc3339() })
-        }
+        } => LeaseState::Failed,
+        Reply::Released { next_attempt_at } => LeaseState::Scheduled {
+            next_attempt_at: next_attempt_at.to_rfc3339(),
+        },
         Reply::Error(error) => return Err(pull_error(error)),
     };
-    Ok(Json(body).into_response())
+    Ok(Json(state).into_response())
 }

@@ -22,14 +22,15 @@ use belfry_core::{
 };
 use belfry_engine::schedules::{PutOutcome, ScheduleOpError, ScheduleState};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use utoipa::ToSchema;
 
 use crate::ApiState;
-use crate::answers::{AnswerBudget, FIRST_READ, Page};
+use crate::answers::{AnswerBudget, FIRST_READ, Listing, Page};
 use crate::error::{ApiError, Code, V1Error};
+use crate::extract::whole::Whole;
 use crate::extract::{V1Json, V1Path, query_pairs};
-use crate::v1::events::{BackoffBody, PullFields, admit_queue, decode_cursor, encode_cursor};
-use crate::v1::views::Delivery;
+use crate::v1::events::{PullFields, admit_queue, decode_cursor, encode_cursor};
+use crate::v1::views::{BackoffBody, Delivery};
 use crate::v1::{tenant_name, tenant_not_found};
 
 /// The path of one schedule (put, get, delete).
@@ -42,7 +43,7 @@ const DEFAULT_PREVIEW: usize = 10;
 
 /// The misfire policy on the wire: `{"policy": "fire_once"}`,
 /// `{"policy": "fire_all", "cap": 10}`, `{"policy": "skip"}`.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(
     rename_all = "snake_case",
     tag = "policy",
@@ -51,7 +52,12 @@ const DEFAULT_PREVIEW: usize = 10;
 )]
 pub(crate) enum Misfire {
     FireOnce,
-    FireAll { cap: u32 },
+    FireAll {
+        /// Most missed occurrences fired at once.
+        #[serde(deserialize_with = "crate::extract::whole::u32")]
+        #[schema(minimum = 1, maximum = 1000)]
+        cap: u32,
+    },
     Skip,
 }
 
@@ -76,23 +82,39 @@ impl From<MisfirePolicy> for Misfire {
 }
 
 /// Body of `PUT /v1/tenants/{tenant}/schedules/{id}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, expecting = "a schedule object")]
+#[schema(example = json!({"expression": "30 2 * * *", "time_zone": "Europe/Berlin", "payload": "report"}))]
 pub(crate) struct PutSchedule {
+    /// A cron expression of `type`, a macro (`@daily`) or `@every 5m`.
     expression: String,
-    /// `unix` (default), `quartz`, `spring`, `cron4j` or `every`.
+    /// `unix` (default), `quartz`, `spring`, `cron4j` or `every` (alias
+    /// `interval`), in any case.
     #[serde(rename = "type")]
+    #[schema(
+        pattern = "^\\s*(?:[Uu][Nn][Ii][Xx]|[Qq][Uu][Aa][Rr][Tt][Zz]|[Ss][Pp][Rr][Ii][Nn][Gg]|[Cc][Rr][Oo][Nn]4[Jj]|[Ee][Vv][Ee][Rr][Yy]|[Ii][Nn][Tt][Ee][Rr][Vv][Aa][Ll])\\s*$"
+    )]
     kind: Option<String>,
+    /// An IANA zone (default `UTC`).
     time_zone: Option<String>,
     payload: Option<String>,
     delivery: Option<Delivery>,
+    #[schema(format = DateTime)]
     start_at: Option<String>,
+    #[schema(format = DateTime)]
     end_at: Option<String>,
-    max_occurrences: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 18446744073709551615.0)]
+    max_occurrences: Option<Whole<u64>>,
     misfire: Option<Misfire>,
-    catch_up_window_ms: Option<u64>,
+    #[schema(value_type = Option<u64>, maximum = 18446744073709551615.0)]
+    catch_up_window_ms: Option<Whole<u64>>,
+    /// Pull tenants: the queue of its occurrences (default `default`).
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
     queue: Option<String>,
-    max_attempts: Option<u32>,
+    /// Pull tenants: its occurrences' attempt cap (else the tenant's).
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    max_attempts: Option<Whole<u32>>,
+    /// Pull tenants: its occurrences' back-off (else the node's).
     backoff: Option<BackoffBody>,
 }
 
@@ -190,7 +212,7 @@ pub(crate) fn schedule_id(text: String) -> Result<ScheduleId, ApiError> {
 }
 
 /// Missed occurrences beyond the per-firing recording cap.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct MissedView {
     /// Stored one by one as occurrences in status `missed`.
     recorded: u64,
@@ -216,7 +238,7 @@ impl From<MissedSummary> for MissedView {
 }
 
 /// A schedule as `/v1` shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct ScheduleView {
     pub tenant: String,
     pub id: String,
@@ -225,6 +247,7 @@ pub(crate) struct ScheduleView {
     pub kind: String,
     pub time_zone: String,
     pub description: Option<String>,
+    /// `active`, `paused`, `completed` (`deleted` in a delete's answer).
     pub status: &'static str,
     pub next_occurrence: Option<String>,
     pub next_occurrence_local: Option<String>,
@@ -237,10 +260,13 @@ pub(crate) struct ScheduleView {
     pub catch_up_window_ms: u64,
     /// Given to its occurrences, shown when set.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub queue: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub max_attempts: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<BackoffBody>, nullable = false)]
     pub backoff: Option<belfry_core::Backoff>,
     /// Occurrences handled so far (created or recorded as missed).
     pub occurrences: u64,
@@ -251,6 +277,15 @@ pub(crate) struct ScheduleView {
     /// Why the schedule stopped, if it stopped abnormally.
     pub error: Option<String>,
 }
+
+/// A page of a tenant's schedules, by id.
+pub(crate) struct ScheduleList;
+
+impl Listing for ScheduleList {
+    const KEY: &'static str = "schedules";
+    type Item<'a> = ScheduleView;
+}
+crate::openapi::schema::list_page!(ScheduleList, "A page of schedules");
 
 impl From<&ScheduleState> for ScheduleView {
     fn from(state: &ScheduleState) -> Self {
@@ -301,11 +336,11 @@ pub(crate) async fn require_tenant(state: &ApiState, name: &TenantName) -> Resul
     tag = "schedules",
     operation_id = "put_schedule",
     summary = "Create (201) or replace (200) a recurring schedule",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
-    request_body(content = crate::openapi::schema::PutSchedule, content_type = "application/json"),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    request_body(content = PutSchedule, content_type = "application/json"),
     responses(
-        (status = 201, description = "Created", body = crate::openapi::schema::ScheduleView),
-        (status = 200, description = "Replaced", body = crate::openapi::schema::ScheduleView),
+        (status = 201, description = "Created", body = ScheduleView),
+        (status = 200, description = "Replaced", body = ScheduleView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -328,14 +363,16 @@ pub(crate) async fn put(
         delivery: body.delivery.unwrap_or_default().into(),
         start_at: body.start_at,
         end_at: body.end_at,
-        max_occurrences: body.max_occurrences,
+        max_occurrences: body.max_occurrences.map(Whole::get),
         misfire: body.misfire.map_or(MisfirePolicy::FireOnce, Into::into),
         catch_up_window: body
             .catch_up_window_ms
-            .map_or(DEFAULT_CATCH_UP_WINDOW, Duration::from_millis),
+            .map_or(DEFAULT_CATCH_UP_WINDOW, |ms| {
+                Duration::from_millis(ms.get())
+            }),
         pull: PullFields {
             queue: body.queue,
-            max_attempts: body.max_attempts,
+            max_attempts: body.max_attempts.map(Whole::get),
             backoff: body.backoff,
         }
         .settings()?,
@@ -368,9 +405,9 @@ pub(crate) async fn put(
     tag = "schedules",
     operation_id = "get_schedule",
     summary = "A schedule",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
     responses(
-        (status = 200, description = "The schedule", body = crate::openapi::schema::ScheduleView),
+        (status = 200, description = "The schedule", body = ScheduleView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1Errors
@@ -401,9 +438,9 @@ pub(crate) async fn get(
     tag = "schedules",
     operation_id = "delete_schedule",
     summary = "Delete a schedule; future occurrences are cancelled",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
     responses(
-        (status = 200, description = "The schedule as it was (status deleted)", body = crate::openapi::schema::ScheduleView),
+        (status = 200, description = "The schedule as it was (status deleted)", body = ScheduleView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -440,9 +477,9 @@ pub(crate) async fn delete(
     tag = "schedules",
     operation_id = "pause_schedule",
     summary = "Pause a schedule",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
     responses(
-        (status = 200, description = "Paused", body = crate::openapi::schema::ScheduleView),
+        (status = 200, description = "Paused", body = ScheduleView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -470,9 +507,9 @@ pub(crate) async fn pause(
     tag = "schedules",
     operation_id = "resume_schedule",
     summary = "Resume a schedule from now",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
     responses(
-        (status = 200, description = "Resumed", body = crate::openapi::schema::ScheduleView),
+        (status = 200, description = "Resumed", body = ScheduleView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -538,9 +575,9 @@ fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), A
     tag = "schedules",
     operation_id = "list_schedules",
     summary = "A page of a tenant's schedules",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("limit" = Option<u32>, Query, description = "1 to max_list_limit"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-35-6][0-9a-fA-F]|4[1-9a-fA-F]|7[0-9a-eA-E]){1,400}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
-        (status = 200, description = "A page", body = crate::openapi::schema::ScheduleList),
+        (status = 200, description = "A page", body = ScheduleList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1Errors
@@ -564,7 +601,7 @@ pub(crate) async fn list(
     };
     // Bounded by bytes like the event listing: read in pages, written
     // item by item.
-    let mut page = Page::new("schedules", budget.per_answer());
+    let mut page = Page::<ScheduleList>::new(budget.per_answer());
     let mut read = FIRST_READ.min(limit + 1);
     let mut more = false;
     'reading: loop {
@@ -594,16 +631,46 @@ pub(crate) async fn list(
 }
 
 /// One occurrence in a schedule's history.
-#[derive(Debug, Serialize)]
-struct OccurrenceView<'a> {
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct OccurrenceView<'a> {
     /// The occurrence's event id, also its deliveries' idempotency key.
     id: &'a str,
     scheduled_at: String,
+    /// The occurrence event's status.
     status: &'static str,
     attempts: u32,
     last_error: Option<&'a str>,
     triggered_at: Option<String>,
     finished_at: Option<String>,
+}
+
+/// A page of a schedule's occurrences, in instant order.
+pub(crate) struct OccurrenceList;
+
+impl Listing for OccurrenceList {
+    const KEY: &'static str = "occurrences";
+    type Item<'a> = OccurrenceView<'a>;
+}
+crate::openapi::schema::list_page!(OccurrenceList, "A page of a schedule's occurrences");
+
+/// One occurrence of a preview.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PreviewOccurrence {
+    utc: String,
+    /// The same instant in the zone, with its offset.
+    local: String,
+}
+
+/// The answer to a preview.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Preview {
+    expression: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    time_zone: String,
+    description: String,
+    from: String,
+    occurrences: Vec<PreviewOccurrence>,
 }
 
 /// A schedule's occurrences in instant order, with their status:
@@ -615,9 +682,9 @@ struct OccurrenceView<'a> {
     tag = "schedules",
     operation_id = "list_occurrences",
     summary = "A schedule's occurrences in instant order",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("limit" = Option<u32>, Query, description = "1 to max_list_limit"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
-        (status = 200, description = "A page", body = crate::openapi::schema::OccurrenceList),
+        (status = 200, description = "A page", body = OccurrenceList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1Errors
@@ -639,7 +706,7 @@ pub(crate) async fn occurrences(
     };
     // Occurrences carry the schedule's payload (not shown): read in pages
     // bounded by bytes, like the event listing.
-    let mut page = Page::new("occurrences", budget.per_answer());
+    let mut page = Page::<OccurrenceList>::new(budget.per_answer());
     let mut read = FIRST_READ.min(limit + 1);
     let mut more = false;
     'reading: loop {
@@ -694,9 +761,9 @@ pub(crate) async fn occurrences(
     tag = "schedules",
     operation_id = "preview_cron",
     summary = "The next occurrences of a cron expression",
-    params(("expression" = String, Query, description = "Cron expression, macro or @every"), ("type" = Option<String>, Query, description = "unix, quartz, spring, cron4j or every"), ("timezone" = Option<String>, Query, description = "IANA zone"), ("from" = Option<String>, Query, description = "RFC 3339; default now"), ("count" = Option<u32>, Query, description = "1 to 1000; default 10")),
+    params(("expression" = String, Query, description = "Cron expression, macro or @every"), ("type" = Option<String>, Query, pattern = "^\\s*(?:[Uu][Nn][Ii][Xx]|[Qq][Uu][Aa][Rr][Tt][Zz]|[Ss][Pp][Rr][Ii][Nn][Gg]|[Cc][Rr][Oo][Nn]4[Jj]|[Ee][Vv][Ee][Rr][Yy]|[Ii][Nn][Tt][Ee][Rr][Vv][Aa][Ll])\\s*$", description = "unix, quartz, spring, cron4j or every (alias interval), in any case"), ("timezone" = Option<String>, Query, description = "IANA zone"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339; default now"), ("count" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to 1000; default 10")),
     responses(
-        (status = 200, description = "The occurrences", body = crate::openapi::schema::Preview),
+        (status = 200, description = "The occurrences", body = Preview),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
         (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
@@ -745,18 +812,21 @@ pub(crate) async fn preview(State(state): State<ApiState>, uri: Uri) -> Result<R
         .map_err(cron_error)?;
     let spec = CronSpec::parse(&expression, kind, zone.as_deref()).map_err(cron_error)?;
     let from = from.unwrap_or_else(|| state.engine.now());
-    let occurrences: Vec<_> = spec
+    let occurrences = spec
         .occurrences_after(from)
         .take(count)
-        .map(|at| json!({ "utc": at.to_rfc3339(), "local": local_time(&spec, at) }))
+        .map(|at| PreviewOccurrence {
+            utc: at.to_rfc3339(),
+            local: local_time(&spec, at),
+        })
         .collect();
-    Ok(Json(json!({
-        "expression": spec.expression(),
-        "type": spec.kind().as_str(),
-        "time_zone": spec.time_zone_name(),
-        "description": spec.describe(),
-        "from": from.to_rfc3339(),
-        "occurrences": occurrences,
-    }))
-    .into_response())
+    let preview = Preview {
+        expression: spec.expression().to_string(),
+        kind: spec.kind().as_str(),
+        time_zone: spec.time_zone_name().to_string(),
+        description: spec.describe(),
+        from: from.to_rfc3339(),
+        occurrences,
+    };
+    Ok(Json(preview).into_response())
 }

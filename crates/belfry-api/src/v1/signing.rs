@@ -14,6 +14,7 @@ use belfry_core::auth::AuditAction;
 use belfry_core::{SigningSecrets, TenantConfig};
 use belfry_sinks::signing::generate_secret;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::ApiState;
 use crate::auth::Principal;
@@ -44,28 +45,19 @@ pub(crate) fn for_registration(
     }
 }
 
-/// A registration's answer: the tenant's view and, when one was generated
-/// by this registration, the secret (shown this once).
-#[derive(Debug, Serialize)]
-pub(crate) struct Registered<V: Serialize> {
-    #[serde(flatten)]
-    pub view: V,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signing_secret: Option<String>,
-}
-
 /// Body of the rotate request (`{}` for the default overlap).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, expecting = "an object")]
 pub(crate) struct Rotate {
     /// How long the current secret keeps signing next to the new one, in
-    /// seconds; 0 ends it at once. Default: a day.
+    /// seconds (0 to 2592000); 0 ends it at once. Default: a day.
     #[serde(default)]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 2592000)]
     grace_period_secs: Option<serde_json::Value>,
 }
 
 /// The answer to a rotation.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct Rotated {
     tenant: String,
     signing_secret: String,
@@ -83,10 +75,10 @@ struct Rotated {
     tag = "tenants",
     operation_id = "rotate_signing_secret",
     summary = "A new webhook signing secret",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
-    request_body(content = crate::openapi::schema::Rotate, content_type = "application/json"),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    request_body(content = Rotate, content_type = "application/json"),
     responses(
-        (status = 200, description = "The new secret, shown once", body = crate::openapi::schema::Rotated),
+        (status = 200, description = "The new secret, shown once", body = Rotated),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -153,8 +145,7 @@ fn grace_period(value: Option<&serde_json::Value>) -> Result<Duration, V1Error> 
     };
     match value {
         None | Some(serde_json::Value::Null) => Ok(DEFAULT_GRACE_PERIOD),
-        Some(value) => value
-            .as_u64()
+        Some(value) => crate::extract::whole::u64_of(value)
             .filter(|secs| *secs <= MAX_GRACE_PERIOD_SECS)
             .map(Duration::from_secs)
             .ok_or_else(invalid),

@@ -10,27 +10,38 @@ use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget, PullTarget};
 use belfry_core::{EventKey, QueueName, SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::ApiState;
 use crate::auth::Principal;
 use crate::auth::routes::audit;
 use crate::error::{ApiError, Code, V1Error};
 use crate::extract::{V1Json, V1Path, deserialize_naming_field};
-use crate::v1::events::BackoffBody;
 use crate::v1::signing;
-use crate::v1::views::TenantView;
+use crate::v1::views::{BackoffBody, TenantView};
 use crate::v1::{tenant_name, tenant_not_found};
 
 /// The path of one tenant (get, put, delete).
 const TENANT: &str = "/v1/tenants/{tenant}";
 
 /// Body of `PUT /v1/tenants/{tenant}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, expecting = "a tenant object")]
+#[schema(example = json!({"sink": {"type": "http", "url": "http://127.0.0.1:9000/hook"}}))]
 pub(crate) struct PutTenant {
+    /// `{"type": "http", "url", "headers"?, "timeout_ms"?}`,
+    /// `{"type": "builtin", "processor": "log"}` or
+    /// `{"type": "kafka", "topic", "props", "key"?, "transactional"?}` or
+    /// `{"type": "pull", "max_attempts"?, "backoff"?, "queues"?}`.
     sink: SinkSpec,
+}
+
+/// Every tenant the key may see, by name.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TenantList<'a> {
+    pub tenants: Vec<TenantView<'a>>,
 }
 
 /// A sink as clients write it: `{"type": "http", "url": ..., "headers":
@@ -40,23 +51,54 @@ pub(crate) struct PutTenant {
 /// `none`; `"transactional": true` is the fenced mode), or `{"type":
 /// "pull", "max_attempts": 20, "backoff": {...}, "queues": [...]}`
 /// (workers claim the events).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, expecting = "a sink object")]
+#[schema(as = Sink)]
 struct SinkSpec {
+    /// `http`, `builtin`, `kafka` or `pull`; the other fields apply to
+    /// one type each.
     #[serde(rename = "type")]
+    #[schema(value_type = String, pattern = "^(http|builtin|kafka|pull)$")]
     kind: Value,
     // Every field as plain JSON, checked below: a wrong type gets a
     // message naming the field, not serde's (`expected u64`).
+    /// `http`: where events are POSTed.
+    #[schema(value_type = Option<String>)]
     url: Option<Value>,
+    /// `http`: headers sent with each delivery (write-only: answered
+    /// `****`).
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
     headers: Option<Value>,
+    /// `http`: the delivery's timeout.
+    #[schema(value_type = Option<u64>, maximum = 18446744073709551615.0)]
     timeout_ms: Option<Value>,
+    /// `builtin`: the processor (`log`).
+    #[schema(value_type = Option<String>)]
     processor: Option<Value>,
+    /// `kafka`: the topic.
+    #[schema(value_type = Option<String>)]
     topic: Option<Value>,
+    /// `kafka`: producer properties (write-only: answered `****`).
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
     props: Option<Value>,
+    /// `kafka`: `event_id` (default), `tenant_event_id` or `none`.
+    #[schema(value_type = Option<String>)]
     key: Option<Value>,
+    /// `kafka`: the fenced, transactional mode.
+    #[schema(value_type = Option<bool>)]
     transactional: Option<Value>,
+    /// `pull` only: attempts after which an event fails (default 20);
+    /// an event's own `max_attempts` comes first.
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     max_attempts: Option<Value>,
+    /// `pull` only: the back-off of events that set none (default: the
+    /// node's retry policy); read as each attempt comes due.
+    #[schema(value_type = Option<BackoffBody>)]
     backoff: Option<Value>,
+    /// `pull` only: the queues its events, schedules and claims may name
+    /// (1 to 32 names of 1–64 letters, digits, `_`, `.`, `-`; no repeats),
+    /// besides `default`, which is always allowed; omitted: any queue name.
+    #[schema(value_type = Option<Vec<String>>, min_items = 1, max_items = 32)]
     queues: Option<Value>,
 }
 
@@ -96,8 +138,7 @@ pub(crate) fn pull_target(spec: PullSpec, prefix: &str) -> Result<PullTarget, St
     let max_attempts = match spec.max_attempts {
         None | Some(Value::Null) => None,
         Some(value) => Some(
-            value
-                .as_u64()
+            crate::extract::whole::u64_of(&value)
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or_else(|| format!("{prefix}max_attempts must be a whole number"))?,
         ),
@@ -192,7 +233,7 @@ impl SinkSpec {
         let headers = string_map(headers, "sink.headers")?;
         let timeout_ms = match timeout_ms {
             None | Some(Value::Null) => None,
-            Some(value) => Some(value.as_u64().ok_or_else(|| {
+            Some(value) => Some(crate::extract::whole::u64_of(&value).ok_or_else(|| {
                 invalid_sink("sink.timeout_ms must be a whole number of milliseconds")
             })?),
         };
@@ -308,7 +349,7 @@ impl SinkSpec {
     operation_id = "list_tenants",
     summary = "Every tenant the key may see",
     responses(
-        (status = 200, description = "Tenants by name", body = crate::openapi::schema::TenantList),
+        (status = 200, description = "Tenants by name", body = TenantList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
         (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
@@ -321,12 +362,12 @@ pub(crate) async fn list(
     principal: Principal,
 ) -> Result<Response, V1Error> {
     let tenants = state.engine.store().list_tenants().await?;
-    let views: Vec<TenantView<'_>> = tenants
+    let tenants = tenants
         .iter()
         .filter(|t| principal.sees(&t.name))
         .map(TenantView::from)
         .collect();
-    Ok(Json(json!({ "tenants": views })).into_response())
+    Ok(Json(TenantList { tenants }).into_response())
 }
 
 #[utoipa::path(
@@ -335,9 +376,9 @@ pub(crate) async fn list(
     tag = "tenants",
     operation_id = "get_tenant",
     summary = "A tenant",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
     responses(
-        (status = 200, description = "The tenant", body = crate::openapi::schema::TenantView),
+        (status = 200, description = "The tenant", body = TenantView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1Errors
@@ -362,11 +403,11 @@ pub(crate) async fn get(
     tag = "tenants",
     operation_id = "put_tenant",
     summary = "Register (201) or replace (200) a tenant",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
-    request_body(content = crate::openapi::schema::PutTenant, content_type = "application/json"),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    request_body(content = PutTenant, content_type = "application/json"),
     responses(
-        (status = 201, description = "Registered; the answer carries signing_secret once", body = crate::openapi::schema::TenantView),
-        (status = 200, description = "Replaced", body = crate::openapi::schema::TenantView),
+        (status = 201, description = "Registered; the answer carries signing_secret once", body = TenantView),
+        (status = 200, description = "Replaced", body = TenantView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
@@ -411,9 +452,9 @@ pub(crate) async fn put(
     } else {
         StatusCode::CREATED
     };
-    let answer = signing::Registered {
-        view: TenantView::from(&tenant),
+    let answer = TenantView {
         signing_secret: new_secret,
+        ..TenantView::from(&tenant)
     };
     Ok((status, Json(answer)).into_response())
 }
@@ -432,7 +473,7 @@ pub(crate) async fn put(
     tag = "tenants",
     operation_id = "delete_tenant",
     summary = "Remove an empty tenant and revoke its keys",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`)")),
+    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
     responses(
         (status = 204, description = "Removed; its keys are revoked"),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),

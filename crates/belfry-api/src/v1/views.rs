@@ -1,12 +1,20 @@
-//! The JSON shapes the native API answers with.
+//! The JSON shapes the native API answers with, shared by several
+//! routes. Each is also its OpenAPI schema (`ToSchema`); the shapes of
+//! one route live next to its handler.
 
+use belfry_core::retry::BackoffError;
 use belfry_core::{
-    Attempt, Backoff, DeliveryOption, EventRecord, SinkConfig, TenantConfig, Timestamp, Verdict,
+    Attempt, Backoff, DeliveryOption, EventRecord, RetryPolicy, SinkConfig, TenantConfig,
+    Timestamp, Verdict,
 };
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::answers::Listing;
+use crate::extract::whole::Whole;
 
 /// `delivery` on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case", expecting = "full_event or payload_only")]
 pub(crate) enum Delivery {
     /// The whole event as JSON (BigBen's `FULL_EVENT`).
@@ -34,12 +42,17 @@ impl From<DeliveryOption> for Delivery {
     }
 }
 
-/// A tenant as answers show it: write-only secrets masked
-/// ([`crate::auth::mask`]).
-#[derive(Debug, Serialize)]
+/// A tenant as answers show it: write-only secrets masked.
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct TenantView<'a> {
     pub name: &'a str,
+    /// The sink as registered; write-only values answer as `****`.
+    #[schema(value_type = Object)]
     pub sink: SinkConfig,
+    /// Only in the answer of the registration that created it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub signing_secret: Option<String>,
 }
 
 impl<'a> From<&'a TenantConfig> for TenantView<'a> {
@@ -47,6 +60,7 @@ impl<'a> From<&'a TenantConfig> for TenantView<'a> {
         TenantView {
             name: tenant.name.as_str(),
             sink: crate::auth::mask::sink(&tenant.sink),
+            signing_secret: None,
         }
     }
 }
@@ -57,13 +71,15 @@ fn rfc3339(at: Option<Timestamp>) -> Option<String> {
 
 /// An event's status view. It borrows the record's strings (a payload may
 /// be 256 KiB): serialized straight from the record, never copied.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct EventView<'a> {
     pub tenant: &'a str,
     pub id: &'a str,
     /// The current version: the idempotency key its deliveries carry.
     pub version: &'a str,
     pub deliver_at: String,
+    /// `scheduled`, `retrying`, `delivered`, `failed`, `missed` or
+    /// `cancelled`.
     pub status: &'static str,
     pub attempts: u32,
     pub last_error: Option<&'a str>,
@@ -76,12 +92,24 @@ pub(crate) struct EventView<'a> {
     pub delivery: Delivery,
     /// A pull tenant's event's own settings, shown when set.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub queue: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub max_attempts: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<BackoffBody>, nullable = false)]
     pub backoff: Option<Backoff>,
 }
+
+/// A page of a tenant's events.
+pub(crate) struct EventList;
+
+impl Listing for EventList {
+    const KEY: &'static str = "events";
+    type Item<'a> = EventView<'a>;
+}
+crate::openapi::schema::list_page!(EventList, "A page of events");
 
 impl<'a> From<&'a EventRecord> for EventView<'a> {
     fn from(record: &'a EventRecord) -> Self {
@@ -108,7 +136,7 @@ impl<'a> From<&'a EventRecord> for EventView<'a> {
 }
 
 /// One entry of an event's delivery history.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct AttemptView {
     /// 1 for the first attempt of a version; 0 for an attempt that ended
     /// after its version was replaced (history only).
@@ -117,6 +145,7 @@ pub(crate) struct AttemptView {
     pub started_at: String,
     pub duration_ms: u64,
     /// `delivered`, `retry` or `permanent`.
+    #[schema(value_type = String)]
     pub outcome: Verdict,
     pub http_status: Option<u16>,
     pub error: Option<String>,
@@ -133,5 +162,40 @@ impl From<&Attempt> for AttemptView {
             http_status: attempt.http_status,
             error: attempt.error.clone(),
         }
+    }
+}
+
+/// A pull event's back-off: the first retry after `initial_delay_ms`,
+/// each further one `multiplier` times longer, at most `max_delay_ms`.
+/// Omitted fields: 1,000 ms, 2, 3,600,000 ms (at least `initial_delay_ms`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, expecting = "a backoff object")]
+#[schema(as = Backoff)]
+pub(crate) struct BackoffBody {
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 86400000)]
+    initial_delay_ms: Option<Whole<u64>>,
+    #[schema(minimum = 1, maximum = 100)]
+    multiplier: Option<f64>,
+    /// At least `initial_delay_ms`.
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 86400000)]
+    max_delay_ms: Option<Whole<u64>>,
+}
+
+impl BackoffBody {
+    /// The back-off it gives, omitted fields taking the node's defaults.
+    ///
+    /// # Errors
+    /// A field out of its range; the message names it
+    /// (`backoff.multiplier`, …).
+    pub(crate) fn into_backoff(self) -> Result<Backoff, BackoffError> {
+        let defaults = RetryPolicy::default();
+        let initial = self
+            .initial_delay_ms
+            .map_or(defaults.initial_delay.as_millis() as u64, Whole::get);
+        let max = self.max_delay_ms.map_or(
+            (defaults.max_delay.as_millis() as u64).max(initial),
+            Whole::get,
+        );
+        Backoff::new(initial, self.multiplier.unwrap_or(defaults.multiplier), max)
     }
 }
