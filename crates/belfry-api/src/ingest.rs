@@ -397,10 +397,10 @@ pub async fn schedule_v1(
     // Quotas: the batch as a whole, then (only if it passes one) per item.
     if !planned.is_empty() {
         let commands: Vec<KeyedCommand> = planned.iter().map(|(_, c)| c.clone()).collect();
-        if engine.check_quotas(&commands).await.is_err() {
+        if engine.quotas().check(&commands).await.is_err() {
             let mut kept = Vec::with_capacity(planned.len());
             for (slot, command) in planned {
-                match engine.check_quotas(std::slice::from_ref(&command)).await {
+                match engine.quotas().check(std::slice::from_ref(&command)).await {
                     Ok(()) => kept.push((slot, command)),
                     Err(QuotaError::Exceeded(exceeded)) => {
                         let error = crate::quota::exceeded_error(&exceeded);

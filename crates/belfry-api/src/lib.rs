@@ -153,7 +153,8 @@ async fn cluster_status(
                 heartbeat_age_ms: None,
                 partitions: state
                     .engine
-                    .owned_partitions()
+                    .partitions()
+                    .owned()
                     .into_iter()
                     .map(|(p, epoch)| PartitionView {
                         partition: p.0,

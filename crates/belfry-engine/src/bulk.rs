@@ -2,7 +2,7 @@
 //! progress and the claim rule).
 //!
 //! Every node runs one runner, started with the engine. It looks for work
-//! when an action is created through this node ([`EngineHandle::create_bulk_action`]
+//! when an action is created through this node ([`BulkActions::create`]
 //! wakes it) and every [`POLL`] otherwise, which is how it finds, after a
 //! restart, the actions still `running` and, in a cluster, those whose
 //! runner died (their claim lapsed). It claims at most
@@ -13,7 +13,7 @@
 //! 1. read one page of the matching items (`engine.bulk_page_size`, 200):
 //!    events through [`belfry_store::Store::list_events`] with the action's
 //!    filter, continuing after the saved cursor; schedules through
-//!    [`EngineHandle::list_schedules`];
+//!    [`crate::schedules::Schedules::list`];
 //! 2. apply the page's commands in one batch through the ordinary write
 //!    path ([`EngineHandle::apply`], so timers are armed and disarmed as
 //!    for a client's request); a redrive gives each event a new version,
@@ -112,24 +112,30 @@ pub enum CancelBulkError {
     Store(#[from] StoreError),
 }
 
-impl EngineHandle {
+/// Bulk actions ([`EngineHandle::bulk`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BulkActions<'a> {
+    pub(crate) engine: &'a EngineHandle,
+}
+
+impl BulkActions<'_> {
     /// Stores a new bulk action and wakes this node's runner, which claims
     /// it at once. `false`: an action with its id exists (nothing stored).
     ///
     /// # Errors
     /// The tenant has its limit of running actions
     /// (`limits.max_bulk_actions_per_tenant`), or a store failure.
-    pub async fn create_bulk_action(
-        &self,
-        action: BulkAction,
-    ) -> Result<bool, crate::quotas::QuotaError> {
+    pub async fn create(&self, action: BulkAction) -> Result<bool, crate::quotas::QuotaError> {
         // Checked and stored under one lock: two creates on this node
         // cannot both take the last place (other nodes' may, by one each).
-        let _creating = self.inner.quotas.bulk_creates.lock().await;
-        self.check_bulk_quota(action.tenant()).await?;
-        let created = self.store().create_bulk_action(action).await?;
+        let _creating = self.engine.inner.quotas.bulk_creates.lock().await;
+        self.engine
+            .quotas()
+            .check_bulk_quota(action.tenant())
+            .await?;
+        let created = self.engine.store().create_bulk_action(action).await?;
         if created {
-            self.inner.bulk.wake.notify_one();
+            self.engine.inner.bulk.wake.notify_one();
         }
         Ok(created)
     }
@@ -140,19 +146,16 @@ impl EngineHandle {
     ///
     /// # Errors
     /// Unknown, already finished, or a store failure.
-    pub async fn cancel_bulk_action(
-        &self,
-        id: &BulkActionId,
-    ) -> Result<BulkAction, CancelBulkError> {
+    pub async fn cancel(&self, id: &BulkActionId) -> Result<BulkAction, CancelBulkError> {
         loop {
-            let Some(mut action) = self.store().get_bulk_action(id).await? else {
+            let Some(mut action) = self.engine.store().get_bulk_action(id).await? else {
                 return Err(CancelBulkError::NotFound(id.clone()));
             };
-            if action.cancel(self.now()).is_err() {
+            if action.cancel(self.engine.now()).is_err() {
                 return Err(CancelBulkError::Finished(Box::new(action)));
             }
             // A conflict is the runner saving a page: read and try again.
-            if let Some(stored) = self.store().update_bulk_action(action).await? {
+            if let Some(stored) = self.engine.store().update_bulk_action(action).await? {
                 return Ok(stored);
             }
         }
@@ -160,8 +163,8 @@ impl EngineHandle {
 
     /// Wakes the runner to look for work now (for tests that moved a
     /// manual clock past a claim's lapse).
-    pub fn poke_bulk_runner(&self) {
-        self.inner.bulk.wake.notify_one();
+    pub fn poke(&self) {
+        self.engine.inner.bulk.wake.notify_one();
     }
 }
 
@@ -169,7 +172,7 @@ impl EngineHandle {
 /// stop signal; at the stop, wait for the action tasks (each gives its
 /// claim up at its next page boundary).
 pub(crate) async fn run(shared: Arc<Shared>) {
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = shared.tasks.stop_receiver();
     let mut tasks = JoinSet::new();
     loop {
         if *stop.borrow() {
@@ -261,7 +264,7 @@ enum Stop {
 /// stops.
 async fn work(shared: Arc<Shared>, action: BulkAction) {
     let id = action.id.clone();
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = shared.tasks.stop_receiver();
     let ended = work_pages(&shared, action, &mut stop).await;
     match ended {
         Stop::Finished => {}
@@ -493,7 +496,7 @@ async fn event_page(
     // A redrive makes finished events pending again: like a client's
     // redrive, it counts against the tenant's pending quota.
     if action.kind == BulkKind::Redrive && !commands.is_empty() {
-        match handle.check_quotas(&commands).await {
+        match handle.quotas().check(&commands).await {
             Ok(()) => {}
             Err(QuotaError::Exceeded(QuotaExceeded::PendingEvents { tenant, limit })) => {
                 return Ok(Err(format!(
@@ -552,7 +555,8 @@ async fn schedule_page(
         None => None,
     };
     let schedules = handle
-        .list_schedules(tenant, after.as_ref(), limit)
+        .schedules()
+        .list(tenant, after.as_ref(), limit)
         .await
         .map_err(schedule_store_error)?;
     let last = schedules.len() < limit;
@@ -572,7 +576,11 @@ async fn schedule_page(
         if !action.filter.matches_schedule(state.schedule.status) {
             continue;
         }
-        match handle.status_change(tenant, state.schedule, target).await {
+        match handle
+            .schedules()
+            .status_change(tenant, state.schedule, target)
+            .await
+        {
             Ok(None) => tally.count(ItemOutcome::Skipped),
             Ok(Some((writes, _))) => {
                 changes.push(writes.len());

@@ -32,7 +32,7 @@ use crate::recorder::Outcome;
 use crate::{EngineOptions, Shared};
 
 /// Pause before firing again an entry whose record or tenant could not be
-/// read, or whose lease lapsed right before the send.
+/// read, or whose firing window closed right before the send.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// One fired entry waiting for, or holding, a delivery slot.
@@ -44,7 +44,7 @@ pub(crate) struct Job {
 
 /// The delivery slots, shared by every partition.
 #[derive(Debug)]
-pub(crate) struct Limits {
+pub(crate) struct Slots {
     slots: Mutex<DeliverySlots<Job>>,
     /// Signalled whenever the last in-flight delivery finishes.
     idle: Notify,
@@ -52,7 +52,7 @@ pub(crate) struct Limits {
     rate_timer: Mutex<Option<Timestamp>>,
 }
 
-impl Limits {
+impl Slots {
     pub(crate) fn new(options: &EngineOptions) -> Self {
         let mut slots = DeliverySlots::new(SlotPolicy::new(
             options.max_in_flight,
@@ -68,7 +68,7 @@ impl Limits {
                 );
             }
         }
-        Limits {
+        Slots {
             slots: Mutex::new(slots),
             idle: Notify::new(),
             rate_timer: Mutex::new(None),
@@ -132,13 +132,14 @@ pub(crate) fn submit(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, fi
         // delivering; it takes no delivery slot, so a slow tenant cannot
         // delay it.
         if belfry_core::schedule::schedule_of_control(&fired.entry.key.id).is_some() {
+            let tasks = shared.tasks.clone();
             let (shared, partition) = (shared.clone(), partition.clone());
-            tokio::spawn(async move {
+            tasks.spawn(async move {
                 let entry = fired.entry;
                 crate::schedules::fire(
                     shared.clone(),
                     partition.id,
-                    partition.lease.clone(),
+                    partition.window.clone(),
                     entry.clone(),
                 )
                 .await;
@@ -155,7 +156,7 @@ pub(crate) fn submit(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, fi
         return;
     }
     let (starting, next_token) = {
-        let mut slots = shared.limits.lock();
+        let mut slots = shared.slots.lock();
         slots.advance(shared.clock.now());
         for job in jobs {
             slots.submit(job.fired.entry.key.tenant.clone(), job);
@@ -175,7 +176,7 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
     };
     {
         let mut armed = shared
-            .limits
+            .slots
             .rate_timer
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -184,8 +185,9 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
         }
         *armed = Some(at);
     }
+    let tasks = shared.tasks.clone();
     let shared = shared.clone();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let wait = at
             .as_millis()
             .saturating_sub(shared.clock.now().as_millis());
@@ -194,7 +196,7 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
         }
         {
             let mut armed = shared
-                .limits
+                .slots
                 .rate_timer
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
@@ -202,11 +204,11 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
                 *armed = None;
             }
         }
-        if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        if shared.tasks.stopping() {
             return;
         }
         let (starting, next_token) = {
-            let mut slots = shared.limits.lock();
+            let mut slots = shared.slots.lock();
             slots.advance(shared.clock.now());
             (slots.start_ready(), slots.next_token_at())
         };
@@ -217,13 +219,13 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
 
 fn start(shared: &Arc<Shared>, jobs: Vec<(TenantName, Job)>) {
     for (tenant, job) in jobs {
-        let slot = Slot {
+        let slot = HeldSlot {
             shared: shared.clone(),
             tenant,
             completed: false,
             answered: false,
         };
-        tokio::spawn(async move {
+        shared.tasks.spawn(async move {
             let mut answered = false;
             deliver_one(&slot.shared, job, &mut answered).await;
             slot.complete(answered);
@@ -233,7 +235,7 @@ fn start(shared: &Arc<Shared>, jobs: Vec<(TenantName, Job)>) {
 
 /// A held delivery slot; released on drop, so even a panicking delivery
 /// cannot leak it.
-struct Slot {
+struct HeldSlot {
     shared: Arc<Shared>,
     tenant: TenantName,
     /// Whether the delivery ran to its end. Only then are the next jobs
@@ -245,7 +247,7 @@ struct Slot {
     answered: bool,
 }
 
-impl Slot {
+impl HeldSlot {
     /// The delivery ran to its end: release the slot and start the next.
     fn complete(mut self, answered: bool) {
         self.completed = true;
@@ -253,23 +255,19 @@ impl Slot {
     }
 }
 
-impl Drop for Slot {
+impl Drop for HeldSlot {
     fn drop(&mut self) {
         let (next, next_token) = {
-            let mut slots = self.shared.limits.lock();
+            let mut slots = self.shared.slots.lock();
             slots.advance(self.shared.clock.now());
             if self.answered {
                 slots.answered(&self.tenant);
             }
             slots.finish(&self.tenant);
             if slots.in_flight() == 0 {
-                self.shared.limits.idle.notify_waiters();
+                self.shared.slots.idle.notify_waiters();
             }
-            let stopping = self
-                .shared
-                .stopping
-                .load(std::sync::atomic::Ordering::SeqCst);
-            if stopping || !self.completed {
+            if self.shared.tasks.stopping() || !self.completed {
                 (Vec::new(), None)
             } else {
                 (slots.start_ready(), slots.next_token_at())
@@ -293,11 +291,11 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
     } = job;
     let done = |finish_as: Finish| finish(shared, &partition, entry.clone(), finish_as);
     let retry_later = || Finish::RetryAt(shared.clock.now().plus(RETRY_PAUSE));
-    if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+    if shared.tasks.stopping() {
         // Not started: it stays pending in the store for the next start.
         return done(Finish::Done);
     }
-    if !partition.lease.may_fire() {
+    if !partition.window.may_fire() {
         // Released or lapsed while queued: the next owner (or this one,
         // once renewed) fires it.
         return done(retry_later());
@@ -338,7 +336,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
     };
     let fence = Some(Fence {
         partition: partition.id,
-        epoch: partition.lease.epoch,
+        epoch: partition.window.epoch,
     });
     let now = shared.clock.now();
     // The look-back is for downtime: lateness counts from when this node
@@ -367,12 +365,12 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
     // The attempt's identity with the version: the receiver sees it as
     // `X-Belfry-Attempt`, and recording it twice counts it once.
     let number = record.attempts + 1;
-    let report = match shared.tenants.get(&shared.store, &entry.key.tenant).await {
+    let report = match shared.tenants.get(&entry.key.tenant).await {
         Ok(Some(tenant)) => {
             // Checked last, right before the send: a node paused past its
             // lease must not deliver for a partition someone else now owns.
-            if !partition.lease.may_fire() {
-                tracing::debug!(partition = %partition.id, "lease lapsed before delivery; holding the event");
+            if !partition.window.may_fire() {
+                tracing::debug!(partition = %partition.id, "firing window closed before delivery; holding the event");
                 return done(retry_later());
             }
             // A pull tenant's event waits for a worker's claim: the pull
@@ -386,7 +384,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
                     belfry_core::pull::ReadyEntry {
                         entry,
                         partition: partition.id,
-                        epoch: partition.lease.epoch,
+                        epoch: partition.window.epoch,
                         queue: record.pull.queue(),
                         policy: crate::pull::policy(shared, target, &record.pull),
                         record,
@@ -408,7 +406,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
                     event: &record,
                     attempt: number,
                     triggered_at: now,
-                    epoch: Some(partition.lease.epoch),
+                    epoch: Some(partition.window.epoch),
                 })
                 .await;
             let took = started.elapsed();

@@ -65,7 +65,7 @@
 //! Moves are revoke-then-grant (see [`belfry_store::cluster`]): when the
 //! leader moves a partition away from this node, the next renewal reports
 //! it revoked. The node stops firing it at once
-//! ([`EngineHandle::release_partitions`]), waits (at most
+//! ([`crate::ownership::Partitions::release`]), waits (at most
 //! `lease_ttl - tick - safety_margin`) until every delivery of it that was in
 //! flight has its outcome recorded, then releases it in the database, which
 //! grants it to the new owner with a new epoch and no takeover wait. A clean
@@ -89,7 +89,7 @@ use belfry_store::cluster::{
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use tokio::task::JoinSet;
 
 use crate::{EngineHandle, Ownership};
 
@@ -159,7 +159,8 @@ pub struct Membership {
 #[derive(Debug, Default)]
 struct HandOvers {
     partitions: HashSet<PartitionId>,
-    tasks: Vec<JoinHandle<()>>,
+    /// Dropped with the membership, which aborts them.
+    tasks: JoinSet<()>,
 }
 
 impl Membership {
@@ -219,7 +220,9 @@ impl Membership {
         if let Err(error) = self.coordinator.presence(&self.node.id).await {
             tracing::warn!(%error, "taking this node's presence lock failed; retrying");
         }
-        let watcher = tokio::spawn(self.clone().watch_presence());
+        // Owned here: dropping `run` stops the watcher too.
+        let mut watcher = JoinSet::new();
+        watcher.spawn(self.clone().watch_presence());
         let mut tick = tokio::time::interval(self.options.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(stop);
@@ -236,7 +239,7 @@ impl Membership {
                 tracing::warn!(%error, "cluster membership round failed");
             }
         }
-        watcher.abort();
+        watcher.abort_all();
         self.hand_over_and_leave().await;
     }
 
@@ -377,7 +380,7 @@ impl Membership {
                 })
                 .collect()
         };
-        self.engine.set_ownership(grants);
+        self.engine.partitions().set(grants);
         *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = ClusterSnapshot {
             nodes,
             leader: Some(lease),
@@ -442,9 +445,11 @@ impl Membership {
         // Takes the partitions' workers out of the engine now, before the
         // round's `set_ownership` could stop them without waiting for their
         // deliveries; the returned future waits for their outcomes.
-        let release = self.engine.release_partitions(&ids, grace);
+        let release = self.engine.partitions().release(&ids, grace);
         let this = self.clone();
-        let task = tokio::spawn(async move {
+        let mut hand_overs = self.hand_overs();
+        while hand_overs.tasks.try_join_next().is_some() {}
+        hand_overs.tasks.spawn(async move {
             let recorded = release.await;
             if !recorded {
                 tracing::warn!(
@@ -473,9 +478,6 @@ impl Membership {
                 hand_overs.partitions.remove(id);
             }
         });
-        let mut hand_overs = self.hand_overs();
-        hand_overs.tasks.retain(|t| !t.is_finished());
-        hand_overs.tasks.push(task);
     }
 
     /// A clean exit: give up the leader lease, stop firing every partition,
@@ -488,13 +490,12 @@ impl Membership {
         if let Err(error) = self.coordinator.release_leadership(id).await {
             tracing::warn!(%error, "releasing the leader lease failed");
         }
-        let tasks = std::mem::take(&mut self.hand_overs().tasks);
-        for task in tasks {
-            let _ = task.await;
-        }
+        let mut tasks = std::mem::take(&mut self.hand_overs().tasks);
+        while tasks.join_next().await.is_some() {}
         let mut partitions: BTreeSet<PartitionId> = self
             .engine
-            .owned_partitions()
+            .partitions()
+            .owned()
             .into_iter()
             .map(|(p, _)| p)
             .collect();
@@ -505,7 +506,7 @@ impl Membership {
             partitions = partitions.len(),
             "handing over every partition"
         );
-        let release = self.engine.release_partitions(&partitions, grace);
+        let release = self.engine.partitions().release(&partitions, grace);
         tokio::pin!(release);
         let mut tick = tokio::time::interval(self.options.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -528,7 +529,7 @@ impl Membership {
                 "deliveries still in flight at the end of the shutdown grace; the next owners may deliver them again"
             );
         }
-        self.engine.set_ownership(Vec::new());
+        self.engine.partitions().set(Vec::new());
         // What the database says this node owns now, at which epochs.
         let owned: Vec<(PartitionId, u64)> = match self.coordinator.assignments().await {
             Ok(map) => map

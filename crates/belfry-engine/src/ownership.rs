@@ -1,7 +1,7 @@
 //! Which partitions this node fires, under which epoch, and until when.
 //!
 //! A single node owns every partition forever (epoch 0). In a cluster the
-//! membership loop calls [`crate::EngineHandle::set_ownership`] after each
+//! membership loop calls [`Partitions::set`] after each
 //! lease renewal: partitions gained get a worker, partitions lost have theirs
 //! stopped, and every owned partition's firing window moves forward.
 //!
@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use belfry_core::fire::Input;
 use belfry_core::{PartitionId, Timestamp, partition_ranges};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::Shared;
 use crate::partition::PartitionRuntime;
+use crate::tasks::Joined;
 
 /// One owned partition, as the membership loop grants it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +53,7 @@ impl Ownership {
 /// The firing window of one owned partition; shared by its worker and the
 /// delivery tasks it spawns.
 #[derive(Debug)]
-pub(crate) struct PartitionLease {
+pub(crate) struct FiringWindow {
     pub(crate) epoch: u64,
     base: Instant,
     /// Offsets from `base` in microseconds.
@@ -61,17 +61,17 @@ pub(crate) struct PartitionLease {
     fire_until: AtomicU64,
 }
 
-impl PartitionLease {
+impl FiringWindow {
     fn new(grant: &Ownership) -> Self {
         let base = Instant::now();
-        let lease = PartitionLease {
+        let window = FiringWindow {
             epoch: grant.epoch,
             base,
             fire_from: AtomicU64::new(0),
             fire_until: AtomicU64::new(0),
         };
-        lease.update(grant);
-        lease
+        window.update(grant);
+        window
     }
 
     fn offset(&self, at: Instant) -> u64 {
@@ -86,9 +86,9 @@ impl PartitionLease {
     }
 
     /// Closes the window for good: the partition was released or lost, so
-    /// entries already handed to the dispatcher (queued for a slot, or not
-    /// yet claimed) must not be delivered under this lease any more.
-    fn revoke(&self) {
+    /// entries already handed to the dispatcher (queued for a worker, or not
+    /// yet claimed) must not be delivered under this window any more.
+    fn close(&self) {
         self.fire_until.store(0, Ordering::SeqCst);
     }
 
@@ -107,29 +107,32 @@ impl PartitionLease {
 
 /// A running partition worker.
 #[derive(Debug)]
-struct Slot {
+struct Worker {
     runtime: Arc<PartitionRuntime>,
     stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    task: Joined<()>,
 }
 
 /// The partitions this node owns right now.
 #[derive(Debug, Default)]
 pub(crate) struct OwnedPartitions {
-    slots: Mutex<HashMap<PartitionId, Slot>>,
+    workers: Mutex<HashMap<PartitionId, Worker>>,
 }
 
 impl OwnedPartitions {
-    fn lock(&self) -> MutexGuard<'_, HashMap<PartitionId, Slot>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<PartitionId, Worker>> {
         // Poison means a panic while the map was held; the map itself is
         // still consistent (every update is a single insert or remove).
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+        self.workers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Applies an input to a partition's core; `false` if it is not owned
     /// here (its owner's loader or repair finds what the input was about).
     pub(crate) fn input(&self, partition: PartitionId, input: Input, now: Timestamp) -> bool {
-        let runtime = self.lock().get(&partition).map(|slot| slot.runtime.clone());
+        let runtime = self
+            .lock()
+            .get(&partition)
+            .map(|worker| worker.runtime.clone());
         match runtime {
             Some(runtime) => {
                 runtime.input(input, now);
@@ -147,13 +150,13 @@ impl OwnedPartitions {
     ) -> Option<Arc<PartitionRuntime>> {
         self.lock()
             .get(&partition)
-            .filter(|slot| slot.runtime.lease.epoch == epoch)
-            .map(|slot| slot.runtime.clone())
+            .filter(|worker| worker.runtime.window.epoch == epoch)
+            .map(|worker| worker.runtime.clone())
     }
 
     /// Applies an input built per partition to every owned core.
     pub(crate) fn broadcast(&self, input: impl Fn() -> Input, now: Timestamp) {
-        let runtimes: Vec<_> = self.lock().values().map(|s| s.runtime.clone()).collect();
+        let runtimes: Vec<_> = self.lock().values().map(|w| w.runtime.clone()).collect();
         for runtime in runtimes {
             runtime.input(input(), now);
         }
@@ -161,14 +164,14 @@ impl OwnedPartitions {
 
     /// The owned partitions' runtimes (metrics, tests).
     pub(crate) fn runtimes(&self) -> Vec<Arc<PartitionRuntime>> {
-        self.lock().values().map(|s| s.runtime.clone()).collect()
+        self.lock().values().map(|w| w.runtime.clone()).collect()
     }
 
     pub(crate) fn owned(&self) -> Vec<(PartitionId, u64)> {
         let mut owned: Vec<_> = self
             .lock()
             .iter()
-            .map(|(id, slot)| (*id, slot.runtime.lease.epoch))
+            .map(|(id, worker)| (*id, worker.runtime.window.epoch))
             .collect();
         owned.sort();
         owned
@@ -178,51 +181,51 @@ impl OwnedPartitions {
     /// stops the lost ones (and those whose epoch changed, which restart
     /// with a fresh window), and moves the firing windows of the others.
     pub(crate) fn apply(&self, shared: &Arc<Shared>, grants: Vec<Ownership>) {
-        let mut slots = self.lock();
+        let mut workers = self.lock();
         let wanted: HashMap<PartitionId, Ownership> =
             grants.into_iter().map(|g| (g.partition, g)).collect();
-        let lost: Vec<PartitionId> = slots
+        let lost: Vec<PartitionId> = workers
             .iter()
-            .filter(|(id, slot)| {
+            .filter(|(id, worker)| {
                 wanted
                     .get(id)
-                    .is_none_or(|g| g.epoch != slot.runtime.lease.epoch)
+                    .is_none_or(|g| g.epoch != worker.runtime.window.epoch)
             })
             .map(|(id, _)| *id)
             .collect();
         let mut lost_runtimes = Vec::new();
         for id in &lost {
-            if let Some(slot) = slots.remove(id) {
-                lost_runtimes.push(slot.runtime.clone());
+            if let Some(worker) = workers.remove(id) {
+                lost_runtimes.push(worker.runtime.clone());
                 belfry_metrics::lease_lost();
-                slot.runtime.lease.revoke();
-                let _ = slot.stop.send(true);
-                tracing::debug!(partition = %id, epoch = slot.runtime.lease.epoch, "partition released");
+                worker.runtime.window.close();
+                let _ = worker.stop.send(true);
+                tracing::debug!(partition = %id, epoch = worker.runtime.window.epoch, "partition released");
             }
         }
         let mut acquired = Vec::new();
         for (id, grant) in wanted {
-            if let Some(slot) = slots.get(&id) {
-                slot.runtime.lease.update(&grant);
+            if let Some(worker) = workers.get(&id) {
+                worker.runtime.window.update(&grant);
                 continue;
             }
-            let lease = Arc::new(PartitionLease::new(&grant));
+            let window = Arc::new(FiringWindow::new(&grant));
             let runtime = Arc::new(PartitionRuntime::new(
                 id,
-                lease,
+                window,
                 crate::partition::core_config(shared),
             ));
             let (stop, stop_receiver) = watch::channel(false);
-            let task = tokio::spawn(crate::partition::run(
+            let task = shared.tasks.spawn_joined(crate::partition::run(
                 shared.clone(),
                 runtime.clone(),
                 stop_receiver,
             ));
             tracing::debug!(partition = %id, epoch = grant.epoch, "partition acquired");
             acquired.push(id);
-            slots.insert(
+            workers.insert(
                 id,
-                Slot {
+                Worker {
                     runtime,
                     stop,
                     task,
@@ -236,12 +239,12 @@ impl OwnedPartitions {
                 acquired = %partition_ranges(acquired),
                 lost = %partition_ranges(lost),
                 "owns {} partitions: {}",
-                slots.len(),
-                partition_ranges(slots.keys().copied())
+                workers.len(),
+                partition_ranges(workers.keys().copied())
             );
         }
         // Outside the lock: the pull queue finishes entries through it.
-        drop(slots);
+        drop(workers);
         for runtime in &lost_runtimes {
             crate::pull::partition_lost(shared, runtime);
         }
@@ -252,30 +255,168 @@ impl OwnedPartitions {
     pub(crate) fn release(
         &self,
         partitions: &[PartitionId],
-    ) -> (Vec<JoinHandle<()>>, Vec<Arc<PartitionRuntime>>) {
-        let mut slots = self.lock();
+    ) -> (Vec<Joined<()>>, Vec<Arc<PartitionRuntime>>) {
+        let mut workers = self.lock();
         let mut tasks = Vec::new();
         let mut runtimes = Vec::new();
         for id in partitions {
-            if let Some(slot) = slots.remove(id) {
-                slot.runtime.lease.revoke();
-                let _ = slot.stop.send(true);
-                tracing::debug!(partition = %id, epoch = slot.runtime.lease.epoch, "partition handed over");
-                tasks.push(slot.task);
-                runtimes.push(slot.runtime);
+            if let Some(worker) = workers.remove(id) {
+                worker.runtime.window.close();
+                let _ = worker.stop.send(true);
+                tracing::debug!(partition = %id, epoch = worker.runtime.window.epoch, "partition handed over");
+                tasks.push(worker.task);
+                runtimes.push(worker.runtime);
             }
         }
         (tasks, runtimes)
     }
 
     /// Stops every worker and returns their tasks to await.
-    pub(crate) fn stop_all(&self) -> Vec<JoinHandle<()>> {
+    pub(crate) fn stop_all(&self) -> Vec<Joined<()>> {
         self.lock()
             .drain()
-            .map(|(_, slot)| {
-                let _ = slot.stop.send(true);
-                slot.task
+            .map(|(_, worker)| {
+                let _ = worker.stop.send(true);
+                worker.task
             })
             .collect()
+    }
+}
+
+/// The partitions this node fires ([`crate::EngineHandle::partitions`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Partitions<'a> {
+    pub(crate) shared: &'a Arc<Shared>,
+}
+
+impl Partitions<'_> {
+    /// Makes this node fire exactly the `grants` partitions (see the
+    /// module documentation). Partitions gained load their window from
+    /// the store; partitions lost stop at once.
+    pub fn set(&self, grants: Vec<Ownership>) {
+        self.shared.owned.apply(self.shared, grants);
+    }
+
+    /// The partitions owned right now, with their epochs.
+    pub fn owned(&self) -> Vec<(PartitionId, u64)> {
+        self.shared.owned.owned()
+    }
+
+    /// The epoch under which this node owns `partition`, if it does.
+    pub fn owned_epoch(&self, partition: PartitionId) -> Option<u64> {
+        self.owned()
+            .into_iter()
+            .find_map(|(p, epoch)| (p == partition).then_some(epoch))
+    }
+
+    /// How many owned partitions have read their first window page, out of
+    /// how many are owned: the readiness check. Cheap (one lock per
+    /// partition, no store access).
+    pub fn loaded(&self) -> crate::PartitionsLoaded {
+        let runtimes = self.shared.owned.runtimes();
+        crate::PartitionsLoaded {
+            owned: runtimes.len(),
+            loaded: runtimes.iter().filter(|r| r.window_loaded()).count(),
+        }
+    }
+
+    /// Wake-ups may have been missed (the push channel reconnected): every
+    /// owned partition drops its window and reloads it from the store.
+    pub fn resync(&self) {
+        self.shared
+            .owned
+            .broadcast(|| Input::Reload, self.shared.clock.now());
+    }
+
+    /// Wakes every partition worker to re-evaluate now: for a test that
+    /// moved a manual clock (workers otherwise re-read the clock at least
+    /// once a second).
+    pub fn poke(&self) {
+        // Only a nudge: the worker ticks its core itself and performs what
+        // the tick asks for (a tick here would lose its actions).
+        for runtime in self.shared.owned.runtimes() {
+            runtime.poke();
+        }
+    }
+
+    /// Fired entries not finished yet (queued, in delivery, or waiting for
+    /// their outcome to be stored), over the owned partitions.
+    pub fn outstanding(&self) -> usize {
+        self.shared
+            .owned
+            .runtimes()
+            .iter()
+            .map(|r| r.outstanding())
+            .sum()
+    }
+
+    /// Entries held in memory by the owned partitions (windows,
+    /// outstanding entries, retry timers), and the most they may hold.
+    pub fn held_in_memory(&self) -> (usize, usize) {
+        let runtimes = self.shared.owned.runtimes();
+        let held = runtimes.iter().map(|r| r.held()).sum();
+        let capacity = runtimes.iter().map(|r| r.capacity()).sum();
+        (held, capacity)
+    }
+
+    /// The fire-path counters of the owned partitions, summed: repairs
+    /// (entries a lost wake-up left out, armed by a repair page),
+    /// evictions, duplicate claims (for metrics and tests).
+    pub fn fire_stats(&self) -> belfry_core::fire::CoreStats {
+        let mut total = belfry_core::fire::CoreStats::default();
+        for runtime in self.shared.owned.runtimes() {
+            let stats = runtime.stats();
+            total.repaired += stats.repaired;
+            total.evicted += stats.evicted;
+            total.fired += stats.fired;
+            total.duplicate_claims += stats.duplicate_claims;
+            total.load_failures += stats.load_failures;
+        }
+        total
+    }
+
+    /// Hands `partitions` over cleanly: they stop firing at once, when this
+    /// is *called* (their workers are taken out of the engine and their
+    /// firing windows closed, so nothing queued for them is delivered any
+    /// more), and the returned future resolves once every delivery of
+    /// theirs that was in flight has its outcome recorded, or after
+    /// `grace`. It yields whether everything was recorded in time. The
+    /// caller then releases their leases, so the next owner can fire at
+    /// once without re-delivering anything. Pull workers' leases of them
+    /// are void at once and given back in the store meanwhile (their events
+    /// pending again at the leases' expiries, no attempt counted).
+    pub fn release(
+        &self,
+        partitions: &[PartitionId],
+        grace: Duration,
+    ) -> impl std::future::Future<Output = bool> + Send + 'static {
+        let (tasks, runtimes) = self.shared.owned.release(partitions);
+        let given_back = crate::pull::give_back(self.shared, runtimes.iter().map(|r| r.id));
+        for runtime in &runtimes {
+            crate::pull::partition_lost(self.shared, runtime);
+        }
+        let shared = self.shared.clone();
+        async move {
+            let give_back = crate::pull::write_given_back(&shared, given_back, grace);
+            let recorded = async {
+                for task in tasks {
+                    task.join().await;
+                }
+                let drained = async {
+                    loop {
+                        let notified = shared.finished.notified();
+                        tokio::pin!(notified);
+                        notified.as_mut().enable();
+                        if runtimes.iter().all(|r| r.outstanding() == 0) {
+                            return;
+                        }
+                        notified.await;
+                    }
+                };
+                tokio::time::timeout(grace, drained).await.is_ok()
+            };
+            let ((), recorded) = tokio::join!(give_back, recorded);
+            recorded
+        }
     }
 }

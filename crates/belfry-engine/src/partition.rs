@@ -25,10 +25,11 @@ use belfry_store::DuePageParams;
 use tokio::sync::{Notify, watch};
 
 use crate::Shared;
-use crate::ownership::PartitionLease;
+use crate::ownership::FiringWindow;
 
-/// How often a partition whose lease lapsed checks whether it was renewed.
-const LEASE_RECHECK: Duration = Duration::from_millis(100);
+/// How often a partition whose firing window closed (its lease lapsed)
+/// checks whether it was renewed.
+const WINDOW_RECHECK: Duration = Duration::from_millis(100);
 /// Longest sleep between checks: the wall clock may jump, and re-reading it
 /// often keeps lateness bounded.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
@@ -37,17 +38,17 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub(crate) struct PartitionRuntime {
     pub(crate) id: PartitionId,
-    pub(crate) lease: Arc<PartitionLease>,
+    pub(crate) window: Arc<FiringWindow>,
     core: Mutex<PartitionCore>,
     /// Pokes the worker: something changed, re-evaluate now.
     wake: Notify,
 }
 
 impl PartitionRuntime {
-    pub(crate) fn new(id: PartitionId, lease: Arc<PartitionLease>, config: CoreConfig) -> Self {
+    pub(crate) fn new(id: PartitionId, window: Arc<FiringWindow>, config: CoreConfig) -> Self {
         PartitionRuntime {
             id,
-            lease,
+            window,
             core: Mutex::new(PartitionCore::new(config)),
             wake: Notify::new(),
         }
@@ -151,7 +152,7 @@ pub(crate) async fn run(
     partition: Arc<PartitionRuntime>,
     mut released: watch::Receiver<bool>,
 ) {
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = shared.tasks.stop_receiver();
     loop {
         if *stop.borrow() || *released.borrow() {
             break;
@@ -160,7 +161,7 @@ pub(crate) async fn run(
         // A new owner waits out the previous owner's lease; an owner whose
         // lease lapsed (no renewal: database or network trouble) holds its
         // entries until it is renewed or released.
-        let may_fire = partition.lease.may_fire();
+        let may_fire = partition.window.may_fire();
         let (actions, wake_at) = {
             let mut core = partition.lock();
             let actions = core.handle(Input::Tick { may_fire }, now);
@@ -169,19 +170,19 @@ pub(crate) async fn run(
         perform(&shared, &partition, actions);
         let mut sleep_for = now.until(wake_at).min(MAX_SLEEP);
         if !may_fire {
-            let takeover_wait = partition.lease.wait_before_firing();
-            let lease_wait = if takeover_wait.is_zero() {
-                LEASE_RECHECK
+            let takeover_wait = partition.window.wait_before_firing();
+            let window_wait = if takeover_wait.is_zero() {
+                WINDOW_RECHECK
             } else {
                 takeover_wait
             };
-            // Entries already due cannot fire before the lease allows it:
+            // Entries already due cannot fire before the window opens:
             // waking for them at once spun, for as long as no lease could
             // be renewed (a database whose commits hang).
             sleep_for = if sleep_for.is_zero() {
-                lease_wait
+                window_wait
             } else {
-                sleep_for.min(lease_wait)
+                sleep_for.min(window_wait)
             };
         }
         if sleep_for.is_zero() {
@@ -204,8 +205,9 @@ fn perform(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, actions: Vec
         match action {
             Action::Load(request) => spawn_load(shared, partition, request),
             Action::ReadAhead(keys) => {
+                let tasks = shared.tasks.clone();
                 let (shared, partition) = (shared.clone(), partition.clone());
-                tokio::spawn(async move {
+                tasks.spawn(async move {
                     let read = shared.store.get_events(&keys).await;
                     let records = read
                         .ok()
@@ -224,8 +226,9 @@ fn perform(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, actions: Vec
 }
 
 fn spawn_load(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, request: LoadRequest) {
+    let tasks = shared.tasks.clone();
     let (shared, partition) = (shared.clone(), partition.clone());
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let page = shared
             .store
             .due_page(DuePageParams {

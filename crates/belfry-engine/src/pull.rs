@@ -241,8 +241,9 @@ pub(crate) fn changed_elsewhere(shared: &Arc<Shared>, key: EventKey) {
     if shared.pull.lock().held_versions(&key).is_empty() {
         return;
     }
+    let tasks = shared.tasks.clone();
     let shared = shared.clone();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         match shared.store.get_event(&key).await {
             Ok(record) => versions_ended(&shared, &key, record.as_ref()),
             // The store's fence still stops the version: its grant or its
@@ -491,7 +492,7 @@ impl Ending {
 
 /// The answer to `request` on `lease` from the store's record alone
 /// ([`recorded_outcome`]); `None` for a heartbeat, which no record
-/// answers. See [`crate::EngineHandle::pull_recorded_outcome`].
+/// answers. See [`Pull::recorded_outcome`].
 pub(crate) async fn recorded(
     shared: &Shared,
     lease: &LeaseId,
@@ -549,8 +550,9 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
     for action in actions {
         match action {
             Action::PersistGrants { op, grants, .. } => {
+                let tasks = shared.tasks.clone();
                 let shared = shared.clone();
-                tokio::spawn(async move {
+                tasks.spawn(async move {
                     let results = record_grants(&shared, grants).await;
                     handle(&shared, Input::Persisted { op, results });
                 });
@@ -576,7 +578,7 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
             } => {
                 let runtime = shared.owned.runtime_at(partition, epoch).or_else(|| {
                     released
-                        .filter(|r| r.id == partition && r.lease.epoch == epoch)
+                        .filter(|r| r.id == partition && r.window.epoch == epoch)
                         .cloned()
                 });
                 if let Some(runtime) = runtime {
@@ -669,8 +671,9 @@ fn queue_lease_write(
     };
     if let Err(error) = shared.pull.lease_writes.sender.try_send(write) {
         let write = error.into_inner();
+        let tasks = shared.tasks.clone();
         let shared = shared.clone();
-        tokio::spawn(async move { write_leases(&shared, vec![write]).await });
+        tasks.spawn(async move { write_leases(&shared, vec![write]).await });
     }
 }
 
@@ -679,7 +682,7 @@ fn queue_lease_write(
 /// [`LEASE_BATCHES_IN_FLIGHT`] calls at once), then feeds each result
 /// back. At shutdown the queue is closed and drained.
 pub(crate) async fn run_lease_writer(shared: Arc<Shared>, mut writes: mpsc::Receiver<LeaseWrite>) {
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = shared.tasks.stop_receiver();
     let mut closed = false;
     let mut batch = Vec::with_capacity(MAX_LEASE_BATCH);
     let mut in_flight = tokio::task::JoinSet::new();
@@ -816,7 +819,7 @@ async fn record_grants(shared: &Shared, grants: Vec<LeaseRecord>) -> Vec<Persist
 
 /// Sends `Tick` at the queue's next wake-up until the engine stops.
 pub(crate) async fn run_timer(shared: Arc<Shared>) {
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = shared.tasks.stop_receiver();
     loop {
         if *stop.borrow() {
             break;
@@ -838,5 +841,49 @@ pub(crate) async fn run_timer(shared: Arc<Shared>) {
             _ = notified => {}
             _ = tokio::time::sleep(sleep_for) => handle(&shared, Input::Tick),
         }
+    }
+}
+
+/// The pull queue of this node, and its part in a cluster's pull claims
+/// ([`crate::EngineHandle::pull`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Pull<'a> {
+    pub(crate) shared: &'a Arc<Shared>,
+}
+
+impl Pull<'_> {
+    /// A worker's claim of `tenant`'s due events (a pull tenant's; the
+    /// caller checked the key reaches it). Waits up to the claim's wait;
+    /// dropping the future abandons the claim.
+    pub async fn claim(&self, tenant: TenantName, request: ClaimRequest) -> Reply {
+        claim(self.shared, tenant, request).await
+    }
+
+    /// A call on a lease; the caller checked the key reaches its tenant.
+    pub async fn call(&self, lease: LeaseId, request: LeaseCall) -> Reply {
+        call(self.shared, lease, request).await
+    }
+
+    /// The answer the store's record of exactly `lease` gives a complete,
+    /// fail or release (`request`), without the pull queue: for a node that
+    /// could not ask the lease's owner (it went away, perhaps after
+    /// recording the call). `Some` when the lease was resolved the way the
+    /// call asks, answered as its owner would have; `None` when nothing of
+    /// the kind is recorded (the lease may still be live on its owner), and
+    /// for a heartbeat.
+    ///
+    /// # Errors
+    /// Store failures: whether the call was recorded is not known.
+    pub async fn recorded_outcome(
+        &self,
+        lease: &LeaseId,
+        request: &LeaseCall,
+    ) -> StoreResult<Option<Reply>> {
+        recorded(self.shared, lease, request).await
+    }
+
+    /// The pull queue's counters.
+    pub fn stats(&self) -> PullStats {
+        self.shared.pull.stats()
     }
 }

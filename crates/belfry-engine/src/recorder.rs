@@ -49,7 +49,7 @@ const MAX_BATCH: usize = 10_000;
 const WRITE_RETRY: Duration = Duration::from_millis(200);
 
 pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcome>) {
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = shared.tasks.stop_receiver();
     let mut stopping = false;
     loop {
         let first = tokio::select! {
@@ -107,7 +107,7 @@ struct ChannelPending<'a> {
 
 impl Pending<Outcome> for ChannelPending<'_> {
     fn in_flight(&self) -> usize {
-        self.shared.limits.in_flight()
+        self.shared.slots.in_flight()
     }
 
     fn try_next(&mut self) -> Option<Outcome> {
@@ -116,7 +116,7 @@ impl Pending<Outcome> for ChannelPending<'_> {
 
     async fn next_or_idle(&mut self) -> Option<Outcome> {
         tokio::select! {
-            () = self.shared.limits.wait_idle() => None,
+            () = self.shared.slots.wait_idle() => None,
             item = self.outcomes.recv() => item,
         }
     }

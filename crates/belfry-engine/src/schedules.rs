@@ -16,7 +16,7 @@
 //!    event moved to its next time with its progress (or parked when the
 //!    schedule is complete). A crash between 1 and 2 re-runs the same plan.
 //!
-//! Management ([`EngineHandle::put_schedule`] and friends) writes the
+//! Management ([`Schedules::put`] and friends) writes the
 //! control event like a client writes an event, so any node may serve it.
 //! Every change gives the control event a new version (cancel, then
 //! upsert), so a firing in progress stands down at step 2 and the new
@@ -39,7 +39,7 @@ use belfry_core::{
 };
 use belfry_store::{ApplyParams, Fence, KeyedCommand, ListEventsParams, StoreError, StoreResult};
 
-use crate::ownership::PartitionLease;
+use crate::ownership::FiringWindow;
 use crate::{EngineHandle, Shared};
 
 /// Page size when scanning a schedule's occurrences or a tenant's
@@ -97,7 +97,7 @@ pub enum PutOutcome {
 pub(crate) async fn fire(
     shared: Arc<Shared>,
     partition: PartitionId,
-    lease: Arc<PartitionLease>,
+    window: Arc<FiringWindow>,
     entry: DueCursor,
 ) {
     let Ok(_permit) = shared.schedule_firings.clone().acquire_owned().await else {
@@ -105,22 +105,22 @@ pub(crate) async fn fire(
     };
     // Boxed: a waiting firing is then a task of a few dozen bytes, not one
     // the size of the whole firing's state (a window may hold a million).
-    Box::pin(fire_with_permit(shared, partition, lease, entry)).await;
+    Box::pin(fire_with_permit(shared, partition, window, entry)).await;
 }
 
 async fn fire_with_permit(
     shared: Arc<Shared>,
     partition: PartitionId,
-    lease: Arc<PartitionLease>,
+    window: Arc<FiringWindow>,
     entry: DueCursor,
 ) {
-    if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) || !lease.may_fire() {
+    if shared.tasks.stopping() || !window.may_fire() {
         // Stays pending in the store; the next start (or owner) fires it.
         return;
     }
     let fence = Fence {
         partition,
-        epoch: lease.epoch,
+        epoch: window.epoch,
     };
     match fire_once(&shared, fence, &entry).await {
         Ok(()) => {}
@@ -137,8 +137,9 @@ async fn fire_with_permit(
 /// Offers the control event to its partition again after a pause (a store
 /// hiccup); the plan is re-run from the stored state then.
 fn retry_later(shared: &Arc<Shared>, partition: PartitionId, entry: DueCursor) {
+    let tasks = shared.tasks.clone();
     let shared = shared.clone();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         tokio::time::sleep(RETRY_PAUSE).await;
         shared.owned.input(
             partition,
@@ -245,7 +246,7 @@ async fn refuse_over_quota(
     let handle = EngineHandle {
         inner: shared.clone(),
     };
-    let Some(exceeded) = handle.refuse_occurrences(&pending).await? else {
+    let Some(exceeded) = handle.quotas().refuse_occurrences(&pending).await? else {
         return Ok(());
     };
     let reason = match exceeded {
@@ -403,20 +404,32 @@ async fn apply(shared: &Arc<Shared>, commands: Vec<KeyedCommand>) -> StoreResult
     Ok(())
 }
 
-impl EngineHandle {
+/// Schedule management ([`EngineHandle::schedules`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Schedules<'a> {
+    pub(crate) engine: &'a EngineHandle,
+}
+
+impl Schedules<'_> {
+    fn now(&self) -> Timestamp {
+        self.engine.now()
+    }
+
     /// Creates or replaces a schedule; takes effect at once. `schedule`'s
     /// `status`, `progress` and timestamps are set here (an update keeps
     /// the progress and a paused status).
     ///
     /// # Errors
     /// An invalid definition (nothing is written), or a store failure.
-    pub async fn put_schedule(
+    pub async fn put(
         &self,
         tenant: &TenantName,
         mut schedule: Schedule,
     ) -> Result<(PutOutcome, ScheduleState), ScheduleOpError> {
         let spec = schedule.validate()?;
-        self.check_schedule_payload(schedule.payload.as_deref())?;
+        self.engine
+            .quotas()
+            .check_schedule_payload(schedule.payload.as_deref())?;
         let now = self.now();
         let existing = self.read_schedule(tenant, &schedule.id).await?;
         let old = existing.and_then(|(_, s)| live(s));
@@ -447,7 +460,7 @@ impl EngineHandle {
         };
         schedule.updated_at = now;
         if outcome == PutOutcome::Created {
-            self.check_schedule_quota(tenant).await?;
+            self.engine.quotas().check_schedule_quota(tenant).await?;
         }
         let mut commands = self
             .cancel_future_occurrences(tenant, &schedule.id, now)
@@ -456,18 +469,22 @@ impl EngineHandle {
         // After control_commands: a definition with nothing left is
         // completed there and counts nothing.
         let new_rate = belfry_core::schedule::budget::rate_of(&schedule, &spec);
-        self.check_schedule_rate(tenant, old_rate, new_rate).await?;
+        self.engine
+            .quotas()
+            .check_schedule_rate(tenant, old_rate, new_rate)
+            .await?;
         let created = (outcome == PutOutcome::Created).then(|| tenant.clone());
         let changed = tenant.clone();
-        self.apply_then(commands, move |shared| {
-            if let Some(tenant) = created {
-                shared.quotas.schedule_created(&tenant);
-            }
-            shared
-                .quotas
-                .schedule_rate_changed(&changed, old_rate, new_rate);
-        })
-        .await?;
+        self.engine
+            .apply_then(commands, move |shared| {
+                if let Some(tenant) = created {
+                    shared.quotas.schedule_created(&tenant);
+                }
+                shared
+                    .quotas
+                    .schedule_rate_changed(&changed, old_rate, new_rate);
+            })
+            .await?;
         Ok((outcome, self.state(tenant, schedule, None)))
     }
 
@@ -476,7 +493,7 @@ impl EngineHandle {
     ///
     /// # Errors
     /// Unknown schedule, or a store failure.
-    pub async fn pause_schedule(
+    pub async fn pause(
         &self,
         tenant: &TenantName,
         id: &ScheduleId,
@@ -489,7 +506,7 @@ impl EngineHandle {
     ///
     /// # Errors
     /// Unknown schedule, or a store failure.
-    pub async fn resume_schedule(
+    pub async fn resume(
         &self,
         tenant: &TenantName,
         id: &ScheduleId,
@@ -513,7 +530,7 @@ impl EngineHandle {
         match self.status_change(tenant, schedule.clone(), status).await? {
             None => Ok(self.state(tenant, schedule, None)),
             Some((commands, changed)) => {
-                self.apply(commands).await?;
+                self.engine.apply(commands).await?;
                 Ok(self.state(tenant, changed, None))
             }
         }
@@ -555,7 +572,7 @@ impl EngineHandle {
     ///
     /// # Errors
     /// Unknown schedule, or a store failure.
-    pub async fn delete_schedule(
+    pub async fn delete(
         &self,
         tenant: &TenantName,
         id: &ScheduleId,
@@ -580,11 +597,12 @@ impl EngineHandle {
         });
         let deleted = tenant.clone();
         let rate = crate::quotas::schedule_rate(&before);
-        self.apply_then(commands, move |shared| {
-            shared.quotas.schedule_deleted(&deleted);
-            shared.quotas.schedule_rate_changed(&deleted, rate, 0);
-        })
-        .await?;
+        self.engine
+            .apply_then(commands, move |shared| {
+                shared.quotas.schedule_deleted(&deleted);
+                shared.quotas.schedule_rate_changed(&deleted, rate, 0);
+            })
+            .await?;
         Ok(before)
     }
 
@@ -592,7 +610,7 @@ impl EngineHandle {
     ///
     /// # Errors
     /// A store failure.
-    pub async fn get_schedule(
+    pub async fn get(
         &self,
         tenant: &TenantName,
         id: &ScheduleId,
@@ -611,7 +629,7 @@ impl EngineHandle {
     ///
     /// # Errors
     /// A store failure.
-    pub async fn list_schedules(
+    pub async fn list(
         &self,
         tenant: &TenantName,
         after: Option<&ScheduleId>,
@@ -656,7 +674,7 @@ impl EngineHandle {
     ///
     /// # Errors
     /// A store failure.
-    pub async fn schedule_occurrences(
+    pub async fn occurrences(
         &self,
         tenant: &TenantName,
         id: &ScheduleId,
@@ -683,7 +701,8 @@ impl EngineHandle {
         after: EventId,
         limit: usize,
     ) -> StoreResult<Vec<EventRecord>> {
-        self.store()
+        self.engine
+            .store()
             .list_events(ListEventsParams {
                 tenant: tenant.clone(),
                 status: None,
@@ -702,7 +721,7 @@ impl EngineHandle {
         id: &ScheduleId,
     ) -> StoreResult<Option<(EventRecord, Schedule)>> {
         let key = EventKey::new(tenant.clone(), control_event_id(id));
-        let Some(record) = self.store().get_event(&key).await? else {
+        let Some(record) = self.engine.store().get_event(&key).await? else {
             return Ok(None);
         };
         let Some(schedule) = record
@@ -770,7 +789,7 @@ impl EngineHandle {
         };
         let at = match (schedule.status, schedule.next_occurrence(spec)) {
             (ScheduleStatus::Active, Some(next)) => {
-                Schedule::materialize_at(next, self.options().schedule_lead)
+                Schedule::materialize_at(next, self.engine.options().schedule_lead)
             }
             (ScheduleStatus::Active, None) => {
                 schedule.status = ScheduleStatus::Completed;

@@ -1,9 +1,10 @@
-//! A short-lived cache of tenant configs, so a burst of deliveries does not
-//! read the same tenant from the store thousands of times.
+//! Tenant configs: their writes (store, then cache) and a short-lived
+//! cache, so a burst of deliveries does not read the same tenant from the
+//! store thousands of times.
 //!
 //! Entries expire after [`TTL`] so that a change made through another node
-//! (cluster mode) is seen within seconds; changes through this node
-//! invalidate at once.
+//! (cluster mode) is seen within seconds; writes through this node
+//! ([`Tenants::put`], [`Tenants::delete`]) refresh the cache at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,33 +18,63 @@ const TTL: Duration = Duration::from_secs(5);
 /// When an entry was read, and what the store said (`None`: no such tenant).
 type Entry = (Instant, Option<Arc<TenantConfig>>);
 
-#[derive(Debug, Default)]
-pub struct TenantCache {
+/// The node's tenant configs (see the module documentation).
+#[derive(Debug)]
+pub struct Tenants {
+    store: SharedStore,
     entries: Mutex<HashMap<TenantName, Entry>>,
 }
 
-impl TenantCache {
+impl Tenants {
+    pub(crate) fn new(store: SharedStore) -> Self {
+        Tenants {
+            store,
+            entries: Mutex::default(),
+        }
+    }
+
     /// The tenant's config, from the cache or the store.
     ///
     /// # Errors
     /// Store failures.
-    pub async fn get(
-        &self,
-        store: &SharedStore,
-        name: &TenantName,
-    ) -> StoreResult<Option<Arc<TenantConfig>>> {
+    pub async fn get(&self, name: &TenantName) -> StoreResult<Option<Arc<TenantConfig>>> {
         if let Some((at, config)) = self.lock().get(name)
             && at.elapsed() < TTL
         {
             return Ok(config.clone());
         }
-        let config = store.get_tenant(name).await?.map(Arc::new);
+        let config = self.store.get_tenant(name).await?.map(Arc::new);
         self.lock()
             .insert(name.clone(), (Instant::now(), config.clone()));
         Ok(config)
     }
 
-    pub fn invalidate(&self, name: &TenantName) {
+    /// Registers or replaces a tenant; this node's deliveries use it at
+    /// once.
+    ///
+    /// # Errors
+    /// Store failures (the cache is refreshed all the same: the write may
+    /// have been made).
+    pub async fn put(&self, config: TenantConfig) -> StoreResult<()> {
+        let name = config.name.clone();
+        let stored = self.store.put_tenant(config).await;
+        self.forget(&name);
+        stored
+    }
+
+    /// Removes a tenant; `false` if there was none.
+    ///
+    /// # Errors
+    /// Store failures (the cache is refreshed all the same).
+    pub async fn delete(&self, name: &TenantName) -> StoreResult<bool> {
+        let deleted = self.store.delete_tenant(name).await;
+        self.forget(name);
+        deleted
+    }
+
+    /// Forgets the cached config of `name` (changed behind this node's
+    /// back, e.g. by a test writing the store directly).
+    pub fn forget(&self, name: &TenantName) {
         self.lock().remove(name);
     }
 

@@ -90,7 +90,7 @@ pub(crate) async fn apply(
     then: impl FnOnce(&Shared) + Send + 'static,
 ) -> StoreResult<Vec<Applied>> {
     let in_flight = InFlight::new(shared.clone());
-    let task = tokio::spawn(async move {
+    let task = shared.tasks.spawn_joined(async move {
         let shared = &in_flight.0;
         let partitions = shared.store.partitions();
         // In input order, as the store answers a partial failure.
@@ -129,13 +129,11 @@ pub(crate) async fn apply(
         }
         result
     });
-    match task.await {
-        Ok(result) => result,
-        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-        Err(_) => Err(StoreError::Unavailable(
+    task.join().await.unwrap_or_else(|| {
+        Err(StoreError::Unavailable(
             "the write was stopped by shutdown; it may or may not have been made".to_string(),
-        )),
-    }
+        ))
+    })
 }
 
 /// The commands of these events failed: they may have been made all the

@@ -173,7 +173,8 @@ pub(crate) async fn create(
     }
     let (_, saved) = state
         .engine
-        .put_schedule(&tenant, schedule)
+        .schedules()
+        .put(&tenant, schedule)
         .await
         .map_err(op_error)?;
     Ok(Json(json!({
@@ -234,7 +235,8 @@ pub(crate) async fn get(
     };
     let found = state
         .engine
-        .get_schedule(&tenant, &id)
+        .schedules()
+        .get(&tenant, &id)
         .await
         .map_err(op_error)?;
     let items: Vec<_> = found
@@ -290,7 +292,8 @@ pub(crate) async fn delete(
     };
     let Some(found) = state
         .engine
-        .get_schedule(&tenant_name, &schedule)
+        .schedules()
+        .get(&tenant_name, &schedule)
         .await
         .map_err(op_error)?
     else {
@@ -299,7 +302,12 @@ pub(crate) async fn delete(
     if wanted.is_some_and(|kind| kind.as_str() != found.schedule.kind) {
         return Err(no_cron());
     }
-    match state.engine.delete_schedule(&tenant_name, &schedule).await {
+    match state
+        .engine
+        .schedules()
+        .delete(&tenant_name, &schedule)
+        .await
+    {
         Ok(_) => Ok(Json(json!({ "status": "OK" })).into_response()),
         Err(ScheduleOpError::NotFound(_)) => Err(no_cron()),
         Err(other) => Err(BigBenError(op_error(other))),

@@ -222,7 +222,8 @@ async fn apply_one(
     }];
     state
         .engine
-        .check_quotas(&commands)
+        .quotas()
+        .check(&commands)
         .await
         .map_err(crate::quota::quota_error)?;
     let applied = state.engine.apply(commands).await?;
@@ -525,7 +526,8 @@ pub(crate) async fn batch(
     } else {
         state
             .engine
-            .check_quotas(&commands)
+            .quotas()
+            .check(&commands)
             .await
             .map_err(crate::quota::quota_error)?;
         match state.engine.apply(commands).await {
