@@ -138,7 +138,7 @@ impl Drop for ElsewhereWatch {
     }
 }
 
-impl Pull<'_> {
+impl<'a> Pull<'a> {
     /// Joins the cluster's pull claims as `node`: announces this node's
     /// unclaimed ready pull entries through `coordinator` until the engine
     /// stops. Call once; a second call does nothing.
@@ -220,7 +220,7 @@ impl Pull<'_> {
     }
 
     /// This node's id in the cluster, once it joined one.
-    pub fn cluster_node(&self) -> Option<&NodeId> {
+    pub fn cluster_node(&self) -> Option<&'a NodeId> {
         self.shared.pull_peers.node.get()
     }
 }
