@@ -22,9 +22,15 @@
 //! - [`timer`]: the due order ([`DueCursor`]).
 //! - [`fire`]: the fire path of one partition as a pure state machine
 //!   ([`fire::PartitionCore`]: window, read-ahead, claims, retry timers,
-//!   repairs) and the delivery slot policy ([`fire::DeliverySlots`]).
-//! - [`schedule`]: recurring schedules as control events, and the pure
-//!   planner of their occurrences and misfires.
+//!   repairs), the delivery slot policy ([`fire::DeliverySlots`]), and the
+//!   fire-time decisions on a fired entry's record ([`fire::decide`]:
+//!   still due, look-back expiry, route to the planner, pull or push).
+//! - [`schedule`]: recurring schedules as control events, the pure
+//!   planner of their occurrences and misfires, and what a fired control
+//!   event stores ([`schedule::firing`]).
+//! - [`quota`]: per-tenant quota estimates and rate-limit token buckets.
+//! - [`ownership`]: a partition's firing window (whether this node may
+//!   fire it now, and until when).
 //! - [`pull`]: pull workers' leases: lease ids, the lease API's limits and
 //!   request validation, and one node's pull queue as a pure state machine
 //!   ([`pull::PullQueue`]: ready entries, long-polling claims, fenced
@@ -44,8 +50,10 @@ pub mod event;
 pub mod fire;
 pub mod ids;
 pub mod liveness;
+pub mod ownership;
 pub mod partition;
 pub mod pull;
+pub mod quota;
 pub mod retry;
 pub mod schedule;
 pub mod tenant;
@@ -62,5 +70,5 @@ pub use partition::{PartitionCount, PartitionId, partition_ranges};
 pub use retry::{Backoff, RetryPolicy, Verdict};
 pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};
 pub use tenant::{SigningSecrets, SinkConfig, TenantConfig};
-pub use time::{Clock, ManualClock, SystemClock, Timestamp};
+pub use time::{Clock, ManualClock, MonoTime, SystemClock, Timestamp};
 pub use timer::DueCursor;

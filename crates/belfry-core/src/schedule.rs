@@ -36,6 +36,7 @@ use crate::ids::{EventId, IdError};
 use crate::time::Timestamp;
 
 pub mod budget;
+pub mod firing;
 
 /// The text after [`crate::ids::INTERNAL_ID_MARK`] in every control event id.
 pub const CONTROL_PREFIX: &str = "schedule/";

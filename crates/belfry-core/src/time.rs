@@ -60,6 +60,35 @@ impl Timestamp {
     }
 }
 
+/// A reading of a monotonic clock: how long after the clock's own origin.
+/// Readings of one clock compare and subtract; unlike [`Timestamp`] they
+/// never jump when the wall clock is set.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MonoTime(Duration);
+
+impl MonoTime {
+    /// The clock's origin.
+    pub const ZERO: MonoTime = MonoTime(Duration::ZERO);
+
+    pub const fn from_origin(since_origin: Duration) -> Self {
+        MonoTime(since_origin)
+    }
+
+    pub const fn since_origin(self) -> Duration {
+        self.0
+    }
+
+    /// `self + d`, saturating.
+    pub fn plus(self, d: Duration) -> Self {
+        MonoTime(self.0.saturating_add(d))
+    }
+
+    /// How long from `earlier` to `self`; zero if `earlier` is not before.
+    pub fn since(self, earlier: MonoTime) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
 fn duration_millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -155,6 +155,7 @@ use belfry_core::event::{
     AttemptReport, CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord, EventStatus,
     Transition, TransitionContext, transition,
 };
+use belfry_core::fire::decide::still_due;
 use belfry_core::fire::{
     Action, CoreConfig, CoreStats, DeliverySlots, Finish, Input, LoadKind, LoadRequest,
     PartitionCore, SlotPolicy,
@@ -474,9 +475,9 @@ impl Store {
     /// Whether `record` is still what the store holds for a delivery of
     /// `entry`: pending, same version, due at the entry's instant.
     fn is_current(&self, entry: &DueCursor, version: &EventVersion) -> bool {
-        self.records.get(&entry.key).is_some_and(|c| {
-            c.status.is_pending() && &c.version == version && c.next_fire_at == Some(entry.due)
-        })
+        self.records
+            .get(&entry.key)
+            .is_some_and(|c| &c.version == version && still_due(c, entry))
     }
 }
 
@@ -1279,7 +1280,7 @@ impl Sim {
             .store
             .records
             .get(&entry.key)
-            .is_some_and(|r| r.status.is_pending() && r.next_fire_at == Some(entry.due));
+            .is_some_and(|r| still_due(r, entry));
         if !pending_here {
             return Ok(());
         }
@@ -1417,7 +1418,7 @@ impl Sim {
         record: EventRecord,
         from_read_ahead: bool,
     ) -> SimResult {
-        if !(record.status.is_pending() && record.next_fire_at == Some(entry.due)) {
+        if !still_due(&record, &entry) {
             self.stats.stale_at_dispatch += 1;
             self.inbox.push_back((
                 p,

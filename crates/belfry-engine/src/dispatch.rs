@@ -21,8 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use belfry_core::event::{AttemptReport, EventCommand};
+use belfry_core::fire::decide::{self, Route};
 use belfry_core::fire::{Action, DeliverySlots, Finish, Fired, Input, SlotPolicy};
-use belfry_core::{EventStatus, TenantName, Timestamp, Verdict};
+use belfry_core::{TenantName, Timestamp, Verdict};
 use belfry_sinks::Delivery;
 use belfry_store::{Fence, KeyedCommand};
 use tokio::sync::Notify;
@@ -131,7 +132,7 @@ pub(crate) fn submit(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, fi
         // A schedule's control event plans occurrences instead of
         // delivering; it takes no delivery slot, so a slow tenant cannot
         // delay it.
-        if belfry_core::schedule::schedule_of_control(&fired.entry.key.id).is_some() {
+        if decide::route_of_key(&fired.entry.key) == Some(Route::Schedule) {
             let tasks = shared.tasks.clone();
             let (shared, partition) = (shared.clone(), partition.clone());
             tasks.spawn(async move {
@@ -139,7 +140,7 @@ pub(crate) fn submit(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, fi
                 crate::schedules::fire(
                     shared.clone(),
                     partition.id,
-                    partition.window.clone(),
+                    partition.term.clone(),
                     entry.clone(),
                 )
                 .await;
@@ -295,7 +296,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
         // Not started: it stays pending in the store for the next start.
         return done(Finish::Done);
     }
-    if !partition.window.may_fire() {
+    if !partition.term.may_fire() {
         // Released or lapsed while queued: the next owner (or this one,
         // once renewed) fires it.
         return done(retry_later());
@@ -315,7 +316,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
                 return done(retry_later());
             }
         };
-        if !record.status.is_pending() || record.next_fire_at != Some(entry.due) {
+        if !decide::still_due(&record, &entry) {
             return done(Finish::Done);
         }
         // A second copy of a version whose delivery is in progress is
@@ -336,22 +337,10 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
     };
     let fence = Some(Fence {
         partition: partition.id,
-        epoch: partition.window.epoch,
+        epoch: partition.term.epoch,
     });
     let now = shared.clock.now();
-    // The look-back is for downtime: lateness counts from when this node
-    // could first have fired the version, which for one submitted (or
-    // moved) past-due is its last change, not its instant. Such an event
-    // fires at once, as BigBen does.
-    let firable_since = entry.due.max(record.updated_at);
-    if record.status == EventStatus::Scheduled
-        && now.as_millis() - firable_since.as_millis() > shared.options.lookback.as_millis() as i64
-    {
-        let reason = format!(
-            "missed: came due at {} while the node was down, more than the look-back of {} s ago",
-            entry.due,
-            shared.options.lookback.as_secs()
-        );
+    if let Some(reason) = decide::lookback_expiry(&record, &entry, now, shared.options.lookback) {
         let command = KeyedCommand {
             key: entry.key.clone(),
             command: EventCommand::ExpireVersion {
@@ -369,7 +358,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
         Ok(Some(tenant)) => {
             // Checked last, right before the send: a node paused past its
             // lease must not deliver for a partition someone else now owns.
-            if !partition.window.may_fire() {
+            if !partition.term.may_fire() {
                 tracing::debug!(partition = %partition.id, "firing window closed before delivery; holding the event");
                 return done(retry_later());
             }
@@ -377,14 +366,16 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
             // queue holds it, outstanding here until it finishes it. The
             // hand-off cannot hang, so it counts as answered: a pull
             // tenant's slow start never holds its hand-offs back.
-            if let belfry_core::SinkConfig::Pull(target) = &tenant.sink {
+            if decide::route(&entry.key, &tenant.sink) == Route::Pull
+                && let belfry_core::SinkConfig::Pull(target) = &tenant.sink
+            {
                 *answered = true;
                 crate::pull::ready(
                     shared,
                     belfry_core::pull::ReadyEntry {
                         entry,
                         partition: partition.id,
-                        epoch: partition.window.epoch,
+                        epoch: partition.term.epoch,
                         queue: record.pull.queue(),
                         policy: crate::pull::policy(shared, target, &record.pull),
                         record,
@@ -406,7 +397,7 @@ async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
                     event: &record,
                     attempt: number,
                     triggered_at: now,
-                    epoch: Some(partition.window.epoch),
+                    epoch: Some(partition.term.epoch),
                 })
                 .await;
             let took = started.elapsed();

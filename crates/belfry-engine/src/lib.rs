@@ -12,7 +12,7 @@
 //! - [`membership`]: the cluster loop (heartbeat, leader lease, partition
 //!   assignment, lease renewal, hand-overs) that grants ownership;
 //! - [`ownership`]: which partitions this node fires, under which epoch and
-//!   until when (its [`ownership::FiringWindow`]; all of them, forever, on
+//!   until when (its [`ownership::Term`]; all of them, forever, on
 //!   a single node), and [`ownership::Partitions`], their sub-handle;
 //! - [`pull`]: the runtime of this node's pull queue (pull tenants'
 //!   leases: claims, calls, fenced lease writes), and [`pull::Pull`], its

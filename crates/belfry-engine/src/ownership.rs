@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use belfry_core::fire::Input;
-use belfry_core::{PartitionId, Timestamp, partition_ranges};
+use belfry_core::ownership::FiringWindow;
+use belfry_core::{MonoTime, PartitionId, Timestamp, partition_ranges};
 use tokio::sync::watch;
 
 use crate::Shared;
@@ -50,10 +51,10 @@ impl Ownership {
     }
 }
 
-/// The firing window of one owned partition; shared by its worker and the
-/// delivery tasks it spawns.
+/// One ownership term of a partition: its epoch and live firing window;
+/// shared by its worker and the delivery tasks it spawns.
 #[derive(Debug)]
-pub(crate) struct FiringWindow {
+pub(crate) struct Term {
     pub(crate) epoch: u64,
     base: Instant,
     /// Offsets from `base` in microseconds.
@@ -61,17 +62,17 @@ pub(crate) struct FiringWindow {
     fire_until: AtomicU64,
 }
 
-impl FiringWindow {
+impl Term {
     fn new(grant: &Ownership) -> Self {
         let base = Instant::now();
-        let window = FiringWindow {
+        let term = Term {
             epoch: grant.epoch,
             base,
             fire_from: AtomicU64::new(0),
             fire_until: AtomicU64::new(0),
         };
-        window.update(grant);
-        window
+        term.update(grant);
+        term
     }
 
     fn offset(&self, at: Instant) -> u64 {
@@ -92,17 +93,28 @@ impl FiringWindow {
         self.fire_until.store(0, Ordering::SeqCst);
     }
 
+    /// The window as it stands, on a time line starting at `base`.
+    fn window(&self) -> FiringWindow {
+        FiringWindow {
+            from: micros(self.fire_from.load(Ordering::SeqCst)),
+            until: micros(self.fire_until.load(Ordering::SeqCst)),
+        }
+    }
+
     /// Whether a delivery may start now.
     pub(crate) fn may_fire(&self) -> bool {
-        let now = self.offset(Instant::now());
-        now >= self.fire_from.load(Ordering::SeqCst) && now < self.fire_until.load(Ordering::SeqCst)
+        self.window().may_fire(micros(self.offset(Instant::now())))
     }
 
     /// How long until firing may start (zero if it may already).
     pub(crate) fn wait_before_firing(&self) -> Duration {
-        let now = self.offset(Instant::now());
-        Duration::from_micros(self.fire_from.load(Ordering::SeqCst).saturating_sub(now))
+        self.window()
+            .wait_before_firing(micros(self.offset(Instant::now())))
     }
+}
+
+fn micros(offset: u64) -> MonoTime {
+    MonoTime::from_origin(Duration::from_micros(offset))
 }
 
 /// A running partition worker.
@@ -150,7 +162,7 @@ impl OwnedPartitions {
     ) -> Option<Arc<PartitionRuntime>> {
         self.lock()
             .get(&partition)
-            .filter(|worker| worker.runtime.window.epoch == epoch)
+            .filter(|worker| worker.runtime.term.epoch == epoch)
             .map(|worker| worker.runtime.clone())
     }
 
@@ -171,7 +183,7 @@ impl OwnedPartitions {
         let mut owned: Vec<_> = self
             .lock()
             .iter()
-            .map(|(id, worker)| (*id, worker.runtime.window.epoch))
+            .map(|(id, worker)| (*id, worker.runtime.term.epoch))
             .collect();
         owned.sort();
         owned
@@ -189,7 +201,7 @@ impl OwnedPartitions {
             .filter(|(id, worker)| {
                 wanted
                     .get(id)
-                    .is_none_or(|g| g.epoch != worker.runtime.window.epoch)
+                    .is_none_or(|g| g.epoch != worker.runtime.term.epoch)
             })
             .map(|(id, _)| *id)
             .collect();
@@ -198,21 +210,21 @@ impl OwnedPartitions {
             if let Some(worker) = workers.remove(id) {
                 lost_runtimes.push(worker.runtime.clone());
                 belfry_metrics::lease_lost();
-                worker.runtime.window.close();
+                worker.runtime.term.close();
                 let _ = worker.stop.send(true);
-                tracing::debug!(partition = %id, epoch = worker.runtime.window.epoch, "partition released");
+                tracing::debug!(partition = %id, epoch = worker.runtime.term.epoch, "partition released");
             }
         }
         let mut acquired = Vec::new();
         for (id, grant) in wanted {
             if let Some(worker) = workers.get(&id) {
-                worker.runtime.window.update(&grant);
+                worker.runtime.term.update(&grant);
                 continue;
             }
-            let window = Arc::new(FiringWindow::new(&grant));
+            let term = Arc::new(Term::new(&grant));
             let runtime = Arc::new(PartitionRuntime::new(
                 id,
-                window,
+                term,
                 crate::partition::core_config(shared),
             ));
             let (stop, stop_receiver) = watch::channel(false);
@@ -261,9 +273,9 @@ impl OwnedPartitions {
         let mut runtimes = Vec::new();
         for id in partitions {
             if let Some(worker) = workers.remove(id) {
-                worker.runtime.window.close();
+                worker.runtime.term.close();
                 let _ = worker.stop.send(true);
-                tracing::debug!(partition = %id, epoch = worker.runtime.window.epoch, "partition handed over");
+                tracing::debug!(partition = %id, epoch = worker.runtime.term.epoch, "partition handed over");
                 tasks.push(worker.task);
                 runtimes.push(worker.runtime);
             }

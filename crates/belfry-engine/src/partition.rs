@@ -25,7 +25,7 @@ use belfry_store::DuePageParams;
 use tokio::sync::{Notify, watch};
 
 use crate::Shared;
-use crate::ownership::FiringWindow;
+use crate::ownership::Term;
 
 /// How often a partition whose firing window closed (its lease lapsed)
 /// checks whether it was renewed.
@@ -38,17 +38,17 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub(crate) struct PartitionRuntime {
     pub(crate) id: PartitionId,
-    pub(crate) window: Arc<FiringWindow>,
+    pub(crate) term: Arc<Term>,
     core: Mutex<PartitionCore>,
     /// Pokes the worker: something changed, re-evaluate now.
     wake: Notify,
 }
 
 impl PartitionRuntime {
-    pub(crate) fn new(id: PartitionId, window: Arc<FiringWindow>, config: CoreConfig) -> Self {
+    pub(crate) fn new(id: PartitionId, term: Arc<Term>, config: CoreConfig) -> Self {
         PartitionRuntime {
             id,
-            window,
+            term,
             core: Mutex::new(PartitionCore::new(config)),
             wake: Notify::new(),
         }
@@ -161,7 +161,7 @@ pub(crate) async fn run(
         // A new owner waits out the previous owner's lease; an owner whose
         // lease lapsed (no renewal: database or network trouble) holds its
         // entries until it is renewed or released.
-        let may_fire = partition.window.may_fire();
+        let may_fire = partition.term.may_fire();
         let (actions, wake_at) = {
             let mut core = partition.lock();
             let actions = core.handle(Input::Tick { may_fire }, now);
@@ -170,7 +170,7 @@ pub(crate) async fn run(
         perform(&shared, &partition, actions);
         let mut sleep_for = now.until(wake_at).min(MAX_SLEEP);
         if !may_fire {
-            let takeover_wait = partition.window.wait_before_firing();
+            let takeover_wait = partition.term.wait_before_firing();
             let window_wait = if takeover_wait.is_zero() {
                 WINDOW_RECHECK
             } else {

@@ -578,7 +578,7 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
             } => {
                 let runtime = shared.owned.runtime_at(partition, epoch).or_else(|| {
                     released
-                        .filter(|r| r.id == partition && r.window.epoch == epoch)
+                        .filter(|r| r.id == partition && r.term.epoch == epoch)
                         .cloned()
                 });
                 if let Some(runtime) = runtime {

@@ -56,7 +56,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use belfry_core::event::{CommandOutcome, EventCommand, EventStatus};
+use belfry_core::event::{EventCommand, EventStatus};
+use belfry_core::quota::{self, Estimate, TokenBucket};
 use belfry_core::schedule::budget::{self, OccurrenceBudget};
 use belfry_core::schedule::{Plan, Schedule};
 use belfry_core::{TenantName, Timestamp};
@@ -67,7 +68,7 @@ use crate::EngineHandle;
 
 /// An estimate older than this is counted again before it refuses a
 /// request.
-pub const RECOUNT_BEFORE_REFUSING: Duration = Duration::from_secs(1);
+pub const RECOUNT_BEFORE_REFUSING: Duration = quota::RECOUNT_BEFORE_REFUSING;
 
 /// Per-tenant quotas (`[limits]`). Zero: no limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -282,8 +283,8 @@ pub(crate) struct QuotaState {
     occurrence_budgets: Mutex<HashMap<TenantName, OccurrenceBudget>>,
     /// The count in flight per tenant and kind (single flight).
     counting: Mutex<HashMap<(CountKind, TenantName), Arc<Gate>>>,
-    /// Dry-run tokens per tenant: (tokens, when last topped up).
-    dry_runs: Mutex<HashMap<TenantName, (f64, Timestamp)>>,
+    /// Dry-run tokens per tenant.
+    dry_runs: Mutex<HashMap<TenantName, TokenBucket>>,
     /// Held while a bulk action is checked and created, so two creates on
     /// this node cannot both pass the per-tenant limit.
     pub(crate) bulk_creates: tokio::sync::Mutex<()>,
@@ -316,27 +317,6 @@ struct Gate {
 /// dropped past it.
 const MAX_DRY_RUN_BUCKETS: usize = 10_000;
 
-#[derive(Debug, Clone, Copy)]
-struct Estimate {
-    /// The store's count, at `counted_at`.
-    counted: u64,
-    counted_at: Timestamp,
-    /// This node's acknowledged creates minus cancels since.
-    delta: i64,
-}
-
-impl Estimate {
-    fn value(&self) -> u64 {
-        self.counted.saturating_add_signed(self.delta)
-    }
-
-    fn age(&self, now: Timestamp) -> Duration {
-        Duration::from_millis(
-            u64::try_from(now.as_millis().saturating_sub(self.counted_at.as_millis())).unwrap_or(0),
-        )
-    }
-}
-
 impl QuotaState {
     pub(crate) fn new(options: QuotaOptions) -> Self {
         QuotaState {
@@ -362,13 +342,11 @@ impl QuotaState {
             if item.key.id.is_internal() {
                 continue;
             }
-            let delta = match item.outcome {
-                CommandOutcome::Created | CommandOutcome::Redriven => 1,
-                CommandOutcome::Cancelled => -1,
-                _ => continue,
+            let Some(change) = quota::pending_change(&item.outcome) else {
+                continue;
             };
             if let Some(estimate) = estimates.get_mut(&item.key.tenant) {
-                estimate.delta += delta;
+                estimate.add(change);
             }
         }
     }
@@ -376,14 +354,14 @@ impl QuotaState {
     /// A schedule this node created.
     pub(crate) fn schedule_created(&self, tenant: &TenantName) {
         if let Some(estimate) = lock(&self.schedules).get_mut(tenant) {
-            estimate.delta += 1;
+            estimate.add(1);
         }
     }
 
     /// A schedule this node deleted.
     pub(crate) fn schedule_deleted(&self, tenant: &TenantName) {
         if let Some(estimate) = lock(&self.schedules).get_mut(tenant) {
-            estimate.delta -= 1;
+            estimate.add(-1);
         }
     }
 
@@ -391,9 +369,7 @@ impl QuotaState {
     /// per minute of `tenant`'s schedules from `old` to `new`.
     pub(crate) fn schedule_rate_changed(&self, tenant: &TenantName, old: u64, new: u64) {
         if let Some(estimate) = lock(&self.schedule_rates).get_mut(tenant) {
-            let change =
-                i64::try_from(new).unwrap_or(i64::MAX) - i64::try_from(old).unwrap_or(i64::MAX);
-            estimate.delta = estimate.delta.saturating_add(change);
+            estimate.add(quota::rate_change(old, new));
         }
     }
 
@@ -495,20 +471,17 @@ impl Quotas<'_> {
         let known = lock(&quotas.pending).get(tenant).copied();
         let adding = commands.len() as u64;
         let mut estimate = match known {
-            Some(estimate)
-                if estimate.age(now) < quotas.options.count_refresh
-                    || estimate.value().saturating_add(adding) <= limit / 2 =>
-            {
+            Some(estimate) if estimate.usable(now, quotas.options.count_refresh, adding, limit) => {
                 estimate
             }
             _ => self.count_pending(tenant, limit).await?,
         };
-        if estimate.value().saturating_add(adding) <= limit {
+        if estimate.fits(adding, limit) {
             return Ok(());
         }
         // Would refuse: on a fresh count, and not counting updates of
         // events already pending.
-        if estimate.age(self.now()) >= RECOUNT_BEFORE_REFUSING {
+        if estimate.recount_before_refusing(self.now()) {
             estimate = self.count_pending(tenant, limit).await?;
         }
         let keys: Vec<_> = commands.iter().map(|c| c.key.clone()).collect();
@@ -522,7 +495,7 @@ impl Quotas<'_> {
                 new_keys.insert(key);
             }
         }
-        if estimate.value().saturating_add(new_keys.len() as u64) <= limit {
+        if estimate.fits(new_keys.len() as u64, limit) {
             return Ok(());
         }
         Err(QuotaExceeded::PendingEvents {
@@ -604,11 +577,7 @@ impl Quotas<'_> {
                 })
                 .await?;
         }
-        let estimate = Estimate {
-            counted,
-            counted_at,
-            delta: 0,
-        };
+        let estimate = Estimate::counted(counted, counted_at);
         lock(&self.engine.inner.quotas.pending).insert(tenant.clone(), estimate);
         Ok(estimate)
     }
@@ -624,16 +593,16 @@ impl Quotas<'_> {
         let now = self.now();
         let known = lock(&quotas.schedules).get(tenant).copied();
         let mut estimate = match known {
-            Some(estimate) if estimate.age(now) < quotas.options.count_refresh => estimate,
+            Some(estimate) if estimate.is_fresh(now, quotas.options.count_refresh) => estimate,
             _ => self.count_schedules(tenant, limit).await?,
         };
-        if estimate.value() < limit {
+        if estimate.fits(1, limit) {
             return Ok(());
         }
-        if estimate.age(self.now()) >= RECOUNT_BEFORE_REFUSING {
+        if estimate.recount_before_refusing(self.now()) {
             estimate = self.count_schedules(tenant, limit).await?;
         }
-        if estimate.value() < limit {
+        if estimate.fits(1, limit) {
             return Ok(());
         }
         Err(QuotaExceeded::Schedules {
@@ -678,11 +647,7 @@ impl Quotas<'_> {
             .iter()
             .map(|state| schedule_rate(&state.schedule))
             .fold(0u64, u64::saturating_add);
-        let estimate = Estimate {
-            counted: found.len() as u64,
-            counted_at,
-            delta: 0,
-        };
+        let estimate = Estimate::counted(found.len() as u64, counted_at);
         lock(&self.engine.inner.quotas.schedules).insert(tenant.clone(), estimate);
         lock(&self.engine.inner.quotas.schedule_rates).insert(
             tenant.clone(),
@@ -712,7 +677,7 @@ impl Quotas<'_> {
         let now = self.now();
         let known = lock(&quotas.schedule_rates).get(tenant).copied();
         let mut estimate = match known {
-            Some(estimate) if estimate.age(now) < quotas.options.count_refresh => estimate,
+            Some(estimate) if estimate.is_fresh(now, quotas.options.count_refresh) => estimate,
             _ => {
                 self.count_schedules(tenant, limit).await?;
                 self.schedule_rate_estimate(tenant)
@@ -721,7 +686,7 @@ impl Quotas<'_> {
         if budget::fits(estimate.value(), old, new, per_minute) {
             return Ok(());
         }
-        if estimate.age(self.now()) >= RECOUNT_BEFORE_REFUSING {
+        if estimate.recount_before_refusing(self.now()) {
             self.count_schedules(tenant, limit).await?;
             estimate = self.schedule_rate_estimate(tenant);
         }
@@ -740,11 +705,7 @@ impl Quotas<'_> {
         lock(&self.engine.inner.quotas.schedule_rates)
             .get(tenant)
             .copied()
-            .unwrap_or(Estimate {
-                counted: 0,
-                counted_at: self.now(),
-                delta: 0,
-            })
+            .unwrap_or(Estimate::counted(0, self.now()))
     }
 
     /// Before storing a schedule: its payload against
@@ -802,18 +763,17 @@ impl Quotas<'_> {
         let mut buckets = lock(&self.engine.inner.quotas.dry_runs);
         if buckets.len() >= MAX_DRY_RUN_BUCKETS && !buckets.contains_key(tenant) {
             // A full bucket is the same as none.
-            buckets.retain(|_, (tokens, at)| *tokens + rate * at.until(now).as_secs_f64() < rate);
+            buckets.retain(|_, bucket| !bucket.is_full(rate, now));
         }
-        let (tokens, at) = buckets.entry(tenant.clone()).or_insert((rate, now));
-        *tokens = (*tokens + rate * at.until(now).as_secs_f64()).min(rate);
-        *at = now;
-        if *tokens < 1.0 {
+        let bucket = buckets
+            .entry(tenant.clone())
+            .or_insert_with(|| TokenBucket::full(rate, now));
+        if !bucket.take(rate, now) {
             return Err(QuotaExceeded::DryRuns {
                 tenant: tenant.clone(),
                 limit,
             });
         }
-        *tokens -= 1.0;
         Ok(())
     }
 

@@ -29,17 +29,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::event::{DeliveryOption, EventCommand};
+use belfry_core::fire::decide::still_due;
+use belfry_core::schedule::firing::{self, Firing};
 use belfry_core::schedule::{
-    self, Fate, NextStep, PARKED_AT, Plan, Progress, Schedule, ScheduleError, ScheduleId,
-    ScheduleStatus, control_event_id,
+    self, Fate, PARKED_AT, Plan, Progress, Schedule, ScheduleError, ScheduleId, ScheduleStatus,
+    control_event_id,
 };
 use belfry_core::{
-    DueCursor, EventId, EventKey, EventRecord, EventStatus, EventVersion, OccurrenceId,
-    PartitionId, TenantName, Timestamp,
+    DueCursor, EventId, EventKey, EventRecord, EventStatus, EventVersion, PartitionId, TenantName,
+    Timestamp,
 };
 use belfry_store::{ApplyParams, Fence, KeyedCommand, ListEventsParams, StoreError, StoreResult};
 
-use crate::ownership::FiringWindow;
+use crate::ownership::Term;
 use crate::{EngineHandle, Shared};
 
 /// Page size when scanning a schedule's occurrences or a tenant's
@@ -97,7 +99,7 @@ pub enum PutOutcome {
 pub(crate) async fn fire(
     shared: Arc<Shared>,
     partition: PartitionId,
-    window: Arc<FiringWindow>,
+    term: Arc<Term>,
     entry: DueCursor,
 ) {
     let Ok(_permit) = shared.schedule_firings.clone().acquire_owned().await else {
@@ -105,22 +107,22 @@ pub(crate) async fn fire(
     };
     // Boxed: a waiting firing is then a task of a few dozen bytes, not one
     // the size of the whole firing's state (a window may hold a million).
-    Box::pin(fire_with_permit(shared, partition, window, entry)).await;
+    Box::pin(fire_with_permit(shared, partition, term, entry)).await;
 }
 
 async fn fire_with_permit(
     shared: Arc<Shared>,
     partition: PartitionId,
-    window: Arc<FiringWindow>,
+    term: Arc<Term>,
     entry: DueCursor,
 ) {
-    if shared.tasks.stopping() || !window.may_fire() {
+    if shared.tasks.stopping() || !term.may_fire() {
         // Stays pending in the store; the next start (or owner) fires it.
         return;
     }
     let fence = Fence {
         partition,
-        epoch: window.epoch,
+        epoch: term.epoch,
     };
     match fire_once(&shared, fence, &entry).await {
         Ok(()) => {}
@@ -153,37 +155,26 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
     let Some(record) = shared.store.get_event(&entry.key).await? else {
         return Ok(());
     };
-    if !record.status.is_pending() || record.next_fire_at != Some(entry.due) {
+    if !still_due(&record, entry) {
         return Ok(());
     }
     let now = shared.clock.now();
-    let definition = record
-        .payload
-        .as_deref()
-        .ok_or_else(|| ScheduleError::Corrupt("no definition".into()))
-        .and_then(Schedule::from_json)
-        .and_then(|s| s.spec().map(|spec| (s, spec)).map_err(ScheduleError::from));
-    let (definition, spec) = match definition {
-        Ok(found) => found,
-        Err(error) => {
-            // Never dropped silently: the control event ends as missed with
-            // the reason, which GET shows.
+    let (definition, spec) = match Firing::of(&record) {
+        Firing::Plan(definition, spec) => (definition, spec),
+        Firing::Stop(error) => {
             tracing::error!(key = ?entry.key, %error, "schedule definition unusable");
             let expire = KeyedCommand {
                 key: entry.key.clone(),
-                command: EventCommand::Expire {
-                    reason: format!("schedule stopped: {error}"),
-                },
+                command: firing::stop_command(&error),
                 fence: Some(fence),
             };
             return apply(shared, vec![expire]).await;
         }
+        Firing::Park(definition) => {
+            let park = control_move(&entry.key, &record, PARKED_AT, &definition, fence);
+            return apply(shared, vec![park]).await;
+        }
     };
-    if definition.status != ScheduleStatus::Active {
-        // Paused (or ended) definitions never plan; park the control event.
-        let park = control_move(&entry.key, &record, PARKED_AT, &definition, fence);
-        return apply(shared, vec![park]).await;
-    }
 
     let mut plan = schedule::plan(&definition, &spec, now, shared.options.plan_limits());
     let over_budget = shared
@@ -204,19 +195,7 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
         count_occurrences(&plan);
     }
 
-    // Conditional on the fired version: a client's change made meanwhile
-    // (a new version) wins, and its control event plans with the new
-    // definition. A complete schedule parks, so it stays visible.
-    let at = match plan.next {
-        NextStep::At(at) => at,
-        NextStep::Complete => PARKED_AT,
-    };
-    // An upsert at the same instant would not re-arm the event.
-    let at = if at == record.event_time {
-        at.plus(Duration::from_millis(1))
-    } else {
-        at
-    };
+    let at = firing::next_control_at(&record, plan.next);
     let control = control_move(&entry.key, &record, at, &plan.schedule, fence);
     apply(shared, vec![control]).await
 }
@@ -303,13 +282,7 @@ fn control_move(
 ) -> KeyedCommand {
     KeyedCommand {
         key: key.clone(),
-        command: EventCommand::UpsertIfCurrent {
-            expected: record.version.clone(),
-            event_time: at,
-            payload: Some(schedule.to_json()),
-            delivery: DeliveryOption::FullEvent,
-            new_version: EventVersion::generate(),
-        },
+        command: firing::control_command(record, at, schedule),
         fence: Some(fence),
     }
 }
@@ -320,54 +293,20 @@ fn occurrence_commands(
     plan: &Plan,
     options: &crate::EngineOptions,
 ) -> Vec<KeyedCommand> {
-    let schedule = &plan.schedule;
-    let mut commands = Vec::with_capacity(plan.occurrences.len());
-    for occurrence in &plan.occurrences {
-        let id = OccurrenceId::new(
-            tenant.clone(),
-            schedule.id.as_event_id().clone(),
-            occurrence.at,
-        );
-        let Ok(key) = id.event_key() else {
-            // Schedule ids leave room for the suffix (MAX_SCHEDULE_ID_LEN).
-            tracing::error!(occurrence = ?id, "occurrence id too long; skipped");
-            continue;
-        };
-        commands.push(KeyedCommand {
-            key: key.clone(),
-            command: EventCommand::Upsert {
-                event_time: occurrence.at,
-                payload: schedule.payload.clone(),
-                delivery: schedule.delivery,
-                new_version: id.event_version(),
-                pull: schedule.pull.clone(),
-            },
+    let planned = firing::occurrence_commands(tenant, plan, options.schedule_misfire_threshold);
+    for id in &planned.too_long {
+        // Schedule ids leave room for the suffix (MAX_SCHEDULE_ID_LEN).
+        tracing::error!(occurrence = ?id, "occurrence id too long; skipped");
+    }
+    planned
+        .commands
+        .into_iter()
+        .map(|(key, command)| KeyedCommand {
+            key,
+            command,
             fence: None,
-        });
-        if occurrence.fate == Fate::Missed {
-            commands.push(KeyedCommand {
-                key,
-                command: EventCommand::Expire {
-                    reason: format!(
-                        "missed: the schedule reached this occurrence more than {} s late \
-                         (misfire policy {})",
-                        options.schedule_misfire_threshold.as_secs(),
-                        misfire_name(schedule)
-                    ),
-                },
-                fence: None,
-            });
-        }
-    }
-    commands
-}
-
-fn misfire_name(schedule: &Schedule) -> &'static str {
-    match schedule.misfire {
-        belfry_core::MisfirePolicy::FireOnce => "fire_once",
-        belfry_core::MisfirePolicy::FireAll { .. } => "fire_all",
-        belfry_core::MisfirePolicy::Skip => "skip",
-    }
+        })
+        .collect()
 }
 
 fn control_upsert(

@@ -29,6 +29,7 @@
 //! - One delivery per version at a time: a second fired copy of an entry
 //!   whose version is claimed is dropped.
 
+pub mod decide;
 mod slots;
 mod window;
 

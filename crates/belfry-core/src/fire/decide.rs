@@ -1,0 +1,223 @@
+//! What the runtime decides about one fired entry, once it holds the
+//! entry's stored record: whether it is still due, whether it expired past
+//! the look-back, and which channel takes it.
+//!
+//! The window is a hint; these checks against the record are the truth,
+//! and every runtime (the engine's dispatcher, the simulations) calls them
+//! rather than restating them.
+
+use std::time::Duration;
+
+use crate::event::{EventRecord, EventStatus};
+use crate::ids::EventKey;
+use crate::schedule::schedule_of_control;
+use crate::tenant::SinkConfig;
+use crate::time::Timestamp;
+use crate::timer::DueCursor;
+
+/// Whether `record` still wants the attempt `entry` fired for: pending, and
+/// due at that very instant (a moved or finished event was fired from a
+/// stale window and is dropped).
+pub fn still_due(record: &EventRecord, entry: &DueCursor) -> bool {
+    record.status.is_pending() && record.next_fire_at == Some(entry.due)
+}
+
+/// The reason to store `record` as missed instead of delivering it at
+/// `now`, when its first attempt comes more than `lookback` after it could
+/// first have fired; `None` to deliver it.
+///
+/// The look-back is for downtime: lateness counts from when a node could
+/// first have fired the version, which for one submitted (or moved)
+/// past-due is its last change, not its instant. Such an event fires at
+/// once, as BigBen does. Retries are never expired here.
+pub fn lookback_expiry(
+    record: &EventRecord,
+    entry: &DueCursor,
+    now: Timestamp,
+    lookback: Duration,
+) -> Option<String> {
+    if record.status != EventStatus::Scheduled {
+        return None;
+    }
+    let firable_since = entry.due.max(record.updated_at);
+    let late = i128::from(now.as_millis()) - i128::from(firable_since.as_millis());
+    if late <= lookback.as_millis() as i128 {
+        return None;
+    }
+    Some(format!(
+        "missed: came due at {} while the node was down, more than the look-back of {} s ago",
+        entry.due,
+        lookback.as_secs()
+    ))
+}
+
+/// Where a fired entry goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// A schedule's control event: it plans occurrences instead of
+    /// delivering, and takes no delivery slot (a slow tenant cannot delay
+    /// it). Known from the key alone, before any slot or tenant read.
+    Schedule,
+    /// A pull tenant's event: handed to the pull queue, where it waits for
+    /// a worker's claim.
+    Pull,
+    /// Pushed to the tenant's sink (HTTP, Kafka, built-in).
+    Push,
+}
+
+impl Route {
+    /// Whether the entry is delivered at all (and so queues for a slot).
+    pub fn delivers(self) -> bool {
+        !matches!(self, Route::Schedule)
+    }
+}
+
+/// The route of a fired entry known from its key alone: [`Route::Schedule`]
+/// for a control event, `None` when its tenant's sink decides
+/// ([`route`]).
+pub fn route_of_key(key: &EventKey) -> Option<Route> {
+    schedule_of_control(&key.id).map(|_| Route::Schedule)
+}
+
+/// The route of a fired entry of a tenant delivering to `sink`.
+pub fn route(key: &EventKey, sink: &SinkConfig) -> Route {
+    if let Some(route) = route_of_key(key) {
+        return route;
+    }
+    match sink {
+        SinkConfig::Pull(_) => Route::Pull,
+        SinkConfig::Http(_) | SinkConfig::Kafka(_) | SinkConfig::Builtin(_) => Route::Push,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{DeliveryOption, PullSettings};
+    use crate::ids::{EventId, EventVersion, TenantName};
+    use crate::partition::PartitionId;
+    use crate::schedule::{ScheduleId, control_event_id};
+    use crate::tenant::{BuiltinTarget, PullTarget};
+
+    fn ts(ms: i64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    fn key(id: &str) -> EventKey {
+        EventKey::new(
+            TenantName::new("acme".to_string()).unwrap(),
+            EventId::new(id.to_string()).unwrap(),
+        )
+    }
+
+    fn entry(due: i64) -> DueCursor {
+        DueCursor {
+            due: ts(due),
+            key: key("e"),
+        }
+    }
+
+    fn record(status: EventStatus, next_fire_at: Option<i64>, updated_at: i64) -> EventRecord {
+        EventRecord {
+            key: key("e"),
+            partition: PartitionId(0),
+            version: EventVersion::from_string("v1".to_string()),
+            event_time: ts(1_000),
+            payload: None,
+            delivery: DeliveryOption::FullEvent,
+            status,
+            next_fire_at: next_fire_at.map(ts),
+            attempts: 0,
+            last_error: None,
+            triggered_at: None,
+            created_at: ts(0),
+            updated_at: ts(updated_at),
+            finished_at: None,
+            pull: PullSettings::default(),
+        }
+    }
+
+    #[test]
+    fn only_a_pending_record_due_at_the_fired_instant_is_still_due() {
+        assert!(still_due(
+            &record(EventStatus::Scheduled, Some(1_000), 0),
+            &entry(1_000)
+        ));
+        assert!(still_due(
+            &record(EventStatus::Retrying, Some(1_000), 0),
+            &entry(1_000)
+        ));
+        // Moved since the window read it.
+        assert!(!still_due(
+            &record(EventStatus::Scheduled, Some(2_000), 0),
+            &entry(1_000)
+        ));
+        // Finished meanwhile.
+        assert!(!still_due(
+            &record(EventStatus::Delivered, None, 0),
+            &entry(1_000)
+        ));
+        assert!(!still_due(
+            &record(EventStatus::Cancelled, None, 0),
+            &entry(1_000)
+        ));
+    }
+
+    #[test]
+    fn lookback_counts_from_the_later_of_due_and_last_change() {
+        let lookback = Duration::from_secs(10);
+        let late = record(EventStatus::Scheduled, Some(1_000), 0);
+        assert_eq!(
+            lookback_expiry(&late, &entry(1_000), ts(11_000), lookback),
+            None
+        );
+        let reason = lookback_expiry(&late, &entry(1_000), ts(11_001), lookback).unwrap();
+        assert_eq!(
+            reason,
+            "missed: came due at 1970-01-01T00:00:01Z while the node was down, \
+             more than the look-back of 10 s ago"
+        );
+        // Submitted past-due: it fires at once.
+        let submitted_late = record(EventStatus::Scheduled, Some(1_000), 50_000);
+        assert_eq!(
+            lookback_expiry(&submitted_late, &entry(1_000), ts(55_000), lookback),
+            None
+        );
+        // Retries are never expired by the look-back.
+        let retrying = record(EventStatus::Retrying, Some(1_000), 0);
+        assert_eq!(
+            lookback_expiry(&retrying, &entry(1_000), ts(1_000_000), lookback),
+            None
+        );
+    }
+
+    #[test]
+    fn lookback_survives_extreme_instants() {
+        let r = record(EventStatus::Scheduled, Some(i64::MIN), i64::MIN);
+        let e = DueCursor {
+            due: Timestamp::MIN,
+            key: key("e"),
+        };
+        assert!(lookback_expiry(&r, &e, ts(i64::MAX), Duration::ZERO).is_some());
+        assert!(lookback_expiry(&r, &e, ts(i64::MAX), Duration::MAX).is_none());
+    }
+
+    #[test]
+    fn control_events_route_to_the_planner_whatever_the_sink() {
+        let control = EventKey::new(
+            TenantName::new("acme".to_string()).unwrap(),
+            control_event_id(&ScheduleId::new("nightly".to_string()).unwrap()),
+        );
+        let pull = SinkConfig::Pull(PullTarget::default());
+        let log = SinkConfig::Builtin(BuiltinTarget {
+            processor: "log".to_string(),
+        });
+        assert_eq!(route_of_key(&control), Some(Route::Schedule));
+        assert_eq!(route(&control, &pull), Route::Schedule);
+        assert!(!Route::Schedule.delivers());
+        assert_eq!(route_of_key(&key("e")), None);
+        assert_eq!(route(&key("e"), &pull), Route::Pull);
+        assert_eq!(route(&key("e"), &log), Route::Push);
+        assert!(Route::Pull.delivers() && Route::Push.delivers());
+    }
+}
