@@ -5,7 +5,7 @@
 //!
 //! - live: the process serves HTTP (this handler ran);
 //! - ready: every partition this node owns has read its first window page
-//!   ([`belfry_engine::ownership::Partitions::loaded`]), the store
+//!   ([`belfry_engine::partitions::Partitions::loaded`]), the store
 //!   answers a cheap read within [`STORE_PROBE_TIMEOUT`] and does not know
 //!   itself unable to write ([`belfry_store::Store::write_blocked`]).
 

@@ -17,18 +17,18 @@
 //! the recorder, which tells the core the entry is finished once the
 //! outcome is stored.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use belfry_core::event::{AttemptReport, EventCommand};
 use belfry_core::fire::decide::{self, Route};
-use belfry_core::fire::{Action, DeliverySlots, Finish, Fired, Input, SlotPolicy};
+use belfry_core::fire::{DeliverySlots, Finish, SlotPolicy};
 use belfry_core::{TenantName, Timestamp, Verdict};
 use belfry_sinks::Delivery;
 use belfry_store::{Fence, KeyedCommand};
 use tokio::sync::Notify;
 
-use crate::partition::PartitionRuntime;
+use crate::partition::{Claim, Deliver, Ticket};
 use crate::recorder::Outcome;
 use crate::{EngineOptions, Shared};
 
@@ -36,17 +36,10 @@ use crate::{EngineOptions, Shared};
 /// read, or whose firing window closed right before the send.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
-/// One fired entry waiting for, or holding, a delivery slot.
-#[derive(Debug)]
-pub(crate) struct Job {
-    partition: Arc<PartitionRuntime>,
-    fired: Fired,
-}
-
 /// The delivery slots, shared by every partition.
 #[derive(Debug)]
 pub(crate) struct Slots {
-    slots: Mutex<DeliverySlots<Job>>,
+    slots: Mutex<DeliverySlots<Ticket>>,
     /// Signalled whenever the last in-flight delivery finishes.
     idle: Notify,
     /// When the rate timer will next start what waits for a token.
@@ -76,7 +69,7 @@ impl Slots {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, DeliverySlots<Job>> {
+    fn lock(&self) -> MutexGuard<'_, DeliverySlots<Ticket>> {
         // Poison means a panic while held; `DeliverySlots` keeps its
         // counters consistent before anything can panic.
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
@@ -105,62 +98,66 @@ impl Slots {
         }
     }
 
-    /// Drops every queued job (shutdown): they stay pending in the store.
-    pub(crate) fn drop_queued(&self, shared: &Shared) {
+    /// Drops every queued ticket (shutdown): they stay pending in the store.
+    pub(crate) fn drop_queued(&self) {
         let dropped = self.lock().clear_queued();
-        for job in dropped {
-            finish(shared, &job.partition, job.fired.entry, Finish::Done);
+        for ticket in dropped {
+            ticket.finish(Finish::Done);
         }
     }
 }
 
-/// Tells a partition's core that a fired entry is finished.
-pub(crate) fn finish(
-    shared: &Shared,
-    partition: &PartitionRuntime,
-    entry: belfry_core::DueCursor,
-    finish: Finish,
-) {
-    partition.input(Input::Finished { entry, finish }, shared.clock.now());
-    shared.finished.notify_waiters();
+/// The partitions' [`Deliver`] handle: fired entries to delivery slots.
+#[derive(Debug)]
+pub(crate) struct Dispatcher {
+    /// Weak: the engine's state holds the partitions, which hold this.
+    shared: Weak<Shared>,
 }
 
-/// Hands fired entries of `partition` to the dispatcher.
-pub(crate) fn submit(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, fired: Vec<Fired>) {
-    let mut jobs = Vec::with_capacity(fired.len());
-    for fired in fired {
+impl Dispatcher {
+    pub(crate) fn new(shared: Weak<Shared>) -> Self {
+        Dispatcher { shared }
+    }
+}
+
+impl Deliver for Dispatcher {
+    fn deliver(&self, tickets: Vec<Ticket>) {
+        if let Some(shared) = self.shared.upgrade() {
+            submit(&shared, tickets);
+        }
+    }
+}
+
+/// Queues tickets for delivery slots and starts what may start.
+fn submit(shared: &Arc<Shared>, tickets: Vec<Ticket>) {
+    let mut queued = Vec::with_capacity(tickets.len());
+    for ticket in tickets {
         // A schedule's control event plans occurrences instead of
         // delivering; it takes no delivery slot, so a slow tenant cannot
         // delay it.
-        if decide::route_of_key(&fired.entry.key) == Some(Route::Schedule) {
+        if decide::route_of_key(&ticket.entry().key) == Some(Route::Schedule) {
+            // The firing reads the definition when it runs: a waiting
+            // firing keeps no record.
+            let mut ticket = ticket;
+            drop(ticket.take_read_ahead());
             let tasks = shared.tasks.clone();
-            let (shared, partition) = (shared.clone(), partition.clone());
+            let shared = shared.clone();
             tasks.spawn(async move {
-                let entry = fired.entry;
-                crate::schedules::fire(
-                    shared.clone(),
-                    partition.id,
-                    partition.term.clone(),
-                    entry.clone(),
-                )
-                .await;
-                finish(&shared, &partition, entry, Finish::Done);
+                crate::schedules::fire(shared, &ticket).await;
+                ticket.finish(Finish::Done);
             });
             continue;
         }
-        jobs.push(Job {
-            partition: partition.clone(),
-            fired,
-        });
+        queued.push(ticket);
     }
-    if jobs.is_empty() {
+    if queued.is_empty() {
         return;
     }
     let (starting, next_token) = {
         let mut slots = shared.slots.lock();
         slots.advance(shared.clock.now());
-        for job in jobs {
-            slots.submit(job.fired.entry.key.tenant.clone(), job);
+        for ticket in queued {
+            slots.submit(ticket.entry().key.tenant.clone(), ticket);
         }
         (slots.start_ready(), slots.next_token_at())
     };
@@ -218,8 +215,8 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
     });
 }
 
-fn start(shared: &Arc<Shared>, jobs: Vec<(TenantName, Job)>) {
-    for (tenant, job) in jobs {
+fn start(shared: &Arc<Shared>, tickets: Vec<(TenantName, Ticket)>) {
+    for (tenant, ticket) in tickets {
         let slot = HeldSlot {
             shared: shared.clone(),
             tenant,
@@ -228,7 +225,7 @@ fn start(shared: &Arc<Shared>, jobs: Vec<(TenantName, Job)>) {
         };
         shared.tasks.spawn(async move {
             let mut answered = false;
-            deliver_one(&slot.shared, job, &mut answered).await;
+            deliver_one(&slot.shared, ticket, &mut answered).await;
             slot.complete(answered);
         });
     }
@@ -279,164 +276,165 @@ impl Drop for HeldSlot {
     }
 }
 
-/// One delivery, holding a tenant slot and a global slot. The outcome is
-/// handed to the recorder before the slot is released. Sets `answered`
-/// when the tenant's endpoint answered the attempt, whatever it answered.
-async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
-    let Job {
-        partition,
-        fired: Fired {
-            entry,
-            record: read_ahead,
-        },
-    } = job;
-    let done = |finish_as: Finish| finish(shared, &partition, entry.clone(), finish_as);
+/// One delivery, holding a tenant slot and a global slot: reads and claims
+/// the record, then expires it, hands it to the pull queue or sends it, as
+/// the core decides. The outcome is handed to the recorder before the slot
+/// is released. Sets `answered` when the tenant's endpoint answered the
+/// attempt, whatever it answered.
+async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) {
     let retry_later = || Finish::RetryAt(shared.clock.now().plus(RETRY_PAUSE));
     if shared.tasks.stopping() {
         // Not started: it stays pending in the store for the next start.
-        return done(Finish::Done);
+        return ticket.finish(Finish::Done);
     }
-    if !partition.term.may_fire() {
+    if !ticket.may_fire() {
         // Released or lapsed while queued: the next owner (or this one,
         // once renewed) fires it.
-        return done(retry_later());
+        return ticket.finish(retry_later());
     }
-    // The window is a hint; the record decides whether this is still due.
-    let mut read_ahead = read_ahead;
-    let record = loop {
-        let read = match read_ahead.take() {
-            Some(record) => Ok(Some(record)),
-            None => shared.reads.get(&entry.key).await,
-        };
-        let record = match read {
-            Ok(Some(record)) => record,
-            Ok(None) => return done(Finish::Done),
-            Err(error) => {
-                tracing::warn!(key = ?entry.key, %error, "reading a due event failed; retrying it shortly");
-                return done(retry_later());
-            }
-        };
-        if !decide::still_due(&record, &entry) {
-            return done(Finish::Done);
-        }
-        // A second copy of a version whose delivery is in progress is
-        // dropped (the core finished it); an event changed since its record
-        // was read is read again.
-        let claim = partition.input(
-            Input::Claim {
-                entry: entry.clone(),
-                version: record.version.clone(),
-            },
-            shared.clock.now(),
-        );
-        match claim[..] {
-            [Action::Claimed { granted: true, .. }] => break record,
-            [Action::Reread { .. }] => continue,
-            _ => return,
+    let Some((ticket, record)) = claimed_record(shared, ticket).await else {
+        return;
+    };
+    let now = shared.clock.now();
+    let entry = ticket.entry();
+    if let Some(reason) = decide::lookback_expiry(&record, entry, now, shared.options.lookback) {
+        let version = record.version.clone();
+        let command = EventCommand::ExpireVersion { version, reason };
+        return send_outcome(shared, ticket, command).await;
+    }
+    let tenant = match shared.tenants.get(&entry.key.tenant).await {
+        Ok(tenant) => tenant,
+        Err(error) => {
+            tracing::warn!(tenant = %entry.key.tenant, %error, "reading the tenant failed; retrying shortly");
+            return ticket.finish(retry_later());
         }
     };
-    let fence = Some(Fence {
-        partition: partition.id,
-        epoch: partition.term.epoch,
-    });
-    let now = shared.clock.now();
-    if let Some(reason) = decide::lookback_expiry(&record, &entry, now, shared.options.lookback) {
-        let command = KeyedCommand {
-            key: entry.key.clone(),
-            command: EventCommand::ExpireVersion {
-                version: record.version.clone(),
-                reason,
-            },
-            fence,
-        };
-        return send_outcome(shared, &partition, entry, command).await;
-    }
-    // The attempt's identity with the version: the receiver sees it as
-    // `X-Belfry-Attempt`, and recording it twice counts it once.
-    let number = record.attempts + 1;
-    let report = match shared.tenants.get(&entry.key.tenant).await {
-        Ok(Some(tenant)) => {
-            // Checked last, right before the send: a node paused past its
-            // lease must not deliver for a partition someone else now owns.
-            if !partition.term.may_fire() {
-                tracing::debug!(partition = %partition.id, "firing window closed before delivery; holding the event");
-                return done(retry_later());
-            }
-            // A pull tenant's event waits for a worker's claim: the pull
-            // queue holds it, outstanding here until it finishes it. The
-            // hand-off cannot hang, so it counts as answered: a pull
-            // tenant's slow start never holds its hand-offs back.
-            if decide::route(&entry.key, &tenant.sink) == Route::Pull
-                && let belfry_core::SinkConfig::Pull(target) = &tenant.sink
-            {
-                *answered = true;
-                crate::pull::ready(
-                    shared,
-                    belfry_core::pull::ReadyEntry {
-                        entry,
-                        partition: partition.id,
-                        epoch: partition.term.epoch,
-                        queue: record.pull.queue(),
-                        policy: crate::pull::policy(shared, target, &record.pull),
-                        record,
-                    },
-                );
-                return;
-            }
-            belfry_metrics::attempt_started(
-                record.attempts == 0,
-                Duration::from_millis(
-                    u64::try_from(now.as_millis() - entry.due.as_millis()).unwrap_or(0),
-                ),
-            );
-            let started = Instant::now();
-            let result = shared
-                .sinks
-                .deliver(Delivery {
-                    tenant: &tenant,
-                    event: &record,
-                    attempt: number,
-                    triggered_at: now,
-                    epoch: Some(partition.term.epoch),
-                })
-                .await;
-            let took = started.elapsed();
-            *answered = result.http_status.is_some() || result.verdict == Verdict::Delivered;
-            belfry_metrics::attempt_ended(
-                channel_of(&tenant.sink),
-                outcome_of(result.verdict),
-                took,
-            );
-            AttemptReport {
-                started_at: now,
-                duration_ms: took.as_millis() as u64,
-                verdict: result.verdict,
-                http_status: result.http_status,
-                error: result.error,
-            }
-        }
-        Ok(None) => AttemptReport {
+    let report = match tenant {
+        None => AttemptReport {
             started_at: now,
             duration_ms: 0,
             verdict: Verdict::Permanent,
             http_status: None,
             error: Some(format!("tenant not registered: {}", entry.key.tenant)),
         },
-        Err(error) => {
-            tracing::warn!(tenant = %entry.key.tenant, %error, "reading the tenant failed; retrying shortly");
-            return done(retry_later());
+        // Checked last, right before the send: a node paused past its
+        // lease must not deliver for a partition someone else now owns.
+        Some(_) if !ticket.may_fire() => {
+            tracing::debug!(partition = %ticket.partition(), "firing window closed before delivery; holding the event");
+            return ticket.finish(retry_later());
         }
-    };
-    let command = KeyedCommand {
-        key: entry.key.clone(),
-        command: EventCommand::RecordAttempt {
-            version: record.version.clone(),
-            number,
-            report,
+        Some(tenant) => match decide::route(&entry.key, &tenant.sink) {
+            // The hand-off cannot hang, so it counts as answered: a pull
+            // tenant's slow start never holds its hand-offs back.
+            Route::Pull => {
+                *answered = true;
+                return hand_to_pull(shared, ticket, record, &tenant.sink);
+            }
+            _ => send(shared, &ticket, &tenant, &record, now, answered).await,
         },
-        fence,
     };
-    send_outcome(shared, &partition, entry, command).await;
+    let command = EventCommand::RecordAttempt {
+        version: record.version.clone(),
+        // The attempt's identity with the version: the receiver sees it
+        // as `X-Belfry-Attempt`, and recording it twice counts it once.
+        number: record.attempts + 1,
+        report,
+    };
+    send_outcome(shared, ticket, command).await;
+}
+
+/// The ticket's record (read ahead, or read now), once claimed with its
+/// partition's core; `None` when the ticket was finished instead. The
+/// window is a hint; the record decides whether this is still due.
+async fn claimed_record(
+    shared: &Arc<Shared>,
+    mut ticket: Ticket,
+) -> Option<(Ticket, belfry_core::EventRecord)> {
+    loop {
+        let read = match ticket.take_read_ahead() {
+            Some(record) => Ok(Some(record)),
+            None => shared.reads.get(&ticket.entry().key).await,
+        };
+        let record = match read {
+            Ok(Some(record)) if decide::still_due(&record, ticket.entry()) => record,
+            Ok(_) => {
+                ticket.finish(Finish::Done);
+                return None;
+            }
+            Err(error) => {
+                tracing::warn!(key = ?ticket.entry().key, %error, "reading a due event failed; retrying it shortly");
+                ticket.finish(Finish::RetryAt(shared.clock.now().plus(RETRY_PAUSE)));
+                return None;
+            }
+        };
+        // A second copy of a version whose delivery is in progress is
+        // dropped (the core finished it); an event changed since its
+        // record was read is read again.
+        match ticket.claim(&record.version) {
+            Claim::Granted => return Some((ticket, record)),
+            Claim::Reread => continue,
+            Claim::Duplicate => return None,
+        }
+    }
+}
+
+/// A pull tenant's event waits for a worker's claim: the pull queue holds
+/// its ticket until it finishes it.
+fn hand_to_pull(
+    shared: &Arc<Shared>,
+    ticket: Ticket,
+    record: belfry_core::EventRecord,
+    sink: &belfry_core::SinkConfig,
+) {
+    let belfry_core::SinkConfig::Pull(target) = sink else {
+        return ticket.finish(Finish::Done);
+    };
+    let ready = belfry_core::pull::ReadyEntry {
+        entry: ticket.entry().clone(),
+        partition: ticket.partition(),
+        epoch: ticket.epoch(),
+        queue: record.pull.queue(),
+        policy: crate::pull::policy(shared, target, &record.pull),
+        record,
+    };
+    crate::pull::ready(shared, ticket, ready);
+}
+
+/// Sends one attempt through the sinks and reports it.
+async fn send(
+    shared: &Arc<Shared>,
+    ticket: &Ticket,
+    tenant: &belfry_core::TenantConfig,
+    record: &belfry_core::EventRecord,
+    now: Timestamp,
+    answered: &mut bool,
+) -> AttemptReport {
+    let late = now.as_millis() - ticket.entry().due.as_millis();
+    belfry_metrics::attempt_started(
+        record.attempts == 0,
+        Duration::from_millis(u64::try_from(late).unwrap_or(0)),
+    );
+    let started = Instant::now();
+    let result = shared
+        .sinks
+        .deliver(Delivery {
+            tenant,
+            event: record,
+            attempt: record.attempts + 1,
+            triggered_at: now,
+            epoch: Some(ticket.epoch()),
+        })
+        .await;
+    let took = started.elapsed();
+    *answered = result.http_status.is_some() || result.verdict == Verdict::Delivered;
+    belfry_metrics::attempt_ended(channel_of(&tenant.sink), outcome_of(result.verdict), took);
+    AttemptReport {
+        started_at: now,
+        duration_ms: took.as_millis() as u64,
+        verdict: result.verdict,
+        http_status: result.http_status,
+        error: result.error,
+    }
 }
 
 fn channel_of(sink: &belfry_core::SinkConfig) -> belfry_metrics::Channel {
@@ -456,27 +454,24 @@ fn outcome_of(verdict: Verdict) -> belfry_metrics::Outcome {
     }
 }
 
-/// Hands an outcome to the recorder, which finishes the entry once it is
+/// Hands an outcome to the recorder, which finishes the ticket once it is
 /// stored. The channel is bounded: a slow store holds deliveries here,
 /// keeping their slots, so nothing piles up in memory. The attempt is
 /// over, so the entry stops counting against its tenant's outstanding
 /// bound now, not once its outcome is stored.
-async fn send_outcome(
-    shared: &Arc<Shared>,
-    partition: &Arc<PartitionRuntime>,
-    entry: belfry_core::DueCursor,
-    command: KeyedCommand,
-) {
-    partition.attempted(entry.clone(), shared.clock.now());
-    let outcome = Outcome {
+async fn send_outcome(shared: &Arc<Shared>, ticket: Ticket, command: EventCommand) {
+    ticket.attempted();
+    let command = KeyedCommand {
+        key: ticket.entry().key.clone(),
         command,
-        partition: partition.clone(),
-        entry,
+        fence: Some(Fence {
+            partition: ticket.partition(),
+            epoch: ticket.epoch(),
+        }),
     };
-    if let Err(unsent) = shared.outcomes.send(outcome).await {
+    if let Err(unsent) = shared.outcomes.send(Outcome { command, ticket }).await {
         // The recorder is gone (the engine stopped): the event stays
         // pending in the store and fires again after the next start.
-        let outcome = unsent.0;
-        finish(shared, &outcome.partition, outcome.entry, Finish::Done);
+        unsent.0.ticket.finish(Finish::Done);
     }
 }

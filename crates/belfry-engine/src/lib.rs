@@ -8,12 +8,17 @@
 //!   so dropping the [`Engine`] aborts them all) and its stop signal;
 //! - [`partition`]: one worker per owned partition, the runtime of its
 //!   [`belfry_core::fire::PartitionCore`] (which makes every fire-path
-//!   decision);
+//!   decision), its ownership `Term` (epoch and firing window), and the
+//!   `Ticket` of each fired entry: the one thing the partition hands the
+//!   dispatcher (through the `Deliver` handle it was given) and the
+//!   dispatcher the recorder or the pull queue, finished by its last holder;
 //! - [`membership`]: the cluster loop (heartbeat, leader lease, partition
 //!   assignment, lease renewal, hand-overs) that grants ownership;
 //! - [`ownership`]: which partitions this node fires, under which epoch and
-//!   until when (its [`ownership::Term`]; all of them, forever, on
-//!   a single node), and [`ownership::Partitions`], their sub-handle;
+//!   until when (all of them, forever, on a single node); it returns what
+//!   a change lost instead of telling anyone;
+//! - [`partitions`]: [`partitions::Partitions`], the sub-handle that applies
+//!   ownership changes to the owned partitions, then to the pull queue;
 //! - [`pull`]: the runtime of this node's pull queue (pull tenants'
 //!   leases: claims, calls, fenced lease writes), and [`pull::Pull`], its
 //!   sub-handle;
@@ -66,6 +71,7 @@ pub mod membership;
 pub mod options;
 pub mod ownership;
 pub mod partition;
+pub mod partitions;
 pub mod pull;
 mod pull_peers;
 pub mod purge;
@@ -82,7 +88,7 @@ pub use ownership::Ownership;
 
 use crate::ownership::OwnedPartitions;
 
-/// See [`ownership::Partitions::loaded`].
+/// See [`partitions::Partitions::loaded`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionsLoaded {
     pub owned: usize,
@@ -130,7 +136,7 @@ pub(crate) struct Shared {
     pub(crate) quotas: quotas::QuotaState,
     /// Signalled whenever a fired entry is finished (its outcome stored,
     /// or dropped): hand-overs and shutdown wait on it.
-    pub(crate) finished: tokio::sync::Notify,
+    pub(crate) finished: Arc<tokio::sync::Notify>,
     /// Bounds schedule firings in progress (each holds a plan and store
     /// writes); the others wait as small tasks.
     pub(crate) schedule_firings: Arc<tokio::sync::Semaphore>,
@@ -166,7 +172,7 @@ impl Engine {
     }
 
     /// Starts an engine that owns nothing yet: a cluster node, whose
-    /// membership loop grants partitions with [`ownership::Partitions::set`].
+    /// membership loop grants partitions with [`partitions::Partitions::set`].
     ///
     /// Records are not read ahead here (`engine.read_ahead_ms` is ignored):
     /// other nodes write too, and a record read ahead could miss a cancel
@@ -196,10 +202,10 @@ impl Engine {
         let tracker = tasks::TaskTracker::new();
         let spawner = tracker.spawner();
         let options_pull = options.pull.clone();
-        let shared = Arc::new(Shared {
+        let shared = Arc::new_cyclic(|shared| Shared {
             slots: dispatch::Slots::new(&options),
             quotas: quotas::QuotaState::new(options.quotas.clone()),
-            finished: tokio::sync::Notify::new(),
+            finished: Arc::new(tokio::sync::Notify::new()),
             schedule_firings: Arc::new(tokio::sync::Semaphore::new(
                 schedules::MAX_CONCURRENT_FIRINGS,
             )),
@@ -209,7 +215,7 @@ impl Engine {
             sinks,
             clock,
             options,
-            owned: OwnedPartitions::default(),
+            owned: OwnedPartitions::new(Arc::new(dispatch::Dispatcher::new(shared.clone()))),
             outcomes: outcome_tx,
             tasks: spawner.clone(),
             bulk: bulk::BulkRunner::new(bulk_runner),
@@ -268,7 +274,7 @@ impl Engine {
             task.join().await;
         }
         // Entries queued for a slot stay pending in the store.
-        shared.slots.drop_queued(&shared);
+        shared.slots.drop_queued();
         // Claims and calls waiting on the pull queue answer `unavailable`;
         // workers' leases are given back in the store (pending again at
         // their expiries, no attempt counted; their calls after the
@@ -401,8 +407,8 @@ impl EngineHandle {
     }
 
     /// The partitions this node fires: ownership, hand-overs, counters.
-    pub fn partitions(&self) -> ownership::Partitions<'_> {
-        ownership::Partitions {
+    pub fn partitions(&self) -> partitions::Partitions<'_> {
+        partitions::Partitions {
             shared: &self.inner,
         }
     }

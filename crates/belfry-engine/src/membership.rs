@@ -65,7 +65,7 @@
 //! Moves are revoke-then-grant (see [`belfry_store::cluster`]): when the
 //! leader moves a partition away from this node, the next renewal reports
 //! it revoked. The node stops firing it at once
-//! ([`crate::ownership::Partitions::release`]), waits (at most
+//! ([`crate::partitions::Partitions::release`]), waits (at most
 //! `lease_ttl - tick - safety_margin`) until every delivery of it that was in
 //! flight has its outcome recorded, then releases it in the database, which
 //! grants it to the new owner with a new epoch and no takeover wait. A clean

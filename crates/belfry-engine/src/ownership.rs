@@ -13,17 +13,15 @@
 //! the partitions it lost.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use belfry_core::fire::Input;
-use belfry_core::ownership::FiringWindow;
-use belfry_core::{MonoTime, PartitionId, Timestamp, partition_ranges};
+use belfry_core::{PartitionId, Timestamp, partition_ranges};
 use tokio::sync::watch;
 
 use crate::Shared;
-use crate::partition::PartitionRuntime;
+use crate::partition::{Deliver, PartitionRuntime, Term};
 use crate::tasks::Joined;
 
 /// One owned partition, as the membership loop grants it.
@@ -51,72 +49,6 @@ impl Ownership {
     }
 }
 
-/// One ownership term of a partition: its epoch and live firing window;
-/// shared by its worker and the delivery tasks it spawns.
-#[derive(Debug)]
-pub(crate) struct Term {
-    pub(crate) epoch: u64,
-    base: Instant,
-    /// Offsets from `base` in microseconds.
-    fire_from: AtomicU64,
-    fire_until: AtomicU64,
-}
-
-impl Term {
-    fn new(grant: &Ownership) -> Self {
-        let base = Instant::now();
-        let term = Term {
-            epoch: grant.epoch,
-            base,
-            fire_from: AtomicU64::new(0),
-            fire_until: AtomicU64::new(0),
-        };
-        term.update(grant);
-        term
-    }
-
-    fn offset(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.base).as_micros()).unwrap_or(u64::MAX)
-    }
-
-    fn update(&self, grant: &Ownership) {
-        self.fire_from
-            .store(self.offset(grant.fire_from), Ordering::SeqCst);
-        self.fire_until
-            .store(self.offset(grant.fire_until), Ordering::SeqCst);
-    }
-
-    /// Closes the window for good: the partition was released or lost, so
-    /// entries already handed to the dispatcher (queued for a worker, or not
-    /// yet claimed) must not be delivered under this window any more.
-    fn close(&self) {
-        self.fire_until.store(0, Ordering::SeqCst);
-    }
-
-    /// The window as it stands, on a time line starting at `base`.
-    fn window(&self) -> FiringWindow {
-        FiringWindow {
-            from: micros(self.fire_from.load(Ordering::SeqCst)),
-            until: micros(self.fire_until.load(Ordering::SeqCst)),
-        }
-    }
-
-    /// Whether a delivery may start now.
-    pub(crate) fn may_fire(&self) -> bool {
-        self.window().may_fire(micros(self.offset(Instant::now())))
-    }
-
-    /// How long until firing may start (zero if it may already).
-    pub(crate) fn wait_before_firing(&self) -> Duration {
-        self.window()
-            .wait_before_firing(micros(self.offset(Instant::now())))
-    }
-}
-
-fn micros(offset: u64) -> MonoTime {
-    MonoTime::from_origin(Duration::from_micros(offset))
-}
-
 /// A running partition worker.
 #[derive(Debug)]
 struct Worker {
@@ -126,12 +58,21 @@ struct Worker {
 }
 
 /// The partitions this node owns right now.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct OwnedPartitions {
     workers: Mutex<HashMap<PartitionId, Worker>>,
+    /// Where every partition hands what it fires.
+    deliver: Arc<dyn Deliver>,
 }
 
 impl OwnedPartitions {
+    pub(crate) fn new(deliver: Arc<dyn Deliver>) -> Self {
+        OwnedPartitions {
+            workers: Mutex::default(),
+            deliver,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<PartitionId, Worker>> {
         // Poison means a panic while the map was held; the map itself is
         // still consistent (every update is a single insert or remove).
@@ -152,18 +93,6 @@ impl OwnedPartitions {
             }
             None => false,
         }
-    }
-
-    /// The runtime of `partition` if this node holds it under `epoch`.
-    pub(crate) fn runtime_at(
-        &self,
-        partition: PartitionId,
-        epoch: u64,
-    ) -> Option<Arc<PartitionRuntime>> {
-        self.lock()
-            .get(&partition)
-            .filter(|worker| worker.runtime.term.epoch == epoch)
-            .map(|worker| worker.runtime.clone())
     }
 
     /// Applies an input built per partition to every owned core.
@@ -192,7 +121,13 @@ impl OwnedPartitions {
     /// Makes the running workers match `grants`: starts the new ones,
     /// stops the lost ones (and those whose epoch changed, which restart
     /// with a fresh window), and moves the firing windows of the others.
-    pub(crate) fn apply(&self, shared: &Arc<Shared>, grants: Vec<Ownership>) {
+    /// Returns the partitions lost, with the epochs they were held under:
+    /// the composition root tells the pull queue.
+    pub(crate) fn apply(
+        &self,
+        shared: &Arc<Shared>,
+        grants: Vec<Ownership>,
+    ) -> Vec<(PartitionId, u64)> {
         let mut workers = self.lock();
         let wanted: HashMap<PartitionId, Ownership> =
             grants.into_iter().map(|g| (g.partition, g)).collect();
@@ -205,10 +140,10 @@ impl OwnedPartitions {
             })
             .map(|(id, _)| *id)
             .collect();
-        let mut lost_runtimes = Vec::new();
+        let mut lost_terms = Vec::new();
         for id in &lost {
             if let Some(worker) = workers.remove(id) {
-                lost_runtimes.push(worker.runtime.clone());
+                lost_terms.push((*id, worker.runtime.term.epoch));
                 belfry_metrics::lease_lost();
                 worker.runtime.term.close();
                 let _ = worker.stop.send(true);
@@ -218,19 +153,25 @@ impl OwnedPartitions {
         let mut acquired = Vec::new();
         for (id, grant) in wanted {
             if let Some(worker) = workers.get(&id) {
-                worker.runtime.term.update(&grant);
+                worker
+                    .runtime
+                    .term
+                    .update(grant.fire_from, grant.fire_until);
                 continue;
             }
-            let term = Arc::new(Term::new(&grant));
+            let term = Arc::new(Term::new(grant.epoch, grant.fire_from, grant.fire_until));
             let runtime = Arc::new(PartitionRuntime::new(
                 id,
                 term,
                 crate::partition::core_config(shared),
+                shared.finished.clone(),
+                shared.clock.clone(),
             ));
             let (stop, stop_receiver) = watch::channel(false);
             let task = shared.tasks.spawn_joined(crate::partition::run(
                 shared.clone(),
                 runtime.clone(),
+                self.deliver.clone(),
                 stop_receiver,
             ));
             tracing::debug!(partition = %id, epoch = grant.epoch, "partition acquired");
@@ -255,11 +196,7 @@ impl OwnedPartitions {
                 partition_ranges(workers.keys().copied())
             );
         }
-        // Outside the lock: the pull queue finishes entries through it.
-        drop(workers);
-        for runtime in &lost_runtimes {
-            crate::pull::partition_lost(shared, runtime);
-        }
+        lost_terms
     }
 
     /// Stops the workers of `partitions`; returns their tasks to await and
@@ -292,143 +229,5 @@ impl OwnedPartitions {
                 worker.task
             })
             .collect()
-    }
-}
-
-/// The partitions this node fires ([`crate::EngineHandle::partitions`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Partitions<'a> {
-    pub(crate) shared: &'a Arc<Shared>,
-}
-
-impl Partitions<'_> {
-    /// Makes this node fire exactly the `grants` partitions (see the
-    /// module documentation). Partitions gained load their window from
-    /// the store; partitions lost stop at once.
-    pub fn set(&self, grants: Vec<Ownership>) {
-        self.shared.owned.apply(self.shared, grants);
-    }
-
-    /// The partitions owned right now, with their epochs.
-    pub fn owned(&self) -> Vec<(PartitionId, u64)> {
-        self.shared.owned.owned()
-    }
-
-    /// The epoch under which this node owns `partition`, if it does.
-    pub fn owned_epoch(&self, partition: PartitionId) -> Option<u64> {
-        self.owned()
-            .into_iter()
-            .find_map(|(p, epoch)| (p == partition).then_some(epoch))
-    }
-
-    /// How many owned partitions have read their first window page, out of
-    /// how many are owned: the readiness check. Cheap (one lock per
-    /// partition, no store access).
-    pub fn loaded(&self) -> crate::PartitionsLoaded {
-        let runtimes = self.shared.owned.runtimes();
-        crate::PartitionsLoaded {
-            owned: runtimes.len(),
-            loaded: runtimes.iter().filter(|r| r.window_loaded()).count(),
-        }
-    }
-
-    /// Wake-ups may have been missed (the push channel reconnected): every
-    /// owned partition drops its window and reloads it from the store.
-    pub fn resync(&self) {
-        self.shared
-            .owned
-            .broadcast(|| Input::Reload, self.shared.clock.now());
-    }
-
-    /// Wakes every partition worker to re-evaluate now: for a test that
-    /// moved a manual clock (workers otherwise re-read the clock at least
-    /// once a second).
-    pub fn poke(&self) {
-        // Only a nudge: the worker ticks its core itself and performs what
-        // the tick asks for (a tick here would lose its actions).
-        for runtime in self.shared.owned.runtimes() {
-            runtime.poke();
-        }
-    }
-
-    /// Fired entries not finished yet (queued, in delivery, or waiting for
-    /// their outcome to be stored), over the owned partitions.
-    pub fn outstanding(&self) -> usize {
-        self.shared
-            .owned
-            .runtimes()
-            .iter()
-            .map(|r| r.outstanding())
-            .sum()
-    }
-
-    /// Entries held in memory by the owned partitions (windows,
-    /// outstanding entries, retry timers), and the most they may hold.
-    pub fn held_in_memory(&self) -> (usize, usize) {
-        let runtimes = self.shared.owned.runtimes();
-        let held = runtimes.iter().map(|r| r.held()).sum();
-        let capacity = runtimes.iter().map(|r| r.capacity()).sum();
-        (held, capacity)
-    }
-
-    /// The fire-path counters of the owned partitions, summed: repairs
-    /// (entries a lost wake-up left out, armed by a repair page),
-    /// evictions, duplicate claims (for metrics and tests).
-    pub fn fire_stats(&self) -> belfry_core::fire::CoreStats {
-        let mut total = belfry_core::fire::CoreStats::default();
-        for runtime in self.shared.owned.runtimes() {
-            let stats = runtime.stats();
-            total.repaired += stats.repaired;
-            total.evicted += stats.evicted;
-            total.fired += stats.fired;
-            total.duplicate_claims += stats.duplicate_claims;
-            total.load_failures += stats.load_failures;
-        }
-        total
-    }
-
-    /// Hands `partitions` over cleanly: they stop firing at once, when this
-    /// is *called* (their workers are taken out of the engine and their
-    /// firing windows closed, so nothing queued for them is delivered any
-    /// more), and the returned future resolves once every delivery of
-    /// theirs that was in flight has its outcome recorded, or after
-    /// `grace`. It yields whether everything was recorded in time. The
-    /// caller then releases their leases, so the next owner can fire at
-    /// once without re-delivering anything. Pull workers' leases of them
-    /// are void at once and given back in the store meanwhile (their events
-    /// pending again at the leases' expiries, no attempt counted).
-    pub fn release(
-        &self,
-        partitions: &[PartitionId],
-        grace: Duration,
-    ) -> impl std::future::Future<Output = bool> + Send + 'static {
-        let (tasks, runtimes) = self.shared.owned.release(partitions);
-        let given_back = crate::pull::give_back(self.shared, runtimes.iter().map(|r| r.id));
-        for runtime in &runtimes {
-            crate::pull::partition_lost(self.shared, runtime);
-        }
-        let shared = self.shared.clone();
-        async move {
-            let give_back = crate::pull::write_given_back(&shared, given_back, grace);
-            let recorded = async {
-                for task in tasks {
-                    task.join().await;
-                }
-                let drained = async {
-                    loop {
-                        let notified = shared.finished.notified();
-                        tokio::pin!(notified);
-                        notified.as_mut().enable();
-                        if runtimes.iter().all(|r| r.outstanding() == 0) {
-                            return;
-                        }
-                        notified.await;
-                    }
-                };
-                tokio::time::timeout(grace, drained).await.is_ok()
-            };
-            let ((), recorded) = tokio::join!(give_back, recorded);
-            recorded
-        }
     }
 }

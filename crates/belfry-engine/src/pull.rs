@@ -34,8 +34,8 @@ use belfry_core::pull::{
     ReadyEntry, Reply, Resolution,
 };
 use belfry_core::tenant::PullTarget;
+use belfry_core::{DueCursor, PartitionId, Timestamp};
 use belfry_core::{EventKey, EventVersion, TenantName};
-use belfry_core::{PartitionId, Timestamp};
 use belfry_store::{
     ChangeLeaseParams, ChangeLeasesParams, Fence, RecordLeasesParams, StoreResult, StoredLeaseState,
 };
@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::Shared;
-use crate::partition::PartitionRuntime;
+use crate::partition::Ticket;
 
 /// Longest sleep of the timer task between ticks: the wall clock may jump.
 pub(crate) const MAX_SLEEP: Duration = Duration::from_secs(1);
@@ -119,6 +119,9 @@ pub(crate) struct PullRuntime {
     wake: Notify,
     /// Lease changes on their way to the store, a batch at a time.
     pub(crate) lease_writes: LeaseWrites,
+    /// The tickets of the entries the queue holds, finished when the
+    /// queue says so.
+    tickets: Mutex<HashMap<(PartitionId, u64, DueCursor), Ticket>>,
 }
 
 impl PullRuntime {
@@ -138,7 +141,12 @@ impl PullRuntime {
             next_call: AtomicU64::new(0),
             wake: Notify::new(),
             lease_writes: LeaseWrites::new(options.max_leases),
+            tickets: Mutex::default(),
         }
+    }
+
+    fn tickets(&self) -> MutexGuard<'_, HashMap<(PartitionId, u64, DueCursor), Ticket>> {
+        self.tickets.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, PullQueue> {
@@ -182,7 +190,7 @@ impl PullRuntime {
 /// Feeds `input` to the queue and performs what it asks for.
 pub(crate) fn handle(shared: &Arc<Shared>, input: Input) {
     let actions = shared.pull.lock().handle(input, shared.clock.now());
-    perform(shared, actions, None);
+    perform(shared, actions);
     shared.pull.wake.notify_one();
     shared.pull_peers.queue_changed();
 }
@@ -209,7 +217,7 @@ pub(crate) fn versions_ended(shared: &Arc<Shared>, key: &EventKey, current: Opti
                 })
                 .collect()
         };
-        perform(shared, actions, None);
+        perform(shared, actions);
         shared.pull.wake.notify_one();
     }
 }
@@ -257,7 +265,12 @@ pub(crate) fn changed_elsewhere(shared: &Arc<Shared>, key: EventKey) {
 
 /// Hands a fired entry of a pull tenant to the queue. It stays
 /// outstanding in its partition core until the queue finishes it.
-pub(crate) fn ready(shared: &Arc<Shared>, entry: ReadyEntry) {
+pub(crate) fn ready(shared: &Arc<Shared>, ticket: Ticket, entry: ReadyEntry) {
+    // Kept before the queue sees the entry: it may hand it back at once.
+    shared
+        .pull
+        .tickets()
+        .insert((entry.partition, entry.epoch, entry.entry.clone()), ticket);
     handle(shared, Input::Ready(vec![entry]));
 }
 
@@ -271,18 +284,29 @@ pub(crate) fn policy(shared: &Shared, tenant: &PullTarget, event: &PullSettings)
     AttemptPolicy::resolve(&shared.options.retry, tenant, event)
 }
 
-/// This node no longer holds `released` (already removed from the owned
-/// partitions): its leases are void, and its entries held here are
-/// finished on it, so a hand-over waiting for its outstanding entries
+/// This node no longer holds `partition` under `epoch` (already removed
+/// from the owned partitions): its leases are void, and its entries held
+/// here are finished, so a hand-over waiting for its outstanding entries
 /// ends.
-pub(crate) fn partition_lost(shared: &Arc<Shared>, released: &Arc<PartitionRuntime>) {
-    let actions = shared.pull.lock().handle(
-        Input::PartitionLost {
-            partition: released.id,
-        },
-        shared.clock.now(),
-    );
-    perform(shared, actions, Some(released));
+pub(crate) fn partition_lost(shared: &Arc<Shared>, partition: PartitionId, epoch: u64) {
+    let actions = shared
+        .pull
+        .lock()
+        .handle(Input::PartitionLost { partition }, shared.clock.now());
+    perform(shared, actions);
+    // Any left of that term are finished too: nothing can claim them now.
+    let left: Vec<Ticket> = {
+        let mut tickets = shared.pull.tickets();
+        let keys: Vec<_> = tickets
+            .keys()
+            .filter(|(p, e, _)| *p == partition && *e == epoch)
+            .cloned()
+            .collect();
+        keys.iter().filter_map(|key| tickets.remove(key)).collect()
+    };
+    for ticket in left {
+        ticket.finish(belfry_core::fire::Finish::Done);
+    }
     shared.pull.wake.notify_one();
     shared.pull_peers.queue_changed();
 }
@@ -544,9 +568,8 @@ async fn recorded_outcome(
     })
 }
 
-/// Performs `actions`; a `Finish` goes to the owned partition of its
-/// epoch, else to `released` if it is that one.
-fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<PartitionRuntime>>) {
+/// Performs `actions`; a `Finish` finishes the entry's ticket.
+fn perform(shared: &Arc<Shared>, actions: Vec<Action>) {
     for action in actions {
         match action {
             Action::PersistGrants { op, grants, .. } => {
@@ -576,13 +599,9 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
                 entry,
                 finish,
             } => {
-                let runtime = shared.owned.runtime_at(partition, epoch).or_else(|| {
-                    released
-                        .filter(|r| r.id == partition && r.term.epoch == epoch)
-                        .cloned()
-                });
-                if let Some(runtime) = runtime {
-                    crate::dispatch::finish(shared, &runtime, entry, finish);
+                let ticket = shared.pull.tickets().remove(&(partition, epoch, entry));
+                if let Some(ticket) = ticket {
+                    ticket.finish(finish);
                 }
             }
         }
@@ -758,7 +777,7 @@ async fn write_leases(shared: &Arc<Shared>, batch: Vec<LeaseWrite>) {
         }
         actions
     };
-    perform(shared, actions, None);
+    perform(shared, actions);
     shared.pull.wake.notify_one();
     shared.pull_peers.queue_changed();
     // After the queue finished the entries in their cores (as the

@@ -14,34 +14,27 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use belfry_core::EventStatus;
 use belfry_core::event::CommandOutcome;
 use belfry_core::fire::Finish;
-use belfry_core::{DueCursor, EventStatus};
 use belfry_store::{Applied, ApplyParams, KeyedCommand, StoreError};
 use tokio::sync::mpsc;
 
 use crate::Shared;
-use crate::dispatch::finish;
-use crate::partition::PartitionRuntime;
+use crate::partition::Ticket;
 
-/// One delivery's outcome, with the fired entry it finishes.
-#[derive(Debug, Clone)]
+/// One delivery's outcome, with the ticket it finishes.
+#[derive(Debug)]
 pub(crate) struct Outcome {
     pub(crate) command: KeyedCommand,
-    pub(crate) partition: Arc<PartitionRuntime>,
-    pub(crate) entry: DueCursor,
+    pub(crate) ticket: Ticket,
 }
 
-/// Tells the partitions their entries are finished (the outcome is stored,
-/// or dropped as stale).
-fn finish_all<'a>(shared: &Shared, outcomes: impl IntoIterator<Item = &'a Outcome>) {
+/// Finishes the outcomes' tickets (the outcome is stored, or dropped as
+/// stale).
+fn finish_all(outcomes: impl IntoIterator<Item = Outcome>) {
     for outcome in outcomes {
-        finish(
-            shared,
-            &outcome.partition,
-            outcome.entry.clone(),
-            Finish::Done,
-        );
+        outcome.ticket.finish(Finish::Done);
     }
 }
 
@@ -201,7 +194,7 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
                 count_endings(&applied);
                 // Before the effects: a retry armed by this outcome may
                 // claim the event again.
-                finish_all(shared, &batch);
+                finish_all(batch);
                 shared.route_effects(&applied);
                 return Ok(());
             }
@@ -215,7 +208,7 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
                 for (outcome, result) in batch.into_iter().zip(partial.results) {
                     match result {
                         Ok(done) => {
-                            finish_all(shared, [&outcome]);
+                            finish_all([outcome]);
                             applied.push(done);
                         }
                         Err(_) => failed.push(outcome),
@@ -242,13 +235,14 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
                     by_partition.entry(group).or_default().push(outcome);
                 }
                 if by_partition.len() == 1 {
-                    finish_all(shared, by_partition.values().flatten());
+                    let outcomes: Vec<Outcome> = by_partition.into_values().flatten().collect();
                     tracing::warn!(
                         partition = %partition,
                         epoch,
-                        outcomes = by_partition.values().map(Vec::len).sum::<usize>(),
+                        outcomes = outcomes.len(),
                         "dropping outcomes of a partition now owned elsewhere"
                     );
+                    finish_all(outcomes);
                     return Ok(());
                 }
                 return Err(Split(by_partition.into_values().collect()));

@@ -41,7 +41,7 @@ use belfry_core::{
 };
 use belfry_store::{ApplyParams, Fence, KeyedCommand, ListEventsParams, StoreError, StoreResult};
 
-use crate::ownership::Term;
+use crate::partition::{Term, Ticket};
 use crate::{EngineHandle, Shared};
 
 /// Page size when scanning a schedule's occurrences or a tenant's
@@ -95,16 +95,17 @@ pub enum PutOutcome {
     Updated,
 }
 
-/// Handles one fired control event (see the module doc).
-pub(crate) async fn fire(
-    shared: Arc<Shared>,
-    partition: PartitionId,
-    term: Arc<Term>,
-    entry: DueCursor,
-) {
+/// Handles one fired control event (see the module doc); its ticket is
+/// finished by the caller.
+pub(crate) async fn fire(shared: Arc<Shared>, ticket: &Ticket) {
     let Ok(_permit) = shared.schedule_firings.clone().acquire_owned().await else {
         return;
     };
+    let (partition, term, entry) = (
+        ticket.partition(),
+        ticket.term().clone(),
+        ticket.entry().clone(),
+    );
     // Boxed: a waiting firing is then a task of a few dozen bytes, not one
     // the size of the whole firing's state (a window may hold a million).
     Box::pin(fire_with_permit(shared, partition, term, entry)).await;

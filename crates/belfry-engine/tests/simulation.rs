@@ -18,7 +18,7 @@
 //!   [`EngineHandle::apply`] with a fresh [`EventVersion`] per upsert;
 //! - manual clock jumps (1 ms to 10 min, rarely beyond the 30 min
 //!   look-back), each followed by a wake-up of every partition worker (see
-//!   [`Sim::wake`] for why not [`belfry_engine::ownership::Partitions::poke`]), then settling, or
+//!   [`Sim::wake`] for why not [`belfry_engine::partitions::Partitions::poke`]), then settling, or
 //!   changes of keys that just came due (racing their deliveries);
 //! - restarts on the same data directory, graceful ([`Engine::shutdown`])
 //!   and crash-like, often right after a clock move so deliveries are in
@@ -60,7 +60,7 @@
 //! - at most one delivery per version and attempt, unless the copies come
 //!   from different engine generations and the earlier one crashed (each
 //!   generation stamps its requests through a tenant header);
-//! - memory: [`belfry_engine::ownership::Partitions::held_in_memory`] held <= capacity (also
+//! - memory: [`belfry_engine::partitions::Partitions::held_in_memory`] held <= capacity (also
 //!   polled while settling).
 //!
 //! Settling (after most clock moves, and explicitly) waits, with
@@ -105,7 +105,7 @@
 //!   `BELFRY_SIM_STEPS` steps (130), `BELFRY_SIM_THREADS` at a time (3);
 //!   `BELFRY_SIM_KEEP_GOING=1` runs every seed and lists all failures;
 //!   `BELFRY_SIM_STRICT=0` only counts the three fixed bugs; `BELFRY_SIM_POKE=1`
-//!   wakes workers with [`belfry_engine::ownership::Partitions::poke`]; `BELFRY_SIM_VERBOSE=1`
+//!   wakes workers with [`belfry_engine::partitions::Partitions::poke`]; `BELFRY_SIM_VERBOSE=1`
 //!   prints each seed's time.
 //! - Soak (about 10 minutes on two cores; debug is as good as release here,
 //!   the run waits on real timeouts; vary the first seed between soaks):
@@ -664,7 +664,7 @@ struct Sim {
     steps: u64,
     step: u64,
     trace: bool,
-    /// Wake workers with [`belfry_engine::ownership::Partitions::poke`] instead of [`Sim::wake`].
+    /// Wake workers with [`belfry_engine::partitions::Partitions::poke`] instead of [`Sim::wake`].
     use_poke: bool,
     /// Known bugs fail the run too.
     strict: bool,
@@ -1510,7 +1510,7 @@ impl Sim {
 
     /// Makes every partition worker re-read the manual clock now.
     ///
-    /// [`belfry_engine::ownership::Partitions::poke`] cannot be used (unless `BELFRY_SIM_POKE` is
+    /// [`belfry_engine::partitions::Partitions::poke`] cannot be used (unless `BELFRY_SIM_POKE` is
     /// set, to reproduce the problem): it hands each core a `Tick` through
     /// `OwnedPartitions::broadcast`, which drops the actions it returns,
     /// and a tick that starts a page read (a clock jump makes the window
@@ -1704,7 +1704,7 @@ impl Sim {
     /// Why due events did not fire: whether the store's due index holds
     /// them, and whether waking the workers again, a fresh wake-up for each
     /// (a same-instant update through the engine), or making every worker
-    /// reload its window ([`belfry_engine::ownership::Partitions::resync`]) gets them fired.
+    /// reload its window ([`belfry_engine::partitions::Partitions::resync`]) gets them fired.
     /// Returns the report and whether the second or third probe fired them
     /// all.
     async fn diagnose_stuck(&mut self, due: &[EventRecord]) -> (String, bool) {
