@@ -37,6 +37,8 @@
 //!   over a filter, page by page, resumable, one node at a time) and
 //!   [`bulk::BulkActions`];
 //! - [`purge`]: the background retention sweep;
+//! - `schedule_scan`: a tenant's live schedule definitions, for the
+//!   schedules component and the quotas (below both);
 //! - [`quotas`]: per-tenant quotas on pending events, schedules and
 //!   payload size, checked before client writes ([`quotas::Quotas`]);
 //! - [`tenants`]: tenant configs, their writes and a short-lived cache;
@@ -78,6 +80,7 @@ pub mod purge;
 pub mod quotas;
 mod reads;
 pub mod recorder;
+mod schedule_scan;
 pub mod schedules;
 mod tasks;
 pub mod tenants;

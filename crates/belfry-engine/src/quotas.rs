@@ -637,15 +637,12 @@ impl Quotas<'_> {
             } else {
                 usize::try_from(limit).unwrap_or(usize::MAX)
             };
-        let found = match self.engine.schedules().list(tenant, None, at_most).await {
-            Ok(found) => found,
-            Err(crate::schedules::ScheduleOpError::Store(error)) => return Err(error.into()),
-            // Listing raises nothing else.
-            Err(_) => Vec::new(),
-        };
+        let found =
+            crate::schedule_scan::live_schedules(self.engine.store(), tenant, None, at_most)
+                .await?;
         let rate = found
             .iter()
-            .map(|state| schedule_rate(&state.schedule))
+            .map(|found| schedule_rate(&found.schedule))
             .fold(0u64, u64::saturating_add);
         let estimate = Estimate::counted(found.len() as u64, counted_at);
         lock(&self.engine.inner.quotas.schedules).insert(tenant.clone(), estimate);

@@ -39,14 +39,12 @@ use belfry_core::{
     DueCursor, EventId, EventKey, EventRecord, EventStatus, EventVersion, PartitionId, TenantName,
     Timestamp,
 };
-use belfry_store::{ApplyParams, Fence, KeyedCommand, ListEventsParams, StoreError, StoreResult};
+use belfry_store::{ApplyParams, Fence, KeyedCommand, StoreError, StoreResult};
 
 use crate::partition::{Term, Ticket};
+use crate::schedule_scan::{SCAN_PAGE, control_error, live};
 use crate::{EngineHandle, Shared};
 
-/// Page size when scanning a schedule's occurrences or a tenant's
-/// schedules.
-const SCAN_PAGE: usize = 1_000;
 /// Schedule firings in progress at once; enough to keep group commit busy.
 pub(crate) const MAX_CONCURRENT_FIRINGS: usize = 128;
 /// Pause before re-running a firing that failed on a store error.
@@ -575,37 +573,12 @@ impl Schedules<'_> {
         after: Option<&ScheduleId>,
         limit: usize,
     ) -> Result<Vec<ScheduleState>, ScheduleOpError> {
-        let mut cursor = match after {
-            Some(id) => control_event_id(id),
-            None => EventId::internal_cursor(schedule::CONTROL_PREFIX),
-        };
-        let mut found = Vec::new();
-        'pages: loop {
-            let page = self.events_after(tenant, cursor.clone(), SCAN_PAGE).await?;
-            let full = page.len() == SCAN_PAGE;
-            for record in page {
-                if schedule::schedule_of_control(&record.key.id).is_none() {
-                    break 'pages;
-                }
-                cursor = record.key.id.clone();
-                let error = control_error(&record);
-                if let Some(schedule) = record
-                    .payload
-                    .as_deref()
-                    .and_then(|p| Schedule::from_json(p).ok())
-                    .and_then(live)
-                {
-                    found.push(self.state(tenant, schedule, error));
-                    if found.len() >= limit {
-                        break 'pages;
-                    }
-                }
-            }
-            if !full {
-                break;
-            }
-        }
-        Ok(found)
+        let found =
+            crate::schedule_scan::live_schedules(self.engine.store(), tenant, after, limit).await?;
+        Ok(found
+            .into_iter()
+            .map(|found| self.state(tenant, found.schedule, found.error))
+            .collect())
     }
 
     /// A schedule's occurrences (its history and what is already created),
@@ -641,17 +614,7 @@ impl Schedules<'_> {
         after: EventId,
         limit: usize,
     ) -> StoreResult<Vec<EventRecord>> {
-        self.engine
-            .store()
-            .list_events(ListEventsParams {
-                tenant: tenant.clone(),
-                status: None,
-                from: None,
-                to: None,
-                after: Some(after),
-                limit,
-            })
-            .await
+        crate::schedule_scan::events_after(self.engine.store(), tenant, after, limit).await
     }
 
     /// The control event and its definition, whatever its status.
@@ -766,16 +729,4 @@ impl Schedules<'_> {
             error,
         }
     }
-}
-
-/// The definition unless deleted.
-fn live(schedule: Schedule) -> Option<Schedule> {
-    (schedule.status != ScheduleStatus::Deleted).then_some(schedule)
-}
-
-/// The reason a control event ended abnormally (expired as unusable).
-fn control_error(record: &EventRecord) -> Option<String> {
-    (record.status == EventStatus::Missed)
-        .then(|| record.last_error.clone())
-        .flatten()
 }
