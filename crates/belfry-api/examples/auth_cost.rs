@@ -10,6 +10,10 @@
 //! difference (setup cancels out):
 //! `AUTH_COST_ONLY=key AUTH_COST_REQUESTS=2000 valgrind --tool=callgrind
 //! target/release/examples/auth_cost` (and `=open`, and `=12000`).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,8 +21,9 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::Request;
 use belfry_api::{ApiOptions, ApiState, Auth, AuthOptions, SingleNode};
+use belfry_clock::SystemClock;
 use belfry_core::auth::{ApiKey, KeySecret, Role};
-use belfry_core::{Clock, PartitionCount, SystemClock, TenantName};
+use belfry_core::{Clock, PartitionCount, TenantName};
 use belfry_engine::{Engine, EngineOptions};
 use belfry_sinks::Sinks;
 use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore};
@@ -98,6 +103,7 @@ async fn run() {
                 AuthOptions::default(),
                 store,
                 "127.0.0.1:8080".parse().expect("addr"),
+                Arc::new(SystemClock),
             )),
             metrics: None,
         };

@@ -10,13 +10,13 @@
 //!   itself unable to write ([`belfry_store::Store::write_blocked`]).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json, Router};
-use belfry_core::TenantName;
+use belfry_core::{MonoTime, TenantName};
 use serde::Serialize;
 
 use crate::ApiState;
@@ -58,7 +58,7 @@ pub struct HealthStatus {
 pub(crate) struct StoreProbe {
     /// When the last probe finished and whether the store answered. The
     /// async lock also makes concurrent requests share one probe.
-    last: tokio::sync::Mutex<Option<(Instant, bool)>>,
+    last: tokio::sync::Mutex<Option<(MonoTime, bool)>>,
 }
 
 impl StoreProbe {
@@ -68,12 +68,12 @@ impl StoreProbe {
         let mut last = self.last.lock().await;
         if let Some((at, answered)) = *last
             && !fresh
-            && at.elapsed() < STORE_PROBE_REUSE
+            && state.engine.clock().monotonic().since(at) < STORE_PROBE_REUSE
         {
             return answered;
         }
         let answered = probe_store(state).await;
-        *last = Some((Instant::now(), answered));
+        *last = Some((state.engine.clock().monotonic(), answered));
         answered
     }
 }

@@ -114,7 +114,7 @@ pub fn router(state: ApiState) -> Router {
             auth::middleware::authenticate,
         ))
         .layer(CatchPanicLayer::custom(panic_response))
-        .layer(axum::middleware::from_fn(metrics::record_request))
+        .layer(from_fn_with_state(state.clone(), metrics::record_request))
         .layer(axum::Extension(answers::AnswerBudget::new(&state.options)))
         .with_state(state)
 }

@@ -2,7 +2,6 @@
 //! and the per-request counters every route records.
 
 use std::sync::Mutex;
-use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{Method, StatusCode, header};
@@ -61,7 +60,11 @@ pub(crate) async fn scrape(State(state): State<ApiState>) -> Response {
 
 /// Counts every request by its route template (never the concrete path:
 /// tenant names and ids stay out of the labels), method and status.
-pub(crate) async fn record_request(request: Request, next: Next) -> Response {
+pub(crate) async fn record_request(
+    State(state): State<ApiState>,
+    request: Request,
+    next: Next,
+) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
@@ -77,13 +80,14 @@ pub(crate) async fn record_request(request: Request, next: Next) -> Response {
         Method::OPTIONS => "OPTIONS",
         _ => "other",
     };
-    let started = Instant::now();
+    let clock = state.engine.clock();
+    let started = clock.monotonic();
     let response = next.run(request).await;
     belfry_metrics::api_request(
         &route,
         method,
         response.status().as_u16(),
-        started.elapsed(),
+        clock.monotonic().since(started),
     );
     response
 }

@@ -2,6 +2,10 @@
 //! a real TCP listener (loopback), a real engine and embedded store, and a
 //! hand-written HTTP/1.1 client (so tests control every header, `Host`
 //! and `Origin` included). Tried as a hostile client would.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod common;
 
@@ -11,9 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_api::{Auth, AuthMode, AuthOptions, auth};
+use belfry_clock::SystemClock;
 use belfry_core::auth::{ApiKey, AuditAction, KeySecret, Role};
 use belfry_core::bulk::{BulkAction, BulkActionId, BulkFilter, BulkKind};
-use belfry_core::{Clock, SystemClock, TenantName, Timestamp};
+use belfry_core::{Clock, TenantName, Timestamp};
 use belfry_engine::EngineOptions;
 use belfry_store::SharedStore;
 use common::{FUTURE, FaultScope, Harness, encode};
@@ -38,7 +43,7 @@ impl Served {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut state = h.state.clone();
-        state.auth = Arc::new(Auth::new(options, store, addr));
+        state.auth = Arc::new(Auth::new(options, store, addr, Arc::new(SystemClock)));
         let app = belfry_api::router(state);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {

@@ -1,5 +1,9 @@
 //! BigBen's HTTP API, route by route and outcome by outcome, over the real
 //! router, store and engine (the contract restated in `docs/api.md`).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod common;
 

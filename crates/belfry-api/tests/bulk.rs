@@ -3,6 +3,10 @@
 //! single delete's roles), cancels paged and stopped,
 //! schedules paused and resumed in bulk, store failures retried, roles,
 //! and bad input refused without a change.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod common;
 
@@ -10,8 +14,9 @@ use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use belfry_api::ApiOptions;
+use belfry_clock::SystemClock;
 use belfry_core::auth::{ApiKey, AuditAction, KeySecret, Role};
-use belfry_core::{Clock, EventStatus, SystemClock, TenantName};
+use belfry_core::{Clock, EventStatus, TenantName};
 use belfry_engine::EngineOptions;
 use belfry_store::{AuditPageParams, CountEventsParams, ListBulkActionsParams, StoreError};
 use belfry_testkit::Receiver;

@@ -3,7 +3,10 @@
 //! unsafe or unknown producer setting is refused with a 400 naming it,
 //! bootstrap servers the egress policy forbids are refused, and secrets
 //! are write-only. (No broker needed: nothing is delivered.)
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 #![cfg(feature = "kafka")]
 
 mod common;

@@ -1,4 +1,8 @@
 //! Pull tenants over the API: their registration (`docs/pull.md`).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod common;
 
@@ -321,7 +325,7 @@ fn instant(value: &serde_json::Value) -> belfry_core::Timestamp {
 
 fn now() -> belfry_core::Timestamp {
     use belfry_core::Clock;
-    belfry_core::SystemClock.now()
+    belfry_clock::SystemClock.now()
 }
 
 /// A pull tenant `jobs` with one event `e1` due at once.
@@ -1626,7 +1630,7 @@ impl OtherNode {
             options,
             h.store.clone(),
             sinks,
-            Arc::new(belfry_core::SystemClock),
+            Arc::new(belfry_clock::SystemClock),
         );
         engine.handle().pull().join_cluster(
             belfry_store::cluster::NodeId("a".into()),
@@ -1644,6 +1648,7 @@ impl OtherNode {
                 Default::default(),
                 h.store.clone(),
                 "127.0.0.1:8081".parse().unwrap(),
+                Arc::new(belfry_clock::SystemClock),
             )),
             metrics: None,
         };

@@ -1,5 +1,9 @@
 //! Recurring schedules through BigBen's `/cron` routes and `/v1`, over the
 //! real router, store and engine.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod common;
 

@@ -1,6 +1,10 @@
 //! What clients see when the store fails: BigBen's per-item `ERROR`, the
 //! `/v1` envelope with 503/500, never internal details, and nothing claimed
 //! stored that was not.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod common;
 

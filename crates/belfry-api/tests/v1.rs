@@ -1,5 +1,9 @@
 //! The native `/v1` API: every route, its error cases, and that a bad
 //! request changes nothing.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod common;
 

@@ -1,6 +1,10 @@
 //! Webhook signing secrets (shown once, rotated with an overlap, signing
 //! real deliveries) and the egress policy as a client sees it: refused
 //! deliveries in the attempt history with `egress_blocked`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod common;
 

@@ -35,6 +35,10 @@
 //!
 //! The webhook receiver is `belfry_testkit::Receiver` in lean mode: it keeps
 //! only the arrival time (wall clock, ms) and the `X-Belfry-*` headers.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the benchmark measures real time"
+)]
 
 mod cli;
 mod cluster;

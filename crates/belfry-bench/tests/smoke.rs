@@ -1,6 +1,10 @@
 //! Smoke runs of every scenario with tiny counts against the debug `belfry`
 //! binary, so the tool keeps working. Nothing here asserts speed: only that
 //! each run completes, reports valid JSON, and saw nothing missing or early.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::path::PathBuf;
 use std::process::Command;

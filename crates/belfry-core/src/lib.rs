@@ -8,8 +8,10 @@
 //! # Layout
 //! - [`cron`]: recurring-schedule expressions (UNIX, Quartz, Spring, cron4j,
 //!   `@every`), next fire across DST, descriptions, occurrence ids.
-//! - [`time`]: [`Timestamp`] (milliseconds since the UNIX epoch) and the
-//!   injected [`Clock`].
+//! - [`time`]: [`Timestamp`] (milliseconds since the UNIX epoch),
+//!   [`MonoTime`] (monotonic readings) and the injected [`Clock`] (wall
+//!   time, monotonic time, sleeps) with its [`ManualClock`] for tests; the
+//!   system clock adapter lives in the `belfry-clock` crate.
 //! - [`ids`]: validated names: [`TenantName`], [`EventId`] (the client's id),
 //!   [`EventKey`] (`(tenant, id)`), [`EventVersion`] (BigBen's `eventId`).
 //! - [`partition`]: the stable hash of `(tenant, id)` onto a fixed number of
@@ -70,5 +72,5 @@ pub use partition::{PartitionCount, PartitionId, partition_ranges};
 pub use retry::{Backoff, RetryPolicy, Verdict};
 pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};
 pub use tenant::{SigningSecrets, SinkConfig, TenantConfig};
-pub use time::{Clock, ManualClock, MonoTime, SystemClock, Timestamp};
+pub use time::{Clock, ManualClock, MonoTime, Timestamp};
 pub use timer::DueCursor;

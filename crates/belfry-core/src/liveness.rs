@@ -26,7 +26,9 @@
 //! anything it might still write.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::time::MonoTime;
 
 /// One node as one look at the presence locks showed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +46,7 @@ enum Seen {
     /// Holding its lock in the last look.
     Present,
     /// Without its lock in every look since `since`.
-    Absent { since: Instant },
+    Absent { since: MonoTime },
 }
 
 /// The crash decision over successive looks (see the module docs).
@@ -66,7 +68,7 @@ impl CrashWatch {
     /// nodes that count as crashed, in id order. A crashed node is returned
     /// again by every look until it is no longer registered. Nodes missing
     /// from `sightings` are forgotten.
-    pub fn observe(&mut self, now: Instant, sightings: &[Sighting<'_>]) -> Vec<String> {
+    pub fn observe(&mut self, now: MonoTime, sightings: &[Sighting<'_>]) -> Vec<String> {
         self.nodes
             .retain(|node, _| sightings.iter().any(|s| s.node == node));
         let mut crashed = Vec::new();
@@ -86,9 +88,7 @@ impl CrashWatch {
                 }
                 Seen::Absent { since } => since,
             };
-            if now.saturating_duration_since(since) >= self.grace
-                && sighting.heartbeat_age >= self.grace
-            {
+            if now.since(since) >= self.grace && sighting.heartbeat_age >= self.grace {
                 crashed.push(sighting.node.to_string());
             }
         }
@@ -125,103 +125,116 @@ mod tests {
 
     #[test]
     fn a_node_whose_lock_stays_gone_for_the_grace_is_crashed() {
-        let t0 = Instant::now();
+        let t0 = MonoTime::ZERO;
         let mut watch = CrashWatch::new(GRACE);
         assert!(watch.observe(t0, &[seen("a", true, 100)]).is_empty());
         assert!(
             watch
-                .observe(t0 + ms(200), &[seen("a", false, 300)])
+                .observe(t0.plus(ms(200)), &[seen("a", false, 300)])
                 .is_empty()
         );
         assert!(
             watch
-                .observe(t0 + ms(400), &[seen("a", false, 500)])
+                .observe(t0.plus(ms(400)), &[seen("a", false, 500)])
                 .is_empty()
         );
         // 500 ms absent, heartbeat 700 ms old.
-        assert_eq!(watch.observe(t0 + ms(700), &[seen("a", false, 800)]), ["a"]);
-        // Reported again until it is gone from the sightings.
         assert_eq!(
-            watch.observe(t0 + ms(900), &[seen("a", false, 1000)]),
+            watch.observe(t0.plus(ms(700)), &[seen("a", false, 800)]),
             ["a"]
         );
-        assert!(watch.observe(t0 + ms(1100), &[]).is_empty());
+        // Reported again until it is gone from the sightings.
+        assert_eq!(
+            watch.observe(t0.plus(ms(900)), &[seen("a", false, 1000)]),
+            ["a"]
+        );
+        assert!(watch.observe(t0.plus(ms(1100)), &[]).is_empty());
     }
 
     #[test]
     fn a_node_that_takes_its_lock_again_within_the_grace_is_alive() {
-        let t0 = Instant::now();
+        let t0 = MonoTime::ZERO;
         let mut watch = CrashWatch::new(GRACE);
         watch.observe(t0, &[seen("a", true, 0)]);
-        watch.observe(t0 + ms(200), &[seen("a", false, 900)]);
-        watch.observe(t0 + ms(400), &[seen("a", true, 900)]);
+        watch.observe(t0.plus(ms(200)), &[seen("a", false, 900)]);
+        watch.observe(t0.plus(ms(400)), &[seen("a", true, 900)]);
         // Absent again: the grace counts from here, not from 200 ms.
         assert!(
             watch
-                .observe(t0 + ms(800), &[seen("a", false, 950)])
+                .observe(t0.plus(ms(800)), &[seen("a", false, 950)])
                 .is_empty()
         );
         assert!(
             watch
-                .observe(t0 + ms(1200), &[seen("a", false, 950)])
+                .observe(t0.plus(ms(1200)), &[seen("a", false, 950)])
                 .is_empty()
         );
         assert_eq!(
-            watch.observe(t0 + ms(1300), &[seen("a", false, 950)]),
+            watch.observe(t0.plus(ms(1300)), &[seen("a", false, 950)]),
             ["a"]
         );
     }
 
     #[test]
     fn a_node_that_still_heartbeats_is_alive_without_its_lock() {
-        let t0 = Instant::now();
+        let t0 = MonoTime::ZERO;
         let mut watch = CrashWatch::new(GRACE);
         watch.observe(t0, &[seen("a", true, 0)]);
-        watch.observe(t0 + ms(100), &[seen("a", false, 100)]);
+        watch.observe(t0.plus(ms(100)), &[seen("a", false, 100)]);
         // Its lock is gone for 2 s, but it heartbeat 400 ms ago.
         assert!(
             watch
-                .observe(t0 + ms(2_100), &[seen("a", false, 400)])
+                .observe(t0.plus(ms(2_100)), &[seen("a", false, 400)])
                 .is_empty()
         );
         assert_eq!(
-            watch.observe(t0 + ms(2_300), &[seen("a", false, 600)]),
+            watch.observe(t0.plus(ms(2_300)), &[seen("a", false, 600)]),
             ["a"]
         );
     }
 
     #[test]
     fn a_node_never_seen_with_its_lock_is_left_to_the_heartbeat_ttl() {
-        let t0 = Instant::now();
+        let t0 = MonoTime::ZERO;
         let mut watch = CrashWatch::new(GRACE);
         for step in 0..20 {
             let sightings = [seen("old", false, 4_000 + step * 100)];
-            assert!(watch.observe(t0 + ms(step * 200), &sightings).is_empty());
+            assert!(
+                watch
+                    .observe(t0.plus(ms(step * 200)), &sightings)
+                    .is_empty()
+            );
         }
     }
 
     #[test]
     fn a_failed_look_gives_every_node_a_full_grace_again() {
-        let t0 = Instant::now();
+        let t0 = MonoTime::ZERO;
         let mut watch = CrashWatch::new(GRACE);
         watch.observe(t0, &[seen("a", true, 0), seen("b", true, 0)]);
-        watch.observe(t0 + ms(200), &[seen("a", false, 600), seen("b", true, 0)]);
+        watch.observe(
+            t0.plus(ms(200)),
+            &[seen("a", false, 600), seen("b", true, 0)],
+        );
         watch.lost_sight();
         // 3 s later (the watcher's connection was down): both absent.
         let both = [seen("a", false, 3_000), seen("b", false, 3_000)];
-        assert!(watch.observe(t0 + ms(3_200), &both).is_empty());
-        assert!(watch.observe(t0 + ms(3_600), &both).is_empty());
-        assert_eq!(watch.observe(t0 + ms(3_700), &both), ["a", "b"]);
+        assert!(watch.observe(t0.plus(ms(3_200)), &both).is_empty());
+        assert!(watch.observe(t0.plus(ms(3_600)), &both).is_empty());
+        assert_eq!(watch.observe(t0.plus(ms(3_700)), &both), ["a", "b"]);
     }
 
     #[test]
     fn nodes_are_judged_each_on_their_own() {
-        let t0 = Instant::now();
+        let t0 = MonoTime::ZERO;
         let mut watch = CrashWatch::new(GRACE);
         watch.observe(t0, &[seen("a", true, 0), seen("b", true, 0)]);
-        watch.observe(t0 + ms(200), &[seen("b", false, 700), seen("a", true, 100)]);
+        watch.observe(
+            t0.plus(ms(200)),
+            &[seen("b", false, 700), seen("a", true, 100)],
+        );
         let crashed = watch.observe(
-            t0 + ms(700),
+            t0.plus(ms(700)),
             &[seen("a", true, 600), seen("b", false, 1_200)],
         );
         assert_eq!(crashed, ["b"]);

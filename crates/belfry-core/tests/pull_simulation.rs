@@ -77,6 +77,10 @@
 //!
 //! A failure prints its seed, step and simulated instant, and the command
 //! that replays it.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;

@@ -5,15 +5,20 @@
 //! scheduled instant) of every occurrence due in the measured span.
 //!
 //! `cargo run --release -p belfry-engine --example schedule_scale -- N PERIOD_S RUN_S [DIR]`
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use belfry_clock::SystemClock;
 use belfry_core::schedule::{DEFAULT_CATCH_UP_WINDOW, Progress};
 use belfry_core::tenant::BuiltinTarget;
 use belfry_core::{
     Clock, DeliveryOption, EventStatus, MisfirePolicy, PartitionCount, Schedule, ScheduleId,
-    ScheduleStatus, SinkConfig, SystemClock, TenantConfig, TenantName, Timestamp,
+    ScheduleStatus, SinkConfig, TenantConfig, TenantName, Timestamp,
 };
 use belfry_engine::{Engine, EngineOptions};
 use belfry_sinks::Sinks;
@@ -51,6 +56,7 @@ async fn main() {
             data_dir: dir.path().to_path_buf(),
             partitions: PartitionCount::new(64).unwrap(),
             writers: None,
+            clock: std::sync::Arc::new(belfry_clock::SystemClock),
         })
         .unwrap(),
     );

@@ -16,6 +16,7 @@
 //! version being delivered is dropped), delivers, and hands the outcome to
 //! the recorder, which tells the core the entry is finished once the
 //! outcome is stored.
+#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};

@@ -76,6 +76,7 @@
 //! Rounds run every tick and also whenever the coordinator announces a
 //! change ([`Membership::poke`]), so a hand-over takes a few database round
 //! trips rather than ticks.
+#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -280,7 +281,7 @@ impl Membership {
                     heartbeat_age: n.heartbeat_age,
                 })
                 .collect();
-            let crashed = watch.observe(Instant::now(), &sightings);
+            let crashed = watch.observe(self.engine.clock().monotonic(), &sightings);
             if crashed.is_empty() {
                 continue;
             }

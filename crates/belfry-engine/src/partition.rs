@@ -16,6 +16,7 @@
 //! the core synchronously by whoever has them ([`PartitionRuntime::input`]),
 //! under the core's lock; there is no inbox to grow. The worker sleeps until
 //! the core's next wake-up or until poked.
+#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -21,6 +21,7 @@
 //! through another node when its wake-up arrives ([`changed_elsewhere`]
 //! reads the record). A wake-up that never comes leaves the store's fence:
 //! the grant or the lease's next write answers `Cancelled`.
+#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

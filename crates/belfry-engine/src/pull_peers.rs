@@ -10,6 +10,7 @@
 //! Forwarding a claim or a lease call to another node is HTTP, so it is
 //! the API's (`belfry_api`'s lease routes); they ask this module whom to
 //! ask and tell it how that went.
+#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::future::Future;

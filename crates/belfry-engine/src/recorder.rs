@@ -10,6 +10,7 @@
 //! is safe even when the failed write had committed: an attempt is recorded
 //! once per (version, number) (`EventCommand::RecordAttempt`), so its repeat
 //! changes nothing but re-arms the retry the first write set.
+#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::Arc;
 use std::time::Duration;

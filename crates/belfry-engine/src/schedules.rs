@@ -24,6 +24,7 @@
 //! old definition's occurrences due within the lead: the only trace a race
 //! leaves). Already-created future occurrences are cancelled on update,
 //! pause and delete.
+#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,6 +5,7 @@
 //! Entries expire after [`TTL`] so that a change made through another node
 //! (cluster mode) is seen within seconds; writes through this node
 //! ([`Tenants::put`], [`Tenants::delete`]) refresh the cache at once.
+#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -2,18 +2,23 @@
 //! lapsed (its runner died) is taken over and the work resumes after the
 //! saved cursor; a clean shutdown gives the claim up and the next start
 //! finishes the action.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use belfry_clock::SystemClock;
 use belfry_core::bulk::{
     BulkAction, BulkActionId, BulkClaim, BulkCursor, BulkFilter, BulkKind, BulkProgress, BulkState,
     StatusFilter,
 };
 use belfry_core::event::{DeliveryOption, EventCommand};
 use belfry_core::{
-    Clock, EventId, EventKey, EventStatus, EventVersion, ManualClock, PartitionCount, SystemClock,
-    TenantName, Timestamp,
+    Clock, EventId, EventKey, EventStatus, EventVersion, ManualClock, PartitionCount, TenantName,
+    Timestamp,
 };
 use belfry_engine::{Engine, EngineHandle, EngineOptions};
 use belfry_sinks::Sinks;
@@ -29,6 +34,7 @@ fn open_store(dir: &std::path::Path) -> SharedStore {
             data_dir: dir.to_path_buf(),
             partitions: PartitionCount::new(4).unwrap(),
             writers: None,
+            clock: std::sync::Arc::new(belfry_clock::SystemClock),
         })
         .unwrap(),
     )

@@ -1,13 +1,18 @@
 //! The engine against the real embedded store and a real webhook receiver.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use belfry_clock::SystemClock;
 use belfry_core::event::{DeliveryOption, EventCommand};
 use belfry_core::tenant::HttpTarget;
 use belfry_core::{
-    Clock, EventId, EventKey, EventStatus, EventVersion, PartitionCount, SinkConfig, SystemClock,
-    TenantConfig, TenantName, Timestamp,
+    Clock, EventId, EventKey, EventStatus, EventVersion, PartitionCount, SinkConfig, TenantConfig,
+    TenantName, Timestamp,
 };
 use belfry_engine::{Engine, EngineHandle, EngineOptions};
 use belfry_sinks::Sinks;
@@ -41,6 +46,7 @@ impl Node {
                 data_dir: dir.path().to_path_buf(),
                 partitions: PartitionCount::new(8).unwrap(),
                 writers: None,
+                clock: std::sync::Arc::new(belfry_clock::SystemClock),
             })
             .unwrap(),
         );
@@ -762,6 +768,7 @@ async fn a_cancel_acknowledged_elsewhere_without_a_wake_up_is_honoured_in_a_clus
             data_dir: dir.path().to_path_buf(),
             partitions: PartitionCount::new(8).unwrap(),
             writers: None,
+            clock: std::sync::Arc::new(belfry_clock::SystemClock),
         })
         .unwrap(),
     );

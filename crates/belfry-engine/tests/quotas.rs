@@ -1,18 +1,23 @@
 //! Per-tenant quotas through the engine handle, on the real embedded store,
 //! with a manual clock (so the estimates' ages are exact); per-tenant
 //! delivery limits with the system clock and a real webhook receiver.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use belfry_clock::SystemClock;
 use belfry_core::event::{DeliveryOption, EventCommand};
 use belfry_core::schedule::{
     DEFAULT_CATCH_UP_WINDOW, MisfirePolicy, Progress, Schedule, ScheduleId, ScheduleStatus,
 };
 use belfry_core::tenant::HttpTarget;
 use belfry_core::{
-    Clock, EventId, EventKey, EventVersion, ManualClock, PartitionCount, SinkConfig, SystemClock,
-    TenantConfig, TenantName, Timestamp,
+    Clock, EventId, EventKey, EventVersion, ManualClock, PartitionCount, SinkConfig, TenantConfig,
+    TenantName, Timestamp,
 };
 use belfry_engine::quotas::{QuotaError, QuotaExceeded, QuotaOptions, TenantDeliveryLimits};
 use belfry_engine::schedules::ScheduleOpError;
@@ -46,6 +51,7 @@ impl Node {
                 data_dir: dir.path().to_path_buf(),
                 partitions: PartitionCount::new(4).unwrap(),
                 writers: None,
+                clock: std::sync::Arc::new(belfry_clock::SystemClock),
             })
             .unwrap(),
         );

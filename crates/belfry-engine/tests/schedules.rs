@@ -1,16 +1,21 @@
 //! Recurring schedules against the real embedded store and a real webhook
 //! receiver.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use belfry_clock::SystemClock;
 use belfry_core::schedule::{DEFAULT_CATCH_UP_WINDOW, Progress};
 use belfry_core::tenant::HttpTarget;
 use belfry_core::{
     Clock, DeliveryOption, EventStatus, ManualClock, MisfirePolicy, PartitionCount, Schedule,
-    ScheduleId, ScheduleStatus, SinkConfig, SystemClock, TenantConfig, TenantName, Timestamp,
+    ScheduleId, ScheduleStatus, SinkConfig, TenantConfig, TenantName, Timestamp,
 };
 use belfry_engine::{Engine, EngineHandle, EngineOptions};
 use belfry_sinks::Sinks;
@@ -26,6 +31,7 @@ fn start(dir: &Path, clock: Arc<dyn Clock>, options: EngineOptions) -> Engine {
             data_dir: dir.to_path_buf(),
             partitions: PartitionCount::new(8).unwrap(),
             writers: None,
+            clock: std::sync::Arc::new(belfry_clock::SystemClock),
         })
         .unwrap(),
     );

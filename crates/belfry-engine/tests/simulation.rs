@@ -121,6 +121,10 @@
 //!
 //! A failure prints its seed, step and manual instant, the last operations,
 //! and the command that replays it.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::panic::{self, AssertUnwindSafe};

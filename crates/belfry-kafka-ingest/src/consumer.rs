@@ -40,7 +40,6 @@ use rdkafka::util::Timeout;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use crate::config::IngestOptions;
 use crate::records::{Output, Reader, source};
@@ -286,17 +285,17 @@ impl Worker {
             self.receive(received, &mut batch, &mut HashSet::new())
                 .await;
         }
-        let deadline = Instant::now() + self.options.batch_linger;
+        let clock = self.engine.clock().clone();
+        let deadline = clock.monotonic().plus(self.options.batch_linger);
         while batch.len() < self.options.max_batch && !self.stopping() {
-            let received = tokio::time::timeout_at(deadline, self.consumer.recv()).await;
-            match received {
-                Ok(received) => {
-                    let received = received.map(|m| m.detach());
-                    self.receive(received, &mut batch, &mut HashSet::new())
-                        .await;
-                }
-                Err(_) => break,
-            }
+            // A record ready at the deadline still joins the batch.
+            let received = tokio::select! {
+                biased;
+                received = self.consumer.recv() => received.map(|m| m.detach()),
+                () = clock.sleep_until(deadline) => break,
+            };
+            self.receive(received, &mut batch, &mut HashSet::new())
+                .await;
         }
         self.drop_revoked(&mut batch, &mut HashSet::new());
         Some(batch)
@@ -320,7 +319,7 @@ impl Worker {
             }
             Err(error) => {
                 tracing::warn!(%error, "kafka consumer error");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                self.engine.clock().sleep(Duration::from_millis(100)).await;
             }
         }
     }
@@ -521,7 +520,8 @@ impl Worker {
     ) -> bool {
         self.stats.failed_tries.fetch_add(1, Ordering::Relaxed);
         self.pause();
-        let deadline = Instant::now() + duration;
+        let clock = self.engine.clock().clone();
+        let deadline = clock.monotonic().plus(duration);
         loop {
             if self.stopping() {
                 return false;
@@ -529,7 +529,7 @@ impl Worker {
             let mut stopped = self.stopped.clone();
             let received = tokio::select! {
                 _ = stopped.wait_for(|stop| *stop) => return false,
-                _ = tokio::time::sleep_until(deadline) => break,
+                () = clock.sleep_until(deadline) => break,
                 received = self.consumer.recv() => received.map(|m| m.detach()),
             };
             let mut carried = std::mem::take(&mut self.carry);

@@ -4,16 +4,21 @@
 //! requests and reading answers, dead letters and committed offsets.
 //!
 //! The mock broker must be built: `cargo build -p belfry-kafka-mock`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use belfry_clock::SystemClock;
 use belfry_core::tenant::{HttpTarget, PullTarget};
 use belfry_core::{
     Backoff, EventId, EventKey, EventRecord, EventStatus, PartitionCount, PullSettings, QueueName,
-    SinkConfig, SystemClock, TenantConfig, TenantName, Timestamp,
+    SinkConfig, TenantConfig, TenantName, Timestamp,
 };
 use belfry_engine::{Engine, EngineOptions};
 use belfry_kafka_ingest::{Format, Ingest, IngestOptions, header};
@@ -53,6 +58,7 @@ impl Node {
                 data_dir: dir.path().to_path_buf(),
                 partitions: PartitionCount::new(8).unwrap(),
                 writers: None,
+                clock: std::sync::Arc::new(belfry_clock::SystemClock),
             })
             .unwrap(),
         );

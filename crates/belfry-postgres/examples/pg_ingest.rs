@@ -10,6 +10,10 @@
 //! transactions).
 //! The database is created if missing and emptied first. Durable commits
 //! (`synchronous_commit = on`): the numbers include the server's fsyncs.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,6 +44,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             pool_size: callers,
             notify_horizon: Duration::from_secs(60),
             clock_skew_margin: belfry_postgres::DEFAULT_CLOCK_SKEW_MARGIN,
+            clock: std::sync::Arc::new(belfry_clock::SystemClock),
         })
         .await?,
     );

@@ -70,13 +70,13 @@ pub(crate) async fn apply(store: &PostgresStore, params: ApplyParams) -> StoreRe
     }
     let mut last_conflict = None;
     for attempt in 0..MAX_TRIES {
-        let started = std::time::Instant::now();
+        let started = store.clock.monotonic();
         match apply_once(store, &params).await {
             Ok(applied) => {
                 belfry_metrics::store_commit(
                     belfry_metrics::Store::Postgres,
                     params.commands.len(),
-                    started.elapsed(),
+                    store.clock.monotonic().since(started),
                 );
                 return Ok(applied);
             }

@@ -556,7 +556,7 @@ async fn open_presence(store: &PostgresStore, node: &NodeId) -> StoreResult<Pres
     Ok(PresenceSession {
         node: node.clone(),
         client,
-        opened: std::time::Instant::now(),
+        opened: crate::primary::pool_now(),
     })
 }
 

@@ -36,7 +36,9 @@ use async_trait::async_trait;
 use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::bulk::{BulkAction, BulkActionId};
 use belfry_core::event::{Attempt, EventRecord, EventStatus};
-use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, Timestamp};
+use belfry_core::{
+    Clock, DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, Timestamp,
+};
 use belfry_store::cluster::Coordinator;
 use belfry_store::{
     Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, ChangeLeasesParams,
@@ -127,6 +129,8 @@ pub struct PostgresOptions {
     /// reaches it ([`wakeups`] has the numbers behind this choice).
     /// [`DEFAULT_CLOCK_SKEW_MARGIN`] unless configured.
     pub clock_skew_margin: Duration,
+    /// Times commits and paces reconnects and lock polls.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// The default [`PostgresOptions::clock_skew_margin`]: far more than the
@@ -153,6 +157,7 @@ pub struct PostgresStore {
     presence: tokio::sync::Mutex<Option<coordinator::PresenceSession>>,
     /// Whether the connections lead to a server that takes writes.
     primary: Arc<Primary>,
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -205,7 +210,7 @@ impl PostgresStore {
             &primary,
         )?;
         let mut client = pool.get().await.map_err(pool_error)?;
-        let partitions = schema::migrate(&mut client, options.partitions).await?;
+        let partitions = schema::migrate(&mut client, options.partitions, &*options.clock).await?;
         drop(client);
         Ok(PostgresStore {
             pool,
@@ -218,6 +223,7 @@ impl PostgresStore {
             tls,
             presence: tokio::sync::Mutex::new(None),
             primary,
+            clock: options.clock,
         })
     }
 
@@ -235,6 +241,7 @@ impl PostgresStore {
             self.tls.clone(),
             sender,
             self.primary.losses(),
+            self.clock.clone(),
         ));
         receiver
     }
@@ -1171,6 +1178,7 @@ mod tests {
             pool_size: 1,
             notify_horizon: Duration::from_secs(60),
             clock_skew_margin: DEFAULT_CLOCK_SKEW_MARGIN,
+            clock: Arc::new(belfry_clock::SystemClock),
         })
         .await
         .expect("connect to the test database");

@@ -144,7 +144,7 @@ impl Primary {
     /// keep hanging, losses come several a second, and each reconnect
     /// makes every owner reload its windows.
     pub(crate) fn lost(&self, why: Blocked, pools: &[&deadpool_postgres::Pool]) {
-        let now = Instant::now();
+        let now = pool_now();
         *self.cutoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
         for pool in pools {
             pool.retain(|_, metrics| metrics.created >= now);
@@ -176,7 +176,7 @@ impl Primary {
             return;
         };
         tracing::warn!(
-            after_ms = since.elapsed().as_millis() as u64,
+            after_ms = pool_now().saturating_duration_since(since).as_millis() as u64,
             "the database takes writes again"
         );
         self.losses.send_modify(|n| *n += 1);
@@ -222,7 +222,7 @@ impl Primary {
                     // A read that hangs says nothing of commits; its
                     // connection is dropped all the same.
                     Access::Read => {
-                        let now = Instant::now();
+                        let now = pool_now();
                         *self.cutoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
                     }
                 }
@@ -232,4 +232,14 @@ impl Primary {
             }
         }
     }
+}
+
+/// Now on the connection pool's clock: deadpool stamps connections with
+/// `std::time::Instant`s, and a cut-off must compare with those.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "deadpool stamps connections with std Instants; the cut-off must be on that clock"
+)]
+pub(crate) fn pool_now() -> Instant {
+    Instant::now()
 }

@@ -41,7 +41,7 @@
 
 use std::time::Duration;
 
-use belfry_core::PartitionCount;
+use belfry_core::{Clock, PartitionCount};
 use tokio_postgres::Client;
 
 use crate::error::{StoreError, db_error};
@@ -360,8 +360,9 @@ CREATE TABLE revoked_api_keys (
 pub(crate) async fn migrate(
     client: &mut Client,
     requested: PartitionCount,
+    clock: &dyn Clock,
 ) -> Result<PartitionCount, StoreError> {
-    migrate_up_to(client, requested, i32::MAX).await
+    migrate_up_to(client, requested, i32::MAX, clock).await
 }
 
 /// [`migrate`], applying only the migrations up to version `last`: lets
@@ -374,8 +375,9 @@ pub async fn migrate_up_to(
     client: &mut Client,
     requested: PartitionCount,
     last: i32,
+    clock: &dyn Clock,
 ) -> Result<PartitionCount, StoreError> {
-    lock(client).await?;
+    lock(client, clock).await?;
     let result = migrate_locked(client, requested, last).await;
     let unlocked = client
         .execute(
@@ -394,7 +396,7 @@ pub async fn migrate_up_to(
 
 /// Takes [`MIGRATION_LOCK`] for the session, polling (see the module
 /// doc): between tries this connection holds no snapshot.
-async fn lock(client: &Client) -> Result<(), StoreError> {
+async fn lock(client: &Client, clock: &dyn Clock) -> Result<(), StoreError> {
     let mut logged = false;
     loop {
         let locked: bool = client
@@ -412,7 +414,7 @@ async fn lock(client: &Client) -> Result<(), StoreError> {
             tracing::info!("waiting for another node's schema migration");
             logged = true;
         }
-        tokio::time::sleep(LOCK_POLL).await;
+        clock.sleep(LOCK_POLL).await;
     }
 }
 

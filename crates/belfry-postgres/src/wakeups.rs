@@ -227,6 +227,7 @@ pub(crate) async fn listen(
     tls: crate::tls::MakeTls,
     out: mpsc::Sender<Wakeup>,
     mut losses: watch::Receiver<u64>,
+    clock: std::sync::Arc<dyn belfry_core::Clock>,
 ) {
     let mut backoff = RECONNECT_MIN;
     while !out.is_closed() {
@@ -242,7 +243,7 @@ pub(crate) async fn listen(
             }
         }
         tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
+            () = clock.sleep(backoff) => {}
             () = out.closed() => return,
         }
         backoff = (backoff * 2).min(RECONNECT_MAX);

@@ -8,6 +8,10 @@
 //! every one of them times out (a node's workers repeating lease calls
 //! did exactly that). The cases about concurrent calls also run on a pool
 //! of eight, so that their transactions really overlap in the database.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +33,7 @@ async fn postgres_store(partitions: PartitionCount, pool_size: usize) -> StoreUn
         pool_size,
         notify_horizon: Duration::from_secs(60),
         clock_skew_margin: belfry_postgres::DEFAULT_CLOCK_SKEW_MARGIN,
+        clock: std::sync::Arc::new(belfry_clock::SystemClock),
     })
     .await
     .expect("connect to the test database");

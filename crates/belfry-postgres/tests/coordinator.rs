@@ -2,6 +2,10 @@
 //! membership, partition epochs, revoke-then-grant hand-overs, releases,
 //! presence sessions and evictions, change notifications, and fencing of
 //! `apply`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod support;
 

@@ -1,6 +1,10 @@
 //! Schema migrations on a live database: the listing index (migration 3)
 //! is built without blocking writes to `events`, by every node at once; the
 //! history's unique index (migration 9) keeps one entry per attempt.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod support;
 
@@ -25,9 +29,14 @@ async fn connect(url: &str) -> Client {
 async fn database_at_version_2() -> String {
     let url = PgServer::shared().fresh_database().await;
     let mut client = connect(&url).await;
-    migrate_up_to(&mut client, PartitionCount::new(4).unwrap(), 2)
-        .await
-        .unwrap();
+    migrate_up_to(
+        &mut client,
+        PartitionCount::new(4).unwrap(),
+        2,
+        &belfry_clock::SystemClock,
+    )
+    .await
+    .unwrap();
     url
 }
 
@@ -248,9 +257,14 @@ async fn events_written_before_pull_settings_read_as_the_default_queue() {
 async fn attempts_recorded_twice_before_migration_9_are_kept_once() {
     let url = PgServer::shared().fresh_database().await;
     let mut client = connect(&url).await;
-    migrate_up_to(&mut client, PartitionCount::new(4).unwrap(), 8)
-        .await
-        .unwrap();
+    migrate_up_to(
+        &mut client,
+        PartitionCount::new(4).unwrap(),
+        8,
+        &belfry_clock::SystemClock,
+    )
+    .await
+    .unwrap();
     client.execute(INSERT_EVENT, &[&"e"]).await.unwrap();
     let insert =
         "INSERT INTO attempts (tenant, id, version, number, started_at, duration_ms, verdict)

@@ -4,6 +4,10 @@
 //! cannot write, every connection is dropped (so each reconnects through
 //! the URL), the LISTEN connection reconnects (a `Resync`), and once the
 //! server takes writes again the heartbeat clears it.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod support;
 

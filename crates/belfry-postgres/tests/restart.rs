@@ -2,6 +2,10 @@
 //! while it is down every call fails with `Unavailable` (the API's 503,
 //! never a false success); afterwards the same store works again by itself
 //! and the wake-up subscription says it must resync.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod support;
 

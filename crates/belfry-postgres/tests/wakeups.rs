@@ -1,5 +1,9 @@
 //! LISTEN/NOTIFY wake-ups: client changes of near-term events reach every
 //! subscriber at commit; far-away events and owners' own writes do not.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod support;
 

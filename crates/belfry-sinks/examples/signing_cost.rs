@@ -1,6 +1,10 @@
 //! CPU cost of signing one delivery (Standard Webhooks), per body size and
 //! number of live secrets. Run with
 //! `cargo run --release -p belfry-sinks --example signing_cost`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::hint::black_box;
 use std::time::Instant;

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use belfry_core::{EventRecord, SinkConfig, TenantConfig, Timestamp, Verdict};
+use belfry_core::{Clock, EventRecord, SinkConfig, TenantConfig, Timestamp, Verdict};
 
 pub mod body;
 pub mod egress;
@@ -126,6 +126,19 @@ impl Sinks {
         egress: egress::EgressOptions,
         kafka: kafka::KafkaSinkOptions,
     ) -> Result<Self, http::HttpSinkError> {
+        Self::build_with_clock(options, egress, kafka, Arc::new(belfry_clock::SystemClock))
+    }
+
+    /// [`Sinks::build`] on `clock` (connection idle times, broker checks).
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn build_with_clock(
+        options: http::HttpSinkOptions,
+        egress: egress::EgressOptions,
+        kafka: kafka::KafkaSinkOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, http::HttpSinkError> {
         #[cfg(not(feature = "kafka"))]
         let _ = kafka;
         let policy = Arc::new(egress::EgressPolicy::new(egress.clone()));
@@ -135,9 +148,14 @@ impl Sinks {
                 Arc::clone(&policy),
                 http::PlainHttp::Auto,
                 Vec::new(),
+                clock.clone(),
             )?),
             #[cfg(feature = "kafka")]
-            kafka: Arc::new(kafka::KafkaSink::with_policy(kafka, Arc::clone(&policy))),
+            kafka: Arc::new(kafka::KafkaSink::with_policy(
+                kafka,
+                Arc::clone(&policy),
+                clock,
+            )),
             log: Arc::new(log::LogSink),
             egress: policy,
         })

@@ -9,6 +9,10 @@
 //! from `--callers` concurrent tasks (as the HTTP API would); phase 2
 //! records a delivered attempt for each (what firing does). Every `apply`
 //! is durable (fsynced) when it returns, so the rates are durable rates.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -214,6 +218,7 @@ async fn main() {
             data_dir: dir.clone(),
             partitions: PartitionCount::new(args.partitions).expect("--partitions > 0"),
             writers: args.writers,
+            clock: std::sync::Arc::new(belfry_clock::SystemClock),
         })
         .expect("open the store"),
     );

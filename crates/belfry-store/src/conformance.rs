@@ -77,6 +77,7 @@ pub async fn embedded_factory(partitions: PartitionCount) -> StoreUnderTest {
         // Three shards over (mostly) four partitions: one shard owns two,
         // so both the spread and the sharing of a shard are exercised.
         writers: std::num::NonZeroUsize::new(3),
+        clock: std::sync::Arc::new(belfry_clock::SystemClock),
     })
     .expect("open the embedded store");
     StoreUnderTest::new(Arc::new(store), dir)

@@ -128,6 +128,10 @@ impl Interposed {
     }
 
     /// Runs `inner` (the forwarded call, not started yet) as `fault` says.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "test fault injection: stalls wait on tokio's timer, which tests may pause"
+    )]
     async fn run<T>(fault: Fault, inner: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
         match fault {
             Fault::Pass => inner.await,

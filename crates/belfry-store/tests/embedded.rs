@@ -1,5 +1,9 @@
 //! The embedded store: the whole conformance suite (a fresh temporary
 //! directory per case), plus what only an on-disk store can show.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::sync::Arc;
 
@@ -26,6 +30,7 @@ fn open(dir: &std::path::Path, partitions: u16) -> SharedStore {
             data_dir: dir.to_path_buf(),
             partitions: PartitionCount::new(partitions).unwrap(),
             writers: None,
+            clock: std::sync::Arc::new(belfry_clock::SystemClock),
         })
         .unwrap(),
     )
@@ -153,6 +158,7 @@ fn a_second_open_of_the_same_directory_is_refused() {
         data_dir: dir.path().to_path_buf(),
         partitions: PartitionCount::new(2).unwrap(),
         writers: None,
+        clock: std::sync::Arc::new(belfry_clock::SystemClock),
     });
     // Refused naming the holder (this process), not fjall's bare `Locked`.
     match second {
@@ -173,6 +179,7 @@ fn open_with_writers(dir: &std::path::Path, writers: usize) -> SharedStore {
             data_dir: dir.to_path_buf(),
             partitions: PartitionCount::new(8).unwrap(),
             writers: std::num::NonZeroUsize::new(writers),
+            clock: std::sync::Arc::new(belfry_clock::SystemClock),
         })
         .unwrap(),
     )
@@ -244,6 +251,7 @@ async fn a_batch_whose_writer_shard_fails_answers_each_command() {
             data_dir: dir.path().to_path_buf(),
             partitions: PartitionCount::new(8).unwrap(),
             writers: std::num::NonZeroUsize::new(2),
+            clock: std::sync::Arc::new(belfry_clock::SystemClock),
         })
         .unwrap(),
     );

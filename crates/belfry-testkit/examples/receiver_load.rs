@@ -4,6 +4,10 @@
 //! server share the machine, so this is a lower bound.
 //!
 //! `cargo run --release -p belfry-testkit --example receiver_load -- [connections] [seconds]`
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::time::{Duration, Instant};
 

@@ -15,6 +15,10 @@
 //!
 //! This crate must not depend on any belfry crate: `belfry-sinks`
 //! dev-depends on it.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the test kit drives real processes on the system clock"
+)]
 
 use std::sync::OnceLock;
 

@@ -18,7 +18,7 @@ use belfry_api::{
     PartitionView, PeerAuth, Role,
 };
 use belfry_core::event::Effect;
-use belfry_core::{PartitionCount, PartitionId, SystemClock};
+use belfry_core::{Clock, PartitionCount, PartitionId};
 use belfry_engine::membership::{ClusterSnapshot, Membership};
 use belfry_engine::{Engine, EngineHandle};
 use belfry_sinks::Sinks;
@@ -35,6 +35,7 @@ pub async fn start(
     partitions: PartitionCount,
     sinks: Sinks,
     address: &str,
+    clock: Arc<dyn Clock>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<(Engine, Arc<dyn ClusterView>, JoinHandle<()>)> {
     use belfry_postgres::{PostgresOptions, PostgresStore, Wakeup, WakeupKind};
@@ -45,6 +46,7 @@ pub async fn start(
         pool_size: config.database_pool_size,
         notify_horizon: config.engine.window,
         clock_skew_margin: config.clock_skew_margin,
+        clock: clock.clone(),
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {e}"))?;
@@ -52,7 +54,7 @@ pub async fn start(
     let mut wakeups = store.subscribe_wakeups();
     let shared: SharedStore = store.clone();
     let coordinator: Arc<dyn Coordinator> = store;
-    let engine = Engine::start_unowned(config.engine.clone(), shared, sinks, Arc::new(SystemClock));
+    let engine = Engine::start_unowned(config.engine.clone(), shared, sinks, clock);
 
     let node = NodeInfo {
         id: NodeId(uuid::Uuid::now_v7().to_string()),

@@ -7,7 +7,8 @@
 
 use std::process::ExitCode;
 
-use belfry_core::{Clock, CronKind, CronSpec, SystemClock, Timestamp};
+use belfry_clock::SystemClock;
+use belfry_core::{Clock, CronKind, CronSpec, Timestamp};
 use clap::{Args, Subcommand};
 
 /// Most occurrences one call prints; enough for any preview.

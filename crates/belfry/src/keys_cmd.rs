@@ -19,8 +19,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use belfry_clock::SystemClock;
 use belfry_core::auth::{ApiKey, AuditAction, AuditEntry, KeyId, KeySecret, Role};
-use belfry_core::{Clock, PartitionCount, SystemClock, TenantName, Timestamp};
+use belfry_core::{Clock, PartitionCount, TenantName, Timestamp};
 use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore, StoreError};
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -237,6 +238,7 @@ async fn open(args: &StoreArgs) -> Result<SharedStore, Failure> {
                 pool_size: 1,
                 notify_horizon: std::time::Duration::ZERO,
                 clock_skew_margin: belfry_postgres::DEFAULT_CLOCK_SKEW_MARGIN,
+                clock: Arc::new(SystemClock),
             })
             .await
             .map_err(|e| Failure::Store(format!("cannot connect to PostgreSQL: {e}")))?;

@@ -34,6 +34,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, Response, StatusCode, header};
+use belfry_core::time::{Clock, MonoTime, Sleep};
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -41,7 +42,6 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
 /// Timeouts and the connection cap of the API listener (`[server]`).
@@ -129,12 +129,14 @@ pub async fn serve<H: Handshake>(
     app: Router,
     options: &ServerOptions,
     handshake: H,
+    clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let connections = Arc::new(Semaphore::new(options.max_connections));
     let limits = Arc::new(RequestLimits {
         body_read_timeout: options.body_read_timeout,
         request_timeout: options.request_timeout,
+        clock: clock.clone(),
     });
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -160,7 +162,7 @@ pub async fn serve<H: Handshake>(
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
-                    accept_error(error).await;
+                    accept_error(error, &*clock).await;
                     continue;
                 }
             },
@@ -171,6 +173,7 @@ pub async fn serve<H: Handshake>(
         let app = app.clone();
         let limits = limits.clone();
         let handshake = handshake.clone();
+        let clock = clock.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let _permit = permit;
@@ -189,7 +192,7 @@ pub async fn serve<H: Handshake>(
             let service = hyper::service::service_fn(move |request| {
                 handle(app.clone(), limits.clone(), request)
             });
-            let stream = WriteDeadline::new(stream, write_timeout);
+            let stream = WriteDeadline::new(stream, write_timeout, clock);
             let connection = http.serve_connection(TokioIo::new(stream), service);
             if let Err(error) = watcher.watch(connection).await {
                 // Timeouts and clients that went away: routine.
@@ -205,7 +208,7 @@ pub async fn serve<H: Handshake>(
 /// Accept errors are per connection (the client reset before we took it)
 /// or resource exhaustion (EMFILE): pause briefly so the latter does not
 /// spin, as axum's own loop does.
-async fn accept_error(error: std::io::Error) {
+async fn accept_error(error: std::io::Error, clock: &dyn Clock) {
     use std::io::ErrorKind;
     if matches!(
         error.kind(),
@@ -214,13 +217,14 @@ async fn accept_error(error: std::io::Error) {
         return;
     }
     tracing::error!(%error, "cannot accept a connection");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    clock.sleep(Duration::from_millis(100)).await;
 }
 
 #[derive(Debug)]
 struct RequestLimits {
     body_read_timeout: Duration,
     request_timeout: Duration,
+    clock: Arc<dyn Clock>,
 }
 
 /// One request through `app`, under the body and whole-request deadlines.
@@ -229,18 +233,27 @@ async fn handle(
     limits: Arc<RequestLimits>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
-    let started = Instant::now();
+    let clock = &limits.clock;
+    let started = clock.monotonic();
     let v1 = request.uri().path().starts_with("/v1");
     let body_timed_out = Arc::new(AtomicBool::new(false));
     let request = request.map(|body| {
         Body::new(DeadlineBody {
             inner: body,
-            deadline: started + limits.body_read_timeout,
+            deadline: started.plus(limits.body_read_timeout),
+            clock: clock.clone(),
             sleep: None,
             timed_out: body_timed_out.clone(),
         })
     });
-    let answer = tokio::time::timeout_at(started + limits.request_timeout, app.oneshot(request));
+    let deadline = clock.sleep_until(started.plus(limits.request_timeout));
+    let answer = async {
+        tokio::select! {
+            biased;
+            answer = app.oneshot(request) => Ok(answer),
+            () = deadline => Err(()),
+        }
+    };
     Ok(match answer.await {
         Ok(Ok(response)) if body_timed_out.load(Ordering::Relaxed) => {
             drop(response);
@@ -254,7 +267,7 @@ async fn handle(
         }
         Ok(Ok(response)) => response,
         Ok(Err(never)) => match never {},
-        Err(_elapsed) => timeout_response(
+        Err(()) => timeout_response(
             v1,
             format!(
                 "the request was not answered within {} ms; a change it asked for may or may \
@@ -291,10 +304,11 @@ fn timeout_response(v1: bool, message: String) -> Response<Body> {
 /// A request body that fails once its deadline passes before its end.
 struct DeadlineBody {
     inner: Incoming,
-    deadline: Instant,
+    deadline: MonoTime,
+    clock: Arc<dyn Clock>,
     /// Armed on the first wait for data (most bodies arrive with their
     /// headers and never need it).
-    sleep: Option<Pin<Box<Sleep>>>,
+    sleep: Option<Sleep>,
     timed_out: Arc<AtomicBool>,
 }
 
@@ -322,10 +336,10 @@ impl hyper::body::Body for DeadlineBody {
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
             return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
         }
-        let deadline = this.deadline;
+        let (deadline, clock) = (this.deadline, &this.clock);
         let sleep = this
             .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            .get_or_insert_with(|| clock.sleep_until(deadline));
         match sleep.as_mut().poll(cx) {
             Poll::Ready(()) => {
                 this.timed_out.store(true, Ordering::Relaxed);
@@ -350,15 +364,17 @@ impl hyper::body::Body for DeadlineBody {
 struct WriteDeadline<S> {
     inner: S,
     timeout: Duration,
+    clock: Arc<dyn Clock>,
     /// Armed while writes wait.
-    stalled: Option<Pin<Box<Sleep>>>,
+    stalled: Option<Sleep>,
 }
 
 impl<S> WriteDeadline<S> {
-    fn new(inner: S, timeout: Duration) -> Self {
+    fn new(inner: S, timeout: Duration, clock: Arc<dyn Clock>) -> Self {
         WriteDeadline {
             inner,
             timeout,
+            clock,
             stalled: None,
         }
     }
@@ -376,10 +392,8 @@ impl<S> WriteDeadline<S> {
                 Poll::Ready(result)
             }
             Poll::Pending => {
-                let timeout = self.timeout;
-                let stalled = self
-                    .stalled
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                let (timeout, clock) = (self.timeout, &self.clock);
+                let stalled = self.stalled.get_or_insert_with(|| clock.sleep(timeout));
                 match stalled.as_mut().poll(cx) {
                     Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
@@ -441,10 +455,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "real sockets on the system clock: these tests time real timeouts"
+)]
 mod tests {
     //! Real sockets against [`serve`] with a small router.
 
     use std::net::SocketAddr;
+    use std::time::Instant;
+
+    use belfry_clock::SystemClock;
 
     use axum::routing::{get, post};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -484,9 +505,16 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            serve(listener, app(), &options, Plain, async {
-                let _ = stopped.await;
-            })
+            serve(
+                listener,
+                app(),
+                &options,
+                Plain,
+                Arc::new(SystemClock),
+                async {
+                    let _ = stopped.await;
+                },
+            )
             .await
         });
         Server {

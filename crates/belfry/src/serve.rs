@@ -16,7 +16,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use belfry_api::{ApiState, ClusterView, SingleNode};
-use belfry_core::{PartitionCount, SystemClock};
+use belfry_clock::SystemClock;
+use belfry_core::{Clock, PartitionCount};
 use belfry_engine::Engine;
 use belfry_sinks::Sinks;
 use belfry_store::{EmbeddedOptions, EmbeddedStore, SharedStore, StoreError};
@@ -89,23 +90,24 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
     // First: everything after this records into it.
     let metrics =
         belfry_metrics::install().map_err(|e| anyhow::anyhow!("cannot install metrics: {e}"))?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let upkeep = {
-        let metrics = metrics.clone();
+        let (metrics, clock) = (metrics.clone(), clock.clone());
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(belfry_metrics::UPKEEP_INTERVAL);
             loop {
-                tick.tick().await;
                 metrics.run_upkeep();
+                clock.sleep(belfry_metrics::UPKEEP_INTERVAL).await;
             }
         })
     };
     let _stop_upkeep = AbortOnDrop(upkeep);
     let partitions = PartitionCount::new(config.partitions)
         .ok_or_else(|| anyhow::anyhow!("partitions must be at least 1"))?;
-    let sinks = Sinks::build(
+    let sinks = Sinks::build_with_clock(
         config.http.clone(),
         config.egress.clone(),
         config.sinks.kafka.clone(),
+        clock.clone(),
     )
     .map_err(|e| anyhow::anyhow!("cannot build the webhook client: {e}"))?;
     let egress = Arc::clone(sinks.egress());
@@ -116,7 +118,7 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
     // Before anything else starts: a bad certificate refuses the start.
     let tls = match &config.tls.cert_file {
-        Some(_) => Some(crate::tls::Tls::start(&config.tls)?),
+        Some(_) => Some(crate::tls::Tls::start(&config.tls, clock.clone())?),
         None => None,
     };
     let address = config
@@ -127,18 +129,20 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
     let (stop_cluster, cluster_stopped) = tokio::sync::oneshot::channel::<()>();
     let (engine, cluster_view, membership_task) = match &config.database_url {
         None => {
-            let store =
-                EmbeddedStore::open(EmbeddedOptions::new(config.data_dir.clone(), partitions))
-                    .map_err(|e| match e {
-                        // Already says which directory and who holds it.
-                        StoreError::Unavailable(in_use) => anyhow::anyhow!(in_use),
-                        e => anyhow::anyhow!(
-                            "cannot open the store in {}: {e}",
-                            config.data_dir.display()
-                        ),
-                    })?;
+            let store = EmbeddedStore::open(EmbeddedOptions {
+                clock: clock.clone(),
+                ..EmbeddedOptions::new(config.data_dir.clone(), partitions)
+            })
+            .map_err(|e| match e {
+                // Already says which directory and who holds it.
+                StoreError::Unavailable(in_use) => anyhow::anyhow!(in_use),
+                e => anyhow::anyhow!(
+                    "cannot open the store in {}: {e}",
+                    config.data_dir.display()
+                ),
+            })?;
             let store: SharedStore = Arc::new(store);
-            let engine = Engine::start(config.engine.clone(), store, sinks, Arc::new(SystemClock));
+            let engine = Engine::start(config.engine.clone(), store, sinks, clock.clone());
             let view: Arc<dyn ClusterView> = Arc::new(SingleNode {
                 address: address.clone(),
             });
@@ -146,11 +150,18 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
             (engine, view, None)
         }
         Some(url) => {
-            let (engine, view, task) =
-                crate::cluster::start(&config, url, partitions, sinks, &address, async {
+            let (engine, view, task) = crate::cluster::start(
+                &config,
+                url,
+                partitions,
+                sinks,
+                &address,
+                clock.clone(),
+                async {
                     let _ = cluster_stopped.await;
-                })
-                .await?;
+                },
+            )
+            .await?;
             (engine, view, Some(task))
         }
     };
@@ -171,11 +182,12 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
         engine.shutdown().await;
         return Err(anyhow::anyhow!(refusal));
     }
-    let _stop_egress_watch = watch_open_egress(&config, &store, egress).await;
+    let _stop_egress_watch = watch_open_egress(&config, &store, egress, clock.clone()).await;
     let auth = Arc::new(belfry_api::Auth::new(
         config.auth.clone(),
         store,
         config.listen,
+        clock.clone(),
     ));
     if let Err(error) = auth.load_known_keys().await {
         // Not fatal: each key is then read at its first use.
@@ -215,12 +227,13 @@ async fn serve(config: Config, api_runtime: tokio::runtime::Handle) -> anyhow::R
         match tls {
             Some(tls) => {
                 tracing::info!(%address, "belfry is serving HTTPS");
-                crate::listener::serve(listener, app, &server, tls, shutdown_signal()).await
+                crate::listener::serve(listener, app, &server, tls, clock, shutdown_signal()).await
             }
             None => {
                 tracing::info!(%address, "belfry is serving");
                 let plain = crate::listener::Plain;
-                crate::listener::serve(listener, app, &server, plain, shutdown_signal()).await
+                crate::listener::serve(listener, app, &server, plain, clock, shutdown_signal())
+                    .await
             }
         }
     });
@@ -283,6 +296,7 @@ async fn watch_open_egress(
     config: &Config,
     store: &SharedStore,
     egress: Arc<belfry_sinks::egress::EgressPolicy>,
+    clock: Arc<dyn Clock>,
 ) -> Option<AbortOnDrop> {
     let watched = config.egress.policy == belfry_sinks::egress::EgressMode::Auto
         && config.auth.mode == belfry_api::AuthMode::Keys
@@ -301,9 +315,8 @@ async fn watch_open_egress(
     );
     let store = Arc::clone(store);
     Some(AbortOnDrop(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
-            tick.tick().await;
+            clock.sleep(std::time::Duration::from_secs(1)).await;
             if store
                 .list_api_keys()
                 .await

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use belfry_core::Clock;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -120,7 +121,7 @@ impl Tls {
     ///
     /// # Errors
     /// Unreadable or invalid files, each error naming the file.
-    pub fn start(options: &TlsOptions) -> anyhow::Result<Tls> {
+    pub fn start(options: &TlsOptions, clock: Arc<dyn Clock>) -> anyhow::Result<Tls> {
         let (Some(cert_file), Some(key_file)) = (&options.cert_file, &options.key_file) else {
             anyhow::bail!("tls.cert_file and tls.key_file are both required for TLS");
         };
@@ -153,6 +154,7 @@ impl Tls {
             resolver,
             provider,
             options.reload_interval,
+            clock,
         ));
         Ok(Tls {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
@@ -261,12 +263,10 @@ async fn reload_loop(
     current: Arc<CurrentCert>,
     provider: Arc<CryptoProvider>,
     every: Duration,
+    clock: Arc<dyn Clock>,
 ) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks.tick().await;
     loop {
-        ticks.tick().await;
+        clock.sleep(every).await;
         let files = pair.clone();
         let read = tokio::task::spawn_blocking(move || files.read()).await;
         let (cert_pem, key_pem) = match read {

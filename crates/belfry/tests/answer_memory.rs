@@ -2,6 +2,10 @@
 //! clients listing large events and reading their answers slowly must not
 //! grow the node without bound, and a client that stops reading is cut
 //! off after the write timeout.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,10 @@
 //! Bulk actions across a crash: a real `belfry` process, killed with -9
 //! in the middle of a bulk cancel of 20,000 events, resumes the action
 //! after its restart and completes it.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::time::Duration;
 

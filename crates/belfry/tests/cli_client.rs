@@ -1,6 +1,10 @@
 //! The command-line client (`belfry events|tenants|schedules|dead|bulk|cluster`)
 //! against a real node and a real webhook receiver: the real binary, its
 //! output and its exit codes.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::process::Output;
 use std::time::{Duration, Instant};

@@ -6,6 +6,10 @@
 //! (SIGTERM, a node joining), which must cost no duplicate and at most 1 s
 //! of lateness. These tests assert behaviour; `belfry-bench cluster`
 //! measures it.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

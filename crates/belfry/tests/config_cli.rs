@@ -4,6 +4,10 @@
 //! Each run points `--data-dir` at a regular file and listens on port 0, so
 //! a configuration that were wrongly accepted makes the node fail at once
 //! (it cannot open its store) instead of running: no test can hang.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -6,6 +6,10 @@
 //! no write button; a bulk redrive of 1,000 failed events started with one
 //! click delivers them all and the audit log names the key. Screenshots of
 //! every page go to `target/test-artifacts/console/`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod common;
 

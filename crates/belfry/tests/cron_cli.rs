@@ -1,4 +1,8 @@
 //! `belfry cron next` run as a real process.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::process::{Command, Output};
 

@@ -22,6 +22,10 @@
 //! one (each test waits out the failover and the span either way);
 //! `BELFRY_TEST_FAILOVER_SMALL=1` runs 4,000 over 24 s on a machine too
 //! slow for it.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -24,6 +24,10 @@
 //! the other nodes in turn). A change made for a request nobody hears must
 //! still reach the partition: no cancelled event delivered, each moved one
 //! once, within 50 ms of its new instant.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -3,6 +3,10 @@
 //! events, schedules), on the embedded store and on PostgreSQL; wrongly
 //! typed bodies are answered in the API's words on every body-taking
 //! route; the data directory is private to its user.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 mod common;
 

@@ -1,5 +1,9 @@
 //! `/health/ready` of a real cluster-mode `belfry` process while its
 //! PostgreSQL (a private throwaway server) goes down and comes back.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::time::Duration;
 

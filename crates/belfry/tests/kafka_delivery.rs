@@ -13,7 +13,10 @@
 //! `target/belfry-test-venv` (`pip install`, once). Without `python3` the
 //! tests are skipped with a loud message. The broker outage test needs the
 //! mock broker (fault injection) and says so when skipped.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 #![cfg(feature = "kafka")]
 
 use std::collections::BTreeMap;

@@ -11,6 +11,10 @@
 //! `python3` at all the tests are skipped with a loud message. The mock
 //! broker must be built (`cargo build -p belfry-kafka-mock`;
 //! `scripts/test.sh` does).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

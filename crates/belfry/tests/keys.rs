@@ -2,6 +2,10 @@
 //! directory and on PostgreSQL, a node that then requires them, the
 //! bootstrap key from the environment, and the refusal to serve a public
 //! address without keys.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};

@@ -3,6 +3,10 @@
 //! deliveries to a real receiver, the counters and the lateness histogram
 //! agree with what the receiver saw, and no tenant name or event id is in
 //! any label.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

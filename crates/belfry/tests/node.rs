@@ -1,5 +1,9 @@
 //! End-to-end tests of the real `belfry` binary: a real process, a real
 //! webhook receiver, real kill -9.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -4,6 +4,10 @@
 //! `belfry serve` (debug build, temp data dir, loopback, a bootstrap admin
 //! key) with three checks: no 5xx, every answer matches its schema, and
 //! data that violates the schema is refused with a 4xx.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::process::Command;
 

@@ -5,6 +5,10 @@
 //!
 //! What each connection really used is read from the server's
 //! `pg_stat_ssl`, not inferred from the node starting.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

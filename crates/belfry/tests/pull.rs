@@ -1,6 +1,10 @@
 //! Pull workers end to end (`docs/pull.md`): a real `belfry serve`
 //! process, workers making real HTTP calls, a worker that stops
 //! heartbeating, and kill -9 of the node while workers hold leases.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -4,6 +4,10 @@
 //! the done-when scenario (kill -9 of a worker and of a node while
 //! 3 workers and 2 nodes process 10,000 events; 100,000 with
 //! `BELFRY_TEST_PULL_EVENTS=100000`).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -1,6 +1,10 @@
 //! Per-tenant quotas on a real `belfry serve` process, through both APIs:
 //! the refusal codes clients rely on (`429 quota_exceeded`, `413
 //! payload_too_large`) and that a refused request stores nothing.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use belfry_testkit::{BelfryLaunch, BelfryProcess, get_json, post_json, put_json};
 use serde_json::{Value, json};

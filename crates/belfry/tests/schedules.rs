@@ -2,6 +2,10 @@
 //! occurrence ends in its history, each misfire policy does what it says,
 //! and nothing delivered is delivered again (beyond the one in flight at
 //! the kill, which at-least-once allows).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::HashMap;
 use std::time::Duration;

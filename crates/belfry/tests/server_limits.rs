@@ -1,6 +1,10 @@
 //! The listener's limits on a real `belfry serve` process: a connection
 //! that sends half a request is closed within the configured timeout while
 //! other clients keep being served.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::time::{Duration, Instant};
 

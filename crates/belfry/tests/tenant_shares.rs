@@ -2,6 +2,10 @@
 //! real `belfry serve` process attacked through its API the way a
 //! tenant's own key could, and the per-tenant share or budget that stops
 //! each attack (`docs/security.md`, "Per-tenant quotas").
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::time::Duration;
 

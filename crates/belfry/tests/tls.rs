@@ -1,6 +1,10 @@
 //! TLS on a real `belfry serve` process: curl verifying against a test CA
 //! made at test time, a certificate replaced on disk and served without a
 //! restart, and client certificates required.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

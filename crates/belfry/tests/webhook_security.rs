@@ -8,6 +8,10 @@
 //! makes under `target/belfry-test-venv` (`pip install`, once).
 //! `scripts/test.sh` makes sure `python3` exists; without it the test is
 //! skipped with a loud message.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -24,9 +24,10 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use belfry_core::auth::{ApiKey, KeyHash};
+use belfry_core::{Clock, MonoTime};
 use belfry_metrics::KeyRead;
 use belfry_store::{SharedStore, StoreError, StoreResult};
 use futures::FutureExt;
@@ -52,8 +53,8 @@ pub(crate) enum Found {
 
 struct Known {
     key: ApiKey,
-    read_at: Instant,
-    used_at: Instant,
+    read_at: MonoTime,
+    used_at: MonoTime,
 }
 
 type Read = Shared<BoxFuture<'static, StoreResult<Option<ApiKey>>>>;
@@ -61,9 +62,10 @@ type Read = Shared<BoxFuture<'static, StoreResult<Option<ApiKey>>>>;
 /// The key tables of one node (see the module docs).
 pub(crate) struct KeyCache {
     store: SharedStore,
+    clock: Arc<dyn Clock>,
     ttl: Duration,
     known: Mutex<HashMap<KeyHash, Known>>,
-    unknown: Mutex<HashMap<KeyHash, Instant>>,
+    unknown: Mutex<HashMap<KeyHash, MonoTime>>,
     budget: Mutex<Budget>,
     in_flight: Mutex<HashMap<KeyHash, Read>>,
     /// Bumped by every change made through this node: a read that started
@@ -72,9 +74,15 @@ pub(crate) struct KeyCache {
 }
 
 impl KeyCache {
-    pub(crate) fn new(store: SharedStore, ttl: Duration, reads_per_second: u32) -> KeyCache {
+    pub(crate) fn new(
+        store: SharedStore,
+        clock: Arc<dyn Clock>,
+        ttl: Duration,
+        reads_per_second: u32,
+    ) -> KeyCache {
         KeyCache {
             store,
+            clock,
             ttl,
             known: Mutex::new(HashMap::new()),
             unknown: Mutex::new(HashMap::new()),
@@ -90,11 +98,11 @@ impl KeyCache {
     /// # Errors
     /// The store failed to answer.
     pub(crate) async fn find(self: &Arc<Self>, hash: &KeyHash) -> StoreResult<Found> {
-        let now = Instant::now();
+        let now = self.clock.monotonic();
         let known = {
             let mut known = lock(&self.known);
             match known.get_mut(hash) {
-                Some(entry) if now.saturating_duration_since(entry.read_at) < self.ttl => {
+                Some(entry) if now.since(entry.read_at) < self.ttl => {
                     entry.used_at = now;
                     return Ok(Found::Key(entry.key.clone()));
                 }
@@ -105,7 +113,7 @@ impl KeyCache {
         if !known
             && lock(&self.unknown)
                 .get(hash)
-                .is_some_and(|at| now.saturating_duration_since(*at) < self.ttl)
+                .is_some_and(|at| now.since(*at) < self.ttl)
         {
             return Ok(Found::Missing);
         }
@@ -137,7 +145,7 @@ impl KeyCache {
         let generation = self.generation.load(Ordering::Acquire);
         let task = tokio::spawn(async move {
             let result = cache.store.api_key_by_hash(&hash).await;
-            let read_at = Instant::now();
+            let read_at = cache.clock.monotonic();
             belfry_metrics::auth_key_read(match &result {
                 Ok(Some(_)) => KeyRead::Found,
                 Ok(None) => KeyRead::Unknown,
@@ -169,7 +177,7 @@ impl KeyCache {
     }
 
     /// Files a key that exists.
-    pub(crate) fn remember(&self, key: ApiKey, read_at: Instant) {
+    pub(crate) fn remember(&self, key: ApiKey, read_at: MonoTime) {
         lock(&self.unknown).remove(&key.hash);
         let mut known = lock(&self.known);
         if known.len() >= KNOWN_CAPACITY && !known.contains_key(&key.hash) {
@@ -193,7 +201,7 @@ impl KeyCache {
 
     /// Drops `hash` from the known keys; with `unknown_since`, remembers
     /// it as unknown.
-    fn forget_known(&self, hash: &KeyHash, unknown_since: Option<Instant>) {
+    fn forget_known(&self, hash: &KeyHash, unknown_since: Option<MonoTime>) {
         lock(&self.known).remove(hash);
         if let Some(at) = unknown_since {
             let mut unknown = lock(&self.unknown);
@@ -207,13 +215,13 @@ impl KeyCache {
     /// A key was created through this node: known at once.
     pub(crate) fn created(&self, key: ApiKey) {
         self.generation.fetch_add(1, Ordering::AcqRel);
-        self.remember(key, Instant::now());
+        self.remember(key, self.clock.monotonic());
     }
 
     /// A key was revoked through this node: refused at once.
     pub(crate) fn revoked(&self, hash: &KeyHash) {
         self.generation.fetch_add(1, Ordering::AcqRel);
-        self.forget_known(hash, Some(Instant::now()));
+        self.forget_known(hash, Some(self.clock.monotonic()));
     }
 }
 
@@ -221,7 +229,7 @@ impl KeyCache {
 struct Budget {
     per_second: f64,
     tokens: f64,
-    updated: Option<Instant>,
+    updated: Option<MonoTime>,
 }
 
 impl Budget {
@@ -235,13 +243,13 @@ impl Budget {
     }
 
     /// One token, or how long until the next.
-    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+    fn take(&mut self, now: MonoTime) -> Result<(), Duration> {
         // Callers read the clock before the lock: an earlier `now` may
         // arrive after a later one, and must not move the bucket's time
         // back (the interval would be refilled twice).
         let now = self.updated.map_or(now, |updated| updated.max(now));
         if let Some(updated) = self.updated {
-            let elapsed = now.saturating_duration_since(updated).as_secs_f64();
+            let elapsed = now.since(updated).as_secs_f64();
             self.tokens = (self.tokens + elapsed * self.per_second).min(self.per_second);
         }
         self.updated = Some(now);
@@ -275,9 +283,16 @@ mod tests {
                 data_dir: dir.path().join("data"),
                 partitions: PartitionCount::new(1).unwrap(),
                 writers: None,
+                clock: std::sync::Arc::new(belfry_clock::SystemClock),
             })
             .unwrap(),
         )
+    }
+
+    /// A clock that stays put: entries never age, spent budgets never
+    /// refill.
+    fn frozen_clock() -> Arc<dyn Clock> {
+        Arc::new(belfry_core::ManualClock::default())
     }
 
     async fn stored_key(store: &SharedStore) -> (KeySecret, ApiKey) {
@@ -301,6 +316,7 @@ mod tests {
         let (secret, key) = stored_key(&store).await;
         let cache = Arc::new(KeyCache::new(
             store.clone(),
+            frozen_clock(),
             Duration::from_secs(60),
             1_000_000,
         ));
@@ -338,7 +354,7 @@ mod tests {
         let (secret, _) = stored_key(&store).await;
         // A TTL of zero: the known key is re-read every time, outside
         // the budget.
-        let cache = Arc::new(KeyCache::new(store, Duration::ZERO, 1));
+        let cache = Arc::new(KeyCache::new(store, frozen_clock(), Duration::ZERO, 1));
         assert!(matches!(
             cache.find(&secret.hash()).await,
             Ok(Found::Key(_))
@@ -361,7 +377,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = store(&dir);
         // One token: a second read of the same hash would be refused.
-        let cache = Arc::new(KeyCache::new(store, Duration::from_secs(60), 1));
+        let cache = Arc::new(KeyCache::new(
+            store,
+            frozen_clock(),
+            Duration::from_secs(60),
+            1,
+        ));
         let made_up = KeySecret::generate().unwrap().hash();
         let lookups: Vec<_> = (0..32)
             .map(|_| {
@@ -377,20 +398,20 @@ mod tests {
     #[test]
     fn the_budget_allows_a_second_at_once_then_the_rate() {
         let mut budget = Budget::new(10);
-        let start = Instant::now();
+        let start = MonoTime::ZERO;
         for _ in 0..10 {
             assert!(budget.take(start).is_ok());
         }
         let wait = budget.take(start).unwrap_err();
         assert!(wait > Duration::ZERO && wait <= Duration::from_millis(100));
-        let later = start + Duration::from_millis(100);
+        let later = start.plus(Duration::from_millis(100));
         assert!(budget.take(later).is_ok());
         assert!(budget.take(later).is_err());
         // A caller that read the clock earlier gets nothing back.
         assert!(budget.take(start).is_err());
         assert!(budget.take(later).is_err());
         // Idle for long: never more than one second's worth.
-        let much_later = later + Duration::from_secs(60);
+        let much_later = later.plus(Duration::from_secs(60));
         for _ in 0..10 {
             assert!(budget.take(much_later).is_ok());
         }

@@ -8,8 +8,9 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use belfry_core::MonoTime;
 use belfry_core::auth::KeyId;
 
 /// Most buckets held at once.
@@ -18,7 +19,7 @@ pub const MAX_BUCKETS: usize = 100_000;
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
     tokens: f64,
-    updated: Instant,
+    updated: MonoTime,
 }
 
 /// Token buckets of `rate` requests per second holding at most `burst`.
@@ -55,7 +56,7 @@ impl RateLimiter {
     ///
     /// # Errors
     /// The wait until the next token.
-    pub fn check(&self, key: &KeyId, now: Instant) -> Result<(), Duration> {
+    pub fn check(&self, key: &KeyId, now: MonoTime) -> Result<(), Duration> {
         if !self.enabled() {
             return Ok(());
         }
@@ -65,7 +66,7 @@ impl RateLimiter {
             .unwrap_or_else(|poison| poison.into_inner());
         if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
             let full_after = Duration::from_secs_f64(self.burst / self.rate);
-            buckets.retain(|_, b| now.saturating_duration_since(b.updated) < full_after);
+            buckets.retain(|_, b| now.since(b.updated) < full_after);
             if buckets.len() >= MAX_BUCKETS {
                 buckets.clear();
             }
@@ -74,7 +75,7 @@ impl RateLimiter {
             tokens: self.burst,
             updated: now,
         });
-        let elapsed = now.saturating_duration_since(bucket.updated).as_secs_f64();
+        let elapsed = now.since(bucket.updated).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed * self.rate).min(self.burst);
         // Concurrent requests read the clock before the lock: an earlier
         // `now` arriving late must not move the bucket's time back (the
@@ -112,7 +113,7 @@ mod tests {
     #[test]
     fn off_by_default() {
         let limiter = RateLimiter::new(0, 0);
-        let now = Instant::now();
+        let now = MonoTime::ZERO;
         for _ in 0..10_000 {
             assert!(limiter.check(&key(1), now).is_ok());
         }
@@ -122,7 +123,7 @@ mod tests {
     #[test]
     fn a_burst_then_the_rate() {
         let limiter = RateLimiter::new(10, 5);
-        let start = Instant::now();
+        let start = MonoTime::ZERO;
         for _ in 0..5 {
             assert!(limiter.check(&key(1), start).is_ok());
         }
@@ -131,7 +132,7 @@ mod tests {
         // Another key has its own bucket.
         assert!(limiter.check(&key(2), start).is_ok());
         // 100 ms later one token is back, not two.
-        let later = start + Duration::from_millis(100);
+        let later = start.plus(Duration::from_millis(100));
         assert!(limiter.check(&key(1), later).is_ok());
         assert!(limiter.check(&key(1), later).is_err());
         // A request that read the clock earlier refills nothing, and does
@@ -143,7 +144,7 @@ mod tests {
     #[test]
     fn memory_is_bounded() {
         let limiter = RateLimiter::new(1, 1);
-        let now = Instant::now();
+        let now = MonoTime::ZERO;
         for n in 0..MAX_BUCKETS + 10 {
             let _ = limiter.check(&key(n), now);
         }

@@ -1,8 +1,6 @@
 //! The two layers: [`authenticate`] (every request) and [`authorize`]
 //! (every matched route, by the table in [`rule`]).
 
-use std::time::Instant;
-
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
@@ -240,7 +238,7 @@ pub(crate) async fn authenticate(
             }
             Err(error) => return family_error(&uri, ApiError::from_store(&error)),
         };
-        if let Err(wait) = auth.limiter.check(&key.id, Instant::now()) {
+        if let Err(wait) = auth.limiter.check(&key.id, auth.clock.monotonic()) {
             let seconds = whole_seconds(wait);
             let mut response = family_error(
                 &uri,

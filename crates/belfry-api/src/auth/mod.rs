@@ -38,12 +38,12 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use belfry_core::auth::{ApiKey, AuditAction, AuditEntry, KeyId, KeySecret, Role};
-use belfry_core::{TenantName, Timestamp};
+use belfry_core::{Clock, MonoTime, TenantName, Timestamp};
 use belfry_store::{SharedStore, StoreResult};
 use serde::{Deserialize, Serialize};
 
@@ -293,10 +293,12 @@ pub struct Auth {
     allowed_hosts: Vec<String>,
     /// Whether a key existed at the last check, and when that was.
     keys_exist: AtomicBool,
-    keys_checked: Mutex<Option<Instant>>,
+    keys_checked: Mutex<Option<MonoTime>>,
     keys: Arc<cache::KeyCache>,
-    touched: Mutex<HashMap<KeyId, Instant>>,
+    touched: Mutex<HashMap<KeyId, MonoTime>>,
     pub(crate) limiter: limit::RateLimiter,
+    /// Ages the key tables and times the rate limits.
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for Auth {
@@ -435,7 +437,12 @@ pub(crate) enum Lookup {
 
 impl Auth {
     /// The state of a node listening on `listen`.
-    pub fn new(options: AuthOptions, store: SharedStore, listen: SocketAddr) -> Auth {
+    pub fn new(
+        options: AuthOptions,
+        store: SharedStore,
+        listen: SocketAddr,
+        clock: Arc<dyn Clock>,
+    ) -> Auth {
         let open_without_keys = options.mode == AuthMode::Keys && is_loopback(listen);
         let mut allowed_hosts: Vec<String> = options
             .allowed_hosts
@@ -450,6 +457,7 @@ impl Auth {
         let limiter = limit::RateLimiter::new(options.rate_limit_per_key, options.rate_limit_burst);
         let keys = Arc::new(cache::KeyCache::new(
             store.clone(),
+            clock.clone(),
             Duration::from_millis(options.key_cache_ttl_ms),
             options.unknown_key_reads_per_second,
         ));
@@ -463,6 +471,7 @@ impl Auth {
             keys,
             touched: Mutex::new(HashMap::new()),
             limiter,
+            clock,
         }
     }
 
@@ -506,9 +515,10 @@ impl Auth {
 
     fn recheck_due(&self) -> bool {
         let mut checked = lock(&self.keys_checked);
-        let due = checked.is_none_or(|at| at.elapsed() >= OPEN_RECHECK);
+        let now = self.clock.monotonic();
+        let due = checked.is_none_or(|at| now.since(at) >= OPEN_RECHECK);
         if due {
-            *checked = Some(Instant::now());
+            *checked = Some(now);
         }
         due
     }
@@ -577,7 +587,7 @@ impl Auth {
         if self.options.mode == AuthMode::None {
             return Ok(0);
         }
-        let read_at = Instant::now();
+        let read_at = self.clock.monotonic();
         let keys = self.store.list_api_keys().await?;
         let count = keys.len().min(cache::KNOWN_CAPACITY);
         for key in keys.into_iter().take(cache::KNOWN_CAPACITY) {
@@ -591,16 +601,17 @@ impl Auth {
     fn touch(&self, key: &ApiKey, now: Timestamp) {
         {
             let mut touched = lock(&self.touched);
+            let at_now = self.clock.monotonic();
             if touched
                 .get(&key.id)
-                .is_some_and(|at| at.elapsed() < TOUCH_INTERVAL)
+                .is_some_and(|at| at_now.since(*at) < TOUCH_INTERVAL)
             {
                 return;
             }
             if touched.len() >= TOUCHED_CAPACITY {
                 touched.clear();
             }
-            touched.insert(key.id.clone(), Instant::now());
+            touched.insert(key.id.clone(), at_now);
         }
         let store = self.store.clone();
         let id = key.id.clone();

@@ -91,11 +91,12 @@ pub(crate) async fn dry_run(
         .quotas()
         .take_dry_run(&key.tenant)
         .map_err(|exceeded| BigBenError(crate::quota::exceeded_error(&exceeded)))?;
-    let started = std::time::Instant::now();
+    let clock = state.engine.clock().clone();
+    let started = clock.monotonic();
     let Some((record, result)) = state.engine.dry_run(&key).await? else {
         return Ok(not_found());
     };
-    let took = started.elapsed().as_millis();
+    let took = clock.monotonic().since(started).as_millis();
     let mut response = view(&state, &record).await?;
     if result.verdict != Verdict::Delivered {
         let class = match result.verdict {

@@ -442,7 +442,8 @@ async fn claim_in_cluster(
     request: &ClaimRequest,
 ) -> Result<Response, V1Error> {
     let engine = &state.engine;
-    let deadline = tokio::time::Instant::now() + request.wait;
+    let clock = engine.clock();
+    let deadline = clock.monotonic().plus(request.wait);
     let at_once = ClaimRequest {
         wait: Duration::ZERO,
         ..request.clone()
@@ -452,7 +453,7 @@ async fn claim_in_cluster(
     let mut leases = leases_of(engine.pull().claim(tenant.clone(), at_once).await)?;
     loop {
         claim_elsewhere(state, principal, tenant, request, &mut leases).await;
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let remaining = deadline.since(clock.monotonic());
         if !leases.is_empty() || remaining.is_zero() {
             return Ok(leases_answer(leases));
         }
@@ -467,7 +468,7 @@ async fn claim_in_cluster(
             .claim_until(tenant.clone(), parked, watch.changed())
             .await;
         leases = leases_of(reply)?;
-        if !leases.is_empty() || tokio::time::Instant::now() >= deadline {
+        if !leases.is_empty() || clock.monotonic() >= deadline {
             return Ok(leases_answer(leases));
         }
         watch = engine.pull().watch_elsewhere(tenant);

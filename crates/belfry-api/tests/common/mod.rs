@@ -11,7 +11,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use belfry_api::{ApiOptions, ApiState, Auth, AuthOptions, SingleNode};
-use belfry_core::{EventId, EventKey, EventRecord, PartitionCount, SystemClock, TenantName};
+use belfry_clock::SystemClock;
+use belfry_core::{EventId, EventKey, EventRecord, PartitionCount, TenantName};
 use belfry_engine::{Engine, EngineOptions};
 use belfry_sinks::Sinks;
 use belfry_store::interpose::{Fault, Interposed, Interposer, StoreCall};
@@ -214,6 +215,7 @@ impl Harness {
             data_dir: dir.path().join("data"),
             partitions: PartitionCount::new(4).unwrap(),
             writers: None,
+            clock: std::sync::Arc::new(belfry_clock::SystemClock),
         })
         .unwrap();
         let embedded = Arc::new(store);
@@ -236,6 +238,7 @@ impl Harness {
                 AuthOptions::default(),
                 store.clone(),
                 "127.0.0.1:8080".parse().unwrap(),
+                Arc::new(SystemClock),
             )),
             metrics: belfry_metrics::install().ok(),
         };

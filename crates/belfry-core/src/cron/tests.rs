@@ -1,5 +1,9 @@
 //! Unit tests: each kind, the DST rules on real transition days, the places
 //! where Belfry deliberately differs from croner, descriptions, ids.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use super::*;
 use crate::ids::{EventId, TenantName};

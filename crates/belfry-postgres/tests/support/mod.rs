@@ -24,6 +24,7 @@ pub fn options(url: String, partitions: u16) -> PostgresOptions {
         pool_size: 4,
         notify_horizon: Duration::from_secs(60),
         clock_skew_margin: belfry_postgres::DEFAULT_CLOCK_SKEW_MARGIN,
+        clock: std::sync::Arc::new(belfry_clock::SystemClock),
     }
 }
 

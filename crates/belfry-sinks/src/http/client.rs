@@ -21,6 +21,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use belfry_core::Clock;
 use percent_encoding::percent_decode_str;
 use reqwest::header::{ACCEPT, AUTHORIZATION, HOST, HeaderMap, USER_AGENT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -134,9 +135,10 @@ impl Client {
         max_idle_per_host: usize,
         idle_timeout: Duration,
         egress: Arc<EgressPolicy>,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         Client {
-            pool: Pool::new(max_idle_per_host, idle_timeout),
+            pool: Pool::new(max_idle_per_host, idle_timeout, clock),
             connect_timeout,
             egress,
         }

@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use belfry_core::{Clock, MonoTime};
 
 use super::client::Conn;
 
@@ -19,6 +21,7 @@ pub(crate) struct Pool {
     inner: Mutex<Inner>,
     max_idle_per_host: usize,
     idle_timeout: Duration,
+    clock: Arc<dyn Clock>,
 }
 
 #[derive(Debug)]
@@ -26,25 +29,30 @@ struct Inner {
     /// Per `host:port`, in the order they went idle.
     idle: HashMap<Arc<str>, Vec<Idle>>,
     /// When every authority's expired connections were last dropped.
-    last_sweep: Instant,
+    last_sweep: MonoTime,
 }
 
 #[derive(Debug)]
 struct Idle {
     conn: Conn,
     /// When it went back to the pool.
-    since: Instant,
+    since: MonoTime,
 }
 
 impl Pool {
-    pub(crate) fn new(max_idle_per_host: usize, idle_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        max_idle_per_host: usize,
+        idle_timeout: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Pool {
             inner: Mutex::new(Inner {
                 idle: HashMap::new(),
-                last_sweep: Instant::now(),
+                last_sweep: clock.monotonic(),
             }),
             max_idle_per_host,
             idle_timeout,
+            clock,
         }
     }
 
@@ -55,9 +63,9 @@ impl Pool {
         let mut closed = Vec::new();
         loop {
             let conn = {
-                let now = Instant::now();
+                let now = self.clock.monotonic();
                 let mut inner = self.lock();
-                if now.duration_since(inner.last_sweep) >= self.idle_timeout {
+                if now.since(inner.last_sweep) >= self.idle_timeout {
                     self.sweep(&mut inner, now, &mut closed);
                 }
                 let list = inner.idle.get_mut(authority)?;
@@ -81,7 +89,7 @@ impl Pool {
         }
         let idle = Idle {
             conn,
-            since: Instant::now(),
+            since: self.clock.monotonic(),
         };
         let rejected = {
             let mut inner = self.lock();
@@ -104,7 +112,7 @@ impl Pool {
     /// Moves every authority's expired connections into `closed` and
     /// forgets authorities without idle connections; due once per idle
     /// timeout.
-    fn sweep(&self, inner: &mut Inner, now: Instant, closed: &mut Vec<Idle>) {
+    fn sweep(&self, inner: &mut Inner, now: MonoTime, closed: &mut Vec<Idle>) {
         inner.last_sweep = now;
         inner.idle.retain(|_, list| {
             let expired = self.expired(list, now);
@@ -115,8 +123,8 @@ impl Pool {
 
     /// How many of `list`'s oldest connections have been idle too long:
     /// pushed in time order, so the expired ones are a prefix.
-    fn expired(&self, list: &[Idle], now: Instant) -> usize {
-        list.partition_point(|entry| now.duration_since(entry.since) >= self.idle_timeout)
+    fn expired(&self, list: &[Idle], now: MonoTime) -> usize {
+        list.partition_point(|entry| now.since(entry.since) >= self.idle_timeout)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -127,8 +135,10 @@ impl Pool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use belfry_core::ManualClock;
     use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
 
     async fn connect(listener: &TcpListener) -> (Conn, TcpStream) {
         let address = listener.local_addr().unwrap();
@@ -142,7 +152,8 @@ mod tests {
         let authority: Arc<str> = Arc::from("a:80");
         let mut servers = Vec::new();
 
-        let pool = Pool::new(2, Duration::from_secs(60));
+        let clock = ManualClock::default();
+        let pool = Pool::new(2, Duration::from_secs(60), Arc::new(clock.clone()));
         for _ in 0..3 {
             let (conn, server) = connect(&listener).await;
             pool.put(&authority, conn);
@@ -153,19 +164,21 @@ mod tests {
         // The server side of the most recent one closes: skipped.
         drop(servers.pop());
         drop(servers.pop());
+        // Real sockets: the close takes a moment to reach this side.
+        #[allow(clippy::disallowed_methods, reason = "waits for a real socket's close")]
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(pool.checkout(&authority).is_some());
         assert!(pool.checkout(&authority).is_none());
 
-        let pool = Pool::new(8, Duration::from_millis(20));
+        let pool = Pool::new(8, Duration::from_millis(20), Arc::new(clock.clone()));
         let (conn, _server) = connect(&listener).await;
         pool.put(&authority, conn);
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        clock.advance(Duration::from_millis(40));
         assert!(pool.checkout(&authority).is_none());
         // Another authority's expired connections go at the next sweep.
         let (conn, _server) = connect(&listener).await;
         pool.put(&authority, conn);
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        clock.advance(Duration::from_millis(40));
         assert!(pool.checkout("b:80").is_none());
         assert!(pool.lock().idle.is_empty());
     }

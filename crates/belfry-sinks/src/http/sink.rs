@@ -163,6 +163,7 @@ impl HttpSink {
             Arc::new(EgressPolicy::new(egress)),
             plain_http,
             roots,
+            Arc::new(belfry_clock::SystemClock),
         )
     }
 
@@ -175,6 +176,7 @@ impl HttpSink {
         egress: Arc<EgressPolicy>,
         plain_http: PlainHttp,
         roots: Vec<reqwest::Certificate>,
+        clock: Arc<dyn belfry_core::Clock>,
     ) -> Result<Self, HttpSinkError> {
         let reqwest = ReqwestTransport::with_roots(&options, Arc::clone(&egress), roots)
             .map_err(HttpSinkError::Client)?;
@@ -183,6 +185,7 @@ impl HttpSink {
             options.pool_max_idle_per_host,
             options.pool_idle_timeout(),
             egress,
+            clock,
         );
         let proxied = HTTP_PROXY_VARIABLES
             .iter()

@@ -9,6 +9,10 @@
 //! plain loopback http. Where the two differ by design (Belfry's own error
 //! wording, head limit and connection reuse after a too-long body) the
 //! test says so. One test runs reqwest over real TLS with a test CA.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -1184,6 +1188,7 @@ async fn auto_allows_loopback_only_while_the_node_runs_open() {
             Arc::clone(&policy),
             transport,
             Vec::new(),
+            Arc::new(belfry_clock::SystemClock),
         )
         .unwrap();
         let tenant = tenant(receiver.url("/hook"), None);

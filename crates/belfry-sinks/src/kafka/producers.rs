@@ -8,8 +8,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use belfry_core::{Clock, MonoTime};
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -56,7 +57,8 @@ pub(crate) struct Producer {
     settings: Arc<Settings>,
     /// When the brokers the cluster advertises were last found allowed by
     /// the egress policy; `None`: not yet.
-    brokers_checked: Mutex<Option<Instant>>,
+    brokers_checked: Mutex<Option<MonoTime>>,
+    clock: Arc<dyn Clock>,
     /// Fenced mode: held for the whole of one transaction (a producer has
     /// one open at a time); true once `init_transactions` succeeded.
     pub(crate) transactions: tokio::sync::Mutex<bool>,
@@ -93,7 +95,7 @@ impl Producer {
                 .brokers_checked
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            if checked.is_some_and(|at| at.elapsed() < BROKER_CHECK_INTERVAL) {
+            if checked.is_some_and(|at| self.clock.monotonic().since(at) < BROKER_CHECK_INTERVAL) {
                 return Ok(Ok(()));
             }
         }
@@ -125,7 +127,7 @@ impl Producer {
         *self
             .brokers_checked
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            .unwrap_or_else(|e| e.into_inner()) = Some(self.clock.monotonic());
         Ok(Ok(()))
     }
 }
@@ -163,6 +165,7 @@ pub(crate) async fn check_servers(
 pub(crate) struct Producers {
     max: usize,
     open: Mutex<Open>,
+    clock: Arc<dyn Clock>,
 }
 
 #[derive(Debug, Default)]
@@ -173,10 +176,11 @@ struct Open {
 }
 
 impl Producers {
-    pub(crate) fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize, clock: Arc<dyn Clock>) -> Self {
         Producers {
             max: max.max(1),
             open: Mutex::default(),
+            clock,
         }
     }
 
@@ -216,6 +220,7 @@ impl Producers {
             inner,
             settings: Arc::clone(&settings),
             brokers_checked: Mutex::new(None),
+            clock: Arc::clone(&self.clock),
             transactions: tokio::sync::Mutex::new(false),
         });
         let evicted = {

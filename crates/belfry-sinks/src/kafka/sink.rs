@@ -118,12 +118,20 @@ fn settings_digest(props: &std::collections::BTreeMap<String, String>) -> String
 
 impl KafkaSink {
     pub fn new(options: KafkaSinkOptions, egress: EgressOptions) -> Self {
-        Self::with_policy(options, Arc::new(EgressPolicy::new(egress)))
+        Self::with_policy(
+            options,
+            Arc::new(EgressPolicy::new(egress)),
+            Arc::new(belfry_clock::SystemClock),
+        )
     }
 
-    pub(crate) fn with_policy(options: KafkaSinkOptions, egress: Arc<EgressPolicy>) -> Self {
+    pub(crate) fn with_policy(
+        options: KafkaSinkOptions,
+        egress: Arc<EgressPolicy>,
+        clock: Arc<dyn belfry_core::Clock>,
+    ) -> Self {
         KafkaSink {
-            producers: Producers::new(options.max_producers),
+            producers: Producers::new(options.max_producers, clock),
             opening: tokio::sync::Mutex::new(()),
             options,
             egress,

@@ -3,6 +3,10 @@
 //! broker `BELFRY_TEST_KAFKA_BOOTSTRAP` names). Records are read back with
 //! a plain consumer; fault tests (broker down) need the mock and say so
 //! when skipped.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real work on the system clock"
+)]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

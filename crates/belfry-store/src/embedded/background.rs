@@ -53,6 +53,10 @@ fn lower_this_thread(increment: i32) {
 fn lower_this_thread(_increment: i32) {}
 
 #[cfg(all(test, target_os = "linux"))]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "waits for real threads to name themselves"
+)]
 mod tests {
     use super::*;
 

@@ -278,6 +278,7 @@ mod tests {
                 data_dir: dir.to_path_buf(),
                 partitions: PartitionCount::new(4).unwrap(),
                 writers: NonZeroUsize::new(2),
+                clock: std::sync::Arc::new(belfry_clock::SystemClock),
             })
             .unwrap(),
         )

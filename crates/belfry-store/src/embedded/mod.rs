@@ -79,7 +79,7 @@ pub mod writer;
 use std::num::NonZeroUsize;
 use std::ops::Bound;
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use async_trait::async_trait;
@@ -87,7 +87,7 @@ use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::bulk::{BulkAction, BulkActionId};
 use belfry_core::event::{Attempt, EventRecord};
 use belfry_core::{
-    DueCursor, EventKey, PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp,
+    Clock, DueCursor, EventKey, PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp,
 };
 use fjall::{Database, KeyspaceCreateOptions, PersistMode};
 use tokio::sync::oneshot;
@@ -112,6 +112,8 @@ pub struct EmbeddedOptions {
     /// least 2. Never more than the partition count. May change between
     /// runs.
     pub writers: Option<NonZeroUsize>,
+    /// Times commits and upgrades; the system clock by default.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl EmbeddedOptions {
@@ -121,6 +123,7 @@ impl EmbeddedOptions {
             data_dir: data_dir.into(),
             partitions,
             writers: None,
+            clock: Arc::new(belfry_clock::SystemClock),
         }
     }
 
@@ -270,7 +273,7 @@ impl EmbeddedStore {
         };
         let auth = auth::AuthKeyspaces::open(&ks.db)?;
         let bulk = bulk::BulkKeyspaces::open(&ks.db)?;
-        let partitions = Self::settle_meta(&ks, options.partitions)?;
+        let partitions = Self::settle_meta(&ks, options.partitions, &*options.clock)?;
         // Every shard starts above the highest number any shard of any
         // earlier run handed out (the shard count may have changed).
         let mut attempt_seq = 0;
@@ -303,6 +306,7 @@ impl EmbeddedStore {
                 (shard, count),
                 attempt_seq,
                 receiver,
+                options.clock.clone(),
             );
             #[cfg(any(test, feature = "failpoints"))]
             store.failpoints.push(writer.failpoint.clone());
@@ -319,7 +323,11 @@ impl EmbeddedStore {
 
     /// Writes the partition count and schema of a new store, or reads and
     /// checks those of an existing one.
-    fn settle_meta(ks: &Keyspaces, configured: PartitionCount) -> StoreResult<PartitionCount> {
+    fn settle_meta(
+        ks: &Keyspaces,
+        configured: PartitionCount,
+        clock: &dyn Clock,
+    ) -> StoreResult<PartitionCount> {
         if let Some(schema) = ks.meta.get(keys::META_SCHEMA).map_err(internal)? {
             let schema = u32::from_be_bytes(
                 schema
@@ -331,7 +339,7 @@ impl EmbeddedStore {
             // release has shipped with an older layout, so those are not
             // migrated.
             if schema == keys::SCHEMA_VERSION_WITHOUT_LISTING_INDEX {
-                Self::add_listing_index(ks)?;
+                Self::add_listing_index(ks, clock)?;
             } else if schema != keys::SCHEMA_VERSION {
                 return Err(StoreError::Internal(format!(
                     "the data directory has schema version {schema}; this build reads only {}",
@@ -379,8 +387,8 @@ impl EmbeddedStore {
     /// Upgrades a version-2 directory: builds the listing index, then
     /// records the new version (only once the index is durable, so a crash
     /// in between repeats the build at the next open).
-    fn add_listing_index(ks: &Keyspaces) -> StoreResult<()> {
-        let started = std::time::Instant::now();
+    fn add_listing_index(ks: &Keyspaces, clock: &dyn Clock) -> StoreResult<()> {
+        let started = clock.monotonic();
         let indexed = listing::rebuild(ks)?;
         ks.db.persist(PersistMode::SyncAll).map_err(internal)?;
         ks.meta
@@ -389,7 +397,7 @@ impl EmbeddedStore {
         ks.db.persist(PersistMode::SyncAll).map_err(internal)?;
         tracing::info!(
             events = indexed,
-            elapsed_ms = started.elapsed().as_millis() as u64,
+            elapsed_ms = clock.monotonic().since(started).as_millis() as u64,
             "built the listing index of a schema-2 data directory"
         );
         Ok(())

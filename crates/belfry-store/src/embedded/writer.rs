@@ -228,6 +228,8 @@ pub struct Writer {
     /// The last attempt sequence number handed out; persisted in `meta`.
     attempt_seq: u64,
     jobs: Receiver<Job>,
+    /// Times commits (metrics).
+    clock: std::sync::Arc<dyn belfry_core::Clock>,
     /// Tests make this shard's next commits fail (see [`Failpoint`]).
     #[cfg(any(test, feature = "failpoints"))]
     pub failpoint: std::sync::Arc<Failpoint>,
@@ -266,6 +268,7 @@ impl Writer {
         (shard, shards): (usize, usize),
         attempt_seq: u64,
         jobs: Receiver<Job>,
+        clock: std::sync::Arc<dyn belfry_core::Clock>,
     ) -> Self {
         Writer {
             ks,
@@ -274,6 +277,7 @@ impl Writer {
             shards,
             attempt_seq,
             jobs,
+            clock,
             #[cfg(any(test, feature = "failpoints"))]
             failpoint: std::sync::Arc::default(),
         }
@@ -644,12 +648,12 @@ impl Writer {
 
     /// Writes the group in one batch, fsyncs, then answers.
     fn commit(&mut self, mut group: Group) {
-        let started = std::time::Instant::now();
+        let started = self.clock.monotonic();
         let failure = self.write_group(&group).err();
         belfry_metrics::store_commit(
             belfry_metrics::Store::Embedded,
             group.commands,
-            started.elapsed(),
+            self.clock.monotonic().since(started),
         );
         if let Some(error) = &failure {
             tracing::error!(%error, "embedded store commit failed");

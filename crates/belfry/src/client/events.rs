@@ -5,7 +5,8 @@
 //! `POST …/events/{id}/redrive`, which sends one again, and
 //! `POST …/events/{id}/delete`, which deletes a finished one.
 
-use belfry_core::{Clock, SystemClock, Timestamp};
+use belfry_clock::SystemClock;
+use belfry_core::{Clock, Timestamp};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
