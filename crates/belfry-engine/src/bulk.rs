@@ -173,7 +173,7 @@ impl BulkActions<'_> {
 /// stop signal; at the stop, wait for the action tasks (each gives its
 /// claim up at its next page boundary).
 pub(crate) async fn run(shared: Arc<Shared>) {
-    let mut stop = shared.tasks.stop_receiver();
+    let mut stop = shared.env.tasks.stop_receiver();
     let mut tasks = JoinSet::new();
     loop {
         if *stop.borrow() {
@@ -202,6 +202,7 @@ async fn take_work(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> StoreResult
             return Ok(());
         }
         let page = shared
+            .env
             .store
             .running_bulk_actions(RunningBulkActionsParams {
                 after: after.clone(),
@@ -224,12 +225,12 @@ async fn take_work(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> StoreResult
                     continue;
                 }
             }
-            let now = shared.clock.now();
-            let Some(claimed) = action.claimed(runner, now, shared.options.bulk_lease) else {
+            let now = shared.env.clock.now();
+            let Some(claimed) = action.claimed(runner, now, shared.env.options.bulk_lease) else {
                 continue;
             };
             // Lost to another runner (or a cancel): it is theirs.
-            let Some(stored) = shared.store.update_bulk_action(claimed).await? else {
+            let Some(stored) = shared.env.store.update_bulk_action(claimed).await? else {
                 continue;
             };
             tracing::info!(
@@ -265,7 +266,7 @@ enum Stop {
 /// stops.
 async fn work(shared: Arc<Shared>, action: BulkAction) {
     let id = action.id.clone();
-    let mut stop = shared.tasks.stop_receiver();
+    let mut stop = shared.env.tasks.stop_receiver();
     let ended = work_pages(&shared, action, &mut stop).await;
     match ended {
         Stop::Finished => {}
@@ -290,7 +291,7 @@ async fn work_pages(
         }
         // A cancel (or a takeover) since the last save stops the work
         // before another page, not after it.
-        match shared.store.get_bulk_action(&action.id).await {
+        match shared.env.store.get_bulk_action(&action.id).await {
             Ok(Some(fresh)) if fresh.revision != action.revision => {
                 if !fresh.held_by(&shared.bulk.runner_id) {
                     return Stop::Lost;
@@ -338,7 +339,7 @@ async fn work_pages(
             }
             Err(why) => return why,
         };
-        let pause = shared.options.bulk_page_pause;
+        let pause = shared.env.options.bulk_page_pause;
         if !pause.is_zero() && sleep_or_stop(pause, stop).await {
             release(shared, action).await;
             return Stop::Stopping;
@@ -391,9 +392,10 @@ async fn page_with_retries(
         if fresh.state != BulkState::Running {
             return Err(PageError::Stop(Stop::Finished));
         }
-        let now = shared.clock.now();
-        if let Some(renewed) = fresh.claimed(&shared.bulk.runner_id, now, shared.options.bulk_lease)
-            && let Ok(Some(stored)) = shared.store.update_bulk_action(renewed).await
+        let now = shared.env.clock.now();
+        if let Some(renewed) =
+            fresh.claimed(&shared.bulk.runner_id, now, shared.env.options.bulk_lease)
+            && let Ok(Some(stored)) = shared.env.store.update_bulk_action(renewed).await
         {
             *action = stored;
         }
@@ -402,7 +404,7 @@ async fn page_with_retries(
 
 /// The stored action, or `None` if the store cannot say now.
 async fn reread(shared: &Shared, action: &BulkAction) -> Option<BulkAction> {
-    match shared.store.get_bulk_action(&action.id).await {
+    match shared.env.store.get_bulk_action(&action.id).await {
         Ok(Some(fresh)) => Some(fresh),
         Ok(None) => Some(BulkAction {
             // Gone (purged): nobody holds it.
@@ -420,7 +422,7 @@ async fn run_page(
     handle: &EngineHandle,
     action: &BulkAction,
 ) -> StoreResult<Result<PageReport, String>> {
-    let limit = shared.options.bulk_page_size.max(1);
+    let limit = shared.env.options.bulk_page_size.max(1);
     match action.kind.target() {
         BulkTarget::Events => event_page(shared, handle, action, limit).await,
         BulkTarget::Schedules => schedule_page(handle, action, limit).await.map(Ok),
@@ -448,6 +450,7 @@ async fn event_page(
         _ => (filter.from.unwrap_or(Timestamp::MIN), None),
     };
     let records = shared
+        .env
         .store
         .list_events(ListEventsParams {
             tenant: filter.tenant.clone(),
@@ -467,7 +470,7 @@ async fn event_page(
     if action.kind == BulkKind::Delete {
         let keys: Vec<EventKey> = records.into_iter().map(|record| record.key).collect();
         if !keys.is_empty() {
-            for deleted in shared.store.delete_finished(&keys).await? {
+            for deleted in shared.env.store.delete_finished(&keys).await? {
                 tally.count(if deleted {
                     ItemOutcome::Succeeded
                 } else {
@@ -632,17 +635,17 @@ async fn save(
     let runner = &shared.bulk.runner_id;
     let mut backoff = FIRST_BACKOFF;
     loop {
-        let now = shared.clock.now();
+        let now = shared.env.clock.now();
         let mut next = action.clone();
         change(&mut next, now);
         if next.state == BulkState::Running {
             next = next
-                .claimed(runner, now, shared.options.bulk_lease)
+                .claimed(runner, now, shared.env.options.bulk_lease)
                 .unwrap_or(next);
         }
-        let result = match shared.store.update_bulk_action(next).await {
+        let result = match shared.env.store.update_bulk_action(next).await {
             Ok(Some(stored)) => return Ok(stored),
-            Ok(None) => shared.store.get_bulk_action(&action.id).await,
+            Ok(None) => shared.env.store.get_bulk_action(&action.id).await,
             Err(error) => Err(error),
         };
         match result {
@@ -666,7 +669,7 @@ async fn save(
 /// effort: otherwise it lapses.
 async fn release(shared: &Shared, mut action: BulkAction) {
     action.release(&shared.bulk.runner_id);
-    if let Err(error) = shared.store.update_bulk_action(action).await {
+    if let Err(error) = shared.env.store.update_bulk_action(action).await {
         tracing::debug!(%error, "could not give a bulk action's claim up");
     }
 }

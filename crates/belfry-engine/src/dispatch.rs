@@ -141,7 +141,7 @@ fn submit(shared: &Arc<Shared>, tickets: Vec<Ticket>) {
             // firing keeps no record.
             let mut ticket = ticket;
             drop(ticket.take_read_ahead());
-            let tasks = shared.tasks.clone();
+            let tasks = shared.env.tasks.clone();
             let shared = shared.clone();
             tasks.spawn(async move {
                 crate::schedules::fire(shared, &ticket).await;
@@ -155,8 +155,8 @@ fn submit(shared: &Arc<Shared>, tickets: Vec<Ticket>) {
         return;
     }
     let (starting, next_token) = {
-        let mut slots = shared.slots.lock();
-        slots.advance(shared.clock.now());
+        let mut slots = shared.fire_path.slots.lock();
+        slots.advance(shared.env.clock.now());
         for ticket in queued {
             slots.submit(ticket.entry().key.tenant.clone(), ticket);
         }
@@ -175,6 +175,7 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
     };
     {
         let mut armed = shared
+            .fire_path
             .slots
             .rate_timer
             .lock()
@@ -184,17 +185,18 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
         }
         *armed = Some(at);
     }
-    let tasks = shared.tasks.clone();
+    let tasks = shared.env.tasks.clone();
     let shared = shared.clone();
     tasks.spawn(async move {
         let wait = at
             .as_millis()
-            .saturating_sub(shared.clock.now().as_millis());
+            .saturating_sub(shared.env.clock.now().as_millis());
         if wait > 0 {
             tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
         }
         {
             let mut armed = shared
+                .fire_path
                 .slots
                 .rate_timer
                 .lock()
@@ -203,12 +205,12 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
                 *armed = None;
             }
         }
-        if shared.tasks.stopping() {
+        if shared.env.tasks.stopping() {
             return;
         }
         let (starting, next_token) = {
-            let mut slots = shared.slots.lock();
-            slots.advance(shared.clock.now());
+            let mut slots = shared.fire_path.slots.lock();
+            slots.advance(shared.env.clock.now());
             (slots.start_ready(), slots.next_token_at())
         };
         start(&shared, starting);
@@ -224,7 +226,7 @@ fn start(shared: &Arc<Shared>, tickets: Vec<(TenantName, Ticket)>) {
             completed: false,
             answered: false,
         };
-        shared.tasks.spawn(async move {
+        shared.env.tasks.spawn(async move {
             let mut answered = false;
             deliver_one(&slot.shared, ticket, &mut answered).await;
             slot.complete(answered);
@@ -257,16 +259,16 @@ impl HeldSlot {
 impl Drop for HeldSlot {
     fn drop(&mut self) {
         let (next, next_token) = {
-            let mut slots = self.shared.slots.lock();
-            slots.advance(self.shared.clock.now());
+            let mut slots = self.shared.fire_path.slots.lock();
+            slots.advance(self.shared.env.clock.now());
             if self.answered {
                 slots.answered(&self.tenant);
             }
             slots.finish(&self.tenant);
             if slots.in_flight() == 0 {
-                self.shared.slots.idle.notify_waiters();
+                self.shared.fire_path.slots.idle.notify_waiters();
             }
-            if self.shared.tasks.stopping() || !self.completed {
+            if self.shared.env.tasks.stopping() || !self.completed {
                 (Vec::new(), None)
             } else {
                 (slots.start_ready(), slots.next_token_at())
@@ -283,8 +285,8 @@ impl Drop for HeldSlot {
 /// is released. Sets `answered` when the tenant's endpoint answered the
 /// attempt, whatever it answered.
 async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) {
-    let retry_later = || Finish::RetryAt(shared.clock.now().plus(RETRY_PAUSE));
-    if shared.tasks.stopping() {
+    let retry_later = || Finish::RetryAt(shared.env.clock.now().plus(RETRY_PAUSE));
+    if shared.env.tasks.stopping() {
         // Not started: it stays pending in the store for the next start.
         return ticket.finish(Finish::Done);
     }
@@ -296,9 +298,10 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
     let Some((ticket, record)) = claimed_record(shared, ticket).await else {
         return;
     };
-    let now = shared.clock.now();
+    let now = shared.env.clock.now();
     let entry = ticket.entry();
-    if let Some(reason) = decide::lookback_expiry(&record, entry, now, shared.options.lookback) {
+    if let Some(reason) = decide::lookback_expiry(&record, entry, now, shared.env.options.lookback)
+    {
         let version = record.version.clone();
         let command = EventCommand::ExpireVersion { version, reason };
         return send_outcome(shared, ticket, command).await;
@@ -354,7 +357,7 @@ async fn claimed_record(
     loop {
         let read = match ticket.take_read_ahead() {
             Some(record) => Ok(Some(record)),
-            None => shared.reads.get(&ticket.entry().key).await,
+            None => shared.fire_path.reads.get(&ticket.entry().key).await,
         };
         let record = match read {
             Ok(Some(record)) if decide::still_due(&record, ticket.entry()) => record,
@@ -364,7 +367,7 @@ async fn claimed_record(
             }
             Err(error) => {
                 tracing::warn!(key = ?ticket.entry().key, %error, "reading a due event failed; retrying it shortly");
-                ticket.finish(Finish::RetryAt(shared.clock.now().plus(RETRY_PAUSE)));
+                ticket.finish(Finish::RetryAt(shared.env.clock.now().plus(RETRY_PAUSE)));
                 return None;
             }
         };
@@ -417,6 +420,7 @@ async fn send(
     );
     let started = Instant::now();
     let result = shared
+        .env
         .sinks
         .deliver(Delivery {
             tenant,
@@ -470,7 +474,12 @@ async fn send_outcome(shared: &Arc<Shared>, ticket: Ticket, command: EventComman
             epoch: ticket.epoch(),
         }),
     };
-    if let Err(unsent) = shared.outcomes.send(Outcome { command, ticket }).await {
+    if let Err(unsent) = shared
+        .fire_path
+        .outcomes
+        .send(Outcome { command, ticket })
+        .await
+    {
         // The recorder is gone (the engine stopped): the event stays
         // pending in the store and fires again after the next start.
         unsent.0.ticket.finish(Finish::Done);

@@ -124,31 +124,16 @@ pub struct EngineHandle {
     inner: Arc<Shared>,
 }
 
-/// State shared by every engine task.
+/// The engine's components, as every engine task reaches them.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) store: SharedStore,
-    pub(crate) sinks: Sinks,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) options: EngineOptions,
+    pub(crate) env: Env,
     /// The partitions this node owns, with their workers.
     pub(crate) owned: OwnedPartitions,
+    pub(crate) fire_path: FirePath,
     pub(crate) tenants: tenants::Tenants,
-    pub(crate) slots: dispatch::Slots,
     /// Per-tenant quota estimates (client writes are checked against them).
     pub(crate) quotas: quotas::QuotaState,
-    /// Signalled whenever a fired entry is finished (its outcome stored,
-    /// or dropped): hand-overs and shutdown wait on it.
-    pub(crate) finished: Arc<tokio::sync::Notify>,
-    /// Bounds schedule firings in progress (each holds a plan and store
-    /// writes); the others wait as small tasks.
-    pub(crate) schedule_firings: Arc<tokio::sync::Semaphore>,
-    pub(crate) outcomes: mpsc::Sender<recorder::Outcome>,
-    /// Fire-time record reads, batched node-wide.
-    pub(crate) reads: reads::RecordReads,
-    /// Spawns onto the engine's tasks; says when shutdown started (no new
-    /// delivery begins after it).
-    pub(crate) tasks: tasks::Spawner,
     /// The bulk action runner's state (claims, wake-up).
     pub(crate) bulk: bulk::BulkRunner,
     /// The pull queue of pull tenants' events and its waiting requests.
@@ -157,6 +142,31 @@ pub(crate) struct Shared {
     pub(crate) pull_peers: pull_peers::PullPeers,
     /// Writes made for callers that may go away, in flight.
     pub(crate) writes: writes::Writes,
+}
+
+/// What every component reads.
+#[derive(Debug)]
+pub(crate) struct Env {
+    pub(crate) store: SharedStore,
+    pub(crate) sinks: Sinks,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) options: EngineOptions,
+    /// Spawns onto the engine's tasks; says when shutdown started (no new
+    /// delivery begins after it).
+    pub(crate) tasks: tasks::Spawner,
+}
+
+/// The fire path past the partitions: record reads, delivery slots, the
+/// recorder's inbox, and the bound on schedule firings.
+#[derive(Debug)]
+pub(crate) struct FirePath {
+    /// Fire-time record reads, batched node-wide.
+    pub(crate) reads: reads::RecordReads,
+    pub(crate) slots: dispatch::Slots,
+    pub(crate) outcomes: mpsc::Sender<recorder::Outcome>,
+    /// Bounds schedule firings in progress (each holds a plan and store
+    /// writes); the others wait as small tasks.
+    pub(crate) schedule_firings: Arc<tokio::sync::Semaphore>,
 }
 
 impl Engine {
@@ -204,27 +214,29 @@ impl Engine {
         let (outcome_tx, outcome_rx) = mpsc::channel(options.max_in_flight.max(64));
         let tracker = tasks::TaskTracker::new();
         let spawner = tracker.spawner();
-        let options_pull = options.pull.clone();
         let shared = Arc::new_cyclic(|shared| Shared {
-            slots: dispatch::Slots::new(&options),
+            fire_path: FirePath {
+                reads: reads::RecordReads::start(store.clone(), &spawner),
+                slots: dispatch::Slots::new(&options),
+                outcomes: outcome_tx,
+                schedule_firings: Arc::new(tokio::sync::Semaphore::new(
+                    schedules::MAX_CONCURRENT_FIRINGS,
+                )),
+            },
             quotas: quotas::QuotaState::new(options.quotas.clone()),
-            finished: Arc::new(tokio::sync::Notify::new()),
-            schedule_firings: Arc::new(tokio::sync::Semaphore::new(
-                schedules::MAX_CONCURRENT_FIRINGS,
-            )),
-            reads: reads::RecordReads::start(store.clone(), &spawner),
             tenants: tenants::Tenants::new(store.clone()),
-            store,
-            sinks,
-            clock,
-            options,
             owned: OwnedPartitions::new(Arc::new(dispatch::Dispatcher::new(shared.clone()))),
-            outcomes: outcome_tx,
-            tasks: spawner.clone(),
             bulk: bulk::BulkRunner::new(bulk_runner),
-            pull: pull::PullRuntime::new(&options_pull),
+            pull: pull::PullRuntime::new(&options.pull),
             pull_peers: pull_peers::PullPeers::default(),
             writes: writes::Writes::default(),
+            env: Env {
+                store,
+                sinks,
+                clock,
+                options,
+                tasks: spawner.clone(),
+            },
         });
         let recorder_task = spawner.spawn_joined(recorder::run(shared.clone(), outcome_rx));
         spawner.spawn(purge::run(shared.clone()));
@@ -236,8 +248,8 @@ impl Engine {
             .take_receiver()
             .map(|writes| spawner.spawn_joined(pull::run_lease_writer(shared.clone(), writes)));
         tracing::info!(
-            partitions = shared.store.partitions().get(),
-            window_ms = shared.options.window.as_millis() as u64,
+            partitions = shared.env.store.partitions().get(),
+            window_ms = shared.env.options.window.as_millis() as u64,
             "engine started"
         );
         Engine {
@@ -259,7 +271,7 @@ impl Engine {
     /// yet delivered stay pending in the store and fire after the next start.
     pub async fn shutdown(self) {
         let shared = self.handle.inner.clone();
-        let grace = shared.options.shutdown_grace;
+        let grace = shared.env.options.shutdown_grace;
         // Writes whose callers went away finish first, their effects
         // reaching partitions that still run.
         if tokio::time::timeout(grace, shared.writes.wait_idle())
@@ -277,7 +289,7 @@ impl Engine {
             task.join().await;
         }
         // Entries queued for a slot stay pending in the store.
-        shared.slots.drop_queued();
+        shared.fire_path.slots.drop_queued();
         // Claims and calls waiting on the pull queue answer `unavailable`;
         // workers' leases are given back in the store (pending again at
         // their expiries, no attempt counted; their calls after the
@@ -303,7 +315,7 @@ impl Engine {
         {
             tracing::warn!("a bulk action page was still running at the end of the shutdown grace");
         }
-        if tokio::time::timeout(grace, shared.slots.wait_idle())
+        if tokio::time::timeout(grace, shared.fire_path.slots.wait_idle())
             .await
             .is_err()
         {
@@ -323,24 +335,24 @@ impl Engine {
 
 impl EngineHandle {
     pub fn store(&self) -> &SharedStore {
-        &self.inner.store
+        &self.inner.env.store
     }
 
     pub fn now(&self) -> Timestamp {
-        self.inner.clock.now()
+        self.inner.env.clock.now()
     }
 
     /// The node's sinks (the API checks a tenant's target against them).
     pub fn sinks(&self) -> &Sinks {
-        &self.inner.sinks
+        &self.inner.env.sinks
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
-        &self.inner.clock
+        &self.inner.env.clock
     }
 
     pub fn options(&self) -> &EngineOptions {
-        &self.inner.options
+        &self.inner.env.options
     }
 
     /// Applies client commands durably (the store fsyncs before this
@@ -384,7 +396,7 @@ impl EngineHandle {
         &self,
         key: &EventKey,
     ) -> StoreResult<Option<(EventRecord, DeliveryResult)>> {
-        let Some(record) = self.inner.store.get_event(key).await? else {
+        let Some(record) = self.inner.env.store.get_event(key).await? else {
             return Ok(None);
         };
         let Some(tenant) = self.inner.tenants.get(&key.tenant).await? else {
@@ -392,12 +404,13 @@ impl EngineHandle {
         };
         let result = self
             .inner
+            .env
             .sinks
             .deliver(Delivery {
                 tenant: &tenant,
                 event: &record,
                 attempt: 0,
-                triggered_at: self.inner.clock.now(),
+                triggered_at: self.inner.env.clock.now(),
                 epoch: None,
             })
             .await;
@@ -460,7 +473,7 @@ impl EngineHandle {
 
     /// Deliveries running right now (for metrics and tests).
     pub fn in_flight(&self) -> usize {
-        self.inner.slots.in_flight()
+        self.inner.fire_path.slots.in_flight()
     }
 
     /// Writes of [`EngineHandle::apply`] not finished yet, their callers
@@ -539,6 +552,6 @@ impl Shared {
         };
         // Not owned here, or stopping: the store still holds the event and
         // its owner's loader finds it.
-        self.owned.input(partition, input, self.clock.now());
+        self.owned.input(partition, input, self.env.clock.now());
     }
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use belfry_core::fire::Input;
 use belfry_core::{PartitionId, Timestamp, partition_ranges};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::Shared;
 use crate::partition::{Deliver, PartitionRuntime, Term};
@@ -64,6 +64,9 @@ pub(crate) struct OwnedPartitions {
     workers: Mutex<HashMap<PartitionId, Worker>>,
     /// Where every partition hands what it fires.
     deliver: Arc<dyn Deliver>,
+    /// Signalled whenever a fired entry is finished (its outcome stored,
+    /// or dropped): hand-overs and shutdown wait on it.
+    pub(crate) finished: Arc<Notify>,
 }
 
 impl OwnedPartitions {
@@ -71,6 +74,7 @@ impl OwnedPartitions {
         OwnedPartitions {
             workers: Mutex::default(),
             deliver,
+            finished: Arc::new(Notify::new()),
         }
     }
 
@@ -165,11 +169,11 @@ impl OwnedPartitions {
                 id,
                 term,
                 crate::partition::core_config(shared),
-                shared.finished.clone(),
-                shared.clock.clone(),
+                shared.owned.finished.clone(),
+                shared.env.clock.clone(),
             ));
             let (stop, stop_receiver) = watch::channel(false);
-            let task = shared.tasks.spawn_joined(crate::partition::run(
+            let task = shared.env.tasks.spawn_joined(crate::partition::run(
                 shared.clone(),
                 runtime.clone(),
                 self.deliver.clone(),

@@ -311,8 +311,8 @@ pub(crate) trait Deliver: Send + Sync + std::fmt::Debug {
 
 /// The core configuration for one partition of this engine.
 pub(crate) fn core_config(shared: &Shared) -> CoreConfig {
-    let options = &shared.options;
-    let partitions = usize::from(shared.store.partitions().get());
+    let options = &shared.env.options;
+    let partitions = usize::from(shared.env.store.partitions().get());
     let base = CoreConfig::with_capacity(options.max_events_in_memory / partitions);
     CoreConfig {
         window: options.window,
@@ -334,12 +334,12 @@ pub(crate) async fn run(
     deliver: Arc<dyn Deliver>,
     mut released: watch::Receiver<bool>,
 ) {
-    let mut stop = shared.tasks.stop_receiver();
+    let mut stop = shared.env.tasks.stop_receiver();
     loop {
         if *stop.borrow() || *released.borrow() {
             break;
         }
-        let now = shared.clock.now();
+        let now = shared.env.clock.now();
         // A new owner waits out the previous owner's lease; an owner whose
         // lease lapsed (no renewal: database or network trouble) holds its
         // entries until it is renewed or released.
@@ -392,14 +392,14 @@ fn perform(
         match action {
             Action::Load(request) => spawn_load(shared, partition, request),
             Action::ReadAhead(keys) => {
-                let tasks = shared.tasks.clone();
+                let tasks = shared.env.tasks.clone();
                 let (shared, partition) = (shared.clone(), partition.clone());
                 tasks.spawn(async move {
-                    let read = shared.store.get_events(&keys).await;
+                    let read = shared.env.store.get_events(&keys).await;
                     let records = read
                         .ok()
                         .map(|records| keys.into_iter().zip(records).collect());
-                    partition.input(Input::ReadAhead { records }, shared.clock.now());
+                    partition.input(Input::ReadAhead { records }, shared.env.clock.now());
                 });
             }
             // Entries without a record read ahead (a cluster node never reads
@@ -418,11 +418,11 @@ fn perform(
 }
 
 fn spawn_load(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, request: LoadRequest) {
-    let tasks = shared.tasks.clone();
+    let tasks = shared.env.tasks.clone();
     let (shared, partition) = (shared.clone(), partition.clone());
     tasks.spawn(async move {
         let page = shared
-            .store
+            .env.store
             .due_page(DuePageParams {
                 partition: partition.id,
                 after: request.after.clone(),
@@ -439,6 +439,6 @@ fn spawn_load(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, request: 
                 None
             }
         };
-        partition.input(Input::Loaded { request, page }, shared.clock.now());
+        partition.input(Input::Loaded { request, page }, shared.env.clock.now());
     });
 }

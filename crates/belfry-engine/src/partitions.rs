@@ -59,7 +59,7 @@ impl Partitions<'_> {
     pub fn resync(&self) {
         self.shared
             .owned
-            .broadcast(|| Input::Reload, self.shared.clock.now());
+            .broadcast(|| Input::Reload, self.shared.env.clock.now());
     }
 
     /// Wakes every partition worker to re-evaluate now: for a test that
@@ -138,7 +138,7 @@ impl Partitions<'_> {
                 }
                 let drained = async {
                     loop {
-                        let notified = shared.finished.notified();
+                        let notified = shared.owned.finished.notified();
                         tokio::pin!(notified);
                         notified.as_mut().enable();
                         if runtimes.iter().all(|r| r.outstanding() == 0) {

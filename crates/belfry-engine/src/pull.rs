@@ -190,7 +190,7 @@ impl PullRuntime {
 
 /// Feeds `input` to the queue and performs what it asks for.
 pub(crate) fn handle(shared: &Arc<Shared>, input: Input) {
-    let actions = shared.pull.lock().handle(input, shared.clock.now());
+    let actions = shared.pull.lock().handle(input, shared.env.clock.now());
     perform(shared, actions);
     shared.pull.wake.notify_one();
     shared.pull_peers.queue_changed();
@@ -202,7 +202,7 @@ pub(crate) fn handle(shared: &Arc<Shared>, input: Input) {
 pub(crate) fn versions_ended(shared: &Arc<Shared>, key: &EventKey, current: Option<&EventRecord>) {
     let ended = ended_versions(shared, key, current);
     if !ended.is_empty() {
-        let now = shared.clock.now();
+        let now = shared.env.clock.now();
         let actions = {
             let mut queue = shared.pull.lock();
             ended
@@ -250,10 +250,10 @@ pub(crate) fn changed_elsewhere(shared: &Arc<Shared>, key: EventKey) {
     if shared.pull.lock().held_versions(&key).is_empty() {
         return;
     }
-    let tasks = shared.tasks.clone();
+    let tasks = shared.env.tasks.clone();
     let shared = shared.clone();
     tasks.spawn(async move {
-        match shared.store.get_event(&key).await {
+        match shared.env.store.get_event(&key).await {
             Ok(record) => versions_ended(&shared, &key, record.as_ref()),
             // The store's fence still stops the version: its grant or its
             // lease's next write answers `Cancelled`.
@@ -282,7 +282,7 @@ pub(crate) fn ready(shared: &Arc<Shared>, ticket: Ticket, entry: ReadyEntry) {
 /// the next attempt that comes due after it (through another node: within
 /// the cache's 5 s).
 pub(crate) fn policy(shared: &Shared, tenant: &PullTarget, event: &PullSettings) -> AttemptPolicy {
-    AttemptPolicy::resolve(&shared.options.retry, tenant, event)
+    AttemptPolicy::resolve(&shared.env.options.retry, tenant, event)
 }
 
 /// This node no longer holds `partition` under `epoch` (already removed
@@ -293,7 +293,7 @@ pub(crate) fn partition_lost(shared: &Arc<Shared>, partition: PartitionId, epoch
     let actions = shared
         .pull
         .lock()
-        .handle(Input::PartitionLost { partition }, shared.clock.now());
+        .handle(Input::PartitionLost { partition }, shared.env.clock.now());
     perform(shared, actions);
     // Any left of that term are finished too: nothing can claim them now.
     let left: Vec<Ticket> = {
@@ -320,7 +320,7 @@ pub(crate) fn give_back(
     shared: &Shared,
     partitions: impl IntoIterator<Item = PartitionId>,
 ) -> Vec<ChangeLeaseParams> {
-    let at = shared.clock.now();
+    let at = shared.env.clock.now();
     let queue = shared.pull.lock();
     partitions
         .into_iter()
@@ -356,7 +356,10 @@ pub(crate) async fn write_given_back(
     let count = changes.len();
     let written = tokio::time::timeout(
         grace,
-        shared.store.change_leases(ChangeLeasesParams { changes }),
+        shared
+            .env
+            .store
+            .change_leases(ChangeLeasesParams { changes }),
     )
     .await;
     match written {
@@ -545,7 +548,7 @@ async fn recorded_outcome(
     lease: &LeaseId,
     ending: Ending,
 ) -> StoreResult<Option<Reply>> {
-    let Some(stored) = shared.store.get_lease(lease.key()).await? else {
+    let Some(stored) = shared.env.store.get_lease(lease.key()).await? else {
         return Ok(None);
     };
     if stored.record.lease != *lease {
@@ -574,7 +577,7 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>) {
     for action in actions {
         match action {
             Action::PersistGrants { op, grants, .. } => {
-                let tasks = shared.tasks.clone();
+                let tasks = shared.env.tasks.clone();
                 let shared = shared.clone();
                 tasks.spawn(async move {
                     let results = record_grants(&shared, grants).await;
@@ -686,12 +689,12 @@ fn queue_lease_write(
             fence,
             lease,
             change,
-            at: shared.clock.now(),
+            at: shared.env.clock.now(),
         },
     };
     if let Err(error) = shared.pull.lease_writes.sender.try_send(write) {
         let write = error.into_inner();
-        let tasks = shared.tasks.clone();
+        let tasks = shared.env.tasks.clone();
         let shared = shared.clone();
         tasks.spawn(async move { write_leases(&shared, vec![write]).await });
     }
@@ -702,7 +705,7 @@ fn queue_lease_write(
 /// [`LEASE_BATCHES_IN_FLIGHT`] calls at once), then feeds each result
 /// back. At shutdown the queue is closed and drained.
 pub(crate) async fn run_lease_writer(shared: Arc<Shared>, mut writes: mpsc::Receiver<LeaseWrite>) {
-    let mut stop = shared.tasks.stop_receiver();
+    let mut stop = shared.env.tasks.stop_receiver();
     let mut closed = false;
     let mut batch = Vec::with_capacity(MAX_LEASE_BATCH);
     let mut in_flight = tokio::task::JoinSet::new();
@@ -749,6 +752,7 @@ async fn write_leases(shared: &Arc<Shared>, batch: Vec<LeaseWrite>) {
     }
     let count = changes.len();
     let results: Vec<PersistResult> = match shared
+        .env
         .store
         .change_leases(ChangeLeasesParams { changes })
         .await
@@ -763,7 +767,7 @@ async fn write_leases(shared: &Arc<Shared>, batch: Vec<LeaseWrite>) {
             vec![PersistResult::Unavailable; count]
         }
     };
-    let now = shared.clock.now();
+    let now = shared.env.clock.now();
     let actions = {
         let mut queue = shared.pull.lock();
         let mut actions = Vec::new();
@@ -821,7 +825,7 @@ async fn record_grants(shared: &Shared, grants: Vec<LeaseRecord>) -> Vec<Persist
             fence,
             grants: indexes.iter().map(|&i| grants[i].clone()).collect(),
         };
-        async move { (indexes, shared.store.record_leases(params).await) }
+        async move { (indexes, shared.env.store.record_leases(params).await) }
     });
     let mut answers = futures::stream::iter(writes).buffer_unordered(GRANT_WRITES_IN_FLIGHT);
     while let Some((indexes, answer)) = answers.next().await {
@@ -839,7 +843,7 @@ async fn record_grants(shared: &Shared, grants: Vec<LeaseRecord>) -> Vec<Persist
 
 /// Sends `Tick` at the queue's next wake-up until the engine stops.
 pub(crate) async fn run_timer(shared: Arc<Shared>) {
-    let mut stop = shared.tasks.stop_receiver();
+    let mut stop = shared.env.tasks.stop_receiver();
     loop {
         if *stop.borrow() {
             break;
@@ -847,7 +851,7 @@ pub(crate) async fn run_timer(shared: Arc<Shared>) {
         let notified = shared.pull.wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let now = shared.clock.now();
+        let now = shared.env.clock.now();
         let wake_at = shared.pull.lock().next_wake();
         let sleep_for = wake_at.map_or(MAX_SLEEP, |at| now.until(at).min(MAX_SLEEP));
         if sleep_for.is_zero() {

@@ -69,7 +69,7 @@ impl PullPeers {
 
 /// Announces this node's unclaimed pull tenants until the engine stops.
 async fn run_announcer(shared: Arc<Shared>, node: NodeId, coordinator: Arc<dyn Coordinator>) {
-    let mut stop = shared.tasks.stop_receiver();
+    let mut stop = shared.env.tasks.stop_receiver();
     let peers = &shared.pull_peers;
     loop {
         if *stop.borrow() {
@@ -78,7 +78,7 @@ async fn run_announcer(shared: Arc<Shared>, node: NodeId, coordinator: Arc<dyn C
         let poked = peers.poke.notified();
         tokio::pin!(poked);
         poked.as_mut().enable();
-        let now = shared.clock.now();
+        let now = shared.env.clock.now();
         let unclaimed = shared.pull.lock().unclaimed_tenants();
         let (due, wake_at) = {
             let mut announcer = locked(&peers.announcer);
@@ -91,7 +91,7 @@ async fn run_announcer(shared: Arc<Shared>, node: NodeId, coordinator: Arc<dyn C
             tracing::warn!(%error, "announcing ready pull entries failed");
         }
         let sleep_for = wake_at.map_or(pull::MAX_SLEEP, |at| {
-            shared.clock.now().until(at).min(pull::MAX_SLEEP)
+            shared.env.clock.now().until(at).min(pull::MAX_SLEEP)
         });
         tokio::select! {
             biased;
@@ -146,6 +146,7 @@ impl<'a> Pull<'a> {
     pub fn join_cluster(&self, node: NodeId, coordinator: Arc<dyn Coordinator>) {
         if self.shared.pull_peers.node.set(node.clone()).is_ok() {
             self.shared
+                .env
                 .tasks
                 .spawn(run_announcer(self.shared.clone(), node, coordinator));
         }
@@ -158,7 +159,7 @@ impl<'a> Pull<'a> {
         if peers.node.get().is_some_and(|me| me.0 == node) {
             return;
         }
-        let recorded = locked(&peers.elsewhere).heard(node, tenants, self.shared.clock.now());
+        let recorded = locked(&peers.elsewhere).heard(node, tenants, self.shared.env.clock.now());
         let watchers = locked(&peers.watchers);
         for tenant in recorded {
             if let Some(sender) = watchers.get(&tenant) {
@@ -170,7 +171,7 @@ impl<'a> Pull<'a> {
     /// The other nodes believed to hold ready entries of `tenant`, the
     /// latest announcement first.
     pub fn nodes_with_ready(&self, tenant: &TenantName) -> Vec<String> {
-        locked(&self.shared.pull_peers.elsewhere).nodes(tenant, self.shared.clock.now())
+        locked(&self.shared.pull_peers.elsewhere).nodes(tenant, self.shared.env.clock.now())
     }
 
     /// A claim forwarded to `node` got fewer entries of `tenant` than it

@@ -12,7 +12,7 @@ use crate::Shared;
 const PAGE: usize = 10_000;
 
 pub(crate) async fn run(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(shared.options.purge_interval);
+    let mut tick = tokio::time::interval(shared.env.options.purge_interval);
     loop {
         tick.tick().await;
         if let Err(error) = run_once(&shared).await {
@@ -24,10 +24,15 @@ pub(crate) async fn run(shared: Arc<Shared>) {
 /// One sweep: purges pages until nothing old is left. Returns how many
 /// events went.
 pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
-    let cut_off = shared.clock.now().minus(shared.options.history_retention);
+    let cut_off = shared
+        .env
+        .clock
+        .now()
+        .minus(shared.env.options.history_retention);
     let mut total = 0;
     loop {
         let purged = shared
+            .env
             .store
             .purge_finished(PurgeParams {
                 finished_before: cut_off,
@@ -44,7 +49,7 @@ pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
     }
     let mut audit = 0;
     loop {
-        let purged = shared.store.purge_audit(cut_off, PAGE).await?;
+        let purged = shared.env.store.purge_audit(cut_off, PAGE).await?;
         audit += purged;
         if purged < PAGE {
             if audit > 0 {
@@ -56,6 +61,7 @@ pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
     let mut bulk = 0;
     loop {
         let purged = shared
+            .env
             .store
             .purge_bulk_actions(PurgeBulkActionsParams {
                 finished_before: cut_off,

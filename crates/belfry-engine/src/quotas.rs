@@ -485,7 +485,7 @@ impl Quotas<'_> {
             estimate = self.count_pending(tenant, limit).await?;
         }
         let keys: Vec<_> = commands.iter().map(|c| c.key.clone()).collect();
-        let records = self.engine.inner.store.get_events(&keys).await?;
+        let records = self.engine.inner.env.store.get_events(&keys).await?;
         let mut new_keys = std::collections::HashSet::new();
         for (key, record) in keys.iter().zip(&records) {
             let pending = record.as_ref().is_some_and(|r| {
@@ -569,6 +569,7 @@ impl Quotas<'_> {
             counted += self
                 .engine
                 .inner
+                .env
                 .store
                 .count_events(CountEventsParams {
                     tenant: tenant.clone(),
@@ -796,6 +797,7 @@ impl Quotas<'_> {
         if self
             .engine
             .inner
+            .fire_path
             .slots
             .take_dry_run_token(tenant, self.now())
         {
@@ -822,6 +824,7 @@ impl Quotas<'_> {
             let page = self
                 .engine
                 .inner
+                .env
                 .store
                 .running_bulk_actions(belfry_store::RunningBulkActionsParams {
                     after: after.clone(),

@@ -43,7 +43,7 @@ const MAX_BATCH: usize = 10_000;
 const WRITE_RETRY: Duration = Duration::from_millis(200);
 
 pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcome>) {
-    let mut stop = shared.tasks.stop_receiver();
+    let mut stop = shared.env.tasks.stop_receiver();
     let mut stopping = false;
     loop {
         let first = tokio::select! {
@@ -57,9 +57,9 @@ pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcom
             return;
         };
         // Stopping cuts the linger short: the batch is written at once.
-        if !shared.options.record_linger.is_zero() {
+        if !shared.env.options.record_linger.is_zero() {
             tokio::select! {
-                _ = tokio::time::sleep(shared.options.record_linger) => {}
+                _ = tokio::time::sleep(shared.env.options.record_linger) => {}
                 _ = stop.changed() => stopping = true,
             }
         }
@@ -101,7 +101,7 @@ struct ChannelPending<'a> {
 
 impl Pending<Outcome> for ChannelPending<'_> {
     fn in_flight(&self) -> usize {
-        self.shared.slots.in_flight()
+        self.shared.fire_path.slots.in_flight()
     }
 
     fn try_next(&mut self) -> Option<Outcome> {
@@ -110,7 +110,7 @@ impl Pending<Outcome> for ChannelPending<'_> {
 
     async fn next_or_idle(&mut self) -> Option<Outcome> {
         tokio::select! {
-            () = self.shared.slots.wait_idle() => None,
+            () = self.shared.fire_path.slots.wait_idle() => None,
             item = self.outcomes.recv() => item,
         }
     }
@@ -187,10 +187,10 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
     loop {
         let params = ApplyParams {
             commands: batch.iter().map(|o| o.command.clone()).collect(),
-            now: shared.clock.now(),
-            retry: shared.options.retry.clone(),
+            now: shared.env.clock.now(),
+            retry: shared.env.options.retry.clone(),
         };
-        match shared.store.apply(params).await {
+        match shared.env.store.apply(params).await {
             Ok(applied) => {
                 count_endings(&applied);
                 // Before the effects: a retry armed by this outcome may

@@ -97,7 +97,13 @@ pub enum PutOutcome {
 /// Handles one fired control event (see the module doc); its ticket is
 /// finished by the caller.
 pub(crate) async fn fire(shared: Arc<Shared>, ticket: &Ticket) {
-    let Ok(_permit) = shared.schedule_firings.clone().acquire_owned().await else {
+    let Ok(_permit) = shared
+        .fire_path
+        .schedule_firings
+        .clone()
+        .acquire_owned()
+        .await
+    else {
         return;
     };
     let (partition, term, entry) = (
@@ -116,7 +122,7 @@ async fn fire_with_permit(
     term: Arc<Term>,
     entry: DueCursor,
 ) {
-    if shared.tasks.stopping() || !term.may_fire() {
+    if shared.env.tasks.stopping() || !term.may_fire() {
         // Stays pending in the store; the next start (or owner) fires it.
         return;
     }
@@ -139,26 +145,26 @@ async fn fire_with_permit(
 /// Offers the control event to its partition again after a pause (a store
 /// hiccup); the plan is re-run from the stored state then.
 fn retry_later(shared: &Arc<Shared>, partition: PartitionId, entry: DueCursor) {
-    let tasks = shared.tasks.clone();
+    let tasks = shared.env.tasks.clone();
     let shared = shared.clone();
     tasks.spawn(async move {
         tokio::time::sleep(RETRY_PAUSE).await;
         shared.owned.input(
             partition,
             belfry_core::fire::Input::Offer(entry),
-            shared.clock.now(),
+            shared.env.clock.now(),
         );
     });
 }
 
 async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> StoreResult<()> {
-    let Some(record) = shared.store.get_event(&entry.key).await? else {
+    let Some(record) = shared.env.store.get_event(&entry.key).await? else {
         return Ok(());
     };
     if !still_due(&record, entry) {
         return Ok(());
     }
-    let now = shared.clock.now();
+    let now = shared.env.clock.now();
     let (definition, spec) = match Firing::of(&record) {
         Firing::Plan(definition, spec) => (definition, spec),
         Firing::Stop(error) => {
@@ -176,7 +182,7 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
         }
     };
 
-    let mut plan = schedule::plan(&definition, &spec, now, shared.options.plan_limits());
+    let mut plan = schedule::plan(&definition, &spec, now, shared.env.options.plan_limits());
     let over_budget = shared
         .quotas
         .spend_occurrences(&entry.key.tenant, &mut plan, now);
@@ -188,7 +194,7 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
             "schedule occurrences past the tenant's budget not created"
         );
     }
-    let mut occurrences = occurrence_commands(&entry.key.tenant, &plan, &shared.options);
+    let mut occurrences = occurrence_commands(&entry.key.tenant, &plan, &shared.env.options);
     refuse_over_quota(shared, &mut occurrences).await?;
     if !occurrences.is_empty() {
         apply(shared, occurrences).await?;
@@ -330,11 +336,12 @@ fn control_upsert(
 
 async fn apply(shared: &Arc<Shared>, commands: Vec<KeyedCommand>) -> StoreResult<()> {
     let applied = shared
+        .env
         .store
         .apply(ApplyParams {
             commands,
-            now: shared.clock.now(),
-            retry: shared.options.retry.clone(),
+            now: shared.env.clock.now(),
+            retry: shared.env.options.retry.clone(),
         })
         .await?;
     // Occurrences count in the pending estimate (control events do not).

@@ -90,20 +90,21 @@ pub(crate) async fn apply(
     then: impl FnOnce(&Shared) + Send + 'static,
 ) -> StoreResult<Vec<Applied>> {
     let in_flight = InFlight::new(shared.clone());
-    let task = shared.tasks.spawn_joined(async move {
+    let task = shared.env.tasks.spawn_joined(async move {
         let shared = &in_flight.0;
-        let partitions = shared.store.partitions();
+        let partitions = shared.env.store.partitions();
         // In input order, as the store answers a partial failure.
         let of_command: Vec<(PartitionId, EventKey)> = commands
             .iter()
             .map(|c| (partitions.partition_of(&c.key), c.key.clone()))
             .collect();
         let result = shared
+            .env
             .store
             .apply(ApplyParams {
                 commands,
-                now: shared.clock.now(),
-                retry: shared.options.retry.clone(),
+                now: shared.env.clock.now(),
+                retry: shared.env.options.retry.clone(),
             })
             .await;
         match &result {
@@ -141,7 +142,7 @@ pub(crate) async fn apply(
 /// partitions page their windows in again (dropping what they read ahead)
 /// rather than trust them.
 fn unsure(shared: &Shared, events: Vec<(PartitionId, EventKey)>) {
-    let now = shared.clock.now();
+    let now = shared.env.clock.now();
     let mut partitions = BTreeSet::new();
     for (partition, key) in events {
         shared
