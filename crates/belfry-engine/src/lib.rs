@@ -25,11 +25,13 @@
 //! - `pull_peers`: pull claims across a cluster (announcements of
 //!   unclaimed ready entries, sent and heard; claims parked here woken by
 //!   another node's);
-//! - [`dispatch`]: delivery slots ([`belfry_core::fire::DeliverySlots`]),
-//!   the fire-time check against the store, the claim, the delivery;
+//! - [`dispatch`]: the partitions' `Deliver` handle: delivery slots
+//!   ([`belfry_core::fire::DeliverySlots`]), then per ticket the record
+//!   read, the claim, and the delivery (I/O around the decisions of
+//!   [`belfry_core::fire::decide`]);
 //! - `reads`: fire-time record reads, batched node-wide;
 //! - [`recorder`]: batches attempt outcomes into the store and finishes
-//!   their entries;
+//!   their tickets;
 //! - [`schedules`]: recurring schedules: the control-event firing (plan,
 //!   store occurrences, move the control event) and their management
 //!   ([`schedules::Schedules`]);
@@ -46,15 +48,22 @@
 //!   ingest, bulk actions): store call and routing in a task of their own.
 //!
 //! [`EngineHandle`] is a facade: `impl EngineHandle` lives in this file
-//! only, and hands out the sub-handles above.
+//! only, and hands out the sub-handles above. Engine tasks reach the
+//! components through `Shared` (this file): `Env` (store, sinks, clock,
+//! options, task spawner), the owned partitions, `FirePath` (reads, slots,
+//! the recorder's inbox), tenants, quotas, bulk, pull and writes.
+//!
+//! Modules import one way (no circle), bottom-up: tasks, tenants, reads,
+//! partition, ownership; pull, pull_peers; schedule_scan, quotas; options;
+//! writes, schedules, recorder; dispatch; partitions, bulk, membership.
 //!
 //! # The fire path
 //! See `docs/ARCHITECTURE.md`. In short: each partition core pages due
 //! entries into a bounded window, fires them at their instant (never
 //! before), the dispatcher gives them delivery slots, a delivery checks the
 //! record, claims its version and delivers, and the recorder stores the
-//! outcome in batches, finishes the entry and routes the resulting timer
-//! effects back to the cores.
+//! outcome in batches, finishes the entry's ticket and routes the
+//! resulting timer effects back to the cores.
 //!
 //! Components are built `Options → Engine → cheap-clone EngineHandle`.
 
