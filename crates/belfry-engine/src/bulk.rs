@@ -41,7 +41,6 @@
 //!
 //! Memory: one page of records per action at work, a bounded number of
 //! actions, and one page of running actions while looking for work.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -184,7 +183,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         }
         tokio::select! {
             () = shared.bulk.wake.notified() => {}
-            () = tokio::time::sleep(POLL) => {}
+            () = crate::tasks::pause(POLL) => {}
             _ = stop.changed() => {}
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
@@ -680,7 +679,7 @@ async fn sleep_or_stop(duration: Duration, stop: &mut watch::Receiver<bool>) -> 
         return true;
     }
     tokio::select! {
-        () = tokio::time::sleep(duration) => false,
+        () = crate::tasks::pause(duration) => false,
         _ = stop.changed() => true,
     }
 }

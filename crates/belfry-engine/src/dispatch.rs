@@ -16,10 +16,9 @@
 //! version being delivered is dropped), delivers, and hands the outcome to
 //! the recorder, which tells the core the entry is finished once the
 //! outcome is stored.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use belfry_core::event::{AttemptReport, EventCommand};
 use belfry_core::fire::decide::{self, Route};
@@ -192,7 +191,7 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
             .as_millis()
             .saturating_sub(shared.env.clock.now().as_millis());
         if wait > 0 {
-            tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
+            crate::tasks::pause(Duration::from_millis(wait.unsigned_abs())).await;
         }
         {
             let mut armed = shared
@@ -418,7 +417,7 @@ async fn send(
         record.attempts == 0,
         Duration::from_millis(u64::try_from(late).unwrap_or(0)),
     );
-    let started = Instant::now();
+    let started = shared.env.clock.monotonic();
     let result = shared
         .env
         .sinks
@@ -430,7 +429,7 @@ async fn send(
             epoch: Some(ticket.epoch()),
         })
         .await;
-    let took = started.elapsed();
+    let took = shared.env.clock.monotonic().since(started);
     *answered = result.http_status.is_some() || result.verdict == Verdict::Delivered;
     belfry_metrics::attempt_ended(channel_of(&tenant.sink), outcome_of(result.verdict), took);
     AttemptReport {

@@ -233,10 +233,10 @@ impl Engine {
                 )),
             },
             quotas: quotas::QuotaState::new(options.quotas.clone()),
-            tenants: tenants::Tenants::new(store.clone()),
+            tenants: tenants::Tenants::new(store.clone(), clock.clone()),
             owned: OwnedPartitions::new(Arc::new(dispatch::Dispatcher::new(shared.clone()))),
             bulk: bulk::BulkRunner::new(bulk_runner),
-            pull: pull::PullRuntime::new(&options.pull),
+            pull: pull::PullRuntime::new(&options.pull, clock.now()),
             pull_peers: pull_peers::PullPeers::default(),
             writes: writes::Writes::default(),
             env: Env {

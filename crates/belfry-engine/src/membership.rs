@@ -76,14 +76,14 @@
 //! Rounds run every tick and also whenever the coordinator announces a
 //! change ([`Membership::poke`]), so a hand-over takes a few database round
 //! trips rather than ticks.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use belfry_core::liveness::{CrashWatch, Sighting};
-use belfry_core::{PartitionId, partition_ranges};
+use belfry_core::ownership::FiringWindow;
+use belfry_core::{MonoTime, PartitionId, partition_ranges};
 use belfry_store::StoreResult;
 use belfry_store::cluster::{
     Coordinator, LeaderLease, NodeId, NodeInfo, NodePresence, NodeStatus, PartitionAssignment,
@@ -139,7 +139,7 @@ pub struct ClusterSnapshot {
     pub leader: Option<LeaderLease>,
     pub assignments: Vec<PartitionAssignment>,
     /// When this snapshot was taken; `None` before the first success.
-    pub taken_at: Option<Instant>,
+    pub taken_at: Option<MonoTime>,
 }
 
 /// The membership loop of one node.
@@ -224,7 +224,7 @@ impl Membership {
         // Owned here: dropping `run` stops the watcher too.
         let mut watcher = JoinSet::new();
         watcher.spawn(self.clone().watch_presence());
-        let mut tick = tokio::time::interval(self.options.tick);
+        let mut tick = crate::tasks::ticks(self.options.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(stop);
         loop {
@@ -252,7 +252,7 @@ impl Membership {
     /// grants the crashed node's partitions to the live nodes.
     async fn watch_presence(self: Arc<Self>) {
         let mut watch = CrashWatch::new(self.options.presence_grace);
-        let mut every = tokio::time::interval(self.options.presence_interval);
+        let mut every = crate::tasks::ticks(self.options.presence_interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         loop {
@@ -358,10 +358,10 @@ impl Membership {
                 assignments = self.coordinator.assignments().await?;
             }
         }
-        let renewal_sent = Instant::now();
+        let clock = self.engine.clock().clone();
+        let renewal_sent = clock.monotonic();
         let owned = self.coordinator.renew_ownership(&self.node.id, ttl).await?;
-        let answered = Instant::now();
-        let fire_until = renewal_sent + ttl.saturating_sub(self.options.safety_margin);
+        let answered = clock.monotonic();
         let revoked: Vec<(PartitionId, u64)> = owned
             .iter()
             .filter(|o| o.revoked)
@@ -376,8 +376,13 @@ impl Membership {
                 .map(|o| Ownership {
                     partition: o.partition,
                     epoch: o.epoch,
-                    fire_from: answered + o.takeover_after,
-                    fire_until,
+                    window: FiringWindow::after_renewal(
+                        renewal_sent,
+                        answered,
+                        ttl,
+                        self.options.safety_margin,
+                        o.takeover_after,
+                    ),
                 })
                 .collect()
         };
@@ -509,7 +514,7 @@ impl Membership {
         );
         let release = self.engine.partitions().release(&partitions, grace);
         tokio::pin!(release);
-        let mut tick = tokio::time::interval(self.options.tick);
+        let mut tick = crate::tasks::ticks(self.options.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.reset();
         // Keep the heartbeat and the leases alive while deliveries finish:

@@ -11,14 +11,13 @@
 //! The dispatcher checks it right before each delivery, so a node that was
 //! paused (SIGSTOP, a long GC-like stall) past its lease delivers nothing for
 //! the partitions it lost.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 
 use belfry_core::fire::Input;
-use belfry_core::{PartitionId, Timestamp, partition_ranges};
+use belfry_core::ownership::FiringWindow;
+use belfry_core::{MonoTime, PartitionId, Timestamp, partition_ranges};
 use tokio::sync::{Notify, watch};
 
 use crate::Shared;
@@ -30,22 +29,19 @@ use crate::tasks::Joined;
 pub struct Ownership {
     pub partition: PartitionId,
     pub epoch: u64,
-    /// Not before this instant (the previous owner's lease may run until then).
-    pub fire_from: Instant,
-    /// Not from this instant on (this node's lease may have expired by then).
-    pub fire_until: Instant,
+    /// When this node may fire it, on the engine clock's monotonic time:
+    /// not before the previous owner's lease may run out, not after this
+    /// node's may have.
+    pub window: FiringWindow,
 }
 
 impl Ownership {
     /// Owned for as long as the process runs (a single node).
     pub fn forever(partition: PartitionId) -> Self {
-        let now = Instant::now();
         Ownership {
             partition,
             epoch: 0,
-            fire_from: now,
-            // Far enough to never matter, near enough not to overflow.
-            fire_until: now + Duration::from_secs(100 * 365 * 24 * 3600),
+            window: FiringWindow::forever(MonoTime::ZERO),
         }
     }
 }
@@ -158,13 +154,14 @@ impl OwnedPartitions {
         let mut acquired = Vec::new();
         for (id, grant) in wanted {
             if let Some(worker) = workers.get(&id) {
-                worker
-                    .runtime
-                    .term
-                    .update(grant.fire_from, grant.fire_until);
+                worker.runtime.term.update(grant.window);
                 continue;
             }
-            let term = Arc::new(Term::new(grant.epoch, grant.fire_from, grant.fire_until));
+            let term = Arc::new(Term::new(
+                grant.epoch,
+                grant.window,
+                shared.env.clock.clone(),
+            ));
             let runtime = Arc::new(PartitionRuntime::new(
                 id,
                 term,

@@ -16,11 +16,10 @@
 //! the core synchronously by whoever has them ([`PartitionRuntime::input`]),
 //! under the core's lock; there is no inbox to grow. The worker sleeps until
 //! the core's next wake-up or until poked.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use belfry_core::fire::{Action, CoreConfig, Finish, Fired, Input, LoadRequest, PartitionCore};
 use belfry_core::ownership::FiringWindow;
@@ -42,36 +41,31 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub(crate) struct Term {
     pub(crate) epoch: u64,
-    base: Instant,
-    /// Offsets from `base` in microseconds.
+    /// The window's ends on the clock's monotonic time line, in
+    /// microseconds: renewals move them while deliveries read them.
     fire_from: AtomicU64,
     fire_until: AtomicU64,
+    clock: Arc<dyn Clock>,
 }
 
 impl Term {
-    /// Term `epoch`, firing in `[fire_from, fire_until)`.
-    pub(crate) fn new(epoch: u64, fire_from: Instant, fire_until: Instant) -> Self {
-        let base = Instant::now();
+    /// Term `epoch`, firing inside `window` of `clock`'s monotonic time.
+    pub(crate) fn new(epoch: u64, window: FiringWindow, clock: Arc<dyn Clock>) -> Self {
         let term = Term {
             epoch,
-            base,
             fire_from: AtomicU64::new(0),
             fire_until: AtomicU64::new(0),
+            clock,
         };
-        term.update(fire_from, fire_until);
+        term.update(window);
         term
     }
 
-    fn offset(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.base).as_micros()).unwrap_or(u64::MAX)
-    }
-
     /// Moves the window (a lease renewal).
-    pub(crate) fn update(&self, fire_from: Instant, fire_until: Instant) {
-        self.fire_from
-            .store(self.offset(fire_from), Ordering::SeqCst);
+    pub(crate) fn update(&self, window: FiringWindow) {
+        self.fire_from.store(offset(window.from), Ordering::SeqCst);
         self.fire_until
-            .store(self.offset(fire_until), Ordering::SeqCst);
+            .store(offset(window.until), Ordering::SeqCst);
     }
 
     /// Closes the window for good: the partition was released or lost, so
@@ -81,7 +75,7 @@ impl Term {
         self.fire_until.store(0, Ordering::SeqCst);
     }
 
-    /// The window as it stands, on a time line starting at `base`.
+    /// The window as it stands.
     fn window(&self) -> FiringWindow {
         FiringWindow {
             from: micros(self.fire_from.load(Ordering::SeqCst)),
@@ -91,14 +85,17 @@ impl Term {
 
     /// Whether a delivery may start now.
     pub(crate) fn may_fire(&self) -> bool {
-        self.window().may_fire(micros(self.offset(Instant::now())))
+        self.window().may_fire(self.clock.monotonic())
     }
 
     /// How long until firing may start (zero if it may already).
     pub(crate) fn wait_before_firing(&self) -> Duration {
-        self.window()
-            .wait_before_firing(micros(self.offset(Instant::now())))
+        self.window().wait_before_firing(self.clock.monotonic())
     }
+}
+
+fn offset(at: MonoTime) -> u64 {
+    u64::try_from(at.since_origin().as_micros()).unwrap_or(u64::MAX)
 }
 
 fn micros(offset: u64) -> MonoTime {
@@ -377,7 +374,7 @@ pub(crate) async fn run(
             _ = stop.changed() => break,
             _ = released.changed() => break,
             _ = partition.wake.notified() => {}
-            _ = tokio::time::sleep(sleep_for) => {}
+            _ = crate::tasks::pause(sleep_for) => {}
         }
     }
 }

@@ -21,7 +21,6 @@
 //! through another node when its wake-up arrives ([`changed_elsewhere`]
 //! reads the record). A wake-up that never comes leaves the store's fence:
 //! the grant or the lease's next write answers `Cancelled`.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -126,15 +125,13 @@ pub(crate) struct PullRuntime {
 }
 
 impl PullRuntime {
-    pub(crate) fn new(options: &PullOptions) -> Self {
+    /// `now` seeds lease nonces if the OS has no randomness.
+    pub(crate) fn new(options: &PullOptions, now: Timestamp) -> Self {
         let nonces = NonceSource::random().unwrap_or_else(|error| {
             // Nonces only tell leases of one attempt apart; the fencing
             // (epoch, attempt, store check) does not depend on them.
             tracing::warn!(%error, "no OS randomness for lease nonces; seeding from the time");
-            let seed = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            NonceSource::from_seed(seed)
+            NonceSource::from_seed(now.as_millis().unsigned_abs())
         });
         PullRuntime {
             queue: Mutex::new(PullQueue::new(options.config(), nonces)),
@@ -440,14 +437,14 @@ pub(crate) async fn claim(
     tenant: TenantName,
     request: ClaimRequest,
 ) -> Reply {
-    let arrived = std::time::Instant::now();
+    let arrived = shared.env.clock.monotonic();
     let reply = ask(shared, |call| Input::Claim {
         call,
         tenant,
         request,
     })
     .await;
-    record_claim_metrics(&reply, arrived.elapsed());
+    record_claim_metrics(&reply, shared.env.clock.monotonic().since(arrived));
     reply
 }
 
@@ -863,7 +860,7 @@ pub(crate) async fn run_timer(shared: Arc<Shared>) {
             biased;
             _ = stop.changed() => break,
             _ = notified => {}
-            _ = tokio::time::sleep(sleep_for) => handle(&shared, Input::Tick),
+            _ = crate::tasks::pause(sleep_for) => handle(&shared, Input::Tick),
         }
     }
 }

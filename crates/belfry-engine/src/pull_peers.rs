@@ -10,7 +10,6 @@
 //! Forwarding a claim or a lease call to another node is HTTP, so it is
 //! the API's (`belfry_api`'s lease routes); they ask this module whom to
 //! ask and tell it how that went.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -97,7 +96,7 @@ async fn run_announcer(shared: Arc<Shared>, node: NodeId, coordinator: Arc<dyn C
             biased;
             _ = stop.changed() => break,
             () = &mut poked => {}
-            () = tokio::time::sleep(sleep_for) => {}
+            () = crate::tasks::pause(sleep_for) => {}
         }
     }
 }

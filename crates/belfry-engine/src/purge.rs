@@ -1,7 +1,6 @@
 //! The background retention sweep: finished events and their attempt
 //! history go once they are older than `history_retention`, and so do
 //! audit log entries and finished bulk actions (kept like history).
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::Arc;
 
@@ -12,7 +11,7 @@ use crate::Shared;
 const PAGE: usize = 10_000;
 
 pub(crate) async fn run(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(shared.env.options.purge_interval);
+    let mut tick = crate::tasks::ticks(shared.env.options.purge_interval);
     loop {
         tick.tick().await;
         if let Err(error) = run_once(&shared).await {

@@ -10,7 +10,6 @@
 //! is safe even when the failed write had committed: an attempt is recorded
 //! once per (version, number) (`EventCommand::RecordAttempt`), so its repeat
 //! changes nothing but re-arms the retry the first write set.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,7 +58,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcom
         // Stopping cuts the linger short: the batch is written at once.
         if !shared.env.options.record_linger.is_zero() {
             tokio::select! {
-                _ = tokio::time::sleep(shared.env.options.record_linger) => {}
+                _ = crate::tasks::pause(shared.env.options.record_linger) => {}
                 _ = stop.changed() => stopping = true,
             }
         }
@@ -225,7 +224,7 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
                 if batch.is_empty() {
                     return Ok(());
                 }
-                tokio::time::sleep(WRITE_RETRY).await;
+                crate::tasks::pause(WRITE_RETRY).await;
             }
             Err(StoreError::Fenced { partition, epoch }) => {
                 belfry_metrics::fenced_write_rejected();
@@ -250,7 +249,7 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
             }
             Err(error) => {
                 tracing::warn!(%error, outcomes = batch.len(), "recording delivery outcomes failed; retrying");
-                tokio::time::sleep(WRITE_RETRY).await;
+                crate::tasks::pause(WRITE_RETRY).await;
             }
         }
     }

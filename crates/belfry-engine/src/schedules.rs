@@ -24,7 +24,6 @@
 //! old definition's occurrences due within the lead: the only trace a race
 //! leaves). Already-created future occurrences are cancelled on update,
 //! pause and delete.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -148,7 +147,7 @@ fn retry_later(shared: &Arc<Shared>, partition: PartitionId, entry: DueCursor) {
     let tasks = shared.env.tasks.clone();
     let shared = shared.clone();
     tasks.spawn(async move {
-        tokio::time::sleep(RETRY_PAUSE).await;
+        crate::tasks::pause(RETRY_PAUSE).await;
         shared.owned.input(
             partition,
             belfry_core::fire::Input::Offer(entry),

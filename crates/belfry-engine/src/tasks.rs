@@ -127,6 +127,22 @@ impl<T> Joined<T> {
     }
 }
 
+/// A pause in real time, for pacing the engine's own work (the recorder's
+/// linger, retry pauses, polls, a worker's longest sleep). Event time is
+/// read from the injected clock; pacing is not event time, and a test's
+/// manual clock, which moves only when told, would stall it.
+#[allow(clippy::disallowed_methods)] // pacing, not event time (see above)
+pub(crate) fn pause(duration: std::time::Duration) -> tokio::time::Sleep {
+    tokio::time::sleep(duration)
+}
+
+/// Ticks in real time, for the engine's periodic loops (membership,
+/// retention); see [`pause`].
+#[allow(clippy::disallowed_methods)] // pacing, not event time (see pause)
+pub(crate) fn ticks(period: std::time::Duration) -> tokio::time::Interval {
+    tokio::time::interval(period)
+}
+
 #[cfg(test)]
 mod tests {
     use super::TaskTracker;

@@ -5,32 +5,33 @@
 //! Entries expire after [`TTL`] so that a change made through another node
 //! (cluster mode) is seen within seconds; writes through this node
 //! ([`Tenants::put`], [`Tenants::delete`]) refresh the cache at once.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use belfry_core::{TenantConfig, TenantName};
+use belfry_core::{Clock, MonoTime, TenantConfig, TenantName};
 use belfry_store::{SharedStore, StoreResult};
 
 const TTL: Duration = Duration::from_secs(5);
 
 /// When an entry was read, and what the store said (`None`: no such tenant).
-type Entry = (Instant, Option<Arc<TenantConfig>>);
+type Entry = (MonoTime, Option<Arc<TenantConfig>>);
 
 /// The node's tenant configs (see the module documentation).
 #[derive(Debug)]
 pub struct Tenants {
     store: SharedStore,
     entries: Mutex<HashMap<TenantName, Entry>>,
+    clock: Arc<dyn Clock>,
 }
 
 impl Tenants {
-    pub(crate) fn new(store: SharedStore) -> Self {
+    pub(crate) fn new(store: SharedStore, clock: Arc<dyn Clock>) -> Self {
         Tenants {
             store,
             entries: Mutex::default(),
+            clock,
         }
     }
 
@@ -40,13 +41,13 @@ impl Tenants {
     /// Store failures.
     pub async fn get(&self, name: &TenantName) -> StoreResult<Option<Arc<TenantConfig>>> {
         if let Some((at, config)) = self.lock().get(name)
-            && at.elapsed() < TTL
+            && self.clock.monotonic().since(*at) < TTL
         {
             return Ok(config.clone());
         }
         let config = self.store.get_tenant(name).await?.map(Arc::new);
         self.lock()
-            .insert(name.clone(), (Instant::now(), config.clone()));
+            .insert(name.clone(), (self.clock.monotonic(), config.clone()));
         Ok(config)
     }
 
