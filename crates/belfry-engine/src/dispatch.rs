@@ -107,6 +107,16 @@ impl Slots {
     }
 }
 
+impl crate::recorder::InFlight for Slots {
+    fn in_flight(&self) -> usize {
+        Slots::in_flight(self)
+    }
+
+    fn wait_idle(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(Slots::wait_idle(self))
+    }
+}
+
 /// The partitions' [`Deliver`] handle: fired entries to delivery slots.
 #[derive(Debug)]
 pub(crate) struct Dispatcher {

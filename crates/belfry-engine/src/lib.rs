@@ -171,11 +171,21 @@ pub(crate) struct Env {
 pub(crate) struct FirePath {
     /// Fire-time record reads, batched node-wide.
     pub(crate) reads: reads::RecordReads,
-    pub(crate) slots: dispatch::Slots,
+    pub(crate) slots: Arc<dispatch::Slots>,
     pub(crate) outcomes: mpsc::Sender<recorder::Outcome>,
     /// Bounds schedule firings in progress (each holds a plan and store
     /// writes); the others wait as small tasks.
     pub(crate) schedule_firings: Arc<tokio::sync::Semaphore>,
+}
+
+/// Routes recorded effects to the owning partitions and the pull queue
+/// ([`Shared::route_effects`]), for the recorder.
+struct EffectsRouter(Arc<Shared>);
+
+impl recorder::RouteEffects for EffectsRouter {
+    fn route(&self, applied: &[Applied]) {
+        self.0.route_effects(applied);
+    }
 }
 
 impl Engine {
@@ -226,7 +236,7 @@ impl Engine {
         let shared = Arc::new_cyclic(|shared| Shared {
             fire_path: FirePath {
                 reads: reads::RecordReads::start(store.clone(), &spawner),
-                slots: dispatch::Slots::new(&options),
+                slots: Arc::new(dispatch::Slots::new(&options)),
                 outcomes: outcome_tx,
                 schedule_firings: Arc::new(tokio::sync::Semaphore::new(
                     schedules::MAX_CONCURRENT_FIRINGS,
@@ -247,7 +257,16 @@ impl Engine {
                 tasks: spawner.clone(),
             },
         });
-        let recorder_task = spawner.spawn_joined(recorder::run(shared.clone(), outcome_rx));
+        let recorder = recorder::Recorder {
+            store: shared.env.store.clone(),
+            clock: shared.env.clock.clone(),
+            linger: shared.env.options.record_linger,
+            retry: shared.env.options.retry.clone(),
+            in_flight: shared.fire_path.slots.clone(),
+            effects: Arc::new(EffectsRouter(shared.clone())),
+        };
+        let recorder_task =
+            spawner.spawn_joined(recorder::run(recorder, outcome_rx, spawner.stop_receiver()));
         spawner.spawn(purge::run(shared.clone()));
         let bulk_task = spawner.spawn_joined(bulk::run(shared.clone()));
         let pull_task = spawner.spawn_joined(pull::run_timer(shared.clone()));

@@ -11,16 +11,16 @@
 //! once per (version, number) (`EventCommand::RecordAttempt`), so its repeat
 //! changes nothing but re-arms the retry the first write set.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use belfry_core::EventStatus;
 use belfry_core::event::CommandOutcome;
 use belfry_core::fire::Finish;
-use belfry_store::{Applied, ApplyParams, KeyedCommand, StoreError};
-use tokio::sync::mpsc;
+use belfry_core::{Clock, EventStatus, RetryPolicy};
+use belfry_store::{Applied, ApplyParams, KeyedCommand, SharedStore, StoreError};
+use tokio::sync::{mpsc, watch};
 
-use crate::Shared;
 use crate::partition::Ticket;
 
 /// One delivery's outcome, with the ticket it finishes.
@@ -41,8 +41,36 @@ fn finish_all(outcomes: impl IntoIterator<Item = Outcome>) {
 const MAX_BATCH: usize = 10_000;
 const WRITE_RETRY: Duration = Duration::from_millis(200);
 
-pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcome>) {
-    let mut stop = shared.env.tasks.stop_receiver();
+/// Deliveries in flight, which the recorder waits for while it stops.
+pub(crate) trait InFlight: Send + Sync {
+    fn in_flight(&self) -> usize;
+    /// Resolves once no delivery is in flight.
+    fn wait_idle(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+/// Where the effects of recorded outcomes go (the owning partitions).
+pub(crate) trait RouteEffects: Send + Sync {
+    fn route(&self, applied: &[Applied]);
+}
+
+/// The recorder and what it reads: no more than it needs.
+pub(crate) struct Recorder {
+    pub(crate) store: SharedStore,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) linger: Duration,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) in_flight: Arc<dyn InFlight>,
+    pub(crate) effects: Arc<dyn RouteEffects>,
+}
+
+/// Records `outcomes` until `stop` says so and the deliveries in flight
+/// have handed theirs over.
+pub(crate) async fn run(
+    recorder: Recorder,
+    mut outcomes: mpsc::Receiver<Outcome>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let recorder = &recorder;
     let mut stopping = false;
     loop {
         let first = tokio::select! {
@@ -52,13 +80,13 @@ pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcom
             _ = stop.changed() => None,
         };
         let Some(first) = first else {
-            drain_after_stop(&shared, &mut outcomes).await;
+            drain_after_stop(recorder, &mut outcomes).await;
             return;
         };
         // Stopping cuts the linger short: the batch is written at once.
-        if !shared.env.options.record_linger.is_zero() {
+        if !recorder.linger.is_zero() {
             tokio::select! {
-                _ = crate::tasks::pause(shared.env.options.record_linger) => {}
+                _ = crate::tasks::pause(recorder.linger) => {}
                 _ = stop.changed() => stopping = true,
             }
         }
@@ -69,17 +97,20 @@ pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcom
                 Err(_) => break,
             }
         }
-        record(&shared, batch).await;
+        record(recorder, batch).await;
         if stopping {
-            drain_after_stop(&shared, &mut outcomes).await;
+            drain_after_stop(recorder, &mut outcomes).await;
             return;
         }
     }
 }
 
-async fn drain_after_stop(shared: &Arc<Shared>, outcomes: &mut mpsc::Receiver<Outcome>) {
-    let mut pending = ChannelPending { shared, outcomes };
-    drain_until_idle(&mut pending, |batch| record(shared, batch)).await;
+async fn drain_after_stop(recorder: &Recorder, outcomes: &mut mpsc::Receiver<Outcome>) {
+    let mut pending = ChannelPending {
+        in_flight: recorder.in_flight.as_ref(),
+        outcomes,
+    };
+    drain_until_idle(&mut pending, |batch| record(recorder, batch)).await;
 }
 
 /// What the recorder sees while it stops: deliveries still in flight and
@@ -94,13 +125,13 @@ trait Pending<T> {
 }
 
 struct ChannelPending<'a> {
-    shared: &'a Arc<Shared>,
+    in_flight: &'a dyn InFlight,
     outcomes: &'a mut mpsc::Receiver<Outcome>,
 }
 
 impl Pending<Outcome> for ChannelPending<'_> {
     fn in_flight(&self) -> usize {
-        self.shared.fire_path.slots.in_flight()
+        self.in_flight.in_flight()
     }
 
     fn try_next(&mut self) -> Option<Outcome> {
@@ -109,7 +140,7 @@ impl Pending<Outcome> for ChannelPending<'_> {
 
     async fn next_or_idle(&mut self) -> Option<Outcome> {
         tokio::select! {
-            () = self.shared.fire_path.slots.wait_idle() => None,
+            () = self.in_flight.wait_idle() => None,
             item = self.outcomes.recv() => item,
         }
     }
@@ -148,10 +179,10 @@ async fn drain_until_idle<T, Recorded: Future<Output = ()>>(
 /// Writes one batch, retrying until it lands. Outcomes of a partition
 /// this node no longer owns are rejected by their epoch: they are dropped
 /// (the new owner re-delivers; that is the at-least-once duplicate window).
-async fn record(shared: &Arc<Shared>, batch: Vec<Outcome>) {
+async fn record(recorder: &Recorder, batch: Vec<Outcome>) {
     let mut groups = vec![batch];
     while let Some(group) = groups.pop() {
-        match record_group(shared, group).await {
+        match record_group(recorder, group).await {
             Ok(()) => {}
             Err(Split(parts)) => groups.extend(parts),
         }
@@ -182,20 +213,20 @@ fn count_endings(applied: &[Applied]) {
 /// ones.
 struct Split(Vec<Vec<Outcome>>);
 
-async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(), Split> {
+async fn record_group(recorder: &Recorder, mut batch: Vec<Outcome>) -> Result<(), Split> {
     loop {
         let params = ApplyParams {
             commands: batch.iter().map(|o| o.command.clone()).collect(),
-            now: shared.env.clock.now(),
-            retry: shared.env.options.retry.clone(),
+            now: recorder.clock.now(),
+            retry: recorder.retry.clone(),
         };
-        match shared.env.store.apply(params).await {
+        match recorder.store.apply(params).await {
             Ok(applied) => {
                 count_endings(&applied);
                 // Before the effects: a retry armed by this outcome may
                 // claim the event again.
                 finish_all(batch);
-                shared.route_effects(&applied);
+                recorder.effects.route(&applied);
                 return Ok(());
             }
             Err(StoreError::Partial(partial)) => {
@@ -215,7 +246,7 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
                     }
                 }
                 count_endings(&applied);
-                shared.route_effects(&applied);
+                recorder.effects.route(&applied);
                 tracing::warn!(
                     failed = failed.len(),
                     "recording delivery outcomes failed in part; retrying the rest"
