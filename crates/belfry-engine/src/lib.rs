@@ -136,7 +136,7 @@ pub struct EngineHandle {
 /// The engine's components, as every engine task reaches them.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) env: Env,
+    pub(crate) env: Arc<Env>,
     /// The partitions this node owns, with their workers.
     pub(crate) owned: OwnedPartitions,
     pub(crate) fire_path: FirePath,
@@ -249,13 +249,13 @@ impl Engine {
             pull: pull::PullRuntime::new(&options.pull, clock.now()),
             pull_peers: pull_peers::PullPeers::default(),
             writes: writes::Writes::default(),
-            env: Env {
+            env: Arc::new(Env {
                 store,
                 sinks,
                 clock,
                 options,
                 tasks: spawner.clone(),
-            },
+            }),
         });
         let recorder = recorder::Recorder {
             store: shared.env.store.clone(),
@@ -267,7 +267,7 @@ impl Engine {
         };
         let recorder_task =
             spawner.spawn_joined(recorder::run(recorder, outcome_rx, spawner.stop_receiver()));
-        spawner.spawn(purge::run(shared.clone()));
+        spawner.spawn(purge::run(shared.env.clone()));
         let bulk_task = spawner.spawn_joined(bulk::run(shared.clone()));
         let pull_task = spawner.spawn_joined(pull::run_timer(shared.clone()));
         let lease_writer_task = shared
@@ -496,7 +496,7 @@ impl EngineHandle {
     /// # Errors
     /// Store failures.
     pub async fn purge_now(&self) -> StoreResult<usize> {
-        purge::run_once(&self.inner).await
+        purge::run_once(&self.inner.env).await
     }
 
     /// Deliveries running right now (for metrics and tests).

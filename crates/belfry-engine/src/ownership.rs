@@ -20,7 +20,7 @@ use belfry_core::ownership::FiringWindow;
 use belfry_core::{MonoTime, PartitionId, Timestamp, partition_ranges};
 use tokio::sync::{Notify, watch};
 
-use crate::Shared;
+use crate::Env;
 use crate::partition::{Deliver, PartitionRuntime, Term};
 use crate::tasks::Joined;
 
@@ -124,11 +124,7 @@ impl OwnedPartitions {
     /// with a fresh window), and moves the firing windows of the others.
     /// Returns the partitions lost, with the epochs they were held under:
     /// the composition root tells the pull queue.
-    pub(crate) fn apply(
-        &self,
-        shared: &Arc<Shared>,
-        grants: Vec<Ownership>,
-    ) -> Vec<(PartitionId, u64)> {
+    pub(crate) fn apply(&self, env: &Arc<Env>, grants: Vec<Ownership>) -> Vec<(PartitionId, u64)> {
         let mut workers = self.lock();
         let wanted: HashMap<PartitionId, Ownership> =
             grants.into_iter().map(|g| (g.partition, g)).collect();
@@ -157,21 +153,17 @@ impl OwnedPartitions {
                 worker.runtime.term.update(grant.window);
                 continue;
             }
-            let term = Arc::new(Term::new(
-                grant.epoch,
-                grant.window,
-                shared.env.clock.clone(),
-            ));
+            let term = Arc::new(Term::new(grant.epoch, grant.window, env.clock.clone()));
             let runtime = Arc::new(PartitionRuntime::new(
                 id,
                 term,
-                crate::partition::core_config(shared),
-                shared.owned.finished.clone(),
-                shared.env.clock.clone(),
+                crate::partition::core_config(env),
+                self.finished.clone(),
+                env.clock.clone(),
             ));
             let (stop, stop_receiver) = watch::channel(false);
-            let task = shared.env.tasks.spawn_joined(crate::partition::run(
-                shared.clone(),
+            let task = env.tasks.spawn_joined(crate::partition::run(
+                env.clone(),
                 runtime.clone(),
                 self.deliver.clone(),
                 stop_receiver,

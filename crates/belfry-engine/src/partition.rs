@@ -27,7 +27,7 @@ use belfry_core::{Clock, DueCursor, EventRecord, EventVersion, MonoTime, Partiti
 use belfry_store::DuePageParams;
 use tokio::sync::{Notify, watch};
 
-use crate::Shared;
+use crate::Env;
 
 /// How often a partition whose firing window closed (its lease lapsed)
 /// checks whether it was renewed.
@@ -307,9 +307,9 @@ pub(crate) trait Deliver: Send + Sync + std::fmt::Debug {
 }
 
 /// The core configuration for one partition of this engine.
-pub(crate) fn core_config(shared: &Shared) -> CoreConfig {
-    let options = &shared.env.options;
-    let partitions = usize::from(shared.env.store.partitions().get());
+pub(crate) fn core_config(env: &Env) -> CoreConfig {
+    let options = &env.options;
+    let partitions = usize::from(env.store.partitions().get());
     let base = CoreConfig::with_capacity(options.max_events_in_memory / partitions);
     CoreConfig {
         window: options.window,
@@ -326,17 +326,17 @@ pub(crate) fn core_config(shared: &Shared) -> CoreConfig {
 }
 
 pub(crate) async fn run(
-    shared: Arc<Shared>,
+    env: Arc<Env>,
     partition: Arc<PartitionRuntime>,
     deliver: Arc<dyn Deliver>,
     mut released: watch::Receiver<bool>,
 ) {
-    let mut stop = shared.env.tasks.stop_receiver();
+    let mut stop = env.tasks.stop_receiver();
     loop {
         if *stop.borrow() || *released.borrow() {
             break;
         }
-        let now = shared.env.clock.now();
+        let now = env.clock.now();
         // A new owner waits out the previous owner's lease; an owner whose
         // lease lapsed (no renewal: database or network trouble) holds its
         // entries until it is renewed or released.
@@ -346,7 +346,7 @@ pub(crate) async fn run(
             let actions = core.handle(Input::Tick { may_fire }, now);
             (actions, core.next_wake(now))
         };
-        perform(&shared, &partition, deliver.as_ref(), actions);
+        perform(&env, &partition, deliver.as_ref(), actions);
         let mut sleep_for = now.until(wake_at).min(MAX_SLEEP);
         if !may_fire {
             let takeover_wait = partition.term.wait_before_firing();
@@ -380,23 +380,23 @@ pub(crate) async fn run(
 }
 
 fn perform(
-    shared: &Arc<Shared>,
+    env: &Arc<Env>,
     partition: &Arc<PartitionRuntime>,
     deliver: &dyn Deliver,
     actions: Vec<Action>,
 ) {
     for action in actions {
         match action {
-            Action::Load(request) => spawn_load(shared, partition, request),
+            Action::Load(request) => spawn_load(env, partition, request),
             Action::ReadAhead(keys) => {
-                let tasks = shared.env.tasks.clone();
-                let (shared, partition) = (shared.clone(), partition.clone());
+                let tasks = env.tasks.clone();
+                let (env, partition) = (env.clone(), partition.clone());
                 tasks.spawn(async move {
-                    let read = shared.env.store.get_events(&keys).await;
+                    let read = env.store.get_events(&keys).await;
                     let records = read
                         .ok()
                         .map(|records| keys.into_iter().zip(records).collect());
-                    partition.input(Input::ReadAhead { records }, shared.env.clock.now());
+                    partition.input(Input::ReadAhead { records }, env.clock.now());
                 });
             }
             // Entries without a record read ahead (a cluster node never reads
@@ -414,12 +414,11 @@ fn perform(
     }
 }
 
-fn spawn_load(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, request: LoadRequest) {
-    let tasks = shared.env.tasks.clone();
-    let (shared, partition) = (shared.clone(), partition.clone());
+fn spawn_load(env: &Arc<Env>, partition: &Arc<PartitionRuntime>, request: LoadRequest) {
+    let tasks = env.tasks.clone();
+    let (env, partition) = (env.clone(), partition.clone());
     tasks.spawn(async move {
-        let page = shared
-            .env.store
+        let page = env.store
             .due_page(DuePageParams {
                 partition: partition.id,
                 after: request.after.clone(),
@@ -436,6 +435,6 @@ fn spawn_load(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, request: 
                 None
             }
         };
-        partition.input(Input::Loaded { request, page }, shared.env.clock.now());
+        partition.input(Input::Loaded { request, page }, env.clock.now());
     });
 }

@@ -23,7 +23,7 @@ impl Partitions<'_> {
     /// module documentation). Partitions gained load their window from
     /// the store; partitions lost stop at once.
     pub fn set(&self, grants: Vec<Ownership>) {
-        let lost = self.shared.owned.apply(self.shared, grants);
+        let lost = self.shared.owned.apply(&self.shared.env, grants);
         // Outside the owned partitions' lock: the pull queue finishes
         // entries of them.
         for (partition, epoch) in lost {

@@ -6,15 +6,15 @@ use std::sync::Arc;
 
 use belfry_store::{PurgeBulkActionsParams, PurgeParams, StoreResult};
 
-use crate::Shared;
+use crate::Env;
 
 const PAGE: usize = 10_000;
 
-pub(crate) async fn run(shared: Arc<Shared>) {
-    let mut tick = crate::tasks::ticks(shared.env.options.purge_interval);
+pub(crate) async fn run(env: Arc<Env>) {
+    let mut tick = crate::tasks::ticks(env.options.purge_interval);
     loop {
         tick.tick().await;
-        if let Err(error) = run_once(&shared).await {
+        if let Err(error) = run_once(&env).await {
             tracing::warn!(%error, "retention sweep failed; will try again");
         }
     }
@@ -22,16 +22,11 @@ pub(crate) async fn run(shared: Arc<Shared>) {
 
 /// One sweep: purges pages until nothing old is left. Returns how many
 /// events went.
-pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
-    let cut_off = shared
-        .env
-        .clock
-        .now()
-        .minus(shared.env.options.history_retention);
+pub(crate) async fn run_once(env: &Env) -> StoreResult<usize> {
+    let cut_off = env.clock.now().minus(env.options.history_retention);
     let mut total = 0;
     loop {
-        let purged = shared
-            .env
+        let purged = env
             .store
             .purge_finished(PurgeParams {
                 finished_before: cut_off,
@@ -48,7 +43,7 @@ pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
     }
     let mut audit = 0;
     loop {
-        let purged = shared.env.store.purge_audit(cut_off, PAGE).await?;
+        let purged = env.store.purge_audit(cut_off, PAGE).await?;
         audit += purged;
         if purged < PAGE {
             if audit > 0 {
@@ -59,8 +54,7 @@ pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
     }
     let mut bulk = 0;
     loop {
-        let purged = shared
-            .env
+        let purged = env
             .store
             .purge_bulk_actions(PurgeBulkActionsParams {
                 finished_before: cut_off,
