@@ -48,10 +48,13 @@
 //!   ingest, bulk actions): store call and routing in a task of their own.
 //!
 //! [`EngineHandle`] is a facade: `impl EngineHandle` lives in this file
-//! only, and hands out the sub-handles above. Engine tasks reach the
-//! components through `Shared` (this file): `Env` (store, sinks, clock,
-//! options, task spawner), the owned partitions, `FirePath` (reads, slots,
-//! the recorder's inbox), tenants, quotas, bulk, pull and writes.
+//! only, and hands out the sub-handles above. `Shared` (this file) holds
+//! the components: `Env` (store, sinks, clock, options, task spawner),
+//! the owned partitions, `FirePath` (reads, slots, the recorder's inbox),
+//! tenants, quotas, bulk, pull and writes. The partition workers, the
+//! owned partitions and the retention sweep hold only the `Env`; the
+//! recorder only what it reads (deliveries in flight and where effects go
+//! are traits); the others still reach `Shared`.
 //!
 //! Modules import one way (no circle), bottom-up: tasks, tenants, reads,
 //! partition, ownership; pull, pull_peers; schedule_scan, quotas; options;
