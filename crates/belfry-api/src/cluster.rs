@@ -164,7 +164,8 @@ pub(crate) async fn status(
                 heartbeat_age_ms: None,
                 partitions: state
                     .engine
-                    .owned_partitions()
+                    .partitions()
+                    .owned()
                     .into_iter()
                     .map(|(p, epoch)| PartitionView {
                         partition: p.0,

@@ -5,7 +5,7 @@
 //!
 //! - live: the process serves HTTP (this handler ran);
 //! - ready: every partition this node owns has read its first window page
-//!   ([`belfry_engine::EngineHandle::partitions_loaded`]), the store
+//!   ([`belfry_engine::partitions::Partitions::loaded`]), the store
 //!   answers a cheap read within [`STORE_PROBE_TIMEOUT`] and does not know
 //!   itself unable to write ([`belfry_store::Store::write_blocked`]).
 
@@ -162,7 +162,7 @@ pub(crate) async fn ready(
     if let Some(why) = state.engine.store().write_blocked() {
         return not_ready("store_not_writable", why);
     }
-    let loaded = state.engine.partitions_loaded().all();
+    let loaded = state.engine.partitions().loaded().all();
     if !probe.store_answers(&state, !loaded).await {
         return not_ready("store_unavailable", "the store does not answer");
     }

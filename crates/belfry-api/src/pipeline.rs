@@ -212,7 +212,7 @@ impl<'a, E> Pipeline<'a, E> {
 
         // Quotas refuse before anything is stored.
         if store_failure.is_none() && !commands.is_empty() {
-            match (engine.check_quotas(&commands).await, quota_mode) {
+            match (engine.quotas().check(&commands).await, quota_mode) {
                 (Ok(()), _) => {}
                 (Err(error), QuotaMode::WholeRequest) => return Err(error),
                 (Err(QuotaError::Store(error)), QuotaMode::PerItem) => {
@@ -304,7 +304,7 @@ async fn refuse_per_item<E>(
 ) -> Result<(Vec<KeyedCommand>, Vec<Slot<E>>), (StoreError, Vec<Slot<E>>)> {
     let mut refused: Vec<Option<QuotaExceeded>> = Vec::with_capacity(commands.len());
     for command in &commands {
-        match engine.check_quotas(std::slice::from_ref(command)).await {
+        match engine.quotas().check(std::slice::from_ref(command)).await {
             Ok(()) => refused.push(None),
             Err(QuotaError::Exceeded(exceeded)) => refused.push(Some(exceeded)),
             Err(QuotaError::Store(error)) => {

@@ -124,12 +124,12 @@ async fn ready_waits_for_the_partitions_first_window_page() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(h.get("/health/live").await.status, StatusCode::OK);
-    let loaded = h.state.engine.partitions_loaded();
+    let loaded = h.state.engine.partitions().loaded();
     assert!(loaded.owned > 0 && loaded.loaded == 0, "{loaded:?}");
 
     h.faults.clear();
     ready_becomes(&h, StatusCode::OK).await;
-    assert!(h.state.engine.partitions_loaded().all());
+    assert!(h.state.engine.partitions().loaded().all());
     h.shutdown().await;
 }
 
@@ -142,7 +142,7 @@ async fn an_outage_reads_store_unavailable_while_partitions_also_cannot_load() {
         StoreError::Unavailable("connection refused".into()),
     )
     .await;
-    let loaded = h.state.engine.partitions_loaded();
+    let loaded = h.state.engine.partitions().loaded();
     assert!(!loaded.all(), "{loaded:?}");
     let down = ready_becomes(&h, StatusCode::SERVICE_UNAVAILABLE).await;
     assert_eq!(down.body["reason"], "store_unavailable", "{down:?}");

@@ -502,7 +502,7 @@ async fn a_cancelled_leased_event_asks_its_worker_to_stop_and_cannot_complete() 
     let cancel = h.delete("/v1/tenants/jobs/events/e1").await;
     assert!(cancel.status.is_success(), "{cancel:?}");
     assert_eq!(
-        engine(&h).pull_stats().cancelled,
+        engine(&h).pull().stats().cancelled,
         1,
         "the queue knows before the cancel is answered"
     );
@@ -537,13 +537,13 @@ async fn a_cancel_made_through_another_node_reaches_the_queue_by_its_wake_up() {
         })
         .await
         .unwrap();
-    assert_eq!(engine(&h).pull_stats().cancelled, 0, "not told yet");
+    assert_eq!(engine(&h).pull().stats().cancelled, 0, "not told yet");
     let at = instant(&lease["due_at"]);
     engine(&h).wake(applied[0].partition, key, Effect::Disarm { at });
     let handle = engine(&h);
     common::wait_until("the queue told of the cancel", || {
         let handle = handle.clone();
-        async move { handle.pull_stats().cancelled == 1 }
+        async move { handle.pull().stats().cancelled == 1 }
     })
     .await;
     assert_cancel_requested(&h, &lease).await;
@@ -557,13 +557,13 @@ async fn a_ready_event_cancelled_before_any_claim_is_never_leased() {
     wait_ready(&h).await;
     let cancel = h.delete("/v1/tenants/jobs/events/e1").await;
     assert!(cancel.status.is_success(), "{cancel:?}");
-    assert_eq!(engine(&h).pull_stats().cancelled, 1, "dropped at once");
+    assert_eq!(engine(&h).pull().stats().cancelled, 1, "dropped at once");
     // The answer promises the queue dropped it (above); the partition's
     // core may learn that the entry finished a moment later.
     let handle = engine(&h);
     common::wait_until("the entry finished in its core", || {
         let handle = handle.clone();
-        async move { handle.outstanding() == 0 }
+        async move { handle.partitions().outstanding() == 0 }
     })
     .await;
     lease_writes_fail(&h);
@@ -573,7 +573,7 @@ async fn a_ready_event_cancelled_before_any_claim_is_never_leased() {
             .is_empty()
     );
     assert_eq!(h.faults.injected(), 0, "no grant was even tried");
-    assert_eq!(engine(&h).pull_stats().granted, 0);
+    assert_eq!(engine(&h).pull().stats().granted, 0);
     h.shutdown().await;
 }
 
@@ -589,7 +589,11 @@ async fn a_moved_ready_event_is_leased_at_its_new_instant_only() {
         )
         .await;
     assert_eq!(moved.status, StatusCode::OK, "{moved:?}");
-    assert_eq!(engine(&h).pull_stats().cancelled, 1, "the old version left");
+    assert_eq!(
+        engine(&h).pull().stats().cancelled,
+        1,
+        "the old version left"
+    );
     let new_instant = instant(&moved.body["deliver_at"]);
     let lease = claim_one(&h, "jobs").await;
     assert!(now() >= new_instant, "leased before its new instant");
@@ -597,7 +601,7 @@ async fn a_moved_ready_event_is_leased_at_its_new_instant_only() {
     assert_eq!(lease["attempt"], 1);
     let done = lease_call(&h, &lease, "complete", json!({})).await;
     assert_eq!(done.status, StatusCode::OK, "{done:?}");
-    assert_eq!(engine(&h).pull_stats().granted, 1, "leased once");
+    assert_eq!(engine(&h).pull().stats().granted, 1, "leased once");
     h.shutdown().await;
 }
 
@@ -1628,7 +1632,7 @@ impl OtherNode {
             sinks,
             Arc::new(belfry_clock::SystemClock),
         );
-        engine.handle().join_pull_cluster(
+        engine.handle().pull().join_cluster(
             belfry_store::cluster::NodeId("a".into()),
             Arc::new(NoCoordinator),
         );

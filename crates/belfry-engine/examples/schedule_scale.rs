@@ -109,7 +109,7 @@ async fn main() {
                     progress: Progress::starting_after(zero),
                     pull: Default::default(),
                 };
-                handle.put_schedule(&tenant, schedule).await.is_ok()
+                handle.schedules().put(&tenant, schedule).await.is_ok()
             }
         })
         .buffer_unordered(1_024)

@@ -2,7 +2,7 @@
 //! progress and the claim rule).
 //!
 //! Every node runs one runner, started with the engine. It looks for work
-//! when an action is created through this node ([`EngineHandle::create_bulk_action`]
+//! when an action is created through this node ([`BulkActions::create`]
 //! wakes it) and every [`POLL`] otherwise, which is how it finds, after a
 //! restart, the actions still `running` and, in a cluster, those whose
 //! runner died (their claim lapsed). It claims at most
@@ -13,7 +13,7 @@
 //! 1. read one page of the matching items (`engine.bulk_page_size`, 200):
 //!    events through [`belfry_store::Store::list_events`] with the action's
 //!    filter, continuing after the saved cursor; schedules through
-//!    [`EngineHandle::list_schedules`];
+//!    [`crate::schedules::Schedules::list`];
 //! 2. apply the page's commands in one batch through the ordinary write
 //!    path ([`EngineHandle::apply`], so timers are armed and disarmed as
 //!    for a client's request); a redrive gives each event a new version,
@@ -41,7 +41,6 @@
 //!
 //! Memory: one page of records per action at work, a bounded number of
 //! actions, and one page of running actions while looking for work.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -113,24 +112,30 @@ pub enum CancelBulkError {
     Store(#[from] StoreError),
 }
 
-impl EngineHandle {
+/// Bulk actions ([`EngineHandle::bulk`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BulkActions<'a> {
+    pub(crate) engine: &'a EngineHandle,
+}
+
+impl BulkActions<'_> {
     /// Stores a new bulk action and wakes this node's runner, which claims
     /// it at once. `false`: an action with its id exists (nothing stored).
     ///
     /// # Errors
     /// The tenant has its limit of running actions
     /// (`limits.max_bulk_actions_per_tenant`), or a store failure.
-    pub async fn create_bulk_action(
-        &self,
-        action: BulkAction,
-    ) -> Result<bool, crate::quotas::QuotaError> {
+    pub async fn create(&self, action: BulkAction) -> Result<bool, crate::quotas::QuotaError> {
         // Checked and stored under one lock: two creates on this node
         // cannot both take the last place (other nodes' may, by one each).
-        let _creating = self.inner.quotas.bulk_creates.lock().await;
-        self.check_bulk_quota(action.tenant()).await?;
-        let created = self.store().create_bulk_action(action).await?;
+        let _creating = self.engine.inner.quotas.bulk_creates.lock().await;
+        self.engine
+            .quotas()
+            .check_bulk_quota(action.tenant())
+            .await?;
+        let created = self.engine.store().create_bulk_action(action).await?;
         if created {
-            self.inner.bulk.wake.notify_one();
+            self.engine.inner.bulk.wake.notify_one();
         }
         Ok(created)
     }
@@ -141,19 +146,16 @@ impl EngineHandle {
     ///
     /// # Errors
     /// Unknown, already finished, or a store failure.
-    pub async fn cancel_bulk_action(
-        &self,
-        id: &BulkActionId,
-    ) -> Result<BulkAction, CancelBulkError> {
+    pub async fn cancel(&self, id: &BulkActionId) -> Result<BulkAction, CancelBulkError> {
         loop {
-            let Some(mut action) = self.store().get_bulk_action(id).await? else {
+            let Some(mut action) = self.engine.store().get_bulk_action(id).await? else {
                 return Err(CancelBulkError::NotFound(id.clone()));
             };
-            if action.cancel(self.now()).is_err() {
+            if action.cancel(self.engine.now()).is_err() {
                 return Err(CancelBulkError::Finished(Box::new(action)));
             }
             // A conflict is the runner saving a page: read and try again.
-            if let Some(stored) = self.store().update_bulk_action(action).await? {
+            if let Some(stored) = self.engine.store().update_bulk_action(action).await? {
                 return Ok(stored);
             }
         }
@@ -161,8 +163,8 @@ impl EngineHandle {
 
     /// Wakes the runner to look for work now (for tests that moved a
     /// manual clock past a claim's lapse).
-    pub fn poke_bulk_runner(&self) {
-        self.inner.bulk.wake.notify_one();
+    pub fn poke(&self) {
+        self.engine.inner.bulk.wake.notify_one();
     }
 }
 
@@ -170,7 +172,7 @@ impl EngineHandle {
 /// stop signal; at the stop, wait for the action tasks (each gives its
 /// claim up at its next page boundary).
 pub(crate) async fn run(shared: Arc<Shared>) {
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = shared.env.tasks.stop_receiver();
     let mut tasks = JoinSet::new();
     loop {
         if *stop.borrow() {
@@ -181,7 +183,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         }
         tokio::select! {
             () = shared.bulk.wake.notified() => {}
-            () = tokio::time::sleep(POLL) => {}
+            () = crate::tasks::pause(POLL) => {}
             _ = stop.changed() => {}
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
@@ -199,6 +201,7 @@ async fn take_work(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> StoreResult
             return Ok(());
         }
         let page = shared
+            .env
             .store
             .running_bulk_actions(RunningBulkActionsParams {
                 after: after.clone(),
@@ -221,12 +224,12 @@ async fn take_work(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> StoreResult
                     continue;
                 }
             }
-            let now = shared.clock.now();
-            let Some(claimed) = action.claimed(runner, now, shared.options.bulk_lease) else {
+            let now = shared.env.clock.now();
+            let Some(claimed) = action.claimed(runner, now, shared.env.options.bulk_lease) else {
                 continue;
             };
             // Lost to another runner (or a cancel): it is theirs.
-            let Some(stored) = shared.store.update_bulk_action(claimed).await? else {
+            let Some(stored) = shared.env.store.update_bulk_action(claimed).await? else {
                 continue;
             };
             tracing::info!(
@@ -262,7 +265,7 @@ enum Stop {
 /// stops.
 async fn work(shared: Arc<Shared>, action: BulkAction) {
     let id = action.id.clone();
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = shared.env.tasks.stop_receiver();
     let ended = work_pages(&shared, action, &mut stop).await;
     match ended {
         Stop::Finished => {}
@@ -287,7 +290,7 @@ async fn work_pages(
         }
         // A cancel (or a takeover) since the last save stops the work
         // before another page, not after it.
-        match shared.store.get_bulk_action(&action.id).await {
+        match shared.env.store.get_bulk_action(&action.id).await {
             Ok(Some(fresh)) if fresh.revision != action.revision => {
                 if !fresh.held_by(&shared.bulk.runner_id) {
                     return Stop::Lost;
@@ -335,7 +338,7 @@ async fn work_pages(
             }
             Err(why) => return why,
         };
-        let pause = shared.options.bulk_page_pause;
+        let pause = shared.env.options.bulk_page_pause;
         if !pause.is_zero() && sleep_or_stop(pause, stop).await {
             release(shared, action).await;
             return Stop::Stopping;
@@ -388,9 +391,10 @@ async fn page_with_retries(
         if fresh.state != BulkState::Running {
             return Err(PageError::Stop(Stop::Finished));
         }
-        let now = shared.clock.now();
-        if let Some(renewed) = fresh.claimed(&shared.bulk.runner_id, now, shared.options.bulk_lease)
-            && let Ok(Some(stored)) = shared.store.update_bulk_action(renewed).await
+        let now = shared.env.clock.now();
+        if let Some(renewed) =
+            fresh.claimed(&shared.bulk.runner_id, now, shared.env.options.bulk_lease)
+            && let Ok(Some(stored)) = shared.env.store.update_bulk_action(renewed).await
         {
             *action = stored;
         }
@@ -399,7 +403,7 @@ async fn page_with_retries(
 
 /// The stored action, or `None` if the store cannot say now.
 async fn reread(shared: &Shared, action: &BulkAction) -> Option<BulkAction> {
-    match shared.store.get_bulk_action(&action.id).await {
+    match shared.env.store.get_bulk_action(&action.id).await {
         Ok(Some(fresh)) => Some(fresh),
         Ok(None) => Some(BulkAction {
             // Gone (purged): nobody holds it.
@@ -417,7 +421,7 @@ async fn run_page(
     handle: &EngineHandle,
     action: &BulkAction,
 ) -> StoreResult<Result<PageReport, String>> {
-    let limit = shared.options.bulk_page_size.max(1);
+    let limit = shared.env.options.bulk_page_size.max(1);
     match action.kind.target() {
         BulkTarget::Events => event_page(shared, handle, action, limit).await,
         BulkTarget::Schedules => schedule_page(handle, action, limit).await.map(Ok),
@@ -445,6 +449,7 @@ async fn event_page(
         _ => (filter.from.unwrap_or(Timestamp::MIN), None),
     };
     let records = shared
+        .env
         .store
         .list_events(ListEventsParams {
             tenant: filter.tenant.clone(),
@@ -464,7 +469,7 @@ async fn event_page(
     if action.kind == BulkKind::Delete {
         let keys: Vec<EventKey> = records.into_iter().map(|record| record.key).collect();
         if !keys.is_empty() {
-            for deleted in shared.store.delete_finished(&keys).await? {
+            for deleted in shared.env.store.delete_finished(&keys).await? {
                 tally.count(if deleted {
                     ItemOutcome::Succeeded
                 } else {
@@ -494,7 +499,7 @@ async fn event_page(
     // A redrive makes finished events pending again: like a client's
     // redrive, it counts against the tenant's pending quota.
     if action.kind == BulkKind::Redrive && !commands.is_empty() {
-        match handle.check_quotas(&commands).await {
+        match handle.quotas().check(&commands).await {
             Ok(()) => {}
             Err(QuotaError::Exceeded(QuotaExceeded::PendingEvents { tenant, limit })) => {
                 return Ok(Err(format!(
@@ -553,7 +558,8 @@ async fn schedule_page(
         None => None,
     };
     let schedules = handle
-        .list_schedules(tenant, after.as_ref(), limit)
+        .schedules()
+        .list(tenant, after.as_ref(), limit)
         .await
         .map_err(schedule_store_error)?;
     let last = schedules.len() < limit;
@@ -573,7 +579,11 @@ async fn schedule_page(
         if !action.filter.matches_schedule(state.schedule.status) {
             continue;
         }
-        match handle.status_change(tenant, state.schedule, target).await {
+        match handle
+            .schedules()
+            .status_change(tenant, state.schedule, target)
+            .await
+        {
             Ok(None) => tally.count(ItemOutcome::Skipped),
             Ok(Some((writes, _))) => {
                 changes.push(writes.len());
@@ -624,17 +634,17 @@ async fn save(
     let runner = &shared.bulk.runner_id;
     let mut backoff = FIRST_BACKOFF;
     loop {
-        let now = shared.clock.now();
+        let now = shared.env.clock.now();
         let mut next = action.clone();
         change(&mut next, now);
         if next.state == BulkState::Running {
             next = next
-                .claimed(runner, now, shared.options.bulk_lease)
+                .claimed(runner, now, shared.env.options.bulk_lease)
                 .unwrap_or(next);
         }
-        let result = match shared.store.update_bulk_action(next).await {
+        let result = match shared.env.store.update_bulk_action(next).await {
             Ok(Some(stored)) => return Ok(stored),
-            Ok(None) => shared.store.get_bulk_action(&action.id).await,
+            Ok(None) => shared.env.store.get_bulk_action(&action.id).await,
             Err(error) => Err(error),
         };
         match result {
@@ -658,7 +668,7 @@ async fn save(
 /// effort: otherwise it lapses.
 async fn release(shared: &Shared, mut action: BulkAction) {
     action.release(&shared.bulk.runner_id);
-    if let Err(error) = shared.store.update_bulk_action(action).await {
+    if let Err(error) = shared.env.store.update_bulk_action(action).await {
         tracing::debug!(%error, "could not give a bulk action's claim up");
     }
 }
@@ -669,7 +679,7 @@ async fn sleep_or_stop(duration: Duration, stop: &mut watch::Receiver<bool>) -> 
         return true;
     }
     tokio::select! {
-        () = tokio::time::sleep(duration) => false,
+        () = crate::tasks::pause(duration) => false,
         _ = stop.changed() => true,
     }
 }

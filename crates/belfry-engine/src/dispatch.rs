@@ -16,45 +16,37 @@
 //! version being delivered is dropped), delivers, and hands the outcome to
 //! the recorder, which tells the core the entry is finished once the
 //! outcome is stored.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use belfry_core::event::{AttemptReport, EventCommand};
 use belfry_core::fire::decide::{self, Route};
-use belfry_core::fire::{Action, DeliverySlots, Finish, Fired, Input, SlotPolicy};
+use belfry_core::fire::{DeliverySlots, Finish, SlotPolicy};
 use belfry_core::{TenantName, Timestamp, Verdict};
 use belfry_sinks::Delivery;
 use belfry_store::{Fence, KeyedCommand};
 use tokio::sync::Notify;
 
-use crate::partition::PartitionRuntime;
+use crate::partition::{Claim, Deliver, Ticket};
 use crate::recorder::Outcome;
 use crate::{EngineOptions, Shared};
 
 /// Pause before firing again an entry whose record or tenant could not be
-/// read, or whose lease lapsed right before the send.
+/// read, or whose firing window closed right before the send.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
-
-/// One fired entry waiting for, or holding, a delivery slot.
-#[derive(Debug)]
-pub(crate) struct Job {
-    partition: Arc<PartitionRuntime>,
-    fired: Fired,
-}
 
 /// The delivery slots, shared by every partition.
 #[derive(Debug)]
-pub(crate) struct Limits {
-    slots: Mutex<DeliverySlots<Job>>,
+pub(crate) struct Slots {
+    slots: Mutex<DeliverySlots<Ticket>>,
     /// Signalled whenever the last in-flight delivery finishes.
     idle: Notify,
     /// When the rate timer will next start what waits for a token.
     rate_timer: Mutex<Option<Timestamp>>,
 }
 
-impl Limits {
+impl Slots {
     pub(crate) fn new(options: &EngineOptions) -> Self {
         let mut slots = DeliverySlots::new(SlotPolicy::new(
             options.max_in_flight,
@@ -70,14 +62,14 @@ impl Limits {
                 );
             }
         }
-        Limits {
+        Slots {
             slots: Mutex::new(slots),
             idle: Notify::new(),
             rate_timer: Mutex::new(None),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, DeliverySlots<Job>> {
+    fn lock(&self) -> MutexGuard<'_, DeliverySlots<Ticket>> {
         // Poison means a panic while held; `DeliverySlots` keeps its
         // counters consistent before anything can panic.
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
@@ -106,61 +98,76 @@ impl Limits {
         }
     }
 
-    /// Drops every queued job (shutdown): they stay pending in the store.
-    pub(crate) fn drop_queued(&self, shared: &Shared) {
+    /// Drops every queued ticket (shutdown): they stay pending in the store.
+    pub(crate) fn drop_queued(&self) {
         let dropped = self.lock().clear_queued();
-        for job in dropped {
-            finish(shared, &job.partition, job.fired.entry, Finish::Done);
+        for ticket in dropped {
+            ticket.finish(Finish::Done);
         }
     }
 }
 
-/// Tells a partition's core that a fired entry is finished.
-pub(crate) fn finish(
-    shared: &Shared,
-    partition: &PartitionRuntime,
-    entry: belfry_core::DueCursor,
-    finish: Finish,
-) {
-    partition.input(Input::Finished { entry, finish }, shared.clock.now());
-    shared.finished.notify_waiters();
+impl crate::recorder::InFlight for Slots {
+    fn in_flight(&self) -> usize {
+        Slots::in_flight(self)
+    }
+
+    fn wait_idle(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(Slots::wait_idle(self))
+    }
 }
 
-/// Hands fired entries of `partition` to the dispatcher.
-pub(crate) fn submit(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, fired: Vec<Fired>) {
-    let mut jobs = Vec::with_capacity(fired.len());
-    for fired in fired {
+/// The partitions' [`Deliver`] handle: fired entries to delivery slots.
+#[derive(Debug)]
+pub(crate) struct Dispatcher {
+    /// Weak: the engine's state holds the partitions, which hold this.
+    shared: Weak<Shared>,
+}
+
+impl Dispatcher {
+    pub(crate) fn new(shared: Weak<Shared>) -> Self {
+        Dispatcher { shared }
+    }
+}
+
+impl Deliver for Dispatcher {
+    fn deliver(&self, tickets: Vec<Ticket>) {
+        if let Some(shared) = self.shared.upgrade() {
+            submit(&shared, tickets);
+        }
+    }
+}
+
+/// Queues tickets for delivery slots and starts what may start.
+fn submit(shared: &Arc<Shared>, tickets: Vec<Ticket>) {
+    let mut queued = Vec::with_capacity(tickets.len());
+    for ticket in tickets {
         // A schedule's control event plans occurrences instead of
         // delivering; it takes no delivery slot, so a slow tenant cannot
         // delay it.
-        if decide::route_of_key(&fired.entry.key) == Some(Route::Schedule) {
-            let (shared, partition) = (shared.clone(), partition.clone());
-            tokio::spawn(async move {
-                let entry = fired.entry;
-                crate::schedules::fire(
-                    shared.clone(),
-                    partition.id,
-                    partition.lease.clone(),
-                    entry.clone(),
-                )
-                .await;
-                finish(&shared, &partition, entry, Finish::Done);
+        if decide::route_of_key(&ticket.entry().key) == Some(Route::Schedule) {
+            // The firing reads the definition when it runs: a waiting
+            // firing keeps no record.
+            let mut ticket = ticket;
+            drop(ticket.take_read_ahead());
+            let tasks = shared.env.tasks.clone();
+            let shared = shared.clone();
+            tasks.spawn(async move {
+                crate::schedules::fire(shared, &ticket).await;
+                ticket.finish(Finish::Done);
             });
             continue;
         }
-        jobs.push(Job {
-            partition: partition.clone(),
-            fired,
-        });
+        queued.push(ticket);
     }
-    if jobs.is_empty() {
+    if queued.is_empty() {
         return;
     }
     let (starting, next_token) = {
-        let mut slots = shared.limits.lock();
-        slots.advance(shared.clock.now());
-        for job in jobs {
-            slots.submit(job.fired.entry.key.tenant.clone(), job);
+        let mut slots = shared.fire_path.slots.lock();
+        slots.advance(shared.env.clock.now());
+        for ticket in queued {
+            slots.submit(ticket.entry().key.tenant.clone(), ticket);
         }
         (slots.start_ready(), slots.next_token_at())
     };
@@ -177,7 +184,8 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
     };
     {
         let mut armed = shared
-            .limits
+            .fire_path
+            .slots
             .rate_timer
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -186,17 +194,19 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
         }
         *armed = Some(at);
     }
+    let tasks = shared.env.tasks.clone();
     let shared = shared.clone();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let wait = at
             .as_millis()
-            .saturating_sub(shared.clock.now().as_millis());
+            .saturating_sub(shared.env.clock.now().as_millis());
         if wait > 0 {
-            tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
+            crate::tasks::pause(Duration::from_millis(wait.unsigned_abs())).await;
         }
         {
             let mut armed = shared
-                .limits
+                .fire_path
+                .slots
                 .rate_timer
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
@@ -204,12 +214,12 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
                 *armed = None;
             }
         }
-        if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        if shared.env.tasks.stopping() {
             return;
         }
         let (starting, next_token) = {
-            let mut slots = shared.limits.lock();
-            slots.advance(shared.clock.now());
+            let mut slots = shared.fire_path.slots.lock();
+            slots.advance(shared.env.clock.now());
             (slots.start_ready(), slots.next_token_at())
         };
         start(&shared, starting);
@@ -217,17 +227,17 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
     });
 }
 
-fn start(shared: &Arc<Shared>, jobs: Vec<(TenantName, Job)>) {
-    for (tenant, job) in jobs {
-        let slot = Slot {
+fn start(shared: &Arc<Shared>, tickets: Vec<(TenantName, Ticket)>) {
+    for (tenant, ticket) in tickets {
+        let slot = HeldSlot {
             shared: shared.clone(),
             tenant,
             completed: false,
             answered: false,
         };
-        tokio::spawn(async move {
+        shared.env.tasks.spawn(async move {
             let mut answered = false;
-            deliver_one(&slot.shared, job, &mut answered).await;
+            deliver_one(&slot.shared, ticket, &mut answered).await;
             slot.complete(answered);
         });
     }
@@ -235,7 +245,7 @@ fn start(shared: &Arc<Shared>, jobs: Vec<(TenantName, Job)>) {
 
 /// A held delivery slot; released on drop, so even a panicking delivery
 /// cannot leak it.
-struct Slot {
+struct HeldSlot {
     shared: Arc<Shared>,
     tenant: TenantName,
     /// Whether the delivery ran to its end. Only then are the next jobs
@@ -247,7 +257,7 @@ struct Slot {
     answered: bool,
 }
 
-impl Slot {
+impl HeldSlot {
     /// The delivery ran to its end: release the slot and start the next.
     fn complete(mut self, answered: bool) {
         self.completed = true;
@@ -255,23 +265,19 @@ impl Slot {
     }
 }
 
-impl Drop for Slot {
+impl Drop for HeldSlot {
     fn drop(&mut self) {
         let (next, next_token) = {
-            let mut slots = self.shared.limits.lock();
-            slots.advance(self.shared.clock.now());
+            let mut slots = self.shared.fire_path.slots.lock();
+            slots.advance(self.shared.env.clock.now());
             if self.answered {
                 slots.answered(&self.tenant);
             }
             slots.finish(&self.tenant);
             if slots.in_flight() == 0 {
-                self.shared.limits.idle.notify_waiters();
+                self.shared.fire_path.slots.idle.notify_waiters();
             }
-            let stopping = self
-                .shared
-                .stopping
-                .load(std::sync::atomic::Ordering::SeqCst);
-            if stopping || !self.completed {
+            if self.shared.env.tasks.stopping() || !self.completed {
                 (Vec::new(), None)
             } else {
                 (slots.start_ready(), slots.next_token_at())
@@ -282,164 +288,167 @@ impl Drop for Slot {
     }
 }
 
-/// One delivery, holding a tenant slot and a global slot. The outcome is
-/// handed to the recorder before the slot is released. Sets `answered`
-/// when the tenant's endpoint answered the attempt, whatever it answered.
-async fn deliver_one(shared: &Arc<Shared>, job: Job, answered: &mut bool) {
-    let Job {
-        partition,
-        fired: Fired {
-            entry,
-            record: read_ahead,
-        },
-    } = job;
-    let done = |finish_as: Finish| finish(shared, &partition, entry.clone(), finish_as);
-    let retry_later = || Finish::RetryAt(shared.clock.now().plus(RETRY_PAUSE));
-    if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+/// One delivery, holding a tenant slot and a global slot: reads and claims
+/// the record, then expires it, hands it to the pull queue or sends it, as
+/// the core decides. The outcome is handed to the recorder before the slot
+/// is released. Sets `answered` when the tenant's endpoint answered the
+/// attempt, whatever it answered.
+async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) {
+    let retry_later = || Finish::RetryAt(shared.env.clock.now().plus(RETRY_PAUSE));
+    if shared.env.tasks.stopping() {
         // Not started: it stays pending in the store for the next start.
-        return done(Finish::Done);
+        return ticket.finish(Finish::Done);
     }
-    if !partition.lease.may_fire() {
+    if !ticket.may_fire() {
         // Released or lapsed while queued: the next owner (or this one,
         // once renewed) fires it.
-        return done(retry_later());
+        return ticket.finish(retry_later());
     }
-    // The window is a hint; the record decides whether this is still due.
-    let mut read_ahead = read_ahead;
-    let record = loop {
-        let read = match read_ahead.take() {
-            Some(record) => Ok(Some(record)),
-            None => shared.reads.get(&entry.key).await,
-        };
-        let record = match read {
-            Ok(Some(record)) => record,
-            Ok(None) => return done(Finish::Done),
-            Err(error) => {
-                tracing::warn!(key = ?entry.key, %error, "reading a due event failed; retrying it shortly");
-                return done(retry_later());
-            }
-        };
-        if !decide::still_due(&record, &entry) {
-            return done(Finish::Done);
-        }
-        // A second copy of a version whose delivery is in progress is
-        // dropped (the core finished it); an event changed since its record
-        // was read is read again.
-        let claim = partition.input(
-            Input::Claim {
-                entry: entry.clone(),
-                version: record.version.clone(),
-            },
-            shared.clock.now(),
-        );
-        match claim[..] {
-            [Action::Claimed { granted: true, .. }] => break record,
-            [Action::Reread { .. }] => continue,
-            _ => return,
+    let Some((ticket, record)) = claimed_record(shared, ticket).await else {
+        return;
+    };
+    let now = shared.env.clock.now();
+    let entry = ticket.entry();
+    if let Some(reason) = decide::lookback_expiry(&record, entry, now, shared.env.options.lookback)
+    {
+        let version = record.version.clone();
+        let command = EventCommand::ExpireVersion { version, reason };
+        return send_outcome(shared, ticket, command).await;
+    }
+    let tenant = match shared.tenants.get(&entry.key.tenant).await {
+        Ok(tenant) => tenant,
+        Err(error) => {
+            tracing::warn!(tenant = %entry.key.tenant, %error, "reading the tenant failed; retrying shortly");
+            return ticket.finish(retry_later());
         }
     };
-    let fence = Some(Fence {
-        partition: partition.id,
-        epoch: partition.lease.epoch,
-    });
-    let now = shared.clock.now();
-    if let Some(reason) = decide::lookback_expiry(&record, &entry, now, shared.options.lookback) {
-        let command = KeyedCommand {
-            key: entry.key.clone(),
-            command: EventCommand::ExpireVersion {
-                version: record.version.clone(),
-                reason,
-            },
-            fence,
-        };
-        return send_outcome(shared, &partition, entry, command).await;
-    }
-    // The attempt's identity with the version: the receiver sees it as
-    // `X-Belfry-Attempt`, and recording it twice counts it once.
-    let number = record.attempts + 1;
-    let report = match shared.tenants.get(&shared.store, &entry.key.tenant).await {
-        Ok(Some(tenant)) => {
-            // Checked last, right before the send: a node paused past its
-            // lease must not deliver for a partition someone else now owns.
-            if !partition.lease.may_fire() {
-                tracing::debug!(partition = %partition.id, "lease lapsed before delivery; holding the event");
-                return done(retry_later());
-            }
-            // A pull tenant's event waits for a worker's claim: the pull
-            // queue holds it, outstanding here until it finishes it. The
-            // hand-off cannot hang, so it counts as answered: a pull
-            // tenant's slow start never holds its hand-offs back.
-            if decide::route(&entry.key, &tenant.sink) == Route::Pull
-                && let belfry_core::SinkConfig::Pull(target) = &tenant.sink
-            {
-                *answered = true;
-                crate::pull::ready(
-                    shared,
-                    belfry_core::pull::ReadyEntry {
-                        entry,
-                        partition: partition.id,
-                        epoch: partition.lease.epoch,
-                        queue: record.pull.queue(),
-                        policy: crate::pull::policy(shared, target, &record.pull),
-                        record,
-                    },
-                );
-                return;
-            }
-            belfry_metrics::attempt_started(
-                record.attempts == 0,
-                Duration::from_millis(
-                    u64::try_from(now.as_millis() - entry.due.as_millis()).unwrap_or(0),
-                ),
-            );
-            let started = Instant::now();
-            let result = shared
-                .sinks
-                .deliver(Delivery {
-                    tenant: &tenant,
-                    event: &record,
-                    attempt: number,
-                    triggered_at: now,
-                    epoch: Some(partition.lease.epoch),
-                })
-                .await;
-            let took = started.elapsed();
-            *answered = result.http_status.is_some() || result.verdict == Verdict::Delivered;
-            belfry_metrics::attempt_ended(
-                channel_of(&tenant.sink),
-                outcome_of(result.verdict),
-                took,
-            );
-            AttemptReport {
-                started_at: now,
-                duration_ms: took.as_millis() as u64,
-                verdict: result.verdict,
-                http_status: result.http_status,
-                error: result.error,
-            }
-        }
-        Ok(None) => AttemptReport {
+    let report = match tenant {
+        None => AttemptReport {
             started_at: now,
             duration_ms: 0,
             verdict: Verdict::Permanent,
             http_status: None,
             error: Some(format!("tenant not registered: {}", entry.key.tenant)),
         },
-        Err(error) => {
-            tracing::warn!(tenant = %entry.key.tenant, %error, "reading the tenant failed; retrying shortly");
-            return done(retry_later());
+        // Checked last, right before the send: a node paused past its
+        // lease must not deliver for a partition someone else now owns.
+        Some(_) if !ticket.may_fire() => {
+            tracing::debug!(partition = %ticket.partition(), "firing window closed before delivery; holding the event");
+            return ticket.finish(retry_later());
         }
-    };
-    let command = KeyedCommand {
-        key: entry.key.clone(),
-        command: EventCommand::RecordAttempt {
-            version: record.version.clone(),
-            number,
-            report,
+        Some(tenant) => match decide::route(&entry.key, &tenant.sink) {
+            // The hand-off cannot hang, so it counts as answered: a pull
+            // tenant's slow start never holds its hand-offs back.
+            Route::Pull => {
+                *answered = true;
+                return hand_to_pull(shared, ticket, record, &tenant.sink);
+            }
+            _ => send(shared, &ticket, &tenant, &record, now, answered).await,
         },
-        fence,
     };
-    send_outcome(shared, &partition, entry, command).await;
+    let command = EventCommand::RecordAttempt {
+        version: record.version.clone(),
+        // The attempt's identity with the version: the receiver sees it
+        // as `X-Belfry-Attempt`, and recording it twice counts it once.
+        number: record.attempts + 1,
+        report,
+    };
+    send_outcome(shared, ticket, command).await;
+}
+
+/// The ticket's record (read ahead, or read now), once claimed with its
+/// partition's core; `None` when the ticket was finished instead. The
+/// window is a hint; the record decides whether this is still due.
+async fn claimed_record(
+    shared: &Arc<Shared>,
+    mut ticket: Ticket,
+) -> Option<(Ticket, belfry_core::EventRecord)> {
+    loop {
+        let read = match ticket.take_read_ahead() {
+            Some(record) => Ok(Some(record)),
+            None => shared.fire_path.reads.get(&ticket.entry().key).await,
+        };
+        let record = match read {
+            Ok(Some(record)) if decide::still_due(&record, ticket.entry()) => record,
+            Ok(_) => {
+                ticket.finish(Finish::Done);
+                return None;
+            }
+            Err(error) => {
+                tracing::warn!(key = ?ticket.entry().key, %error, "reading a due event failed; retrying it shortly");
+                ticket.finish(Finish::RetryAt(shared.env.clock.now().plus(RETRY_PAUSE)));
+                return None;
+            }
+        };
+        // A second copy of a version whose delivery is in progress is
+        // dropped (the core finished it); an event changed since its
+        // record was read is read again.
+        match ticket.claim(&record.version) {
+            Claim::Granted => return Some((ticket, record)),
+            Claim::Reread => continue,
+            Claim::Duplicate => return None,
+        }
+    }
+}
+
+/// A pull tenant's event waits for a worker's claim: the pull queue holds
+/// its ticket until it finishes it.
+fn hand_to_pull(
+    shared: &Arc<Shared>,
+    ticket: Ticket,
+    record: belfry_core::EventRecord,
+    sink: &belfry_core::SinkConfig,
+) {
+    let belfry_core::SinkConfig::Pull(target) = sink else {
+        return ticket.finish(Finish::Done);
+    };
+    let ready = belfry_core::pull::ReadyEntry {
+        entry: ticket.entry().clone(),
+        partition: ticket.partition(),
+        epoch: ticket.epoch(),
+        queue: record.pull.queue(),
+        policy: crate::pull::policy(shared, target, &record.pull),
+        record,
+    };
+    crate::pull::ready(shared, ticket, ready);
+}
+
+/// Sends one attempt through the sinks and reports it.
+async fn send(
+    shared: &Arc<Shared>,
+    ticket: &Ticket,
+    tenant: &belfry_core::TenantConfig,
+    record: &belfry_core::EventRecord,
+    now: Timestamp,
+    answered: &mut bool,
+) -> AttemptReport {
+    let late = now.as_millis() - ticket.entry().due.as_millis();
+    belfry_metrics::attempt_started(
+        record.attempts == 0,
+        Duration::from_millis(u64::try_from(late).unwrap_or(0)),
+    );
+    let started = shared.env.clock.monotonic();
+    let result = shared
+        .env
+        .sinks
+        .deliver(Delivery {
+            tenant,
+            event: record,
+            attempt: record.attempts + 1,
+            triggered_at: now,
+            epoch: Some(ticket.epoch()),
+        })
+        .await;
+    let took = shared.env.clock.monotonic().since(started);
+    *answered = result.http_status.is_some() || result.verdict == Verdict::Delivered;
+    belfry_metrics::attempt_ended(channel_of(&tenant.sink), outcome_of(result.verdict), took);
+    AttemptReport {
+        started_at: now,
+        duration_ms: took.as_millis() as u64,
+        verdict: result.verdict,
+        http_status: result.http_status,
+        error: result.error,
+    }
 }
 
 fn channel_of(sink: &belfry_core::SinkConfig) -> belfry_metrics::Channel {
@@ -459,27 +468,29 @@ fn outcome_of(verdict: Verdict) -> belfry_metrics::Outcome {
     }
 }
 
-/// Hands an outcome to the recorder, which finishes the entry once it is
+/// Hands an outcome to the recorder, which finishes the ticket once it is
 /// stored. The channel is bounded: a slow store holds deliveries here,
 /// keeping their slots, so nothing piles up in memory. The attempt is
 /// over, so the entry stops counting against its tenant's outstanding
 /// bound now, not once its outcome is stored.
-async fn send_outcome(
-    shared: &Arc<Shared>,
-    partition: &Arc<PartitionRuntime>,
-    entry: belfry_core::DueCursor,
-    command: KeyedCommand,
-) {
-    partition.attempted(entry.clone(), shared.clock.now());
-    let outcome = Outcome {
+async fn send_outcome(shared: &Arc<Shared>, ticket: Ticket, command: EventCommand) {
+    ticket.attempted();
+    let command = KeyedCommand {
+        key: ticket.entry().key.clone(),
         command,
-        partition: partition.clone(),
-        entry,
+        fence: Some(Fence {
+            partition: ticket.partition(),
+            epoch: ticket.epoch(),
+        }),
     };
-    if let Err(unsent) = shared.outcomes.send(outcome).await {
+    if let Err(unsent) = shared
+        .fire_path
+        .outcomes
+        .send(Outcome { command, ticket })
+        .await
+    {
         // The recorder is gone (the engine stopped): the event stays
         // pending in the store and fires again after the next start.
-        let outcome = unsent.0;
-        finish(shared, &outcome.partition, outcome.entry, Finish::Done);
+        unsent.0.ticket.finish(Finish::Done);
     }
 }

@@ -4,54 +4,81 @@
 //!
 //! # Layout
 //! - [`options`]: [`EngineOptions`], the knobs and their defaults;
+//! - `tasks`: the engine's task tracker (every task is spawned through it,
+//!   so dropping the [`Engine`] aborts them all) and its stop signal;
 //! - [`partition`]: one worker per owned partition, the runtime of its
 //!   [`belfry_core::fire::PartitionCore`] (which makes every fire-path
-//!   decision);
+//!   decision), its ownership `Term` (epoch and firing window), and the
+//!   `Ticket` of each fired entry: the one thing the partition hands the
+//!   dispatcher (through the `Deliver` handle it was given) and the
+//!   dispatcher the recorder or the pull queue, finished by its last holder;
 //! - [`membership`]: the cluster loop (heartbeat, leader lease, partition
 //!   assignment, lease renewal, hand-overs) that grants ownership;
 //! - [`ownership`]: which partitions this node fires, under which epoch and
-//!   until when (all of them, forever, on a single node);
+//!   until when (all of them, forever, on a single node); it returns what
+//!   a change lost instead of telling anyone;
+//! - [`partitions`]: [`partitions::Partitions`], the sub-handle that applies
+//!   ownership changes to the owned partitions, then to the pull queue;
 //! - [`pull`]: the runtime of this node's pull queue (pull tenants'
-//!   leases: claims, calls, fenced lease writes);
+//!   leases: claims, calls, fenced lease writes), and [`pull::Pull`], its
+//!   sub-handle;
 //! - `pull_peers`: pull claims across a cluster (announcements of
 //!   unclaimed ready entries, sent and heard; claims parked here woken by
 //!   another node's);
-//! - [`dispatch`]: delivery slots ([`belfry_core::fire::DeliverySlots`]),
-//!   the fire-time check against the store, the claim, the delivery;
+//! - [`dispatch`]: the partitions' `Deliver` handle: delivery slots
+//!   ([`belfry_core::fire::DeliverySlots`]), then per ticket the record
+//!   read, the claim, and the delivery (I/O around the decisions of
+//!   [`belfry_core::fire::decide`]);
+//! - `reads`: fire-time record reads, batched node-wide;
 //! - [`recorder`]: batches attempt outcomes into the store and finishes
-//!   their entries;
+//!   their tickets;
 //! - [`schedules`]: recurring schedules: the control-event firing (plan,
-//!   store occurrences, move the control event) and their management;
+//!   store occurrences, move the control event) and their management
+//!   ([`schedules::Schedules`]);
 //! - [`bulk`]: the bulk action runner (cancel, redrive, pause, resume
-//!   over a filter, page by page, resumable, one node at a time);
+//!   over a filter, page by page, resumable, one node at a time) and
+//!   [`bulk::BulkActions`];
 //! - [`purge`]: the background retention sweep;
+//! - `schedule_scan`: a tenant's live schedule definitions, for the
+//!   schedules component and the quotas (below both);
 //! - [`quotas`]: per-tenant quotas on pending events, schedules and
-//!   payload size, checked before client writes; the node's `[limits]`
-//!   section ([`quotas::LimitsOptions`]);
-//! - [`tenants`]: a short-lived cache of tenant configs;
+//!   payload size, checked before client writes ([`quotas::Quotas`]); the
+//!   node's `[limits]` section ([`quotas::LimitsOptions`]);
+//! - [`tenants`]: tenant configs, their writes and a short-lived cache;
 //! - `writes`: writes made for callers that may go away (API requests,
 //!   ingest, bulk actions): store call and routing in a task of their own.
+//!
+//! [`EngineHandle`] is a facade: `impl EngineHandle` lives in this file
+//! only, and hands out the sub-handles above. `Shared` (this file) holds
+//! the components: `Env` (store, sinks, clock, options, task spawner),
+//! the owned partitions, `FirePath` (reads, slots, the recorder's inbox),
+//! tenants, quotas, bulk, pull and writes. The partition workers, the
+//! owned partitions and the retention sweep hold only the `Env`; the
+//! recorder only what it reads (deliveries in flight and where effects go
+//! are traits); the others still reach `Shared`.
+//!
+//! Modules import one way (no circle), bottom-up: tasks, tenants, reads,
+//! partition, ownership; pull, pull_peers; schedule_scan, quotas; options;
+//! writes, schedules, recorder; dispatch; partitions, bulk, membership.
 //!
 //! # The fire path
 //! See `docs/ARCHITECTURE.md`. In short: each partition core pages due
 //! entries into a bounded window, fires them at their instant (never
 //! before), the dispatcher gives them delivery slots, a delivery checks the
 //! record, claims its version and delivers, and the recorder stores the
-//! outcome in batches, finishes the entry and routes the resulting timer
-//! effects back to the cores.
+//! outcome in batches, finishes the entry's ticket and routes the
+//! resulting timer effects back to the cores.
 //!
 //! Components are built `Options → Engine → cheap-clone EngineHandle`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use belfry_core::event::Effect;
 use belfry_core::fire::Input;
-use belfry_core::{Clock, DueCursor, EventKey, EventRecord, TenantName, Timestamp};
+use belfry_core::{Clock, DueCursor, EventKey, EventRecord, Timestamp};
 use belfry_sinks::{Delivery, DeliveryResult, Sinks};
 use belfry_store::{Applied, KeyedCommand, SharedStore, StoreResult};
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::mpsc;
 
 pub mod bulk;
 pub mod dispatch;
@@ -59,13 +86,16 @@ pub mod membership;
 pub mod options;
 pub mod ownership;
 pub mod partition;
+pub mod partitions;
 pub mod pull;
 mod pull_peers;
 pub mod purge;
 pub mod quotas;
 mod reads;
 pub mod recorder;
+mod schedule_scan;
 pub mod schedules;
+mod tasks;
 pub mod tenants;
 mod writes;
 
@@ -74,7 +104,7 @@ pub use ownership::Ownership;
 
 use crate::ownership::OwnedPartitions;
 
-/// See [`EngineHandle::partitions_loaded`].
+/// See [`partitions::Partitions::loaded`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionsLoaded {
     pub owned: usize,
@@ -87,15 +117,17 @@ impl PartitionsLoaded {
     }
 }
 
-/// A running engine. Call [`Engine::shutdown`] to stop it cleanly.
+/// A running engine. Call [`Engine::shutdown`] to stop it cleanly;
+/// dropping it aborts every task of it at once (a crash, for tests).
 #[derive(Debug)]
 pub struct Engine {
     handle: EngineHandle,
-    recorder_task: JoinHandle<()>,
-    purge_task: JoinHandle<()>,
-    bulk_task: JoinHandle<()>,
-    pull_task: JoinHandle<()>,
-    lease_writer_task: Option<JoinHandle<()>>,
+    /// Owns every task of the engine.
+    tasks: tasks::TaskTracker,
+    recorder_task: tasks::Joined<()>,
+    bulk_task: tasks::Joined<()>,
+    pull_task: tasks::Joined<()>,
+    lease_writer_task: Option<tasks::Joined<()>>,
 }
 
 /// What the API edge uses: apply commands (store, then wake the owning
@@ -105,31 +137,16 @@ pub struct EngineHandle {
     inner: Arc<Shared>,
 }
 
-/// State shared by every engine task.
+/// The engine's components, as every engine task reaches them.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) store: SharedStore,
-    pub(crate) sinks: Sinks,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) options: EngineOptions,
+    pub(crate) env: Arc<Env>,
     /// The partitions this node owns, with their workers.
     pub(crate) owned: OwnedPartitions,
-    pub(crate) tenants: tenants::TenantCache,
-    pub(crate) limits: dispatch::Limits,
+    pub(crate) fire_path: FirePath,
+    pub(crate) tenants: tenants::Tenants,
     /// Per-tenant quota estimates (client writes are checked against them).
-    pub(crate) quotas: quotas::Quotas,
-    /// Signalled whenever a fired entry is finished (its outcome stored,
-    /// or dropped): hand-overs and shutdown wait on it.
-    pub(crate) finished: tokio::sync::Notify,
-    /// Bounds schedule firings in progress (each holds a plan and store
-    /// writes); the others wait as small tasks.
-    pub(crate) schedule_firings: Arc<tokio::sync::Semaphore>,
-    pub(crate) outcomes: mpsc::Sender<recorder::Outcome>,
-    /// Fire-time record reads, batched node-wide.
-    pub(crate) reads: reads::RecordReads,
-    /// Set once shutdown starts: no new delivery begins after it.
-    pub(crate) stopping: AtomicBool,
-    pub(crate) stop_signal: watch::Sender<bool>,
+    pub(crate) quotas: quotas::QuotaState,
     /// The bulk action runner's state (claims, wake-up).
     pub(crate) bulk: bulk::BulkRunner,
     /// The pull queue of pull tenants' events and its waiting requests.
@@ -138,6 +155,41 @@ pub(crate) struct Shared {
     pub(crate) pull_peers: pull_peers::PullPeers,
     /// Writes made for callers that may go away, in flight.
     pub(crate) writes: writes::Writes,
+}
+
+/// What every component reads.
+#[derive(Debug)]
+pub(crate) struct Env {
+    pub(crate) store: SharedStore,
+    pub(crate) sinks: Sinks,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) options: EngineOptions,
+    /// Spawns onto the engine's tasks; says when shutdown started (no new
+    /// delivery begins after it).
+    pub(crate) tasks: tasks::Spawner,
+}
+
+/// The fire path past the partitions: record reads, delivery slots, the
+/// recorder's inbox, and the bound on schedule firings.
+#[derive(Debug)]
+pub(crate) struct FirePath {
+    /// Fire-time record reads, batched node-wide.
+    pub(crate) reads: reads::RecordReads,
+    pub(crate) slots: Arc<dispatch::Slots>,
+    pub(crate) outcomes: mpsc::Sender<recorder::Outcome>,
+    /// Bounds schedule firings in progress (each holds a plan and store
+    /// writes); the others wait as small tasks.
+    pub(crate) schedule_firings: Arc<tokio::sync::Semaphore>,
+}
+
+/// Routes recorded effects to the owning partitions and the pull queue
+/// ([`Shared::route_effects`]), for the recorder.
+struct EffectsRouter(Arc<Shared>);
+
+impl recorder::RouteEffects for EffectsRouter {
+    fn route(&self, applied: &[Applied]) {
+        self.0.route_effects(applied);
+    }
 }
 
 impl Engine {
@@ -151,12 +203,12 @@ impl Engine {
     ) -> Engine {
         let all: Vec<Ownership> = store.partitions().all().map(Ownership::forever).collect();
         let engine = Engine::launch(options, store, sinks, clock, "local".to_string());
-        engine.handle.set_ownership(all);
+        engine.handle.partitions().set(all);
         engine
     }
 
     /// Starts an engine that owns nothing yet: a cluster node, whose
-    /// membership loop grants partitions with [`EngineHandle::set_ownership`].
+    /// membership loop grants partitions with [`partitions::Partitions::set`].
     ///
     /// Records are not read ahead here (`engine.read_ahead_ms` is ignored):
     /// other nodes write too, and a record read ahead could miss a cancel
@@ -183,48 +235,59 @@ impl Engine {
         // Bounded: a delivery waits (holding its slot) while the recorder
         // is behind, so outcomes never pile up in memory.
         let (outcome_tx, outcome_rx) = mpsc::channel(options.max_in_flight.max(64));
-        let (stop_signal, _) = watch::channel(false);
-        let options_pull = options.pull.clone();
-        let shared = Arc::new(Shared {
-            limits: dispatch::Limits::new(&options),
-            quotas: quotas::Quotas::new(options.limits.clone()),
-            finished: tokio::sync::Notify::new(),
-            schedule_firings: Arc::new(tokio::sync::Semaphore::new(
-                schedules::MAX_CONCURRENT_FIRINGS,
-            )),
-            reads: reads::RecordReads::start(store.clone()),
-            store,
-            sinks,
-            clock,
-            options,
-            owned: OwnedPartitions::default(),
-            tenants: tenants::TenantCache::default(),
-            outcomes: outcome_tx,
-            stopping: AtomicBool::new(false),
-            stop_signal,
+        let tracker = tasks::TaskTracker::new();
+        let spawner = tracker.spawner();
+        let shared = Arc::new_cyclic(|shared| Shared {
+            fire_path: FirePath {
+                reads: reads::RecordReads::start(store.clone(), &spawner),
+                slots: Arc::new(dispatch::Slots::new(&options)),
+                outcomes: outcome_tx,
+                schedule_firings: Arc::new(tokio::sync::Semaphore::new(
+                    schedules::MAX_CONCURRENT_FIRINGS,
+                )),
+            },
+            quotas: quotas::QuotaState::new(options.limits.clone()),
+            tenants: tenants::Tenants::new(store.clone(), clock.clone()),
+            owned: OwnedPartitions::new(Arc::new(dispatch::Dispatcher::new(shared.clone()))),
             bulk: bulk::BulkRunner::new(bulk_runner),
-            pull: pull::PullRuntime::new(&options_pull),
+            pull: pull::PullRuntime::new(&options.pull, clock.now()),
             pull_peers: pull_peers::PullPeers::default(),
             writes: writes::Writes::default(),
+            env: Arc::new(Env {
+                store,
+                sinks,
+                clock,
+                options,
+                tasks: spawner.clone(),
+            }),
         });
-        let recorder_task = tokio::spawn(recorder::run(shared.clone(), outcome_rx));
-        let purge_task = tokio::spawn(purge::run(shared.clone()));
-        let bulk_task = tokio::spawn(bulk::run(shared.clone()));
-        let pull_task = tokio::spawn(pull::run_timer(shared.clone()));
+        let recorder = recorder::Recorder {
+            store: shared.env.store.clone(),
+            clock: shared.env.clock.clone(),
+            linger: shared.env.options.record_linger,
+            retry: shared.env.options.retry.clone(),
+            in_flight: shared.fire_path.slots.clone(),
+            effects: Arc::new(EffectsRouter(shared.clone())),
+        };
+        let recorder_task =
+            spawner.spawn_joined(recorder::run(recorder, outcome_rx, spawner.stop_receiver()));
+        spawner.spawn(purge::run(shared.env.clone()));
+        let bulk_task = spawner.spawn_joined(bulk::run(shared.clone()));
+        let pull_task = spawner.spawn_joined(pull::run_timer(shared.clone()));
         let lease_writer_task = shared
             .pull
             .lease_writes
             .take_receiver()
-            .map(|writes| tokio::spawn(pull::run_lease_writer(shared.clone(), writes)));
+            .map(|writes| spawner.spawn_joined(pull::run_lease_writer(shared.clone(), writes)));
         tracing::info!(
-            partitions = shared.store.partitions().get(),
-            window_ms = shared.options.window.as_millis() as u64,
+            partitions = shared.env.store.partitions().get(),
+            window_ms = shared.env.options.window.as_millis() as u64,
             "engine started"
         );
         Engine {
             handle: EngineHandle { inner: shared },
+            tasks: tracker,
             recorder_task,
-            purge_task,
             bulk_task,
             pull_task,
             lease_writer_task,
@@ -240,7 +303,7 @@ impl Engine {
     /// yet delivered stay pending in the store and fire after the next start.
     pub async fn shutdown(self) {
         let shared = self.handle.inner.clone();
-        let grace = shared.options.shutdown_grace;
+        let grace = shared.env.options.shutdown_grace;
         // Writes whose callers went away finish first, their effects
         // reaching partitions that still run.
         if tokio::time::timeout(grace, shared.writes.wait_idle())
@@ -252,29 +315,25 @@ impl Engine {
                 "client writes were still in flight at the end of the shutdown grace"
             );
         }
-        shared.stopping.store(true, Ordering::SeqCst);
-        // `send_replace` stores the value even while no task has subscribed
-        // yet (`send` would drop it), so a task that starts later still sees it.
-        shared.stop_signal.send_replace(true);
+        self.tasks.signal_stop();
         let owned: Vec<_> = shared.owned.owned().into_iter().map(|(p, _)| p).collect();
         for task in shared.owned.stop_all() {
-            let _ = task.await;
+            task.join().await;
         }
         // Entries queued for a slot stay pending in the store.
-        shared.limits.drop_queued(&shared);
-        self.purge_task.abort();
+        shared.fire_path.slots.drop_queued();
         // Claims and calls waiting on the pull queue answer `unavailable`;
         // workers' leases are given back in the store (pending again at
         // their expiries, no attempt counted; their calls after the
         // restart answer `lease_lost`).
-        let _ = self.pull_task.await;
+        self.pull_task.join().await;
         shared.pull.drop_waiting();
         let given_back = pull::give_back(&shared, owned);
         pull::write_given_back(&shared, given_back, grace).await;
         // Lease changes already queued are written (and answered); later
         // ones are written alone.
         if let Some(task) = self.lease_writer_task
-            && tokio::time::timeout(grace, task).await.is_err()
+            && tokio::time::timeout(grace, task.join()).await.is_err()
         {
             tracing::warn!(
                 "lease changes were still being written at the end of the shutdown grace"
@@ -282,10 +341,13 @@ impl Engine {
         }
         // Bulk actions stop at their next page boundary and give their
         // claims up; they continue after the next start (or elsewhere).
-        if tokio::time::timeout(grace, self.bulk_task).await.is_err() {
+        if tokio::time::timeout(grace, self.bulk_task.join())
+            .await
+            .is_err()
+        {
             tracing::warn!("a bulk action page was still running at the end of the shutdown grace");
         }
-        if tokio::time::timeout(grace, shared.limits.wait_idle())
+        if tokio::time::timeout(grace, shared.fire_path.slots.wait_idle())
             .await
             .is_err()
         {
@@ -296,31 +358,33 @@ impl Engine {
         }
         // The recorder drains every outcome sent so far, then exits once the
         // last sender (ours and the handles') is gone or the signal says stop.
-        let _ = tokio::time::timeout(grace, self.recorder_task).await;
+        let _ = tokio::time::timeout(grace, self.recorder_task.join()).await;
+        // Dropping the tracker aborts what is left (the retention sweep).
+        drop(self.tasks);
         tracing::info!("engine stopped");
     }
 }
 
 impl EngineHandle {
     pub fn store(&self) -> &SharedStore {
-        &self.inner.store
+        &self.inner.env.store
     }
 
     pub fn now(&self) -> Timestamp {
-        self.inner.clock.now()
+        self.inner.env.clock.now()
     }
 
     /// The node's sinks (the API checks a tenant's target against them).
     pub fn sinks(&self) -> &Sinks {
-        &self.inner.sinks
+        &self.inner.env.sinks
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
-        &self.inner.clock
+        &self.inner.env.clock
     }
 
     pub fn options(&self) -> &EngineOptions {
-        &self.inner.options
+        &self.inner.env.options
     }
 
     /// Applies client commands durably (the store fsyncs before this
@@ -364,58 +428,60 @@ impl EngineHandle {
         &self,
         key: &EventKey,
     ) -> StoreResult<Option<(EventRecord, DeliveryResult)>> {
-        let Some(record) = self.inner.store.get_event(key).await? else {
+        let Some(record) = self.inner.env.store.get_event(key).await? else {
             return Ok(None);
         };
-        let Some(tenant) = self
-            .inner
-            .tenants
-            .get(&self.inner.store, &key.tenant)
-            .await?
-        else {
+        let Some(tenant) = self.inner.tenants.get(&key.tenant).await? else {
             return Ok(None);
         };
         let result = self
             .inner
+            .env
             .sinks
             .deliver(Delivery {
                 tenant: &tenant,
                 event: &record,
                 attempt: 0,
-                triggered_at: self.inner.clock.now(),
+                triggered_at: self.inner.env.clock.now(),
                 epoch: None,
             })
             .await;
         Ok(Some((record, result)))
     }
 
-    /// Forget any cached config of `tenant` (it was registered, replaced or
-    /// deleted).
-    pub fn tenant_changed(&self, tenant: &TenantName) {
-        self.inner.tenants.invalidate(tenant);
+    /// Tenant configs: reads (cached) and writes.
+    pub fn tenants(&self) -> &tenants::Tenants {
+        &self.inner.tenants
     }
 
-    /// Makes this node fire exactly the `grants` partitions (see
-    /// [`ownership`]). Partitions gained load their window from the store;
-    /// partitions lost stop at once.
-    pub fn set_ownership(&self, grants: Vec<Ownership>) {
-        self.inner.owned.apply(&self.inner, grants);
-    }
-
-    /// The partitions owned right now, with their epochs.
-    pub fn owned_partitions(&self) -> Vec<(belfry_core::PartitionId, u64)> {
-        self.inner.owned.owned()
-    }
-
-    /// How many owned partitions have read their first window page, out of
-    /// how many are owned: the readiness check. Cheap (one lock per
-    /// partition, no store access).
-    pub fn partitions_loaded(&self) -> PartitionsLoaded {
-        let runtimes = self.inner.owned.runtimes();
-        PartitionsLoaded {
-            owned: runtimes.len(),
-            loaded: runtimes.iter().filter(|r| r.window_loaded()).count(),
+    /// The partitions this node fires: ownership, hand-overs, counters.
+    pub fn partitions(&self) -> partitions::Partitions<'_> {
+        partitions::Partitions {
+            shared: &self.inner,
         }
+    }
+
+    /// The pull queue: workers' claims and lease calls, and its part in a
+    /// cluster.
+    pub fn pull(&self) -> pull::Pull<'_> {
+        pull::Pull {
+            shared: &self.inner,
+        }
+    }
+
+    /// Recurring schedules' management.
+    pub fn schedules(&self) -> schedules::Schedules<'_> {
+        schedules::Schedules { engine: self }
+    }
+
+    /// Bulk actions: create, cancel.
+    pub fn bulk(&self) -> bulk::BulkActions<'_> {
+        bulk::BulkActions { engine: self }
+    }
+
+    /// Per-tenant quota checks of client writes and dry runs.
+    pub fn quotas(&self) -> quotas::Quotas<'_> {
+        quotas::Quotas { engine: self }
     }
 
     /// A timer effect made by another node (e.g. an event created through
@@ -428,91 +494,24 @@ impl EngineHandle {
         pull::changed_elsewhere(&self.inner, key);
     }
 
-    /// Wake-ups may have been missed (the push channel reconnected): every
-    /// owned partition drops its window and reloads it from the store.
-    pub fn resync(&self) {
-        self.inner
-            .owned
-            .broadcast(|| belfry_core::fire::Input::Reload, self.inner.clock.now());
-    }
-
-    /// A worker's claim of `tenant`'s due events (a pull tenant's; the
-    /// caller checked the key reaches it). Waits up to the claim's wait;
-    /// dropping the future abandons the claim.
-    pub async fn pull_claim(
-        &self,
-        tenant: TenantName,
-        request: belfry_core::pull::ClaimRequest,
-    ) -> belfry_core::pull::Reply {
-        pull::claim(&self.inner, tenant, request).await
-    }
-
-    /// A call on a lease; the caller checked the key reaches its tenant.
-    pub async fn pull_call(
-        &self,
-        lease: belfry_core::pull::LeaseId,
-        request: belfry_core::pull::LeaseCall,
-    ) -> belfry_core::pull::Reply {
-        pull::call(&self.inner, lease, request).await
-    }
-
-    /// The answer the store's record of exactly `lease` gives a complete,
-    /// fail or release (`request`), without the pull queue: for a node that
-    /// could not ask the lease's owner (it went away, perhaps after
-    /// recording the call). `Some` when the lease was resolved the way the
-    /// call asks, answered as its owner would have; `None` when nothing of
-    /// the kind is recorded (the lease may still be live on its owner), and
-    /// for a heartbeat.
-    ///
-    /// # Errors
-    /// Store failures: whether the call was recorded is not known.
-    pub async fn pull_recorded_outcome(
-        &self,
-        lease: &belfry_core::pull::LeaseId,
-        request: &belfry_core::pull::LeaseCall,
-    ) -> StoreResult<Option<belfry_core::pull::Reply>> {
-        pull::recorded(&self.inner, lease, request).await
-    }
-
-    /// The pull queue's counters.
-    pub fn pull_stats(&self) -> belfry_core::pull::PullStats {
-        self.inner.pull.stats()
-    }
-
     /// Runs one retention sweep now (the background sweep runs every
     /// `purge_interval_ms`). Returns how many finished events went.
     ///
     /// # Errors
     /// Store failures.
     pub async fn purge_now(&self) -> StoreResult<usize> {
-        purge::run_once(&self.inner).await
+        purge::run_once(&self.inner.env).await
     }
 
     /// Deliveries running right now (for metrics and tests).
     pub fn in_flight(&self) -> usize {
-        self.inner.limits.in_flight()
+        self.inner.fire_path.slots.in_flight()
     }
 
     /// Writes of [`EngineHandle::apply`] not finished yet, their callers
     /// gone or not (for tests).
     pub fn writes_in_flight(&self) -> usize {
         self.inner.writes.in_flight()
-    }
-
-    /// The fire-path counters of the owned partitions, summed: repairs
-    /// (entries a lost wake-up left out, armed by a repair page),
-    /// evictions, duplicate claims (for metrics and tests).
-    pub fn fire_stats(&self) -> belfry_core::fire::CoreStats {
-        let mut total = belfry_core::fire::CoreStats::default();
-        for runtime in self.inner.owned.runtimes() {
-            let stats = runtime.stats();
-            total.repaired += stats.repaired;
-            total.evicted += stats.evicted;
-            total.fired += stats.fired;
-            total.duplicate_claims += stats.duplicate_claims;
-            total.load_failures += stats.load_failures;
-        }
-        total
     }
 
     /// The node's fire-path state for `/metrics`: owned partitions and
@@ -523,7 +522,9 @@ impl EngineHandle {
         let runtimes = self.inner.owned.runtimes();
         let mut state = belfry_metrics::NodeState {
             partitions: self
-                .owned_partitions()
+                .inner
+                .owned
+                .owned()
                 .into_iter()
                 .map(|(p, epoch)| (p.0, epoch))
                 .collect(),
@@ -550,82 +551,6 @@ impl EngineHandle {
             )
         });
         state
-    }
-
-    /// Wakes every partition worker to re-evaluate now: for a test that
-    /// moved a manual clock (workers otherwise re-read the clock at least
-    /// once a second).
-    pub fn poke(&self) {
-        // Only a nudge: the worker ticks its core itself and performs what
-        // the tick asks for (a tick here would lose its actions).
-        for runtime in self.inner.owned.runtimes() {
-            runtime.poke();
-        }
-    }
-
-    /// Fired entries not finished yet (queued, in delivery, or waiting for
-    /// their outcome to be stored), over the owned partitions.
-    pub fn outstanding(&self) -> usize {
-        self.inner
-            .owned
-            .runtimes()
-            .iter()
-            .map(|r| r.outstanding())
-            .sum()
-    }
-
-    /// Entries held in memory by the owned partitions (windows,
-    /// outstanding entries, retry timers), and the most they may hold.
-    pub fn held_in_memory(&self) -> (usize, usize) {
-        let runtimes = self.inner.owned.runtimes();
-        let held = runtimes.iter().map(|r| r.held()).sum();
-        let capacity = runtimes.iter().map(|r| r.capacity()).sum();
-        (held, capacity)
-    }
-
-    /// Hands `partitions` over cleanly: they stop firing at once, when this
-    /// is *called* (their workers are taken out of the engine and their
-    /// leases revoked, so nothing queued for them is delivered any more),
-    /// and the returned future resolves once every delivery of theirs that
-    /// was in flight has its outcome recorded, or after `grace`. It yields
-    /// whether everything was recorded in time. The caller then releases
-    /// their leases, so the next owner can fire at once without
-    /// re-delivering anything. Pull workers' leases of them are void at
-    /// once and given back in the store meanwhile (their events pending
-    /// again at the leases' expiries, no attempt counted).
-    pub fn release_partitions(
-        &self,
-        partitions: &[belfry_core::PartitionId],
-        grace: std::time::Duration,
-    ) -> impl std::future::Future<Output = bool> + Send + 'static {
-        let (tasks, runtimes) = self.inner.owned.release(partitions);
-        let given_back = pull::give_back(&self.inner, runtimes.iter().map(|r| r.id));
-        for runtime in &runtimes {
-            pull::partition_lost(&self.inner, runtime);
-        }
-        let shared = self.inner.clone();
-        async move {
-            let give_back = pull::write_given_back(&shared, given_back, grace);
-            let recorded = async {
-                for task in tasks {
-                    let _ = task.await;
-                }
-                let drained = async {
-                    loop {
-                        let notified = shared.finished.notified();
-                        tokio::pin!(notified);
-                        notified.as_mut().enable();
-                        if runtimes.iter().all(|r| r.outstanding() == 0) {
-                            return;
-                        }
-                        notified.await;
-                    }
-                };
-                tokio::time::timeout(grace, drained).await.is_ok()
-            };
-            let ((), recorded) = tokio::join!(give_back, recorded);
-            recorded
-        }
     }
 }
 
@@ -659,6 +584,6 @@ impl Shared {
         };
         // Not owned here, or stopping: the store still holds the event and
         // its owner's loader finds it.
-        self.owned.input(partition, input, self.clock.now());
+        self.owned.input(partition, input, self.env.clock.now());
     }
 }

@@ -65,7 +65,7 @@
 //! Moves are revoke-then-grant (see [`belfry_store::cluster`]): when the
 //! leader moves a partition away from this node, the next renewal reports
 //! it revoked. The node stops firing it at once
-//! ([`EngineHandle::release_partitions`]), waits (at most
+//! ([`crate::partitions::Partitions::release`]), waits (at most
 //! `lease_ttl - tick - safety_margin`) until every delivery of it that was in
 //! flight has its outcome recorded, then releases it in the database, which
 //! grants it to the new owner with a new epoch and no takeover wait. A clean
@@ -76,22 +76,22 @@
 //! Rounds run every tick and also whenever the coordinator announces a
 //! change ([`Membership::poke`]), so a hand-over takes a few database round
 //! trips rather than ticks.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use belfry_core::config::{ConfigKeys, Problems};
 use belfry_core::liveness::{CrashWatch, Sighting};
-use belfry_core::{PartitionId, partition_ranges};
+use belfry_core::ownership::FiringWindow;
+use belfry_core::{MonoTime, PartitionId, partition_ranges};
 use belfry_store::StoreResult;
 use belfry_store::cluster::{
     Coordinator, LeaderLease, NodeId, NodeInfo, NodePresence, NodeStatus, PartitionAssignment,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use tokio::task::JoinSet;
 
 use crate::{EngineHandle, Ownership};
 
@@ -169,7 +169,7 @@ pub struct ClusterSnapshot {
     pub leader: Option<LeaderLease>,
     pub assignments: Vec<PartitionAssignment>,
     /// When this snapshot was taken; `None` before the first success.
-    pub taken_at: Option<Instant>,
+    pub taken_at: Option<MonoTime>,
 }
 
 /// The membership loop of one node.
@@ -190,7 +190,8 @@ pub struct Membership {
 #[derive(Debug, Default)]
 struct HandOvers {
     partitions: HashSet<PartitionId>,
-    tasks: Vec<JoinHandle<()>>,
+    /// Dropped with the membership, which aborts them.
+    tasks: JoinSet<()>,
 }
 
 impl Membership {
@@ -250,8 +251,10 @@ impl Membership {
         if let Err(error) = self.coordinator.presence(&self.node.id).await {
             tracing::warn!(%error, "taking this node's presence lock failed; retrying");
         }
-        let watcher = tokio::spawn(self.clone().watch_presence());
-        let mut tick = tokio::time::interval(self.options.tick);
+        // Owned here: dropping `run` stops the watcher too.
+        let mut watcher = JoinSet::new();
+        watcher.spawn(self.clone().watch_presence());
+        let mut tick = crate::tasks::ticks(self.options.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(stop);
         loop {
@@ -267,7 +270,7 @@ impl Membership {
                 tracing::warn!(%error, "cluster membership round failed");
             }
         }
-        watcher.abort();
+        watcher.abort_all();
         self.hand_over_and_leave().await;
     }
 
@@ -279,7 +282,7 @@ impl Membership {
     /// grants the crashed node's partitions to the live nodes.
     async fn watch_presence(self: Arc<Self>) {
         let mut watch = CrashWatch::new(self.options.presence_grace);
-        let mut every = tokio::time::interval(self.options.presence_interval);
+        let mut every = crate::tasks::ticks(self.options.presence_interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         loop {
@@ -385,10 +388,10 @@ impl Membership {
                 assignments = self.coordinator.assignments().await?;
             }
         }
-        let renewal_sent = Instant::now();
+        let clock = self.engine.clock().clone();
+        let renewal_sent = clock.monotonic();
         let owned = self.coordinator.renew_ownership(&self.node.id, ttl).await?;
-        let answered = Instant::now();
-        let fire_until = renewal_sent + ttl.saturating_sub(self.options.safety_margin);
+        let answered = clock.monotonic();
         let revoked: Vec<(PartitionId, u64)> = owned
             .iter()
             .filter(|o| o.revoked)
@@ -403,12 +406,17 @@ impl Membership {
                 .map(|o| Ownership {
                     partition: o.partition,
                     epoch: o.epoch,
-                    fire_from: answered + o.takeover_after,
-                    fire_until,
+                    window: FiringWindow::after_renewal(
+                        renewal_sent,
+                        answered,
+                        ttl,
+                        self.options.safety_margin,
+                        o.takeover_after,
+                    ),
                 })
                 .collect()
         };
-        self.engine.set_ownership(grants);
+        self.engine.partitions().set(grants);
         *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = ClusterSnapshot {
             nodes,
             leader: Some(lease),
@@ -473,9 +481,11 @@ impl Membership {
         // Takes the partitions' workers out of the engine now, before the
         // round's `set_ownership` could stop them without waiting for their
         // deliveries; the returned future waits for their outcomes.
-        let release = self.engine.release_partitions(&ids, grace);
+        let release = self.engine.partitions().release(&ids, grace);
         let this = self.clone();
-        let task = tokio::spawn(async move {
+        let mut hand_overs = self.hand_overs();
+        while hand_overs.tasks.try_join_next().is_some() {}
+        hand_overs.tasks.spawn(async move {
             let recorded = release.await;
             if !recorded {
                 tracing::warn!(
@@ -504,9 +514,6 @@ impl Membership {
                 hand_overs.partitions.remove(id);
             }
         });
-        let mut hand_overs = self.hand_overs();
-        hand_overs.tasks.retain(|t| !t.is_finished());
-        hand_overs.tasks.push(task);
     }
 
     /// A clean exit: give up the leader lease, stop firing every partition,
@@ -519,13 +526,12 @@ impl Membership {
         if let Err(error) = self.coordinator.release_leadership(id).await {
             tracing::warn!(%error, "releasing the leader lease failed");
         }
-        let tasks = std::mem::take(&mut self.hand_overs().tasks);
-        for task in tasks {
-            let _ = task.await;
-        }
+        let mut tasks = std::mem::take(&mut self.hand_overs().tasks);
+        while tasks.join_next().await.is_some() {}
         let mut partitions: BTreeSet<PartitionId> = self
             .engine
-            .owned_partitions()
+            .partitions()
+            .owned()
             .into_iter()
             .map(|(p, _)| p)
             .collect();
@@ -536,9 +542,9 @@ impl Membership {
             partitions = partitions.len(),
             "handing over every partition"
         );
-        let release = self.engine.release_partitions(&partitions, grace);
+        let release = self.engine.partitions().release(&partitions, grace);
         tokio::pin!(release);
-        let mut tick = tokio::time::interval(self.options.tick);
+        let mut tick = crate::tasks::ticks(self.options.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.reset();
         // Keep the heartbeat and the leases alive while deliveries finish:
@@ -559,7 +565,7 @@ impl Membership {
                 "deliveries still in flight at the end of the shutdown grace; the next owners may deliver them again"
             );
         }
-        self.engine.set_ownership(Vec::new());
+        self.engine.partitions().set(Vec::new());
         // What the database says this node owns now, at which epochs.
         let owned: Vec<(PartitionId, u64)> = match self.coordinator.assignments().await {
             Ok(map) => map

@@ -8,49 +8,129 @@
 //! - `ReadAhead` → one batched record read on its own task (fjall holds its
 //!   version lock while a flush fsyncs, so reads on the delivery path used
 //!   to stall every delivery by 50–100 ms) → `ReadAhead`;
-//! - `Deliver` → the dispatcher ([`crate::dispatch`]), whose delivery tasks
-//!   send `Claim` and `Finished` back.
+//! - `Deliver` → one [`Ticket`] per fired entry, handed to the [`Deliver`]
+//!   handle the worker was given (the dispatcher); whoever holds a ticket
+//!   last finishes it (`Finished`), and delivery tasks claim through it.
 //!
 //! Wake-ups (new, moved, cancelled events; recorded outcomes) are applied to
 //! the core synchronously by whoever has them ([`PartitionRuntime::input`]),
 //! under the core's lock; there is no inbox to grow. The worker sleeps until
 //! the core's next wake-up or until poked.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use belfry_core::fire::{Action, CoreConfig, Input, LoadRequest, PartitionCore};
-use belfry_core::{PartitionId, Timestamp};
+use belfry_core::fire::{Action, CoreConfig, Finish, Fired, Input, LoadRequest, PartitionCore};
+use belfry_core::ownership::FiringWindow;
+use belfry_core::{Clock, DueCursor, EventRecord, EventVersion, MonoTime, PartitionId, Timestamp};
 use belfry_store::DuePageParams;
 use tokio::sync::{Notify, watch};
 
-use crate::Shared;
-use crate::ownership::PartitionLease;
+use crate::Env;
 
-/// How often a partition whose lease lapsed checks whether it was renewed.
-const LEASE_RECHECK: Duration = Duration::from_millis(100);
+/// How often a partition whose firing window closed (its lease lapsed)
+/// checks whether it was renewed.
+const WINDOW_RECHECK: Duration = Duration::from_millis(100);
 /// Longest sleep between checks: the wall clock may jump, and re-reading it
 /// often keeps lateness bounded.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// One ownership term of a partition: its epoch and live firing window;
+/// shared by its worker and the delivery tasks it spawns.
+#[derive(Debug)]
+pub(crate) struct Term {
+    pub(crate) epoch: u64,
+    /// The window's ends on the clock's monotonic time line, in
+    /// microseconds: renewals move them while deliveries read them.
+    fire_from: AtomicU64,
+    fire_until: AtomicU64,
+    clock: Arc<dyn Clock>,
+}
+
+impl Term {
+    /// Term `epoch`, firing inside `window` of `clock`'s monotonic time.
+    pub(crate) fn new(epoch: u64, window: FiringWindow, clock: Arc<dyn Clock>) -> Self {
+        let term = Term {
+            epoch,
+            fire_from: AtomicU64::new(0),
+            fire_until: AtomicU64::new(0),
+            clock,
+        };
+        term.update(window);
+        term
+    }
+
+    /// Moves the window (a lease renewal).
+    pub(crate) fn update(&self, window: FiringWindow) {
+        self.fire_from.store(offset(window.from), Ordering::SeqCst);
+        self.fire_until
+            .store(offset(window.until), Ordering::SeqCst);
+    }
+
+    /// Closes the window for good: the partition was released or lost, so
+    /// entries already handed to the dispatcher (queued for a worker, or not
+    /// yet claimed) must not be delivered under this window any more.
+    pub(crate) fn close(&self) {
+        self.fire_until.store(0, Ordering::SeqCst);
+    }
+
+    /// The window as it stands.
+    fn window(&self) -> FiringWindow {
+        FiringWindow {
+            from: micros(self.fire_from.load(Ordering::SeqCst)),
+            until: micros(self.fire_until.load(Ordering::SeqCst)),
+        }
+    }
+
+    /// Whether a delivery may start now.
+    pub(crate) fn may_fire(&self) -> bool {
+        self.window().may_fire(self.clock.monotonic())
+    }
+
+    /// How long until firing may start (zero if it may already).
+    pub(crate) fn wait_before_firing(&self) -> Duration {
+        self.window().wait_before_firing(self.clock.monotonic())
+    }
+}
+
+fn offset(at: MonoTime) -> u64 {
+    u64::try_from(at.since_origin().as_micros()).unwrap_or(u64::MAX)
+}
+
+fn micros(offset: u64) -> MonoTime {
+    MonoTime::from_origin(Duration::from_micros(offset))
+}
 
 /// A partition's core and what the worker and delivery tasks share.
 #[derive(Debug)]
 pub(crate) struct PartitionRuntime {
     pub(crate) id: PartitionId,
-    pub(crate) lease: Arc<PartitionLease>,
+    pub(crate) term: Arc<Term>,
     core: Mutex<PartitionCore>,
     /// Pokes the worker: something changed, re-evaluate now.
     wake: Notify,
+    /// Signalled whenever one of its fired entries is finished: hand-overs
+    /// and shutdown wait on it (shared by every partition).
+    finished: Arc<Notify>,
+    clock: Arc<dyn Clock>,
 }
 
 impl PartitionRuntime {
-    pub(crate) fn new(id: PartitionId, lease: Arc<PartitionLease>, config: CoreConfig) -> Self {
+    pub(crate) fn new(
+        id: PartitionId,
+        term: Arc<Term>,
+        config: CoreConfig,
+        finished: Arc<Notify>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         PartitionRuntime {
             id,
-            lease,
+            term,
             core: Mutex::new(PartitionCore::new(config)),
             wake: Notify::new(),
+            finished,
+            clock,
         }
     }
 
@@ -128,10 +208,108 @@ impl PartitionRuntime {
     }
 }
 
+/// One fired entry of one partition: what the partition hands the
+/// dispatcher, and the dispatcher the recorder or the pull queue. Whoever
+/// holds it last finishes it ([`Ticket::finish`]); dropped unfinished, the
+/// entry stays outstanding in its core (as when the engine stops).
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    partition: Arc<PartitionRuntime>,
+    entry: DueCursor,
+    /// The record read ahead, if any, taken by the first read.
+    read_ahead: Option<EventRecord>,
+}
+
+/// What [`Ticket::claim`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// This delivery holds the version.
+    Granted,
+    /// The event changed since its record was read: read it again.
+    Reread,
+    /// Another copy of the version is being delivered; the core finished
+    /// this one.
+    Duplicate,
+}
+
+impl Ticket {
+    fn new(partition: Arc<PartitionRuntime>, fired: Fired) -> Self {
+        Ticket {
+            partition,
+            entry: fired.entry,
+            read_ahead: fired.record,
+        }
+    }
+
+    pub(crate) fn entry(&self) -> &DueCursor {
+        &self.entry
+    }
+
+    pub(crate) fn partition(&self) -> PartitionId {
+        self.partition.id
+    }
+
+    pub(crate) fn term(&self) -> &Arc<Term> {
+        &self.partition.term
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.partition.term.epoch
+    }
+
+    /// Whether its partition's firing window is open now.
+    pub(crate) fn may_fire(&self) -> bool {
+        self.partition.term.may_fire()
+    }
+
+    /// The record read ahead with the entry, once.
+    pub(crate) fn take_read_ahead(&mut self) -> Option<EventRecord> {
+        self.read_ahead.take()
+    }
+
+    /// Claims `version` for delivery with the partition's core.
+    pub(crate) fn claim(&self, version: &EventVersion) -> Claim {
+        let input = Input::Claim {
+            entry: self.entry.clone(),
+            version: version.clone(),
+        };
+        match self.partition.input(input, self.partition.clock.now())[..] {
+            [Action::Claimed { granted: true, .. }] => Claim::Granted,
+            [Action::Reread { .. }] => Claim::Reread,
+            _ => Claim::Duplicate,
+        }
+    }
+
+    /// The attempt is over (its outcome goes to the recorder): the entry
+    /// stops counting against its tenant's outstanding bound.
+    pub(crate) fn attempted(&self) {
+        self.partition
+            .attempted(self.entry.clone(), self.partition.clock.now());
+    }
+
+    /// Tells the partition's core the entry is finished.
+    pub(crate) fn finish(self, finish: Finish) {
+        let partition = self.partition;
+        partition.input(
+            Input::Finished {
+                entry: self.entry,
+                finish,
+            },
+            partition.clock.now(),
+        );
+        partition.finished.notify_waiters();
+    }
+}
+
+/// Where a partition hands what it fired (the dispatcher).
+pub(crate) trait Deliver: Send + Sync + std::fmt::Debug {
+    fn deliver(&self, tickets: Vec<Ticket>);
+}
+
 /// The core configuration for one partition of this engine.
-pub(crate) fn core_config(shared: &Shared) -> CoreConfig {
-    let options = &shared.options;
-    let partitions = usize::from(shared.store.partitions().get());
+pub(crate) fn core_config(env: &Env) -> CoreConfig {
+    let options = &env.options;
+    let partitions = usize::from(env.store.partitions().get());
     let base = CoreConfig::with_capacity(options.max_events_in_memory / partitions);
     CoreConfig {
         window: options.window,
@@ -148,41 +326,42 @@ pub(crate) fn core_config(shared: &Shared) -> CoreConfig {
 }
 
 pub(crate) async fn run(
-    shared: Arc<Shared>,
+    env: Arc<Env>,
     partition: Arc<PartitionRuntime>,
+    deliver: Arc<dyn Deliver>,
     mut released: watch::Receiver<bool>,
 ) {
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = env.tasks.stop_receiver();
     loop {
         if *stop.borrow() || *released.borrow() {
             break;
         }
-        let now = shared.clock.now();
+        let now = env.clock.now();
         // A new owner waits out the previous owner's lease; an owner whose
         // lease lapsed (no renewal: database or network trouble) holds its
         // entries until it is renewed or released.
-        let may_fire = partition.lease.may_fire();
+        let may_fire = partition.term.may_fire();
         let (actions, wake_at) = {
             let mut core = partition.lock();
             let actions = core.handle(Input::Tick { may_fire }, now);
             (actions, core.next_wake(now))
         };
-        perform(&shared, &partition, actions);
+        perform(&env, &partition, deliver.as_ref(), actions);
         let mut sleep_for = now.until(wake_at).min(MAX_SLEEP);
         if !may_fire {
-            let takeover_wait = partition.lease.wait_before_firing();
-            let lease_wait = if takeover_wait.is_zero() {
-                LEASE_RECHECK
+            let takeover_wait = partition.term.wait_before_firing();
+            let window_wait = if takeover_wait.is_zero() {
+                WINDOW_RECHECK
             } else {
                 takeover_wait
             };
-            // Entries already due cannot fire before the lease allows it:
+            // Entries already due cannot fire before the window opens:
             // waking for them at once spun, for as long as no lease could
             // be renewed (a database whose commits hang).
             sleep_for = if sleep_for.is_zero() {
-                lease_wait
+                window_wait
             } else {
-                sleep_for.min(lease_wait)
+                sleep_for.min(window_wait)
             };
         }
         if sleep_for.is_zero() {
@@ -195,40 +374,51 @@ pub(crate) async fn run(
             _ = stop.changed() => break,
             _ = released.changed() => break,
             _ = partition.wake.notified() => {}
-            _ = tokio::time::sleep(sleep_for) => {}
+            _ = crate::tasks::pause(sleep_for) => {}
         }
     }
 }
 
-fn perform(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, actions: Vec<Action>) {
+fn perform(
+    env: &Arc<Env>,
+    partition: &Arc<PartitionRuntime>,
+    deliver: &dyn Deliver,
+    actions: Vec<Action>,
+) {
     for action in actions {
         match action {
-            Action::Load(request) => spawn_load(shared, partition, request),
+            Action::Load(request) => spawn_load(env, partition, request),
             Action::ReadAhead(keys) => {
-                let (shared, partition) = (shared.clone(), partition.clone());
-                tokio::spawn(async move {
-                    let read = shared.store.get_events(&keys).await;
+                let tasks = env.tasks.clone();
+                let (env, partition) = (env.clone(), partition.clone());
+                tasks.spawn(async move {
+                    let read = env.store.get_events(&keys).await;
                     let records = read
                         .ok()
                         .map(|records| keys.into_iter().zip(records).collect());
-                    partition.input(Input::ReadAhead { records }, shared.clock.now());
+                    partition.input(Input::ReadAhead { records }, env.clock.now());
                 });
             }
             // Entries without a record read ahead (a cluster node never reads
             // ahead) read theirs when their delivery starts, batched
             // node-wide (`reads.rs`).
-            Action::Deliver(fired) => crate::dispatch::submit(shared, partition, fired),
+            Action::Deliver(fired) => deliver.deliver(
+                fired
+                    .into_iter()
+                    .map(|fired| Ticket::new(partition.clone(), fired))
+                    .collect(),
+            ),
             // Only answers a `Claim`, which delivery tasks send themselves.
             Action::Claimed { .. } | Action::Reread { .. } => {}
         }
     }
 }
 
-fn spawn_load(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, request: LoadRequest) {
-    let (shared, partition) = (shared.clone(), partition.clone());
-    tokio::spawn(async move {
-        let page = shared
-            .store
+fn spawn_load(env: &Arc<Env>, partition: &Arc<PartitionRuntime>, request: LoadRequest) {
+    let tasks = env.tasks.clone();
+    let (env, partition) = (env.clone(), partition.clone());
+    tasks.spawn(async move {
+        let page = env.store
             .due_page(DuePageParams {
                 partition: partition.id,
                 after: request.after.clone(),
@@ -245,6 +435,6 @@ fn spawn_load(shared: &Arc<Shared>, partition: &Arc<PartitionRuntime>, request: 
                 None
             }
         };
-        partition.input(Input::Loaded { request, page }, shared.clock.now());
+        partition.input(Input::Loaded { request, page }, env.clock.now());
     });
 }

@@ -21,7 +21,6 @@
 //! through another node when its wake-up arrives ([`changed_elsewhere`]
 //! reads the record). A wake-up that never comes leaves the store's fence:
 //! the grant or the lease's next write answers `Cancelled`.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,15 +34,15 @@ use belfry_core::pull::{
     ReadyEntry, Reply, Resolution,
 };
 use belfry_core::tenant::PullTarget;
+use belfry_core::{DueCursor, PartitionId, Timestamp};
 use belfry_core::{EventKey, EventVersion, TenantName};
-use belfry_core::{PartitionId, Timestamp};
 use belfry_store::{
     ChangeLeaseParams, ChangeLeasesParams, Fence, RecordLeasesParams, StoreResult, StoredLeaseState,
 };
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::Shared;
-use crate::partition::PartitionRuntime;
+use crate::partition::Ticket;
 
 /// Longest sleep of the timer task between ticks: the wall clock may jump.
 pub(crate) const MAX_SLEEP: Duration = Duration::from_secs(1);
@@ -60,18 +59,19 @@ pub(crate) struct PullRuntime {
     wake: Notify,
     /// Lease changes on their way to the store, a batch at a time.
     pub(crate) lease_writes: LeaseWrites,
+    /// The tickets of the entries the queue holds, finished when the
+    /// queue says so.
+    tickets: Mutex<HashMap<(PartitionId, u64, DueCursor), Ticket>>,
 }
 
 impl PullRuntime {
-    pub(crate) fn new(config: &PullConfig) -> Self {
+    /// `now` seeds lease nonces if the OS has no randomness.
+    pub(crate) fn new(config: &PullConfig, now: Timestamp) -> Self {
         let nonces = NonceSource::random().unwrap_or_else(|error| {
             // Nonces only tell leases of one attempt apart; the fencing
             // (epoch, attempt, store check) does not depend on them.
             tracing::warn!(%error, "no OS randomness for lease nonces; seeding from the time");
-            let seed = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            NonceSource::from_seed(seed)
+            NonceSource::from_seed(now.as_millis().unsigned_abs())
         });
         PullRuntime {
             queue: Mutex::new(PullQueue::new(config.clone(), nonces)),
@@ -79,7 +79,12 @@ impl PullRuntime {
             next_call: AtomicU64::new(0),
             wake: Notify::new(),
             lease_writes: LeaseWrites::new(config.max_leases),
+            tickets: Mutex::default(),
         }
+    }
+
+    fn tickets(&self) -> MutexGuard<'_, HashMap<(PartitionId, u64, DueCursor), Ticket>> {
+        self.tickets.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, PullQueue> {
@@ -122,8 +127,8 @@ impl PullRuntime {
 
 /// Feeds `input` to the queue and performs what it asks for.
 pub(crate) fn handle(shared: &Arc<Shared>, input: Input) {
-    let actions = shared.pull.lock().handle(input, shared.clock.now());
-    perform(shared, actions, None);
+    let actions = shared.pull.lock().handle(input, shared.env.clock.now());
+    perform(shared, actions);
     shared.pull.wake.notify_one();
     shared.pull_peers.queue_changed();
 }
@@ -134,7 +139,7 @@ pub(crate) fn handle(shared: &Arc<Shared>, input: Input) {
 pub(crate) fn versions_ended(shared: &Arc<Shared>, key: &EventKey, current: Option<&EventRecord>) {
     let ended = ended_versions(shared, key, current);
     if !ended.is_empty() {
-        let now = shared.clock.now();
+        let now = shared.env.clock.now();
         let actions = {
             let mut queue = shared.pull.lock();
             ended
@@ -150,7 +155,7 @@ pub(crate) fn versions_ended(shared: &Arc<Shared>, key: &EventKey, current: Opti
                 })
                 .collect()
         };
-        perform(shared, actions, None);
+        perform(shared, actions);
         shared.pull.wake.notify_one();
     }
 }
@@ -182,9 +187,10 @@ pub(crate) fn changed_elsewhere(shared: &Arc<Shared>, key: EventKey) {
     if shared.pull.lock().held_versions(&key).is_empty() {
         return;
     }
+    let tasks = shared.env.tasks.clone();
     let shared = shared.clone();
-    tokio::spawn(async move {
-        match shared.store.get_event(&key).await {
+    tasks.spawn(async move {
+        match shared.env.store.get_event(&key).await {
             Ok(record) => versions_ended(&shared, &key, record.as_ref()),
             // The store's fence still stops the version: its grant or its
             // lease's next write answers `Cancelled`.
@@ -197,7 +203,12 @@ pub(crate) fn changed_elsewhere(shared: &Arc<Shared>, key: EventKey) {
 
 /// Hands a fired entry of a pull tenant to the queue. It stays
 /// outstanding in its partition core until the queue finishes it.
-pub(crate) fn ready(shared: &Arc<Shared>, entry: ReadyEntry) {
+pub(crate) fn ready(shared: &Arc<Shared>, ticket: Ticket, entry: ReadyEntry) {
+    // Kept before the queue sees the entry: it may hand it back at once.
+    shared
+        .pull
+        .tickets()
+        .insert((entry.partition, entry.epoch, entry.entry.clone()), ticket);
     handle(shared, Input::Ready(vec![entry]));
 }
 
@@ -208,21 +219,32 @@ pub(crate) fn ready(shared: &Arc<Shared>, entry: ReadyEntry) {
 /// the next attempt that comes due after it (through another node: within
 /// the cache's 5 s).
 pub(crate) fn policy(shared: &Shared, tenant: &PullTarget, event: &PullSettings) -> AttemptPolicy {
-    AttemptPolicy::resolve(&shared.options.retry, tenant, event)
+    AttemptPolicy::resolve(&shared.env.options.retry, tenant, event)
 }
 
-/// This node no longer holds `released` (already removed from the owned
-/// partitions): its leases are void, and its entries held here are
-/// finished on it, so a hand-over waiting for its outstanding entries
+/// This node no longer holds `partition` under `epoch` (already removed
+/// from the owned partitions): its leases are void, and its entries held
+/// here are finished, so a hand-over waiting for its outstanding entries
 /// ends.
-pub(crate) fn partition_lost(shared: &Arc<Shared>, released: &Arc<PartitionRuntime>) {
-    let actions = shared.pull.lock().handle(
-        Input::PartitionLost {
-            partition: released.id,
-        },
-        shared.clock.now(),
-    );
-    perform(shared, actions, Some(released));
+pub(crate) fn partition_lost(shared: &Arc<Shared>, partition: PartitionId, epoch: u64) {
+    let actions = shared
+        .pull
+        .lock()
+        .handle(Input::PartitionLost { partition }, shared.env.clock.now());
+    perform(shared, actions);
+    // Any left of that term are finished too: nothing can claim them now.
+    let left: Vec<Ticket> = {
+        let mut tickets = shared.pull.tickets();
+        let keys: Vec<_> = tickets
+            .keys()
+            .filter(|(p, e, _)| *p == partition && *e == epoch)
+            .cloned()
+            .collect();
+        keys.iter().filter_map(|key| tickets.remove(key)).collect()
+    };
+    for ticket in left {
+        ticket.finish(belfry_core::fire::Finish::Done);
+    }
     shared.pull.wake.notify_one();
     shared.pull_peers.queue_changed();
 }
@@ -235,7 +257,7 @@ pub(crate) fn give_back(
     shared: &Shared,
     partitions: impl IntoIterator<Item = PartitionId>,
 ) -> Vec<ChangeLeaseParams> {
-    let at = shared.clock.now();
+    let at = shared.env.clock.now();
     let queue = shared.pull.lock();
     partitions
         .into_iter()
@@ -271,7 +293,10 @@ pub(crate) async fn write_given_back(
     let count = changes.len();
     let written = tokio::time::timeout(
         grace,
-        shared.store.change_leases(ChangeLeasesParams { changes }),
+        shared
+            .env
+            .store
+            .change_leases(ChangeLeasesParams { changes }),
     )
     .await;
     match written {
@@ -352,14 +377,14 @@ pub(crate) async fn claim(
     tenant: TenantName,
     request: ClaimRequest,
 ) -> Reply {
-    let arrived = std::time::Instant::now();
+    let arrived = shared.env.clock.monotonic();
     let reply = ask(shared, |call| Input::Claim {
         call,
         tenant,
         request,
     })
     .await;
-    record_claim_metrics(&reply, arrived.elapsed());
+    record_claim_metrics(&reply, shared.env.clock.monotonic().since(arrived));
     reply
 }
 
@@ -432,7 +457,7 @@ impl Ending {
 
 /// The answer to `request` on `lease` from the store's record alone
 /// ([`recorded_outcome`]); `None` for a heartbeat, which no record
-/// answers. See [`crate::EngineHandle::pull_recorded_outcome`].
+/// answers. See [`Pull::recorded_outcome`].
 pub(crate) async fn recorded(
     shared: &Shared,
     lease: &LeaseId,
@@ -460,7 +485,7 @@ async fn recorded_outcome(
     lease: &LeaseId,
     ending: Ending,
 ) -> StoreResult<Option<Reply>> {
-    let Some(stored) = shared.store.get_lease(lease.key()).await? else {
+    let Some(stored) = shared.env.store.get_lease(lease.key()).await? else {
         return Ok(None);
     };
     if stored.record.lease != *lease {
@@ -484,14 +509,14 @@ async fn recorded_outcome(
     })
 }
 
-/// Performs `actions`; a `Finish` goes to the owned partition of its
-/// epoch, else to `released` if it is that one.
-fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<PartitionRuntime>>) {
+/// Performs `actions`; a `Finish` finishes the entry's ticket.
+fn perform(shared: &Arc<Shared>, actions: Vec<Action>) {
     for action in actions {
         match action {
             Action::PersistGrants { op, grants, .. } => {
+                let tasks = shared.env.tasks.clone();
                 let shared = shared.clone();
-                tokio::spawn(async move {
+                tasks.spawn(async move {
                     let results = record_grants(&shared, grants).await;
                     handle(&shared, Input::Persisted { op, results });
                 });
@@ -515,13 +540,9 @@ fn perform(shared: &Arc<Shared>, actions: Vec<Action>, released: Option<&Arc<Par
                 entry,
                 finish,
             } => {
-                let runtime = shared.owned.runtime_at(partition, epoch).or_else(|| {
-                    released
-                        .filter(|r| r.id == partition && r.lease.epoch == epoch)
-                        .cloned()
-                });
-                if let Some(runtime) = runtime {
-                    crate::dispatch::finish(shared, &runtime, entry, finish);
+                let ticket = shared.pull.tickets().remove(&(partition, epoch, entry));
+                if let Some(ticket) = ticket {
+                    ticket.finish(finish);
                 }
             }
         }
@@ -605,13 +626,14 @@ fn queue_lease_write(
             fence,
             lease,
             change,
-            at: shared.clock.now(),
+            at: shared.env.clock.now(),
         },
     };
     if let Err(error) = shared.pull.lease_writes.sender.try_send(write) {
         let write = error.into_inner();
+        let tasks = shared.env.tasks.clone();
         let shared = shared.clone();
-        tokio::spawn(async move { write_leases(&shared, vec![write]).await });
+        tasks.spawn(async move { write_leases(&shared, vec![write]).await });
     }
 }
 
@@ -620,7 +642,7 @@ fn queue_lease_write(
 /// [`LEASE_BATCHES_IN_FLIGHT`] calls at once), then feeds each result
 /// back. At shutdown the queue is closed and drained.
 pub(crate) async fn run_lease_writer(shared: Arc<Shared>, mut writes: mpsc::Receiver<LeaseWrite>) {
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = shared.env.tasks.stop_receiver();
     let mut closed = false;
     let mut batch = Vec::with_capacity(MAX_LEASE_BATCH);
     let mut in_flight = tokio::task::JoinSet::new();
@@ -667,6 +689,7 @@ async fn write_leases(shared: &Arc<Shared>, batch: Vec<LeaseWrite>) {
     }
     let count = changes.len();
     let results: Vec<PersistResult> = match shared
+        .env
         .store
         .change_leases(ChangeLeasesParams { changes })
         .await
@@ -681,7 +704,7 @@ async fn write_leases(shared: &Arc<Shared>, batch: Vec<LeaseWrite>) {
             vec![PersistResult::Unavailable; count]
         }
     };
-    let now = shared.clock.now();
+    let now = shared.env.clock.now();
     let actions = {
         let mut queue = shared.pull.lock();
         let mut actions = Vec::new();
@@ -696,7 +719,7 @@ async fn write_leases(shared: &Arc<Shared>, batch: Vec<LeaseWrite>) {
         }
         actions
     };
-    perform(shared, actions, None);
+    perform(shared, actions);
     shared.pull.wake.notify_one();
     shared.pull_peers.queue_changed();
     // After the queue finished the entries in their cores (as the
@@ -739,7 +762,7 @@ async fn record_grants(shared: &Shared, grants: Vec<LeaseRecord>) -> Vec<Persist
             fence,
             grants: indexes.iter().map(|&i| grants[i].clone()).collect(),
         };
-        async move { (indexes, shared.store.record_leases(params).await) }
+        async move { (indexes, shared.env.store.record_leases(params).await) }
     });
     let mut answers = futures::stream::iter(writes).buffer_unordered(GRANT_WRITES_IN_FLIGHT);
     while let Some((indexes, answer)) = answers.next().await {
@@ -757,7 +780,7 @@ async fn record_grants(shared: &Shared, grants: Vec<LeaseRecord>) -> Vec<Persist
 
 /// Sends `Tick` at the queue's next wake-up until the engine stops.
 pub(crate) async fn run_timer(shared: Arc<Shared>) {
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = shared.env.tasks.stop_receiver();
     loop {
         if *stop.borrow() {
             break;
@@ -765,7 +788,7 @@ pub(crate) async fn run_timer(shared: Arc<Shared>) {
         let notified = shared.pull.wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let now = shared.clock.now();
+        let now = shared.env.clock.now();
         let wake_at = shared.pull.lock().next_wake();
         let sleep_for = wake_at.map_or(MAX_SLEEP, |at| now.until(at).min(MAX_SLEEP));
         if sleep_for.is_zero() {
@@ -777,7 +800,51 @@ pub(crate) async fn run_timer(shared: Arc<Shared>) {
             biased;
             _ = stop.changed() => break,
             _ = notified => {}
-            _ = tokio::time::sleep(sleep_for) => handle(&shared, Input::Tick),
+            _ = crate::tasks::pause(sleep_for) => handle(&shared, Input::Tick),
         }
+    }
+}
+
+/// The pull queue of this node, and its part in a cluster's pull claims
+/// ([`crate::EngineHandle::pull`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Pull<'a> {
+    pub(crate) shared: &'a Arc<Shared>,
+}
+
+impl Pull<'_> {
+    /// A worker's claim of `tenant`'s due events (a pull tenant's; the
+    /// caller checked the key reaches it). Waits up to the claim's wait;
+    /// dropping the future abandons the claim.
+    pub async fn claim(&self, tenant: TenantName, request: ClaimRequest) -> Reply {
+        claim(self.shared, tenant, request).await
+    }
+
+    /// A call on a lease; the caller checked the key reaches its tenant.
+    pub async fn call(&self, lease: LeaseId, request: LeaseCall) -> Reply {
+        call(self.shared, lease, request).await
+    }
+
+    /// The answer the store's record of exactly `lease` gives a complete,
+    /// fail or release (`request`), without the pull queue: for a node that
+    /// could not ask the lease's owner (it went away, perhaps after
+    /// recording the call). `Some` when the lease was resolved the way the
+    /// call asks, answered as its owner would have; `None` when nothing of
+    /// the kind is recorded (the lease may still be live on its owner), and
+    /// for a heartbeat.
+    ///
+    /// # Errors
+    /// Store failures: whether the call was recorded is not known.
+    pub async fn recorded_outcome(
+        &self,
+        lease: &LeaseId,
+        request: &LeaseCall,
+    ) -> StoreResult<Option<Reply>> {
+        recorded(self.shared, lease, request).await
+    }
+
+    /// The pull queue's counters.
+    pub fn stats(&self) -> PullStats {
+        self.shared.pull.stats()
     }
 }

@@ -10,18 +10,18 @@
 //! Forwarding a claim or a lease call to another node is HTTP, so it is
 //! the API's (`belfry_api`'s lease routes); they ask this module whom to
 //! ask and tell it how that went.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use belfry_core::TenantName;
 use belfry_core::pull::{AnnounceConfig, Announcer, ClaimRequest, Input, ReadyElsewhere, Reply};
-use belfry_core::{PartitionId, TenantName};
 use belfry_store::cluster::{Coordinator, NodeId};
 use tokio::sync::{Notify, watch};
 
-use crate::{EngineHandle, Shared, pull};
+use crate::pull::Pull;
+use crate::{Shared, pull};
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Poison means a panic while held; these maps are hints only.
@@ -68,7 +68,7 @@ impl PullPeers {
 
 /// Announces this node's unclaimed pull tenants until the engine stops.
 async fn run_announcer(shared: Arc<Shared>, node: NodeId, coordinator: Arc<dyn Coordinator>) {
-    let mut stop = shared.stop_signal.subscribe();
+    let mut stop = shared.env.tasks.stop_receiver();
     let peers = &shared.pull_peers;
     loop {
         if *stop.borrow() {
@@ -77,7 +77,7 @@ async fn run_announcer(shared: Arc<Shared>, node: NodeId, coordinator: Arc<dyn C
         let poked = peers.poke.notified();
         tokio::pin!(poked);
         poked.as_mut().enable();
-        let now = shared.clock.now();
+        let now = shared.env.clock.now();
         let unclaimed = shared.pull.lock().unclaimed_tenants();
         let (due, wake_at) = {
             let mut announcer = locked(&peers.announcer);
@@ -90,19 +90,19 @@ async fn run_announcer(shared: Arc<Shared>, node: NodeId, coordinator: Arc<dyn C
             tracing::warn!(%error, "announcing ready pull entries failed");
         }
         let sleep_for = wake_at.map_or(pull::MAX_SLEEP, |at| {
-            shared.clock.now().until(at).min(pull::MAX_SLEEP)
+            shared.env.clock.now().until(at).min(pull::MAX_SLEEP)
         });
         tokio::select! {
             biased;
             _ = stop.changed() => break,
             () = &mut poked => {}
-            () = tokio::time::sleep(sleep_for) => {}
+            () = crate::tasks::pause(sleep_for) => {}
         }
     }
 }
 
 /// Resolves when another node announces ready entries of a tenant (see
-/// [`EngineHandle::pull_watch_elsewhere`]).
+/// [`Pull::watch_elsewhere`]).
 #[derive(Debug)]
 pub struct ElsewhereWatch {
     shared: Arc<Shared>,
@@ -138,24 +138,27 @@ impl Drop for ElsewhereWatch {
     }
 }
 
-impl EngineHandle {
+impl<'a> Pull<'a> {
     /// Joins the cluster's pull claims as `node`: announces this node's
     /// unclaimed ready pull entries through `coordinator` until the engine
     /// stops. Call once; a second call does nothing.
-    pub fn join_pull_cluster(&self, node: NodeId, coordinator: Arc<dyn Coordinator>) {
-        if self.inner.pull_peers.node.set(node.clone()).is_ok() {
-            tokio::spawn(run_announcer(self.inner.clone(), node, coordinator));
+    pub fn join_cluster(&self, node: NodeId, coordinator: Arc<dyn Coordinator>) {
+        if self.shared.pull_peers.node.set(node.clone()).is_ok() {
+            self.shared
+                .env
+                .tasks
+                .spawn(run_announcer(self.shared.clone(), node, coordinator));
         }
     }
 
     /// `node` announced ready entries of `tenants` that no claim on it
     /// took: claims parked here for them look there.
-    pub fn pull_ready_elsewhere(&self, node: &str, tenants: &[TenantName]) {
-        let peers = &self.inner.pull_peers;
+    pub fn ready_elsewhere(&self, node: &str, tenants: &[TenantName]) {
+        let peers = &self.shared.pull_peers;
         if peers.node.get().is_some_and(|me| me.0 == node) {
             return;
         }
-        let recorded = locked(&peers.elsewhere).heard(node, tenants, self.inner.clock.now());
+        let recorded = locked(&peers.elsewhere).heard(node, tenants, self.shared.env.clock.now());
         let watchers = locked(&peers.watchers);
         for tenant in recorded {
             if let Some(sender) = watchers.get(&tenant) {
@@ -166,31 +169,31 @@ impl EngineHandle {
 
     /// The other nodes believed to hold ready entries of `tenant`, the
     /// latest announcement first.
-    pub fn pull_nodes_with_ready(&self, tenant: &TenantName) -> Vec<String> {
-        locked(&self.inner.pull_peers.elsewhere).nodes(tenant, self.inner.clock.now())
+    pub fn nodes_with_ready(&self, tenant: &TenantName) -> Vec<String> {
+        locked(&self.shared.pull_peers.elsewhere).nodes(tenant, self.shared.env.clock.now())
     }
 
     /// A claim forwarded to `node` got fewer entries of `tenant` than it
     /// asked for: none are left there until it announces again.
-    pub fn pull_node_drained(&self, tenant: &TenantName, node: &str) {
-        locked(&self.inner.pull_peers.elsewhere).drained(tenant, node);
+    pub fn node_drained(&self, tenant: &TenantName, node: &str) {
+        locked(&self.shared.pull_peers.elsewhere).drained(tenant, node);
     }
 
     /// `node` could not be reached: not asked again until it announces.
-    pub fn pull_node_unreachable(&self, node: &str) {
-        locked(&self.inner.pull_peers.elsewhere).forget_node(node);
+    pub fn node_unreachable(&self, node: &str) {
+        locked(&self.shared.pull_peers.elsewhere).forget_node(node);
     }
 
     /// A watch on announcements of `tenant` by other nodes; make it
-    /// before looking at [`Self::pull_nodes_with_ready`], so an
+    /// before looking at [`Self::nodes_with_ready`], so an
     /// announcement in between is not missed.
-    pub fn pull_watch_elsewhere(&self, tenant: &TenantName) -> ElsewhereWatch {
-        let receiver = locked(&self.inner.pull_peers.watchers)
+    pub fn watch_elsewhere(&self, tenant: &TenantName) -> ElsewhereWatch {
+        let receiver = locked(&self.shared.pull_peers.watchers)
             .entry(tenant.clone())
             .or_insert_with(|| watch::channel(()).0)
             .subscribe();
         ElsewhereWatch {
-            shared: self.inner.clone(),
+            shared: self.shared.clone(),
             tenant: tenant.clone(),
             receiver: Some(receiver),
         }
@@ -199,14 +202,14 @@ impl EngineHandle {
     /// A claim of this node's own entries that is withdrawn once `until`
     /// resolves (answered at once then: empty, unless its grant was being
     /// recorded). Dropping the future abandons the claim.
-    pub async fn pull_claim_until(
+    pub async fn claim_until(
         &self,
         tenant: TenantName,
         request: ClaimRequest,
         until: impl Future<Output = ()>,
     ) -> Reply {
         pull::ask_until(
-            &self.inner,
+            self.shared,
             |call| Input::Claim {
                 call,
                 tenant,
@@ -217,17 +220,8 @@ impl EngineHandle {
         .await
     }
 
-    /// The epoch under which this node owns `partition`, if it does.
-    pub fn owned_epoch(&self, partition: PartitionId) -> Option<u64> {
-        self.inner
-            .owned
-            .owned()
-            .into_iter()
-            .find_map(|(p, epoch)| (p == partition).then_some(epoch))
-    }
-
     /// This node's id in the cluster, once it joined one.
-    pub fn cluster_node(&self) -> Option<&NodeId> {
-        self.inner.pull_peers.node.get()
+    pub fn cluster_node(&self) -> Option<&'a NodeId> {
+        self.shared.pull_peers.node.get()
     }
 }

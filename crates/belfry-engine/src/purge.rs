@@ -1,21 +1,20 @@
 //! The background retention sweep: finished events and their attempt
 //! history go once they are older than `history_retention`, and so do
 //! audit log entries and finished bulk actions (kept like history).
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::Arc;
 
 use belfry_store::{PurgeBulkActionsParams, PurgeParams, StoreResult};
 
-use crate::Shared;
+use crate::Env;
 
 const PAGE: usize = 10_000;
 
-pub(crate) async fn run(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(shared.options.purge_interval);
+pub(crate) async fn run(env: Arc<Env>) {
+    let mut tick = crate::tasks::ticks(env.options.purge_interval);
     loop {
         tick.tick().await;
-        if let Err(error) = run_once(&shared).await {
+        if let Err(error) = run_once(&env).await {
             tracing::warn!(%error, "retention sweep failed; will try again");
         }
     }
@@ -23,11 +22,11 @@ pub(crate) async fn run(shared: Arc<Shared>) {
 
 /// One sweep: purges pages until nothing old is left. Returns how many
 /// events went.
-pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
-    let cut_off = shared.clock.now().minus(shared.options.history_retention);
+pub(crate) async fn run_once(env: &Env) -> StoreResult<usize> {
+    let cut_off = env.clock.now().minus(env.options.history_retention);
     let mut total = 0;
     loop {
-        let purged = shared
+        let purged = env
             .store
             .purge_finished(PurgeParams {
                 finished_before: cut_off,
@@ -44,7 +43,7 @@ pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
     }
     let mut audit = 0;
     loop {
-        let purged = shared.store.purge_audit(cut_off, PAGE).await?;
+        let purged = env.store.purge_audit(cut_off, PAGE).await?;
         audit += purged;
         if purged < PAGE {
             if audit > 0 {
@@ -55,7 +54,7 @@ pub(crate) async fn run_once(shared: &Shared) -> StoreResult<usize> {
     }
     let mut bulk = 0;
     loop {
-        let purged = shared
+        let purged = env
             .store
             .purge_bulk_actions(PurgeBulkActionsParams {
                 finished_before: cut_off,

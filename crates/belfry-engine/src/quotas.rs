@@ -5,21 +5,21 @@
 //! - A request that would take a tenant past a quota is refused whole,
 //!   before anything is stored ([`QuotaExceeded`]); the API answers `429
 //!   quota_exceeded` (counts) or `413 payload_too_large` (size).
-//! - Client writes are checked ([`EngineHandle::check_quotas`] before
-//!   [`EngineHandle::apply`], [`EngineHandle::put_schedule`] for a new
+//! - Client writes are checked ([`Quotas::check`] before
+//!   [`EngineHandle::apply`], [`crate::schedules::Schedules::put`] for a new
 //!   schedule and its payload). A redrive makes a finished event pending
 //!   again: it counts like a create.
 //! - A schedule's occurrences count against the pending quota when they
 //!   are created: those that would pass it are stored `missed`, with the
-//!   reason, instead of pending ([`EngineHandle::refuse_occurrences`]).
+//!   reason, instead of pending ([`Quotas::refuse_occurrences`]).
 //! - A tenant's schedules share a budget of occurrences per minute
 //!   ([`belfry_core::schedule::budget`]): a schedule that would take them
 //!   past it is refused when created or changed
-//!   ([`EngineHandle::check_schedule_rate`]), and occurrences past it at
+//!   ([`Quotas::check_schedule_rate`]), and occurrences past it at
 //!   fire time are not created.
 //! - Dry runs deliver at most `limits.max_dry_runs_per_second` per tenant
 //!   and node, and take a token of the tenant's delivery rate when it has
-//!   one ([`EngineHandle::take_dry_run`]).
+//!   one ([`Quotas::take_dry_run`]).
 //! - Updating an event that is already pending does not count against the
 //!   pending quota; creating one, or creating one again after it finished,
 //!   does.
@@ -264,7 +264,7 @@ pub enum QuotaExceeded {
     BulkActions { tenant: TenantName, limit: usize },
 }
 
-/// Why [`EngineHandle::check_quotas`] refused.
+/// Why [`Quotas::check`] refused.
 #[derive(Debug, thiserror::Error)]
 pub enum QuotaError {
     #[error(transparent)]
@@ -276,7 +276,7 @@ pub enum QuotaError {
 
 /// The estimates of one node.
 #[derive(Debug)]
-pub(crate) struct Quotas {
+pub(crate) struct QuotaState {
     options: LimitsOptions,
     pending: Mutex<HashMap<TenantName, Estimate>>,
     schedules: Mutex<HashMap<TenantName, Estimate>>,
@@ -321,9 +321,9 @@ struct Gate {
 /// dropped past it.
 const MAX_DRY_RUN_BUCKETS: usize = 10_000;
 
-impl Quotas {
+impl QuotaState {
     pub(crate) fn new(options: LimitsOptions) -> Self {
-        Quotas {
+        QuotaState {
             options,
             pending: Mutex::default(),
             schedules: Mutex::default(),
@@ -408,7 +408,17 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl EngineHandle {
+/// The quota checks of an engine ([`EngineHandle::quotas`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Quotas<'a> {
+    pub(crate) engine: &'a EngineHandle,
+}
+
+impl Quotas<'_> {
+    fn now(&self) -> Timestamp {
+        self.engine.now()
+    }
+
     /// Checks client commands against the quotas before
     /// [`EngineHandle::apply`]: payload sizes, then each tenant's pending
     /// events (see the module docs for the precision).
@@ -416,8 +426,8 @@ impl EngineHandle {
     /// # Errors
     /// [`QuotaError::Exceeded`]: refuse the whole request.
     /// [`QuotaError::Store`]: the count failed.
-    pub async fn check_quotas(&self, commands: &[KeyedCommand]) -> Result<(), QuotaError> {
-        let quotas = &self.inner.quotas;
+    pub async fn check(&self, commands: &[KeyedCommand]) -> Result<(), QuotaError> {
+        let quotas = &self.engine.inner.quotas;
         let options = &quotas.options;
         let mut upserts: HashMap<&TenantName, Vec<&KeyedCommand>> = HashMap::new();
         for command in commands {
@@ -460,7 +470,7 @@ impl EngineHandle {
         commands: &[&KeyedCommand],
         limit: u64,
     ) -> Result<(), QuotaError> {
-        let quotas = &self.inner.quotas;
+        let quotas = &self.engine.inner.quotas;
         let now = self.now();
         let known = lock(&quotas.pending).get(tenant).copied();
         let adding = commands.len() as u64;
@@ -479,7 +489,7 @@ impl EngineHandle {
             estimate = self.count_pending(tenant, limit).await?;
         }
         let keys: Vec<_> = commands.iter().map(|c| c.key.clone()).collect();
-        let records = self.inner.store.get_events(&keys).await?;
+        let records = self.engine.inner.env.store.get_events(&keys).await?;
         let mut new_keys = std::collections::HashSet::new();
         for (key, record) in keys.iter().zip(&records) {
             let pending = record.as_ref().is_some_and(|r| {
@@ -520,7 +530,7 @@ impl EngineHandle {
     where
         F: std::future::Future<Output = Result<Estimate, QuotaError>>,
     {
-        let quotas = &self.inner.quotas;
+        let quotas = &self.engine.inner.quotas;
         let key = (kind, tenant.clone());
         let gate = lock(&quotas.counting)
             .entry(key.clone())
@@ -561,7 +571,9 @@ impl EngineHandle {
         let mut counted = 0;
         for status in [EventStatus::Scheduled, EventStatus::Retrying] {
             counted += self
+                .engine
                 .inner
+                .env
                 .store
                 .count_events(CountEventsParams {
                     tenant: tenant.clone(),
@@ -571,14 +583,14 @@ impl EngineHandle {
                 .await?;
         }
         let estimate = Estimate::counted(counted, counted_at);
-        lock(&self.inner.quotas.pending).insert(tenant.clone(), estimate);
+        lock(&self.engine.inner.quotas.pending).insert(tenant.clone(), estimate);
         Ok(estimate)
     }
 
     /// Before creating a schedule: refused when `tenant` has its quota of
     /// schedules.
     pub(crate) async fn check_schedule_quota(&self, tenant: &TenantName) -> Result<(), QuotaError> {
-        let quotas = &self.inner.quotas;
+        let quotas = &self.engine.inner.quotas;
         let limit = quotas.options.schedules_limit(tenant);
         if limit == 0 {
             return Ok(());
@@ -624,24 +636,22 @@ impl EngineHandle {
         let counted_at = self.now();
         // The rates need every schedule; without a rate budget the count
         // stops at the quota.
-        let at_most = if self.inner.quotas.options.occurrence_budget(tenant) > 0 || limit == 0 {
-            usize::MAX
-        } else {
-            usize::try_from(limit).unwrap_or(usize::MAX)
-        };
-        let found = match self.list_schedules(tenant, None, at_most).await {
-            Ok(found) => found,
-            Err(crate::schedules::ScheduleOpError::Store(error)) => return Err(error.into()),
-            // Listing raises nothing else.
-            Err(_) => Vec::new(),
-        };
+        let at_most =
+            if self.engine.inner.quotas.options.occurrence_budget(tenant) > 0 || limit == 0 {
+                usize::MAX
+            } else {
+                usize::try_from(limit).unwrap_or(usize::MAX)
+            };
+        let found =
+            crate::schedule_scan::live_schedules(self.engine.store(), tenant, None, at_most)
+                .await?;
         let rate = found
             .iter()
-            .map(|state| schedule_rate(&state.schedule))
+            .map(|found| schedule_rate(&found.schedule))
             .fold(0u64, u64::saturating_add);
         let estimate = Estimate::counted(found.len() as u64, counted_at);
-        lock(&self.inner.quotas.schedules).insert(tenant.clone(), estimate);
-        lock(&self.inner.quotas.schedule_rates).insert(
+        lock(&self.engine.inner.quotas.schedules).insert(tenant.clone(), estimate);
+        lock(&self.engine.inner.quotas.schedule_rates).insert(
             tenant.clone(),
             Estimate {
                 counted: rate,
@@ -660,7 +670,7 @@ impl EngineHandle {
         old: u64,
         new: u64,
     ) -> Result<(), QuotaError> {
-        let quotas = &self.inner.quotas;
+        let quotas = &self.engine.inner.quotas;
         let per_minute = quotas.options.occurrence_budget(tenant);
         if per_minute == 0 || new <= old {
             return Ok(());
@@ -694,7 +704,7 @@ impl EngineHandle {
     }
 
     fn schedule_rate_estimate(&self, tenant: &TenantName) -> Estimate {
-        lock(&self.inner.quotas.schedule_rates)
+        lock(&self.engine.inner.quotas.schedule_rates)
             .get(tenant)
             .copied()
             .unwrap_or(Estimate::counted(0, self.now()))
@@ -706,7 +716,7 @@ impl EngineHandle {
         &self,
         payload: Option<&str>,
     ) -> Result<(), QuotaExceeded> {
-        let limit = self.inner.quotas.options.max_payload_bytes;
+        let limit = self.engine.inner.quotas.options.max_payload_bytes;
         match payload {
             Some(payload) if limit > 0 && payload.len() > limit => {
                 Err(QuotaExceeded::PayloadTooLarge {
@@ -727,7 +737,7 @@ impl EngineHandle {
         &self,
         upserts: &[KeyedCommand],
     ) -> Result<Option<QuotaExceeded>, StoreError> {
-        match self.check_quotas(upserts).await {
+        match self.check(upserts).await {
             Ok(()) => Ok(None),
             Err(QuotaError::Exceeded(exceeded)) => Ok(Some(exceeded)),
             Err(QuotaError::Store(error)) => Err(error),
@@ -746,13 +756,13 @@ impl EngineHandle {
     }
 
     fn take_dry_run_token(&self, tenant: &TenantName) -> Result<(), QuotaExceeded> {
-        let limit = self.inner.quotas.options.max_dry_runs_per_second;
+        let limit = self.engine.inner.quotas.options.max_dry_runs_per_second;
         if limit == 0 {
             return Ok(());
         }
         let now = self.now();
         let rate = f64::from(limit);
-        let mut buckets = lock(&self.inner.quotas.dry_runs);
+        let mut buckets = lock(&self.engine.inner.quotas.dry_runs);
         if buckets.len() >= MAX_DRY_RUN_BUCKETS && !buckets.contains_key(tenant) {
             // A full bucket is the same as none.
             buckets.retain(|_, bucket| !bucket.is_full(rate, now));
@@ -778,6 +788,7 @@ impl EngineHandle {
     /// [`QuotaExceeded::DeliveryRate`]: no token now.
     fn take_delivery_token(&self, tenant: &TenantName) -> Result<(), QuotaExceeded> {
         let Some(limit) = self
+            .engine
             .inner
             .quotas
             .options
@@ -787,7 +798,13 @@ impl EngineHandle {
         else {
             return Ok(());
         };
-        if self.inner.limits.take_dry_run_token(tenant, self.now()) {
+        if self
+            .engine
+            .inner
+            .fire_path
+            .slots
+            .take_dry_run_token(tenant, self.now())
+        {
             Ok(())
         } else {
             Err(QuotaExceeded::DeliveryRate {
@@ -798,10 +815,10 @@ impl EngineHandle {
     }
 
     /// Before creating a bulk action of `tenant`: refused when it has its
-    /// limit of running ones. Hold [`Quotas::bulk_creates`] from this check
+    /// limit of running ones. Hold [`QuotaState::bulk_creates`] from this check
     /// until the action is stored.
     pub(crate) async fn check_bulk_quota(&self, tenant: &TenantName) -> Result<(), QuotaError> {
-        let limit = self.inner.quotas.options.max_bulk_actions_per_tenant;
+        let limit = self.engine.inner.quotas.options.max_bulk_actions_per_tenant;
         if limit == 0 {
             return Ok(());
         }
@@ -809,7 +826,9 @@ impl EngineHandle {
         let mut after = None;
         loop {
             let page = self
+                .engine
                 .inner
+                .env
                 .store
                 .running_bulk_actions(belfry_store::RunningBulkActionsParams {
                     after: after.clone(),

@@ -15,6 +15,8 @@ use belfry_core::{EventKey, EventRecord};
 use belfry_store::{SharedStore, StoreError, StoreResult};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::tasks::Spawner;
+
 /// Batched reads in flight at once: enough to overlap a round trip with
 /// gathering the next batch, few enough to leave the pool to writes.
 const READS_IN_FLIGHT: usize = 4;
@@ -34,9 +36,9 @@ pub(crate) struct RecordReads {
 
 impl RecordReads {
     /// Starts the batcher task; it ends when every handle is dropped.
-    pub(crate) fn start(store: SharedStore) -> RecordReads {
+    pub(crate) fn start(store: SharedStore, tasks: &Spawner) -> RecordReads {
         let (requests, queue) = mpsc::channel(QUEUE);
-        tokio::spawn(run(store, queue));
+        tasks.spawn(run(store, queue, tasks.clone()));
         RecordReads { requests }
     }
 
@@ -52,7 +54,7 @@ impl RecordReads {
     }
 }
 
-async fn run(store: SharedStore, mut queue: mpsc::Receiver<(EventKey, Reply)>) {
+async fn run(store: SharedStore, mut queue: mpsc::Receiver<(EventKey, Reply)>, tasks: Spawner) {
     let slots = Arc::new(Semaphore::new(READS_IN_FLIGHT));
     loop {
         // A slot first: while every slot is busy, requests gather.
@@ -70,7 +72,7 @@ async fn run(store: SharedStore, mut queue: mpsc::Receiver<(EventKey, Reply)>) {
             }
         }
         let store = store.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let (keys, replies): (Vec<EventKey>, Vec<Reply>) = batch.into_iter().unzip();
             match store.get_events(&keys).await {
                 Ok(records) => {

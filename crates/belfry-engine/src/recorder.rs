@@ -10,47 +10,67 @@
 //! is safe even when the failed write had committed: an attempt is recorded
 //! once per (version, number) (`EventCommand::RecordAttempt`), so its repeat
 //! changes nothing but re-arms the retry the first write set.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::event::CommandOutcome;
 use belfry_core::fire::Finish;
-use belfry_core::{DueCursor, EventStatus};
-use belfry_store::{Applied, ApplyParams, KeyedCommand, StoreError};
-use tokio::sync::mpsc;
+use belfry_core::{Clock, EventStatus, RetryPolicy};
+use belfry_store::{Applied, ApplyParams, KeyedCommand, SharedStore, StoreError};
+use tokio::sync::{mpsc, watch};
 
-use crate::Shared;
-use crate::dispatch::finish;
-use crate::partition::PartitionRuntime;
+use crate::partition::Ticket;
 
-/// One delivery's outcome, with the fired entry it finishes.
-#[derive(Debug, Clone)]
+/// One delivery's outcome, with the ticket it finishes.
+#[derive(Debug)]
 pub(crate) struct Outcome {
     pub(crate) command: KeyedCommand,
-    pub(crate) partition: Arc<PartitionRuntime>,
-    pub(crate) entry: DueCursor,
+    pub(crate) ticket: Ticket,
 }
 
-/// Tells the partitions their entries are finished (the outcome is stored,
-/// or dropped as stale).
-fn finish_all<'a>(shared: &Shared, outcomes: impl IntoIterator<Item = &'a Outcome>) {
+/// Finishes the outcomes' tickets (the outcome is stored, or dropped as
+/// stale).
+fn finish_all(outcomes: impl IntoIterator<Item = Outcome>) {
     for outcome in outcomes {
-        finish(
-            shared,
-            &outcome.partition,
-            outcome.entry.clone(),
-            Finish::Done,
-        );
+        outcome.ticket.finish(Finish::Done);
     }
 }
 
 const MAX_BATCH: usize = 10_000;
 const WRITE_RETRY: Duration = Duration::from_millis(200);
 
-pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcome>) {
-    let mut stop = shared.stop_signal.subscribe();
+/// Deliveries in flight, which the recorder waits for while it stops.
+pub(crate) trait InFlight: Send + Sync {
+    fn in_flight(&self) -> usize;
+    /// Resolves once no delivery is in flight.
+    fn wait_idle(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+/// Where the effects of recorded outcomes go (the owning partitions).
+pub(crate) trait RouteEffects: Send + Sync {
+    fn route(&self, applied: &[Applied]);
+}
+
+/// The recorder and what it reads: no more than it needs.
+pub(crate) struct Recorder {
+    pub(crate) store: SharedStore,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) linger: Duration,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) in_flight: Arc<dyn InFlight>,
+    pub(crate) effects: Arc<dyn RouteEffects>,
+}
+
+/// Records `outcomes` until `stop` says so and the deliveries in flight
+/// have handed theirs over.
+pub(crate) async fn run(
+    recorder: Recorder,
+    mut outcomes: mpsc::Receiver<Outcome>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let recorder = &recorder;
     let mut stopping = false;
     loop {
         let first = tokio::select! {
@@ -60,13 +80,13 @@ pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcom
             _ = stop.changed() => None,
         };
         let Some(first) = first else {
-            drain_after_stop(&shared, &mut outcomes).await;
+            drain_after_stop(recorder, &mut outcomes).await;
             return;
         };
         // Stopping cuts the linger short: the batch is written at once.
-        if !shared.options.record_linger.is_zero() {
+        if !recorder.linger.is_zero() {
             tokio::select! {
-                _ = tokio::time::sleep(shared.options.record_linger) => {}
+                _ = crate::tasks::pause(recorder.linger) => {}
                 _ = stop.changed() => stopping = true,
             }
         }
@@ -77,17 +97,20 @@ pub(crate) async fn run(shared: Arc<Shared>, mut outcomes: mpsc::Receiver<Outcom
                 Err(_) => break,
             }
         }
-        record(&shared, batch).await;
+        record(recorder, batch).await;
         if stopping {
-            drain_after_stop(&shared, &mut outcomes).await;
+            drain_after_stop(recorder, &mut outcomes).await;
             return;
         }
     }
 }
 
-async fn drain_after_stop(shared: &Arc<Shared>, outcomes: &mut mpsc::Receiver<Outcome>) {
-    let mut pending = ChannelPending { shared, outcomes };
-    drain_until_idle(&mut pending, |batch| record(shared, batch)).await;
+async fn drain_after_stop(recorder: &Recorder, outcomes: &mut mpsc::Receiver<Outcome>) {
+    let mut pending = ChannelPending {
+        in_flight: recorder.in_flight.as_ref(),
+        outcomes,
+    };
+    drain_until_idle(&mut pending, |batch| record(recorder, batch)).await;
 }
 
 /// What the recorder sees while it stops: deliveries still in flight and
@@ -102,13 +125,13 @@ trait Pending<T> {
 }
 
 struct ChannelPending<'a> {
-    shared: &'a Arc<Shared>,
+    in_flight: &'a dyn InFlight,
     outcomes: &'a mut mpsc::Receiver<Outcome>,
 }
 
 impl Pending<Outcome> for ChannelPending<'_> {
     fn in_flight(&self) -> usize {
-        self.shared.limits.in_flight()
+        self.in_flight.in_flight()
     }
 
     fn try_next(&mut self) -> Option<Outcome> {
@@ -117,7 +140,7 @@ impl Pending<Outcome> for ChannelPending<'_> {
 
     async fn next_or_idle(&mut self) -> Option<Outcome> {
         tokio::select! {
-            () = self.shared.limits.wait_idle() => None,
+            () = self.in_flight.wait_idle() => None,
             item = self.outcomes.recv() => item,
         }
     }
@@ -156,10 +179,10 @@ async fn drain_until_idle<T, Recorded: Future<Output = ()>>(
 /// Writes one batch, retrying until it lands. Outcomes of a partition
 /// this node no longer owns are rejected by their epoch: they are dropped
 /// (the new owner re-delivers; that is the at-least-once duplicate window).
-async fn record(shared: &Arc<Shared>, batch: Vec<Outcome>) {
+async fn record(recorder: &Recorder, batch: Vec<Outcome>) {
     let mut groups = vec![batch];
     while let Some(group) = groups.pop() {
-        match record_group(shared, group).await {
+        match record_group(recorder, group).await {
             Ok(()) => {}
             Err(Split(parts)) => groups.extend(parts),
         }
@@ -190,20 +213,20 @@ fn count_endings(applied: &[Applied]) {
 /// ones.
 struct Split(Vec<Vec<Outcome>>);
 
-async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(), Split> {
+async fn record_group(recorder: &Recorder, mut batch: Vec<Outcome>) -> Result<(), Split> {
     loop {
         let params = ApplyParams {
             commands: batch.iter().map(|o| o.command.clone()).collect(),
-            now: shared.clock.now(),
-            retry: shared.options.retry.clone(),
+            now: recorder.clock.now(),
+            retry: recorder.retry.clone(),
         };
-        match shared.store.apply(params).await {
+        match recorder.store.apply(params).await {
             Ok(applied) => {
                 count_endings(&applied);
                 // Before the effects: a retry armed by this outcome may
                 // claim the event again.
-                finish_all(shared, &batch);
-                shared.route_effects(&applied);
+                finish_all(batch);
+                recorder.effects.route(&applied);
                 return Ok(());
             }
             Err(StoreError::Partial(partial)) => {
@@ -216,14 +239,14 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
                 for (outcome, result) in batch.into_iter().zip(partial.results) {
                     match result {
                         Ok(done) => {
-                            finish_all(shared, [&outcome]);
+                            finish_all([outcome]);
                             applied.push(done);
                         }
                         Err(_) => failed.push(outcome),
                     }
                 }
                 count_endings(&applied);
-                shared.route_effects(&applied);
+                recorder.effects.route(&applied);
                 tracing::warn!(
                     failed = failed.len(),
                     "recording delivery outcomes failed in part; retrying the rest"
@@ -232,7 +255,7 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
                 if batch.is_empty() {
                     return Ok(());
                 }
-                tokio::time::sleep(WRITE_RETRY).await;
+                crate::tasks::pause(WRITE_RETRY).await;
             }
             Err(StoreError::Fenced { partition, epoch }) => {
                 belfry_metrics::fenced_write_rejected();
@@ -243,20 +266,21 @@ async fn record_group(shared: &Arc<Shared>, mut batch: Vec<Outcome>) -> Result<(
                     by_partition.entry(group).or_default().push(outcome);
                 }
                 if by_partition.len() == 1 {
-                    finish_all(shared, by_partition.values().flatten());
+                    let outcomes: Vec<Outcome> = by_partition.into_values().flatten().collect();
                     tracing::warn!(
                         partition = %partition,
                         epoch,
-                        outcomes = by_partition.values().map(Vec::len).sum::<usize>(),
+                        outcomes = outcomes.len(),
                         "dropping outcomes of a partition now owned elsewhere"
                     );
+                    finish_all(outcomes);
                     return Ok(());
                 }
                 return Err(Split(by_partition.into_values().collect()));
             }
             Err(error) => {
                 tracing::warn!(%error, outcomes = batch.len(), "recording delivery outcomes failed; retrying");
-                tokio::time::sleep(WRITE_RETRY).await;
+                crate::tasks::pause(WRITE_RETRY).await;
             }
         }
     }

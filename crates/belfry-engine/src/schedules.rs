@@ -16,7 +16,7 @@
 //!    event moved to its next time with its progress (or parked when the
 //!    schedule is complete). A crash between 1 and 2 re-runs the same plan.
 //!
-//! Management ([`EngineHandle::put_schedule`] and friends) writes the
+//! Management ([`Schedules::put`] and friends) writes the
 //! control event like a client writes an event, so any node may serve it.
 //! Every change gives the control event a new version (cancel, then
 //! upsert), so a firing in progress stands down at step 2 and the new
@@ -24,7 +24,6 @@
 //! old definition's occurrences due within the lead: the only trace a race
 //! leaves). Already-created future occurrences are cancelled on update,
 //! pause and delete.
-#![allow(clippy::disallowed_methods)] // clock reads move to the injected Clock
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,14 +39,12 @@ use belfry_core::{
     DueCursor, EventId, EventKey, EventRecord, EventStatus, EventVersion, PartitionId, TenantName,
     Timestamp,
 };
-use belfry_store::{ApplyParams, Fence, KeyedCommand, ListEventsParams, StoreError, StoreResult};
+use belfry_store::{ApplyParams, Fence, KeyedCommand, StoreError, StoreResult};
 
-use crate::ownership::PartitionLease;
+use crate::partition::{Term, Ticket};
+use crate::schedule_scan::{SCAN_PAGE, control_error, live};
 use crate::{EngineHandle, Shared};
 
-/// Page size when scanning a schedule's occurrences or a tenant's
-/// schedules.
-const SCAN_PAGE: usize = 1_000;
 /// Schedule firings in progress at once; enough to keep group commit busy.
 pub(crate) const MAX_CONCURRENT_FIRINGS: usize = 128;
 /// Pause before re-running a firing that failed on a store error.
@@ -96,34 +93,41 @@ pub enum PutOutcome {
     Updated,
 }
 
-/// Handles one fired control event (see the module doc).
-pub(crate) async fn fire(
-    shared: Arc<Shared>,
-    partition: PartitionId,
-    lease: Arc<PartitionLease>,
-    entry: DueCursor,
-) {
-    let Ok(_permit) = shared.schedule_firings.clone().acquire_owned().await else {
+/// Handles one fired control event (see the module doc); its ticket is
+/// finished by the caller.
+pub(crate) async fn fire(shared: Arc<Shared>, ticket: &Ticket) {
+    let Ok(_permit) = shared
+        .fire_path
+        .schedule_firings
+        .clone()
+        .acquire_owned()
+        .await
+    else {
         return;
     };
+    let (partition, term, entry) = (
+        ticket.partition(),
+        ticket.term().clone(),
+        ticket.entry().clone(),
+    );
     // Boxed: a waiting firing is then a task of a few dozen bytes, not one
     // the size of the whole firing's state (a window may hold a million).
-    Box::pin(fire_with_permit(shared, partition, lease, entry)).await;
+    Box::pin(fire_with_permit(shared, partition, term, entry)).await;
 }
 
 async fn fire_with_permit(
     shared: Arc<Shared>,
     partition: PartitionId,
-    lease: Arc<PartitionLease>,
+    term: Arc<Term>,
     entry: DueCursor,
 ) {
-    if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) || !lease.may_fire() {
+    if shared.env.tasks.stopping() || !term.may_fire() {
         // Stays pending in the store; the next start (or owner) fires it.
         return;
     }
     let fence = Fence {
         partition,
-        epoch: lease.epoch,
+        epoch: term.epoch,
     };
     match fire_once(&shared, fence, &entry).await {
         Ok(()) => {}
@@ -140,25 +144,26 @@ async fn fire_with_permit(
 /// Offers the control event to its partition again after a pause (a store
 /// hiccup); the plan is re-run from the stored state then.
 fn retry_later(shared: &Arc<Shared>, partition: PartitionId, entry: DueCursor) {
+    let tasks = shared.env.tasks.clone();
     let shared = shared.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(RETRY_PAUSE).await;
+    tasks.spawn(async move {
+        crate::tasks::pause(RETRY_PAUSE).await;
         shared.owned.input(
             partition,
             belfry_core::fire::Input::Offer(entry),
-            shared.clock.now(),
+            shared.env.clock.now(),
         );
     });
 }
 
 async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> StoreResult<()> {
-    let Some(record) = shared.store.get_event(&entry.key).await? else {
+    let Some(record) = shared.env.store.get_event(&entry.key).await? else {
         return Ok(());
     };
     if !still_due(&record, entry) {
         return Ok(());
     }
-    let now = shared.clock.now();
+    let now = shared.env.clock.now();
     let (definition, spec) = match Firing::of(&record) {
         Firing::Plan(definition, spec) => (definition, spec),
         Firing::Stop(error) => {
@@ -176,7 +181,7 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
         }
     };
 
-    let mut plan = schedule::plan(&definition, &spec, now, shared.options.plan_limits());
+    let mut plan = schedule::plan(&definition, &spec, now, shared.env.options.plan_limits());
     let over_budget = shared
         .quotas
         .spend_occurrences(&entry.key.tenant, &mut plan, now);
@@ -188,7 +193,7 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
             "schedule occurrences past the tenant's budget not created"
         );
     }
-    let mut occurrences = occurrence_commands(&entry.key.tenant, &plan, &shared.options);
+    let mut occurrences = occurrence_commands(&entry.key.tenant, &plan, &shared.env.options);
     refuse_over_quota(shared, &mut occurrences).await?;
     if !occurrences.is_empty() {
         apply(shared, occurrences).await?;
@@ -225,7 +230,7 @@ async fn refuse_over_quota(
     let handle = EngineHandle {
         inner: shared.clone(),
     };
-    let Some(exceeded) = handle.refuse_occurrences(&pending).await? else {
+    let Some(exceeded) = handle.quotas().refuse_occurrences(&pending).await? else {
         return Ok(());
     };
     let reason = match exceeded {
@@ -330,11 +335,12 @@ fn control_upsert(
 
 async fn apply(shared: &Arc<Shared>, commands: Vec<KeyedCommand>) -> StoreResult<()> {
     let applied = shared
+        .env
         .store
         .apply(ApplyParams {
             commands,
-            now: shared.clock.now(),
-            retry: shared.options.retry.clone(),
+            now: shared.env.clock.now(),
+            retry: shared.env.options.retry.clone(),
         })
         .await?;
     // Occurrences count in the pending estimate (control events do not).
@@ -343,20 +349,32 @@ async fn apply(shared: &Arc<Shared>, commands: Vec<KeyedCommand>) -> StoreResult
     Ok(())
 }
 
-impl EngineHandle {
+/// Schedule management ([`EngineHandle::schedules`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Schedules<'a> {
+    pub(crate) engine: &'a EngineHandle,
+}
+
+impl Schedules<'_> {
+    fn now(&self) -> Timestamp {
+        self.engine.now()
+    }
+
     /// Creates or replaces a schedule; takes effect at once. `schedule`'s
     /// `status`, `progress` and timestamps are set here (an update keeps
     /// the progress and a paused status).
     ///
     /// # Errors
     /// An invalid definition (nothing is written), or a store failure.
-    pub async fn put_schedule(
+    pub async fn put(
         &self,
         tenant: &TenantName,
         mut schedule: Schedule,
     ) -> Result<(PutOutcome, ScheduleState), ScheduleOpError> {
         let spec = schedule.validate()?;
-        self.check_schedule_payload(schedule.payload.as_deref())?;
+        self.engine
+            .quotas()
+            .check_schedule_payload(schedule.payload.as_deref())?;
         let now = self.now();
         let existing = self.read_schedule(tenant, &schedule.id).await?;
         let old = existing.and_then(|(_, s)| live(s));
@@ -387,7 +405,7 @@ impl EngineHandle {
         };
         schedule.updated_at = now;
         if outcome == PutOutcome::Created {
-            self.check_schedule_quota(tenant).await?;
+            self.engine.quotas().check_schedule_quota(tenant).await?;
         }
         let mut commands = self
             .cancel_future_occurrences(tenant, &schedule.id, now)
@@ -396,18 +414,22 @@ impl EngineHandle {
         // After control_commands: a definition with nothing left is
         // completed there and counts nothing.
         let new_rate = belfry_core::schedule::budget::rate_of(&schedule, &spec);
-        self.check_schedule_rate(tenant, old_rate, new_rate).await?;
+        self.engine
+            .quotas()
+            .check_schedule_rate(tenant, old_rate, new_rate)
+            .await?;
         let created = (outcome == PutOutcome::Created).then(|| tenant.clone());
         let changed = tenant.clone();
-        self.apply_then(commands, move |shared| {
-            if let Some(tenant) = created {
-                shared.quotas.schedule_created(&tenant);
-            }
-            shared
-                .quotas
-                .schedule_rate_changed(&changed, old_rate, new_rate);
-        })
-        .await?;
+        self.engine
+            .apply_then(commands, move |shared| {
+                if let Some(tenant) = created {
+                    shared.quotas.schedule_created(&tenant);
+                }
+                shared
+                    .quotas
+                    .schedule_rate_changed(&changed, old_rate, new_rate);
+            })
+            .await?;
         Ok((outcome, self.state(tenant, schedule, None)))
     }
 
@@ -416,7 +438,7 @@ impl EngineHandle {
     ///
     /// # Errors
     /// Unknown schedule, or a store failure.
-    pub async fn pause_schedule(
+    pub async fn pause(
         &self,
         tenant: &TenantName,
         id: &ScheduleId,
@@ -429,7 +451,7 @@ impl EngineHandle {
     ///
     /// # Errors
     /// Unknown schedule, or a store failure.
-    pub async fn resume_schedule(
+    pub async fn resume(
         &self,
         tenant: &TenantName,
         id: &ScheduleId,
@@ -453,7 +475,7 @@ impl EngineHandle {
         match self.status_change(tenant, schedule.clone(), status).await? {
             None => Ok(self.state(tenant, schedule, None)),
             Some((commands, changed)) => {
-                self.apply(commands).await?;
+                self.engine.apply(commands).await?;
                 Ok(self.state(tenant, changed, None))
             }
         }
@@ -495,7 +517,7 @@ impl EngineHandle {
     ///
     /// # Errors
     /// Unknown schedule, or a store failure.
-    pub async fn delete_schedule(
+    pub async fn delete(
         &self,
         tenant: &TenantName,
         id: &ScheduleId,
@@ -520,11 +542,12 @@ impl EngineHandle {
         });
         let deleted = tenant.clone();
         let rate = crate::quotas::schedule_rate(&before);
-        self.apply_then(commands, move |shared| {
-            shared.quotas.schedule_deleted(&deleted);
-            shared.quotas.schedule_rate_changed(&deleted, rate, 0);
-        })
-        .await?;
+        self.engine
+            .apply_then(commands, move |shared| {
+                shared.quotas.schedule_deleted(&deleted);
+                shared.quotas.schedule_rate_changed(&deleted, rate, 0);
+            })
+            .await?;
         Ok(before)
     }
 
@@ -532,7 +555,7 @@ impl EngineHandle {
     ///
     /// # Errors
     /// A store failure.
-    pub async fn get_schedule(
+    pub async fn get(
         &self,
         tenant: &TenantName,
         id: &ScheduleId,
@@ -551,43 +574,18 @@ impl EngineHandle {
     ///
     /// # Errors
     /// A store failure.
-    pub async fn list_schedules(
+    pub async fn list(
         &self,
         tenant: &TenantName,
         after: Option<&ScheduleId>,
         limit: usize,
     ) -> Result<Vec<ScheduleState>, ScheduleOpError> {
-        let mut cursor = match after {
-            Some(id) => control_event_id(id),
-            None => EventId::internal_cursor(schedule::CONTROL_PREFIX),
-        };
-        let mut found = Vec::new();
-        'pages: loop {
-            let page = self.events_after(tenant, cursor.clone(), SCAN_PAGE).await?;
-            let full = page.len() == SCAN_PAGE;
-            for record in page {
-                if schedule::schedule_of_control(&record.key.id).is_none() {
-                    break 'pages;
-                }
-                cursor = record.key.id.clone();
-                let error = control_error(&record);
-                if let Some(schedule) = record
-                    .payload
-                    .as_deref()
-                    .and_then(|p| Schedule::from_json(p).ok())
-                    .and_then(live)
-                {
-                    found.push(self.state(tenant, schedule, error));
-                    if found.len() >= limit {
-                        break 'pages;
-                    }
-                }
-            }
-            if !full {
-                break;
-            }
-        }
-        Ok(found)
+        let found =
+            crate::schedule_scan::live_schedules(self.engine.store(), tenant, after, limit).await?;
+        Ok(found
+            .into_iter()
+            .map(|found| self.state(tenant, found.schedule, found.error))
+            .collect())
     }
 
     /// A schedule's occurrences (its history and what is already created),
@@ -596,7 +594,7 @@ impl EngineHandle {
     ///
     /// # Errors
     /// A store failure.
-    pub async fn schedule_occurrences(
+    pub async fn occurrences(
         &self,
         tenant: &TenantName,
         id: &ScheduleId,
@@ -623,16 +621,7 @@ impl EngineHandle {
         after: EventId,
         limit: usize,
     ) -> StoreResult<Vec<EventRecord>> {
-        self.store()
-            .list_events(ListEventsParams {
-                tenant: tenant.clone(),
-                status: None,
-                from: None,
-                to: None,
-                after: Some(after),
-                limit,
-            })
-            .await
+        crate::schedule_scan::events_after(self.engine.store(), tenant, after, limit).await
     }
 
     /// The control event and its definition, whatever its status.
@@ -642,7 +631,7 @@ impl EngineHandle {
         id: &ScheduleId,
     ) -> StoreResult<Option<(EventRecord, Schedule)>> {
         let key = EventKey::new(tenant.clone(), control_event_id(id));
-        let Some(record) = self.store().get_event(&key).await? else {
+        let Some(record) = self.engine.store().get_event(&key).await? else {
             return Ok(None);
         };
         let Some(schedule) = record
@@ -710,7 +699,7 @@ impl EngineHandle {
         };
         let at = match (schedule.status, schedule.next_occurrence(spec)) {
             (ScheduleStatus::Active, Some(next)) => {
-                Schedule::materialize_at(next, self.options().schedule_lead)
+                Schedule::materialize_at(next, self.engine.options().schedule_lead)
             }
             (ScheduleStatus::Active, None) => {
                 schedule.status = ScheduleStatus::Completed;
@@ -747,16 +736,4 @@ impl EngineHandle {
             error,
         }
     }
-}
-
-/// The definition unless deleted.
-fn live(schedule: Schedule) -> Option<Schedule> {
-    (schedule.status != ScheduleStatus::Deleted).then_some(schedule)
-}
-
-/// The reason a control event ended abnormally (expired as unusable).
-fn control_error(record: &EventRecord) -> Option<String> {
-    (record.status == EventStatus::Missed)
-        .then(|| record.last_error.clone())
-        .flatten()
 }

@@ -90,20 +90,21 @@ pub(crate) async fn apply(
     then: impl FnOnce(&Shared) + Send + 'static,
 ) -> StoreResult<Vec<Applied>> {
     let in_flight = InFlight::new(shared.clone());
-    let task = tokio::spawn(async move {
+    let task = shared.env.tasks.spawn_joined(async move {
         let shared = &in_flight.0;
-        let partitions = shared.store.partitions();
+        let partitions = shared.env.store.partitions();
         // In input order, as the store answers a partial failure.
         let of_command: Vec<(PartitionId, EventKey)> = commands
             .iter()
             .map(|c| (partitions.partition_of(&c.key), c.key.clone()))
             .collect();
         let result = shared
+            .env
             .store
             .apply(ApplyParams {
                 commands,
-                now: shared.clock.now(),
-                retry: shared.options.retry.clone(),
+                now: shared.env.clock.now(),
+                retry: shared.env.options.retry.clone(),
             })
             .await;
         match &result {
@@ -129,13 +130,11 @@ pub(crate) async fn apply(
         }
         result
     });
-    match task.await {
-        Ok(result) => result,
-        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-        Err(_) => Err(StoreError::Unavailable(
+    task.join().await.unwrap_or_else(|| {
+        Err(StoreError::Unavailable(
             "the write was stopped by shutdown; it may or may not have been made".to_string(),
-        )),
-    }
+        ))
+    })
 }
 
 /// The commands of these events failed: they may have been made all the
@@ -143,7 +142,7 @@ pub(crate) async fn apply(
 /// partitions page their windows in again (dropping what they read ahead)
 /// rather than trust them.
 fn unsure(shared: &Shared, events: Vec<(PartitionId, EventKey)>) {
-    let now = shared.clock.now();
+    let now = shared.env.clock.now();
     let mut partitions = BTreeSet::new();
     for (partition, key) in events {
         shared

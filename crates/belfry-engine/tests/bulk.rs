@@ -175,7 +175,7 @@ async fn a_lapsed_claim_is_taken_over_and_resumes_after_the_cursor() {
         },
         ..cancel_all(None, start)
     };
-    assert!(handle.create_bulk_action(marker.clone()).await.unwrap());
+    assert!(handle.bulk().create(marker.clone()).await.unwrap());
     wait_for(&handle, &marker.id, "completed", |a| {
         a.state == BulkState::Completed
     })
@@ -187,7 +187,7 @@ async fn a_lapsed_claim_is_taken_over_and_resumes_after_the_cursor() {
     );
 
     clock.advance(Duration::from_secs(16));
-    handle.poke_bulk_runner();
+    handle.bulk().poke();
     let done = wait_for(&handle, &abandoned.id, "completed", |a| {
         a.state == BulkState::Completed
     })
@@ -233,7 +233,7 @@ async fn a_shutdown_gives_the_claim_up_and_the_next_start_finishes() {
     let engine = start(options.clone());
     let handle = engine.handle();
     let action = cancel_all(Some(EventStatus::Scheduled), handle.now());
-    assert!(handle.create_bulk_action(action.clone()).await.unwrap());
+    assert!(handle.bulk().create(action.clone()).await.unwrap());
     wait_for(&handle, &action.id, "a first page", |a| {
         a.progress.matched > 0
     })

@@ -63,8 +63,8 @@ impl Node {
     async fn tenant(&self, name: &str, receiver: &Receiver) {
         let tenant = TenantName::new(name).unwrap();
         self.handle
-            .store()
-            .put_tenant(TenantConfig {
+            .tenants()
+            .put(TenantConfig {
                 name: tenant.clone(),
                 sink: SinkConfig::Http(HttpTarget {
                     url: receiver.url("/hook"),
@@ -75,14 +75,13 @@ impl Node {
             })
             .await
             .unwrap();
-        self.handle.tenant_changed(&tenant);
     }
 
     async fn tenant_with_timeout(&self, name: &str, receiver: &Receiver, timeout_ms: u64) {
         let tenant = TenantName::new(name).unwrap();
         self.handle
-            .store()
-            .put_tenant(TenantConfig {
+            .tenants()
+            .put(TenantConfig {
                 name: tenant.clone(),
                 sink: SinkConfig::Http(HttpTarget {
                     url: receiver.url("/hook"),
@@ -93,7 +92,6 @@ impl Node {
             })
             .await
             .unwrap();
-        self.handle.tenant_changed(&tenant);
     }
 
     async fn schedule(&self, tenant: &str, id: &str, at: Timestamp) {
@@ -690,7 +688,7 @@ async fn hung_tenants_hold_back_neither_memory_nor_another_tenant() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (held, capacity) = node.handle.held_in_memory();
+    let (held, capacity) = node.handle.partitions().held_in_memory();
     assert!(held <= capacity, "{held} entries held, capacity {capacity}");
     // The healthy tenant's events, due one after the other, arrive on time.
     let mut instants = Vec::new();
@@ -709,7 +707,7 @@ async fn hung_tenants_hold_back_neither_memory_nor_another_tenant() {
             "h{i} arrived {late} ms after its instant"
         );
     }
-    let (held, capacity) = node.handle.held_in_memory();
+    let (held, capacity) = node.handle.partitions().held_in_memory();
     assert!(held <= capacity, "{held} entries held, capacity {capacity}");
     let in_flight = node.handle.in_flight();
     assert!(
@@ -750,7 +748,7 @@ async fn an_event_whose_wake_up_was_lost_is_repaired_and_fires() {
         .await;
     assert!(arrival_of(&receiver, "stranded")[0] >= at.as_millis());
     assert_eq!(record.attempts, 1);
-    assert!(node.handle.fire_stats().repaired >= 1);
+    assert!(node.handle.partitions().fire_stats().repaired >= 1);
     node.stop().await;
 }
 
@@ -781,7 +779,7 @@ async fn a_cancel_acknowledged_elsewhere_without_a_wake_up_is_honoured_in_a_clus
     let sinks = Sinks::new(Default::default()).unwrap();
     let engine = Engine::start_unowned(options, store.clone(), sinks, Arc::new(SystemClock));
     let handle = engine.handle();
-    handle.set_ownership(
+    handle.partitions().set(
         store
             .partitions()
             .all()
@@ -813,7 +811,9 @@ async fn a_cancel_acknowledged_elsewhere_without_a_wake_up_is_honoured_in_a_clus
     // Wait until the entry fired (was popped and checked) and nothing is
     // outstanding, then check nothing was delivered.
     let deadline = tokio::time::Instant::now() + DEADLINE;
-    while node.handle.fire_stats().fired == 0 || node.handle.held_in_memory().0 > 0 {
+    while node.handle.partitions().fire_stats().fired == 0
+        || node.handle.partitions().held_in_memory().0 > 0
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the entry never fired"
@@ -826,4 +826,33 @@ async fn a_cancel_acknowledged_elsewhere_without_a_wake_up_is_honoured_in_a_clus
         EventStatus::Cancelled
     );
     node.stop().await;
+}
+
+/// Dropping the engine without a shutdown (a crash) stops every task of
+/// it: nothing of it holds the store any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_engine_stops_all_of_its_tasks() {
+    let mut store = None;
+    let mut node = Node::start_with(EngineOptions::default(), |shared| {
+        store = Some(Arc::downgrade(&shared));
+        shared
+    })
+    .await;
+    let store = store.expect("the store was wrapped");
+    let receiver = Receiver::start().await;
+    node.tenant("t", &receiver).await;
+    let later = SystemClock.now().plus(Duration::from_secs(3_600));
+    node.schedule("t", "later", later).await;
+    drop(node.engine.take());
+    let Node { handle, _dir, .. } = node;
+    drop(handle);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while store.strong_count() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} references to the store outlive the dropped engine",
+            store.strong_count()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

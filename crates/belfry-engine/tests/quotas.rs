@@ -78,7 +78,7 @@ impl Node {
 
     /// Checks, then applies (as the API does).
     async fn write(&self, commands: Vec<KeyedCommand>) -> Result<(), QuotaExceeded> {
-        match self.handle.check_quotas(&commands).await {
+        match self.handle.quotas().check(&commands).await {
             Ok(()) => {}
             Err(QuotaError::Exceeded(exceeded)) => return Err(exceeded),
             Err(QuotaError::Store(error)) => panic!("store: {error}"),
@@ -266,30 +266,48 @@ async fn schedules_are_capped_per_tenant() {
             pull: Default::default(),
         }
     };
-    node.handle.put_schedule(&a, schedule("s1")).await.unwrap();
-    node.handle.put_schedule(&a, schedule("s2")).await.unwrap();
-    match node.handle.put_schedule(&a, schedule("s3")).await {
+    node.handle
+        .schedules()
+        .put(&a, schedule("s1"))
+        .await
+        .unwrap();
+    node.handle
+        .schedules()
+        .put(&a, schedule("s2"))
+        .await
+        .unwrap();
+    match node.handle.schedules().put(&a, schedule("s3")).await {
         Err(ScheduleOpError::Quota(QuotaExceeded::Schedules { limit: 2, .. })) => {}
         other => panic!("{other:?}"),
     }
     // Replacing an existing one is not a new one.
-    node.handle.put_schedule(&a, schedule("s2")).await.unwrap();
     node.handle
-        .put_schedule(&tenant("b"), schedule("s3"))
+        .schedules()
+        .put(&a, schedule("s2"))
         .await
         .unwrap();
     node.handle
-        .delete_schedule(&a, &schedule("s1").id)
+        .schedules()
+        .put(&tenant("b"), schedule("s3"))
         .await
         .unwrap();
-    node.handle.put_schedule(&a, schedule("s3")).await.unwrap();
+    node.handle
+        .schedules()
+        .delete(&a, &schedule("s1").id)
+        .await
+        .unwrap();
+    node.handle
+        .schedules()
+        .put(&a, schedule("s3"))
+        .await
+        .unwrap();
     node.stop().await;
 }
 
 async fn register(node: &Node, name: &str, receiver: &Receiver) {
     node.handle
-        .store()
-        .put_tenant(TenantConfig {
+        .tenants()
+        .put(TenantConfig {
             name: tenant(name),
             sink: SinkConfig::Http(HttpTarget {
                 url: receiver.url(&format!("/{name}")),
@@ -300,7 +318,6 @@ async fn register(node: &Node, name: &str, receiver: &Receiver) {
         })
         .await
         .unwrap();
-    node.handle.tenant_changed(&tenant(name));
 }
 
 /// Arrival times (ms) of the deliveries to `/{name}`, sorted.

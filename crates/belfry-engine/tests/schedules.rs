@@ -42,8 +42,8 @@ fn start(dir: &Path, clock: Arc<dyn Clock>, options: EngineOptions) -> Engine {
 async fn register(handle: &EngineHandle, receiver: &Receiver) {
     let tenant = tenant();
     handle
-        .store()
-        .put_tenant(TenantConfig {
+        .tenants()
+        .put(TenantConfig {
             name: tenant.clone(),
             sink: SinkConfig::Http(HttpTarget {
                 url: receiver.url("/hook"),
@@ -54,7 +54,6 @@ async fn register(handle: &EngineHandle, receiver: &Receiver) {
         })
         .await
         .unwrap();
-    handle.tenant_changed(&tenant);
 }
 
 fn tenant() -> TenantName {
@@ -145,7 +144,8 @@ async fn a_schedule_delivers_each_occurrence_once_in_order_and_is_managed_live()
     let id = ScheduleId::new("tick").unwrap();
 
     let (_, state) = handle
-        .put_schedule(&tenant, definition("tick", "@every 1s", "v1"))
+        .schedules()
+        .put(&tenant, definition("tick", "@every 1s", "v1"))
         .await
         .unwrap();
     assert!(state.next_occurrence.is_some());
@@ -155,7 +155,8 @@ async fn a_schedule_delivers_each_occurrence_once_in_order_and_is_managed_live()
 
     // Update: the payload changes from the next occurrences on.
     handle
-        .put_schedule(&tenant, definition("tick", "@every 1s", "v2"))
+        .schedules()
+        .put(&tenant, definition("tick", "@every 1s", "v2"))
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + DEADLINE;
@@ -171,18 +172,18 @@ async fn a_schedule_delivers_each_occurrence_once_in_order_and_is_managed_live()
     }
 
     // Pause: nothing more arrives (beyond one already in flight).
-    let paused = handle.pause_schedule(&tenant, &id).await.unwrap();
+    let paused = handle.schedules().pause(&tenant, &id).await.unwrap();
     assert_eq!(paused.schedule.status, ScheduleStatus::Paused);
     assert_eq!(paused.next_occurrence, None);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let at_pause = of_schedule(&receiver.requests(), "tick").len();
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert_eq!(of_schedule(&receiver.requests(), "tick").len(), at_pause);
-    let shown = handle.get_schedule(&tenant, &id).await.unwrap().unwrap();
+    let shown = handle.schedules().get(&tenant, &id).await.unwrap().unwrap();
     assert_eq!(shown.schedule.status, ScheduleStatus::Paused);
 
     // Resume: deliveries go on.
-    handle.resume_schedule(&tenant, &id).await.unwrap();
+    handle.schedules().resume(&tenant, &id).await.unwrap();
     let resumed = wait_for(&receiver, "tick", at_pause + 2).await;
     assert_once_in_order(&resumed);
 
@@ -191,7 +192,8 @@ async fn a_schedule_delivers_each_occurrence_once_in_order_and_is_managed_live()
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         let history = handle
-            .schedule_occurrences(&tenant, &id, None, 1_000)
+            .schedules()
+            .occurrences(&tenant, &id, None, 1_000)
             .await
             .unwrap();
         let delivered: HashSet<String> = history
@@ -211,20 +213,28 @@ async fn a_schedule_delivers_each_occurrence_once_in_order_and_is_managed_live()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let listed = handle.list_schedules(&tenant, None, 10).await.unwrap();
+    let listed = handle.schedules().list(&tenant, None, 10).await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].schedule.id, id);
 
     // Delete: it stops and is gone.
-    handle.delete_schedule(&tenant, &id).await.unwrap();
+    handle.schedules().delete(&tenant, &id).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let at_delete = of_schedule(&receiver.requests(), "tick").len();
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     assert_eq!(of_schedule(&receiver.requests(), "tick").len(), at_delete);
-    assert!(handle.get_schedule(&tenant, &id).await.unwrap().is_none());
     assert!(
         handle
-            .list_schedules(&tenant, None, 10)
+            .schedules()
+            .get(&tenant, &id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        handle
+            .schedules()
+            .list(&tenant, None, 10)
             .await
             .unwrap()
             .is_empty()
@@ -247,13 +257,18 @@ async fn end_and_maximum_complete_a_schedule() {
     register(&handle, &receiver).await;
     let mut limited = definition("three", "@every 1s", "x");
     limited.max_occurrences = Some(3);
-    handle.put_schedule(&tenant(), limited).await.unwrap();
+    handle.schedules().put(&tenant(), limited).await.unwrap();
     let seen = wait_for(&receiver, "three", 3).await;
     assert_once_in_order(&seen);
     let id = ScheduleId::new("three").unwrap();
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
-        let state = handle.get_schedule(&tenant(), &id).await.unwrap().unwrap();
+        let state = handle
+            .schedules()
+            .get(&tenant(), &id)
+            .await
+            .unwrap()
+            .unwrap();
         if state.schedule.status == ScheduleStatus::Completed {
             assert_eq!(state.next_occurrence, None);
             assert_eq!(state.schedule.progress.occurrences, 3);
@@ -294,11 +309,12 @@ async fn after_downtime_each_misfire_policy_records_every_occurrence() {
         let engine = start(dir.path(), clock.clone(), options.clone());
         let handle = engine.handle();
         register(&handle, &receiver).await;
-        handle.put_schedule(&tenant(), schedule).await.unwrap();
+        handle.schedules().put(&tenant(), schedule).await.unwrap();
         // The first firing creates what is due within the lead (5 s).
         let deadline = tokio::time::Instant::now() + DEADLINE;
         while handle
-            .schedule_occurrences(&tenant(), &id, None, 100)
+            .schedules()
+            .occurrences(&tenant(), &id, None, 100)
             .await
             .unwrap()
             .len()
@@ -319,7 +335,8 @@ async fn after_downtime_each_misfire_policy_records_every_occurrence() {
         let deadline = tokio::time::Instant::now() + DEADLINE;
         let history = loop {
             let history = handle
-                .schedule_occurrences(&tenant(), &id, None, 1_000)
+                .schedules()
+                .occurrences(&tenant(), &id, None, 1_000)
                 .await
                 .unwrap();
             if history.len() >= expected

@@ -18,17 +18,14 @@
 //!   [`EngineHandle::apply`] with a fresh [`EventVersion`] per upsert;
 //! - manual clock jumps (1 ms to 10 min, rarely beyond the 30 min
 //!   look-back), each followed by a wake-up of every partition worker (see
-//!   [`Sim::wake`] for why not [`EngineHandle::poke`]), then settling, or
+//!   [`Sim::wake`] for why not [`belfry_engine::partitions::Partitions::poke`]), then settling, or
 //!   changes of keys that just came due (racing their deliveries);
 //! - restarts on the same data directory, graceful ([`Engine::shutdown`])
 //!   and crash-like, often right after a clock move so deliveries are in
-//!   flight. A crash cannot be had by dropping the [`Engine`]: its tasks are
-//!   detached, not owned, so they would keep firing next to the new engine.
-//!   Each engine therefore runs on a tokio runtime of its own, and a crash
-//!   drops the engine without shutdown and then that runtime, which cancels
-//!   every task at its next await (deliveries mid-request, outcomes waiting
-//!   in the recorder, page reads). The store is closed and reopened after
-//!   either kind;
+//!   flight. A crash drops the [`Engine`] without shutdown: the engine owns
+//!   every task of it, so each is cancelled at its next await (deliveries
+//!   mid-request, outcomes waiting in the recorder, page reads). The store
+//!   is closed and reopened after either kind;
 //! - writes nobody hears the answer to, through [`EngineHandle::apply`]:
 //!   a request dropped at a random point after it was submitted (the
 //!   caller's future raced against a short real-time timer), or a store
@@ -63,7 +60,7 @@
 //! - at most one delivery per version and attempt, unless the copies come
 //!   from different engine generations and the earlier one crashed (each
 //!   generation stamps its requests through a tenant header);
-//! - memory: [`EngineHandle::held_in_memory`] held <= capacity (also
+//! - memory: [`belfry_engine::partitions::Partitions::held_in_memory`] held <= capacity (also
 //!   polled while settling).
 //!
 //! Settling (after most clock moves, and explicitly) waits, with
@@ -108,7 +105,7 @@
 //!   `BELFRY_SIM_STEPS` steps (130), `BELFRY_SIM_THREADS` at a time (3);
 //!   `BELFRY_SIM_KEEP_GOING=1` runs every seed and lists all failures;
 //!   `BELFRY_SIM_STRICT=0` only counts the three fixed bugs; `BELFRY_SIM_POKE=1`
-//!   wakes workers with [`EngineHandle::poke`]; `BELFRY_SIM_VERBOSE=1`
+//!   wakes workers with [`belfry_engine::partitions::Partitions::poke`]; `BELFRY_SIM_VERBOSE=1`
 //!   prints each seed's time.
 //! - Soak (about 10 minutes on two cores; debug is as good as release here,
 //!   the run waits on real timeouts; vary the first seed between soaks):
@@ -507,22 +504,10 @@ enum Unheard {
 // ---------------------------------------------------------------------------
 // One engine generation.
 
-/// An engine on a runtime of its own, so that a crash can stop every task
-/// of it without a shutdown.
+/// A running engine: dropping it without a shutdown is a crash.
 struct Node {
-    /// `None` only while being taken apart.
-    runtime: Option<tokio::runtime::Runtime>,
-    engine: Option<Engine>,
+    engine: Engine,
     handle: EngineHandle,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        // Only on an early exit (a failed check): allowed in async context.
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -683,7 +668,7 @@ struct Sim {
     steps: u64,
     step: u64,
     trace: bool,
-    /// Wake workers with [`EngineHandle::poke`] instead of [`Sim::wake`].
+    /// Wake workers with [`belfry_engine::partitions::Partitions::poke`] instead of [`Sim::wake`].
     use_poke: bool,
     /// Known bugs fail the run too.
     strict: bool,
@@ -877,63 +862,38 @@ impl Sim {
                 .await
                 .map_err(|e| format!("registering {tenant}: {e}"))?;
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("sim-engine")
-            .enable_all()
-            .build()
-            .map_err(|e| format!("engine runtime: {e}"))?;
         let sinks = Sinks::new(Default::default()).map_err(|e| format!("sinks: {e}"))?;
         let clock: Arc<dyn Clock> = self.clock.clone();
-        let engine = {
-            let _inside = runtime.enter();
-            Engine::start(self.options.clone(), self.store().clone(), sinks, clock)
-        };
+        let engine = Engine::start(self.options.clone(), self.store().clone(), sinks, clock);
         let handle = engine.handle();
         self.duplicate_claims_seen = 0;
-        self.node = Some(Node {
-            runtime: Some(runtime),
-            engine: Some(engine),
-            handle,
-        });
+        self.node = Some(Node { engine, handle });
         Ok(())
     }
 
     /// Stops the engine (gracefully, or as a crash), closes the store and
     /// opens it again.
     async fn stop_node(&mut self, graceful: bool) -> Check {
-        let Some(mut node) = self.node.take() else {
+        let Some(node) = self.node.take() else {
             return Ok(());
         };
-        let stats = node.handle.fire_stats();
+        let stats = node.handle.partitions().fire_stats();
         self.stats.repaired += stats.repaired;
         self.stats.evicted += stats.evicted;
         self.stats.duplicate_claims += stats.duplicate_claims;
-        let runtime = node.runtime.take().expect("a running node has its runtime");
-        let engine = node.engine.take().expect("a running node has its engine");
-        drop(node);
+        let Node { engine, handle } = node;
+        drop(handle);
         if graceful {
-            let stopping = runtime.spawn(engine.shutdown());
-            match tokio::time::timeout(SETTLE_DEADLINE, stopping).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(format!("graceful shutdown panicked: {e}")),
-                Err(_) => return Err("graceful shutdown did not finish in time".into()),
+            if tokio::time::timeout(SETTLE_DEADLINE, engine.shutdown())
+                .await
+                .is_err()
+            {
+                return Err("graceful shutdown did not finish in time".into());
             }
         } else {
-            // Its tasks are detached: they keep running until the runtime
-            // goes, which cancels each at its next await.
+            // Aborts every task of the engine at its next await.
             drop(engine);
             self.crashed.insert(self.generation);
-        }
-        let stopped = tokio::task::spawn_blocking(move || {
-            let started = Instant::now();
-            runtime.shutdown_timeout(Duration::from_secs(10));
-            started.elapsed()
-        })
-        .await
-        .map_err(|e| format!("stopping the engine runtime: {e}"))?;
-        if stopped >= Duration::from_secs(10) {
-            return Err("the engine runtime did not stop within 10 s".into());
         }
         let store = self.store.take().expect("the store is open");
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -955,15 +915,7 @@ impl Sim {
     }
 
     async fn teardown(&mut self) {
-        if let Some(mut node) = self.node.take()
-            && let Some(runtime) = node.runtime.take()
-        {
-            drop(node);
-            let _ = tokio::task::spawn_blocking(move || {
-                runtime.shutdown_timeout(Duration::from_secs(5));
-            })
-            .await;
-        }
+        drop(self.node.take());
         if let Some(store) = self.store.take() {
             let _ = tokio::task::spawn_blocking(move || drop(store)).await;
         }
@@ -1562,7 +1514,7 @@ impl Sim {
 
     /// Makes every partition worker re-read the manual clock now.
     ///
-    /// [`EngineHandle::poke`] cannot be used (unless `BELFRY_SIM_POKE` is
+    /// [`belfry_engine::partitions::Partitions::poke`] cannot be used (unless `BELFRY_SIM_POKE` is
     /// set, to reproduce the problem): it hands each core a `Tick` through
     /// `OwnedPartitions::broadcast`, which drops the actions it returns,
     /// and a tick that starts a page read (a clock jump makes the window
@@ -1572,7 +1524,7 @@ impl Sim {
     /// the core), which makes it tick itself and perform what it decides.
     fn wake(&self) {
         if self.use_poke {
-            self.handle().poke();
+            self.handle().partitions().poke();
             return;
         }
         let key = EventKey::new(
@@ -1637,11 +1589,15 @@ impl Sim {
         let mut nudged = false;
         loop {
             self.check_memory()?;
-            let (outstanding, in_flight) = (self.handle().outstanding(), self.handle().in_flight());
+            let (outstanding, in_flight) = (
+                self.handle().partitions().outstanding(),
+                self.handle().in_flight(),
+            );
             let due = if outstanding == 0 && in_flight == 0 {
                 let due = self.due_now().await?;
                 if due.is_empty() {
-                    self.duplicate_claims_seen = self.handle().fire_stats().duplicate_claims;
+                    self.duplicate_claims_seen =
+                        self.handle().partitions().fire_stats().duplicate_claims;
                     return Ok(());
                 }
                 due
@@ -1674,8 +1630,8 @@ impl Sim {
                     "{why}: the engine did not settle within {SETTLE_DEADLINE:?} of real time: \
                      {outstanding} outstanding, {in_flight} in flight (held {:?}, fire stats \
                      {:?})",
-                    self.handle().held_in_memory(),
-                    self.handle().fire_stats(),
+                    self.handle().partitions().held_in_memory(),
+                    self.handle().partitions().fire_stats(),
                 ));
             }
             let pause = if due.is_empty() { 3 } else { 20 };
@@ -1694,7 +1650,8 @@ impl Sim {
             .get(&record.key)
             .is_some_and(|m| m.last_bypass.is_some());
         let paused = record.status == EventStatus::Retrying
-            && self.handle().fire_stats().duplicate_claims > self.duplicate_claims_seen;
+            && self.handle().partitions().fire_stats().duplicate_claims
+                > self.duplicate_claims_seen;
         bypassed || paused
     }
 
@@ -1717,8 +1674,8 @@ impl Sim {
              outstanding or in flight for {STUCK_AFTER:?} of real time (held {:?}, fire stats \
              {:?}):\n{diagnosis}",
             due.len(),
-            self.handle().held_in_memory(),
-            self.handle().fire_stats(),
+            self.handle().partitions().held_in_memory(),
+            self.handle().partitions().fire_stats(),
         ))
     }
 
@@ -1751,7 +1708,7 @@ impl Sim {
     /// Why due events did not fire: whether the store's due index holds
     /// them, and whether waking the workers again, a fresh wake-up for each
     /// (a same-instant update through the engine), or making every worker
-    /// reload its window ([`EngineHandle::resync`]) gets them fired.
+    /// reload its window ([`belfry_engine::partitions::Partitions::resync`]) gets them fired.
     /// Returns the report and whether the second or third probe fired them
     /// all.
     async fn diagnose_stuck(&mut self, due: &[EventRecord]) -> (String, bool) {
@@ -1810,7 +1767,7 @@ impl Sim {
                     "a same-instant update of each through the engine (re-offered)"
                 }
                 _ => {
-                    self.handle().resync();
+                    self.handle().partitions().resync();
                     "a resync (every window reloaded)"
                 }
             };
@@ -1847,7 +1804,7 @@ impl Sim {
         let Some(node) = &self.node else {
             return Ok(());
         };
-        let (held, capacity) = node.handle.held_in_memory();
+        let (held, capacity) = node.handle.partitions().held_in_memory();
         self.stats.max_held = self.stats.max_held.max(held);
         if held > capacity {
             return Err(self.failure(&format!(
@@ -2189,7 +2146,7 @@ impl Sim {
         }
         self.stats.add(&ends);
         if let Some(node) = &self.node {
-            let stats = node.handle.fire_stats();
+            let stats = node.handle.partitions().fire_stats();
             self.stats.repaired += stats.repaired;
             self.stats.evicted += stats.evicted;
             self.stats.duplicate_claims += stats.duplicate_claims;

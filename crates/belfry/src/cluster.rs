@@ -71,7 +71,8 @@ pub async fn start(
     tracing::info!(node = %node.id, %address, "joining the cluster");
     engine
         .handle()
-        .join_pull_cluster(node.id.clone(), coordinator.clone());
+        .pull()
+        .join_cluster(node.id.clone(), coordinator.clone());
     let membership = Membership::new(node, config.cluster.clone(), coordinator, engine.handle());
 
     let handle: EngineHandle = engine.handle();
@@ -92,13 +93,13 @@ pub async fn start(
                     handle.wake(partition, key, effect);
                 }
                 Wakeup::Resync => {
-                    handle.resync();
+                    handle.partitions().resync();
                     // Cluster changes may have been missed too.
                     poked.poke();
                 }
                 Wakeup::Cluster => poked.poke(),
                 Wakeup::PullReady { node, tenants } => {
-                    handle.pull_ready_elsewhere(&node, &tenants);
+                    handle.pull().ready_elsewhere(&node, &tenants);
                 }
             }
         }

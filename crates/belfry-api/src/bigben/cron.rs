@@ -201,7 +201,8 @@ pub(crate) async fn create(
     }
     let (_, saved) = state
         .engine
-        .put_schedule(&tenant, schedule)
+        .schedules()
+        .put(&tenant, schedule)
         .await
         .map_err(op_error)?;
     let answer = CronAnswer {
@@ -262,7 +263,8 @@ pub(crate) async fn get(
     };
     let found = state
         .engine
-        .get_schedule(&tenant, &id)
+        .schedules()
+        .get(&tenant, &id)
         .await
         .map_err(op_error)?;
     let items: Vec<CronAnswer> = found
@@ -315,7 +317,8 @@ pub(crate) async fn delete(
     };
     let Some(found) = state
         .engine
-        .get_schedule(&tenant_name, &schedule)
+        .schedules()
+        .get(&tenant_name, &schedule)
         .await
         .map_err(op_error)?
     else {
@@ -324,7 +327,12 @@ pub(crate) async fn delete(
     if wanted.is_some_and(|kind| kind.as_str() != found.schedule.kind) {
         return Err(no_cron());
     }
-    match state.engine.delete_schedule(&tenant_name, &schedule).await {
+    match state
+        .engine
+        .schedules()
+        .delete(&tenant_name, &schedule)
+        .await
+    {
         Ok(_) => Ok(Json(crate::bigben::StatusOk::OK).into_response()),
         Err(ScheduleOpError::NotFound(_)) => Err(no_cron()),
         Err(other) => Err(BigBenError(op_error(other))),

@@ -88,6 +88,7 @@ pub(crate) async fn dry_run(
     // token of the tenant's delivery rate if it has one.
     state
         .engine
+        .quotas()
         .take_dry_run(&key.tenant)
         .map_err(|exceeded| BigBenError(crate::quota::exceeded_error(&exceeded)))?;
     let clock = state.engine.clock().clone();

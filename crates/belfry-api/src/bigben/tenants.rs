@@ -140,8 +140,7 @@ pub(crate) async fn register(
     let existed = existing.is_some();
     let (secrets, new_secret) = crate::v1::signing::for_registration(existing.as_ref());
     tenant.signing = Some(secrets);
-    store.put_tenant(tenant).await?;
-    state.engine.tenant_changed(&name);
+    state.engine.tenants().put(tenant).await?;
     tracing::info!(tenant = %name, "tenant registered (BigBen API)");
     let action = if existed {
         AuditAction::TenantChanged

@@ -257,7 +257,8 @@ pub(crate) async fn create(
     );
     let created = state
         .engine
-        .create_bulk_action(action.clone())
+        .bulk()
+        .create(action.clone())
         .await
         .map_err(crate::quota::quota_error)?;
     if !created {
@@ -417,7 +418,7 @@ pub(crate) async fn cancel(
     V1Path(id): V1Path<String>,
 ) -> Result<Response, V1Error> {
     let action = visible(&state, &principal, &id).await?;
-    match state.engine.cancel_bulk_action(&action.id).await {
+    match state.engine.bulk().cancel(&action.id).await {
         Ok(cancelled) => {
             tracing::info!(id = %cancelled.id, "bulk action cancelled");
             crate::auth::routes::audit(

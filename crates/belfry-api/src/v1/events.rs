@@ -255,7 +255,8 @@ async fn apply_one(
     }];
     state
         .engine
-        .check_quotas(&commands)
+        .quotas()
+        .check(&commands)
         .await
         .map_err(crate::quota::quota_error)?;
     let applied = state.engine.apply(commands).await?;

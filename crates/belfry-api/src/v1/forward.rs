@@ -109,7 +109,7 @@ pub(crate) struct NoOwner;
 /// the owner would have; `None` when that is not known (nothing of the
 /// kind recorded, a heartbeat, or the store unreadable).
 pub(crate) async fn recorded(state: &ApiState, lease: &LeaseId, call: &LeaseCall) -> Option<Reply> {
-    match state.engine.pull_recorded_outcome(lease, call).await {
+    match state.engine.pull().recorded_outcome(lease, call).await {
         Ok(recorded) => recorded,
         Err(error) => {
             tracing::warn!(%error, "reading the record of a lease whose owner cannot be asked failed");
@@ -217,7 +217,7 @@ pub(crate) fn lease_owner(
     headers: &HeaderMap,
     lease: &LeaseId,
 ) -> Result<Option<PartitionOwner>, NoOwner> {
-    let Some(me) = state.engine.cluster_node() else {
+    let Some(me) = state.engine.pull().cluster_node() else {
         return Ok(None);
     };
     if is_forwarded(headers) {
@@ -226,6 +226,7 @@ pub(crate) fn lease_owner(
     let partition = state.engine.store().partitions().partition_of(lease.key());
     if state
         .engine
+        .partitions()
         .owned_epoch(partition)
         .is_some_and(|epoch| epoch >= lease.epoch())
     {
@@ -397,7 +398,7 @@ async fn claim_elsewhere(
     leases: &mut Vec<Value>,
 ) {
     let max = request.max_events as usize;
-    for node in state.engine.pull_nodes_with_ready(tenant) {
+    for node in state.engine.pull().nodes_with_ready(tenant) {
         let want = max.saturating_sub(leases.len());
         if want == 0 {
             return;
@@ -405,11 +406,11 @@ async fn claim_elsewhere(
         match claim_on(state, principal, &node, tenant, request, want).await {
             Some(got) => {
                 if got.len() < want {
-                    state.engine.pull_node_drained(tenant, &node);
+                    state.engine.pull().node_drained(tenant, &node);
                 }
                 leases.extend(got);
             }
-            None => state.engine.pull_node_unreachable(&node),
+            None => state.engine.pull().node_unreachable(&node),
         }
     }
 }
@@ -434,7 +435,7 @@ pub(crate) async fn claim(
     tenant: &TenantName,
     request: &ClaimRequest,
 ) -> Option<Result<Response, V1Error>> {
-    state.engine.cluster_node()?;
+    state.engine.pull().cluster_node()?;
     if is_forwarded(headers) {
         return None;
     }
@@ -455,8 +456,8 @@ async fn claim_in_cluster(
         ..request.clone()
     };
     // Before looking elsewhere: an announcement meanwhile is not missed.
-    let mut watch = engine.pull_watch_elsewhere(tenant);
-    let mut leases = leases_of(engine.pull_claim(tenant.clone(), at_once).await)?;
+    let mut watch = engine.pull().watch_elsewhere(tenant);
+    let mut leases = leases_of(engine.pull().claim(tenant.clone(), at_once).await)?;
     loop {
         claim_elsewhere(state, principal, tenant, request, &mut leases).await;
         let remaining = deadline.since(clock.monotonic());
@@ -470,12 +471,13 @@ async fn claim_in_cluster(
             ..request.clone()
         };
         let reply = engine
-            .pull_claim_until(tenant.clone(), parked, watch.changed())
+            .pull()
+            .claim_until(tenant.clone(), parked, watch.changed())
             .await;
         leases = leases_of(reply)?;
         if !leases.is_empty() || clock.monotonic() >= deadline {
             return Ok(leases_answer(leases));
         }
-        watch = engine.pull_watch_elsewhere(tenant);
+        watch = engine.pull().watch_elsewhere(tenant);
     }
 }

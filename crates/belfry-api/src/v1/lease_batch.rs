@@ -181,7 +181,8 @@ pub(crate) async fn complete_batch(
                 Ok(None) => {
                     let reply = state
                         .engine
-                        .pull_call(lease, LeaseCall::Complete { result })
+                        .pull()
+                        .call(lease, LeaseCall::Complete { result })
                         .await;
                     return item_answer(&text, reply);
                 }

@@ -210,7 +210,7 @@ pub(crate) async fn claim(
     if let Some(answered) = forward::claim(&state, &headers, &principal, &name, &request).await {
         return answered;
     }
-    match state.engine.pull_claim(name, request).await {
+    match state.engine.pull().claim(name, request).await {
         Reply::Leases(leases) => {
             let list = LeaseList {
                 leases: leases.iter().map(lease_view).collect(),
@@ -271,7 +271,7 @@ macro_rules! lease_route {
                 .map_err(|e| invalid_request(e.to_string()))?;
             let call = $make;
             match forward::lease_owner(&state, &headers, &lease) {
-                Ok(None) => answer(state.engine.pull_call(lease, call).await),
+                Ok(None) => answer(state.engine.pull().call(lease, call).await),
                 Ok(Some(owner)) => {
                     let path = format!(concat!("/v1/leases/{}/", $call), lease);
                     forward::lease_call(&state, &principal, &owner, &lease, &call, &path, raw).await

@@ -389,7 +389,8 @@ pub(crate) async fn put(
     }
     let (outcome, saved) = state
         .engine
-        .put_schedule(&tenant, schedule)
+        .schedules()
+        .put(&tenant, schedule)
         .await
         .map_err(op_error)?;
     let status = match outcome {
@@ -421,7 +422,8 @@ pub(crate) async fn get(
     let id = schedule_id(id)?;
     match state
         .engine
-        .get_schedule(&tenant, &id)
+        .schedules()
+        .get(&tenant, &id)
         .await
         .map_err(op_error)?
     {
@@ -456,7 +458,8 @@ pub(crate) async fn delete(
     let id = schedule_id(id)?;
     let before = state
         .engine
-        .delete_schedule(&tenant, &id)
+        .schedules()
+        .delete(&tenant, &id)
         .await
         .map_err(op_error)?;
     let view = ScheduleView::from(&ScheduleState {
@@ -495,7 +498,8 @@ pub(crate) async fn pause(
     let id = schedule_id(id)?;
     let paused = state
         .engine
-        .pause_schedule(&tenant, &id)
+        .schedules()
+        .pause(&tenant, &id)
         .await
         .map_err(op_error)?;
     Ok(Json(ScheduleView::from(&paused)).into_response())
@@ -525,7 +529,8 @@ pub(crate) async fn resume(
     let id = schedule_id(id)?;
     let resumed = state
         .engine
-        .resume_schedule(&tenant, &id)
+        .schedules()
+        .resume(&tenant, &id)
         .await
         .map_err(op_error)?;
     Ok(Json(ScheduleView::from(&resumed)).into_response())
@@ -607,7 +612,8 @@ pub(crate) async fn list(
     'reading: loop {
         let found = state
             .engine
-            .list_schedules(&tenant, after.as_ref(), read)
+            .schedules()
+            .list(&tenant, after.as_ref(), read)
             .await
             .map_err(op_error)?;
         let exhausted = found.len() < read;
@@ -712,7 +718,8 @@ pub(crate) async fn occurrences(
     'reading: loop {
         let records = state
             .engine
-            .schedule_occurrences(&tenant, &id, cursor.as_ref(), read)
+            .schedules()
+            .occurrences(&tenant, &id, cursor.as_ref(), read)
             .await
             .map_err(op_error)?;
         if records.is_empty()
@@ -720,7 +727,8 @@ pub(crate) async fn occurrences(
             && page.count() == 0
             && state
                 .engine
-                .get_schedule(&tenant, &id)
+                .schedules()
+                .get(&tenant, &id)
                 .await
                 .map_err(op_error)?
                 .is_none()

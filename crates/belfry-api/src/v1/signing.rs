@@ -112,8 +112,7 @@ pub(crate) async fn rotate(
         _ => (SigningSecrets::new(secret.clone()), None),
     };
     config.signing = Some(secrets);
-    store.put_tenant(config).await?;
-    state.engine.tenant_changed(&name);
+    state.engine.tenants().put(config).await?;
     tracing::info!(tenant = %name, grace_secs = grace.as_secs(), "signing secret rotated");
     audit(
         &state,

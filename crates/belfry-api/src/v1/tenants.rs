@@ -438,8 +438,7 @@ pub(crate) async fn put(
         sink,
         signing: Some(secrets),
     };
-    store.put_tenant(tenant.clone()).await?;
-    state.engine.tenant_changed(&name);
+    state.engine.tenants().put(tenant.clone()).await?;
     tracing::info!(tenant = %name, replaced = existed, "tenant registered");
     let action = if existed {
         AuditAction::TenantChanged
@@ -500,23 +499,20 @@ pub(crate) async fn delete(
     if !records.is_empty() {
         store.delete_finished(&records).await?;
     }
-    if !store.delete_tenant(&name).await? {
+    if !state.engine.tenants().delete(&name).await? {
         return Err(tenant_not_found(&name));
     }
-    state.engine.tenant_changed(&name);
     // A write that passed its tenant check just before the delete may land
     // after it; such an event would belong to the next tenant of this
     // name, so the tenant is put back and the delete refused.
     match leftovers(&state, &name).await {
         Ok(left) if left.is_empty() => {}
         Ok(_) => {
-            store.put_tenant(config).await?;
-            state.engine.tenant_changed(&name);
+            state.engine.tenants().put(config).await?;
             return Err(not_empty(&name));
         }
         Err(refusal) => {
-            store.put_tenant(config).await?;
-            state.engine.tenant_changed(&name);
+            state.engine.tenants().put(config).await?;
             return Err(refusal);
         }
     }
