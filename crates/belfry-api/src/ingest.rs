@@ -118,6 +118,13 @@ pub fn bigben_unreadable(message: &str) -> EventResponse {
         .with_error(400, message)
 }
 
+/// A BigBen request's answer, and what it means for the record.
+#[derive(Debug, Clone)]
+pub struct BigBenAnswer {
+    pub response: EventResponse,
+    pub verdict: Verdict,
+}
+
 /// Schedules BigBen requests exactly as `POST /events/schedule` does (the
 /// same checks, messages and answers), except that quotas refuse per item.
 /// `lapse_offset` is `api.lapse_offset_ms`.
@@ -126,25 +133,38 @@ pub async fn schedule_bigben(
     lapse_offset: std::time::Duration,
     scope: &dyn WriteScope,
     requests: Vec<EventRequest>,
-) -> Vec<EventResponse> {
+) -> Vec<BigBenAnswer> {
     let count = requests.len();
     match schedule_items(engine, lapse_offset, scope, requests, QuotaMode::PerItem).await {
-        Ok(scheduled) => scheduled.responses,
+        Ok(scheduled) => scheduled
+            .responses
+            .into_iter()
+            .zip(scheduled.refusals)
+            .map(|(response, refusal)| BigBenAnswer {
+                verdict: bigben_verdict(&response, refusal),
+                response,
+            })
+            .collect(),
         // `PerItem` answers quota refusals per item; this is a bug.
         Err(error) => {
             tracing::error!(%error, "per-item quota mode refused a whole batch");
+            let response = EventResponse::default()
+                .with_status(BigBenStatus::Error)
+                .with_error(500, "internal error");
             vec![
-                EventResponse::default()
-                    .with_status(BigBenStatus::Error)
-                    .with_error(500, "internal error");
+                BigBenAnswer {
+                    verdict: bigben_verdict(&response, None),
+                    response,
+                };
                 count
             ]
         }
     }
 }
 
-/// The [`Verdict`] of a BigBen answer.
-pub fn bigben_verdict(response: &EventResponse) -> Verdict {
+/// The [`Verdict`] of a BigBen answer; `refusal` is the code that refused
+/// it, when one did.
+fn bigben_verdict(response: &EventResponse, refusal: Option<Code>) -> Verdict {
     match response.event_status {
         Some(BigBenStatus::Error) => Verdict::StoreFailed,
         Some(BigBenStatus::Rejected) => {
@@ -153,16 +173,19 @@ pub fn bigben_verdict(response: &EventResponse) -> Verdict {
                 .as_ref()
                 .map(|e| (e.code, e.message.clone()))
                 .unwrap_or((400, String::new()));
-            let code = match status {
-                429 => Code::QuotaExceeded.as_str(),
-                413 => Code::PayloadTooLarge.as_str(),
-                _ if message.starts_with(crate::bigben::schedule::TENANT_UNKNOWN) => {
-                    Code::UnknownTenant.as_str()
+            let code = match (refusal, status) {
+                (Some(Code::UnknownTenant), _) => Code::UnknownTenant,
+                (_, 429) => Code::QuotaExceeded,
+                (_, 413) => Code::PayloadTooLarge,
+                _ => {
+                    return Verdict::Rejected {
+                        code: "rejected".to_string(),
+                        message,
+                    };
                 }
-                _ => "rejected",
             };
             Verdict::Rejected {
-                code: code.to_string(),
+                code: code.as_str().to_string(),
                 message,
             }
         }

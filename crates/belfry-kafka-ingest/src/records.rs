@@ -86,12 +86,12 @@ impl Reader {
             }
         }
         if !requests.is_empty() {
-            let responses =
+            let scheduled =
                 ingest::schedule_bigben(engine, self.lapse_offset, &self.scope, requests).await;
-            for (slot, response) in slots.into_iter().zip(responses) {
+            for (slot, answer) in slots.into_iter().zip(scheduled) {
                 answers[slot] = Some(Answered {
-                    verdict: ingest::bigben_verdict(&response),
-                    response: to_json(&response),
+                    verdict: answer.verdict,
+                    response: to_json(&answer.response),
                 });
             }
         }

@@ -81,8 +81,6 @@ fn delivery_option_field<'de, D: Deserializer<'de>>(
         .transpose()
 }
 
-pub(crate) const TENANT_UNKNOWN: &str = message::TENANT_UNKNOWN;
-
 /// BigBen's validation messages, verbatim.
 mod message {
     pub const TENANT_MISSING: &str = "tenant not present";
@@ -151,6 +149,10 @@ pub(crate) async fn schedule(
 #[derive(Debug)]
 pub(crate) struct Scheduled {
     pub(crate) responses: Vec<EventResponse>,
+    /// Per response, what refused it (`None`: not refused). BigBen's
+    /// answer shows only the status and message; the Kafka consumer
+    /// reports the code.
+    pub(crate) refusals: Vec<Option<Code>>,
     /// The first store failure, if any item is `ERROR` because of one.
     pub(crate) store_failure: Option<StoreError>,
 }
@@ -184,6 +186,14 @@ pub(crate) async fn schedule_items(
         pipeline.push(checked);
     }
     let written = pipeline.write(quota_mode).await?;
+    let refusals = written
+        .outcomes
+        .iter()
+        .map(|outcome| match outcome {
+            Outcome::Rejected { error, .. } => Some(error.code),
+            _ => None,
+        })
+        .collect();
     let responses = written
         .outcomes
         .into_iter()
@@ -205,6 +215,7 @@ pub(crate) async fn schedule_items(
         .collect();
     Ok(Scheduled {
         responses,
+        refusals,
         store_failure: written.store_failure.map(|failure| failure.error),
     })
 }
@@ -264,13 +275,19 @@ async fn check_item(
     let Some(time_text) = request.event_time.as_deref() else {
         return reject(response, message::EVENT_TIME_MISSING);
     };
-    let unknown = format!("{}: {tenant_text}", message::TENANT_UNKNOWN);
+    let unknown = |response| Checked::Rejected {
+        echo: echo(response),
+        error: ApiError::new(
+            Code::UnknownTenant,
+            format!("{}: {tenant_text}", message::TENANT_UNKNOWN),
+        ),
+    };
     let Ok(tenant) = TenantName::new(tenant_text) else {
-        return reject(response, &unknown);
+        return unknown(response);
     };
     match tenants.registered(&tenant).await {
         Ok(Some(_)) => {}
-        Ok(None) => return reject(response, &unknown),
+        Ok(None) => return unknown(response),
         Err(error) => {
             return Checked::StoreFailed {
                 echo: echo(response),
