@@ -356,6 +356,20 @@ impl Engine {
                 "deliveries still in flight at the end of the shutdown grace; they will be retried after restart"
             );
         }
+        // Schedule firings take no delivery slot: wait for those in flight
+        // too (the stop signal makes the waiting ones give up), so a clean
+        // stop never cuts a firing between its occurrences and the move of
+        // its control event.
+        let all_firings = u32::try_from(schedules::MAX_CONCURRENT_FIRINGS).unwrap_or(u32::MAX);
+        if tokio::time::timeout(
+            grace,
+            shared.fire_path.schedule_firings.acquire_many(all_firings),
+        )
+        .await
+        .is_err()
+        {
+            tracing::warn!("schedule firings still in flight at the end of the shutdown grace");
+        }
         // The recorder drains every outcome sent so far, then exits once the
         // last sender (ours and the handles') is gone or the signal says stop.
         let _ = tokio::time::timeout(grace, self.recorder_task.join()).await;

@@ -147,7 +147,7 @@ def main(base_url):
     # The same through /v1 (the client writes `/` in a name as %2F).
     at, at_s = instant(2, millis=False)
     put = put_event.sync_detailed(
-        client=client, tenant=TENANT, id="order-43", body=PutEvent(deliver_at=at, payload="hello")
+        client=client, tenant=TENANT, id="order-43", body=PutEvent(deliver_at=datetime.datetime.fromisoformat(at), payload="hello")
     )
     assert put.status_code == 201, put
     assert put.parsed.status == "scheduled", put.parsed
