@@ -148,15 +148,9 @@ fn required(value: Option<String>, name: &str) -> Result<String, BigBenError> {
     request_body(content = CronRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The cron and its description", body = CronAnswer),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
         (status = 404, description = "Not found", body = crate::openapi::schema::BigBenError),
-        (status = 413, description = "Body too large", body = crate::openapi::schema::BigBenError),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenWriteErrors,
+        crate::openapi::schema::BigBenBodyErrors
     )
 )]
 pub(crate) async fn create(
@@ -234,10 +228,7 @@ fn segments<T>(path: Result<Path<T>, PathRejection>) -> Result<T, BigBenError> {
     responses(
         (status = 200, description = "Zero or one cron", body = Vec<CronAnswer>),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenErrors
     )
 )]
 pub(crate) async fn get(
@@ -287,12 +278,8 @@ pub(crate) async fn get(
     responses(
         (status = 200, description = "Deleted", body = crate::bigben::StatusOk),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
         (status = 404, description = "Not found", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenWriteErrors
     )
 )]
 pub(crate) async fn delete(

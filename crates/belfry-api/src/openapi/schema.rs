@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use utoipa::ToSchema;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::{Ref, RefOr};
+use utoipa::{IntoParams, ToSchema};
 
 /// `/v1`'s error envelope.
 #[derive(ToSchema)]
@@ -28,30 +28,17 @@ pub struct V1ErrorDetail {
     pub message: String,
 }
 
-/// The answers every authenticated `/v1` route may give besides its own:
-/// no valid key, a key that may not do this, a rate limit or quota, an
-/// internal error and an unavailable store, each with [`V1Error`]. Listed
-/// once here and named last in each route's `responses(...)`.
-pub struct V1Errors;
-
-impl utoipa::IntoResponses for V1Errors {
-    fn responses() -> BTreeMap<String, utoipa::openapi::RefOr<utoipa::openapi::Response>> {
-        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
-        [
-            ("401", "No valid key"),
-            ("403", "The key may not do this"),
-            ("429", "Rate limit or quota"),
-            ("500", "Internal error (details only in the log)"),
-            (
-                "503",
-                "Store unavailable, or a key this node has not seen yet while its reads of \
-                 unknown keys are at their budget; retry (Retry-After)",
-            ),
-        ]
-        .into_iter()
-        .map(|(status, description)| {
+/// Responses of `schema` (a component's name), one per `(status,
+/// description)`, for the `IntoResponses` sets below.
+fn error_responses(
+    schema: &str,
+    rows: &[(&str, &str)],
+) -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+    use utoipa::openapi::{ContentBuilder, ResponseBuilder};
+    rows.iter()
+        .map(|&(status, description)| {
             let body = ContentBuilder::new()
-                .schema(Some(Ref::from_schema_name("V1Error")))
+                .schema(Some(Ref::from_schema_name(schema)))
                 .build();
             let response = ResponseBuilder::new()
                 .description(description)
@@ -60,7 +47,162 @@ impl utoipa::IntoResponses for V1Errors {
             (status.to_string(), response.into())
         })
         .collect()
-    }
+}
+
+/// Defines a unit type whose `IntoResponses` are `rows` with `schema`'s
+/// body, to be named in `responses(...)` instead of repeating the rows.
+macro_rules! error_set {
+    ($(#[$doc:meta])* $name:ident, $schema:literal, $rows:expr) => {
+        $(#[$doc])*
+        pub struct $name;
+
+        impl utoipa::IntoResponses for $name {
+            fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+                error_responses($schema, &$rows)
+            }
+        }
+    };
+}
+
+const BAD_INPUT: (&str, &str) = ("400", "Bad input");
+const NOT_JSON: (&str, &str) = ("415", "Not JSON");
+const NO_KEY: (&str, &str) = ("401", "No valid key");
+const FORBIDDEN: (&str, &str) = ("403", "The key may not do this");
+const RATE_LIMIT: (&str, &str) = ("429", "Rate limit or quota");
+const INTERNAL: (&str, &str) = ("500", "Internal error (details only in the log)");
+const STORE_DOWN: (&str, &str) = ("503", "Store unavailable; retry");
+const V1_UNKNOWN: (&str, &str) = ("404", "Unknown tenant, event, schedule or key");
+
+error_set!(
+    /// The answers every authenticated `/v1` route may give besides its own:
+    /// no valid key, a key that may not do this, a rate limit or quota, an
+    /// internal error and an unavailable store, each with [`V1Error`]. Listed
+    /// once here and named last in each route's `responses(...)`.
+    V1Errors,
+    "V1Error",
+    [
+        NO_KEY,
+        FORBIDDEN,
+        RATE_LIMIT,
+        INTERNAL,
+        (
+            "503",
+            "Store unavailable, or a key this node has not seen yet while its reads of \
+             unknown keys are at their budget; retry (Retry-After)",
+        ),
+    ]
+);
+
+error_set!(
+    /// No valid key (401), a key that may not do this (403) and a rate
+    /// limit (429): the gate's answers on routes that reach no store.
+    V1GateErrors,
+    "V1Error",
+    [NO_KEY, FORBIDDEN, RATE_LIMIT]
+);
+
+error_set!(
+    /// The 401, 429, 500 and 503 of `/v1` routes that list neither
+    /// [`V1Errors`] nor a 403.
+    V1KeyErrors,
+    "V1Error",
+    [NO_KEY, RATE_LIMIT, INTERNAL, STORE_DOWN]
+);
+
+error_set!(
+    /// Bad input (400) and an unknown tenant, event, schedule or key (404).
+    V1InputErrors,
+    "V1Error",
+    [BAD_INPUT, V1_UNKNOWN]
+);
+
+error_set!(
+    /// [`V1InputErrors`] and those of a JSON body: too large (413), not
+    /// JSON (415).
+    V1BodyErrors,
+    "V1Error",
+    [
+        BAD_INPUT,
+        V1_UNKNOWN,
+        ("413", "Body or payload too large"),
+        NOT_JSON
+    ]
+);
+
+error_set!(
+    /// An unknown tenant (404) and a JSON body too large (413) or not JSON
+    /// (415).
+    V1TenantBodyErrors,
+    "V1Error",
+    [("404", "Unknown tenant"), ("413", "Body too large"), NOT_JSON]
+);
+
+error_set!(
+    /// [`V1GateErrors`] with [`BigBenError`].
+    BigBenGateErrors,
+    "BigBenError",
+    [NO_KEY, FORBIDDEN, RATE_LIMIT]
+);
+
+error_set!(
+    /// [`V1KeyErrors`] with [`BigBenError`].
+    BigBenErrors,
+    "BigBenError",
+    [NO_KEY, RATE_LIMIT, INTERNAL, STORE_DOWN]
+);
+
+error_set!(
+    /// [`BigBenErrors`] and a key that may not do this (403), for BigBen's
+    /// writes.
+    BigBenWriteErrors,
+    "BigBenError",
+    [NO_KEY, FORBIDDEN, RATE_LIMIT, INTERNAL, STORE_DOWN]
+);
+
+error_set!(
+    /// A BigBen body's bad input (400), too large (413) and not JSON (415).
+    BigBenBodyErrors,
+    "BigBenError",
+    [BAD_INPUT, ("413", "Body too large"), NOT_JSON]
+);
+
+/// The `{tenant}` of a `/v1` path.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TenantPath {
+    /// Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)
+    #[param(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
+    pub tenant: String,
+}
+
+/// The `{id}` of a `/v1` event's path (after [`TenantPath`]).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct EventIdPath {
+    /// Event id (1 to 500 bytes, no control characters), one percent-encoded segment
+    #[param(
+        min_length = 1,
+        max_length = 500,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
+    pub id: String,
+}
+
+/// The `{id}` of a `/v1` schedule's path (after [`TenantPath`]).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ScheduleIdPath {
+    /// Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment
+    #[param(
+        min_length = 1,
+        max_length = 400,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$"
+    )]
+    pub id: String,
 }
 
 /// BigBen's error envelope.

@@ -226,9 +226,7 @@ async fn visible(state: &ApiState, principal: &Principal, id: &str) -> Result<Bu
         (status = 202, description = "Started; follow it at Location", body = BulkActionView,
             headers(("Location" = String, description = "/v1/bulk-actions/{id}"))),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1TenantBodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]

@@ -280,15 +280,12 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error
     tag = "events",
     operation_id = "put_event",
     summary = "Schedule (201) or update (200) one event",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     request_body(content = PutEvent, content_type = "application/json"),
     responses(
         (status = 201, description = "Scheduled", body = EventView),
         (status = 200, description = "Updated (moved when deliver_at changed)", body = EventView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -362,11 +359,10 @@ async fn admit_write<E>(
     tag = "events",
     operation_id = "get_event",
     summary = "An event's status",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 200, description = "The event", body = EventView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -389,13 +385,12 @@ pub(crate) async fn get(
     tag = "events",
     operation_id = "cancel_event",
     summary = "Cancel a pending event",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 200, description = "Cancelled", body = EventView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Already finished", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -428,7 +423,7 @@ pub(crate) async fn cancel(
     tag = "events",
     operation_id = "redrive_event",
     summary = "Send a failed or missed event again, now, as a new version",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 200, description = "Pending again, due now", body = EventView),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
@@ -482,7 +477,7 @@ pub(crate) async fn redrive(
     tag = "events",
     operation_id = "delete_event",
     summary = "Delete a finished event and its history",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 204, description = "Deleted"),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
@@ -535,14 +530,11 @@ pub(crate) async fn delete(
     tag = "events",
     operation_id = "schedule_events",
     summary = "Schedule many events; each item answered on its own",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    params(crate::openapi::schema::TenantPath),
     request_body(content = Batch, content_type = "application/json"),
     responses(
         (status = 200, description = "Per-item results in input order", body = BatchAnswer),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -767,11 +759,10 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
     tag = "events",
     operation_id = "list_events",
     summary = "A page of a tenant's events",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("status" = Option<String>, Query, pattern = "^(scheduled|retrying|delivered|failed|missed|cancelled)$", description = "scheduled, retrying, delivered, failed, missed or cancelled"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, format = DateTime, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:t[0-9a-fA-F]{16})?(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
+    params(crate::openapi::schema::TenantPath, ("status" = Option<String>, Query, pattern = "^(scheduled|retrying|delivered|failed|missed|cancelled)$", description = "scheduled, retrying, delivered, failed, missed or cancelled"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, format = DateTime, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:t[0-9a-fA-F]{16})?(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = EventList),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -874,11 +865,10 @@ pub(crate) async fn list(
     tag = "events",
     operation_id = "list_attempts",
     summary = "An event's delivery history, oldest first",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 200, description = "The attempts", body = Attempts),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]

@@ -336,15 +336,12 @@ pub(crate) async fn require_tenant(state: &ApiState, name: &TenantName) -> Resul
     tag = "schedules",
     operation_id = "put_schedule",
     summary = "Create (201) or replace (200) a recurring schedule",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     request_body(content = PutSchedule, content_type = "application/json"),
     responses(
         (status = 201, description = "Created", body = ScheduleView),
         (status = 200, description = "Replaced", body = ScheduleView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -406,11 +403,10 @@ pub(crate) async fn put(
     tag = "schedules",
     operation_id = "get_schedule",
     summary = "A schedule",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "The schedule", body = ScheduleView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -440,13 +436,10 @@ pub(crate) async fn get(
     tag = "schedules",
     operation_id = "delete_schedule",
     summary = "Delete a schedule; future occurrences are cancelled",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "The schedule as it was (status deleted)", body = ScheduleView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -480,13 +473,10 @@ pub(crate) async fn delete(
     tag = "schedules",
     operation_id = "pause_schedule",
     summary = "Pause a schedule",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "Paused", body = ScheduleView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -511,13 +501,10 @@ pub(crate) async fn pause(
     tag = "schedules",
     operation_id = "resume_schedule",
     summary = "Resume a schedule from now",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "Resumed", body = ScheduleView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -580,11 +567,10 @@ fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), A
     tag = "schedules",
     operation_id = "list_schedules",
     summary = "A page of a tenant's schedules",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-35-6][0-9a-fA-F]|4[1-9a-fA-F]|7[0-9a-eA-E]){1,400}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
+    params(crate::openapi::schema::TenantPath, ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-35-6][0-9a-fA-F]|4[1-9a-fA-F]|7[0-9a-eA-E]){1,400}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = ScheduleList),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -688,11 +674,10 @@ pub(crate) struct Preview {
     tag = "schedules",
     operation_id = "list_occurrences",
     summary = "A schedule's occurrences in instant order",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath, ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = OccurrenceList),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -773,10 +758,7 @@ pub(crate) async fn occurrences(
     responses(
         (status = 200, description = "The occurrences", body = Preview),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1KeyErrors
     )
 )]
 pub(crate) async fn preview(State(state): State<ApiState>, uri: Uri) -> Result<Response, V1Error> {

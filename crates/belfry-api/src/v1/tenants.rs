@@ -351,10 +351,7 @@ impl SinkSpec {
     responses(
         (status = 200, description = "Tenants by name", body = TenantList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1KeyErrors
     )
 )]
 pub(crate) async fn list(
@@ -376,11 +373,10 @@ pub(crate) async fn list(
     tag = "tenants",
     operation_id = "get_tenant",
     summary = "A tenant",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    params(crate::openapi::schema::TenantPath),
     responses(
         (status = 200, description = "The tenant", body = TenantView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -403,15 +399,12 @@ pub(crate) async fn get(
     tag = "tenants",
     operation_id = "put_tenant",
     summary = "Register (201) or replace (200) a tenant",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    params(crate::openapi::schema::TenantPath),
     request_body(content = PutTenant, content_type = "application/json"),
     responses(
         (status = 201, description = "Registered; the answer carries signing_secret once", body = TenantView),
         (status = 200, description = "Replaced", body = TenantView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -472,14 +465,11 @@ pub(crate) async fn put(
     tag = "tenants",
     operation_id = "delete_tenant",
     summary = "Remove an empty tenant and revoke its keys",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    params(crate::openapi::schema::TenantPath),
     responses(
         (status = 204, description = "Removed; its keys are revoked"),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 409, description = "tenant_not_empty: it still holds events or schedules", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
