@@ -138,6 +138,21 @@ error_set!(
 );
 
 error_set!(
+    /// Bad input (400), an unknown tenant or event (404) and not JSON
+    /// (415): an action on one event.
+    V1EventActionErrors,
+    "V1Error",
+    [BAD_INPUT, ("404", "Unknown tenant or event"), NOT_JSON]
+);
+
+error_set!(
+    /// The 401, 429, 500 and 503 of the bulk-action reads.
+    BulkReadErrors,
+    "V1Error",
+    [NO_KEY, ("429", "Rate limit"), INTERNAL, STORE_DOWN]
+);
+
+error_set!(
     /// [`V1GateErrors`] with [`BigBenError`].
     BigBenGateErrors,
     "BigBenError",
@@ -202,6 +217,14 @@ pub struct ScheduleIdPath {
         max_length = 400,
         pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$"
     )]
+    pub id: String,
+}
+
+/// The `{id}` of a bulk action's path.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct BulkActionPath {
+    /// Bulk action id, bulk_...
     pub id: String,
 }
 

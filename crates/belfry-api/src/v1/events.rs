@@ -202,6 +202,11 @@ fn event_id(text: String) -> Result<EventId, ApiError> {
     EventId::new(text).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
 }
 
+/// The checked tenant and id of an event's path.
+fn event_key(tenant: String, id: String) -> Result<EventKey, V1Error> {
+    Ok(EventKey::new(tenant_name(tenant)?, event_id(id)?))
+}
+
 fn event_not_found(key: &EventKey) -> V1Error {
     V1Error(ApiError::new(
         Code::EventNotFound,
@@ -294,8 +299,7 @@ pub(crate) async fn put(
     V1Path((tenant, id)): V1Path<(String, String)>,
     V1Json(body): V1Json<PutEvent>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = event_id(id)?;
+    let key = event_key(tenant, id)?;
     let pull = PullFields {
         queue: body.queue,
         max_attempts: body.max_attempts.map(Whole::get),
@@ -303,7 +307,6 @@ pub(crate) async fn put(
     };
     let command = upsert(&body.deliver_at, body.payload, body.delivery, pull)?;
     let mut pipeline = Pipeline::new(&state.engine, &Admitted);
-    let key = EventKey::new(tenant, id);
     let checked = admit_write(&mut pipeline.tenants, (), key, command).await;
     pipeline.push(checked);
     let written = pipeline
@@ -370,7 +373,7 @@ pub(crate) async fn get(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let key = event_key(tenant, id)?;
     match state.engine.store().get_event(&key).await? {
         Some(record) => Ok(Json(EventView::from(&record)).into_response()),
         None => Err(event_not_found(&key)),
@@ -398,7 +401,7 @@ pub(crate) async fn cancel(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let key = event_key(tenant, id)?;
     let applied = apply_one(&state, key.clone(), EventCommand::Cancel).await?;
     match applied.outcome {
         CommandOutcome::Cancelled => Ok(Json(record_view(&applied)?).into_response()),
@@ -426,10 +429,8 @@ pub(crate) async fn cancel(
     params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 200, description = "Pending again, due now", body = EventView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant or event", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Not failed or missed", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1EventActionErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -438,21 +439,14 @@ pub(crate) async fn redrive(
     principal: Principal,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let key = event_key(tenant, id)?;
     let command = EventCommand::Redrive {
         new_version: EventVersion::generate(),
     };
     let applied = apply_one(&state, key.clone(), command).await?;
     match applied.outcome {
         CommandOutcome::Redriven => {
-            crate::auth::routes::audit(
-                &state,
-                &principal,
-                AuditAction::EventRedriven,
-                Some(&key.tenant),
-                Some(key.id.as_str().to_string()),
-            )
-            .await;
+            audit_event(&state, &principal, AuditAction::EventRedriven, &key).await;
             Ok(Json(record_view(&applied)?).into_response())
         }
         CommandOutcome::NotRedrivable(status) => Err(V1Error(ApiError::new(
@@ -464,6 +458,12 @@ pub(crate) async fn redrive(
         ))),
         _ => Err(event_not_found(&key)),
     }
+}
+
+/// Records `action` on `key` in the audit log, with who did it.
+async fn audit_event(state: &ApiState, principal: &Principal, action: AuditAction, key: &EventKey) {
+    let target = Some(key.id.as_str().to_string());
+    crate::auth::routes::audit(state, principal, action, Some(&key.tenant), target).await;
 }
 
 /// Deletes a finished event (`POST .../events/{id}/delete`) with its
@@ -480,10 +480,8 @@ pub(crate) async fn redrive(
     params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant or event", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Still pending: cancel it first", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1EventActionErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -492,17 +490,10 @@ pub(crate) async fn delete(
     principal: Principal,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let key = event_key(tenant, id)?;
     let store = state.engine.store();
     if store.delete_finished(std::slice::from_ref(&key)).await? == [true] {
-        crate::auth::routes::audit(
-            &state,
-            &principal,
-            AuditAction::EventDeleted,
-            Some(&key.tenant),
-            Some(key.id.as_str().to_string()),
-        )
-        .await;
+        audit_event(&state, &principal, AuditAction::EventDeleted, &key).await;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     // Not deleted: say why (it may have changed since; either answer was
@@ -876,7 +867,7 @@ pub(crate) async fn attempts(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let key = event_key(tenant, id)?;
     let store = state.engine.store();
     if store.get_event(&key).await?.is_none() {
         return Err(event_not_found(&key));

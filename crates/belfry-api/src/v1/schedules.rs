@@ -211,6 +211,11 @@ pub(crate) fn schedule_id(text: String) -> Result<ScheduleId, ApiError> {
     ScheduleId::new(text).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
 }
 
+/// The checked tenant and id of a schedule's path.
+fn schedule_path(tenant: String, id: String) -> Result<(TenantName, ScheduleId), V1Error> {
+    Ok((tenant_name(tenant)?, schedule_id(id)?))
+}
+
 /// Missed occurrences beyond the per-firing recording cap.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct MissedView {
@@ -350,8 +355,7 @@ pub(crate) async fn put(
     V1Path((tenant, id)): V1Path<(String, String)>,
     V1Json(body): V1Json<PutSchedule>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     let schedule = Definition {
         expression: body.expression,
         kind: body.kind,
@@ -414,8 +418,7 @@ pub(crate) async fn get(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     match state
         .engine
         .schedules()
@@ -447,8 +450,7 @@ pub(crate) async fn delete(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     let before = state
         .engine
         .schedules()
@@ -484,8 +486,7 @@ pub(crate) async fn pause(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     let paused = state
         .engine
         .schedules()
@@ -512,8 +513,7 @@ pub(crate) async fn resume(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     let resumed = state
         .engine
         .schedules()
@@ -687,8 +687,7 @@ pub(crate) async fn occurrences(
     V1Path((tenant, id)): V1Path<(String, String)>,
     uri: Uri,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     let (limit, mut cursor) = page_query(&uri, &state)?;
     let first_page = cursor.is_none();
     let reservation = match budget.reserve().await {
