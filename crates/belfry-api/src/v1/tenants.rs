@@ -251,15 +251,26 @@ impl SinkSpec {
             Some(Value::Bool(on)) => Some(on),
             Some(_) => return Err(invalid_sink("sink.transactional must be true or false")),
         };
-        let no_pull_fields = |pull: &PullSpec| match pull.first_given() {
-            Some(name) => Err(invalid_sink(format!(
-                "field {name} does not apply to sink type {kind}"
-            ))),
-            None => Ok(()),
-        };
-        let unexpected = |fields: &[(&str, bool)]| -> Result<(), V1Error> {
-            match fields.iter().find(|(_, present)| *present) {
-                Some((name, _)) => Err(invalid_sink(format!(
+        let given = [
+            ("url", url.is_some()),
+            ("headers", headers.is_some()),
+            ("timeout_ms", timeout_ms.is_some()),
+            ("processor", processor.is_some()),
+            ("topic", topic.is_some()),
+            ("props", props.is_some()),
+            ("key", key.is_some()),
+            ("transactional", transactional.is_some()),
+        ];
+        // Refuses the first field given that `kind` does not use: one of
+        // `allowed` or, for the pull type only, a pull field.
+        let only = |allowed: &[&str]| -> Result<(), V1Error> {
+            let stray = given
+                .iter()
+                .find(|(name, present)| *present && !allowed.contains(name))
+                .map(|(name, _)| *name)
+                .or_else(|| (kind != "pull").then(|| pull.first_given()).flatten());
+            match stray {
+                Some(name) => Err(invalid_sink(format!(
                     "field {name} does not apply to sink type {kind}"
                 ))),
                 None => Ok(()),
@@ -267,14 +278,7 @@ impl SinkSpec {
         };
         let sink = match kind.as_str() {
             "http" => {
-                unexpected(&[
-                    ("processor", processor.is_some()),
-                    ("topic", topic.is_some()),
-                    ("props", props.is_some()),
-                    ("key", key.is_some()),
-                    ("transactional", transactional.is_some()),
-                ])?;
-                no_pull_fields(&pull)?;
+                only(&["url", "headers", "timeout_ms"])?;
                 SinkConfig::Http(HttpTarget {
                     url: url.ok_or_else(|| invalid_sink("sink.url is required for type http"))?,
                     headers: headers.unwrap_or_default(),
@@ -282,16 +286,7 @@ impl SinkSpec {
                 })
             }
             "builtin" => {
-                unexpected(&[
-                    ("url", url.is_some()),
-                    ("headers", headers.is_some()),
-                    ("timeout_ms", timeout_ms.is_some()),
-                    ("topic", topic.is_some()),
-                    ("props", props.is_some()),
-                    ("key", key.is_some()),
-                    ("transactional", transactional.is_some()),
-                ])?;
-                no_pull_fields(&pull)?;
+                only(&["processor"])?;
                 SinkConfig::Builtin(BuiltinTarget {
                     processor: processor.ok_or_else(|| {
                         invalid_sink("sink.processor is required for type builtin")
@@ -299,13 +294,7 @@ impl SinkSpec {
                 })
             }
             "kafka" => {
-                unexpected(&[
-                    ("url", url.is_some()),
-                    ("headers", headers.is_some()),
-                    ("timeout_ms", timeout_ms.is_some()),
-                    ("processor", processor.is_some()),
-                ])?;
-                no_pull_fields(&pull)?;
+                only(&["topic", "props", "key", "transactional"])?;
                 SinkConfig::Kafka(KafkaTarget {
                     topic: topic
                         .ok_or_else(|| invalid_sink("sink.topic is required for type kafka"))?,
@@ -315,16 +304,7 @@ impl SinkSpec {
                 })
             }
             "pull" => {
-                unexpected(&[
-                    ("url", url.is_some()),
-                    ("headers", headers.is_some()),
-                    ("timeout_ms", timeout_ms.is_some()),
-                    ("processor", processor.is_some()),
-                    ("topic", topic.is_some()),
-                    ("props", props.is_some()),
-                    ("key", key.is_some()),
-                    ("transactional", transactional.is_some()),
-                ])?;
+                only(&[])?;
                 SinkConfig::Pull(pull_target(pull, "sink.").map_err(invalid_sink)?)
             }
             other => {
