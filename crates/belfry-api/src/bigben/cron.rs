@@ -224,7 +224,7 @@ fn segments<T>(path: Result<Path<T>, PathRejection>) -> Result<T, BigBenError> {
     tag = "bigben",
     operation_id = "bigben_get_cron",
     summary = "A cron (zero or one)",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`); a name that cannot exist has no cron"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("describe" = Option<bool>, Query, description = "add a description")),
+    params(crate::openapi::schema::CronPath, ("describe" = Option<bool>, Query, description = "add a description")),
     responses(
         (status = 200, description = "Zero or one cron", body = Vec<CronAnswer>),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
@@ -274,7 +274,7 @@ pub(crate) async fn get(
     tag = "bigben",
     operation_id = "bigben_delete_cron",
     summary = "Delete a cron of a type (or *)",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`); a name that cannot exist has no cron"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("type" = String, Path, pattern = "^(?:\\*|\\s*(?:[Uu][Nn][Ii][Xx]|[Qq][Uu][Aa][Rr][Tt][Zz]|[Ss][Pp][Rr][Ii][Nn][Gg]|[Cc][Rr][Oo][Nn]4[Jj]|[Ee][Vv][Ee][Rr][Yy]|[Ii][Nn][Tt][Ee][Rr][Vv][Aa][Ll])\\s*)$", description = "The cron type (any case) or *")),
+    params(crate::openapi::schema::CronPath, ("type" = String, Path, pattern = "^(?:\\*|\\s*(?:[Uu][Nn][Ii][Xx]|[Qq][Uu][Aa][Rr][Tt][Zz]|[Ss][Pp][Rr][Ii][Nn][Gg]|[Cc][Rr][Oo][Nn]4[Jj]|[Ee][Vv][Ee][Rr][Yy]|[Ii][Nn][Tt][Ee][Rr][Vv][Aa][Ll])\\s*)$", description = "The cron type (any case) or *")),
     responses(
         (status = 200, description = "Deleted", body = crate::bigben::StatusOk),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),

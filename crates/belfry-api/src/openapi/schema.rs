@@ -228,6 +228,16 @@ pub struct BulkActionPath {
     pub id: String,
 }
 
+/// The `{tenant}` and `{id}` of a BigBen cron's path.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct CronPath {
+    /// Tenant name, one percent-encoded segment (`/` as `%2F`); a name that cannot exist has no cron
+    pub tenant: String,
+    /// Schedule id, one percent-encoded segment
+    pub id: String,
+}
+
 /// BigBen's error envelope.
 #[derive(ToSchema)]
 #[schema(example = json!({"message": "tenant must not be null"}))]
