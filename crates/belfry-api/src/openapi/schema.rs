@@ -49,10 +49,11 @@ fn error_responses(
         .collect()
 }
 
-/// Defines a unit type whose `IntoResponses` are `rows` with `schema`'s
-/// body, to be named in `responses(...)` instead of repeating the rows.
-macro_rules! error_set {
-    ($(#[$doc:meta])* $name:ident, $schema:literal, $rows:expr) => {
+/// Defines, for each `Name("Schema") = [rows];`, a unit type whose
+/// `IntoResponses` are `rows` with `Schema`'s body, to be named in
+/// `responses(...)` instead of repeating the rows.
+macro_rules! error_sets {
+    ($($(#[$doc:meta])* $name:ident($schema:literal) = $rows:expr;)*) => {$(
         $(#[$doc])*
         pub struct $name;
 
@@ -61,7 +62,7 @@ macro_rules! error_set {
                 error_responses($schema, &$rows)
             }
         }
-    };
+    )*};
 }
 
 const BAD_INPUT: (&str, &str) = ("400", "Bad input");
@@ -71,115 +72,49 @@ const FORBIDDEN: (&str, &str) = ("403", "The key may not do this");
 const RATE_LIMIT: (&str, &str) = ("429", "Rate limit or quota");
 const INTERNAL: (&str, &str) = ("500", "Internal error (details only in the log)");
 const STORE_DOWN: (&str, &str) = ("503", "Store unavailable; retry");
+/// [`V1Errors`]' 503, which also covers a key not seen yet.
+const V1_STORE_DOWN: (&str, &str) = (
+    "503",
+    "Store unavailable, or a key this node has not seen yet while its reads of unknown keys \
+     are at their budget; retry (Retry-After)",
+);
 const V1_UNKNOWN: (&str, &str) = ("404", "Unknown tenant, event, schedule or key");
 
-error_set!(
+error_sets! {
     /// The answers every authenticated `/v1` route may give besides its own:
     /// no valid key, a key that may not do this, a rate limit or quota, an
     /// internal error and an unavailable store, each with [`V1Error`]. Listed
     /// once here and named last in each route's `responses(...)`.
-    V1Errors,
-    "V1Error",
-    [
-        NO_KEY,
-        FORBIDDEN,
-        RATE_LIMIT,
-        INTERNAL,
-        (
-            "503",
-            "Store unavailable, or a key this node has not seen yet while its reads of \
-             unknown keys are at their budget; retry (Retry-After)",
-        ),
-    ]
-);
-
-error_set!(
+    V1Errors("V1Error") = [NO_KEY, FORBIDDEN, RATE_LIMIT, INTERNAL, V1_STORE_DOWN];
     /// No valid key (401), a key that may not do this (403) and a rate
     /// limit (429): the gate's answers on routes that reach no store.
-    V1GateErrors,
-    "V1Error",
-    [NO_KEY, FORBIDDEN, RATE_LIMIT]
-);
-
-error_set!(
+    V1GateErrors("V1Error") = [NO_KEY, FORBIDDEN, RATE_LIMIT];
     /// The 401, 429, 500 and 503 of `/v1` routes that list neither
     /// [`V1Errors`] nor a 403.
-    V1KeyErrors,
-    "V1Error",
-    [NO_KEY, RATE_LIMIT, INTERNAL, STORE_DOWN]
-);
-
-error_set!(
+    V1KeyErrors("V1Error") = [NO_KEY, RATE_LIMIT, INTERNAL, STORE_DOWN];
     /// Bad input (400) and an unknown tenant, event, schedule or key (404).
-    V1InputErrors,
-    "V1Error",
-    [BAD_INPUT, V1_UNKNOWN]
-);
-
-error_set!(
+    V1InputErrors("V1Error") = [BAD_INPUT, V1_UNKNOWN];
     /// [`V1InputErrors`] and those of a JSON body: too large (413), not
     /// JSON (415).
-    V1BodyErrors,
-    "V1Error",
-    [
-        BAD_INPUT,
-        V1_UNKNOWN,
-        ("413", "Body or payload too large"),
-        NOT_JSON
-    ]
-);
-
-error_set!(
+    V1BodyErrors("V1Error") = [BAD_INPUT, V1_UNKNOWN, ("413", "Body or payload too large"), NOT_JSON];
     /// An unknown tenant (404) and a JSON body too large (413) or not JSON
     /// (415).
-    V1TenantBodyErrors,
-    "V1Error",
-    [("404", "Unknown tenant"), ("413", "Body too large"), NOT_JSON]
-);
-
-error_set!(
+    V1TenantBodyErrors("V1Error") = [("404", "Unknown tenant"), ("413", "Body too large"), NOT_JSON];
     /// Bad input (400), an unknown tenant or event (404) and not JSON
     /// (415): an action on one event.
-    V1EventActionErrors,
-    "V1Error",
-    [BAD_INPUT, ("404", "Unknown tenant or event"), NOT_JSON]
-);
-
-error_set!(
+    V1EventActionErrors("V1Error") = [BAD_INPUT, ("404", "Unknown tenant or event"), NOT_JSON];
     /// The 401, 429, 500 and 503 of the bulk-action reads.
-    BulkReadErrors,
-    "V1Error",
-    [NO_KEY, ("429", "Rate limit"), INTERNAL, STORE_DOWN]
-);
-
-error_set!(
+    BulkReadErrors("V1Error") = [NO_KEY, ("429", "Rate limit"), INTERNAL, STORE_DOWN];
     /// [`V1GateErrors`] with [`BigBenError`].
-    BigBenGateErrors,
-    "BigBenError",
-    [NO_KEY, FORBIDDEN, RATE_LIMIT]
-);
-
-error_set!(
+    BigBenGateErrors("BigBenError") = [NO_KEY, FORBIDDEN, RATE_LIMIT];
     /// [`V1KeyErrors`] with [`BigBenError`].
-    BigBenErrors,
-    "BigBenError",
-    [NO_KEY, RATE_LIMIT, INTERNAL, STORE_DOWN]
-);
-
-error_set!(
+    BigBenErrors("BigBenError") = [NO_KEY, RATE_LIMIT, INTERNAL, STORE_DOWN];
     /// [`BigBenErrors`] and a key that may not do this (403), for BigBen's
     /// writes.
-    BigBenWriteErrors,
-    "BigBenError",
-    [NO_KEY, FORBIDDEN, RATE_LIMIT, INTERNAL, STORE_DOWN]
-);
-
-error_set!(
+    BigBenWriteErrors("BigBenError") = [NO_KEY, FORBIDDEN, RATE_LIMIT, INTERNAL, STORE_DOWN];
     /// A BigBen body's bad input (400), too large (413) and not JSON (415).
-    BigBenBodyErrors,
-    "BigBenError",
-    [BAD_INPUT, ("413", "Body too large"), NOT_JSON]
-);
+    BigBenBodyErrors("BigBenError") = [BAD_INPUT, ("413", "Body too large"), NOT_JSON];
+}
 
 /// The `{tenant}` of a `/v1` path.
 #[derive(IntoParams)]
