@@ -1,5 +1,7 @@
-//! The envelopes shared by many routes: the two error envelopes and the
-//! page of a byte-bounded listing. Every other shape is the view its
+//! The envelopes shared by many routes: the two error envelopes, the
+//! page of a byte-bounded listing, the named sets of error answers
+//! (`IntoResponses`) and the path parameters (`IntoParams`) that handlers
+//! list instead of repeating them. Every other shape is the view its
 //! handler answers with (`ToSchema` next to the handler), so the document
 //! cannot drift from the answers; `crates/belfry/tests/openapi_contract.rs`
 //! (schemathesis) checks every answer against it.
