@@ -139,9 +139,7 @@ impl ClusterView for SingleNode {
     summary = "What this node last saw of the cluster (admin)",
     responses(
         (status = 200, description = "Leader, nodes and their partitions", body = ClusterStatus),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1GateErrors
     )
 )]
 pub(crate) async fn status(

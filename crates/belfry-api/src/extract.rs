@@ -15,7 +15,7 @@
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
-use axum::http::{Uri, header};
+use axum::http::{HeaderValue, Uri, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
@@ -359,9 +359,18 @@ where
 }
 
 fn check_content_type(req: &Request) -> Result<(), ApiError> {
-    let Some(value) = req.headers().get(header::CONTENT_TYPE) else {
-        return Ok(());
-    };
+    match req.headers().get(header::CONTENT_TYPE) {
+        Some(value) if !is_json_media_type(value) => Err(ApiError::new(
+            Code::UnsupportedMediaType,
+            "Content-Type must be application/json",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a `Content-Type` names JSON: `application/json` or
+/// `application/*+json`, any case, parameters ignored.
+pub(crate) fn is_json_media_type(value: &HeaderValue) -> bool {
     let mime = value
         .to_str()
         .unwrap_or_default()
@@ -370,14 +379,7 @@ fn check_content_type(req: &Request) -> Result<(), ApiError> {
         .unwrap_or_default()
         .trim()
         .to_ascii_lowercase();
-    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
-        Ok(())
-    } else {
-        Err(ApiError::new(
-            Code::UnsupportedMediaType,
-            "Content-Type must be application/json",
-        ))
-    }
+    mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
 }
 
 /// Whole numbers as JSON Schema reads them: `2.0` is the integer 2, so a

@@ -14,7 +14,7 @@ use crate::ApiState;
 use crate::auth::rules::{Hide, Keys, Rule, RuleBook};
 use crate::auth::{AuthMode, Lookup, Principal, Scope, unauthorized};
 use crate::error::{ApiError, BigBenError, Code, V1Error, family_error};
-use crate::extract::{query_pairs, query_value};
+use crate::extract::{is_json_media_type, query_pairs, query_value};
 
 /// A tenant key with the `worker` role.
 fn is_worker(principal: &Principal) -> bool {
@@ -212,26 +212,11 @@ fn check_browser_write(request: &Request) -> Result<(), ApiError> {
     }
     let headers = request.headers();
     match headers.get(header::CONTENT_TYPE) {
-        Some(value) => {
-            let mime = value
-                .to_str()
-                .unwrap_or_default()
-                .split(';')
-                .next()
-                .unwrap_or_default()
-                .trim()
-                .to_ascii_lowercase();
-            let json = mime == "application/json"
-                || (mime.starts_with("application/") && mime.ends_with("+json"));
-            if json {
-                Ok(())
-            } else {
-                Err(ApiError::new(
-                    Code::UnsupportedMediaType,
-                    "a write without an API key must have Content-Type: application/json",
-                ))
-            }
-        }
+        Some(value) if is_json_media_type(value) => Ok(()),
+        Some(_) => Err(ApiError::new(
+            Code::UnsupportedMediaType,
+            "a write without an API key must have Content-Type: application/json",
+        )),
         None => {
             let from_browser = headers.contains_key(header::ORIGIN)
                 || headers.contains_key("sec-fetch-site")

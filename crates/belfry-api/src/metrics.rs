@@ -25,10 +25,8 @@ static LAST_OWNED: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     summary = "Prometheus metrics of this node (admin); see docs/operations.md",
     responses(
         (status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain"),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Metrics are not enabled on this node", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1GateErrors
     )
 )]
 pub(crate) async fn scrape(State(state): State<ApiState>) -> Response {

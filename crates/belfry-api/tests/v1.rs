@@ -103,6 +103,40 @@ async fn tenant_crud() {
     h.shutdown().await;
 }
 
+/// A sink field its type does not use is refused by name: the first one
+/// given, then a pull field on any type but pull.
+#[tokio::test]
+async fn stray_sink_fields_are_named() {
+    let h = Harness::start().await;
+    let cases = [
+        (
+            json!({ "type": "http", "url": "http://a/", "topic": "t", "processor": "log" }),
+            "field processor does not apply to sink type http",
+        ),
+        (
+            json!({ "type": "http", "url": "http://a/", "max_attempts": 3 }),
+            "field max_attempts does not apply to sink type http",
+        ),
+        (
+            json!({ "type": "builtin", "processor": "log", "timeout_ms": 5 }),
+            "field timeout_ms does not apply to sink type builtin",
+        ),
+        (
+            json!({ "type": "kafka", "topic": "t", "queues": ["a"] }),
+            "field queues does not apply to sink type kafka",
+        ),
+        (
+            json!({ "type": "pull", "max_attempts": 3, "key": "none" }),
+            "field key does not apply to sink type pull",
+        ),
+    ];
+    for (sink, message) in cases {
+        let answer = h.put("/v1/tenants/new", &json!({ "sink": sink })).await;
+        assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_sink");
+        assert_eq!(answer.body["error"]["message"], message, "{sink}");
+    }
+}
+
 #[tokio::test]
 async fn bad_tenant_requests_change_nothing() {
     let h = Harness::with_options(ApiOptions {

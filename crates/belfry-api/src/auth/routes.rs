@@ -259,10 +259,7 @@ pub(crate) async fn create(
     summary = "API keys (a tenant key: its own tenant's)",
     responses(
         (status = 200, description = "The keys", body = KeyList),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1KeyErrors
     )
 )]
 pub(crate) async fn list(
@@ -289,8 +286,7 @@ pub(crate) async fn list(
     params(("id" = String, Path, description = "Key id, key_...")),
     responses(
         (status = 204, description = "Revoked"),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]

@@ -148,15 +148,9 @@ fn required(value: Option<String>, name: &str) -> Result<String, BigBenError> {
     request_body(content = CronRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The cron and its description", body = CronAnswer),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
         (status = 404, description = "Not found", body = crate::openapi::schema::BigBenError),
-        (status = 413, description = "Body too large", body = crate::openapi::schema::BigBenError),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenWriteErrors,
+        crate::openapi::schema::BigBenBodyErrors
     )
 )]
 pub(crate) async fn create(
@@ -230,14 +224,11 @@ fn segments<T>(path: Result<Path<T>, PathRejection>) -> Result<T, BigBenError> {
     tag = "bigben",
     operation_id = "bigben_get_cron",
     summary = "A cron (zero or one)",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`); a name that cannot exist has no cron"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("describe" = Option<bool>, Query, description = "add a description")),
+    params(crate::openapi::schema::CronPath, ("describe" = Option<bool>, Query, description = "add a description")),
     responses(
         (status = 200, description = "Zero or one cron", body = Vec<CronAnswer>),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenErrors
     )
 )]
 pub(crate) async fn get(
@@ -283,16 +274,12 @@ pub(crate) async fn get(
     tag = "bigben",
     operation_id = "bigben_delete_cron",
     summary = "Delete a cron of a type (or *)",
-    params(("tenant" = String, Path, description = "Tenant name, one percent-encoded segment (`/` as `%2F`); a name that cannot exist has no cron"), ("id" = String, Path, description = "Schedule id, one percent-encoded segment"), ("type" = String, Path, pattern = "^(?:\\*|\\s*(?:[Uu][Nn][Ii][Xx]|[Qq][Uu][Aa][Rr][Tt][Zz]|[Ss][Pp][Rr][Ii][Nn][Gg]|[Cc][Rr][Oo][Nn]4[Jj]|[Ee][Vv][Ee][Rr][Yy]|[Ii][Nn][Tt][Ee][Rr][Vv][Aa][Ll])\\s*)$", description = "The cron type (any case) or *")),
+    params(crate::openapi::schema::CronPath, ("type" = String, Path, pattern = "^(?:\\*|\\s*(?:[Uu][Nn][Ii][Xx]|[Qq][Uu][Aa][Rr][Tt][Zz]|[Ss][Pp][Rr][Ii][Nn][Gg]|[Cc][Rr][Oo][Nn]4[Jj]|[Ee][Vv][Ee][Rr][Yy]|[Ii][Nn][Tt][Ee][Rr][Vv][Aa][Ll])\\s*)$", description = "The cron type (any case) or *")),
     responses(
         (status = 200, description = "Deleted", body = crate::bigben::StatusOk),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
         (status = 404, description = "Not found", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenWriteErrors
     )
 )]
 pub(crate) async fn delete(

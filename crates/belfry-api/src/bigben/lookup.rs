@@ -33,10 +33,7 @@ const ATTEMPT_SCAN_LIMIT: usize = 10_000;
         (status = 200, description = "The event", body = EventResponse),
         (status = 404, description = "Unknown or cancelled", body = crate::bigben::BigBenNotFound),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenErrors
     )
 )]
 pub(crate) async fn find(State(state): State<ApiState>, uri: Uri) -> Result<Response, BigBenError> {
@@ -65,12 +62,8 @@ pub(crate) async fn find(State(state): State<ApiState>, uri: Uri) -> Result<Resp
         (status = 200, description = "The event after the delivery", body = EventResponse),
         (status = 404, description = "Unknown or cancelled", body = crate::bigben::BigBenNotFound),
         (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenWriteErrors
     )
 )]
 pub(crate) async fn dry_run(

@@ -66,9 +66,7 @@ pub(crate) struct BigBenNotFound {
     summary = "Node address to Master/Slave (admin)",
     responses(
         (status = 200, description = "Node address to role", body = BTreeMap<String, String>),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenGateErrors
     )
 )]
 pub(crate) async fn cluster(State(state): State<ApiState>) -> Json<BTreeMap<String, &'static str>> {

@@ -103,14 +103,8 @@ mod message {
     responses(
         (status = 200, description = "Every item answered", body = Vec<EventResponse>),
         (status = 206, description = "Some items REJECTED or ERROR", body = Vec<EventResponse>),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
-        (status = 413, description = "Body too large", body = crate::openapi::schema::BigBenError),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenWriteErrors,
+        crate::openapi::schema::BigBenBodyErrors
     )
 )]
 pub(crate) async fn schedule(

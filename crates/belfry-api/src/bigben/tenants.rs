@@ -108,15 +108,9 @@ pub(crate) struct Tenants(BTreeMap<String, ConfigView>);
     request_body(content = ProcessorConfig, content_type = "application/json"),
     responses(
         (status = 200, description = "Every tenant the key may see; a new signing secret in the webhook-signing-secret header", body = Tenants),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::BigBenError),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 403, description = "The key may not do this", body = crate::openapi::schema::BigBenError),
         (status = 404, description = "Not found", body = crate::openapi::schema::BigBenError),
-        (status = 413, description = "Body too large", body = crate::openapi::schema::BigBenError),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenWriteErrors,
+        crate::openapi::schema::BigBenBodyErrors
     )
 )]
 pub(crate) async fn register(
@@ -169,10 +163,7 @@ pub const SIGNING_SECRET_HEADER: HeaderName = HeaderName::from_static("webhook-s
     summary = "Every tenant the key may see",
     responses(
         (status = 200, description = "Tenant to ProcessorConfig", body = Tenants),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::BigBenError),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::BigBenError),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::BigBenError),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::BigBenError)
+        crate::openapi::schema::BigBenErrors
     )
 )]
 pub(crate) async fn list(

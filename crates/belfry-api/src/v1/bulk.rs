@@ -226,9 +226,7 @@ async fn visible(state: &ApiState, principal: &Principal, id: &str) -> Result<Bu
         (status = 202, description = "Started; follow it at Location", body = BulkActionView,
             headers(("Location" = String, description = "/v1/bulk-actions/{id}"))),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1TenantBodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -294,11 +292,8 @@ pub(crate) async fn create(
     responses(
         (status = 200, description = "A page", body = BulkActionList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::BulkReadErrors
     )
 )]
 pub(crate) async fn list(
@@ -376,14 +371,11 @@ pub(crate) async fn list(
     tag = "bulk-actions",
     operation_id = "get_bulk_action",
     summary = "A bulk action and its progress",
-    params(("id" = String, Path, description = "Bulk action id, bulk_...")),
+    params(crate::openapi::schema::BulkActionPath),
     responses(
         (status = 200, description = "The action", body = BulkActionView),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
         (status = 404, description = "Unknown bulk action", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::BulkReadErrors
     )
 )]
 pub(crate) async fn get(
@@ -403,7 +395,7 @@ pub(crate) async fn get(
     tag = "bulk-actions",
     operation_id = "cancel_bulk_action",
     summary = "Stop a running bulk action",
-    params(("id" = String, Path, description = "Bulk action id, bulk_...")),
+    params(crate::openapi::schema::BulkActionPath),
     responses(
         (status = 200, description = "Cancelled", body = BulkActionView),
         (status = 404, description = "Unknown bulk action", body = crate::openapi::schema::V1Error),

@@ -202,6 +202,11 @@ fn event_id(text: String) -> Result<EventId, ApiError> {
     EventId::new(text).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
 }
 
+/// The checked tenant and id of an event's path.
+fn event_key(tenant: String, id: String) -> Result<EventKey, V1Error> {
+    Ok(EventKey::new(tenant_name(tenant)?, event_id(id)?))
+}
+
 fn event_not_found(key: &EventKey) -> V1Error {
     V1Error(ApiError::new(
         Code::EventNotFound,
@@ -280,15 +285,12 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error
     tag = "events",
     operation_id = "put_event",
     summary = "Schedule (201) or update (200) one event",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     request_body(content = PutEvent, content_type = "application/json"),
     responses(
         (status = 201, description = "Scheduled", body = EventView),
         (status = 200, description = "Updated (moved when deliver_at changed)", body = EventView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -297,8 +299,7 @@ pub(crate) async fn put(
     V1Path((tenant, id)): V1Path<(String, String)>,
     V1Json(body): V1Json<PutEvent>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = event_id(id)?;
+    let key = event_key(tenant, id)?;
     let pull = PullFields {
         queue: body.queue,
         max_attempts: body.max_attempts.map(Whole::get),
@@ -306,7 +307,6 @@ pub(crate) async fn put(
     };
     let command = upsert(&body.deliver_at, body.payload, body.delivery, pull)?;
     let mut pipeline = Pipeline::new(&state.engine, &Admitted);
-    let key = EventKey::new(tenant, id);
     let checked = admit_write(&mut pipeline.tenants, (), key, command).await;
     pipeline.push(checked);
     let written = pipeline
@@ -362,11 +362,10 @@ async fn admit_write<E>(
     tag = "events",
     operation_id = "get_event",
     summary = "An event's status",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 200, description = "The event", body = EventView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -374,7 +373,7 @@ pub(crate) async fn get(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let key = event_key(tenant, id)?;
     match state.engine.store().get_event(&key).await? {
         Some(record) => Ok(Json(EventView::from(&record)).into_response()),
         None => Err(event_not_found(&key)),
@@ -389,13 +388,12 @@ pub(crate) async fn get(
     tag = "events",
     operation_id = "cancel_event",
     summary = "Cancel a pending event",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 200, description = "Cancelled", body = EventView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Already finished", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -403,7 +401,7 @@ pub(crate) async fn cancel(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let key = event_key(tenant, id)?;
     let applied = apply_one(&state, key.clone(), EventCommand::Cancel).await?;
     match applied.outcome {
         CommandOutcome::Cancelled => Ok(Json(record_view(&applied)?).into_response()),
@@ -428,13 +426,11 @@ pub(crate) async fn cancel(
     tag = "events",
     operation_id = "redrive_event",
     summary = "Send a failed or missed event again, now, as a new version",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 200, description = "Pending again, due now", body = EventView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant or event", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Not failed or missed", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1EventActionErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -443,21 +439,14 @@ pub(crate) async fn redrive(
     principal: Principal,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let key = event_key(tenant, id)?;
     let command = EventCommand::Redrive {
         new_version: EventVersion::generate(),
     };
     let applied = apply_one(&state, key.clone(), command).await?;
     match applied.outcome {
         CommandOutcome::Redriven => {
-            crate::auth::routes::audit(
-                &state,
-                &principal,
-                AuditAction::EventRedriven,
-                Some(&key.tenant),
-                Some(key.id.as_str().to_string()),
-            )
-            .await;
+            audit_event(&state, &principal, AuditAction::EventRedriven, &key).await;
             Ok(Json(record_view(&applied)?).into_response())
         }
         CommandOutcome::NotRedrivable(status) => Err(V1Error(ApiError::new(
@@ -471,6 +460,12 @@ pub(crate) async fn redrive(
     }
 }
 
+/// Records `action` on `key` in the audit log, with who did it.
+async fn audit_event(state: &ApiState, principal: &Principal, action: AuditAction, key: &EventKey) {
+    let target = Some(key.id.as_str().to_string());
+    crate::auth::routes::audit(state, principal, action, Some(&key.tenant), target).await;
+}
+
 /// Deletes a finished event (`POST .../events/{id}/delete`) with its
 /// attempt history, as the retention sweep would: 204. 409
 /// `event_pending` while it is scheduled or retrying (cancel it first);
@@ -482,13 +477,11 @@ pub(crate) async fn redrive(
     tag = "events",
     operation_id = "delete_event",
     summary = "Delete a finished event and its history",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant or event", body = crate::openapi::schema::V1Error),
         (status = 409, description = "Still pending: cancel it first", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1EventActionErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -497,17 +490,10 @@ pub(crate) async fn delete(
     principal: Principal,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let key = event_key(tenant, id)?;
     let store = state.engine.store();
     if store.delete_finished(std::slice::from_ref(&key)).await? == [true] {
-        crate::auth::routes::audit(
-            &state,
-            &principal,
-            AuditAction::EventDeleted,
-            Some(&key.tenant),
-            Some(key.id.as_str().to_string()),
-        )
-        .await;
+        audit_event(&state, &principal, AuditAction::EventDeleted, &key).await;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     // Not deleted: say why (it may have changed since; either answer was
@@ -535,14 +521,11 @@ pub(crate) async fn delete(
     tag = "events",
     operation_id = "schedule_events",
     summary = "Schedule many events; each item answered on its own",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    params(crate::openapi::schema::TenantPath),
     request_body(content = Batch, content_type = "application/json"),
     responses(
         (status = 200, description = "Per-item results in input order", body = BatchAnswer),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -767,11 +750,10 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
     tag = "events",
     operation_id = "list_events",
     summary = "A page of a tenant's events",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("status" = Option<String>, Query, pattern = "^(scheduled|retrying|delivered|failed|missed|cancelled)$", description = "scheduled, retrying, delivered, failed, missed or cancelled"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, format = DateTime, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:t[0-9a-fA-F]{16})?(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
+    params(crate::openapi::schema::TenantPath, ("status" = Option<String>, Query, pattern = "^(scheduled|retrying|delivered|failed|missed|cancelled)$", description = "scheduled, retrying, delivered, failed, missed or cancelled"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, format = DateTime, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:t[0-9a-fA-F]{16})?(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = EventList),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -874,11 +856,10 @@ pub(crate) async fn list(
     tag = "events",
     operation_id = "list_attempts",
     summary = "An event's delivery history, oldest first",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 500, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Event id (1 to 500 bytes, no control characters), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 200, description = "The attempts", body = Attempts),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -886,7 +867,7 @@ pub(crate) async fn attempts(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let key = EventKey::new(tenant_name(tenant)?, event_id(id)?);
+    let key = event_key(tenant, id)?;
     let store = state.engine.store();
     if store.get_event(&key).await?.is_none() {
         return Err(event_not_found(&key));

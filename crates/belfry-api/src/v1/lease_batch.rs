@@ -128,14 +128,12 @@ fn item_error_as(lease_id: &str, code: &str, message: &str) -> ItemAnswer {
     tag = "leases",
     operation_id = "complete_leases",
     summary = "Complete up to 100 leases of a tenant at once; each lease answered on its own",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    params(crate::openapi::schema::TenantPath),
     request_body(content = CompleteBatchBody, content_type = "application/json"),
     responses(
         (status = 200, description = "Each lease's outcome, in order", body = BatchAnswer),
         (status = 400, description = "Bad input (no lease, more than 100, a malformed lease id, a result too large); nothing was changed", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1TenantBodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]

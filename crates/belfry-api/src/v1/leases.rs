@@ -160,19 +160,17 @@ impl From<ReleaseLease> for ReleaseBody {
     tag = "leases",
     operation_id = "claim_leases",
     summary = "Claim due events of a pull tenant (long-polls up to wait_ms)",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    params(crate::openapi::schema::TenantPath),
     request_body(content = ClaimLeases, content_type = "application/json"),
     responses(
         (status = 200, description = "The leases granted (perhaps none)", body = LeaseList),
         (status = 400, description = "Bad input, or not a pull tenant", body = crate::openapi::schema::V1Error),
         (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
         (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
         (status = 429, description = "Too many claims waiting, the tenant holds its share of the node's leases (`too_many_leases`), or rate limit", body = crate::openapi::schema::V1Error),
         (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1TenantBodyErrors
     )
 )]
 pub(crate) async fn claim(

@@ -211,6 +211,11 @@ pub(crate) fn schedule_id(text: String) -> Result<ScheduleId, ApiError> {
     ScheduleId::new(text).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
 }
 
+/// The checked tenant and id of a schedule's path.
+fn schedule_path(tenant: String, id: String) -> Result<(TenantName, ScheduleId), V1Error> {
+    Ok((tenant_name(tenant)?, schedule_id(id)?))
+}
+
 /// Missed occurrences beyond the per-firing recording cap.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct MissedView {
@@ -336,15 +341,12 @@ pub(crate) async fn require_tenant(state: &ApiState, name: &TenantName) -> Resul
     tag = "schedules",
     operation_id = "put_schedule",
     summary = "Create (201) or replace (200) a recurring schedule",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     request_body(content = PutSchedule, content_type = "application/json"),
     responses(
         (status = 201, description = "Created", body = ScheduleView),
         (status = 200, description = "Replaced", body = ScheduleView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -353,8 +355,7 @@ pub(crate) async fn put(
     V1Path((tenant, id)): V1Path<(String, String)>,
     V1Json(body): V1Json<PutSchedule>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     let schedule = Definition {
         expression: body.expression,
         kind: body.kind,
@@ -406,11 +407,10 @@ pub(crate) async fn put(
     tag = "schedules",
     operation_id = "get_schedule",
     summary = "A schedule",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "The schedule", body = ScheduleView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -418,8 +418,7 @@ pub(crate) async fn get(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     match state
         .engine
         .schedules()
@@ -440,13 +439,10 @@ pub(crate) async fn get(
     tag = "schedules",
     operation_id = "delete_schedule",
     summary = "Delete a schedule; future occurrences are cancelled",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "The schedule as it was (status deleted)", body = ScheduleView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -454,8 +450,7 @@ pub(crate) async fn delete(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     let before = state
         .engine
         .schedules()
@@ -480,13 +475,10 @@ pub(crate) async fn delete(
     tag = "schedules",
     operation_id = "pause_schedule",
     summary = "Pause a schedule",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "Paused", body = ScheduleView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -494,8 +486,7 @@ pub(crate) async fn pause(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     let paused = state
         .engine
         .schedules()
@@ -511,13 +502,10 @@ pub(crate) async fn pause(
     tag = "schedules",
     operation_id = "resume_schedule",
     summary = "Resume a schedule from now",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "Resumed", body = ScheduleView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -525,8 +513,7 @@ pub(crate) async fn resume(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     let resumed = state
         .engine
         .schedules()
@@ -580,11 +567,10 @@ fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), A
     tag = "schedules",
     operation_id = "list_schedules",
     summary = "A page of a tenant's schedules",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-35-6][0-9a-fA-F]|4[1-9a-fA-F]|7[0-9a-eA-E]){1,400}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
+    params(crate::openapi::schema::TenantPath, ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-35-6][0-9a-fA-F]|4[1-9a-fA-F]|7[0-9a-eA-E]){1,400}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = ScheduleList),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -688,11 +674,10 @@ pub(crate) struct Preview {
     tag = "schedules",
     operation_id = "list_occurrences",
     summary = "A schedule's occurrences in instant order",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)"), ("id" = String, Path, min_length = 1, max_length = 400, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F@]+$", description = "Schedule id (1 to 400 bytes, no control characters, no `@`), one percent-encoded segment"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
+    params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath, ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = OccurrenceList),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -702,8 +687,7 @@ pub(crate) async fn occurrences(
     V1Path((tenant, id)): V1Path<(String, String)>,
     uri: Uri,
 ) -> Result<Response, V1Error> {
-    let tenant = tenant_name(tenant)?;
-    let id = schedule_id(id)?;
+    let (tenant, id) = schedule_path(tenant, id)?;
     let (limit, mut cursor) = page_query(&uri, &state)?;
     let first_page = cursor.is_none();
     let reservation = match budget.reserve().await {
@@ -773,10 +757,7 @@ pub(crate) async fn occurrences(
     responses(
         (status = 200, description = "The occurrences", body = Preview),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1KeyErrors
     )
 )]
 pub(crate) async fn preview(State(state): State<ApiState>, uri: Uri) -> Result<Response, V1Error> {

@@ -251,15 +251,26 @@ impl SinkSpec {
             Some(Value::Bool(on)) => Some(on),
             Some(_) => return Err(invalid_sink("sink.transactional must be true or false")),
         };
-        let no_pull_fields = |pull: &PullSpec| match pull.first_given() {
-            Some(name) => Err(invalid_sink(format!(
-                "field {name} does not apply to sink type {kind}"
-            ))),
-            None => Ok(()),
-        };
-        let unexpected = |fields: &[(&str, bool)]| -> Result<(), V1Error> {
-            match fields.iter().find(|(_, present)| *present) {
-                Some((name, _)) => Err(invalid_sink(format!(
+        let given = [
+            ("url", url.is_some()),
+            ("headers", headers.is_some()),
+            ("timeout_ms", timeout_ms.is_some()),
+            ("processor", processor.is_some()),
+            ("topic", topic.is_some()),
+            ("props", props.is_some()),
+            ("key", key.is_some()),
+            ("transactional", transactional.is_some()),
+        ];
+        // Refuses the first field given that `kind` does not use: one of
+        // `allowed` or, for the pull type only, a pull field.
+        let only = |allowed: &[&str]| -> Result<(), V1Error> {
+            let stray = given
+                .iter()
+                .find(|(name, present)| *present && !allowed.contains(name))
+                .map(|(name, _)| *name)
+                .or_else(|| (kind != "pull").then(|| pull.first_given()).flatten());
+            match stray {
+                Some(name) => Err(invalid_sink(format!(
                     "field {name} does not apply to sink type {kind}"
                 ))),
                 None => Ok(()),
@@ -267,14 +278,7 @@ impl SinkSpec {
         };
         let sink = match kind.as_str() {
             "http" => {
-                unexpected(&[
-                    ("processor", processor.is_some()),
-                    ("topic", topic.is_some()),
-                    ("props", props.is_some()),
-                    ("key", key.is_some()),
-                    ("transactional", transactional.is_some()),
-                ])?;
-                no_pull_fields(&pull)?;
+                only(&["url", "headers", "timeout_ms"])?;
                 SinkConfig::Http(HttpTarget {
                     url: url.ok_or_else(|| invalid_sink("sink.url is required for type http"))?,
                     headers: headers.unwrap_or_default(),
@@ -282,16 +286,7 @@ impl SinkSpec {
                 })
             }
             "builtin" => {
-                unexpected(&[
-                    ("url", url.is_some()),
-                    ("headers", headers.is_some()),
-                    ("timeout_ms", timeout_ms.is_some()),
-                    ("topic", topic.is_some()),
-                    ("props", props.is_some()),
-                    ("key", key.is_some()),
-                    ("transactional", transactional.is_some()),
-                ])?;
-                no_pull_fields(&pull)?;
+                only(&["processor"])?;
                 SinkConfig::Builtin(BuiltinTarget {
                     processor: processor.ok_or_else(|| {
                         invalid_sink("sink.processor is required for type builtin")
@@ -299,13 +294,7 @@ impl SinkSpec {
                 })
             }
             "kafka" => {
-                unexpected(&[
-                    ("url", url.is_some()),
-                    ("headers", headers.is_some()),
-                    ("timeout_ms", timeout_ms.is_some()),
-                    ("processor", processor.is_some()),
-                ])?;
-                no_pull_fields(&pull)?;
+                only(&["topic", "props", "key", "transactional"])?;
                 SinkConfig::Kafka(KafkaTarget {
                     topic: topic
                         .ok_or_else(|| invalid_sink("sink.topic is required for type kafka"))?,
@@ -315,16 +304,7 @@ impl SinkSpec {
                 })
             }
             "pull" => {
-                unexpected(&[
-                    ("url", url.is_some()),
-                    ("headers", headers.is_some()),
-                    ("timeout_ms", timeout_ms.is_some()),
-                    ("processor", processor.is_some()),
-                    ("topic", topic.is_some()),
-                    ("props", props.is_some()),
-                    ("key", key.is_some()),
-                    ("transactional", transactional.is_some()),
-                ])?;
+                only(&[])?;
                 SinkConfig::Pull(pull_target(pull, "sink.").map_err(invalid_sink)?)
             }
             other => {
@@ -351,10 +331,7 @@ impl SinkSpec {
     responses(
         (status = 200, description = "Tenants by name", body = TenantList),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
-        (status = 429, description = "Rate limit or quota", body = crate::openapi::schema::V1Error),
-        (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
-        (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error)
+        crate::openapi::schema::V1KeyErrors
     )
 )]
 pub(crate) async fn list(
@@ -376,11 +353,10 @@ pub(crate) async fn list(
     tag = "tenants",
     operation_id = "get_tenant",
     summary = "A tenant",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    params(crate::openapi::schema::TenantPath),
     responses(
         (status = 200, description = "The tenant", body = TenantView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1InputErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -403,15 +379,12 @@ pub(crate) async fn get(
     tag = "tenants",
     operation_id = "put_tenant",
     summary = "Register (201) or replace (200) a tenant",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    params(crate::openapi::schema::TenantPath),
     request_body(content = PutTenant, content_type = "application/json"),
     responses(
         (status = 201, description = "Registered; the answer carries signing_secret once", body = TenantView),
         (status = 200, description = "Replaced", body = TenantView),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
@@ -472,14 +445,11 @@ pub(crate) async fn put(
     tag = "tenants",
     operation_id = "delete_tenant",
     summary = "Remove an empty tenant and revoke its keys",
-    params(("tenant" = String, Path, min_length = 1, max_length = 200, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$", description = "Tenant name (1 to 200 bytes, no control characters), one percent-encoded segment (`/` as `%2F`)")),
+    params(crate::openapi::schema::TenantPath),
     responses(
         (status = 204, description = "Removed; its keys are revoked"),
-        (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
         (status = 409, description = "tenant_not_empty: it still holds events or schedules", body = crate::openapi::schema::V1Error),
-        (status = 404, description = "Unknown tenant, event, schedule or key", body = crate::openapi::schema::V1Error),
-        (status = 413, description = "Body or payload too large", body = crate::openapi::schema::V1Error),
-        (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
+        crate::openapi::schema::V1BodyErrors,
         crate::openapi::schema::V1Errors
     )
 )]
