@@ -56,27 +56,42 @@ pub struct EventRequest {
 /// Reads `mode` with a message that names the accepted values (serde's
 /// own would name a Rust type).
 fn mode_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Mode>, D::Error> {
-    Option::<String>::deserialize(deserializer)?
-        .map(|text| match text.as_str() {
-            "UPSERT" => Ok(Mode::Upsert),
-            "REMOVE" => Ok(Mode::Remove),
-            other => Err(D::Error::custom(format!(
-                "unknown mode {other:?}; expected UPSERT or REMOVE"
-            ))),
-        })
-        .transpose()
+    named_field(
+        deserializer,
+        "mode",
+        &[("UPSERT", Mode::Upsert), ("REMOVE", Mode::Remove)],
+    )
 }
 
 fn delivery_option_field<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<DeliveryOption>, D::Error> {
+    named_field(
+        deserializer,
+        "deliveryOption",
+        &[
+            ("FULL_EVENT", DeliveryOption::FullEvent),
+            ("PAYLOAD_ONLY", DeliveryOption::PayloadOnly),
+        ],
+    )
+}
+
+/// An optional string field `field` that must be one of `values`' names.
+fn named_field<'de, D: Deserializer<'de>, T: Copy>(
+    deserializer: D,
+    field: &str,
+    values: &[(&str, T)],
+) -> Result<Option<T>, D::Error> {
     Option::<String>::deserialize(deserializer)?
-        .map(|text| match text.as_str() {
-            "FULL_EVENT" => Ok(DeliveryOption::FullEvent),
-            "PAYLOAD_ONLY" => Ok(DeliveryOption::PayloadOnly),
-            other => Err(D::Error::custom(format!(
-                "unknown deliveryOption {other:?}; expected FULL_EVENT or PAYLOAD_ONLY"
-            ))),
+        .map(|text| {
+            let found = values.iter().find(|(name, _)| *name == text);
+            found.map(|&(_, value)| value).ok_or_else(|| {
+                let names: Vec<&str> = values.iter().map(|(name, _)| *name).collect();
+                D::Error::custom(format!(
+                    "unknown {field} {text:?}; expected {}",
+                    names.join(" or ")
+                ))
+            })
         })
         .transpose()
 }
