@@ -257,15 +257,10 @@ impl From<StoreError> for ApiError {
 #[derive(Debug)]
 pub struct V1Error(pub ApiError);
 
-impl From<ApiError> for V1Error {
-    fn from(error: ApiError) -> Self {
-        V1Error(error)
-    }
-}
-
-impl From<StoreError> for V1Error {
-    fn from(error: StoreError) -> Self {
-        V1Error(ApiError::from_store(&error))
+/// Whatever becomes an [`ApiError`] (a store error, say) becomes this.
+impl<E: Into<ApiError>> From<E> for V1Error {
+    fn from(error: E) -> Self {
+        V1Error(error.into())
     }
 }
 
@@ -281,15 +276,10 @@ impl IntoResponse for V1Error {
 #[derive(Debug)]
 pub struct BigBenError(pub ApiError);
 
-impl From<ApiError> for BigBenError {
-    fn from(error: ApiError) -> Self {
-        BigBenError(error)
-    }
-}
-
-impl From<StoreError> for BigBenError {
-    fn from(error: StoreError) -> Self {
-        BigBenError(ApiError::from_store(&error))
+/// Whatever becomes an [`ApiError`] (a store error, say) becomes this.
+impl<E: Into<ApiError>> From<E> for BigBenError {
+    fn from(error: E) -> Self {
+        BigBenError(error.into())
     }
 }
 
