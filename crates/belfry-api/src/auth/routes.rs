@@ -286,8 +286,7 @@ pub(crate) async fn list(
     params(("id" = String, Path, description = "Key id, key_...")),
     responses(
         (status = 204, description = "Revoked"),
-        crate::openapi::schema::V1InputErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1InputErrors
     )
 )]
 pub(crate) async fn revoke(

@@ -81,30 +81,47 @@ const V1_STORE_DOWN: (&str, &str) = (
      are at their budget; retry (Retry-After)",
 );
 const V1_UNKNOWN: (&str, &str) = ("404", "Unknown tenant, event, schedule or key");
+const TENANT_BODY: [(&str, &str); 3] = [
+    ("404", "Unknown tenant"),
+    ("413", "Body too large"),
+    NOT_JSON,
+];
+
+/// [`V1Errors`]' rows, which the sets named with it include.
+const V1_ANY_ROUTE: [(&str, &str); 5] = [NO_KEY, FORBIDDEN, RATE_LIMIT, INTERNAL, V1_STORE_DOWN];
+
+/// `rows` followed by [`V1_ANY_ROUTE`].
+fn with_v1_errors(rows: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    [rows, &V1_ANY_ROUTE].concat()
+}
 
 error_sets! {
     /// The answers every authenticated `/v1` route may give besides its own:
     /// no valid key, a key that may not do this, a rate limit or quota, an
-    /// internal error and an unavailable store, each with [`V1Error`]. Listed
-    /// once here and named last in each route's `responses(...)`.
-    V1Errors("V1Error") = [NO_KEY, FORBIDDEN, RATE_LIMIT, INTERNAL, V1_STORE_DOWN];
+    /// internal error and an unavailable store, each with [`V1Error`].
+    /// Listed once here; the sets below marked "with [`V1Errors`]" include
+    /// them, and a route naming none of those names this one last.
+    V1Errors("V1Error") = V1_ANY_ROUTE;
     /// No valid key (401), a key that may not do this (403) and a rate
     /// limit (429): the gate's answers on routes that reach no store.
     V1GateErrors("V1Error") = [NO_KEY, FORBIDDEN, RATE_LIMIT];
     /// The 401, 429, 500 and 503 of `/v1` routes that list neither
     /// [`V1Errors`] nor a 403.
     V1KeyErrors("V1Error") = [NO_KEY, RATE_LIMIT, INTERNAL, STORE_DOWN];
-    /// Bad input (400) and an unknown tenant, event, schedule or key (404).
-    V1InputErrors("V1Error") = [BAD_INPUT, V1_UNKNOWN];
+    /// Bad input (400) and an unknown tenant, event, schedule or key (404),
+    /// with [`V1Errors`].
+    V1InputErrors("V1Error") = with_v1_errors(&[BAD_INPUT, V1_UNKNOWN]);
     /// [`V1InputErrors`] and those of a JSON body: too large (413), not
-    /// JSON (415).
-    V1BodyErrors("V1Error") = [BAD_INPUT, V1_UNKNOWN, ("413", "Body or payload too large"), NOT_JSON];
+    /// JSON (415); with [`V1Errors`].
+    V1BodyErrors("V1Error") = with_v1_errors(&[BAD_INPUT, V1_UNKNOWN, ("413", "Body or payload too large"), NOT_JSON]);
     /// An unknown tenant (404) and a JSON body too large (413) or not JSON
     /// (415).
-    V1TenantBodyErrors("V1Error") = [("404", "Unknown tenant"), ("413", "Body too large"), NOT_JSON];
+    V1TenantBodyErrors("V1Error") = TENANT_BODY;
+    /// [`V1TenantBodyErrors`] with [`V1Errors`].
+    V1TenantWriteErrors("V1Error") = with_v1_errors(&TENANT_BODY);
     /// Bad input (400), an unknown tenant or event (404) and not JSON
-    /// (415): an action on one event.
-    V1EventActionErrors("V1Error") = [BAD_INPUT, ("404", "Unknown tenant or event"), NOT_JSON];
+    /// (415): an action on one event; with [`V1Errors`].
+    V1EventActionErrors("V1Error") = with_v1_errors(&[BAD_INPUT, ("404", "Unknown tenant or event"), NOT_JSON]);
     /// The 401, 429, 500 and 503 of the bulk-action reads.
     BulkReadErrors("V1Error") = [NO_KEY, ("429", "Rate limit"), INTERNAL, STORE_DOWN];
     /// [`V1GateErrors`] with [`BigBenError`].

@@ -226,8 +226,7 @@ async fn visible(state: &ApiState, principal: &Principal, id: &str) -> Result<Bu
         (status = 202, description = "Started; follow it at Location", body = BulkActionView,
             headers(("Location" = String, description = "/v1/bulk-actions/{id}"))),
         (status = 400, description = "Bad input", body = crate::openapi::schema::V1Error),
-        crate::openapi::schema::V1TenantBodyErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1TenantWriteErrors
     )
 )]
 pub(crate) async fn create(

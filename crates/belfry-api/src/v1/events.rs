@@ -290,8 +290,7 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error
     responses(
         (status = 201, description = "Scheduled", body = EventView),
         (status = 200, description = "Updated (moved when deliver_at changed)", body = EventView),
-        crate::openapi::schema::V1BodyErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1BodyErrors
     )
 )]
 pub(crate) async fn put(
@@ -365,8 +364,7 @@ async fn admit_write<E>(
     params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 200, description = "The event", body = EventView),
-        crate::openapi::schema::V1InputErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1InputErrors
     )
 )]
 pub(crate) async fn get(
@@ -393,8 +391,7 @@ pub(crate) async fn get(
         (status = 200, description = "Cancelled", body = EventView),
         (status = 409, description = "Already finished", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
-        crate::openapi::schema::V1InputErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1InputErrors
     )
 )]
 pub(crate) async fn cancel(
@@ -430,8 +427,7 @@ pub(crate) async fn cancel(
     responses(
         (status = 200, description = "Pending again, due now", body = EventView),
         (status = 409, description = "Not failed or missed", body = crate::openapi::schema::V1Error),
-        crate::openapi::schema::V1EventActionErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1EventActionErrors
     )
 )]
 pub(crate) async fn redrive(
@@ -481,8 +477,7 @@ async fn audit_event(state: &ApiState, principal: &Principal, action: AuditActio
     responses(
         (status = 204, description = "Deleted"),
         (status = 409, description = "Still pending: cancel it first", body = crate::openapi::schema::V1Error),
-        crate::openapi::schema::V1EventActionErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1EventActionErrors
     )
 )]
 pub(crate) async fn delete(
@@ -525,8 +520,7 @@ pub(crate) async fn delete(
     request_body(content = Batch, content_type = "application/json"),
     responses(
         (status = 200, description = "Per-item results in input order", body = BatchAnswer),
-        crate::openapi::schema::V1BodyErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1BodyErrors
     )
 )]
 pub(crate) async fn batch(
@@ -753,8 +747,7 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
     params(crate::openapi::schema::TenantPath, ("status" = Option<String>, Query, pattern = "^(scheduled|retrying|delivered|failed|missed|cancelled)$", description = "scheduled, retrying, delivered, failed, missed or cancelled"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, format = DateTime, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:t[0-9a-fA-F]{16})?(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = EventList),
-        crate::openapi::schema::V1InputErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1InputErrors
     )
 )]
 pub(crate) async fn list(
@@ -859,8 +852,7 @@ pub(crate) async fn list(
     params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
         (status = 200, description = "The attempts", body = Attempts),
-        crate::openapi::schema::V1InputErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1InputErrors
     )
 )]
 pub(crate) async fn attempts(

@@ -133,8 +133,7 @@ fn item_error_as(lease_id: &str, code: &str, message: &str) -> ItemAnswer {
     responses(
         (status = 200, description = "Each lease's outcome, in order", body = BatchAnswer),
         (status = 400, description = "Bad input (no lease, more than 100, a malformed lease id, a result too large); nothing was changed", body = crate::openapi::schema::V1Error),
-        crate::openapi::schema::V1TenantBodyErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1TenantWriteErrors
     )
 )]
 pub(crate) async fn complete_batch(

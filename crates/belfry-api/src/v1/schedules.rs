@@ -346,8 +346,7 @@ pub(crate) async fn require_tenant(state: &ApiState, name: &TenantName) -> Resul
     responses(
         (status = 201, description = "Created", body = ScheduleView),
         (status = 200, description = "Replaced", body = ScheduleView),
-        crate::openapi::schema::V1BodyErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1BodyErrors
     )
 )]
 pub(crate) async fn put(
@@ -410,8 +409,7 @@ pub(crate) async fn put(
     params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "The schedule", body = ScheduleView),
-        crate::openapi::schema::V1InputErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1InputErrors
     )
 )]
 pub(crate) async fn get(
@@ -442,8 +440,7 @@ pub(crate) async fn get(
     params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "The schedule as it was (status deleted)", body = ScheduleView),
-        crate::openapi::schema::V1BodyErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1BodyErrors
     )
 )]
 pub(crate) async fn delete(
@@ -478,8 +475,7 @@ pub(crate) async fn delete(
     params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "Paused", body = ScheduleView),
-        crate::openapi::schema::V1BodyErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1BodyErrors
     )
 )]
 pub(crate) async fn pause(
@@ -505,8 +501,7 @@ pub(crate) async fn pause(
     params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath),
     responses(
         (status = 200, description = "Resumed", body = ScheduleView),
-        crate::openapi::schema::V1BodyErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1BodyErrors
     )
 )]
 pub(crate) async fn resume(
@@ -570,8 +565,7 @@ fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), A
     params(crate::openapi::schema::TenantPath, ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-35-6][0-9a-fA-F]|4[1-9a-fA-F]|7[0-9a-eA-E]){1,400}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = ScheduleList),
-        crate::openapi::schema::V1InputErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1InputErrors
     )
 )]
 pub(crate) async fn list(
@@ -677,8 +671,7 @@ pub(crate) struct Preview {
     params(crate::openapi::schema::TenantPath, crate::openapi::schema::ScheduleIdPath, ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = OccurrenceList),
-        crate::openapi::schema::V1InputErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1InputErrors
     )
 )]
 pub(crate) async fn occurrences(

@@ -79,8 +79,7 @@ struct Rotated {
     request_body(content = Rotate, content_type = "application/json"),
     responses(
         (status = 200, description = "The new secret, shown once", body = Rotated),
-        crate::openapi::schema::V1BodyErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1BodyErrors
     )
 )]
 pub(crate) async fn rotate(

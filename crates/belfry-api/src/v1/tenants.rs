@@ -356,8 +356,7 @@ pub(crate) async fn list(
     params(crate::openapi::schema::TenantPath),
     responses(
         (status = 200, description = "The tenant", body = TenantView),
-        crate::openapi::schema::V1InputErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1InputErrors
     )
 )]
 pub(crate) async fn get(
@@ -384,8 +383,7 @@ pub(crate) async fn get(
     responses(
         (status = 201, description = "Registered; the answer carries signing_secret once", body = TenantView),
         (status = 200, description = "Replaced", body = TenantView),
-        crate::openapi::schema::V1BodyErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1BodyErrors
     )
 )]
 pub(crate) async fn put(
@@ -449,8 +447,7 @@ pub(crate) async fn put(
     responses(
         (status = 204, description = "Removed; its keys are revoked"),
         (status = 409, description = "tenant_not_empty: it still holds events or schedules", body = crate::openapi::schema::V1Error),
-        crate::openapi::schema::V1BodyErrors,
-        crate::openapi::schema::V1Errors
+        crate::openapi::schema::V1BodyErrors
     )
 )]
 pub(crate) async fn delete(
