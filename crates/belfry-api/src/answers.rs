@@ -223,6 +223,8 @@ pub(crate) struct Page<L: Listing> {
     json: Vec<u8>,
     budget: usize,
     count: usize,
+    /// Most items answered (`limit` of the request).
+    limit: usize,
     /// The largest item written, in bytes.
     largest: usize,
     listing: PhantomData<L>,
@@ -237,22 +239,28 @@ impl<L: Listing> Page<L> {
             json,
             budget,
             count: 0,
+            limit: usize::MAX,
             largest: 0,
             listing: PhantomData,
         }
     }
 
-    /// Items written.
-    pub(crate) fn count(&self) -> usize {
-        self.count
+    /// The page holds at most `limit` items.
+    pub(crate) fn up_to(mut self, limit: usize) -> Page<L> {
+        self.limit = limit;
+        self
     }
 
-    /// Writes `item`; `false` (nothing written) when it would pass the
-    /// budget and the page already holds an item.
+    /// Writes `item`; `false` (nothing written) when the page holds its
+    /// limit, or when the item would pass the budget and the page already
+    /// holds one.
     ///
     /// # Errors
     /// The item does not serialize (a bug; logged, answered 500).
     pub(crate) fn push(&mut self, item: &L::Item<'_>) -> Result<bool, V1Error> {
+        if self.count == self.limit {
+            return Ok(false);
+        }
         let start = self.json.len();
         if self.count > 0 {
             self.json.push(b',');
@@ -274,6 +282,39 @@ impl<L: Listing> Page<L> {
     pub(crate) fn items_that_fit(&self) -> usize {
         let room = self.budget.saturating_sub(self.json.len() + PAGE_END_BYTES);
         (room / self.largest.max(1)).max(1)
+    }
+
+    /// Fills the page from a store read in batches: a first small read
+    /// ([`FIRST_READ`]), then as many records as the room left holds at
+    /// the largest size seen, plus one that tells whether more exist.
+    /// `read(at, n)` answers up to `n` records after `at`; `add` writes one
+    /// record and moves `at` past it, or answers `false` when the page is
+    /// full. Answers whether records were left out.
+    ///
+    /// # Errors
+    /// Those of `read` and `add`.
+    pub(crate) async fn fill<R, C: Clone, Read>(
+        &mut self,
+        at: &mut C,
+        mut read: impl FnMut(C, usize) -> Read,
+        mut add: impl FnMut(&mut Self, &R, &mut C) -> Result<bool, V1Error>,
+    ) -> Result<bool, V1Error>
+    where
+        Read: Future<Output = Result<Vec<R>, V1Error>>,
+    {
+        let mut batch = FIRST_READ.min(self.limit.saturating_add(1));
+        loop {
+            let records = read(at.clone(), batch).await?;
+            for record in &records {
+                if !add(self, record, at)? {
+                    return Ok(true);
+                }
+            }
+            if records.len() < batch {
+                return Ok(false);
+            }
+            batch = self.items_that_fit().min(self.limit - self.count) + 1;
+        }
     }
 
     /// The whole answer's JSON.

@@ -20,7 +20,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::ApiState;
-use crate::answers::{AnswerBudget, FIRST_READ, Page};
+use crate::answers::{AnswerBudget, Page};
 use crate::auth::Principal;
 use crate::error::{ApiError, Code, V1Error};
 use crate::extract::whole::Whole;
@@ -687,6 +687,21 @@ pub(crate) fn parse_instant(name: &str, value: &str) -> Result<Timestamp, ApiErr
     })
 }
 
+/// The `limit` of a listing: 1 to `api.max_list_limit`.
+pub(crate) fn parse_limit(value: &str, state: &ApiState) -> Result<usize, ApiError> {
+    let max = state.options.max_list_limit;
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| {
+            ApiError::new(
+                Code::InvalidQuery,
+                format!("limit must be a whole number from 1 to {max}"),
+            )
+        })
+}
+
 fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> {
     let invalid = |message: String| ApiError::new(Code::InvalidQuery, message);
     let mut query = ListQuery {
@@ -701,18 +716,7 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
             "status" => query.status = Some(parse_status(&value, Code::InvalidQuery)?),
             "from" => query.from = Some(parse_instant("from", &value)?),
             "to" => query.to = Some(parse_instant("to", &value)?),
-            "limit" => {
-                query.limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=state.options.max_list_limit).contains(n))
-                    .ok_or_else(|| {
-                        invalid(format!(
-                            "limit must be a whole number from 1 to {}",
-                            state.options.max_list_limit
-                        ))
-                    })?;
-            }
+            "limit" => query.limit = parse_limit(&value, state)?,
             "cursor" => {
                 query.after = Some(decode_list_cursor(&value).ok_or_else(|| {
                     ApiError::new(Code::InvalidCursor, "cursor is not one this server issued")
@@ -785,55 +789,46 @@ pub(crate) async fn list(
         Ok(reservation) => reservation,
         Err(busy) => return Ok(busy),
     };
-    let mut page = Page::<EventList>::new(budget.per_answer());
+    let mut page = Page::<EventList>::new(budget.per_answer()).up_to(limit);
     let mut last: Option<(Timestamp, EventId)> = None;
-    // The store is read in pages bounded by bytes too: a first small read,
-    // then as many records as the room left holds at the largest size
-    // seen, plus one that tells whether more exist.
     let mut position = (from, after);
-    let mut read = FIRST_READ.min(limit + 1);
-    let mut more = false;
-    'reading: loop {
-        let records = state
-            .engine
-            .store()
-            .list_events(ListEventsParams {
-                tenant: tenant.clone(),
-                status: query.status,
-                from: position.0,
-                to: query.to,
-                after: position.1.clone(),
-                limit: read,
-            })
-            .await?;
-        let exhausted = records.len() < read;
-        for record in &records {
-            // A guard only: no listing returns control events.
-            if !record.key.id.is_internal() {
-                if page.count() == limit || !page.push(&EventView::from(record))? {
-                    more = true;
-                    break 'reading;
+    let store = state.engine.store();
+    let more = page
+        .fill(
+            &mut position,
+            |(from, after), read| {
+                let params = ListEventsParams {
+                    tenant: tenant.clone(),
+                    status: query.status,
+                    from,
+                    to: query.to,
+                    after,
+                    limit: read,
+                };
+                async move { Ok(store.list_events(params).await?) }
+            },
+            |page, record, position| {
+                // A guard only: no listing returns control events.
+                if !record.key.id.is_internal() {
+                    if !page.push(&EventView::from(record))? {
+                        return Ok(false);
+                    }
+                    last = Some((record.event_time, record.key.id.clone()));
                 }
-                last = Some((record.event_time, record.key.id.clone()));
-            }
-            position = if time_ordered {
-                (
+                let from = if time_ordered {
                     Some(
                         query
                             .from
                             .map_or(record.event_time, |f| f.max(record.event_time)),
-                    ),
-                    Some(record.key.id.clone()),
-                )
-            } else {
-                (query.from, Some(record.key.id.clone()))
-            };
-        }
-        if exhausted {
-            break;
-        }
-        read = page.items_that_fit().min(limit - page.count()) + 1;
-    }
+                    )
+                } else {
+                    query.from
+                };
+                *position = (from, Some(record.key.id.clone()));
+                Ok(true)
+            },
+        )
+        .await?;
     let next_cursor = match &last {
         Some((at, id)) if more && time_ordered => Some(encode_time_cursor(*at, id)),
         Some((_, id)) if more => Some(encode_cursor(id)),

@@ -25,11 +25,13 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::ApiState;
-use crate::answers::{AnswerBudget, FIRST_READ, Listing, Page};
+use crate::answers::{AnswerBudget, Listing, Page};
 use crate::error::{ApiError, Code, V1Error};
 use crate::extract::whole::Whole;
 use crate::extract::{V1Json, V1Path, query_pairs};
-use crate::v1::events::{PullFields, admit_queue, decode_cursor, encode_cursor};
+use crate::v1::events::{
+    PullFields, admit_queue, decode_cursor, encode_cursor, parse_instant, parse_limit,
+};
 use crate::v1::views::{BackoffBody, Delivery};
 use crate::v1::{tenant_name, tenant_not_found};
 
@@ -176,15 +178,7 @@ impl Definition {
 }
 
 fn instant(name: &str, text: Option<&str>) -> Result<Option<Timestamp>, ApiError> {
-    text.map(|value| {
-        Timestamp::parse_rfc3339(value).ok_or_else(|| {
-            ApiError::new(
-                Code::InvalidTime,
-                format!("{name} {value:?} is not an RFC 3339 instant with an offset"),
-            )
-        })
-    })
-    .transpose()
+    text.map(|value| parse_instant(name, value)).transpose()
 }
 
 pub(crate) fn cron_error(error: impl std::fmt::Display) -> ApiError {
@@ -524,21 +518,7 @@ fn page_query(uri: &Uri, state: &ApiState) -> Result<(usize, Option<EventId>), A
     let mut cursor = None;
     for (name, value) in query_pairs(uri)? {
         match name.as_str() {
-            "limit" => {
-                limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=state.options.max_list_limit).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::new(
-                            Code::InvalidQuery,
-                            format!(
-                                "limit must be a whole number from 1 to {}",
-                                state.options.max_list_limit
-                            ),
-                        )
-                    })?;
-            }
+            "limit" => limit = parse_limit(&value, state)?,
             "cursor" => {
                 cursor = Some(decode_cursor(&value).ok_or_else(|| {
                     ApiError::new(Code::InvalidCursor, "cursor is not one this server issued")
@@ -586,29 +566,24 @@ pub(crate) async fn list(
     };
     // Bounded by bytes like the event listing: read in pages, written
     // item by item.
-    let mut page = Page::<ScheduleList>::new(budget.per_answer());
-    let mut read = FIRST_READ.min(limit + 1);
-    let mut more = false;
-    'reading: loop {
-        let found = state
-            .engine
-            .schedules()
-            .list(&tenant, after.as_ref(), read)
-            .await
-            .map_err(op_error)?;
-        let exhausted = found.len() < read;
-        for schedule in &found {
-            if page.count() == limit || !page.push(&ScheduleView::from(schedule))? {
-                more = true;
-                break 'reading;
-            }
-            after = Some(schedule.schedule.id.clone());
-        }
-        if exhausted {
-            break;
-        }
-        read = page.items_that_fit().min(limit - page.count()) + 1;
-    }
+    let mut page = Page::<ScheduleList>::new(budget.per_answer()).up_to(limit);
+    let (schedules, tenant) = (&state.engine.schedules(), &tenant);
+    let more = page
+        .fill(
+            &mut after,
+            move |after, read| async move {
+                let found = schedules.list(tenant, after.as_ref(), read).await;
+                found.map_err(|e| V1Error(op_error(e)))
+            },
+            |page, schedule, after| {
+                if !page.push(&ScheduleView::from(schedule))? {
+                    return Ok(false);
+                }
+                *after = Some(schedule.schedule.id.clone());
+                Ok(true)
+            },
+        )
+        .await?;
     let next_cursor = more
         .then_some(after.as_ref())
         .flatten()
@@ -682,58 +657,50 @@ pub(crate) async fn occurrences(
 ) -> Result<Response, V1Error> {
     let (tenant, id) = schedule_path(tenant, id)?;
     let (limit, mut cursor) = page_query(&uri, &state)?;
-    let first_page = cursor.is_none();
     let reservation = match budget.reserve().await {
         Ok(reservation) => reservation,
         Err(busy) => return Ok(busy),
     };
     // Occurrences carry the schedule's payload (not shown): read in pages
     // bounded by bytes, like the event listing.
-    let mut page = Page::<OccurrenceList>::new(budget.per_answer());
-    let mut read = FIRST_READ.min(limit + 1);
-    let mut more = false;
-    'reading: loop {
-        let records = state
-            .engine
-            .schedules()
-            .occurrences(&tenant, &id, cursor.as_ref(), read)
-            .await
-            .map_err(op_error)?;
-        if records.is_empty()
-            && first_page
-            && page.count() == 0
-            && state
-                .engine
-                .schedules()
-                .get(&tenant, &id)
-                .await
-                .map_err(op_error)?
-                .is_none()
-        {
-            return Err(V1Error(schedule_not_found(id.as_str())));
-        }
-        let exhausted = records.len() < read;
-        for r in &records {
-            let view = OccurrenceView {
-                id: r.key.id.as_str(),
-                scheduled_at: r.event_time.to_rfc3339(),
-                status: r.status.as_str(),
-                attempts: r.attempts,
-                last_error: r.last_error.as_deref(),
-                triggered_at: r.triggered_at.map(Timestamp::to_rfc3339),
-                finished_at: r.finished_at.map(Timestamp::to_rfc3339),
-            };
-            if page.count() == limit || !page.push(&view)? {
-                more = true;
-                break 'reading;
-            }
-            cursor = Some(r.key.id.clone());
-        }
-        if exhausted {
-            break;
-        }
-        read = page.items_that_fit().min(limit - page.count()) + 1;
-    }
+    let mut page = Page::<OccurrenceList>::new(budget.per_answer()).up_to(limit);
+    let (schedules, tenant, id) = (&state.engine.schedules(), &tenant, &id);
+    let more = page
+        .fill(
+            &mut cursor,
+            move |cursor, read| async move {
+                let records = schedules
+                    .occurrences(tenant, id, cursor.as_ref(), read)
+                    .await
+                    .map_err(op_error)?;
+                // Nothing read since the first page began: the schedule
+                // may not exist.
+                if records.is_empty()
+                    && cursor.is_none()
+                    && schedules.get(tenant, id).await.map_err(op_error)?.is_none()
+                {
+                    return Err(V1Error(schedule_not_found(id.as_str())));
+                }
+                Ok(records)
+            },
+            |page, r, cursor| {
+                let view = OccurrenceView {
+                    id: r.key.id.as_str(),
+                    scheduled_at: r.event_time.to_rfc3339(),
+                    status: r.status.as_str(),
+                    attempts: r.attempts,
+                    last_error: r.last_error.as_deref(),
+                    triggered_at: r.triggered_at.map(Timestamp::to_rfc3339),
+                    finished_at: r.finished_at.map(Timestamp::to_rfc3339),
+                };
+                if !page.push(&view)? {
+                    return Ok(false);
+                }
+                *cursor = Some(r.key.id.clone());
+                Ok(true)
+            },
+        )
+        .await?;
     let next_cursor = more.then_some(cursor.as_ref()).flatten().map(encode_cursor);
     Ok(reservation.answer(page.finish(next_cursor.as_deref())))
 }
