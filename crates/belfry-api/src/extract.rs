@@ -371,15 +371,17 @@ fn check_content_type(req: &Request) -> Result<(), ApiError> {
 /// Whether a `Content-Type` names JSON: `application/json` or
 /// `application/*+json`, any case, parameters ignored.
 pub(crate) fn is_json_media_type(value: &HeaderValue) -> bool {
-    let mime = value
-        .to_str()
-        .unwrap_or_default()
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+    let bytes = value.as_bytes();
+    let end = bytes.iter().position(|&b| b == b';').unwrap_or(bytes.len());
+    let mime = bytes[..end].trim_ascii();
+    let prefix = b"application/";
+    let Some((kind, subtype)) = mime.split_at_checked(prefix.len()) else {
+        return false;
+    };
+    kind.eq_ignore_ascii_case(prefix)
+        && (subtype.eq_ignore_ascii_case(b"json")
+            || subtype.len() > b"+json".len()
+                && subtype[subtype.len() - b"+json".len()..].eq_ignore_ascii_case(b"+json"))
 }
 
 /// Whole numbers as JSON Schema reads them: `2.0` is the integer 2, so a

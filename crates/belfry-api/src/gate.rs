@@ -36,11 +36,11 @@ fn is_write(method: &Method) -> bool {
 /// key (401), a client over its rate (429), a write a browser could have
 /// forged (415/403) and, while open, a foreign `Host` (403).
 pub(crate) async fn authenticate(
-    State(state): State<ApiState>,
+    State(Gate { state, rules }): State<Gate>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let keys = rule_book(&request).keys(request.uri().path());
+    let keys = rules.keys(request.uri().path());
     if keys == Keys::Ignored {
         return next.run(request).await;
     }
@@ -233,30 +233,28 @@ fn check_browser_write(request: &Request) -> Result<(), ApiError> {
     }
 }
 
-/// The route table's rules, which the router puts in every request.
-fn rule_book(request: &Request) -> Arc<RuleBook> {
-    request
-        .extensions()
-        .get::<Arc<RuleBook>>()
-        .cloned()
-        .unwrap_or_default()
+/// What the two layers read: the API's state and the route table's
+/// rules.
+#[derive(Clone)]
+pub(crate) struct Gate {
+    pub(crate) state: ApiState,
+    pub(crate) rules: Arc<RuleBook>,
 }
 
 /// Checks the principal against the route's [`Rule`].
 pub(crate) async fn authorize(
-    State(state): State<ApiState>,
+    State(Gate { state, rules }): State<Gate>,
     request: Request,
     next: Next,
 ) -> Response {
-    let uri = request.uri().clone();
-    let Some(path) = request
+    let Some(rule) = request
         .extensions()
         .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
+        .map(|path| rules.rule(request.method(), path.as_str()))
     else {
         return next.run(request).await;
     };
-    let rule = rule_book(&request).rule(request.method(), &path);
+    let uri = request.uri().clone();
     if rule == Rule::Public {
         return next.run(request).await;
     }

@@ -22,6 +22,7 @@ use utoipa_axum::routes;
 
 use crate::auth::rules::{Hide, Keys, Rule, RuleBook};
 use crate::error::{ApiError, Code, family_error};
+use crate::gate::Gate;
 use crate::{ApiState, answers, auth, bigben, cluster, console, health, metrics, openapi, v1};
 
 /// The whole HTTP API: BigBen's routes at their original paths and the
@@ -31,12 +32,15 @@ pub fn router(state: ApiState) -> Router {
     use axum::middleware::from_fn_with_state;
     let Table { api, book } = table();
     let (routes, _) = api.split_for_parts();
+    let gate = Gate {
+        state: state.clone(),
+        rules: Arc::new(book),
+    };
     routes
-        .route_layer(from_fn_with_state(state.clone(), crate::gate::authorize))
+        .route_layer(from_fn_with_state(gate.clone(), crate::gate::authorize))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(from_fn_with_state(state.clone(), crate::gate::authenticate))
-        .layer(Extension(Arc::new(book)))
+        .layer(from_fn_with_state(gate, crate::gate::authenticate))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(from_fn_with_state(state.clone(), metrics::record_request))
         .layer(Extension(answers::AnswerBudget::new(&state.options)))

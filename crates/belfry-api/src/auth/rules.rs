@@ -60,19 +60,30 @@ pub(crate) enum Keys {
 }
 
 /// The rules of every route of the table, by matched path and method.
+/// Read on every request, so neither lookup allocates.
 #[derive(Debug, Default)]
 pub(crate) struct RuleBook {
-    rules: HashMap<(String, Method), Rule>,
-    /// Path patterns whose keys are not [`Keys::Required`].
-    keyless: Vec<(Vec<String>, Keys)>,
+    /// By the path as the router has it, each method's rule.
+    rules: HashMap<String, Vec<(Method, Rule)>>,
+    /// Path patterns whose keys are not [`Keys::Required`], by their first
+    /// segment (`""` when that segment is a `{name}`).
+    keyless: HashMap<String, Vec<(Vec<String>, Keys)>>,
 }
 
 impl RuleBook {
     /// Records the route `method path` (`path` as the router has it).
     pub(crate) fn add(&mut self, path: &str, method: Method, rule: Rule, keys: Keys) {
-        self.rules.insert((path.to_string(), method), rule);
+        self.rules
+            .entry(path.to_string())
+            .or_default()
+            .push((method, rule));
         if keys != Keys::Required {
-            self.keyless.push((segments(path), keys));
+            let pattern = segments(path);
+            let first = pattern.get(1).filter(|s| !is_name(s)).cloned();
+            self.keyless
+                .entry(first.unwrap_or_default())
+                .or_default()
+                .push((pattern, keys));
         }
     }
 
@@ -80,15 +91,17 @@ impl RuleBook {
     /// so it has `GET`'s rule. A route not in the table is admin-only: new
     /// routes are closed until decided.
     pub(crate) fn rule(&self, method: &Method, path: &str) -> Rule {
-        let key = (path.to_string(), method.clone());
-        self.rules
-            .get(&key)
-            .or_else(|| {
-                (method == Method::HEAD)
-                    .then(|| self.rules.get(&(path.to_string(), Method::GET)))
-                    .flatten()
-            })
-            .copied()
+        let Some(methods) = self.rules.get(path) else {
+            return Rule::Admin;
+        };
+        let of = |wanted: &Method| {
+            methods
+                .iter()
+                .find(|(m, _)| m == wanted)
+                .map(|(_, rule)| *rule)
+        };
+        of(method)
+            .or_else(|| (method == Method::HEAD).then(|| of(&Method::GET)).flatten())
             .unwrap_or(Rule::Admin)
     }
 
@@ -99,11 +112,19 @@ impl RuleBook {
         if crate::console::is_console_path(path) {
             return Keys::Ignored;
         }
-        self.keyless
+        let first = path.split('/').nth(1).unwrap_or_default();
+        [first, ""]
             .iter()
+            .filter_map(|segment| self.keyless.get(*segment))
+            .flatten()
             .find(|(pattern, _)| matches(pattern, path))
             .map_or(Keys::Required, |(_, keys)| *keys)
     }
+}
+
+/// A `{name}` segment of a route path.
+fn is_name(segment: &str) -> bool {
+    segment.starts_with('{') && segment.ends_with('}')
 }
 
 fn segments(path: &str) -> Vec<String> {
@@ -116,7 +137,7 @@ fn matches(pattern: &[String], path: &str) -> bool {
     let mut parts = path.split('/');
     let same = pattern.iter().all(|want| {
         parts.next().is_some_and(|part| {
-            want == part || (want.starts_with('{') && want.ends_with('}') && !part.is_empty())
+            want == part || (is_name(want) && !part.is_empty())
         })
     });
     same && parts.next().is_none()
