@@ -11,7 +11,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use futures::FutureExt as _;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinSet;
 
 /// Owns every task of one engine; dropping it aborts them.
@@ -170,5 +170,19 @@ mod tests {
         let tracker = TaskTracker::new();
         let joined = tracker.spawner().spawn_joined(async { 7 });
         assert_eq!(joined.join().await, Some(7));
+    }
+}
+
+/// Resolves once `done` holds, checking it again at each signal of
+/// `signal` (registered before each check, so no signal is missed).
+pub(crate) async fn wait_until(signal: &Notify, done: impl Fn() -> bool) {
+    loop {
+        let notified = signal.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if done() {
+            return;
+        }
+        notified.await;
     }
 }

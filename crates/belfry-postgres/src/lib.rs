@@ -422,7 +422,7 @@ impl Listing {
                 // planner merges them (Merge Append) and reads each only as
                 // far as the page needs; flattened branches without their
                 // own ORDER BY were appended and sorted whole instead.
-                let branches: Vec<String> = LISTED_STATUSES
+                let branches: Vec<String> = EventStatus::ALL
                     .iter()
                     .map(|status| format!("({})", branch(&format!("'{}'", status.as_str()))))
                     .collect();
@@ -451,16 +451,6 @@ impl Listing {
             .collect()
     }
 }
-
-/// Every status, for time listings without a status filter.
-const LISTED_STATUSES: [EventStatus; 6] = [
-    EventStatus::Scheduled,
-    EventStatus::Retrying,
-    EventStatus::Delivered,
-    EventStatus::Failed,
-    EventStatus::Missed,
-    EventStatus::Cancelled,
-];
 
 /// Rows read by the scans of an `EXPLAIN (ANALYZE, FORMAT JSON)` plan:
 /// for each node that scans a relation, the rows it returned plus those
