@@ -30,3 +30,13 @@ pub(crate) async fn query(
     let statement = client.prepare_cached(sql).await.map_err(db_error)?;
     client.query(&statement, params).await.map_err(db_error)
 }
+
+/// Its one row (an aggregate).
+pub(crate) async fn query_one(
+    client: &impl GenericClient,
+    sql: &str,
+    params: &Params<'_>,
+) -> StoreResult<Row> {
+    let statement = client.prepare_cached(sql).await.map_err(db_error)?;
+    client.query_one(&statement, params).await.map_err(db_error)
+}
