@@ -143,6 +143,20 @@ pub(crate) fn ticks(period: std::time::Duration) -> tokio::time::Interval {
     tokio::time::interval(period)
 }
 
+/// Resolves once `done` holds, checking it again at each signal of
+/// `signal` (registered before each check, so no signal is missed).
+pub(crate) async fn wait_until(signal: &Notify, done: impl Fn() -> bool) {
+    loop {
+        let notified = signal.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if done() {
+            return;
+        }
+        notified.await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::TaskTracker;
@@ -170,19 +184,5 @@ mod tests {
         let tracker = TaskTracker::new();
         let joined = tracker.spawner().spawn_joined(async { 7 });
         assert_eq!(joined.join().await, Some(7));
-    }
-}
-
-/// Resolves once `done` holds, checking it again at each signal of
-/// `signal` (registered before each check, so no signal is missed).
-pub(crate) async fn wait_until(signal: &Notify, done: impl Fn() -> bool) {
-    loop {
-        let notified = signal.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if done() {
-            return;
-        }
-        notified.await;
     }
 }
