@@ -11,7 +11,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use futures::FutureExt as _;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinSet;
 
 /// Owns every task of one engine; dropping it aborts them.
@@ -141,6 +141,20 @@ pub(crate) fn pause(duration: std::time::Duration) -> tokio::time::Sleep {
 #[allow(clippy::disallowed_methods)] // pacing, not event time (see pause)
 pub(crate) fn ticks(period: std::time::Duration) -> tokio::time::Interval {
     tokio::time::interval(period)
+}
+
+/// Resolves once `done` holds, checking it again at each signal of
+/// `signal` (registered before each check, so no signal is missed).
+pub(crate) async fn wait_until(signal: &Notify, done: impl Fn() -> bool) {
+    loop {
+        let notified = signal.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if done() {
+            return;
+        }
+        notified.await;
+    }
 }
 
 #[cfg(test)]
