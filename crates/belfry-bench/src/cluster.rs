@@ -40,7 +40,7 @@ use crate::scenarios::{
     own_sample,
 };
 use crate::stats::{CpuSplit, MachineSample, ProcessSample, load_average};
-use crate::workload::{Workload, now_ms};
+use crate::workload::{Workload, ms_from_now, now_ms};
 
 /// How long the cluster may take to settle (start, or after a kill).
 const SETTLE_DEADLINE: Duration = Duration::from_secs(90);
@@ -312,7 +312,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<Report> {
     let first_due = if args.ingest_only {
         now_ms() + FAR_FUTURE_MS
     } else {
-        now_ms() + i64::try_from(lead_ms).unwrap_or(i64::MAX)
+        ms_from_now(lead_ms)
     };
     let workload = Workload::uniform(
         &tenant,

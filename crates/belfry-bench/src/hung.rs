@@ -30,14 +30,14 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::cli::HungArgs;
 use crate::deliveries::analyze_workload;
-use crate::load::{self, Bodies};
+use crate::load::Bodies;
 use crate::mixed::sleep_until_ms;
 use crate::report::{HungReport, Report};
 use crate::scenarios::{
     Load, Meter, Session, await_deliveries, database_param, events_over, ingest_warnings,
     load_params, merge,
 };
-use crate::workload::{BodyWriter, Workload, now_ms};
+use crate::workload::{BodyWriter, ms_from_now};
 
 /// How often the node's RSS is read while the hung events are due.
 const RSS_POLL: Duration = Duration::from_millis(500);
@@ -154,14 +154,8 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
     let lead_ms = args
         .lead_ms
         .unwrap_or_else(|| default_lead_ms(hung_total + healthy_count));
-    let due_at = now_ms() + i64::try_from(lead_ms).unwrap_or(i64::MAX);
-    let healthy = Workload::uniform(
-        &session.tenant,
-        healthy_count,
-        due_at,
-        duration_ms,
-        load.payload_bytes,
-    );
+    let due_at = ms_from_now(lead_ms);
+    let healthy = session.workload(healthy_count, due_at, duration_ms, load);
 
     session.receiver.reserve(healthy.len());
     let meter = Meter::start(&session.node).await;
@@ -181,15 +175,9 @@ pub async fn run(args: HungArgs) -> anyhow::Result<Report> {
         let events = (first..last).map(|k| (k, due_at));
         (writers[tenant].body("h", events), last - first)
     });
-    let hung_ingest = load::run(
-        &session.client,
-        &[session.node.url("/events/schedule")],
-        bodies,
-        batch,
-        load.concurrency,
-        "hung: hung tenants",
-    )
-    .await;
+    let hung_ingest = session
+        .ingest_bodies(bodies, batch, load.concurrency, "hung: hung tenants")
+        .await;
     warnings.extend(ingest_warnings(&hung_ingest));
     if hung_ingest.finished_at_ms > due_at {
         warnings.push(format!(

@@ -54,7 +54,7 @@ use crate::scenarios::{
     own_sample, percent_encode,
 };
 use crate::stats::{CpuSplit, Percentiles, ProcessSample};
-use crate::workload::{Workload, now_ms, parse_instant_ms};
+use crate::workload::{Workload, ms_from_now, now_ms, parse_instant_ms};
 
 /// The targets: lateness on one node and in a cluster,
 /// throughput on one node.
@@ -240,7 +240,7 @@ async fn measure(
         .with_context(|| nodes.logs_tail())?;
 
     let lead_ms = common.lead_ms.unwrap_or_else(|| default_lead_ms(count));
-    let first_due = now_ms() + i64::try_from(lead_ms).unwrap_or(i64::MAX);
+    let first_due = ms_from_now(lead_ms);
     let workload = Workload::uniform(&tenant, count, first_due, spread_ms, load.payload_bytes);
     let last_due = workload.due_ms.iter().copied().max().unwrap_or(first_due);
     let bodies = Bodies::prebuilt(workload.request_bodies(load.batch));

@@ -25,14 +25,14 @@ use tokio::net::TcpStream;
 
 use crate::cli::ReadersArgs;
 use crate::deliveries::analyze_workload;
-use crate::load::{self, Bodies};
+use crate::load::Bodies;
 use crate::mixed::sleep_until_ms;
 use crate::report::Report;
 use crate::scenarios::{
     FAR_FUTURE_MS, Load, Meter, Session, await_deliveries, database_param, events_over,
     ingest_warnings, load_params, merge, scheduled_late,
 };
-use crate::workload::{BodyWriter, Workload, now_ms};
+use crate::workload::{BodyWriter, ms_from_now, now_ms};
 
 /// How often the node's RSS is read while the readers read.
 const RSS_POLL: Duration = Duration::from_millis(200);
@@ -131,26 +131,19 @@ pub async fn run(args: ReadersArgs) -> anyhow::Result<Report> {
             last - first,
         )
     });
-    let big_ingest = load::run(
-        &session.client,
-        &[session.node.url("/events/schedule")],
-        bodies,
-        per_request,
-        load.concurrency,
-        "readers: large events",
-    )
-    .await;
+    let big_ingest = session
+        .ingest_bodies(
+            bodies,
+            per_request,
+            load.concurrency,
+            "readers: large events",
+        )
+        .await;
     let mut warnings = ingest_warnings(&big_ingest);
 
     let (duration_ms, healthy_count) = events_over(args.healthy_rate, args.duration);
-    let due_at = now_ms() + i64::try_from(args.lead_ms).unwrap_or(i64::MAX);
-    let healthy = Workload::uniform(
-        &session.tenant,
-        healthy_count,
-        due_at,
-        duration_ms,
-        load.payload_bytes,
-    );
+    let due_at = ms_from_now(args.lead_ms);
+    let healthy = session.workload(healthy_count, due_at, duration_ms, load);
     let last_healthy_due = healthy.due_ms.iter().copied().max().unwrap_or(due_at);
     session.receiver.reserve(healthy.len());
     let meter = Meter::start(&session.node).await;

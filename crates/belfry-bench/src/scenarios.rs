@@ -15,7 +15,7 @@ use crate::load::{self, Bodies, IngestReport};
 use crate::node::Node;
 use crate::report::{BacklogReport, NodeReport, Report};
 use crate::stats::{CpuSplit, ProcessSample, dir_size};
-use crate::workload::{Workload, now_ms};
+use crate::workload::{Workload, ms_from_now, now_ms};
 
 /// Events far in the future are due this long after the start of the run.
 pub(crate) const FAR_FUTURE_MS: i64 = 24 * 3600 * 1000;
@@ -83,7 +83,18 @@ impl Session {
     /// `count` events over `spread_ms` from a day from now: none comes due
     /// during a run.
     pub(crate) fn far_future(&self, count: usize, spread_ms: u64, load: Load) -> Workload {
-        let first_due = now_ms() + FAR_FUTURE_MS;
+        self.workload(count, now_ms() + FAR_FUTURE_MS, spread_ms, load)
+    }
+
+    /// `count` events of the session's tenant over `spread_ms` from
+    /// `first_due`.
+    pub(crate) fn workload(
+        &self,
+        count: usize,
+        first_due: i64,
+        spread_ms: u64,
+        load: Load,
+    ) -> Workload {
         Workload::uniform(
             &self.tenant,
             count,
@@ -105,15 +116,21 @@ impl Session {
         label: &str,
     ) -> IngestReport {
         let bodies = Bodies::prebuilt(workload.request_bodies(load.batch));
-        load::run(
-            &self.client,
-            &[self.node.url("/events/schedule")],
-            bodies,
-            load.batch,
-            load.concurrency,
-            label,
-        )
-        .await
+        self.ingest_bodies(bodies, load.batch, load.concurrency, label)
+            .await
+    }
+
+    /// Sends `bodies` (of up to `batch` events each) to the node's
+    /// `/events/schedule`, `concurrency` requests at a time.
+    pub(crate) async fn ingest_bodies(
+        &self,
+        bodies: Bodies,
+        batch: usize,
+        concurrency: usize,
+        label: &str,
+    ) -> IngestReport {
+        let urls = [self.node.url("/events/schedule")];
+        load::run(&self.client, &urls, bodies, batch, concurrency, label).await
     }
 }
 
@@ -311,7 +328,7 @@ impl Shape {
 
     /// The events of `tenant`, the first due `lead_ms` from now.
     pub(crate) fn workload(&self, tenant: &str, payload_bytes: usize) -> Workload {
-        let first_due = now_ms() + i64::try_from(self.lead_ms).unwrap_or(i64::MAX);
+        let first_due = ms_from_now(self.lead_ms);
         Workload::uniform(tenant, self.count, first_due, self.spread_ms, payload_bytes)
     }
 }

@@ -149,6 +149,11 @@ pub fn now_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
 }
 
+/// The wall-clock ms `ms` from now.
+pub fn ms_from_now(ms: u64) -> i64 {
+    now_ms() + i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
 /// Parses a scheduled instant sent by a node or a peer: integer
 /// milliseconds since the epoch, or RFC 3339 with an offset.
 pub fn parse_instant_ms(text: &str) -> Option<i64> {

@@ -293,6 +293,20 @@ pub enum AuditAction {
 }
 
 impl AuditAction {
+    /// Every action, in declaration order.
+    pub const ALL: [AuditAction; 10] = [
+        AuditAction::KeyCreated,
+        AuditAction::KeyRevoked,
+        AuditAction::TenantRegistered,
+        AuditAction::TenantChanged,
+        AuditAction::TenantDeleted,
+        AuditAction::EventsBulkCancelled,
+        AuditAction::EventRedriven,
+        AuditAction::EventDeleted,
+        AuditAction::BulkActionCreated,
+        AuditAction::BulkActionCancelled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             AuditAction::KeyCreated => "key_created",
@@ -310,20 +324,7 @@ impl AuditAction {
 
     /// The inverse of [`AuditAction::as_str`].
     pub fn parse(text: &str) -> Option<AuditAction> {
-        [
-            AuditAction::KeyCreated,
-            AuditAction::KeyRevoked,
-            AuditAction::TenantRegistered,
-            AuditAction::TenantChanged,
-            AuditAction::TenantDeleted,
-            AuditAction::EventsBulkCancelled,
-            AuditAction::EventRedriven,
-            AuditAction::EventDeleted,
-            AuditAction::BulkActionCreated,
-            AuditAction::BulkActionCancelled,
-        ]
-        .into_iter()
-        .find(|action| action.as_str() == text)
+        Self::ALL.into_iter().find(|action| action.as_str() == text)
     }
 }
 
@@ -599,18 +600,7 @@ mod tests {
         assert!(Role::parse("root").is_err());
         assert!(Role::Write.can_write() && Role::Admin.can_write());
         assert!(!Role::Read.can_write() && !Role::Worker.can_write());
-        for action in [
-            AuditAction::KeyCreated,
-            AuditAction::KeyRevoked,
-            AuditAction::TenantRegistered,
-            AuditAction::TenantChanged,
-            AuditAction::TenantDeleted,
-            AuditAction::EventsBulkCancelled,
-            AuditAction::EventRedriven,
-            AuditAction::EventDeleted,
-            AuditAction::BulkActionCreated,
-            AuditAction::BulkActionCancelled,
-        ] {
+        for action in AuditAction::ALL {
             assert_eq!(AuditAction::parse(action.as_str()), Some(action));
             assert_eq!(
                 serde_json::to_value(action).unwrap(),

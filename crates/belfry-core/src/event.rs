@@ -44,6 +44,17 @@ pub enum EventStatus {
 }
 
 impl EventStatus {
+    /// Every status, in declaration order (the embedded store's index bytes
+    /// follow it).
+    pub const ALL: [EventStatus; 6] = [
+        EventStatus::Scheduled,
+        EventStatus::Retrying,
+        EventStatus::Delivered,
+        EventStatus::Failed,
+        EventStatus::Missed,
+        EventStatus::Cancelled,
+    ];
+
     /// Pending events are in the due index and will be fired.
     pub fn is_pending(self) -> bool {
         matches!(self, EventStatus::Scheduled | EventStatus::Retrying)
@@ -61,16 +72,7 @@ impl EventStatus {
     }
 
     pub fn parse(text: &str) -> Option<Self> {
-        [
-            EventStatus::Scheduled,
-            EventStatus::Retrying,
-            EventStatus::Delivered,
-            EventStatus::Failed,
-            EventStatus::Missed,
-            EventStatus::Cancelled,
-        ]
-        .into_iter()
-        .find(|s| s.as_str() == text)
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
     }
 }
 
@@ -616,6 +618,15 @@ mod tests {
         }
     }
 
+    /// Attempt `number` of `version`, reported as `verdict` at `at`.
+    fn attempt(version: &EventVersion, number: u32, verdict: Verdict, at: i64) -> EventCommand {
+        EventCommand::RecordAttempt {
+            version: version.clone(),
+            number,
+            report: report(verdict, at),
+        }
+    }
+
     #[test]
     fn create_arms_at_the_instant() {
         let t = apply(None, upsert(5_000, "v1"), 1_000);
@@ -641,11 +652,7 @@ mod tests {
         let created = apply(None, upsert(5_000, "v1"), 1_000).next.unwrap();
         let delivered = apply(
             Some(&created),
-            EventCommand::RecordAttempt {
-                version: created.version.clone(),
-                number: 1,
-                report: report(Verdict::Delivered, 5_000),
-            },
+            attempt(&created.version, 1, Verdict::Delivered, 5_000),
             5_001,
         )
         .next
@@ -663,11 +670,7 @@ mod tests {
         let created = apply(None, upsert(5_000, "v1"), 1_000).next.unwrap();
         let failed = apply(
             Some(&created),
-            EventCommand::RecordAttempt {
-                version: created.version.clone(),
-                number: 1,
-                report: report(Verdict::Permanent, 5_000),
-            },
+            attempt(&created.version, 1, Verdict::Permanent, 5_000),
             5_001,
         )
         .next
@@ -732,15 +735,7 @@ mod tests {
     #[test]
     fn retries_then_fails_at_backlog_limit() {
         let mut rec = apply(None, upsert(0, "v1"), 0).next.unwrap();
-        let t = apply(
-            Some(&rec),
-            EventCommand::RecordAttempt {
-                version: rec.version.clone(),
-                number: 1,
-                report: report(Verdict::Retry, 0),
-            },
-            10,
-        );
+        let t = apply(Some(&rec), attempt(&rec.version, 1, Verdict::Retry, 0), 10);
         assert_eq!(
             t.outcome,
             CommandOutcome::AttemptRecorded(EventStatus::Retrying)
@@ -751,11 +746,7 @@ mod tests {
         let day = 24 * 3600 * 1000;
         let t = apply(
             Some(&rec),
-            EventCommand::RecordAttempt {
-                version: rec.version.clone(),
-                number: 2,
-                report: report(Verdict::Retry, day),
-            },
+            attempt(&rec.version, 2, Verdict::Retry, day),
             day,
         );
         assert_eq!(
@@ -771,11 +762,7 @@ mod tests {
     #[test]
     fn a_repeated_attempt_changes_nothing() {
         let created = apply(None, upsert(0, "v1"), 0).next.unwrap();
-        let first = |number: u32| EventCommand::RecordAttempt {
-            version: created.version.clone(),
-            number,
-            report: report(Verdict::Retry, 0),
-        };
+        let first = |number: u32| attempt(&created.version, number, Verdict::Retry, 0);
         let recorded = apply(Some(&created), first(1), 10);
         let retrying = recorded.next.unwrap();
         assert_eq!(retrying.attempts, 1);
@@ -800,11 +787,7 @@ mod tests {
         // counts nor re-arms.
         let delivered = apply(
             Some(&retrying),
-            EventCommand::RecordAttempt {
-                version: created.version.clone(),
-                number: 2,
-                report: report(Verdict::Delivered, 1_010),
-            },
+            attempt(&created.version, 2, Verdict::Delivered, 1_010),
             1_011,
         )
         .next
@@ -824,15 +807,7 @@ mod tests {
     fn a_stale_attempt_keeps_its_own_number() {
         let v1 = apply(None, upsert(0, "v1"), 0).next.unwrap();
         let v2 = apply(Some(&v1), upsert(5_000, "v2"), 1).next.unwrap();
-        let stale = apply(
-            Some(&v2),
-            EventCommand::RecordAttempt {
-                version: v1.version.clone(),
-                number: 3,
-                report: report(Verdict::Delivered, 0),
-            },
-            2,
-        );
+        let stale = apply(Some(&v2), attempt(&v1.version, 3, Verdict::Delivered, 0), 2);
         assert_eq!(stale.outcome, CommandOutcome::StaleAttempt);
         let attempt = stale.attempt.unwrap();
         assert_eq!((attempt.version.as_str(), attempt.number), ("v1", 3));
@@ -859,11 +834,12 @@ mod tests {
         let rec = apply(None, upsert(0, "v1"), 0).next.unwrap();
         let stale = apply(
             Some(&rec),
-            EventCommand::RecordAttempt {
-                version: EventVersion::from_string("old".into()),
-                number: 1,
-                report: report(Verdict::Delivered, 0),
-            },
+            attempt(
+                &EventVersion::from_string("old".into()),
+                1,
+                Verdict::Delivered,
+                0,
+            ),
             1,
         );
         assert_eq!(stale.outcome, CommandOutcome::StaleAttempt);
@@ -876,11 +852,7 @@ mod tests {
         );
         let failed = apply(
             Some(&rec),
-            EventCommand::RecordAttempt {
-                version: rec.version.clone(),
-                number: 1,
-                report: report(Verdict::Permanent, 0),
-            },
+            attempt(&rec.version, 1, Verdict::Permanent, 0),
             1,
         );
         assert_eq!(
@@ -921,23 +893,14 @@ mod tests {
     #[test]
     fn expire_only_pending() {
         let rec = apply(None, upsert(0, "v1"), 0).next.unwrap();
-        let t = apply(
-            Some(&rec),
-            EventCommand::Expire {
-                reason: "missed".into(),
-            },
-            5,
-        );
+        let expire = || EventCommand::Expire {
+            reason: "missed".into(),
+        };
+        let t = apply(Some(&rec), expire(), 5);
         assert_eq!(t.outcome, CommandOutcome::Expired);
         let missed = t.next.unwrap();
         assert_eq!(missed.status, EventStatus::Missed);
-        let again = apply(
-            Some(&missed),
-            EventCommand::Expire {
-                reason: "missed".into(),
-            },
-            6,
-        );
+        let again = apply(Some(&missed), expire(), 6);
         assert_eq!(again.outcome, CommandOutcome::NotPending);
     }
 }

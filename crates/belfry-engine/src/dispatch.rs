@@ -75,6 +75,11 @@ impl Slots {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn rate_timer(&self) -> MutexGuard<'_, Option<Timestamp>> {
+        // Poison means a panic while held; the instant stays valid.
+        self.rate_timer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Takes a token of `tenant`'s delivery rate for a dry run (a
     /// delivery now, outside the slots); `false` when it has none.
     pub(crate) fn take_dry_run_token(&self, tenant: &TenantName, now: Timestamp) -> bool {
@@ -87,15 +92,7 @@ impl Slots {
 
     /// Resolves once no delivery is in flight.
     pub(crate) async fn wait_idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.in_flight() == 0 {
-                return;
-            }
-            notified.await;
-        }
+        crate::tasks::wait_until(&self.idle, || self.in_flight() == 0).await;
     }
 
     /// Drops every queued ticket (shutdown): they stay pending in the store.
@@ -183,12 +180,7 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
         return;
     };
     {
-        let mut armed = shared
-            .fire_path
-            .slots
-            .rate_timer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut armed = shared.fire_path.slots.rate_timer();
         if armed.is_some_and(|armed| armed <= at) {
             return;
         }
@@ -204,12 +196,7 @@ fn arm_rate_timer(shared: &Arc<Shared>, at: Option<Timestamp>) {
             crate::tasks::pause(Duration::from_millis(wait.unsigned_abs())).await;
         }
         {
-            let mut armed = shared
-                .fire_path
-                .slots
-                .rate_timer
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut armed = shared.fire_path.slots.rate_timer();
             if *armed == Some(at) {
                 *armed = None;
             }

@@ -77,7 +77,7 @@ use belfry_core::event::Effect;
 use belfry_core::fire::Input;
 use belfry_core::{Clock, DueCursor, EventKey, EventRecord, Timestamp};
 use belfry_sinks::{Delivery, DeliveryResult, Sinks};
-use belfry_store::{Applied, KeyedCommand, SharedStore, StoreResult};
+use belfry_store::{Applied, ApplyParams, KeyedCommand, SharedStore, StoreResult};
 use tokio::sync::mpsc;
 
 pub mod bulk;
@@ -167,6 +167,20 @@ pub(crate) struct Env {
     /// Spawns onto the engine's tasks; says when shutdown started (no new
     /// delivery begins after it).
     pub(crate) tasks: tasks::Spawner,
+}
+
+impl Env {
+    /// Applies `commands` to the store at the clock's now, with the
+    /// configured retry policy.
+    pub(crate) async fn apply_now(&self, commands: Vec<KeyedCommand>) -> StoreResult<Vec<Applied>> {
+        self.store
+            .apply(ApplyParams {
+                commands,
+                now: self.clock.now(),
+                retry: self.options.retry.clone(),
+            })
+            .await
+    }
 }
 
 /// The fire path past the partitions: record reads, delivery slots, the

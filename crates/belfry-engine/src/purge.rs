@@ -24,50 +24,40 @@ pub(crate) async fn run(env: Arc<Env>) {
 /// events went.
 pub(crate) async fn run_once(env: &Env) -> StoreResult<usize> {
     let cut_off = env.clock.now().minus(env.options.history_retention);
+    let events = in_pages("finished events", move || {
+        env.store.purge_finished(PurgeParams {
+            finished_before: cut_off,
+            limit: PAGE,
+        })
+    })
+    .await?;
+    in_pages("audit entries", move || {
+        env.store.purge_audit(cut_off, PAGE)
+    })
+    .await?;
+    in_pages("finished bulk actions", move || {
+        env.store.purge_bulk_actions(PurgeBulkActionsParams {
+            finished_before: cut_off,
+            limit: PAGE,
+        })
+    })
+    .await?;
+    Ok(events)
+}
+
+/// Calls `purge_page` (which removes up to [`PAGE`] entries and says how
+/// many it did) until a page comes back short; logs and returns the total.
+async fn in_pages<F>(what: &str, mut purge_page: impl FnMut() -> F) -> StoreResult<usize>
+where
+    F: Future<Output = StoreResult<usize>>,
+{
     let mut total = 0;
     loop {
-        let purged = env
-            .store
-            .purge_finished(PurgeParams {
-                finished_before: cut_off,
-                limit: PAGE,
-            })
-            .await?;
+        let purged = purge_page().await?;
         total += purged;
         if purged < PAGE {
             if total > 0 {
-                tracing::info!(purged = total, "retention sweep removed finished events");
-            }
-            break;
-        }
-    }
-    let mut audit = 0;
-    loop {
-        let purged = env.store.purge_audit(cut_off, PAGE).await?;
-        audit += purged;
-        if purged < PAGE {
-            if audit > 0 {
-                tracing::info!(purged = audit, "retention sweep removed audit entries");
-            }
-            break;
-        }
-    }
-    let mut bulk = 0;
-    loop {
-        let purged = env
-            .store
-            .purge_bulk_actions(PurgeBulkActionsParams {
-                finished_before: cut_off,
-                limit: PAGE,
-            })
-            .await?;
-        bulk += purged;
-        if purged < PAGE {
-            if bulk > 0 {
-                tracing::info!(
-                    purged = bulk,
-                    "retention sweep removed finished bulk actions"
-                );
+                tracing::info!(purged = total, "retention sweep removed {what}");
             }
             return Ok(total);
         }

@@ -39,7 +39,7 @@ use belfry_core::{
     DueCursor, EventId, EventKey, EventRecord, EventStatus, EventVersion, PartitionId, TenantName,
     Timestamp,
 };
-use belfry_store::{ApplyParams, Fence, KeyedCommand, StoreError, StoreResult};
+use belfry_store::{Fence, KeyedCommand, StoreError, StoreResult};
 
 use crate::partition::{Term, Ticket};
 use crate::schedule_scan::{SCAN_PAGE, control_error, live};
@@ -334,15 +334,7 @@ fn control_upsert(
 }
 
 async fn apply(shared: &Arc<Shared>, commands: Vec<KeyedCommand>) -> StoreResult<()> {
-    let applied = shared
-        .env
-        .store
-        .apply(ApplyParams {
-            commands,
-            now: shared.env.clock.now(),
-            retry: shared.env.options.retry.clone(),
-        })
-        .await?;
+    let applied = shared.env.apply_now(commands).await?;
     // Occurrences count in the pending estimate (control events do not).
     shared.quotas.applied(&applied);
     shared.route_effects(&applied);

@@ -12,7 +12,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt as _;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -144,6 +144,20 @@ pub(crate) fn pause(duration: std::time::Duration) -> tokio::time::Sleep {
 #[allow(clippy::disallowed_methods)] // pacing, not event time (see pause)
 pub(crate) fn ticks(period: std::time::Duration) -> tokio::time::Interval {
     tokio::time::interval(period)
+}
+
+/// Resolves once `done` holds, checking it again at each signal of
+/// `signal` (registered before each check, so no signal is missed).
+pub(crate) async fn wait_until(signal: &Notify, done: impl Fn() -> bool) {
+    loop {
+        let notified = signal.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if done() {
+            return;
+        }
+        notified.await;
+    }
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use belfry_core::fire::Input;
 use belfry_core::{EventKey, PartitionId};
-use belfry_store::{Applied, ApplyParams, KeyedCommand, StoreError, StoreResult};
+use belfry_store::{Applied, KeyedCommand, StoreError, StoreResult};
 use tokio::sync::Notify;
 
 use crate::Shared;
@@ -47,15 +47,7 @@ impl Writes {
 
     /// Resolves once no write is in flight.
     pub(crate) async fn wait_idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.in_flight() == 0 {
-                return;
-            }
-            notified.await;
-        }
+        crate::tasks::wait_until(&self.idle, || self.in_flight() == 0).await;
     }
 }
 
@@ -98,15 +90,7 @@ pub(crate) async fn apply(
             .iter()
             .map(|c| (partitions.partition_of(&c.key), c.key.clone()))
             .collect();
-        let result = shared
-            .env
-            .store
-            .apply(ApplyParams {
-                commands,
-                now: shared.env.clock.now(),
-                retry: shared.env.options.retry.clone(),
-            })
-            .await;
+        let result = shared.env.apply_now(commands).await;
         match &result {
             Ok(applied) => {
                 shared.route_effects(applied);

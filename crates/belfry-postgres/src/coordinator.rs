@@ -43,6 +43,9 @@ use belfry_store::cluster::{
     OwnedPartition, PULL_READY_CHANNEL, PartitionAssignment,
 };
 
+use deadpool_postgres::Transaction;
+use tokio_postgres::Row;
+
 use crate::PostgresStore;
 use crate::cached;
 use crate::error::{StoreError, corrupt, db_error};
@@ -80,6 +83,46 @@ const NEXT_EPOCH: &str = "GREATEST(p.epoch + 1,
 /// Announces a cluster change (`$1`: what changed); inside a transaction
 /// it is sent at commit.
 const ANNOUNCE: &str = "SELECT pg_notify($1, $2)";
+
+/// Commits `tx`, announcing `change` in it first if anything `changed`.
+async fn commit_announcing(tx: Transaction<'_>, changed: bool, change: &str) -> StoreResult<()> {
+    if changed {
+        tx.execute(ANNOUNCE, &[&CHANGE_CHANNEL, &change])
+            .await
+            .map_err(db_error)?;
+    }
+    tx.commit().await.map_err(db_error)
+}
+
+/// A `nodes` row read as `id, address, heartbeat age in ms`.
+fn node_status(row: &Row) -> NodeStatus {
+    NodeStatus {
+        info: NodeInfo {
+            id: NodeId(row.get(0)),
+            address: row.get(1),
+        },
+        heartbeat_age: duration_from_millis(row.get(2)),
+    }
+}
+
+/// The leader row's holder, term and whether its lease is live, read with
+/// the row lock `lock` (`FOR UPDATE` or `FOR SHARE`).
+async fn locked_leader(
+    tx: &Transaction<'_>,
+    lock: &str,
+) -> StoreResult<(Option<String>, i64, bool)> {
+    let row = tx
+        .query_one(
+            &format!(
+                "SELECT holder, term, coalesce(expires_at > clock_timestamp(), false)
+                 FROM leader {lock}"
+            ),
+            &[],
+        )
+        .await
+        .map_err(db_error)?;
+    Ok((row.get(0), row.get(1), row.get(2)))
+}
 
 pub(crate) async fn heartbeat(
     store: &PostgresStore,
@@ -119,21 +162,11 @@ pub(crate) async fn heartbeat(
             .await
             .map_err(db_error)?;
     }
-    client
+    let rows = client
         .query(&live, &[&millis(ttl)])
         .await
-        .map_err(db_error)?
-        .iter()
-        .map(|row| {
-            Ok(NodeStatus {
-                info: NodeInfo {
-                    id: NodeId(row.get(0)),
-                    address: row.get(1),
-                },
-                heartbeat_age: duration_from_millis(row.get(2)),
-            })
-        })
-        .collect()
+        .map_err(db_error)?;
+    Ok(rows.iter().map(node_status).collect())
 }
 
 pub(crate) async fn leave(store: &PostgresStore, node: &NodeId) -> StoreResult<()> {
@@ -143,12 +176,7 @@ pub(crate) async fn leave(store: &PostgresStore, node: &NodeId) -> StoreResult<(
         .execute("DELETE FROM nodes WHERE id = $1", &[&node.0])
         .await
         .map_err(db_error)?;
-    if left > 0 {
-        tx.execute(ANNOUNCE, &[&CHANGE_CHANNEL, &"leave"])
-            .await
-            .map_err(db_error)?;
-    }
-    tx.commit().await.map_err(db_error)
+    commit_announcing(tx, left > 0, "leave").await
 }
 
 pub(crate) async fn remove_dead_nodes(
@@ -167,16 +195,7 @@ pub(crate) async fn remove_dead_nodes(
         )
         .await
         .map_err(db_error)?;
-    let mut dead: Vec<NodeStatus> = rows
-        .iter()
-        .map(|row| NodeStatus {
-            info: NodeInfo {
-                id: NodeId(row.get(0)),
-                address: row.get(1),
-            },
-            heartbeat_age: duration_from_millis(row.get(2)),
-        })
-        .collect();
+    let mut dead: Vec<NodeStatus> = rows.iter().map(node_status).collect();
     dead.sort_by(|a, b| a.info.id.cmp(&b.info.id));
     Ok(dead)
 }
@@ -188,17 +207,7 @@ pub(crate) async fn claim_leadership(
 ) -> StoreResult<LeaderLease> {
     let mut client = store.coordination_client().await?;
     let tx = client.transaction().await.map_err(db_error)?;
-    let row = tx
-        .query_one(
-            "SELECT holder, term, coalesce(expires_at > clock_timestamp(), false)
-             FROM leader FOR UPDATE",
-            &[],
-        )
-        .await
-        .map_err(db_error)?;
-    let holder: Option<String> = row.get(0);
-    let term: i64 = row.get(1);
-    let live: bool = row.get(2);
+    let (holder, term, live) = locked_leader(&tx, "FOR UPDATE").await?;
     let lease = match holder {
         // Someone else holds an unexpired lease: report it.
         Some(other) if live && other != node.0 => LeaderLease {
@@ -253,13 +262,8 @@ pub(crate) async fn release_leadership(store: &PostgresStore, node: &NodeId) -> 
         )
         .await
         .map_err(db_error)?;
-    if released > 0 {
-        // Someone else claims it now rather than at its next tick.
-        tx.execute(ANNOUNCE, &[&CHANGE_CHANNEL, &"leader"])
-            .await
-            .map_err(db_error)?;
-    }
-    tx.commit().await.map_err(db_error)
+    // Someone else claims it now rather than at its next tick.
+    commit_announcing(tx, released > 0, "leader").await
 }
 
 pub(crate) async fn assign(
@@ -270,17 +274,7 @@ pub(crate) async fn assign(
 ) -> StoreResult<()> {
     let mut client = store.coordination_client().await?;
     let tx = client.transaction().await.map_err(db_error)?;
-    let row = tx
-        .query_one(
-            "SELECT holder, term, coalesce(expires_at > clock_timestamp(), false)
-             FROM leader FOR SHARE",
-            &[],
-        )
-        .await
-        .map_err(db_error)?;
-    let holder: Option<String> = row.get(0);
-    let current_term: i64 = row.get(1);
-    let live: bool = row.get(2);
+    let (holder, current_term, live) = locked_leader(&tx, "FOR SHARE").await?;
     let current = holder.as_deref() == Some(leader.0.as_str())
         && live
         && i64::try_from(term).is_ok_and(|t| t == current_term);
@@ -331,12 +325,7 @@ pub(crate) async fn assign(
         )
         .await
         .map_err(db_error)?;
-    if granted + revoked > 0 {
-        tx.execute(ANNOUNCE, &[&CHANGE_CHANNEL, &"assign"])
-            .await
-            .map_err(db_error)?;
-    }
-    tx.commit().await.map_err(db_error)
+    commit_announcing(tx, granted + revoked > 0, "assign").await
 }
 
 pub(crate) async fn renew_ownership(
@@ -345,23 +334,16 @@ pub(crate) async fn renew_ownership(
     ttl: Duration,
 ) -> StoreResult<Vec<OwnedPartition>> {
     let client = store.coordination_client().await?;
-    let statement = client
-        .prepare_cached(
-            "UPDATE partitions
-             SET lease_expires_at = CASE WHEN pending_owner IS NULL
-                 THEN clock_timestamp() + $2::float8 * interval '1 millisecond'
-                 ELSE lease_expires_at END
-             WHERE owner = $1
-             RETURNING partition, epoch,
-                 coalesce(ceil(extract(epoch FROM takeover_at - clock_timestamp()) * 1000), 0)::bigint,
-                 pending_owner IS NOT NULL",
-        )
-        .await
-        .map_err(db_error)?;
-    let mut owned = client
-        .query(&statement, &[&node.0, &millis(ttl)])
-        .await
-        .map_err(db_error)?
+    let sql = "UPDATE partitions
+         SET lease_expires_at = CASE WHEN pending_owner IS NULL
+             THEN clock_timestamp() + $2::float8 * interval '1 millisecond'
+             ELSE lease_expires_at END
+         WHERE owner = $1
+         RETURNING partition, epoch,
+             coalesce(ceil(extract(epoch FROM takeover_at - clock_timestamp()) * 1000), 0)::bigint,
+             pending_owner IS NOT NULL";
+    let mut owned = cached::query(&client, sql, &[&node.0, &millis(ttl)])
+        .await?
         .iter()
         .map(|row| {
             Ok(OwnedPartition {
@@ -412,12 +394,7 @@ pub(crate) async fn release_partitions(
         .iter()
         .map(|row| partition_from_i32(row.get(0)))
         .collect::<StoreResult<Vec<_>>>()?;
-    if !released.is_empty() {
-        tx.execute(ANNOUNCE, &[&CHANGE_CHANNEL, &"release"])
-            .await
-            .map_err(db_error)?;
-    }
-    tx.commit().await.map_err(db_error)?;
+    commit_announcing(tx, !released.is_empty(), "release").await?;
     released.sort();
     Ok(released)
 }
@@ -650,12 +627,8 @@ pub(crate) async fn evict(store: &PostgresStore, node: &NodeId) -> StoreResult<O
         .await
         .map_err(db_error)?
         > 0;
-    if registered || was_leader || !partitions.is_empty() {
-        tx.execute(ANNOUNCE, &[&CHANGE_CHANNEL, &"evict"])
-            .await
-            .map_err(db_error)?;
-    }
-    tx.commit().await.map_err(db_error)?;
+    let changed = registered || was_leader || !partitions.is_empty();
+    commit_announcing(tx, changed, "evict").await?;
     Ok(Some(Eviction {
         registered,
         partitions,

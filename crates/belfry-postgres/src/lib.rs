@@ -68,6 +68,7 @@ pub mod wakeups;
 pub use belfry_store::StoreError;
 pub use wakeups::{Wakeup, WakeupKind};
 
+use crate::cached::Params;
 use crate::error::{corrupt, db_error, pool_error};
 use crate::primary::{Access, Primary};
 use crate::rows::{EVENT_COLUMNS, JsonText, attempt_from_row, cursor_from_row, record_from_row};
@@ -277,21 +278,22 @@ impl PostgresStore {
 /// waits for itself, and once as many such calls run as the pool has
 /// connections, all of them time out.
 pub(crate) async fn read_event(
-    client: &deadpool_postgres::ClientWrapper,
+    client: &impl deadpool_postgres::GenericClient,
     key: &EventKey,
 ) -> StoreResult<Option<EventRecord>> {
-    let statement = client
-        .prepare_cached(&format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE tenant = $1 AND id = $2"
-        ))
-        .await
-        .map_err(db_error)?;
-    client
-        .query_opt(&statement, &[&key.tenant.as_str(), &key.id.as_str()])
-        .await
-        .map_err(db_error)?
-        .map(|row| record_from_row(&row))
+    let sql = format!("SELECT {EVENT_COLUMNS} FROM events WHERE tenant = $1 AND id = $2");
+    cached::query(client, &sql, &[&key.tenant.as_str(), &key.id.as_str()])
+        .await?
+        .first()
+        .map(record_from_row)
         .transpose()
+}
+
+/// The tenants and ids of `keys`, as two `text[]` parameters for `unnest`.
+fn key_columns(keys: &[EventKey]) -> (Vec<&str>, Vec<&str>) {
+    keys.iter()
+        .map(|key| (key.tenant.as_str(), key.id.as_str()))
+        .unzip()
 }
 
 fn manager_config() -> ManagerConfig {
@@ -422,7 +424,7 @@ impl Listing {
                 // planner merges them (Merge Append) and reads each only as
                 // far as the page needs; flattened branches without their
                 // own ORDER BY were appended and sorted whole instead.
-                let branches: Vec<String> = LISTED_STATUSES
+                let branches: Vec<String> = EventStatus::ALL
                     .iter()
                     .map(|status| format!("({})", branch(&format!("'{}'", status.as_str()))))
                     .collect();
@@ -451,16 +453,6 @@ impl Listing {
             .collect()
     }
 }
-
-/// Every status, for time listings without a status filter.
-const LISTED_STATUSES: [EventStatus; 6] = [
-    EventStatus::Scheduled,
-    EventStatus::Retrying,
-    EventStatus::Delivered,
-    EventStatus::Failed,
-    EventStatus::Missed,
-    EventStatus::Cancelled,
-];
 
 /// Rows read by the scans of an `EXPLAIN (ANALYZE, FORMAT JSON)` plan:
 /// for each node that scans a relation, the rows it returned plus those
@@ -520,18 +512,10 @@ impl Store for PostgresStore {
                 .map_err(|e| {
                     StoreError::Internal(format!("cannot encode the tenant's secrets: {e}"))
                 })?;
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached(
-                    "INSERT INTO tenants (name, sink, signing) VALUES ($1, $2::text::jsonb, $3::text::jsonb)
-                     ON CONFLICT (name) DO UPDATE SET sink = EXCLUDED.sink, signing = EXCLUDED.signing",
-                )
-                .await
-                .map_err(db_error)?;
-            client
-                .execute(&statement, &[&tenant.name.as_str(), &sink, &signing])
-                .await
-                .map_err(db_error)?;
+            let sql = "INSERT INTO tenants (name, sink, signing) VALUES ($1, $2::text::jsonb, $3::text::jsonb)
+                 ON CONFLICT (name) DO UPDATE SET sink = EXCLUDED.sink, signing = EXCLUDED.signing";
+            let params: &Params = &[&tenant.name.as_str(), &sink, &signing];
+            cached::execute(&self.client().await?, sql, params).await?;
             Ok(())
         })
         .await
@@ -606,7 +590,7 @@ impl Store for PostgresStore {
 
     async fn get_event(&self, key: &EventKey) -> StoreResult<Option<EventRecord>> {
         self.guarded(Access::Read, async move {
-            read_event(&*self.client().await?, key).await
+            read_event(&self.client().await?, key).await
         })
         .await
     }
@@ -617,20 +601,12 @@ impl Store for PostgresStore {
             if keys.is_empty() {
                 return Ok(Vec::new());
             }
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached(&format!(
-                    "SELECT {EVENT_COLUMNS} FROM events \
-                     WHERE (tenant, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
-                ))
-                .await
-                .map_err(db_error)?;
-            let tenants: Vec<&str> = keys.iter().map(|k| k.tenant.as_str()).collect();
-            let ids: Vec<&str> = keys.iter().map(|k| k.id.as_str()).collect();
-            let rows = client
-                .query(&statement, &[&tenants, &ids])
-                .await
-                .map_err(db_error)?;
+            let sql = format!(
+                "SELECT {EVENT_COLUMNS} FROM events \
+                 WHERE (tenant, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+            );
+            let (tenants, ids) = key_columns(keys);
+            let rows = cached::query(&self.client().await?, &sql, &[&tenants, &ids]).await?;
             let mut found = std::collections::HashMap::with_capacity(rows.len());
             for row in &rows {
                 let record = record_from_row(row)?;
@@ -663,26 +639,21 @@ impl Store for PostgresStore {
                 ),
                 None => (i64::MIN, "", ""),
             };
-            let statement = client
-                .prepare_cached(DUE_PAGE_SQL)
-                .await
-                .map_err(db_error)?;
-            let rows = client
-                .query(
-                    &statement,
-                    &[
-                        &partition,
-                        &through,
-                        &after_due,
-                        &after_tenant,
-                        &after_id,
-                        &limit,
-                        &tenant,
-                        &skip,
-                    ],
-                )
-                .await
-                .map_err(db_error)?;
+            let rows = cached::query(
+                &client,
+                DUE_PAGE_SQL,
+                &[
+                    &partition,
+                    &through,
+                    &after_due,
+                    &after_tenant,
+                    &after_id,
+                    &limit,
+                    &tenant,
+                    &skip,
+                ],
+            )
+            .await?;
             rows.iter().map(cursor_from_row).collect()
         })
         .await
@@ -695,15 +666,8 @@ impl Store for PostgresStore {
             let Some(listing) = Listing::of(&params) else {
                 return Ok(Vec::new());
             };
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached(&listing.sql)
-                .await
-                .map_err(db_error)?;
-            client
-                .query(&statement, &listing.args())
-                .await
-                .map_err(db_error)?
+            cached::query(&self.client().await?, &listing.sql, &listing.args())
+                .await?
                 .iter()
                 .map(record_from_row)
                 .collect()
@@ -739,22 +703,12 @@ impl Store for PostgresStore {
             if params.at_most == 0 {
                 return Ok(0);
             }
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached(
-                    "SELECT count(*) FROM (SELECT 1 FROM events \
-                     WHERE tenant = $1 AND status = $2 AND id >= ' ' LIMIT $3) AS counted",
-                )
-                .await
-                .map_err(db_error)?;
+            let sql = "SELECT count(*) FROM (SELECT 1 FROM events \
+                 WHERE tenant = $1 AND status = $2 AND id >= ' ' LIMIT $3) AS counted";
             let at_most = i64::try_from(params.at_most).unwrap_or(i64::MAX);
-            let count: i64 = client
-                .query_one(
-                    &statement,
-                    &[&params.tenant.as_str(), &params.status.as_str(), &at_most],
-                )
-                .await
-                .map_err(db_error)?
+            let params: &Params = &[&params.tenant.as_str(), &params.status.as_str(), &at_most];
+            let count: i64 = cached::query_one(&self.client().await?, sql, params)
+                .await?
                 .get(0);
             Ok(u64::try_from(count).unwrap_or(0))
         })
@@ -766,21 +720,11 @@ impl Store for PostgresStore {
             if limit == 0 {
                 return Ok(Vec::new());
             }
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached(
-                    "SELECT version, number, started_at, duration_ms, verdict, http_status, error
-                     FROM attempts WHERE tenant = $1 AND id = $2 ORDER BY seq LIMIT $3",
-                )
-                .await
-                .map_err(db_error)?;
-            client
-                .query(
-                    &statement,
-                    &[&key.tenant.as_str(), &key.id.as_str(), &sql_limit(limit)],
-                )
-                .await
-                .map_err(db_error)?
+            let sql = "SELECT version, number, started_at, duration_ms, verdict, http_status, error
+                 FROM attempts WHERE tenant = $1 AND id = $2 ORDER BY seq LIMIT $3";
+            let params: &Params = &[&key.tenant.as_str(), &key.id.as_str(), &sql_limit(limit)];
+            cached::query(&self.client().await?, sql, params)
+                .await?
                 .iter()
                 .map(attempt_from_row)
                 .collect()
@@ -793,12 +737,9 @@ impl Store for PostgresStore {
             if params.limit == 0 {
                 return Ok(0);
             }
-            let client = self.client().await?;
             // Rows a concurrent apply holds are skipped (it may be reviving
             // them); the sweep takes them next time if they are still old.
-            let statement = client
-                .prepare_cached(
-                    "WITH doomed AS (
+            let sql = "WITH doomed AS (
                          SELECT tenant, id FROM events
                          WHERE finished_at < $1
                          ORDER BY finished_at LIMIT $2
@@ -814,20 +755,13 @@ impl Store for PostgresStore {
                          DELETE FROM leases l USING gone g
                          WHERE l.tenant = g.tenant AND l.id = g.id
                      )
-                     SELECT count(*) FROM gone",
-                )
-                .await
-                .map_err(db_error)?;
-            let purged: i64 = client
-                .query_one(
-                    &statement,
-                    &[
-                        &params.finished_before.as_millis(),
-                        &sql_limit(params.limit),
-                    ],
-                )
-                .await
-                .map_err(db_error)?
+                     SELECT count(*) FROM gone";
+            let params: &Params = &[
+                &params.finished_before.as_millis(),
+                &sql_limit(params.limit),
+            ];
+            let purged: i64 = cached::query_one(&self.client().await?, sql, params)
+                .await?
                 .get(0);
             usize::try_from(purged).map_err(|_| corrupt(format_args!("purge count {purged}")))
         })
@@ -839,13 +773,10 @@ impl Store for PostgresStore {
             if keys.is_empty() {
                 return Ok(Vec::new());
             }
-            let client = self.client().await?;
             // One statement, one transaction. A row a concurrent apply holds is
             // waited for and its status checked again once that commits (a
             // redrive makes it pending: kept).
-            let statement = client
-                .prepare_cached(
-                    "WITH gone AS (
+            let sql = "WITH gone AS (
                          DELETE FROM events e
                          USING unnest($1::text[], $2::text[]) AS k(tenant, id)
                          WHERE e.tenant = k.tenant AND e.id = k.id
@@ -858,19 +789,14 @@ impl Store for PostgresStore {
                          DELETE FROM leases l USING gone g
                          WHERE l.tenant = g.tenant AND l.id = g.id
                      )
-                     SELECT tenant, id FROM gone",
-                )
-                .await
-                .map_err(db_error)?;
-            let tenants: Vec<&str> = keys.iter().map(|key| key.tenant.as_str()).collect();
-            let ids: Vec<&str> = keys.iter().map(|key| key.id.as_str()).collect();
-            let gone: std::collections::HashSet<(String, String)> = client
-                .query(&statement, &[&tenants, &ids])
-                .await
-                .map_err(db_error)?
-                .iter()
-                .map(|row| (row.get(0), row.get(1)))
-                .collect();
+                     SELECT tenant, id FROM gone";
+            let (tenants, ids) = key_columns(keys);
+            let gone: std::collections::HashSet<(String, String)> =
+                cached::query(&self.client().await?, sql, &[&tenants, &ids])
+                    .await?
+                    .iter()
+                    .map(|row| (row.get(0), row.get(1)))
+                    .collect();
             // A key named twice is deleted once; its repeat answers `false`.
             let mut answered = std::collections::HashSet::new();
             Ok(keys

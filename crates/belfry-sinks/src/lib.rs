@@ -23,6 +23,7 @@ pub mod egress;
 pub mod http;
 pub mod kafka;
 pub mod log;
+mod prepared;
 pub mod signing;
 
 /// One attempt to deliver one event.
@@ -273,19 +274,6 @@ impl Sinks {
             SinkConfig::Pull(_) => DeliveryResult::failed(Verdict::Retry, None, NOT_PUSHED),
         }
     }
-}
-
-/// A prepared target's route and signer, or the permanent failure of a
-/// config that cannot be delivered to (no request is tried).
-pub(crate) fn route_and_signer<'a, R>(
-    route: &'a Result<R, String>,
-    signer: &'a Result<Option<signing::Signer>, String>,
-) -> Result<(&'a R, Option<&'a signing::Signer>), DeliveryResult> {
-    let unusable =
-        |reason: &String| DeliveryResult::failed(Verdict::Permanent, None, reason.clone());
-    let route = route.as_ref().map_err(unusable)?;
-    let signer = signer.as_ref().map_err(unusable)?;
-    Ok((route, signer.as_ref()))
 }
 
 /// A scheduled event due `at`, as the engine hands it to a sink (the

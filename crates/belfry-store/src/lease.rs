@@ -25,7 +25,7 @@ use belfry_core::event::{
     Attempt, AttemptReport, EventCommand, EventRecord, TransitionContext, transition,
 };
 use belfry_core::pull::{LeaseChange, LeaseId, LeaseRecord, Resolution};
-use belfry_core::{PartitionId, RetryPolicy, Timestamp, Verdict, WorkerId};
+use belfry_core::{RetryPolicy, Timestamp, Verdict};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -293,12 +293,9 @@ fn resolve(
 /// PostgreSQL's `lease` column).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LeaseDoc {
-    pub lease: LeaseId,
-    pub partition: PartitionId,
-    pub worker: WorkerId,
-    pub leased_at: Timestamp,
-    pub expires_at: Timestamp,
-    pub deadline_at: Timestamp,
+    /// Its fields stand at the top level of the document.
+    #[serde(flatten)]
+    pub record: LeaseRecord,
     /// `None`: live.
     pub ended: Option<ResolutionDoc>,
     /// What ended it; absent in leases stored before it was recorded
@@ -351,14 +348,8 @@ impl From<ResolutionDoc> for Resolution {
 
 impl LeaseDoc {
     pub fn of(stored: &StoredLease) -> Self {
-        let record = &stored.record;
         LeaseDoc {
-            lease: record.lease.clone(),
-            partition: record.partition,
-            worker: record.worker.clone(),
-            leased_at: record.leased_at,
-            expires_at: record.expires_at,
-            deadline_at: record.deadline_at,
+            record: stored.record.clone(),
             ended: match &stored.state {
                 StoredLeaseState::Resolved(resolution) | StoredLeaseState::Expired(resolution) => {
                     Some(resolution.into())
@@ -376,14 +367,7 @@ impl LeaseDoc {
 
     pub fn into_stored(self) -> StoredLease {
         StoredLease {
-            record: LeaseRecord {
-                lease: self.lease,
-                partition: self.partition,
-                worker: self.worker,
-                leased_at: self.leased_at,
-                expires_at: self.expires_at,
-                deadline_at: self.deadline_at,
-            },
+            record: self.record,
             state: match (self.ended, self.ended_by) {
                 (None, _) => StoredLeaseState::Live,
                 (Some(ended), Some(EndedBy::Worker)) => StoredLeaseState::Resolved(ended.into()),
@@ -418,7 +402,7 @@ impl LeaseDoc {
 #[cfg(test)]
 mod tests {
     use belfry_core::pull::LeaseNonce;
-    use belfry_core::{EventId, EventKey, EventVersion, TenantName};
+    use belfry_core::{EventId, EventKey, EventVersion, PartitionId, TenantName, WorkerId};
 
     use super::*;
 

@@ -136,9 +136,9 @@ fn segments(path: &str) -> Vec<String> {
 fn matches(pattern: &[String], path: &str) -> bool {
     let mut parts = path.split('/');
     let same = pattern.iter().all(|want| {
-        parts.next().is_some_and(|part| {
-            want == part || (is_name(want) && !part.is_empty())
-        })
+        parts
+            .next()
+            .is_some_and(|part| want == part || (is_name(want) && !part.is_empty()))
     });
     same && parts.next().is_none()
 }

@@ -4,13 +4,13 @@
 //! alive per host.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use belfry_core::tenant::HttpTarget;
-use belfry_core::{SigningSecrets, SinkConfig, TenantConfig, TenantName, Verdict};
+use belfry_core::{SinkConfig, Verdict};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
@@ -25,10 +25,11 @@ use super::{
 };
 use crate::body::render_delivery_body;
 use crate::egress::{EgressOptions, EgressPolicy};
+use crate::prepared::PreparedTargets;
 use crate::signing::{
-    HEADER_WEBHOOK_ID, HEADER_WEBHOOK_SIGNATURE, HEADER_WEBHOOK_TIMESTAMP, Signer, unix_seconds,
+    HEADER_WEBHOOK_ID, HEADER_WEBHOOK_SIGNATURE, HEADER_WEBHOOK_TIMESTAMP, unix_seconds,
 };
-use crate::{Delivery, DeliveryResult, Sink, route_and_signer};
+use crate::{Delivery, DeliveryResult, Sink};
 
 /// Bytes written as `%XX` in Belfry's own headers: everything outside
 /// printable ASCII (controls, space, non-ASCII) and `%` itself, so the
@@ -71,20 +72,7 @@ pub struct HttpSink {
     /// The prepared request per tenant target, so a delivery does not
     /// re-parse the URL (URL parsing with IDNA showed up in profiles),
     /// re-validate headers or re-decode signing keys.
-    prepared: Arc<Mutex<HashMap<TenantName, Arc<PreparedTarget>>>>,
-}
-
-/// A tenant's webhook, parsed once.
-#[derive(Debug)]
-struct PreparedTarget {
-    /// What it was built from; a changed config rebuilds it.
-    source: HttpTarget,
-    signing_source: Option<SigningSecrets>,
-    /// Err: why no request can be built (a permanent failure).
-    route: Result<Route, String>,
-    /// Err: a stored secret that cannot be decoded (a permanent failure:
-    /// an unsigned delivery would be refused by a verifying receiver).
-    signer: Result<Option<Signer>, String>,
+    prepared: Arc<PreparedTargets<HttpTarget, Route>>,
 }
 
 /// Which transport delivers to a target, with what it prepared.
@@ -174,31 +162,6 @@ impl HttpSink {
         })
     }
 
-    /// The parsed form of `target`, cached per tenant.
-    fn prepared(&self, tenant: &TenantConfig, target: &HttpTarget) -> Arc<PreparedTarget> {
-        let signing = tenant.signing.as_ref();
-        // Poison means a panic mid-insert elsewhere; the map is still valid.
-        let mut cache = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
-        match cache.get(&tenant.name) {
-            Some(entry) if entry.source == *target && entry.signing_source.as_ref() == signing => {
-                entry.clone()
-            }
-            _ => {
-                let entry = Arc::new(PreparedTarget {
-                    source: target.clone(),
-                    signing_source: signing.cloned(),
-                    route: self.route(target),
-                    signer: signing
-                        .map(Signer::new)
-                        .transpose()
-                        .map_err(|e| e.to_string()),
-                });
-                cache.insert(tenant.name.clone(), entry.clone());
-                entry
-            }
-        }
-    }
-
     fn route(&self, target: &HttpTarget) -> Result<Route, String> {
         let url = reqwest::Url::parse(&target.url)
             .map_err(|e| format!("tenant url is not a valid URL: {e}"))?;
@@ -249,8 +212,10 @@ impl Sink for HttpSink {
                 "tenant is not configured for HTTP delivery",
             );
         };
-        let prepared = self.prepared(delivery.tenant, target);
-        let (route, signer) = match route_and_signer(&prepared.route, &prepared.signer) {
+        let prepared = self
+            .prepared
+            .get(delivery.tenant, target, |target| self.route(target));
+        let (route, signer) = match prepared.usable() {
             Ok(usable) => usable,
             Err(result) => return result,
         };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use belfry_core::tenant::{KafkaKey, KafkaTarget};
-use belfry_core::{SigningSecrets, SinkConfig, TenantConfig, TenantName, Verdict};
+use belfry_core::{SinkConfig, Verdict};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureRecord, Producer as _};
@@ -22,10 +22,11 @@ use super::{
 };
 use crate::body::render_delivery_body;
 use crate::egress::{EgressOptions, EgressPolicy};
+use crate::prepared::PreparedTargets;
 use crate::signing::{
-    HEADER_WEBHOOK_ID, HEADER_WEBHOOK_SIGNATURE, HEADER_WEBHOOK_TIMESTAMP, Signer, unix_seconds,
+    HEADER_WEBHOOK_ID, HEADER_WEBHOOK_SIGNATURE, HEADER_WEBHOOK_TIMESTAMP, unix_seconds,
 };
-use crate::{Delivery, DeliveryResult, Sink, route_and_signer};
+use crate::{Delivery, DeliveryResult, Sink};
 
 /// How much longer than `message.timeout.ms` a delivery waits for
 /// librdkafka's answer before giving up on it (librdkafka answers every
@@ -46,21 +47,11 @@ pub struct KafkaSink {
     /// none at once (a burst of due events) open one, not one each.
     opening: tokio::sync::Mutex<()>,
     /// Each tenant's target, prepared once per config.
-    prepared: Mutex<HashMap<TenantName, Arc<Prepared>>>,
+    prepared: PreparedTargets<KafkaTarget, Route>,
 }
 
-/// A tenant's target, read once.
-#[derive(Debug)]
-struct Prepared {
-    source: KafkaTarget,
-    signing_source: Option<SigningSecrets>,
-    /// The producer settings (the shared producer's key), the bootstrap
-    /// servers and the produce limit; Err: why no record can be sent (a
-    /// permanent failure).
-    route: Result<Route, String>,
-    signer: Result<Option<Signer>, String>,
-}
-
+/// The producer settings (the shared producer's key), the bootstrap
+/// servers and the produce limit of a prepared target.
 #[derive(Debug)]
 struct Route {
     settings: Arc<Settings>,
@@ -135,7 +126,7 @@ impl KafkaSink {
             opening: tokio::sync::Mutex::new(()),
             options,
             egress,
-            prepared: Mutex::default(),
+            prepared: PreparedTargets::default(),
         }
     }
 
@@ -146,30 +137,6 @@ impl KafkaSink {
     /// How many producers are open (bounded by `max_producers`).
     pub fn open_producers(&self) -> usize {
         self.producers.len()
-    }
-
-    fn prepared(&self, tenant: &TenantConfig, target: &KafkaTarget) -> Arc<Prepared> {
-        let signing = tenant.signing.as_ref();
-        // Poison means a panic mid-insert elsewhere; the map is still valid.
-        let mut cache = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
-        match cache.get(&tenant.name) {
-            Some(entry) if entry.source == *target && entry.signing_source.as_ref() == signing => {
-                Arc::clone(entry)
-            }
-            _ => {
-                let entry = Arc::new(Prepared {
-                    source: target.clone(),
-                    signing_source: signing.cloned(),
-                    route: self.route(target),
-                    signer: signing
-                        .map(Signer::new)
-                        .transpose()
-                        .map_err(|e| e.to_string()),
-                });
-                cache.insert(tenant.name.clone(), Arc::clone(&entry));
-                entry
-            }
-        }
     }
 
     /// The complete producer settings for `target`: Belfry's defaults, the
@@ -315,8 +282,10 @@ impl Sink for KafkaSink {
                 "tenant is not configured for Kafka delivery",
             );
         };
-        let prepared = self.prepared(delivery.tenant, target);
-        let (route, signer) = match route_and_signer(&prepared.route, &prepared.signer) {
+        let prepared = self
+            .prepared
+            .get(delivery.tenant, target, |target| self.route(target));
+        let (route, signer) = match prepared.usable() {
             Ok(usable) => usable,
             Err(result) => return result,
         };

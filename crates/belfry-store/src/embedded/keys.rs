@@ -177,16 +177,6 @@ pub fn decode_finished_key(bytes: &[u8]) -> StoreResult<(Timestamp, EventKey)> {
     ))
 }
 
-/// Every status, in the order of their index bytes.
-pub const STATUSES: [EventStatus; 6] = [
-    EventStatus::Scheduled,
-    EventStatus::Retrying,
-    EventStatus::Delivered,
-    EventStatus::Failed,
-    EventStatus::Missed,
-    EventStatus::Cancelled,
-];
-
 /// A status's byte in the listing index. Stored: never renumber.
 pub fn status_byte(status: EventStatus) -> u8 {
     match status {

@@ -127,7 +127,7 @@ impl Reader<'_> {
         }
         let statuses: &[EventStatus] = match &params.status {
             Some(status) => std::slice::from_ref(status),
-            None => &keys::STATUSES,
+            None => &EventStatus::ALL,
         };
         // One range per status, each with its current head (key, iterator).
         let mut heads: Vec<(Vec<u8>, Iter)> = Vec::with_capacity(statuses.len());
