@@ -95,6 +95,9 @@ impl Spawner {
         task: impl Future<Output = T> + Send + 'static,
     ) -> Joined<T> {
         let gone = self.gone.clone();
+        // Boxed: a delivery's future is kilobytes, and the runtime would
+        // copy it several times while spawning and polling it in place.
+        let task = Box::pin(task);
         Joined(self.running.spawn(async move {
             tokio::select! {
                 biased;
