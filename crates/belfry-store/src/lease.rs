@@ -25,7 +25,7 @@ use belfry_core::event::{
     Attempt, AttemptReport, EventCommand, EventRecord, TransitionContext, transition,
 };
 use belfry_core::pull::{LeaseChange, LeaseId, LeaseRecord, Resolution};
-use belfry_core::{RetryPolicy, Timestamp, Verdict};
+use belfry_core::{PartitionId, RetryPolicy, Timestamp, Verdict, WorkerId};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -293,9 +293,12 @@ fn resolve(
 /// PostgreSQL's `lease` column).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LeaseDoc {
-    /// Its fields stand at the top level of the document.
-    #[serde(flatten)]
-    pub record: LeaseRecord,
+    pub lease: LeaseId,
+    pub partition: PartitionId,
+    pub worker: WorkerId,
+    pub leased_at: Timestamp,
+    pub expires_at: Timestamp,
+    pub deadline_at: Timestamp,
     /// `None`: live.
     pub ended: Option<ResolutionDoc>,
     /// What ended it; absent in leases stored before it was recorded
@@ -348,8 +351,14 @@ impl From<ResolutionDoc> for Resolution {
 
 impl LeaseDoc {
     pub fn of(stored: &StoredLease) -> Self {
+        let record = &stored.record;
         LeaseDoc {
-            record: stored.record.clone(),
+            lease: record.lease.clone(),
+            partition: record.partition,
+            worker: record.worker.clone(),
+            leased_at: record.leased_at,
+            expires_at: record.expires_at,
+            deadline_at: record.deadline_at,
             ended: match &stored.state {
                 StoredLeaseState::Resolved(resolution) | StoredLeaseState::Expired(resolution) => {
                     Some(resolution.into())
@@ -367,7 +376,14 @@ impl LeaseDoc {
 
     pub fn into_stored(self) -> StoredLease {
         StoredLease {
-            record: self.record,
+            record: LeaseRecord {
+                lease: self.lease,
+                partition: self.partition,
+                worker: self.worker,
+                leased_at: self.leased_at,
+                expires_at: self.expires_at,
+                deadline_at: self.deadline_at,
+            },
             state: match (self.ended, self.ended_by) {
                 (None, _) => StoredLeaseState::Live,
                 (Some(ended), Some(EndedBy::Worker)) => StoredLeaseState::Resolved(ended.into()),
@@ -402,7 +418,7 @@ impl LeaseDoc {
 #[cfg(test)]
 mod tests {
     use belfry_core::pull::LeaseNonce;
-    use belfry_core::{EventId, EventKey, EventVersion, PartitionId, TenantName, WorkerId};
+    use belfry_core::{EventId, EventKey, EventVersion, TenantName};
 
     use super::*;
 

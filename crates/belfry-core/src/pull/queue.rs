@@ -207,7 +207,7 @@ pub enum Input {
 }
 
 /// A lease to record before its worker gets it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRecord {
     pub lease: LeaseId,
     pub partition: PartitionId,
