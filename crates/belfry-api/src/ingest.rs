@@ -31,7 +31,7 @@ use crate::bigben::schedule::schedule_items;
 use crate::error::{ApiError, Code};
 pub use crate::pipeline::WriteScope;
 use crate::pipeline::{Checked, Outcome, Pipeline, QuotaMode, Tenants};
-use crate::v1::events::PullFields;
+use crate::v1::events::SettingsFields;
 use crate::v1::views::BackoffBody;
 use crate::v1::views::Delivery;
 
@@ -194,9 +194,8 @@ fn bigben_verdict(response: &EventResponse, refusal: Option<Code>) -> Verdict {
 }
 
 /// One `/v1` event write as a record: the body of `PUT
-/// /v1/tenants/{tenant}/events/{id}` (pull tenants' `queue`,
-/// `max_attempts` and `backoff` included) plus its tenant and id, or a
-/// cancel.
+/// /v1/tenants/{tenant}/events/{id}` (the delivery policy fields and pull
+/// tenants' `queue` included) plus its tenant and id, or a cancel.
 ///
 /// ```json
 /// {"tenant": "acme", "id": "order-42", "deliver_at": "2030-01-31T04:00:30Z",
@@ -216,6 +215,9 @@ pub struct V1Record {
     queue: Option<String>,
     max_attempts: Option<u32>,
     backoff: Option<BackoffBody>,
+    attempt_timeout_ms: Option<u64>,
+    expire_at: Option<String>,
+    max_age_ms: Option<u64>,
     #[serde(default)]
     cancel: bool,
 }
@@ -229,6 +231,9 @@ impl V1Record {
             || self.queue.is_some()
             || self.max_attempts.is_some()
             || self.backoff.is_some()
+            || self.attempt_timeout_ms.is_some()
+            || self.expire_at.is_some()
+            || self.max_age_ms.is_some()
     }
 }
 
@@ -360,16 +365,23 @@ async fn check_v1(record: V1Record, tenants: &mut Tenants<'_>) -> Checked<(Strin
                 ApiError::new(Code::InvalidRequest, "deliver_at is required"),
             );
         };
-        let pull = PullFields {
+        let settings = SettingsFields {
             queue: record.queue,
             max_attempts: record.max_attempts,
             backoff: record.backoff,
+            attempt_timeout_ms: record.attempt_timeout_ms,
+            expire_at: record.expire_at,
+            max_age_ms: record.max_age_ms,
         };
-        let command =
-            match crate::v1::events::upsert(deliver_at, record.payload, record.delivery, pull) {
-                Ok(command) => command,
-                Err(error) => return reject(echo, error),
-            };
+        let command = match crate::v1::events::upsert(
+            deliver_at,
+            record.payload,
+            record.delivery,
+            settings,
+        ) {
+            Ok(command) => command,
+            Err(error) => return reject(echo, error),
+        };
         // Writes need a registered tenant; cancels do not (events outlive
         // their tenant's registration).
         let admitted = match tenants.registered(&tenant).await {
@@ -384,11 +396,11 @@ async fn check_v1(record: V1Record, tenants: &mut Tenants<'_>) -> Checked<(Strin
     };
     Checked::Write {
         echo,
-        command: KeyedCommand {
+        command: Box::new(KeyedCommand {
             key: EventKey::new(tenant, id),
             command,
             fence: None,
-        },
+        }),
     }
 }
 

@@ -99,8 +99,9 @@ impl Tenants<'_> {
 /// answer it (its id as sent, a response skeleton, …).
 #[derive(Debug)]
 pub(crate) enum Checked<E> {
-    /// Valid: apply `command`.
-    Write { echo: E, command: KeyedCommand },
+    /// Valid: apply `command` (boxed: a command is much larger than the
+    /// other variants).
+    Write { echo: E, command: Box<KeyedCommand> },
     /// Answered without a change and without touching the store (e.g. a
     /// BigBen `REMOVE` of a name that cannot exist).
     Unchanged(E),
@@ -195,7 +196,7 @@ impl<'a, E> Pipeline<'a, E> {
         for item in self.items {
             slots.push(match item {
                 Checked::Write { echo, command } => {
-                    commands.push(command);
+                    commands.push(*command);
                     Slot::Pending {
                         echo,
                         index: commands.len() - 1,

@@ -95,7 +95,7 @@ async fn bad_pull_tenants_change_nothing() {
         ),
         (json!({ "type": "pull", "url": "http://a/" }), "url"),
         (
-            json!({ "type": "http", "url": "http://a/", "max_attempts": 3 }),
+            json!({ "type": "http", "url": "http://a/", "max_attempts": 0 }),
             "max_attempts",
         ),
         (

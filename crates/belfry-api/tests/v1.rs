@@ -104,7 +104,7 @@ async fn tenant_crud() {
 }
 
 /// A sink field its type does not use is refused by name: the first one
-/// given, then a pull field on any type but pull.
+/// given (the delivery policy fields apply to every delivering type).
 #[tokio::test]
 async fn stray_sink_fields_are_named() {
     let h = Harness::start().await;
@@ -114,8 +114,8 @@ async fn stray_sink_fields_are_named() {
             "field processor does not apply to sink type http",
         ),
         (
-            json!({ "type": "http", "url": "http://a/", "max_attempts": 3 }),
-            "field max_attempts does not apply to sink type http",
+            json!({ "type": "builtin", "processor": "log", "max_attempts": 3 }),
+            "field max_attempts does not apply to sink type builtin",
         ),
         (
             json!({ "type": "builtin", "processor": "log", "timeout_ms": 5 }),

@@ -7,9 +7,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{EventKey, EventVersion, QueueName};
+use crate::ids::{EventKey, EventVersion};
 use crate::partition::PartitionId;
-use crate::retry::{Backoff, RetryPolicy, Verdict};
+pub use crate::policy::EventSettings;
+use crate::policy::{Asked, DeliveryPolicy, NodeDefaults, Steer};
+use crate::retry::{RetryPolicy, Verdict};
+use crate::tenant::DeliveryDefaults;
 use crate::time::Timestamp;
 
 /// How the delivered body is shaped (BigBen's `deliveryOption`).
@@ -41,18 +44,22 @@ pub enum EventStatus {
     Missed,
     /// Terminal: cancelled by the client before delivery.
     Cancelled,
+    /// Terminal: not delivered by its expiry (`expire_at`, `max_age_ms`);
+    /// no attempt was made at or after it.
+    Expired,
 }
 
 impl EventStatus {
     /// Every status, in declaration order (the embedded store's index bytes
     /// follow it).
-    pub const ALL: [EventStatus; 6] = [
+    pub const ALL: [EventStatus; 7] = [
         EventStatus::Scheduled,
         EventStatus::Retrying,
         EventStatus::Delivered,
         EventStatus::Failed,
         EventStatus::Missed,
         EventStatus::Cancelled,
+        EventStatus::Expired,
     ];
 
     /// Pending events are in the due index and will be fired.
@@ -68,6 +75,7 @@ impl EventStatus {
             EventStatus::Failed => "failed",
             EventStatus::Missed => "missed",
             EventStatus::Cancelled => "cancelled",
+            EventStatus::Expired => "expired",
         }
     }
 
@@ -100,36 +108,12 @@ pub struct EventRecord {
     pub updated_at: Timestamp,
     /// When the event reached a terminal status; drives retention.
     pub finished_at: Option<Timestamp>,
-    /// For pull tenants. Left out of the record's own serde form: the
-    /// stores keep it apart so records written before it existed still
-    /// read (the embedded store after the record, PostgreSQL in columns
-    /// with defaults).
+    /// The event's own delivery settings. Left out of the record's own
+    /// serde form: the stores keep them apart so records written before
+    /// they existed still read (the embedded store after the record,
+    /// PostgreSQL in columns with defaults).
     #[serde(skip)]
-    pub pull: PullSettings,
-}
-
-/// What a pull tenant's workers get besides the payload (`docs/pull.md`):
-/// the event's named queue, and its own attempt cap and back-off (else its
-/// tenant's). Push tenants' deliveries ignore it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PullSettings {
-    /// `None`: the `default` queue.
-    pub queue: Option<QueueName>,
-    pub max_attempts: Option<u32>,
-    pub backoff: Option<Backoff>,
-}
-
-impl PullSettings {
-    /// The queue the event is claimed from.
-    pub fn queue(&self) -> QueueName {
-        self.queue.clone().unwrap_or_else(QueueName::default_queue)
-    }
-
-    /// Nothing set: the event takes its queue, cap and back-off from its
-    /// tenant and node.
-    pub fn is_default(&self) -> bool {
-        *self == PullSettings::default()
-    }
+    pub settings: EventSettings,
 }
 
 /// What one finished delivery attempt reports.
@@ -140,6 +124,26 @@ pub struct AttemptReport {
     pub verdict: Verdict,
     pub http_status: Option<u16>,
     pub error: Option<String>,
+    /// What the receiver asked of the next attempts (`Retry-After`, `410`).
+    pub steer: Option<Steer>,
+}
+
+impl AttemptReport {
+    /// What the receiver asked for the next attempt, as a delay from
+    /// `now`: its `Retry-After` counts from when it answered (the end of
+    /// the attempt), so the time taken to record the attempt is not added.
+    pub fn asked(&self, now: Timestamp) -> Asked {
+        match self.steer {
+            Some(Steer::RetryAfter(retry_after)) => {
+                let answered_at = self
+                    .started_at
+                    .plus(std::time::Duration::from_millis(self.duration_ms));
+                let next = answered_at.plus(retry_after.delay_from(answered_at));
+                Asked::Receiver(now.until(next))
+            }
+            Some(Steer::Gone) | None => Asked::Nothing,
+        }
+    }
 }
 
 /// One entry of an event's execution history.
@@ -164,7 +168,7 @@ pub enum EventCommand {
         payload: Option<String>,
         delivery: DeliveryOption,
         /// Replaces the event's, like the payload.
-        pull: PullSettings,
+        settings: EventSettings,
         /// The version to use if this upsert starts a new one.
         new_version: EventVersion,
     },
@@ -180,6 +184,9 @@ pub enum EventCommand {
         /// attempts of the record it was made from.
         number: u32,
         report: AttemptReport,
+        /// The event's tenant's defaults, for its next attempt
+        /// ([`DeliveryPolicy::resolve`] with the node's retry policy).
+        tenant: DeliveryDefaults,
     },
     /// End a pending event that is too far past due to fire.
     Expire { reason: String },
@@ -187,6 +194,13 @@ pub enum EventCommand {
     /// pending with `version`, so a move or re-create acknowledged between
     /// the decision and its recording is not expired with it.
     ExpireVersion {
+        version: EventVersion,
+        reason: String,
+    },
+    /// End a pending event whose own expiry passed before its next attempt
+    /// (`expired`), only while it is pending with `version`, as
+    /// [`EventCommand::ExpireVersion`].
+    EndExpired {
         version: EventVersion,
         reason: String,
     },
@@ -305,14 +319,14 @@ pub fn transition(
             event_time,
             payload,
             delivery,
-            pull,
+            settings,
             new_version,
         } => match current {
             Some(existing) if existing.status != EventStatus::Cancelled => {
                 let mut next = existing.clone();
                 next.payload = payload;
                 next.delivery = delivery;
-                next.pull = pull;
+                next.settings = settings;
                 next.updated_at = now;
                 if existing.event_time == event_time {
                     // Same place in the timer, new content: re-arming it
@@ -364,7 +378,7 @@ pub fn transition(
                     created_at: now,
                     updated_at: now,
                     finished_at: None,
-                    pull,
+                    settings,
                 }),
                 outcome: CommandOutcome::Created,
                 effects: vec![Effect::Arm { at: event_time }],
@@ -419,6 +433,7 @@ pub fn transition(
             version,
             number,
             report,
+            tenant,
         } => {
             let Some(existing) = current else {
                 return Transition::unchanged(CommandOutcome::StaleAttempt);
@@ -485,10 +500,16 @@ pub fn transition(
                     finish(&mut next, EventStatus::Failed, now)
                 }
                 Verdict::Retry => {
+                    let asked = report.asked(now);
                     next.last_error = report.error;
-                    match ctx.retry.next_delay(number, existing.event_time, now) {
-                        Some(delay) => {
-                            let at = now.plus(delay);
+                    let policy = DeliveryPolicy::resolve(
+                        NodeDefaults::push(ctx.retry),
+                        &tenant,
+                        &existing.settings,
+                        existing.event_time,
+                    );
+                    match policy.next_attempt(number, existing.event_time, now, asked) {
+                        Ok(at) => {
                             let mut effects = Vec::new();
                             if let Some(old) = existing.next_fire_at {
                                 effects.push(Effect::Disarm { at: old });
@@ -498,11 +519,9 @@ pub fn transition(
                             next.next_fire_at = Some(at);
                             effects
                         }
-                        None => {
+                        Err(give_up) => {
                             let reason = next.last_error.take().unwrap_or_default();
-                            next.last_error = Some(format!(
-                                "gave up after {number} attempts (backlog limit reached): {reason}"
-                            ));
+                            next.last_error = Some(give_up.describe(number, &reason));
                             finish(&mut next, EventStatus::Failed, now)
                         }
                     }
@@ -528,7 +547,7 @@ pub fn transition(
                     event_time,
                     payload,
                     delivery,
-                    pull: existing.pull.clone(),
+                    settings: existing.settings.clone(),
                     new_version,
                 };
                 transition(key, current, upsert, ctx)
@@ -541,20 +560,37 @@ pub fn transition(
             }
             _ => Transition::unchanged(CommandOutcome::NotPending),
         },
-        EventCommand::Expire { reason } => match current {
-            Some(existing) if existing.status.is_pending() => {
-                let mut next = existing.clone();
-                next.last_error = Some(reason);
-                let effects = finish(&mut next, EventStatus::Missed, now);
-                Transition {
-                    next: Some(next),
-                    outcome: CommandOutcome::Expired,
-                    effects,
-                    attempt: None,
-                }
+        EventCommand::Expire { reason } => end_pending(current, EventStatus::Missed, reason, now),
+        EventCommand::EndExpired { version, reason } => match current {
+            Some(existing) if existing.version == version => {
+                end_pending(current, EventStatus::Expired, reason, now)
             }
             _ => Transition::unchanged(CommandOutcome::NotPending),
         },
+    }
+}
+
+/// Ends `current`, if pending, in `status` (`missed` or `expired`) with
+/// `reason` as its last error.
+fn end_pending(
+    current: Option<&EventRecord>,
+    status: EventStatus,
+    reason: String,
+    now: Timestamp,
+) -> Transition {
+    match current {
+        Some(existing) if existing.status.is_pending() => {
+            let mut next = existing.clone();
+            next.last_error = Some(reason);
+            let effects = finish(&mut next, status, now);
+            Transition {
+                next: Some(next),
+                outcome: CommandOutcome::Expired,
+                effects,
+                attempt: None,
+            }
+        }
+        _ => Transition::unchanged(CommandOutcome::NotPending),
     }
 }
 
@@ -575,6 +611,8 @@ fn finish(record: &mut EventRecord, status: EventStatus, now: Timestamp) -> Vec<
 mod tests {
     use super::*;
     use crate::ids::{EventId, TenantName};
+    use crate::policy::RetryAfter;
+    use crate::retry::Backoff;
 
     fn key() -> EventKey {
         EventKey::new(TenantName::new("t").unwrap(), EventId::new("e").unwrap())
@@ -604,7 +642,7 @@ mod tests {
             payload: Some("p".into()),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::from_string(version.into()),
-            pull: Default::default(),
+            settings: Default::default(),
         }
     }
 
@@ -615,6 +653,7 @@ mod tests {
             verdict,
             http_status: Some(500),
             error: Some("boom".into()),
+            steer: None,
         }
     }
 
@@ -624,6 +663,7 @@ mod tests {
             version: version.clone(),
             number,
             report: report(verdict, at),
+            tenant: DeliveryDefaults::default(),
         }
     }
 
@@ -757,6 +797,114 @@ mod tests {
         assert!(rec.last_error.unwrap().contains("boom"));
         assert_eq!(rec.next_fire_at, None);
         assert_eq!(rec.finished_at, Some(ts(day)));
+    }
+
+    #[test]
+    fn the_tenants_attempt_cap_and_back_off_apply_to_a_pushed_event() {
+        let tenant = DeliveryDefaults {
+            max_attempts: Some(2),
+            backoff: Some(Backoff::new(100, 2.0, 1_000).unwrap()),
+            ..DeliveryDefaults::default()
+        };
+        let record_attempt = |rec: &EventRecord, number, at| EventCommand::RecordAttempt {
+            version: rec.version.clone(),
+            number,
+            report: report(Verdict::Retry, at),
+            tenant: tenant.clone(),
+        };
+        let rec = apply(None, upsert(0, "v1"), 0).next.unwrap();
+        let first = apply(Some(&rec), record_attempt(&rec, 1, 0), 10)
+            .next
+            .unwrap();
+        assert_eq!(first.status, EventStatus::Retrying);
+        assert_eq!(first.next_fire_at, Some(ts(110)), "the tenant's 100 ms");
+        let second = apply(Some(&first), record_attempt(&first, 2, 110), 120);
+        assert_eq!(
+            second.outcome,
+            CommandOutcome::AttemptRecorded(EventStatus::Failed)
+        );
+        assert_eq!(
+            second.next.unwrap().last_error.as_deref(),
+            Some("gave up after 2 attempts (max_attempts reached): boom")
+        );
+
+        // The event's own cap wins over its tenant's.
+        let mut own = rec.clone();
+        own.settings.max_attempts = Some(3);
+        let again = apply(Some(&own), record_attempt(&own, 2, 0), 10);
+        assert_eq!(
+            again.outcome,
+            CommandOutcome::AttemptRecorded(EventStatus::Retrying)
+        );
+    }
+
+    #[test]
+    fn a_receivers_retry_after_counts_from_its_answer() {
+        let rec = apply(None, upsert(0, "v1"), 0).next.unwrap();
+        let steered = |steer| EventCommand::RecordAttempt {
+            version: rec.version.clone(),
+            number: 1,
+            report: AttemptReport {
+                steer: Some(steer),
+                duration_ms: 40,
+                ..report(Verdict::Retry, 1_000)
+            },
+            tenant: DeliveryDefaults::default(),
+        };
+        // Answered at 1 040 with `Retry-After: 2`, recorded at 1 050.
+        let seconds = steered(Steer::RetryAfter(RetryAfter::Seconds(2)));
+        let next = apply(Some(&rec), seconds, 1_050).next.unwrap();
+        assert_eq!(next.next_fire_at, Some(ts(3_040)));
+        // An HTTP date 7 s after the answer.
+        let date = steered(Steer::RetryAfter(RetryAfter::At(ts(8_040))));
+        let next = apply(Some(&rec), date, 1_050).next.unwrap();
+        assert_eq!(next.next_fire_at, Some(ts(8_040)));
+        // Past the event's expiry: due at the expiry, to end there.
+        let mut expiring = rec.clone();
+        expiring.settings.expire_at = Some(ts(5_000));
+        let date = steered(Steer::RetryAfter(RetryAfter::At(ts(8_040))));
+        let next = apply(Some(&expiring), date, 1_050).next.unwrap();
+        assert_eq!(next.next_fire_at, Some(ts(5_000)));
+        // Gone: the permanent verdict ends it.
+        let gone = EventCommand::RecordAttempt {
+            version: rec.version.clone(),
+            number: 1,
+            report: AttemptReport {
+                steer: Some(Steer::Gone),
+                http_status: Some(410),
+                error: Some("HTTP 410 Gone".into()),
+                ..report(Verdict::Permanent, 1_000)
+            },
+            tenant: DeliveryDefaults::default(),
+        };
+        let failed = apply(Some(&rec), gone, 1_050).next.unwrap();
+        assert_eq!(failed.status, EventStatus::Failed);
+        assert_eq!(failed.last_error.as_deref(), Some("HTTP 410 Gone"));
+    }
+
+    #[test]
+    fn end_expired_ends_the_pending_version_expired() {
+        let v1 = apply(None, upsert(0, "v1"), 0).next.unwrap();
+        let end = |version: &str| EventCommand::EndExpired {
+            version: EventVersion::from_string(version.into()),
+            reason: "expired: not delivered by its expiry".into(),
+        };
+        assert_eq!(
+            apply(Some(&v1), end("v0"), 5).outcome,
+            CommandOutcome::NotPending
+        );
+        let t = apply(Some(&v1), end("v1"), 5);
+        assert_eq!(t.outcome, CommandOutcome::Expired);
+        assert_eq!(t.effects, vec![Effect::Disarm { at: ts(0) }]);
+        let expired = t.next.unwrap();
+        assert_eq!(expired.status, EventStatus::Expired);
+        assert_eq!(expired.finished_at, Some(ts(5)));
+        assert!(!expired.status.is_pending());
+        assert_eq!(EventStatus::parse("expired"), Some(EventStatus::Expired));
+        assert_eq!(
+            apply(Some(&expired), end("v1"), 6).outcome,
+            CommandOutcome::NotPending
+        );
     }
 
     #[test]

@@ -21,6 +21,10 @@
 //!   (`(state, command, now) → (state, effects)`).
 //! - [`retry`]: the retry policy and the one delivery classification
 //!   ([`Verdict`]: delivered, retry, permanent).
+//! - [`policy`]: an event's attempts on every channel
+//!   ([`policy::DeliveryPolicy`]: the event's settings, else its tenant's,
+//!   else the node's; the next attempt after the back-off or the
+//!   receiver's `Retry-After`, never past the expiry).
 //! - [`timer`]: the due order ([`DueCursor`]).
 //! - [`fire`]: the fire path of one partition as a pure state machine
 //!   ([`fire::PartitionCore`]: window, read-ahead, claims, retry timers,
@@ -60,6 +64,7 @@ pub mod ids;
 pub mod liveness;
 pub mod ownership;
 pub mod partition;
+pub mod policy;
 pub mod pull;
 pub mod quota;
 pub mod retry;
@@ -71,12 +76,13 @@ pub mod timer;
 pub use cron::{CronError, CronKind, CronSpec, OccurrenceId};
 pub use event::{
     Attempt, AttemptReport, CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord,
-    EventStatus, PullSettings, Transition, TransitionContext,
+    EventSettings, EventStatus, Transition, TransitionContext,
 };
 pub use ids::{EventId, EventKey, EventVersion, IdError, QueueName, TenantName, WorkerId};
 pub use partition::{PartitionCount, PartitionId, partition_ranges};
+pub use policy::DeliveryPolicy;
 pub use retry::{Backoff, RetryPolicy, Verdict};
 pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};
-pub use tenant::{SigningSecrets, SinkConfig, TenantConfig};
+pub use tenant::{DeliveryDefaults, SigningSecrets, SinkConfig, TenantConfig};
 pub use time::{Clock, ManualClock, MonoTime, Timestamp};
 pub use timer::DueCursor;

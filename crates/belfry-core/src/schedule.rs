@@ -31,7 +31,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::cron::{CronError, CronKind, CronSpec};
-use crate::event::{DeliveryOption, PullSettings};
+use crate::event::{DeliveryOption, EventSettings};
 use crate::ids::{EventId, IdError};
 use crate::time::Timestamp;
 
@@ -281,10 +281,14 @@ pub struct Schedule {
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub progress: Progress,
-    /// Given to every occurrence (a pull tenant's queue, attempt cap and
-    /// back-off).
-    #[serde(default, skip_serializing_if = "PullSettings::is_default")]
-    pub pull: PullSettings,
+    /// Given to every occurrence (its delivery settings, a pull tenant's
+    /// queue). Stored under its first name, `pull`.
+    #[serde(
+        default,
+        skip_serializing_if = "EventSettings::is_default",
+        rename = "pull"
+    )]
+    pub settings: EventSettings,
 }
 
 /// Default catch-up window: a day, like the engine's look-back.

@@ -115,17 +115,20 @@ pub enum SinkConfig {
     Pull(PullTarget),
 }
 
-/// A pull tenant's defaults for its events' attempts, and the queues its
-/// events may name.
+/// A tenant's defaults for its events' attempts (`docs/api.md`, delivery
+/// policy): what an event that sets none of its own gets, before the
+/// node's. Part of the tenant's sink object for every channel that
+/// delivers (HTTP, Kafka, pull).
 ///
-/// Stored as JSON by both stores (the sink's tagged object): every field
-/// is optional and left out when unset, so a record written before a field
-/// existed reads as that field unset, and one without the newer fields is
-/// written exactly as before.
+/// Stored as JSON by both stores (flattened into the sink's tagged
+/// object): every field is optional and left out when unset, so a record
+/// written before a field existed reads as that field unset, and one
+/// without the newer fields is written exactly as before.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PullTarget {
-    /// Attempts (failed or expired leases) after which an event fails;
-    /// [`DEFAULT_MAX_ATTEMPTS`] when `None`.
+pub struct DeliveryDefaults {
+    /// Attempts after which an event fails; when `None`, a pull event gets
+    /// [`DEFAULT_MAX_ATTEMPTS`] and a pushed one retries until the node's
+    /// backlog limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
     /// The back-off of its events that set none; the node's retry policy
@@ -133,14 +136,56 @@ pub struct PullTarget {
     /// the next attempt of every event that has no back-off of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<Backoff>,
+    /// An event not delivered this long after its instant ends `expired`;
+    /// no expiry when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age_ms: Option<u64>,
+}
+
+impl DeliveryDefaults {
+    /// The values within their ranges (as the API checks them), for
+    /// configs that come another way (serde).
+    fn validate(&self) -> Result<(), SinkConfigError> {
+        if let Some(max) = self.max_attempts
+            && !(1..=MAX_ATTEMPTS).contains(&max)
+        {
+            return Err(SinkConfigError::MaxAttempts);
+        }
+        if let Some(backoff) = &self.backoff {
+            Backoff::new(
+                backoff.initial_delay_ms,
+                backoff.multiplier.get(),
+                backoff.max_delay_ms,
+            )
+            .map_err(SinkConfigError::Backoff)?;
+        }
+        if let Some(age) = self.max_age_ms
+            && !(1..=MAX_AGE_MS).contains(&age)
+        {
+            return Err(SinkConfigError::MaxAge);
+        }
+        Ok(())
+    }
+}
+
+/// A pull tenant's defaults for its events' attempts, and the queues its
+/// events may name. Stored as JSON like [`DeliveryDefaults`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PullTarget {
+    #[serde(flatten)]
+    pub delivery: DeliveryDefaults,
     /// The queues its events (and schedules, and claims) may name, besides
     /// `default`, which is always one; `None`: any name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queues: Option<Vec<QueueName>>,
 }
 
-/// The most attempts a pull tenant may give its events.
-pub const MAX_PULL_ATTEMPTS: u32 = 1000;
+/// The most attempts an event (or a tenant's default) may ask for.
+pub const MAX_ATTEMPTS: u32 = 1000;
+
+/// The longest `max_age_ms` an event (or a tenant's default) may ask for:
+/// 366 days.
+pub const MAX_AGE_MS: u64 = 366 * 24 * 3600 * 1000;
 
 /// The most queues a pull tenant may declare: as many as one claim may
 /// name, so one claim can always name them all.
@@ -150,11 +195,6 @@ pub const MAX_DECLARED_QUEUES: usize = 32;
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 20;
 
 impl PullTarget {
-    /// The attempt cap of the tenant's events.
-    pub fn max_attempts(&self) -> u32 {
-        self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS)
-    }
-
     /// Whether the tenant's events may name `queue`: any queue when the
     /// tenant declares none, else a declared one or `default`.
     pub fn admits(&self, queue: &QueueName) -> bool {
@@ -195,21 +235,7 @@ impl PullTarget {
     }
 
     fn validate(&self) -> Result<(), SinkConfigError> {
-        if let Some(max) = self.max_attempts
-            && !(1..=MAX_PULL_ATTEMPTS).contains(&max)
-        {
-            return Err(SinkConfigError::MaxAttempts);
-        }
-        if let Some(backoff) = &self.backoff {
-            // Built through `Backoff::new` by the API; checked again for
-            // configs that come another way (serde).
-            Backoff::new(
-                backoff.initial_delay_ms,
-                backoff.multiplier.get(),
-                backoff.max_delay_ms,
-            )
-            .map_err(SinkConfigError::Backoff)?;
-        }
+        self.delivery.validate()?;
         if let Some(queues) = &self.queues {
             if !(1..=MAX_DECLARED_QUEUES).contains(&queues.len()) {
                 return Err(SinkConfigError::QueueCount);
@@ -242,6 +268,8 @@ pub struct HttpTarget {
     /// Response timeout for one attempt; the node default when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    #[serde(flatten)]
+    pub delivery: DeliveryDefaults,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -258,6 +286,8 @@ pub struct KafkaTarget {
     /// Belfry partition, so a node that lost the partition cannot commit.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub transactional: bool,
+    #[serde(flatten)]
+    pub delivery: DeliveryDefaults,
 }
 
 /// The key of a delivered Kafka record. Kafka orders records per
@@ -346,8 +376,10 @@ pub enum SinkConfigError {
     EmptyTopic,
     #[error("processor name must not be empty")]
     EmptyProcessor,
-    #[error("max_attempts must be between 1 and {MAX_PULL_ATTEMPTS}")]
+    #[error("max_attempts must be between 1 and {MAX_ATTEMPTS}")]
     MaxAttempts,
+    #[error("max_age_ms must be between 1 and {MAX_AGE_MS} (366 days)")]
+    MaxAge,
     /// Its message names the field (`backoff.multiplier`, …).
     #[error("{0}")]
     Backoff(BackoffError),
@@ -373,12 +405,28 @@ impl SinkConfig {
             SinkConfig::Kafka(target) if target.topic.trim().is_empty() => {
                 Err(SinkConfigError::EmptyTopic)
             }
-            SinkConfig::Kafka(_) => Ok(()),
+            SinkConfig::Kafka(target) => target.delivery.validate(),
             SinkConfig::Builtin(target) if target.processor.trim().is_empty() => {
                 Err(SinkConfigError::EmptyProcessor)
             }
             SinkConfig::Builtin(_) => Ok(()),
             SinkConfig::Pull(target) => target.validate(),
+        }
+    }
+
+    /// The tenant's defaults for its events' attempts (none for a
+    /// built-in processor).
+    pub fn delivery_defaults(&self) -> &DeliveryDefaults {
+        const NONE: &DeliveryDefaults = &DeliveryDefaults {
+            max_attempts: None,
+            backoff: None,
+            max_age_ms: None,
+        };
+        match self {
+            SinkConfig::Http(target) => &target.delivery,
+            SinkConfig::Kafka(target) => &target.delivery,
+            SinkConfig::Pull(target) => &target.delivery,
+            SinkConfig::Builtin(_) => NONE,
         }
     }
 
@@ -394,6 +442,7 @@ impl HttpTarget {
     /// limits and valid for HTTP/1.1.
     fn validate(&self) -> Result<(), SinkConfigError> {
         validate_url(&self.url)?;
+        self.delivery.validate()?;
         if self.headers.len() > MAX_HEADERS {
             return Err(SinkConfigError::TooManyHeaders(self.headers.len()));
         }
@@ -512,6 +561,7 @@ mod tests {
             url: url.into(),
             headers: BTreeMap::new(),
             timeout_ms: None,
+            delivery: Default::default(),
         })
     }
 
@@ -576,6 +626,7 @@ mod tests {
             url: "http://h/".into(),
             headers,
             timeout_ms: None,
+            delivery: Default::default(),
         });
         assert_eq!(
             sink.validate(),
@@ -590,6 +641,7 @@ mod tests {
                 url: "http://h/".into(),
                 headers: headers.into_iter().collect(),
                 timeout_ms: None,
+                delivery: Default::default(),
             })
             .validate()
         };
@@ -619,16 +671,19 @@ mod tests {
     fn pull_attempts_are_bounded() {
         let pull = |max_attempts| {
             SinkConfig::Pull(PullTarget {
-                max_attempts,
+                delivery: DeliveryDefaults {
+                    max_attempts,
+                    ..DeliveryDefaults::default()
+                },
                 ..PullTarget::default()
             })
         };
         assert_eq!(pull(None).validate(), Ok(()));
         assert_eq!(pull(Some(1)).validate(), Ok(()));
-        assert_eq!(pull(Some(MAX_PULL_ATTEMPTS)).validate(), Ok(()));
+        assert_eq!(pull(Some(MAX_ATTEMPTS)).validate(), Ok(()));
         assert_eq!(pull(Some(0)).validate(), Err(SinkConfigError::MaxAttempts));
         assert_eq!(
-            pull(Some(MAX_PULL_ATTEMPTS + 1)).validate(),
+            pull(Some(MAX_ATTEMPTS + 1)).validate(),
             Err(SinkConfigError::MaxAttempts)
         );
         let json = serde_json::to_string(&pull(None)).unwrap();
@@ -647,8 +702,10 @@ mod tests {
     fn a_pull_tenants_backoff_and_queues_are_checked() {
         let pull = |backoff, queues| {
             SinkConfig::Pull(PullTarget {
-                max_attempts: None,
-                backoff,
+                delivery: DeliveryDefaults {
+                    backoff,
+                    ..DeliveryDefaults::default()
+                },
                 queues,
             })
         };
@@ -720,7 +777,10 @@ mod tests {
         assert_eq!(
             old,
             SinkConfig::Pull(PullTarget {
-                max_attempts: Some(5),
+                delivery: DeliveryDefaults {
+                    max_attempts: Some(5),
+                    ..DeliveryDefaults::default()
+                },
                 ..PullTarget::default()
             })
         );
@@ -730,8 +790,11 @@ mod tests {
             r#"{"type":"pull","max_attempts":5}"#
         );
         let full = SinkConfig::Pull(PullTarget {
-            max_attempts: Some(3),
-            backoff: Some(Backoff::new(100, 1.5, 200).unwrap()),
+            delivery: DeliveryDefaults {
+                max_attempts: Some(3),
+                backoff: Some(Backoff::new(100, 1.5, 200).unwrap()),
+                ..DeliveryDefaults::default()
+            },
             queues: queues(&["a", "b"]),
         });
         let json = serde_json::to_value(&full).unwrap();

@@ -92,7 +92,7 @@ use belfry_core::event::{
 };
 use belfry_core::fire::Finish;
 use belfry_core::pull::{
-    Action, AttemptPolicy, CallId, ClaimRequest, FailRequest, GrantedLease, Input, LeaseCall,
+    Action, CallId, ClaimRequest, DeliveryPolicy, FailRequest, GrantedLease, Input, LeaseCall,
     LeaseChange, LeaseId, LeaseRecord, NonceSource, OpId, PersistResult, PullConfig, PullError,
     PullQueue, PullStats, ReadyEntry, Reply, Resolution,
 };
@@ -226,7 +226,7 @@ struct Stored {
     record: EventRecord,
     partition: usize,
     queue: QueueName,
-    policy: AttemptPolicy,
+    policy: DeliveryPolicy,
     /// The recorded lease, not ended (`expires_at` as last extended).
     lease: Option<LeaseRecord>,
 }
@@ -1045,7 +1045,7 @@ impl Sim {
                 stored.record = next;
             }
             None => {
-                let policy = AttemptPolicy {
+                let policy = DeliveryPolicy {
                     max_attempts: self.rng.range(1, 5) as u32,
                     retry: RetryPolicy {
                         fast_retries: 1,
@@ -1054,6 +1054,7 @@ impl Sim {
                         max_delay: Duration::from_secs(5),
                         backlog_limit: ms(self.rng.range(30_000, 120_000)),
                     },
+                    expires_at: None,
                 };
                 let queue =
                     self.knobs.queues[self.rng.usize(0, self.knobs.queues.len() - 1)].clone();
@@ -1803,7 +1804,7 @@ impl Sim {
                     payload: Some("p".into()),
                     delivery: DeliveryOption::FullEvent,
                     new_version,
-                    pull: Default::default(),
+                    settings: Default::default(),
                 },
             )?;
         }
@@ -1831,7 +1832,7 @@ impl Sim {
                 payload: Some("moved".into()),
                 delivery: DeliveryOption::FullEvent,
                 new_version: self.version(),
-                pull: Default::default(),
+                settings: Default::default(),
             }
         };
         self.client_change(key, command)

@@ -1814,6 +1814,7 @@ impl Sim {
             verdict,
             http_status: status,
             error,
+            steer: None,
         };
         // The runtime tells the core the attempt ended before the outcome
         // is recorded (the tenant's bound stops counting it).
@@ -1845,6 +1846,7 @@ impl Sim {
             version: job.record.version.clone(),
             number: job.record.attempts + 1,
             report,
+            tenant: Default::default(),
         };
         let change = self
             .store
@@ -2099,7 +2101,7 @@ impl Sim {
             payload: Some(payload),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::from_string(format!("v{}", self.next_version)),
-            pull: Default::default(),
+            settings: Default::default(),
         };
         self.client(key, command)
     }
@@ -2253,7 +2255,7 @@ impl Sim {
             payload: None,
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::from_string(format!("v{}", self.next_version)),
-            pull: Default::default(),
+            settings: Default::default(),
         };
         let change = self
             .store
@@ -2661,7 +2663,7 @@ impl Sim {
                         return self.fail(format!("{key:?} failed without a reason: {record:?}"));
                     }
                 }
-                EventStatus::Cancelled | EventStatus::Missed => {}
+                EventStatus::Cancelled | EventStatus::Missed | EventStatus::Expired => {}
                 EventStatus::Scheduled | EventStatus::Retrying => {
                     return self.fail(format!("{key:?} still pending after the drain: {record:?}"));
                 }
@@ -2983,7 +2985,7 @@ fn fairness_steps(sim: &mut Sim, hung: usize) -> Result<i64, String> {
             payload: None,
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::from_string(format!("v{}", sim.next_version)),
-            pull: Default::default(),
+            settings: Default::default(),
         };
         sim.store.apply(&key, command, sim.now, &sim.knobs.retry);
         key
@@ -3112,7 +3114,7 @@ mod known_core_bugs {
             payload: None,
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::from_string(version.into()),
-            pull: Default::default(),
+            settings: Default::default(),
         };
         let retry = RetryPolicy::default();
         let context = TransitionContext {

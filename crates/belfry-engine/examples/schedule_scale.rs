@@ -107,7 +107,7 @@ async fn main() {
                     created_at: zero,
                     updated_at: zero,
                     progress: Progress::starting_after(zero),
-                    pull: Default::default(),
+                    settings: Default::default(),
                 };
                 handle.schedules().put(&tenant, schedule).await.is_ok()
             }

@@ -23,6 +23,7 @@ use std::time::Duration;
 use belfry_core::event::{AttemptReport, EventCommand};
 use belfry_core::fire::decide::{self, Route};
 use belfry_core::fire::{DeliverySlots, Finish, SlotPolicy};
+use belfry_core::policy::Steer;
 use belfry_core::{TenantName, Timestamp, Verdict};
 use belfry_sinks::Delivery;
 use belfry_store::{Fence, KeyedCommand};
@@ -309,38 +310,66 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
             return ticket.finish(retry_later());
         }
     };
-    let report = match tenant {
-        None => AttemptReport {
+    let Some(tenant) = tenant else {
+        let report = AttemptReport {
             started_at: now,
             duration_ms: 0,
             verdict: Verdict::Permanent,
             http_status: None,
             error: Some(format!("tenant not registered: {}", entry.key.tenant)),
-        },
-        // Checked last, right before the send: a node paused past its
-        // lease must not deliver for a partition someone else now owns.
-        Some(_) if !ticket.may_fire() => {
-            tracing::debug!(partition = %ticket.partition(), "firing window closed before delivery; holding the event");
-            return ticket.finish(retry_later());
-        }
-        Some(tenant) => match decide::route(&entry.key, &tenant.sink) {
-            // The hand-off cannot hang, so it counts as answered: a pull
-            // tenant's slow start never holds its hand-offs back.
-            Route::Pull => {
-                *answered = true;
-                return hand_to_pull(shared, ticket, record, &tenant.sink);
-            }
-            _ => send(shared, &ticket, &tenant, &record, now, answered).await,
-        },
+            steer: None,
+        };
+        return send_outcome(shared, ticket, attempt_command(&record, report, None)).await;
     };
-    let command = EventCommand::RecordAttempt {
+    let policy = decide::delivery_policy(&tenant.sink, &record, &shared.env.options.retry);
+    if let Some(reason) = decide::policy_expiry(&record, &policy, now) {
+        let version = record.version.clone();
+        let command = EventCommand::EndExpired { version, reason };
+        return send_outcome(shared, ticket, command).await;
+    }
+    // Checked last, right before the send: a node paused past its lease
+    // must not deliver for a partition someone else now owns.
+    if !ticket.may_fire() {
+        tracing::debug!(partition = %ticket.partition(), "firing window closed before delivery; holding the event");
+        return ticket.finish(retry_later());
+    }
+    let report = match decide::route(&entry.key, &tenant.sink) {
+        // The hand-off cannot hang, so it counts as answered: a pull
+        // tenant's slow start never holds its hand-offs back.
+        Route::Pull => {
+            *answered = true;
+            return hand_to_pull(shared, ticket, record, policy);
+        }
+        _ => send(shared, &ticket, &tenant, &record, now, answered).await,
+    };
+    if report.steer == Some(Steer::Gone) {
+        receiver_gone(&tenant);
+    }
+    let command = attempt_command(&record, report, Some(&tenant));
+    send_outcome(shared, ticket, command).await;
+}
+
+/// The record of the attempt `report` tells of, on `record`'s version,
+/// with its tenant's defaults for the next attempt.
+fn attempt_command(
+    record: &belfry_core::EventRecord,
+    report: AttemptReport,
+    tenant: Option<&belfry_core::TenantConfig>,
+) -> EventCommand {
+    EventCommand::RecordAttempt {
         version: record.version.clone(),
         // The attempt's identity with the version: the receiver sees it
         // as `X-Belfry-Attempt`, and recording it twice counts it once.
         number: record.attempts + 1,
         report,
-    };
-    send_outcome(shared, ticket, command).await;
+        tenant: tenant.map_or_else(Default::default, |t| t.sink.delivery_defaults().clone()),
+    }
+}
+
+/// The receiver answered `410 Gone`: the event failed for good (its report
+/// says so). The hook for pausing the tenant's deliveries.
+fn receiver_gone(tenant: &belfry_core::TenantConfig) {
+    tracing::info!(tenant = %tenant.name, "the receiver answered 410 Gone");
 }
 
 /// The ticket's record (read ahead, or read now), once claimed with its
@@ -384,17 +413,14 @@ fn hand_to_pull(
     shared: &Arc<Shared>,
     ticket: Ticket,
     record: belfry_core::EventRecord,
-    sink: &belfry_core::SinkConfig,
+    policy: belfry_core::DeliveryPolicy,
 ) {
-    let belfry_core::SinkConfig::Pull(target) = sink else {
-        return ticket.finish(Finish::Done);
-    };
     let ready = belfry_core::pull::ReadyEntry {
         entry: ticket.entry().clone(),
         partition: ticket.partition(),
         epoch: ticket.epoch(),
-        queue: record.pull.queue(),
-        policy: crate::pull::policy(shared, target, &record.pull),
+        queue: record.settings.queue(),
+        policy,
         record,
     };
     crate::pull::ready(shared, ticket, ready);
@@ -435,6 +461,7 @@ async fn send(
         verdict: result.verdict,
         http_status: result.http_status,
         error: result.error,
+        steer: result.steer,
     }
 }
 

@@ -27,13 +27,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use belfry_core::event::{Effect, EventRecord, PullSettings};
+use belfry_core::event::{Effect, EventRecord};
 use belfry_core::pull::{
-    Action, AttemptPolicy, CallId, ClaimRequest, Input, LeaseCall, LeaseChange, LeaseId,
-    LeaseRecord, NonceSource, OpId, PersistResult, PullConfig, PullError, PullQueue, PullStats,
-    ReadyEntry, Reply, Resolution,
+    Action, CallId, ClaimRequest, Input, LeaseCall, LeaseChange, LeaseId, LeaseRecord, NonceSource,
+    OpId, PersistResult, PullConfig, PullError, PullQueue, PullStats, ReadyEntry, Reply,
+    Resolution,
 };
-use belfry_core::tenant::PullTarget;
 use belfry_core::{DueCursor, PartitionId, Timestamp};
 use belfry_core::{EventKey, EventVersion, TenantName};
 use belfry_store::{
@@ -210,16 +209,6 @@ pub(crate) fn ready(shared: &Arc<Shared>, ticket: Ticket, entry: ReadyEntry) {
         .tickets()
         .insert((entry.partition, entry.epoch, entry.entry.clone()), ticket);
     handle(shared, Input::Ready(vec![entry]));
-}
-
-/// The attempts of a pull tenant's event ([`AttemptPolicy::resolve`]):
-/// its own settings, else its tenant's defaults, else the node's retry
-/// policy. Called when each attempt comes due, with the tenant as the
-/// tenant cache has it then: a change of the tenant's defaults applies to
-/// the next attempt that comes due after it (through another node: within
-/// the cache's 5 s).
-pub(crate) fn policy(shared: &Shared, tenant: &PullTarget, event: &PullSettings) -> AttemptPolicy {
-    AttemptPolicy::resolve(&shared.env.options.retry, tenant, event)
 }
 
 /// This node no longer holds `partition` under `epoch` (already removed

@@ -191,7 +191,7 @@ async fn record(recorder: &Recorder, batch: Vec<Outcome>) {
 
 /// Counts the terminal states the recorded outcomes reached.
 fn count_endings(applied: &[Applied]) {
-    let (mut delivered, mut failed, mut missed) = (0, 0, 0);
+    let (mut delivered, mut failed, mut missed, mut expired) = (0, 0, 0, 0);
     for item in applied {
         match item.outcome {
             // A repeat is the retry of a write that committed but answered
@@ -200,13 +200,17 @@ fn count_endings(applied: &[Applied]) {
             | CommandOutcome::AttemptAlreadyRecorded(EventStatus::Delivered) => delivered += 1,
             CommandOutcome::AttemptRecorded(EventStatus::Failed)
             | CommandOutcome::AttemptAlreadyRecorded(EventStatus::Failed) => failed += 1,
-            CommandOutcome::Expired => missed += 1,
+            CommandOutcome::Expired => match item.record.as_ref().map(|r| r.status) {
+                Some(EventStatus::Expired) => expired += 1,
+                _ => missed += 1,
+            },
             _ => {}
         }
     }
     belfry_metrics::events_ended(belfry_metrics::Ended::Delivered, delivered);
     belfry_metrics::events_ended(belfry_metrics::Ended::Failed, failed);
     belfry_metrics::events_ended(belfry_metrics::Ended::Missed, missed);
+    belfry_metrics::events_ended(belfry_metrics::Ended::Expired, expired);
 }
 
 /// A fenced batch, split by partition to separate stale outcomes from valid

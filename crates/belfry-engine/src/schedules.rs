@@ -327,7 +327,7 @@ fn control_upsert(
             payload: Some(schedule.to_json()),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::generate(),
-            pull: Default::default(),
+            settings: Default::default(),
         },
         fence,
     }

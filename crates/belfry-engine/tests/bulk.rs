@@ -65,7 +65,7 @@ async fn events(store: &SharedStore, n: usize, cancelled: usize) {
                     payload: None,
                     delivery: DeliveryOption::FullEvent,
                     new_version: EventVersion::generate(),
-                    pull: Default::default(),
+                    settings: Default::default(),
                 },
             )
         })

@@ -70,6 +70,7 @@ impl Node {
                     url: receiver.url("/hook"),
                     headers: Default::default(),
                     timeout_ms: Some(5_000),
+                    delivery: Default::default(),
                 }),
                 signing: None,
             })
@@ -87,6 +88,7 @@ impl Node {
                     url: receiver.url("/hook"),
                     headers: Default::default(),
                     timeout_ms: Some(timeout_ms),
+                    delivery: Default::default(),
                 }),
                 signing: None,
             })
@@ -149,7 +151,7 @@ fn upsert(tenant: &str, id: &str, at: Timestamp) -> KeyedCommand {
             payload: Some(format!("payload of {id}")),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::generate(),
-            pull: Default::default(),
+            settings: Default::default(),
         },
         fence: None,
     }
@@ -270,7 +272,7 @@ async fn changes_right_before_the_instant_win_over_what_was_read_ahead() {
         payload: Some("the new payload".to_string()),
         delivery: DeliveryOption::PayloadOnly,
         new_version: EventVersion::generate(),
-        pull: Default::default(),
+        settings: Default::default(),
     };
     let cancel = KeyedCommand {
         key: key("t", "cancelled"),

@@ -110,7 +110,7 @@ fn upsert(tenant_name: &str, id: &str, at: i64, payload: &str) -> KeyedCommand {
             payload: Some(payload.to_string()),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::generate(),
-            pull: Default::default(),
+            settings: Default::default(),
         },
         fence: None,
     }
@@ -263,7 +263,7 @@ async fn schedules_are_capped_per_tenant() {
             created_at: now,
             updated_at: now,
             progress: Progress::starting_after(now),
-            pull: Default::default(),
+            settings: Default::default(),
         }
     };
     node.handle
@@ -313,6 +313,7 @@ async fn register(node: &Node, name: &str, receiver: &Receiver) {
                 url: receiver.url(&format!("/{name}")),
                 headers: Default::default(),
                 timeout_ms: Some(5_000),
+                delivery: Default::default(),
             }),
             signing: None,
         })

@@ -49,6 +49,7 @@ async fn register(handle: &EngineHandle, receiver: &Receiver) {
                 url: receiver.url("/hook"),
                 headers: Default::default(),
                 timeout_ms: Some(5_000),
+                delivery: Default::default(),
             }),
             signing: None,
         })
@@ -78,7 +79,7 @@ fn definition(id: &str, expression: &str, payload: &str) -> Schedule {
         created_at: now,
         updated_at: now,
         progress: Progress::starting_after(now),
-        pull: Default::default(),
+        settings: Default::default(),
     }
 }
 

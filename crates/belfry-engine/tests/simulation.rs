@@ -856,6 +856,7 @@ impl Sim {
                         url: self.receiver.url(&format!("/hook/{tenant}")),
                         headers,
                         timeout_ms: Some(TENANT_TIMEOUT_MS),
+                        delivery: Default::default(),
                     }),
                     signing: None,
                 })
@@ -994,7 +995,7 @@ impl Sim {
                 payload: Some(format!("c{}", self.counter)),
                 delivery,
                 new_version: EventVersion::generate(),
-                pull: Default::default(),
+                settings: Default::default(),
             },
             fence: None,
         };

@@ -17,7 +17,7 @@ use std::time::Duration;
 use belfry_clock::SystemClock;
 use belfry_core::tenant::{HttpTarget, PullTarget};
 use belfry_core::{
-    Backoff, EventId, EventKey, EventRecord, EventStatus, PartitionCount, PullSettings, QueueName,
+    Backoff, EventId, EventKey, EventRecord, EventSettings, EventStatus, PartitionCount, QueueName,
     SinkConfig, TenantConfig, TenantName, Timestamp,
 };
 use belfry_engine::{Engine, EngineOptions};
@@ -91,6 +91,7 @@ impl Node {
                     url,
                     headers: Default::default(),
                     timeout_ms: Some(5_000),
+                    delivery: Default::default(),
                 }),
                 signing: None,
             })
@@ -540,24 +541,25 @@ async fn v1_records_carry_a_pull_tenants_queue_attempts_and_back_off() {
     read(&broker, "pull-requests-dlq", 6).await;
 
     assert_eq!(
-        node.event("jobs", "full").await.unwrap().pull,
-        PullSettings {
+        node.event("jobs", "full").await.unwrap().settings,
+        EventSettings {
             queue: Some(QueueName::new("emails").unwrap()),
             max_attempts: Some(5),
             backoff: Some(Backoff::new(500, 1.5, 2000).unwrap()),
+            ..EventSettings::default()
         }
     );
     assert_eq!(
-        node.event("jobs", "partial").await.unwrap().pull,
-        PullSettings {
+        node.event("jobs", "partial").await.unwrap().settings,
+        EventSettings {
             backoff: Some(Backoff::new(250, 2.0, 3_600_000).unwrap()),
-            ..PullSettings::default()
+            ..EventSettings::default()
         },
         "omitted fields take the same defaults as on /v1"
     );
     assert_eq!(
-        node.event("jobs", "plain").await.unwrap().pull,
-        PullSettings::default()
+        node.event("jobs", "plain").await.unwrap().settings,
+        EventSettings::default()
     );
     for never in [
         "undeclared",

@@ -460,6 +460,7 @@ pub enum Ended {
     Delivered,
     Failed,
     Missed,
+    Expired,
 }
 
 /// `count` event versions reached `ended`.
@@ -468,6 +469,7 @@ pub fn events_ended(ended: Ended, count: u64) {
         Ended::Delivered => "delivered",
         Ended::Failed => "failed",
         Ended::Missed => "missed",
+        Ended::Expired => "expired",
     };
     add_labelled(EVENTS_ENDED.name, ("status", status), count);
 }

@@ -77,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             payload: Some(format!("{{\"n\":{i}}}")),
                             delivery: DeliveryOption::PayloadOnly,
                             new_version: EventVersion::generate(),
-                            pull: Default::default(),
+                            settings: Default::default(),
                         },
                         fence: None,
                     })

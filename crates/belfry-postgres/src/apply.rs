@@ -294,7 +294,9 @@ pub(crate) fn update_events_sql() -> String {
              last_error = u.last_error, triggered_at = u.triggered_at,
              created_at = u.created_at, updated_at = u.updated_at,
              finished_at = u.finished_at, queue = u.queue,
-             max_attempts = u.max_attempts, backoff = u.backoff
+             max_attempts = u.max_attempts, backoff = u.backoff,
+             attempt_timeout_ms = u.attempt_timeout_ms, expire_at = u.expire_at,
+             max_age_ms = u.max_age_ms
          FROM {UNNEST_EVENTS}
          WHERE e.tenant = u.tenant AND e.id = u.id"
     )

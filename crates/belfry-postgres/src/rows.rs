@@ -1,7 +1,7 @@
 //! Conversions between rows and domain values, and the column arrays that
 //! batched writes pass to `unnest`.
 
-use belfry_core::event::{Attempt, DeliveryOption, EventRecord, EventStatus, PullSettings};
+use belfry_core::event::{Attempt, DeliveryOption, EventRecord, EventSettings, EventStatus};
 use belfry_core::{
     Backoff, DueCursor, EventId, EventKey, EventVersion, PartitionId, QueueName, TenantName,
     Timestamp, Verdict,
@@ -13,12 +13,14 @@ use crate::error::{StoreError, corrupt};
 /// The columns of `events`, in the order [`record_from_row`] reads them.
 pub(crate) const EVENT_COLUMNS: &str = "tenant, id, partition, version, event_time, payload, \
      delivery, status, next_fire_at, attempts, last_error, triggered_at, created_at, \
-     updated_at, finished_at, queue, max_attempts, backoff";
+     updated_at, finished_at, queue, max_attempts, backoff, attempt_timeout_ms, expire_at, \
+     max_age_ms";
 
 /// [`EVENT_COLUMNS`] qualified with the alias `e`, for joins.
 pub(crate) const EVENT_COLUMNS_E: &str = "e.tenant, e.id, e.partition, e.version, e.event_time, \
      e.payload, e.delivery, e.status, e.next_fire_at, e.attempts, e.last_error, e.triggered_at, \
-     e.created_at, e.updated_at, e.finished_at, e.queue, e.max_attempts, e.backoff";
+     e.created_at, e.updated_at, e.finished_at, e.queue, e.max_attempts, e.backoff, \
+     e.attempt_timeout_ms, e.expire_at, e.max_age_ms";
 
 pub(crate) fn delivery_to_str(delivery: DeliveryOption) -> &'static str {
     match delivery {
@@ -110,16 +112,23 @@ pub(crate) fn record_from_row(row: &Row) -> Result<EventRecord, StoreError> {
         created_at: Timestamp::from_millis(row.get(12)),
         updated_at: Timestamp::from_millis(row.get(13)),
         finished_at: timestamp(row.get(14)),
-        pull: pull_from_row(row)?,
+        settings: settings_from_row(row)?,
     })
 }
 
-/// Reads the `queue, max_attempts, backoff` columns (15–17).
-fn pull_from_row(row: &Row) -> Result<PullSettings, StoreError> {
+/// Reads the `queue, max_attempts, backoff, attempt_timeout_ms,
+/// expire_at, max_age_ms` columns (15–20).
+fn settings_from_row(row: &Row) -> Result<EventSettings, StoreError> {
     let queue: String = row.get(15);
     let max_attempts: Option<i32> = row.get(16);
     let backoff: Option<String> = row.get(17);
-    Ok(PullSettings {
+    let millis = |index: usize, what: &str| -> Result<Option<u64>, StoreError> {
+        let value: Option<i64> = row.get(index);
+        value
+            .map(|ms| u64::try_from(ms).map_err(|_| corrupt(format_args!("{what} {ms}"))))
+            .transpose()
+    };
+    Ok(EventSettings {
         queue: (queue != QueueName::default_queue().as_str())
             .then(|| QueueName::new(queue))
             .transpose()
@@ -130,6 +139,9 @@ fn pull_from_row(row: &Row) -> Result<PullSettings, StoreError> {
         backoff: backoff
             .map(|text| serde_json::from_str::<Backoff>(&text).map_err(corrupt))
             .transpose()?,
+        attempt_timeout_ms: millis(18, "attempt_timeout_ms")?,
+        expire_at: timestamp(row.get(19)),
+        max_age_ms: millis(20, "max_age_ms")?,
     })
 }
 
@@ -181,6 +193,9 @@ pub(crate) struct EventColumns {
     pub queue: Vec<String>,
     pub max_attempts: Vec<Option<i32>>,
     pub backoff: Vec<Option<String>>,
+    pub attempt_timeout_ms: Vec<Option<i64>>,
+    pub expire_at: Vec<Option<i64>>,
+    pub max_age_ms: Vec<Option<i64>>,
 }
 
 impl EventColumns {
@@ -203,20 +218,27 @@ impl EventColumns {
         self.updated_at.push(record.updated_at.as_millis());
         self.finished_at
             .push(record.finished_at.map(Timestamp::as_millis));
-        self.queue.push(record.pull.queue().as_str().to_owned());
+        self.queue.push(record.settings.queue().as_str().to_owned());
         self.max_attempts.push(
             record
-                .pull
+                .settings
                 .max_attempts
                 .map(|max| i32::try_from(max).unwrap_or(i32::MAX)),
         );
         // A `Backoff` is numbers only: its JSON cannot fail.
         self.backoff.push(
             record
-                .pull
+                .settings
                 .backoff
                 .and_then(|backoff| serde_json::to_string(&backoff).ok()),
         );
+        let millis = |ms: Option<u64>| ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX));
+        let settings = &record.settings;
+        self.attempt_timeout_ms
+            .push(millis(settings.attempt_timeout_ms));
+        self.expire_at
+            .push(settings.expire_at.map(Timestamp::as_millis));
+        self.max_age_ms.push(millis(settings.max_age_ms));
     }
 
     pub fn is_empty(&self) -> bool {
@@ -224,7 +246,7 @@ impl EventColumns {
     }
 
     /// The parameters in [`EVENT_COLUMNS`] order.
-    pub fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 18] {
+    pub fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 21] {
         [
             &self.tenant,
             &self.id,
@@ -244,18 +266,22 @@ impl EventColumns {
             &self.queue,
             &self.max_attempts,
             &self.backoff,
+            &self.attempt_timeout_ms,
+            &self.expire_at,
+            &self.max_age_ms,
         ]
     }
 }
 
-/// `unnest(...) AS u(<EVENT_COLUMNS>)` over the 18 parameters of
+/// `unnest(...) AS u(<EVENT_COLUMNS>)` over the 21 parameters of
 /// [`EventColumns::params`].
 pub(crate) const UNNEST_EVENTS: &str = "unnest($1::text[], $2::text[], $3::int4[], $4::text[], \
      $5::int8[], $6::text[], $7::text[], $8::text[], $9::int8[], $10::int8[], $11::text[], \
-     $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::text[], $17::int4[], $18::text[]) \
+     $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::text[], $17::int4[], $18::text[], \
+     $19::int8[], $20::int8[], $21::int8[]) \
      AS u(tenant, id, partition, version, event_time, payload, delivery, status, next_fire_at, \
      attempts, last_error, triggered_at, created_at, updated_at, finished_at, queue, \
-     max_attempts, backoff)";
+     max_attempts, backoff, attempt_timeout_ms, expire_at, max_age_ms)";
 
 /// History entries as one array per column, for `unnest`.
 #[derive(Debug, Default)]

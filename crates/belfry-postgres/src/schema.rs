@@ -288,7 +288,7 @@ CREATE TABLE leases (
         version: 8,
         apply: Apply::InTransaction,
         name: "pull settings of events",
-        // An event's `PullSettings`: its named queue (rows written before
+        // An event's `EventSettings`: its named queue (rows written before
         // read as `default`), its attempt cap and its back-off (the
         // `Backoff` as JSON text); NULL: its tenant's. Constant defaults:
         // adding the columns rewrites no row.
@@ -346,6 +346,26 @@ CREATE TABLE revoked_api_keys (
     hash text PRIMARY KEY,
     id   text COLLATE "C" NOT NULL
 );
+"#,
+    },
+    Migration {
+        version: 12,
+        apply: Apply::InTransaction,
+        name: "delivery policy of events",
+        // The `expired` status, and the rest of an event's `EventSettings`:
+        // its attempt timeout and maximum age (ms) and its expiry instant
+        // (ms since the epoch); NULL: its tenant's, else none. The new
+        // check is NOT VALID: every existing row satisfies the old, narrower
+        // one, and skipping the validation keeps the table lock short (new
+        // writes are checked either way). Nullable columns without a
+        // default rewrite no row.
+        sql: r#"
+ALTER TABLE events DROP CONSTRAINT events_status_check;
+ALTER TABLE events ADD CONSTRAINT events_status_check CHECK (status IN
+    ('scheduled', 'retrying', 'delivered', 'failed', 'missed', 'cancelled', 'expired')) NOT VALID;
+ALTER TABLE events ADD COLUMN attempt_timeout_ms bigint;
+ALTER TABLE events ADD COLUMN expire_at bigint;
+ALTER TABLE events ADD COLUMN max_age_ms bigint;
 "#,
     },
 ];

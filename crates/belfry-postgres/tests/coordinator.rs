@@ -825,7 +825,9 @@ async fn a_stale_epoch_fails_the_whole_apply_and_changes_nothing() {
                 verdict: Verdict::Retry,
                 http_status: Some(503),
                 error: Some("busy".into()),
+                steer: None,
             },
+            tenant: Default::default(),
         },
         fence: None,
     };

@@ -101,7 +101,9 @@ async fn near_changes_are_announced_and_far_ones_are_not() {
                 verdict: Verdict::Retry,
                 http_status: Some(503),
                 error: None,
+                steer: None,
             },
+            tenant: Default::default(),
         },
         fence: None,
     };

@@ -48,7 +48,9 @@ impl BigBenStatus {
         match status {
             EventStatus::Scheduled | EventStatus::Retrying => Some(BigBenStatus::UnProcessed),
             EventStatus::Delivered => Some(BigBenStatus::Processed),
-            EventStatus::Failed | EventStatus::Missed => Some(BigBenStatus::Error),
+            EventStatus::Failed | EventStatus::Missed | EventStatus::Expired => {
+                Some(BigBenStatus::Error)
+            }
             EventStatus::Cancelled => None,
         }
     }

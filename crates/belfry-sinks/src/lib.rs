@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use belfry_core::policy::Steer;
 use belfry_core::{Clock, EventRecord, SinkConfig, TenantConfig, Timestamp, Verdict};
 
 pub mod body;
@@ -47,6 +48,9 @@ pub struct DeliveryResult {
     pub http_status: Option<u16>,
     /// Why it failed (for the history and the event's `last_error`).
     pub error: Option<String>,
+    /// What the receiver asked of the next attempts (HTTP `Retry-After`,
+    /// `410 Gone`).
+    pub steer: Option<Steer>,
 }
 
 impl DeliveryResult {
@@ -55,6 +59,7 @@ impl DeliveryResult {
             verdict: Verdict::Delivered,
             http_status,
             error: None,
+            steer: None,
         }
     }
 
@@ -63,7 +68,14 @@ impl DeliveryResult {
             verdict,
             http_status,
             error: Some(error.into()),
+            steer: None,
         }
+    }
+
+    /// This result, with what the receiver asked of the next attempts.
+    #[must_use]
+    pub fn steered(self, steer: Option<Steer>) -> Self {
+        DeliveryResult { steer, ..self }
     }
 }
 
@@ -300,6 +312,6 @@ pub(crate) fn scheduled_event(
         created_at: at,
         updated_at: at,
         finished_at: None,
-        pull: Default::default(),
+        settings: Default::default(),
     }
 }

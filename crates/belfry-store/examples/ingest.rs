@@ -172,7 +172,7 @@ fn create(tenant: &TenantName, i: u64) -> KeyedCommand {
             payload: Some(format!("{{\"order\":{i},\"action\":\"remind\"}}")),
             delivery: DeliveryOption::FullEvent,
             new_version: EventVersion::from_string(format!("{i:032x}")),
-            pull: Default::default(),
+            settings: Default::default(),
         },
         fence: None,
     }
@@ -190,7 +190,9 @@ fn deliver(tenant: &TenantName, i: u64) -> KeyedCommand {
                 verdict: Verdict::Delivered,
                 http_status: Some(200),
                 error: None,
+                steer: None,
             },
+            tenant: Default::default(),
         },
         fence: Some(belfry_store::Fence {
             partition: belfry_core::PartitionId(0),

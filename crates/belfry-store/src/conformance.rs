@@ -94,6 +94,7 @@ macro_rules! store_conformance_tests {
             tenants_put_get_list_replace_delete,
             create_then_get,
             pull_settings_are_kept_and_replaced,
+            delivery_policy_settings_and_expiry_are_kept,
             get_events_in_input_order,
             same_instant_update_keeps_version,
             move_starts_a_new_version,
@@ -171,7 +172,7 @@ fn upsert(at: i64, version: &str) -> EventCommand {
         payload: Some(format!("payload-{version}")),
         delivery: DeliveryOption::FullEvent,
         new_version: EventVersion::from_string(version.into()),
-        pull: Default::default(),
+        settings: Default::default(),
     }
 }
 
@@ -189,7 +190,9 @@ fn attempt(version: &str, number: u32, verdict: Verdict, started_at: i64) -> Eve
                 Verdict::Permanent => 400,
             }),
             error: (verdict != Verdict::Delivered).then(|| format!("{verdict:?} at {started_at}")),
+            steer: None,
         },
+        tenant: Default::default(),
     }
 }
 
@@ -271,6 +274,7 @@ fn http_tenant(name: &str, url: &str) -> TenantConfig {
             url: url.into(),
             headers: [("x-token".to_string(), "secret".to_string())].into(),
             timeout_ms: Some(1_500),
+            delivery: Default::default(),
         }),
         signing: None,
     }
@@ -422,8 +426,11 @@ where
         signing: None,
     };
     let full = pull(PullTarget {
-        max_attempts: Some(7),
-        backoff: Some(belfry_core::Backoff::new(250, 1.5, 90_000).unwrap()),
+        delivery: belfry_core::DeliveryDefaults {
+            max_attempts: Some(7),
+            backoff: Some(belfry_core::Backoff::new(250, 1.5, 90_000).unwrap()),
+            max_age_ms: Some(60_000),
+        },
         queues: Some(vec![
             belfry_core::QueueName::new("sms").unwrap(),
             belfry_core::QueueName::new("emails").unwrap(),
@@ -480,12 +487,13 @@ where
 {
     let under_test = factory(partitions(8)).await;
     let store = &under_test.store;
-    let settings = belfry_core::PullSettings {
+    let settings = belfry_core::EventSettings {
         queue: Some(belfry_core::QueueName::new("emails.high-1").expect("valid queue")),
         max_attempts: Some(7),
         backoff: Some(belfry_core::Backoff::new(250, 1.5, 60_000).expect("valid back-off")),
+        ..belfry_core::EventSettings::default()
     };
-    let with = |at, version: &str, pull: &belfry_core::PullSettings| match upsert(at, version) {
+    let with = |at, version: &str, pull: &belfry_core::EventSettings| match upsert(at, version) {
         EventCommand::Upsert {
             event_time,
             payload,
@@ -497,7 +505,7 @@ where
             payload,
             delivery,
             new_version,
-            pull: pull.clone(),
+            settings: pull.clone(),
         },
         other => other,
     };
@@ -505,26 +513,124 @@ where
     let plain = key("t", "plain");
     apply_one(store, 1_000, &k, with(5_000, "v1", &settings)).await;
     apply_one(store, 1_000, &plain, upsert(5_000, "p1")).await;
-    assert_eq!(get(store, &k).await.expect("stored").pull, settings);
+    assert_eq!(get(store, &k).await.expect("stored").settings, settings);
     assert_eq!(
-        get(store, &plain).await.expect("stored").pull,
-        belfry_core::PullSettings::default()
+        get(store, &plain).await.expect("stored").settings,
+        belfry_core::EventSettings::default()
     );
     apply_one(store, 5_000, &k, attempt("v1", 1, Verdict::Retry, 5_000)).await;
     let retried = get(store, &k).await.expect("stored");
     assert_eq!(retried.attempts, 1);
-    assert_eq!(retried.pull, settings, "kept through attempts");
+    assert_eq!(retried.settings, settings, "kept through attempts");
     let listed = store
         .get_events(std::slice::from_ref(&k))
         .await
         .expect("read");
-    assert_eq!(listed[0].as_ref().map(|r| &r.pull), Some(&settings));
+    assert_eq!(listed[0].as_ref().map(|r| &r.settings), Some(&settings));
     apply_one(store, 6_000, &k, with(9_000, "v2", &Default::default())).await;
     assert_eq!(
-        get(store, &k).await.expect("stored").pull,
-        belfry_core::PullSettings::default(),
+        get(store, &k).await.expect("stored").settings,
+        belfry_core::EventSettings::default(),
         "replaced by the next upsert"
     );
+}
+
+/// An event's delivery policy (attempt cap, back-off, attempt timeout,
+/// expiry) is stored with it and kept through attempts; the transition
+/// reads it (and the tenant's defaults carried by the attempt) for the next
+/// attempt. An event ended `expired` is finished and listed under its
+/// status.
+pub async fn delivery_policy_settings_and_expiry_are_kept<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(8)).await;
+    let store = &under_test.store;
+    let settings = belfry_core::EventSettings {
+        max_attempts: Some(2),
+        backoff: Some(belfry_core::Backoff::new(100, 2.0, 1_000).expect("valid back-off")),
+        attempt_timeout_ms: Some(750),
+        expire_at: Some(ts(60_000)),
+        max_age_ms: Some(30_000),
+        ..belfry_core::EventSettings::default()
+    };
+    let k = key("t", "policed");
+    let with_settings = match upsert(5_000, "v1") {
+        EventCommand::Upsert {
+            event_time,
+            payload,
+            delivery,
+            new_version,
+            ..
+        } => EventCommand::Upsert {
+            event_time,
+            payload,
+            delivery,
+            new_version,
+            settings: settings.clone(),
+        },
+        other => other,
+    };
+    apply_one(store, 1_000, &k, with_settings).await;
+    assert_eq!(get(store, &k).await.expect("stored").settings, settings);
+    apply_one(store, 5_010, &k, attempt("v1", 1, Verdict::Retry, 5_000)).await;
+    let retrying = get(store, &k).await.expect("stored");
+    assert_eq!(retrying.settings, settings, "kept through attempts");
+    assert_eq!(
+        retrying.next_fire_at,
+        Some(ts(5_110)),
+        "the event's back-off"
+    );
+    let last = apply_one(store, 5_120, &k, attempt("v1", 2, Verdict::Retry, 5_110)).await;
+    assert_eq!(
+        last.outcome,
+        CommandOutcome::AttemptRecorded(EventStatus::Failed),
+        "the event's attempt cap"
+    );
+
+    // Expired at its expiry: finished, out of the due index, listed.
+    let e = key("t", "expiring");
+    apply_one(store, 1_000, &e, upsert(5_000, "x1")).await;
+    let expired = apply_one(
+        store,
+        9_000,
+        &e,
+        EventCommand::EndExpired {
+            version: EventVersion::from_string("x1".into()),
+            reason: "expired: not delivered by its expiry".into(),
+        },
+    )
+    .await;
+    assert_eq!(expired.outcome, CommandOutcome::Expired);
+    let record = get(store, &e).await.expect("stored");
+    assert_eq!(record.status, EventStatus::Expired);
+    assert_eq!(record.finished_at, Some(ts(9_000)));
+    assert!(
+        !all_due(store).await.iter().any(|(_, c)| c.key == e),
+        "no longer due"
+    );
+    let listed = store
+        .list_events(ListEventsParams {
+            tenant: tenant("t"),
+            status: Some(EventStatus::Expired),
+            from: None,
+            to: None,
+            after: None,
+            limit: 10,
+        })
+        .await
+        .expect("listed");
+    assert_eq!(listed, vec![record]);
+    let counted = store
+        .count_events(CountEventsParams {
+            tenant: tenant("t"),
+            status: EventStatus::Expired,
+            at_most: 10,
+        })
+        .await
+        .expect("counted");
+    assert_eq!(counted, 1);
 }
 
 pub async fn get_events_in_input_order<F, Fut>(factory: F)
@@ -2858,6 +2964,7 @@ fn resolve(resolution: Resolution, verdict: Option<Verdict>, started_at: i64) ->
             verdict,
             http_status: None,
             error: (verdict != Verdict::Delivered).then(|| "boom".to_string()),
+            steer: None,
         }),
     }
 }
@@ -3361,6 +3468,7 @@ fn expire_of(
                 verdict: Verdict::Retry,
                 http_status: None,
                 error: Some("lease_expired: its node restarted".into()),
+                steer: None,
             },
         },
         at: ts(at),

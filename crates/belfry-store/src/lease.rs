@@ -253,6 +253,7 @@ fn resolve(
         verdict,
         http_status: None,
         error: None,
+        steer: None,
     });
     let retry = never_give_up();
     let step = transition(
@@ -267,6 +268,7 @@ fn resolve(
                 verdict,
                 ..reported.clone()
             },
+            tenant: Default::default(),
         },
         TransitionContext {
             now: at,

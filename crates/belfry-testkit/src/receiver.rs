@@ -95,6 +95,9 @@ pub struct Response {
     /// Waited before answering (the request is recorded before the wait).
     pub delay: Duration,
     pub body: Bytes,
+    /// Extra response headers (`Retry-After`, …). Sent by the default
+    /// mode only; the lean mode answers without them.
+    pub headers: Vec<(String, String)>,
 }
 
 impl Response {
@@ -104,7 +107,14 @@ impl Response {
             status,
             delay: Duration::ZERO,
             body: Bytes::new(),
+            headers: Vec::new(),
         }
+    }
+
+    /// Adds the response header `name: value` (default mode only).
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
     }
 
     pub fn with_delay(mut self, delay: Duration) -> Self {
@@ -485,6 +495,14 @@ async fn handle(
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut reply = hyper::Response::new(Full::new(response.body));
     *reply.status_mut() = status;
+    for (name, value) in &response.headers {
+        if let (Ok(name), Ok(value)) = (
+            hyper::header::HeaderName::from_bytes(name.as_bytes()),
+            hyper::header::HeaderValue::from_str(value),
+        ) {
+            reply.headers_mut().append(name, value);
+        }
+    }
     Ok(reply)
 }
 

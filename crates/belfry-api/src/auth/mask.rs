@@ -104,6 +104,7 @@ mod tests {
             url: "http://user:pw@h/x".into(),
             headers: BTreeMap::from([("Authorization".into(), "Bearer s3cret".into())]),
             timeout_ms: Some(5),
+            delivery: Default::default(),
         });
         let shown = serde_json::to_string(&sink(&http)).unwrap();
         assert!(
@@ -119,6 +120,7 @@ mod tests {
             ]),
             key: Default::default(),
             transactional: false,
+            delivery: Default::default(),
         });
         let shown = serde_json::to_string(&sink(&kafka)).unwrap();
         assert!(

@@ -164,6 +164,13 @@ async fn view(state: &ApiState, record: &EventRecord) -> Result<EventResponse, B
                     .unwrap_or_else(|| format!("delivery {}", record.status.as_str())),
             )
         }
+        EventStatus::Expired => response.with_status(BigBenStatus::Error).with_error(
+            500,
+            record
+                .last_error
+                .clone()
+                .unwrap_or_else(|| "expired: not delivered by its expiry".to_string()),
+        ),
         EventStatus::Missed => response.with_status(BigBenStatus::Error).with_error(
             500,
             record

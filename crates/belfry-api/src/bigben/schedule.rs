@@ -270,11 +270,11 @@ async fn check_item(
             }
             (Ok(tenant), Ok(id)) => Checked::Write {
                 echo: echo(response),
-                command: KeyedCommand {
+                command: Box::new(KeyedCommand {
                     key: EventKey::new(tenant, id),
                     command: EventCommand::Cancel,
                     fence: None,
-                },
+                }),
             },
             // A name that cannot be stored names no event: like an unknown id.
             _ => Checked::Unchanged(echo(response)),
@@ -325,7 +325,7 @@ async fn check_item(
             payload: request.payload,
             delivery,
             new_version: EventVersion::generate(),
-            pull: Default::default(),
+            settings: Default::default(),
         },
         fence: None,
     };
@@ -334,7 +334,7 @@ async fn check_item(
             response,
             lapsed: event_time < lapse_limit,
         },
-        command,
+        command: Box::new(command),
     }
 }
 

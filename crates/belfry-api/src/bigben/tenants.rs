@@ -23,7 +23,7 @@ use crate::auth::Principal;
 use crate::auth::routes::audit;
 use crate::error::{ApiError, BigBenError, Code};
 use crate::extract::BigBenJson;
-use crate::v1::tenants::{PullSpec, pull_target};
+use crate::v1::tenants::{DeliverySpec, PullSpec, pull_target};
 
 /// BigBen's `ProcessorConfig`; fields optional so that a missing one gets
 /// BigBen's message instead of a parser error, and plain JSON so that a
@@ -222,6 +222,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
                 url,
                 headers,
                 timeout_ms,
+                delivery: Default::default(),
             })
         }
         "MESSAGING" => {
@@ -236,6 +237,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
                 props: settings,
                 key: KafkaKey::EventId,
                 transactional: false,
+                delivery: Default::default(),
             })
         }
         "CUSTOM_CLASS" => {
@@ -245,9 +247,14 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
             SinkConfig::Builtin(BuiltinTarget { processor })
         }
         "PULL" => {
+            // Belfry's own pull fields; BigBen's contract has no delivery
+            // policy beyond them (no `max_age_ms` here).
             let spec = PullSpec {
-                max_attempts: props.remove("max_attempts"),
-                backoff: props.remove("backoff"),
+                delivery: DeliverySpec {
+                    max_attempts: props.remove("max_attempts"),
+                    backoff: props.remove("backoff"),
+                    max_age_ms: None,
+                },
                 queues: props.remove("queues"),
             };
             if let Some(name) = props.keys().next() {
@@ -320,8 +327,11 @@ pub(crate) fn render(tenant: &TenantConfig) -> ConfigView {
         SinkConfig::Pull(target) => (
             "PULL",
             Props::Pull {
-                max_attempts: target.max_attempts(),
-                backoff: target.backoff,
+                max_attempts: target
+                    .delivery
+                    .max_attempts
+                    .unwrap_or(belfry_core::tenant::DEFAULT_MAX_ATTEMPTS),
+                backoff: target.delivery.backoff,
                 queues: target.queues,
             },
         ),

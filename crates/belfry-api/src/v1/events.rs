@@ -9,10 +9,10 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use belfry_core::auth::AuditAction;
-use belfry_core::tenant::MAX_PULL_ATTEMPTS;
+use belfry_core::tenant::{MAX_AGE_MS, MAX_ATTEMPTS};
 use belfry_core::{
-    CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventStatus, EventVersion,
-    PullSettings, QueueName, SinkConfig, TenantConfig, Timestamp,
+    CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventSettings, EventStatus,
+    EventVersion, QueueName, SinkConfig, TenantConfig, Timestamp,
 };
 use belfry_store::{KeyedCommand, ListEventsParams};
 use serde::{Deserialize, Serialize};
@@ -54,11 +54,24 @@ pub(crate) struct PutEvent {
     /// `default`); ignored for push tenants.
     #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
     queue: Option<String>,
-    /// Pull tenants: attempts before the event fails (else the tenant's).
+    /// Attempts before the event fails (else its tenant's, else: pull 20,
+    /// push until the node's backlog limit).
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     max_attempts: Option<Whole<u32>>,
-    /// Pull tenants: the back-off between attempts (else the node's).
+    /// The back-off between attempts (else its tenant's, else the node's).
     backoff: Option<BackoffBody>,
+    /// How long one attempt may take, in ms (else its HTTP tenant's
+    /// `timeout_ms`, else the node's; within the node's cap).
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 3600000)]
+    attempt_timeout_ms: Option<Whole<u64>>,
+    /// No attempt starts at or after this instant: the event ends
+    /// `expired` (RFC 3339).
+    #[schema(format = DateTime)]
+    expire_at: Option<String>,
+    /// No attempt starts this long (ms) or longer after `deliver_at`
+    /// (else its tenant's `max_age_ms`): the event ends `expired`.
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 31622400000_u64)]
+    max_age_ms: Option<Whole<u64>>,
 }
 
 /// One item of a batch: the same as [`PutEvent`] plus its id.
@@ -81,20 +94,40 @@ pub(crate) struct BatchItem {
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     max_attempts: Option<Whole<u32>>,
     backoff: Option<BackoffBody>,
+    /// How long one attempt may take, in ms (else its HTTP tenant's
+    /// `timeout_ms`, else the node's; within the node's cap).
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 3600000)]
+    attempt_timeout_ms: Option<Whole<u64>>,
+    /// No attempt starts at or after this instant: the event ends
+    /// `expired` (RFC 3339).
+    #[schema(format = DateTime)]
+    expire_at: Option<String>,
+    /// No attempt starts this long (ms) or longer after `deliver_at`
+    /// (else its tenant's `max_age_ms`): the event ends `expired`.
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 31622400000_u64)]
+    max_age_ms: Option<Whole<u64>>,
 }
 
-/// The fields of an event that only pull tenants' workers see
-/// (`docs/pull.md`): its named queue, its attempt cap and back-off.
+/// An event's own settings as a request carries them: its delivery policy
+/// (attempt cap, back-off, attempt timeout, expiry) and, for pull tenants'
+/// workers (`docs/pull.md`), its named queue.
 #[derive(Debug, Default)]
-pub(crate) struct PullFields {
+pub(crate) struct SettingsFields {
     pub queue: Option<String>,
     pub max_attempts: Option<u32>,
     pub backoff: Option<BackoffBody>,
+    pub attempt_timeout_ms: Option<u64>,
+    pub expire_at: Option<String>,
+    pub max_age_ms: Option<u64>,
 }
 
-impl PullFields {
+/// The longest attempt timeout an event may ask for: an hour (the node's
+/// `sinks.http.max_tenant_timeout` caps it further).
+const MAX_ATTEMPT_TIMEOUT_MS: u64 = 3_600_000;
+
+impl SettingsFields {
     /// Validates them; an error names the field.
-    pub(crate) fn settings(self) -> Result<PullSettings, ApiError> {
+    pub(crate) fn settings(self) -> Result<EventSettings, ApiError> {
         let invalid = |message: String| ApiError::new(Code::InvalidRequest, message);
         let queue = self
             .queue
@@ -103,20 +136,51 @@ impl PullFields {
             // Stored as no queue: the same event either way.
             .filter(|queue| *queue != QueueName::default_queue());
         if let Some(max) = self.max_attempts
-            && !(1..=MAX_PULL_ATTEMPTS).contains(&max)
+            && !(1..=MAX_ATTEMPTS).contains(&max)
         {
             return Err(invalid(format!(
-                "max_attempts must be between 1 and {MAX_PULL_ATTEMPTS}"
+                "max_attempts must be between 1 and {MAX_ATTEMPTS}"
             )));
         }
         let backoff = self
             .backoff
             .map(|body| body.into_backoff().map_err(|e| invalid(e.to_string())))
             .transpose()?;
-        Ok(PullSettings {
+        if let Some(ms) = self.attempt_timeout_ms
+            && !(1..=MAX_ATTEMPT_TIMEOUT_MS).contains(&ms)
+        {
+            return Err(invalid(format!(
+                "attempt_timeout_ms must be between 1 and {MAX_ATTEMPT_TIMEOUT_MS}"
+            )));
+        }
+        if let Some(ms) = self.max_age_ms
+            && !(1..=MAX_AGE_MS).contains(&ms)
+        {
+            return Err(invalid(format!(
+                "max_age_ms must be between 1 and {MAX_AGE_MS} (366 days)"
+            )));
+        }
+        let expire_at = self
+            .expire_at
+            .map(|text| {
+                Timestamp::parse_rfc3339(&text).ok_or_else(|| {
+                    ApiError::new(
+                        Code::InvalidTime,
+                        format!(
+                            "expire_at {text:?} is not an RFC 3339 instant with an offset \
+                             (e.g. 2030-01-31T04:00:30Z)"
+                        ),
+                    )
+                })
+            })
+            .transpose()?;
+        Ok(EventSettings {
             queue,
             max_attempts: self.max_attempts,
             backoff,
+            attempt_timeout_ms: self.attempt_timeout_ms,
+            expire_at,
+            max_age_ms: self.max_age_ms,
         })
     }
 }
@@ -127,7 +191,7 @@ impl PullFields {
 ///
 /// # Errors
 /// The queue is not declared.
-pub(crate) fn admit_queue(tenant: &TenantConfig, pull: &PullSettings) -> Result<(), ApiError> {
+pub(crate) fn admit_queue(tenant: &TenantConfig, pull: &EventSettings) -> Result<(), ApiError> {
     match &tenant.sink {
         SinkConfig::Pull(target) => target
             .check_queues("queue", pull.queue.iter())
@@ -142,7 +206,7 @@ pub(crate) fn admit_queue(tenant: &TenantConfig, pull: &PullSettings) -> Result<
 /// The queue is not declared.
 pub(crate) fn admit_command(tenant: &TenantConfig, command: &EventCommand) -> Result<(), ApiError> {
     match command {
-        EventCommand::Upsert { pull, .. } => admit_queue(tenant, pull),
+        EventCommand::Upsert { settings, .. } => admit_queue(tenant, settings),
         _ => Ok(()),
     }
 }
@@ -219,7 +283,7 @@ pub(crate) fn upsert(
     deliver_at: &str,
     payload: Option<String>,
     delivery: Option<Delivery>,
-    pull: PullFields,
+    settings: SettingsFields,
 ) -> Result<EventCommand, ApiError> {
     let event_time = Timestamp::parse_rfc3339(deliver_at).ok_or_else(|| {
         ApiError::new(
@@ -241,7 +305,7 @@ pub(crate) fn upsert(
         event_time,
         payload,
         delivery,
-        pull: pull.settings()?,
+        settings: settings.settings()?,
         new_version: EventVersion::generate(),
     })
 }
@@ -299,12 +363,15 @@ pub(crate) async fn put(
     V1Json(body): V1Json<PutEvent>,
 ) -> Result<Response, V1Error> {
     let key = event_key(tenant, id)?;
-    let pull = PullFields {
+    let settings = SettingsFields {
         queue: body.queue,
         max_attempts: body.max_attempts.map(Whole::get),
         backoff: body.backoff,
+        attempt_timeout_ms: body.attempt_timeout_ms.map(Whole::get),
+        expire_at: body.expire_at,
+        max_age_ms: body.max_age_ms.map(Whole::get),
     };
-    let command = upsert(&body.deliver_at, body.payload, body.delivery, pull)?;
+    let command = upsert(&body.deliver_at, body.payload, body.delivery, settings)?;
     let mut pipeline = Pipeline::new(&state.engine, &Admitted);
     let checked = admit_write(&mut pipeline.tenants, (), key, command).await;
     pipeline.push(checked);
@@ -345,11 +412,11 @@ async fn admit_write<E>(
     match admitted {
         Ok(()) => Checked::Write {
             echo,
-            command: KeyedCommand {
+            command: Box::new(KeyedCommand {
                 key,
                 command,
                 fence: None,
-            },
+            }),
         },
         Err(error) => Checked::Rejected { echo, error },
     }
@@ -551,12 +618,15 @@ pub(crate) async fn batch(
             .map_err(|e| ApiError::new(Code::InvalidRequest, e))
             .and_then(|item| {
                 let id = event_id(item.id)?;
-                let pull = PullFields {
+                let settings = SettingsFields {
                     queue: item.queue,
                     max_attempts: item.max_attempts.map(Whole::get),
                     backoff: item.backoff,
+                    attempt_timeout_ms: item.attempt_timeout_ms.map(Whole::get),
+                    expire_at: item.expire_at,
+                    max_age_ms: item.max_age_ms.map(Whole::get),
                 };
-                let command = upsert(&item.deliver_at, item.payload, item.delivery, pull)?;
+                let command = upsert(&item.deliver_at, item.payload, item.delivery, settings)?;
                 Ok((id, command))
             });
         let checked = match parsed {
@@ -671,7 +741,7 @@ pub(crate) fn parse_status(value: &str, code: Code) -> Result<EventStatus, ApiEr
             code,
             format!(
                 "unknown status {value:?}; expected scheduled, retrying, delivered, failed, \
-                 missed or cancelled"
+                 missed, cancelled or expired"
             ),
         )
     })
@@ -748,7 +818,7 @@ fn parse_list_query(uri: &Uri, state: &ApiState) -> Result<ListQuery, ApiError> 
     tag = "events",
     operation_id = "list_events",
     summary = "A page of a tenant's events",
-    params(crate::openapi::schema::TenantPath, ("status" = Option<String>, Query, pattern = "^(scheduled|retrying|delivered|failed|missed|cancelled)$", description = "scheduled, retrying, delivered, failed, missed or cancelled"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, format = DateTime, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:t[0-9a-fA-F]{16})?(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
+    params(crate::openapi::schema::TenantPath, ("status" = Option<String>, Query, pattern = "^(scheduled|retrying|delivered|failed|missed|cancelled|expired)$", description = "scheduled, retrying, delivered, failed, missed, cancelled or expired"), ("from" = Option<String>, Query, format = DateTime, description = "RFC 3339, inclusive bound of deliver_at"), ("to" = Option<String>, Query, format = DateTime, description = "RFC 3339, exclusive bound of deliver_at"), ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "1 to `api.max_list_limit` (default 1,000); default `api.default_list_limit` (100)"), ("cursor" = Option<String>, Query, pattern = "^(?:t[0-9a-fA-F]{16})?(?:[2-6][0-9a-fA-F]|7[0-9a-eA-E]){1,500}$", description = "next_cursor of the previous page (a cursor only this server issues: any other is refused)")),
     responses(
         (status = 200, description = "A page", body = EventList),
         crate::openapi::schema::V1InputErrors

@@ -17,8 +17,8 @@ use belfry_core::schedule::{
     DEFAULT_CATCH_UP_WINDOW, MissedSummary, Progress, ScheduleError, local_time,
 };
 use belfry_core::{
-    CronKind, CronSpec, DeliveryOption, EventId, MisfirePolicy, PullSettings, Schedule, ScheduleId,
-    ScheduleStatus, TenantName, Timestamp,
+    CronKind, CronSpec, DeliveryOption, EventId, EventSettings, MisfirePolicy, Schedule,
+    ScheduleId, ScheduleStatus, TenantName, Timestamp,
 };
 use belfry_engine::schedules::{PutOutcome, ScheduleOpError, ScheduleState};
 use serde::{Deserialize, Serialize};
@@ -30,7 +30,7 @@ use crate::error::{ApiError, Code, V1Error};
 use crate::extract::whole::Whole;
 use crate::extract::{V1Json, V1Path, query_pairs};
 use crate::v1::events::{
-    PullFields, admit_queue, decode_cursor, encode_cursor, parse_instant, parse_limit,
+    SettingsFields, admit_queue, decode_cursor, encode_cursor, parse_instant, parse_limit,
 };
 use crate::v1::views::{BackoffBody, Delivery};
 use crate::v1::{tenant_name, tenant_not_found};
@@ -134,7 +134,7 @@ pub(crate) struct Definition {
     pub misfire: MisfirePolicy,
     pub catch_up_window: Duration,
     /// For its occurrences (pull tenants).
-    pub pull: PullSettings,
+    pub pull: EventSettings,
 }
 
 impl Definition {
@@ -172,7 +172,7 @@ impl Definition {
             created_at: zero,
             updated_at: zero,
             progress: Progress::starting_after(zero),
-            pull: self.pull,
+            settings: self.pull,
         })
     }
 }
@@ -311,9 +311,13 @@ impl From<&ScheduleState> for ScheduleView {
             misfire: schedule.misfire.into(),
             catch_up_window_ms: u64::try_from(schedule.catch_up_window.as_millis())
                 .unwrap_or(u64::MAX),
-            queue: schedule.pull.queue.as_ref().map(|q| q.as_str().to_string()),
-            max_attempts: schedule.pull.max_attempts,
-            backoff: schedule.pull.backoff,
+            queue: schedule
+                .settings
+                .queue
+                .as_ref()
+                .map(|q| q.as_str().to_string()),
+            max_attempts: schedule.settings.max_attempts,
+            backoff: schedule.settings.backoff,
             occurrences: schedule.progress.occurrences,
             last_occurrence: schedule.progress.last_occurrence.map(Timestamp::to_rfc3339),
             missed: schedule.progress.missed.into(),
@@ -364,10 +368,11 @@ pub(crate) async fn put(
             .map_or(DEFAULT_CATCH_UP_WINDOW, |ms| {
                 Duration::from_millis(ms.get())
             }),
-        pull: PullFields {
+        pull: SettingsFields {
             queue: body.queue,
             max_attempts: body.max_attempts.map(Whole::get),
             backoff: body.backoff,
+            ..SettingsFields::default()
         }
         .settings()?,
     }
@@ -378,7 +383,7 @@ pub(crate) async fn put(
         .validate()
         .map_err(|e| op_error(ScheduleOpError::Invalid(e)))?;
     match state.engine.store().get_tenant(&tenant).await? {
-        Some(config) => admit_queue(&config, &schedule.pull)?,
+        Some(config) => admit_queue(&config, &schedule.settings)?,
         None => return Err(tenant_not_found(&tenant)),
     }
     let (outcome, saved) = state

@@ -7,7 +7,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use belfry_core::auth::AuditAction;
-use belfry_core::tenant::{BuiltinTarget, HttpTarget, KafkaKey, KafkaTarget, PullTarget};
+use belfry_core::tenant::{
+    BuiltinTarget, DeliveryDefaults, HttpTarget, KafkaKey, KafkaTarget, PullTarget,
+};
 use belfry_core::{EventKey, QueueName, SinkConfig, TenantConfig, TenantName};
 use belfry_sinks::Sinks;
 use serde::{Deserialize, Serialize};
@@ -34,7 +36,8 @@ pub(crate) struct PutTenant {
     /// `{"type": "http", "url", "headers"?, "timeout_ms"?}`,
     /// `{"type": "builtin", "processor": "log"}` or
     /// `{"type": "kafka", "topic", "props", "key"?, "transactional"?}` or
-    /// `{"type": "pull", "max_attempts"?, "backoff"?, "queues"?}`.
+    /// `{"type": "pull", "queues"?}`; http, kafka and pull sinks take the
+    /// delivery policy defaults `max_attempts`, `backoff` and `max_age_ms`.
     sink: SinkSpec,
 }
 
@@ -87,14 +90,20 @@ struct SinkSpec {
     /// `kafka`: the fenced, transactional mode.
     #[schema(value_type = Option<bool>)]
     transactional: Option<Value>,
-    /// `pull` only: attempts after which an event fails (default 20);
-    /// an event's own `max_attempts` comes first.
+    /// `http`, `kafka`, `pull`: attempts after which an event fails
+    /// (default: pull 20, push until the node's backlog limit); an event's
+    /// own `max_attempts` comes first.
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     max_attempts: Option<Value>,
-    /// `pull` only: the back-off of events that set none (default: the
-    /// node's retry policy); read as each attempt comes due.
+    /// `http`, `kafka`, `pull`: the back-off of events that set none
+    /// (default: the node's retry policy); read as each attempt comes due.
     #[schema(value_type = Option<BackoffBody>)]
     backoff: Option<Value>,
+    /// `http`, `kafka`, `pull`: an event not delivered this long after its
+    /// instant ends `expired` (default: no expiry); an event's own
+    /// `max_age_ms` and `expire_at` come first.
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 31622400000_u64)]
+    max_age_ms: Option<Value>,
     /// `pull` only: the queues its events, schedules and claims may name
     /// (1 to 32 names of 1–64 letters, digits, `_`, `.`, `-`; no repeats),
     /// besides `default`, which is always allowed; omitted: any queue name.
@@ -102,39 +111,72 @@ struct SinkSpec {
     queues: Option<Value>,
 }
 
-/// A pull sink's fields (`max_attempts`, `backoff`, `queues`) as plain
+/// A sink's delivery policy defaults (`max_attempts`, `backoff`,
+/// `max_age_ms`) as plain JSON.
+#[derive(Debug, Default)]
+pub(crate) struct DeliverySpec {
+    pub max_attempts: Option<Value>,
+    pub backoff: Option<Value>,
+    pub max_age_ms: Option<Value>,
+}
+
+/// A pull sink's fields (the delivery defaults and `queues`) as plain
 /// JSON, read by [`pull_target`] for `/v1` and BigBen registrations alike.
 #[derive(Debug)]
 pub(crate) struct PullSpec {
-    pub max_attempts: Option<Value>,
-    pub backoff: Option<Value>,
+    pub delivery: DeliverySpec,
     pub queues: Option<Value>,
 }
 
-impl PullSpec {
-    /// The first field given, if any (they apply to pull sinks only).
-    fn first_given(&self) -> Option<&'static str> {
-        [
-            ("max_attempts", &self.max_attempts),
-            ("backoff", &self.backoff),
-            ("queues", &self.queues),
-        ]
-        .into_iter()
-        .find(|(_, value)| value.as_ref().is_some_and(|v| !v.is_null()))
-        .map(|(name, _)| name)
-    }
+/// Whether a JSON field was given (`null` is as good as left out).
+fn given(value: Option<&Value>) -> bool {
+    value.is_some_and(|v| !v.is_null())
 }
 
-/// A pull sink from its fields, each checked as an event's field of the
-/// same name is (`backoff` through the same parsing; omitted back-off
-/// fields take the same defaults). `prefix` names where the fields are
-/// (`sink.` for `/v1`, `props.` for BigBen) in the messages. The ranges
-/// (attempts, queue count, duplicates) are checked by
-/// [`SinkConfig::validate`] afterwards.
+/// A pull sink from its fields (see [`delivery_defaults`]). The queue
+/// count and duplicates are checked by [`SinkConfig::validate`]
+/// afterwards.
 ///
 /// # Errors
 /// A field of the wrong type or out of its range, named.
 pub(crate) fn pull_target(spec: PullSpec, prefix: &str) -> Result<PullTarget, String> {
+    let delivery = delivery_defaults(spec.delivery, prefix)?;
+    let queues = match spec.queues {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => Some(
+            items
+                .into_iter()
+                .map(|item| match item {
+                    Value::String(name) => QueueName::new(name)
+                        .map_err(|e| format!("{prefix}queues: invalid queue name: {e}")),
+                    _ => Err(format!("{prefix}queues must be an array of queue names")),
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        Some(_) => return Err(format!("{prefix}queues must be an array of queue names")),
+    };
+    Ok(PullTarget { delivery, queues })
+}
+
+/// A sink's delivery defaults from their fields, each checked as an
+/// event's field of the same name is (`backoff` through the same parsing;
+/// omitted back-off fields take the same defaults). `prefix` names where
+/// the fields are (`sink.` for `/v1`, `props.` for BigBen) in the
+/// messages. The ranges are checked by [`SinkConfig::validate`]
+/// afterwards.
+///
+/// # Errors
+/// A field of the wrong type, named.
+pub(crate) fn delivery_defaults(
+    spec: DeliverySpec,
+    prefix: &str,
+) -> Result<DeliveryDefaults, String> {
+    let whole = |value: Option<Value>, field: &str| match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => crate::extract::whole::u64_of(&value)
+            .map(Some)
+            .ok_or_else(|| format!("{prefix}{field} must be a whole number")),
+    };
     let max_attempts = match spec.max_attempts {
         None | Some(Value::Null) => None,
         Some(value) => Some(
@@ -152,24 +194,10 @@ pub(crate) fn pull_target(spec: PullSpec, prefix: &str) -> Result<PullTarget, St
                 .map_err(|e| format!("{prefix}{e}"))?,
         ),
     };
-    let queues = match spec.queues {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(items)) => Some(
-            items
-                .into_iter()
-                .map(|item| match item {
-                    Value::String(name) => QueueName::new(name)
-                        .map_err(|e| format!("{prefix}queues: invalid queue name: {e}")),
-                    _ => Err(format!("{prefix}queues must be an array of queue names")),
-                })
-                .collect::<Result<_, _>>()?,
-        ),
-        Some(_) => return Err(format!("{prefix}queues must be an array of queue names")),
-    };
-    Ok(PullTarget {
+    Ok(DeliveryDefaults {
         max_attempts,
         backoff,
-        queues,
+        max_age_ms: whole(spec.max_age_ms, "max_age_ms")?,
     })
 }
 
@@ -203,6 +231,9 @@ fn string_map(
     }
 }
 
+/// The delivery policy defaults every delivering sink type takes.
+const DELIVERY_FIELDS: &[&str] = &["max_attempts", "backoff", "max_age_ms"];
+
 fn invalid_sink(message: impl Into<String>) -> V1Error {
     V1Error(ApiError::new(Code::InvalidSink, message))
 }
@@ -221,12 +252,19 @@ impl SinkSpec {
             transactional,
             max_attempts,
             backoff,
+            max_age_ms,
             queues,
         } = self;
-        let pull = PullSpec {
+        let delivery_given = [
+            ("max_attempts", given(max_attempts.as_ref())),
+            ("backoff", given(backoff.as_ref())),
+            ("max_age_ms", given(max_age_ms.as_ref())),
+        ];
+        let queues_given = given(queues.as_ref());
+        let delivery = DeliverySpec {
             max_attempts,
             backoff,
-            queues,
+            max_age_ms,
         };
         let kind = string_field(Some(kind), "sink.type")?.unwrap_or_default();
         let url = string_field(url, "sink.url")?;
@@ -260,15 +298,18 @@ impl SinkSpec {
             ("props", props.is_some()),
             ("key", key.is_some()),
             ("transactional", transactional.is_some()),
-        ];
-        // Refuses the first field given that `kind` does not use: one of
-        // `allowed` or, for the pull type only, a pull field.
+        ]
+        .into_iter()
+        .chain(delivery_given)
+        .chain([("queues", queues_given)]);
+        let given: Vec<_> = given.collect();
+        // Refuses the first field given that `kind` does not use (one not
+        // in `allowed`).
         let only = |allowed: &[&str]| -> Result<(), V1Error> {
             let stray = given
                 .iter()
                 .find(|(name, present)| *present && !allowed.contains(name))
-                .map(|(name, _)| *name)
-                .or_else(|| (kind != "pull").then(|| pull.first_given()).flatten());
+                .map(|(name, _)| *name);
             match stray {
                 Some(name) => Err(invalid_sink(format!(
                     "field {name} does not apply to sink type {kind}"
@@ -278,11 +319,12 @@ impl SinkSpec {
         };
         let sink = match kind.as_str() {
             "http" => {
-                only(&["url", "headers", "timeout_ms"])?;
+                only(&[&["url", "headers", "timeout_ms"], DELIVERY_FIELDS].concat())?;
                 SinkConfig::Http(HttpTarget {
                     url: url.ok_or_else(|| invalid_sink("sink.url is required for type http"))?,
                     headers: headers.unwrap_or_default(),
                     timeout_ms,
+                    delivery: delivery_defaults(delivery, "sink.").map_err(invalid_sink)?,
                 })
             }
             "builtin" => {
@@ -294,18 +336,20 @@ impl SinkSpec {
                 })
             }
             "kafka" => {
-                only(&["topic", "props", "key", "transactional"])?;
+                only(&[&["topic", "props", "key", "transactional"], DELIVERY_FIELDS].concat())?;
                 SinkConfig::Kafka(KafkaTarget {
                     topic: topic
                         .ok_or_else(|| invalid_sink("sink.topic is required for type kafka"))?,
                     props: props.unwrap_or_default(),
                     key: key.unwrap_or_default(),
                     transactional: transactional.unwrap_or(false),
+                    delivery: delivery_defaults(delivery, "sink.").map_err(invalid_sink)?,
                 })
             }
             "pull" => {
-                only(&[])?;
-                SinkConfig::Pull(pull_target(pull, "sink.").map_err(invalid_sink)?)
+                only(&[DELIVERY_FIELDS, &["queues"]].concat())?;
+                let spec = PullSpec { delivery, queues };
+                SinkConfig::Pull(pull_target(spec, "sink.").map_err(invalid_sink)?)
             }
             other => {
                 return Err(invalid_sink(format!(

@@ -78,8 +78,8 @@ pub(crate) struct EventView<'a> {
     /// The current version: the idempotency key its deliveries carry.
     pub version: &'a str,
     pub deliver_at: String,
-    /// `scheduled`, `retrying`, `delivered`, `failed`, `missed` or
-    /// `cancelled`.
+    /// `scheduled`, `retrying`, `delivered`, `failed`, `missed`,
+    /// `cancelled` or `expired`.
     pub status: &'static str,
     pub attempts: u32,
     pub last_error: Option<&'a str>,
@@ -90,7 +90,8 @@ pub(crate) struct EventView<'a> {
     pub finished_at: Option<String>,
     pub payload: Option<&'a str>,
     pub delivery: Delivery,
-    /// A pull tenant's event's own settings, shown when set.
+    /// The event's own attempt settings (and a pull tenant's event's
+    /// queue), shown when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub queue: Option<&'a str>,
@@ -100,6 +101,16 @@ pub(crate) struct EventView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<BackoffBody>, nullable = false)]
     pub backoff: Option<Backoff>,
+    /// The event's own delivery policy, shown when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub attempt_timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, format = DateTime)]
+    pub expire_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub max_age_ms: Option<u64>,
 }
 
 /// A page of a tenant's events.
@@ -128,9 +139,12 @@ impl<'a> From<&'a EventRecord> for EventView<'a> {
             finished_at: rfc3339(record.finished_at),
             payload: record.payload.as_deref(),
             delivery: record.delivery.into(),
-            queue: record.pull.queue.as_ref().map(|q| q.as_str()),
-            max_attempts: record.pull.max_attempts,
-            backoff: record.pull.backoff,
+            queue: record.settings.queue.as_ref().map(|q| q.as_str()),
+            max_attempts: record.settings.max_attempts,
+            backoff: record.settings.backoff,
+            attempt_timeout_ms: record.settings.attempt_timeout_ms,
+            expire_at: record.settings.expire_at.map(Timestamp::to_rfc3339),
+            max_age_ms: record.settings.max_age_ms,
         }
     }
 }

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use crate::event::{EventRecord, EventStatus};
 use crate::ids::EventKey;
+use crate::policy::{DeliveryPolicy, NodeDefaults};
+use crate::retry::RetryPolicy;
 use crate::schedule::schedule_of_control;
 use crate::tenant::SinkConfig;
 use crate::time::Timestamp;
@@ -49,6 +51,48 @@ pub fn lookback_expiry(
         entry.due,
         lookback.as_secs()
     ))
+}
+
+/// The attempts of `record`, an event of a tenant delivering to `sink`, on
+/// a node retrying by `node` ([`DeliveryPolicy::resolve`]): its own
+/// settings, else its tenant's defaults, else the node's. The runtime
+/// calls it when each attempt comes due, with the tenant as its cache has
+/// it then: a change of the tenant's defaults applies to the next attempt
+/// that comes due after it.
+pub fn delivery_policy(
+    sink: &SinkConfig,
+    record: &EventRecord,
+    node: &RetryPolicy,
+) -> DeliveryPolicy {
+    let node = if sink.is_pull() {
+        NodeDefaults::pull(node)
+    } else {
+        NodeDefaults::push(node)
+    };
+    DeliveryPolicy::resolve(
+        node,
+        sink.delivery_defaults(),
+        &record.settings,
+        record.event_time,
+    )
+}
+
+/// The reason to end `record` `expired` instead of attempting it at
+/// `now`: its expiry (`expire_at`, `max_age_ms`, in `policy`) has come.
+/// `None` to go on. Every attempt, the first and each retry, is checked.
+pub fn policy_expiry(
+    record: &EventRecord,
+    policy: &DeliveryPolicy,
+    now: Timestamp,
+) -> Option<String> {
+    let expiry = policy.expires_at.filter(|_| policy.expired(now))?;
+    Some(match record.attempts {
+        0 => format!("expired: not delivered by its expiry at {expiry}"),
+        attempts => format!(
+            "expired: not delivered by its expiry at {expiry} (after {attempts} attempts: {})",
+            record.last_error.as_deref().unwrap_or("no error recorded")
+        ),
+    })
 }
 
 /// Where a fired entry goes.
@@ -93,7 +137,7 @@ pub fn route(key: &EventKey, sink: &SinkConfig) -> Route {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{DeliveryOption, PullSettings};
+    use crate::event::{DeliveryOption, EventSettings};
     use crate::ids::{EventId, EventVersion, TenantName};
     use crate::partition::PartitionId;
     use crate::schedule::{ScheduleId, control_event_id};
@@ -133,7 +177,7 @@ mod tests {
             created_at: ts(0),
             updated_at: ts(updated_at),
             finished_at: None,
-            pull: PullSettings::default(),
+            settings: EventSettings::default(),
         }
     }
 
@@ -187,6 +231,31 @@ mod tests {
         let retrying = record(EventStatus::Retrying, Some(1_000), 0);
         assert_eq!(
             lookback_expiry(&retrying, &entry(1_000), ts(1_000_000), lookback),
+            None
+        );
+    }
+
+    #[test]
+    fn an_attempt_at_or_past_the_expiry_is_not_made() {
+        let policy = DeliveryPolicy {
+            expires_at: Some(ts(5_000)),
+            ..DeliveryPolicy::default()
+        };
+        let mut due = record(EventStatus::Scheduled, Some(1_000), 0);
+        assert_eq!(policy_expiry(&due, &policy, ts(4_999)), None);
+        assert_eq!(
+            policy_expiry(&due, &policy, ts(5_000)).unwrap(),
+            "expired: not delivered by its expiry at 1970-01-01T00:00:05Z"
+        );
+        due.attempts = 2;
+        due.last_error = Some("HTTP 503 Service Unavailable".into());
+        assert_eq!(
+            policy_expiry(&due, &policy, ts(9_000)).unwrap(),
+            "expired: not delivered by its expiry at 1970-01-01T00:00:05Z \
+             (after 2 attempts: HTTP 503 Service Unavailable)"
+        );
+        assert_eq!(
+            policy_expiry(&due, &DeliveryPolicy::default(), ts(9_000)),
             None
         );
     }

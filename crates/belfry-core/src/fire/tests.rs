@@ -511,7 +511,7 @@ fn stored_record(entry: &DueCursor) -> EventRecord {
         payload: None,
         delivery: crate::event::DeliveryOption::FullEvent,
         new_version: EventVersion::from_string(format!("v-{}", entry.key.id)),
-        pull: Default::default(),
+        settings: Default::default(),
     };
     let retry = crate::retry::RetryPolicy::default();
     let context = crate::event::TransitionContext {

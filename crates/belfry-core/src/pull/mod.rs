@@ -11,8 +11,6 @@
 //!   version, attempt, fencing epoch, nonce), and the [`NonceSource`].
 //! - [`limits`]: the API's limits as constants and the validation of the
 //!   request bodies into typed values.
-//! - [`policy`]: [`AttemptPolicy`]: the attempt cap, the back-off, the
-//!   execution deadline.
 //! - [`queue`]: [`PullQueue`], one node's share of the pull channel as a
 //!   state machine `handle(input, now) -> actions`.
 //! - [`announce`]: in a cluster, when a node announces a tenant's
@@ -92,17 +90,16 @@
 pub mod announce;
 pub mod lease_id;
 pub mod limits;
-pub mod policy;
 pub mod queue;
 mod ready;
 
+pub use crate::policy::{DeliveryPolicy, GiveUp};
 pub use announce::{AnnounceConfig, Announcer, ReadyElsewhere};
 pub use lease_id::{LeaseId, LeaseIdError, LeaseNonce, NonceSource};
 pub use limits::{
     ClaimBody, ClaimRequest, CompleteBody, FailBody, FailRequest, HeartbeatBody, PullRequestError,
     ReleaseBody,
 };
-pub use policy::{AttemptPolicy, GiveUp};
 pub use queue::{
     Action, CallId, GrantedLease, Input, LeaseCall, LeaseChange, LeaseRecord, OpId, PersistResult,
     PullConfig, PullError, PullQueue, PullStats, Reply, Resolution,

@@ -19,8 +19,8 @@ use super::lease_id::{LeaseId, NonceSource};
 use super::limits::{
     ClaimRequest, FailRequest, LEASE_EXPIRED_CODE, MAX_QUEUED_CALLS_PER_LEASE, heartbeat_interval,
 };
-use super::policy::{AttemptPolicy, GiveUp};
 use super::ready::{ReadyEntry, ReadyQueues};
+use crate::policy::{Asked, DeliveryPolicy, GiveUp};
 
 /// The queue's bounds (the node's `[pull]` section) and pauses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
@@ -475,7 +475,7 @@ struct Lease {
     orphan: bool,
     entry: DueCursor,
     event_time: Timestamp,
-    policy: AttemptPolicy,
+    policy: DeliveryPolicy,
     worker: WorkerId,
     leased_at: Timestamp,
     expires_at: Timestamp,
@@ -1354,7 +1354,7 @@ impl PullQueue {
                         id.attempt(),
                         lease.event_time,
                         now,
-                        failure.retry_after,
+                        failure.retry_after.map_or(Asked::Nothing, Asked::Worker),
                     )
                 };
                 let verdict = if failure.permanent {
@@ -1432,15 +1432,16 @@ impl PullQueue {
                 lease.worker
             )
         };
-        let resolution = match lease
-            .policy
-            .next_attempt(id.attempt(), lease.event_time, now, None)
-        {
-            Ok(at) => Resolution::Retry { at },
-            Err(give_up) => Resolution::Dead {
-                reason: give_up.describe(id.attempt(), &error),
-            },
-        };
+        let resolution =
+            match lease
+                .policy
+                .next_attempt(id.attempt(), lease.event_time, now, Asked::Nothing)
+            {
+                Ok(at) => Resolution::Retry { at },
+                Err(give_up) => Resolution::Dead {
+                    reason: give_up.describe(id.attempt(), &error),
+                },
+            };
         let change = LeaseChange::Expire {
             resolution,
             report: report(lease, now, Verdict::Retry, Some(error)),
@@ -1790,5 +1791,6 @@ fn report(lease: &Lease, now: Timestamp, verdict: Verdict, error: Option<String>
         verdict,
         http_status: None,
         error,
+        steer: None,
     }
 }

@@ -8,7 +8,7 @@ use crate::ids::{QueueName, TenantName};
 use crate::partition::PartitionId;
 use crate::timer::DueCursor;
 
-use super::policy::AttemptPolicy;
+use crate::policy::DeliveryPolicy;
 
 /// A fired entry of a pull tenant, handed over by its partition's runtime
 /// once it read the record and claimed its version with the partition
@@ -22,7 +22,7 @@ pub struct ReadyEntry {
     /// Pending, with `next_fire_at == entry.due`.
     pub record: EventRecord,
     pub queue: QueueName,
-    pub policy: AttemptPolicy,
+    pub policy: DeliveryPolicy,
 }
 
 /// One tenant's ready entries.

@@ -27,8 +27,8 @@ fn key(tenant_name: &str, id: &str) -> EventKey {
     EventKey::new(tenant(tenant_name), EventId::new(id).unwrap())
 }
 
-fn policy() -> AttemptPolicy {
-    AttemptPolicy {
+fn policy() -> DeliveryPolicy {
+    DeliveryPolicy {
         max_attempts: 3,
         retry: RetryPolicy {
             fast_retries: 1,
@@ -37,6 +37,7 @@ fn policy() -> AttemptPolicy {
             max_delay: Duration::from_secs(60),
             backlog_limit: Duration::from_secs(3600),
         },
+        expires_at: None,
     }
 }
 
@@ -66,7 +67,7 @@ fn ready_in(tenant_name: &str, id: &str, due: i64, queue: &str, attempts: u32) -
             created_at: ts(0),
             updated_at: ts(0),
             finished_at: None,
-            pull: Default::default(),
+            settings: Default::default(),
         },
         queue: QueueName::new(queue).unwrap(),
         policy: policy(),

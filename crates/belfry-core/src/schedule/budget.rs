@@ -192,7 +192,7 @@ mod tests {
             created_at: at(0),
             updated_at: at(0),
             progress: crate::schedule::Progress::starting_after(at(0)),
-            pull: Default::default(),
+            settings: Default::default(),
         };
         let limits = PlanLimits {
             lead: Duration::from_secs(5),

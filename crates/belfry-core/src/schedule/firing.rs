@@ -124,7 +124,7 @@ pub fn occurrence_commands(
                 payload: schedule.payload.clone(),
                 delivery: schedule.delivery,
                 new_version: id.event_version(),
-                pull: schedule.pull.clone(),
+                settings: schedule.settings.clone(),
             },
         ));
         if occurrence.fate == Fate::Missed {
@@ -155,7 +155,7 @@ fn misfire_name(policy: MisfirePolicy) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{EventStatus, PullSettings};
+    use crate::event::{EventSettings, EventStatus};
     use crate::partition::PartitionId;
     use crate::schedule::{
         DEFAULT_CATCH_UP_WINDOW, PlannedOccurrence, Progress, ScheduleId, control_event_id,
@@ -186,7 +186,7 @@ mod tests {
             created_at: at(0),
             updated_at: at(0),
             progress: Progress::starting_after(at(0)),
-            pull: PullSettings::default(),
+            settings: EventSettings::default(),
         }
     }
 
@@ -207,7 +207,7 @@ mod tests {
             created_at: at(0),
             updated_at: at(0),
             finished_at: None,
-            pull: PullSettings::default(),
+            settings: EventSettings::default(),
         }
     }
 

@@ -29,7 +29,7 @@ fn schedule(expression: &str, kind: &str, cursor: Timestamp) -> Schedule {
         created_at: cursor,
         updated_at: cursor,
         progress: Progress::starting_after(cursor),
-        pull: Default::default(),
+        settings: Default::default(),
     }
 }
 

@@ -57,7 +57,7 @@ pub fn upsert(key: &EventKey, at: i64, version: &str) -> KeyedCommand {
             payload: Some("p".into()),
             delivery: DeliveryOption::PayloadOnly,
             new_version: EventVersion::from_string(version.into()),
-            pull: Default::default(),
+            settings: Default::default(),
         },
         fence: None,
     }

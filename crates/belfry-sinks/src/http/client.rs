@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::Clock;
+use belfry_core::policy::RetryAfter;
 use percent_encoding::percent_decode_str;
 use reqwest::header::{ACCEPT, AUTHORIZATION, HOST, HeaderMap, USER_AGENT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -112,6 +113,7 @@ pub struct Client {
 #[derive(Debug, Default)]
 struct Partial {
     status: Option<u16>,
+    retry_after: Option<RetryAfter>,
     body: Vec<u8>,
 }
 
@@ -166,6 +168,7 @@ impl Client {
                 Some(status) => Ok(Response {
                     status,
                     body: partial.body,
+                    retry_after: partial.retry_after,
                 }),
                 None => Err(TransportError::Timeout),
             },
@@ -235,6 +238,7 @@ impl Client {
         let response = Response {
             status: partial.status.unwrap_or_default(),
             body: std::mem::take(&mut partial.body),
+            retry_after: partial.retry_after,
         };
         if reusable {
             conn.shrink_buffer();
@@ -452,6 +456,8 @@ enum Framing {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Head {
     status: u16,
+    /// Its `Retry-After`, when it has one that parses.
+    retry_after: Option<RetryAfter>,
     framing: Framing,
     /// The server allows another request on this connection (after this
     /// response's body has been read completely).
@@ -570,6 +576,7 @@ impl Conn {
     async fn read_response(&mut self, partial: &mut Partial) -> Result<bool, Failure> {
         let head = self.read_head().await?;
         partial.status = Some(head.status);
+        partial.retry_after = head.retry_after;
         let keep = if (200..300).contains(&head.status) {
             0
         } else {
@@ -750,8 +757,14 @@ fn parse_head(bytes: &[u8]) -> Result<Option<(usize, Head)>, String> {
     let mut chunked = false;
     let mut close = false;
     let mut keep_alive = false;
+    let mut retry_after = None;
     for header in response.headers.iter() {
         let name = header.name;
+        if name.eq_ignore_ascii_case("retry-after") {
+            retry_after = std::str::from_utf8(header.value)
+                .ok()
+                .and_then(RetryAfter::parse);
+        }
         if name.eq_ignore_ascii_case("content-length") {
             for part in header.value.split(|&b| b == b',') {
                 let length = parse_decimal(part.trim_ascii())
@@ -800,6 +813,7 @@ fn parse_head(bytes: &[u8]) -> Result<Option<(usize, Head)>, String> {
         length,
         Head {
             status,
+            retry_after,
             framing,
             keep_alive,
         },

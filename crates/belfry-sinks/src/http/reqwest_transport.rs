@@ -20,6 +20,7 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use belfry_core::Verdict;
+use belfry_core::policy::RetryAfter;
 
 use super::client::allowed_addresses;
 use super::config::HttpSinkOptions;
@@ -145,6 +146,11 @@ impl Transport for ReqwestTransport {
             .await;
         let mut response = sent.map_err(|error| transport_error(&error.without_url()))?;
         let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(RetryAfter::parse);
         if classify_status(status) == Verdict::Delivered {
             // The receiver has accepted; reading the rest only lets the
             // connection go back to the pool, so its errors do not matter.
@@ -152,12 +158,14 @@ impl Transport for ReqwestTransport {
             return Ok(Response {
                 status,
                 body: Vec::new(),
+                retry_after,
             });
         }
         let body = read_prefix(&mut response, ERROR_BODY_LIMIT).await;
         Ok(Response {
             status,
             body: body.to_vec(),
+            retry_after,
         })
     }
 }

@@ -9,11 +9,16 @@
 //!   since trying again cannot help;
 //! - an address the egress policy refuses: permanent, with the reason
 //!   starting with the stable code `egress_blocked`.
+//!
+//! Besides its verdict, the receiver steers the next attempts ([`steer`]):
+//! `Retry-After` on a 429 or 503 sets the next attempt, and a 410 Gone
+//! says the endpoint is gone.
 
 use std::io;
 use std::time::Duration;
 
 use belfry_core::Verdict;
+use belfry_core::policy::{RetryAfter, Steer};
 
 use super::transport::TransportError;
 
@@ -24,6 +29,17 @@ pub fn classify_status(status: u16) -> Verdict {
         408 | 429 => Verdict::Retry,
         400..=499 => Verdict::Permanent,
         _ => Verdict::Retry,
+    }
+}
+
+/// What a response with `status` and a parsed `Retry-After` asks of the
+/// next attempts: `Retry-After` counts on 429 and 503 only (elsewhere it
+/// is ignored), and 410 is [`Steer::Gone`].
+pub fn steer(status: u16, retry_after: Option<RetryAfter>) -> Option<Steer> {
+    match (status, retry_after) {
+        (410, _) => Some(Steer::Gone),
+        (429 | 503, Some(retry_after)) => Some(Steer::RetryAfter(retry_after)),
+        _ => None,
     }
 }
 

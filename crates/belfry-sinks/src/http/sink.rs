@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use belfry_core::policy::RetryAfter;
 use belfry_core::tenant::HttpTarget;
 use belfry_core::{SinkConfig, Verdict};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
@@ -17,7 +18,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use super::client::{Client, PlainTarget};
 use super::config::HttpSinkOptions;
 use super::reqwest_transport::{ReqwestTarget, ReqwestTransport};
-use super::retry::{classify_status, classify_transport_error};
+use super::retry::{classify_status, classify_transport_error, steer};
 pub use super::transport::{DRAIN_LIMIT, ERROR_BODY_LIMIT};
 use super::transport::{Outgoing, Response, Transport, TransportError};
 use super::{
@@ -187,7 +188,7 @@ impl HttpSink {
 /// its reason phrase, never the receiver's body: whoever reads the error
 /// (the tenant, through `last_error`, the attempts or a dry run) must not
 /// read what a service behind the URL answered.
-fn status_result(status: u16) -> DeliveryResult {
+fn status_result(status: u16, retry_after: Option<RetryAfter>) -> DeliveryResult {
     let verdict = classify_status(status);
     if verdict == Verdict::Delivered {
         return DeliveryResult::delivered(Some(status));
@@ -199,7 +200,7 @@ fn status_result(status: u16) -> DeliveryResult {
         Some(reason) => format!("HTTP {status} {reason}"),
         None => format!("HTTP {status}"),
     };
-    DeliveryResult::failed(verdict, Some(status), message)
+    DeliveryResult::failed(verdict, Some(status), message).steered(steer(status, retry_after))
 }
 
 #[async_trait]
@@ -220,7 +221,15 @@ impl Sink for HttpSink {
             Err(result) => return result,
         };
         let body = render_delivery_body(delivery.event, delivery.triggered_at);
-        let timeout = self.options.timeout_for(target.timeout_ms);
+        // The event's own attempt timeout, else its tenant's, else the
+        // node's; within the node's cap either way.
+        let timeout = self.options.timeout_for(
+            delivery
+                .event
+                .settings
+                .attempt_timeout_ms
+                .or(target.timeout_ms),
+        );
 
         let event = delivery.event;
         let event_id = encoded(event.key.id.as_str());
@@ -267,7 +276,7 @@ fn outcome(
     timeout: Duration,
 ) -> DeliveryResult {
     match sent {
-        Ok(response) => status_result(response.status),
+        Ok(response) => status_result(response.status, response.retry_after),
         Err(error) => {
             let (verdict, reason) = classify_transport_error(&error, connect_timeout, timeout);
             DeliveryResult::failed(verdict, None, reason)
@@ -360,6 +369,7 @@ mod unit_tests {
             url: "http://example.com/".into(),
             headers,
             timeout_ms: None,
+            delivery: Default::default(),
         };
         for plain in [PlainHttp::Auto, PlainHttp::Reqwest] {
             let sink = HttpSink::build(HttpSinkOptions::default(), EgressOptions::default(), plain)

@@ -64,6 +64,7 @@ fn tenant(url: String, timeout_ms: Option<u64>) -> TenantConfig {
             url,
             headers,
             timeout_ms,
+            delivery: Default::default(),
         }),
         signing: None,
     }

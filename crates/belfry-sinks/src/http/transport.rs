@@ -24,6 +24,7 @@ use std::future::Future;
 use std::io;
 use std::time::Duration;
 
+use belfry_core::policy::RetryAfter;
 use reqwest::header::HeaderMap;
 
 use super::{
@@ -65,6 +66,8 @@ pub struct Response {
     /// The first [`super::sink::ERROR_BODY_LIMIT`] bytes of a non-2xx body
     /// (empty for a 2xx).
     pub body: Vec<u8>,
+    /// Its `Retry-After` header, when it has one that parses.
+    pub retry_after: Option<RetryAfter>,
 }
 
 /// What varies per delivery: Belfry's headers (lowercase names, values of

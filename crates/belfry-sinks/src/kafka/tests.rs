@@ -49,6 +49,7 @@ fn tenant(broker: &KafkaBroker, topic: &str, extra: &[(&str, &str)]) -> TenantCo
             props,
             key: KafkaKey::EventId,
             transactional: false,
+            delivery: Default::default(),
         }),
         signing: None,
     }

@@ -12,8 +12,11 @@
 //!
 //! Values carry a leading format byte so a later layout can be told apart.
 
-use belfry_core::event::{Attempt, EventRecord, EventStatus, PullSettings};
-use belfry_core::{DueCursor, EventId, EventKey, PartitionId, TenantConfig, TenantName, Timestamp};
+use belfry_core::event::{Attempt, EventRecord, EventSettings, EventStatus};
+use belfry_core::{
+    Backoff, DueCursor, EventId, EventKey, PartitionId, QueueName, TenantConfig, TenantName,
+    Timestamp,
+};
 
 use crate::{StoreError, StoreResult};
 
@@ -21,9 +24,13 @@ use crate::{StoreError, StoreResult};
 const SEPARATOR: u8 = 0x00;
 /// Format byte of event, attempt and tenant values.
 const VALUE_FORMAT_V1: u8 = 1;
-/// Format byte of an event record followed by its [`PullSettings`]
-/// (postcard, one after the other). A V1 record has the default settings.
+/// Format byte of an event record followed by its pull settings
+/// ([`PullSettingsV2`]; postcard, one after the other). A V1 record has
+/// the default settings.
 const RECORD_FORMAT_V2: u8 = 2;
+/// Format byte of an event record followed by its whole [`EventSettings`]
+/// (postcard), written when it has a setting V2 cannot hold.
+const RECORD_FORMAT_V3: u8 = 3;
 
 pub const META_PARTITIONS: &[u8] = b"partitions";
 pub const META_SCHEMA: &[u8] = b"schema_version";
@@ -186,6 +193,7 @@ pub fn status_byte(status: EventStatus) -> u8 {
         EventStatus::Failed => 4,
         EventStatus::Missed => 5,
         EventStatus::Cancelled => 6,
+        EventStatus::Expired => 7,
     }
 }
 
@@ -288,24 +296,70 @@ pub fn attempt_key_raw(encoded_key: &[u8], started_at: Timestamp, seq: u64) -> V
     out
 }
 
-/// V1 while the pull settings are the default (most events: push
-/// tenants'), V2 otherwise.
+/// The settings a V2 record holds: those of pull events before the
+/// delivery policy's other fields existed.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PullSettingsV2 {
+    queue: Option<QueueName>,
+    max_attempts: Option<u32>,
+    backoff: Option<Backoff>,
+}
+
+impl PullSettingsV2 {
+    /// `settings` in this form, when it holds nothing else.
+    fn of(settings: &EventSettings) -> Option<Self> {
+        let v2 = PullSettingsV2 {
+            queue: settings.queue.clone(),
+            max_attempts: settings.max_attempts,
+            backoff: settings.backoff,
+        };
+        (EventSettings::from(&v2) == *settings).then_some(v2)
+    }
+}
+
+impl From<&PullSettingsV2> for EventSettings {
+    fn from(v2: &PullSettingsV2) -> Self {
+        EventSettings {
+            queue: v2.queue.clone(),
+            max_attempts: v2.max_attempts,
+            backoff: v2.backoff,
+            ..EventSettings::default()
+        }
+    }
+}
+
+/// V1 while the settings are the default (most events), V2 while they are
+/// a pull event's queue, cap and back-off only (as older builds wrote and
+/// read them), V3 otherwise.
 pub fn encode_record(record: &EventRecord) -> StoreResult<Vec<u8>> {
     let mut out = encode_postcard(record)?;
-    if record.pull != PullSettings::default() {
-        out[0] = RECORD_FORMAT_V2;
-        postcard::to_io(&record.pull, &mut out)
-            .map_err(|e| StoreError::Internal(format!("encoding failed: {e}")))?;
+    if record.settings == EventSettings::default() {
+        return Ok(out);
     }
+    let written = match PullSettingsV2::of(&record.settings) {
+        Some(v2) => {
+            out[0] = RECORD_FORMAT_V2;
+            postcard::to_io(&v2, &mut out).map(drop)
+        }
+        None => {
+            out[0] = RECORD_FORMAT_V3;
+            postcard::to_io(&record.settings, &mut out).map(drop)
+        }
+    };
+    written.map_err(|e| StoreError::Internal(format!("encoding failed: {e}")))?;
     Ok(out)
 }
 
 pub fn decode_record(bytes: &[u8]) -> StoreResult<EventRecord> {
     match bytes.split_first() {
-        Some((&RECORD_FORMAT_V2, rest)) => {
+        Some((&format @ (RECORD_FORMAT_V2 | RECORD_FORMAT_V3), rest)) => {
             let (mut record, tail): (EventRecord, _) =
                 postcard::take_from_bytes(rest).map_err(corrupt)?;
-            record.pull = postcard::from_bytes(tail).map_err(corrupt)?;
+            record.settings = if format == RECORD_FORMAT_V2 {
+                EventSettings::from(&postcard::from_bytes::<PullSettingsV2>(tail).map_err(corrupt)?)
+            } else {
+                postcard::from_bytes(tail).map_err(corrupt)?
+            };
             Ok(record)
         }
         _ => decode_postcard(bytes),
@@ -430,12 +484,12 @@ mod tests {
     fn records_without_pull_settings_stay_in_format_1() {
         use belfry_core::event::{EventCommand, TransitionContext, transition};
         let k = key("t", "e");
-        let make = |pull: PullSettings| {
+        let make = |settings: EventSettings| {
             let command = EventCommand::Upsert {
                 event_time: Timestamp::from_millis(5),
                 payload: Some("p".into()),
                 delivery: Default::default(),
-                pull,
+                settings,
                 new_version: belfry_core::EventVersion::from_string("v".into()),
             };
             let ctx = TransitionContext {
@@ -445,19 +499,62 @@ mod tests {
             };
             transition(&k, None, command, ctx).next.unwrap()
         };
-        let plain = make(PullSettings::default());
+        let plain = make(EventSettings::default());
         let bytes = encode_record(&plain).unwrap();
         assert_eq!(bytes[0], VALUE_FORMAT_V1, "readable by older builds");
         assert_eq!(decode_record(&bytes).unwrap(), plain);
-        let pulled = make(PullSettings {
+        let pulled = make(EventSettings {
             queue: Some(belfry_core::QueueName::new("q").unwrap()),
             max_attempts: Some(3),
-            backoff: None,
+            ..EventSettings::default()
         });
         let bytes = encode_record(&pulled).unwrap();
         assert_eq!(bytes[0], RECORD_FORMAT_V2);
         assert_eq!(decode_record(&bytes).unwrap(), pulled);
         assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn records_with_a_delivery_policy_are_format_3_and_v2_still_reads() {
+        use belfry_core::event::{EventCommand, TransitionContext, transition};
+        let k = key("t", "e");
+        let settings = EventSettings {
+            max_attempts: Some(2),
+            attempt_timeout_ms: Some(500),
+            expire_at: Some(Timestamp::from_millis(9_000)),
+            max_age_ms: Some(4_000),
+            ..EventSettings::default()
+        };
+        let command = EventCommand::Upsert {
+            event_time: Timestamp::from_millis(5),
+            payload: Some("p".into()),
+            delivery: Default::default(),
+            settings,
+            new_version: belfry_core::EventVersion::from_string("v".into()),
+        };
+        let ctx = TransitionContext {
+            now: Timestamp::from_millis(1),
+            partition: PartitionId(0),
+            retry: &Default::default(),
+        };
+        let record = transition(&k, None, command, ctx).next.unwrap();
+        let bytes = encode_record(&record).unwrap();
+        assert_eq!(bytes[0], RECORD_FORMAT_V3);
+        assert_eq!(decode_record(&bytes).unwrap(), record);
+        assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
+
+        // A V2 record as an older build wrote it: the record, then the
+        // three pull fields.
+        let mut pulled = record.clone();
+        pulled.settings = EventSettings {
+            max_attempts: Some(4),
+            ..EventSettings::default()
+        };
+        let mut v2 = encode_postcard(&pulled).unwrap();
+        v2[0] = RECORD_FORMAT_V2;
+        postcard::to_io(&(None::<QueueName>, Some(4u32), None::<Backoff>), &mut v2).unwrap();
+        assert_eq!(decode_record(&v2).unwrap(), pulled);
+        assert_eq!(encode_record(&pulled).unwrap(), v2, "written as before");
     }
 
     #[test]

@@ -292,7 +292,7 @@ mod tests {
                 payload: None,
                 delivery: DeliveryOption::FullEvent,
                 new_version: EventVersion::from_string("v".into()),
-                pull: Default::default(),
+                settings: Default::default(),
             },
             fence: None,
         }

@@ -64,6 +64,24 @@ pub struct ScheduleArgs {
     /// payload_only (the payload as is)
     #[arg(long, value_name = "MODE")]
     pub delivery: Option<String>,
+
+    /// Attempts before the event fails (else its tenant's)
+    #[arg(long, value_name = "N")]
+    pub max_attempts: Option<u32>,
+
+    /// How long one attempt may take, in ms (within the node's cap)
+    #[arg(long, value_name = "MS")]
+    pub attempt_timeout_ms: Option<u64>,
+
+    /// No attempt at or after this instant: the event ends expired
+    /// (RFC 3339, or from now like --at)
+    #[arg(long, value_name = "INSTANT")]
+    pub expire_at: Option<String>,
+
+    /// No attempt this long (ms) or longer after its instant: the event
+    /// ends expired (else its tenant's)
+    #[arg(long, value_name = "MS")]
+    pub max_age_ms: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -123,13 +141,26 @@ pub struct DeadListArgs {
 pub async fn execute(client: &Client, command: EventsCommand) -> Result<(), Failure> {
     match command {
         EventsCommand::Schedule(args) => {
-            let deliver_at = deliver_at(&args.at, SystemClock.now())?;
+            let deliver_at = instant_arg("--at", &args.at, SystemClock.now())?;
             let mut body = json!({ "deliver_at": deliver_at });
             if let Some(payload) = args.payload {
                 body["payload"] = Value::String(read_payload(payload)?);
             }
             if let Some(delivery) = args.delivery {
                 body["delivery"] = Value::String(delivery);
+            }
+            if let Some(expire_at) = args.expire_at {
+                let expire_at = instant_arg("--expire-at", &expire_at, SystemClock.now())?;
+                body["expire_at"] = Value::String(expire_at);
+            }
+            for (field, value) in [
+                ("max_attempts", args.max_attempts.map(u64::from)),
+                ("attempt_timeout_ms", args.attempt_timeout_ms),
+                ("max_age_ms", args.max_age_ms),
+            ] {
+                if let Some(value) = value {
+                    body[field] = Value::from(value);
+                }
             }
             let path = event_path(&args.event)?;
             show(client, client.put(&path, &body).await, render_event)
@@ -200,22 +231,23 @@ fn event_path(event: &EventRef) -> Result<String, Failure> {
     tenant_item_path(&event.tenant, "events", "event id", &event.id)
 }
 
-/// `--at` as the instant to send: RFC 3339 as given (the server keeps its
-/// offset semantics), or `+DURATION` from `now`.
-fn deliver_at(text: &str, now: Timestamp) -> Result<String, Failure> {
+/// An instant flag's value (`--at`, `--expire-at`) as the instant to send:
+/// RFC 3339 as given (the server keeps its offset semantics), or
+/// `+DURATION` from `now`.
+fn instant_arg(flag: &str, text: &str, now: Timestamp) -> Result<String, Failure> {
     let text = text.trim();
     let Some(relative) = text.strip_prefix('+') else {
         return match Timestamp::parse_rfc3339(text) {
             Some(_) => Ok(text.to_string()),
             None => Err(Failure::Usage(format!(
-                "--at {text:?} is neither an RFC 3339 instant with an offset \
+                "{flag} {text:?} is neither an RFC 3339 instant with an offset \
                  (2030-01-31T09:30:00Z) nor a time from now (+30s, +5m, +1h30m)"
             ))),
         };
     };
     let offset = duration_ms(relative).ok_or_else(|| {
         Failure::Usage(format!(
-            "--at {text:?}: a time from now is numbers with units ms, s, m, h, d (+30s, +1h30m)"
+            "{flag} {text:?}: a time from now is numbers with units ms, s, m, h, d (+30s, +1h30m)"
         ))
     })?;
     let instant = now
@@ -225,7 +257,7 @@ fn deliver_at(text: &str, now: Timestamp) -> Result<String, Failure> {
         .map(Timestamp::to_rfc3339)
         // to_rfc3339 writes "@…ms" for instants past year 9999.
         .filter(|rendered| !rendered.starts_with('@'))
-        .ok_or_else(|| Failure::Usage(format!("--at {text:?} is too far in the future")))?;
+        .ok_or_else(|| Failure::Usage(format!("{flag} {text:?} is too far in the future")))?;
     Ok(instant)
 }
 
@@ -325,7 +357,7 @@ mod tests {
     #[test]
     fn relative_instants_add_to_now() {
         let now = Timestamp::parse_rfc3339("2030-01-31T04:00:00Z").unwrap();
-        let at = |text: &str| deliver_at(text, now).ok();
+        let at = |text: &str| instant_arg("--at", text, now).ok();
         assert_eq!(at("+30s").as_deref(), Some("2030-01-31T04:00:30Z"));
         assert_eq!(at("+1h30m").as_deref(), Some("2030-01-31T05:30:00Z"));
         assert_eq!(at("+250ms").as_deref(), Some("2030-01-31T04:00:00.25Z"));
@@ -354,7 +386,7 @@ mod tests {
             "+30s+",
         ] {
             assert!(
-                matches!(deliver_at(text, now), Err(Failure::Usage(_))),
+                matches!(instant_arg("--at", text, now), Err(Failure::Usage(_))),
                 "{text:?} accepted"
             );
         }
