@@ -77,6 +77,6 @@ pub use ids::{EventId, EventKey, EventVersion, IdError, QueueName, TenantName, W
 pub use partition::{PartitionCount, PartitionId, partition_ranges};
 pub use retry::{Backoff, RetryPolicy, Verdict};
 pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};
-pub use tenant::{SigningSecrets, SinkConfig, TenantConfig};
+pub use tenant::{SigningSecrets, SinkConfig, TenantConfig, TenantPause};
 pub use time::{Clock, ManualClock, MonoTime, Timestamp};
 pub use timer::DueCursor;

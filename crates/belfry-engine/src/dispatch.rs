@@ -276,8 +276,8 @@ impl Drop for HeldSlot {
 }
 
 /// One delivery, holding a tenant slot and a global slot: reads and claims
-/// the record, then expires it, hands it to the pull queue or sends it, as
-/// the core decides. The outcome is handed to the recorder before the slot
+/// the record, then holds it (its tenant is paused), expires it, hands it
+/// to the pull queue or sends it, as the core decides. The outcome is handed to the recorder before the slot
 /// is released. Sets `answered` when the tenant's endpoint answered the
 /// attempt, whatever it answered.
 async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) {
@@ -294,14 +294,7 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
     let Some((ticket, record)) = claimed_record(shared, ticket).await else {
         return;
     };
-    let now = shared.env.clock.now();
     let entry = ticket.entry();
-    if let Some(reason) = decide::lookback_expiry(&record, entry, now, shared.env.options.lookback)
-    {
-        let version = record.version.clone();
-        let command = EventCommand::ExpireVersion { version, reason };
-        return send_outcome(shared, ticket, command).await;
-    }
     let tenant = match shared.tenants.get(&entry.key.tenant).await {
         Ok(tenant) => tenant,
         Err(error) => {
@@ -309,6 +302,25 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
             return ticket.finish(retry_later());
         }
     };
+    let route = tenant
+        .as_ref()
+        .map(|tenant| decide::route(&entry.key, &tenant.config.sink, tenant.pause.as_ref()));
+    if route == Some(Route::Hold) {
+        // Paused: no attempt, nothing recorded; the partition holds the
+        // tenant's lane until it resumes.
+        return ticket.finish(Finish::Held);
+    }
+    let now = shared.env.clock.now();
+    let resumed_since = tenant
+        .as_ref()
+        .and_then(|tenant| tenant.pause.as_ref())
+        .and_then(belfry_core::TenantPause::resumed_since);
+    let lookback = shared.env.options.lookback;
+    if let Some(reason) = decide::lookback_expiry(&record, entry, now, lookback, resumed_since) {
+        let version = record.version.clone();
+        let command = EventCommand::ExpireVersion { version, reason };
+        return send_outcome(shared, ticket, command).await;
+    }
     let report = match tenant {
         None => AttemptReport {
             started_at: now,
@@ -323,14 +335,14 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
             tracing::debug!(partition = %ticket.partition(), "firing window closed before delivery; holding the event");
             return ticket.finish(retry_later());
         }
-        Some(tenant) => match decide::route(&entry.key, &tenant.sink) {
+        Some(tenant) => match route {
             // The hand-off cannot hang, so it counts as answered: a pull
             // tenant's slow start never holds its hand-offs back.
-            Route::Pull => {
+            Some(Route::Pull) => {
                 *answered = true;
-                return hand_to_pull(shared, ticket, record, &tenant.sink);
+                return hand_to_pull(shared, ticket, record, &tenant.config.sink);
             }
-            _ => send(shared, &ticket, &tenant, &record, now, answered).await,
+            _ => send(shared, &ticket, &tenant.config, &record, now, answered).await,
         },
     };
     let command = EventCommand::RecordAttempt {
