@@ -125,6 +125,16 @@ impl Tenants<'_> {
         self.cache().forget(name);
     }
 
+    /// Whether the tenant is paused, as this node's deliveries see it (the
+    /// cache: a pause through another node shows within its TTL).
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn is_paused(&self, name: &TenantName) -> StoreResult<bool> {
+        let tenant = self.cache().get(name).await?;
+        Ok(tenant.is_some_and(|tenant| tenant.pause.is_some_and(|pause| pause.paused)))
+    }
+
     /// The tenant's pause state as stored; `None`: never paused (or no
     /// such tenant).
     ///

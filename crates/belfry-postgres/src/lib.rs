@@ -605,10 +605,9 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn list_paused_tenants(&self) -> StoreResult<Vec<(TenantName, TenantPause)>> {
+    async fn list_tenant_pauses(&self) -> StoreResult<Vec<(TenantName, TenantPause)>> {
         self.guarded(Access::Read, async move {
-            let sql = "SELECT name, pause::text FROM tenants
-                 WHERE (pause->>'paused')::boolean ORDER BY name";
+            let sql = "SELECT name, pause::text FROM tenants WHERE pause IS NOT NULL ORDER BY name";
             cached::query(&self.client().await?, sql, &[])
                 .await?
                 .iter()

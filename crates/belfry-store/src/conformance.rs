@@ -389,7 +389,7 @@ where
         .await
         .unwrap();
     assert_eq!(store.get_tenant_pause(&tenant("a/x")).await.unwrap(), None);
-    assert!(store.list_paused_tenants().await.unwrap().is_empty());
+    assert!(store.list_tenant_pauses().await.unwrap().is_empty());
     assert!(
         store
             .put_tenant_pause(&tenant("a/x"), paused.clone())
@@ -407,7 +407,7 @@ where
         Some(paused.clone())
     );
     assert_eq!(
-        store.list_paused_tenants().await.unwrap(),
+        store.list_tenant_pauses().await.unwrap(),
         vec![
             (tenant("a/x"), paused.clone()),
             (tenant("b"), paused.clone())
@@ -425,7 +425,7 @@ where
         Some(paused.clone())
     );
 
-    // Resumed: kept (with when), but no longer listed as paused.
+    // Resumed: kept, with when.
     let resumed = TenantPause {
         paused: false,
         reason: None,
@@ -439,11 +439,14 @@ where
     );
     assert_eq!(
         store.get_tenant_pause(&tenant("b")).await.unwrap(),
-        Some(resumed)
+        Some(resumed.clone())
     );
     assert_eq!(
-        store.list_paused_tenants().await.unwrap(),
-        vec![(tenant("a/x"), paused.clone())]
+        store.list_tenant_pauses().await.unwrap(),
+        vec![
+            (tenant("a/x"), paused.clone()),
+            (tenant("b"), resumed.clone())
+        ]
     );
 
     // Removed with the tenant: one registered again under the name starts
@@ -455,7 +458,10 @@ where
         .await
         .unwrap();
     assert_eq!(store.get_tenant_pause(&tenant("a/x")).await.unwrap(), None);
-    assert!(store.list_paused_tenants().await.unwrap().is_empty());
+    assert_eq!(
+        store.list_tenant_pauses().await.unwrap(),
+        vec![(tenant("b"), resumed)]
+    );
 }
 
 pub async fn tenants_put_get_list_replace_delete<F, Fut>(factory: F)

@@ -53,7 +53,7 @@ pub enum StoreCall<'a> {
     DeleteTenant,
     PutTenantPause,
     GetTenantPause,
-    ListPausedTenants,
+    ListTenantPauses,
     /// Commands carry a fence when the engine records outcomes on behalf
     /// of a partition owner; client writes carry none.
     Apply(&'a ApplyParams),
@@ -190,9 +190,9 @@ impl Store for Interposed {
         let fault = self.interposer.before(StoreCall::GetTenantPause);
         Self::run(fault, self.inner.get_tenant_pause(name)).await
     }
-    async fn list_paused_tenants(&self) -> StoreResult<Vec<(TenantName, TenantPause)>> {
-        let fault = self.interposer.before(StoreCall::ListPausedTenants);
-        Self::run(fault, self.inner.list_paused_tenants()).await
+    async fn list_tenant_pauses(&self) -> StoreResult<Vec<(TenantName, TenantPause)>> {
+        let fault = self.interposer.before(StoreCall::ListTenantPauses);
+        Self::run(fault, self.inner.list_tenant_pauses()).await
     }
     async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
         let fault = self.interposer.before(StoreCall::Apply(&params));

@@ -384,8 +384,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// A tenant's pause state; `None`: never paused since it was
     /// registered (or no such tenant).
     async fn get_tenant_pause(&self, name: &TenantName) -> StoreResult<Option<TenantPause>>;
-    /// The pause state of every paused tenant, ordered by name.
-    async fn list_paused_tenants(&self) -> StoreResult<Vec<(TenantName, TenantPause)>>;
+    /// Every stored pause state (paused or resumed), ordered by tenant
+    /// name.
+    async fn list_tenant_pauses(&self) -> StoreResult<Vec<(TenantName, TenantPause)>>;
 
     /// Applies commands in order; durable on `Ok`. Results are in input order.
     ///

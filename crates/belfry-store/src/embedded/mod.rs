@@ -679,18 +679,19 @@ impl Store for EmbeddedStore {
         }
     }
 
-    async fn list_paused_tenants(&self) -> StoreResult<Vec<(TenantName, TenantPause)>> {
+    async fn list_tenant_pauses(&self) -> StoreResult<Vec<(TenantName, TenantPause)>> {
         self.scan(|ks| {
-            let mut paused = Vec::new();
-            for item in ks.tenant_pauses.iter() {
-                let (name, value) = item.into_inner().map_err(internal)?;
-                let pause: TenantPause = keys::decode_tenant_doc(&value)?;
-                if pause.paused {
+            ks.tenant_pauses
+                .iter()
+                .map(|item| {
+                    let (name, value) = item.into_inner().map_err(internal)?;
                     let name = std::str::from_utf8(&name).map_err(keys::corrupt)?;
-                    paused.push((TenantName::new(name).map_err(keys::corrupt)?, pause));
-                }
-            }
-            Ok(paused)
+                    Ok((
+                        TenantName::new(name).map_err(keys::corrupt)?,
+                        keys::decode_tenant_doc::<TenantPause>(&value)?,
+                    ))
+                })
+                .collect()
         })
         .await
     }
