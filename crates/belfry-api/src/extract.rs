@@ -37,8 +37,8 @@ impl<T: DeserializeOwned> FromRequest<ApiState> for V1Json<T> {
     }
 }
 
-/// A JSON body for the native API that may also be left out (an empty
-/// body reads as `T::default()`).
+/// A JSON body for the native API that may also be left out: an empty
+/// body or `null` reads as `T::default()`.
 #[derive(Debug)]
 pub struct V1JsonOrEmpty<T>(pub T);
 
@@ -52,7 +52,9 @@ impl<T: DeserializeOwned + Default> FromRequest<ApiState> for V1JsonOrEmpty<T> {
         if bytes.trim_ascii().is_empty() {
             return Ok(V1JsonOrEmpty(T::default()));
         }
-        parse_json(&bytes).map(V1JsonOrEmpty).map_err(V1Error)
+        parse_json::<Option<T>>(&bytes)
+            .map(|body| V1JsonOrEmpty(body.unwrap_or_default()))
+            .map_err(V1Error)
     }
 }
 

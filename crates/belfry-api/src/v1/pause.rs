@@ -40,7 +40,7 @@ pub(crate) struct PauseTenant {
     operation_id = "pause_tenant",
     summary = "Pause a tenant's deliveries (idempotent)",
     params(crate::openapi::schema::TenantPath),
-    request_body(content = PauseTenant, content_type = "application/json", description = "Optional"),
+    request_body(content = Option<PauseTenant>, content_type = "application/json", description = "Optional"),
     responses(
         (status = 200, description = "Paused: the tenant with its pause", body = TenantView),
         crate::openapi::schema::V1BodyErrors
