@@ -46,6 +46,8 @@ pub enum Code {
     EventPending,
     /// A tenant that still holds events or schedules cannot be removed.
     TenantNotEmpty,
+    /// A paused tenant's workers claim nothing until it is resumed.
+    TenantPaused,
     StoreUnavailable,
     /// Cluster mode: the node holding a lease's partition cannot be
     /// reached right now (or is not known yet), and the store shows no
@@ -123,6 +125,7 @@ impl Code {
             Code::NotRedrivable => (S::CONFLICT, "not_redrivable"),
             Code::EventPending => (S::CONFLICT, "event_pending"),
             Code::TenantNotEmpty => (S::CONFLICT, "tenant_not_empty"),
+            Code::TenantPaused => (S::CONFLICT, "tenant_paused"),
             Code::StoreUnavailable => (S::SERVICE_UNAVAILABLE, "store_unavailable"),
             Code::NodeUnavailable => (S::SERVICE_UNAVAILABLE, "node_unavailable"),
             Code::Unauthorized => (S::UNAUTHORIZED, "unauthorized"),

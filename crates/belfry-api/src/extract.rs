@@ -37,6 +37,27 @@ impl<T: DeserializeOwned> FromRequest<ApiState> for V1Json<T> {
     }
 }
 
+/// A JSON body for the native API that may also be left out: an empty
+/// body or `null` reads as `T::default()`.
+#[derive(Debug)]
+pub struct V1JsonOrEmpty<T>(pub T);
+
+impl<T: DeserializeOwned + Default> FromRequest<ApiState> for V1JsonOrEmpty<T> {
+    type Rejection = V1Error;
+
+    async fn from_request(req: Request, state: &ApiState) -> Result<Self, Self::Rejection> {
+        let bytes = read_body(req, state.options.max_body_bytes)
+            .await
+            .map_err(V1Error)?;
+        if bytes.trim_ascii().is_empty() {
+            return Ok(V1JsonOrEmpty(T::default()));
+        }
+        parse_json::<Option<T>>(&bytes)
+            .map(|body| V1JsonOrEmpty(body.unwrap_or_default()))
+            .map_err(V1Error)
+    }
+}
+
 /// A JSON body for the native API, and its bytes as they came (to forward
 /// the request to another node unchanged).
 #[derive(Debug)]

@@ -37,6 +37,19 @@ pub(crate) async fn scrape(State(state): State<ApiState>) -> Response {
         ))
         .into_response();
     };
+    // Every node shows every paused tenant: a pause is cluster-wide. A
+    // store that cannot answer leaves the last values.
+    match state.engine.store().list_tenant_pauses().await {
+        Ok(pauses) => {
+            let paused: Vec<&str> = pauses
+                .iter()
+                .filter(|(_, pause)| pause.paused)
+                .map(|(name, _)| name.as_str())
+                .collect();
+            belfry_metrics::set_paused_tenants(&paused);
+        }
+        Err(error) => tracing::warn!(%error, "reading the paused tenants for /metrics failed"),
+    }
     let node = state.engine.metrics_state();
     {
         // Poison means a panic mid-update; the list is still usable.

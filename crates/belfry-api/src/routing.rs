@@ -115,6 +115,8 @@ fn table() -> Table {
         .route(routes!(v1::tenants::put), tenant_write)
         .route(routes!(v1::tenants::delete), tenant_write)
         .route(routes!(v1::signing::rotate), tenant_write)
+        .route(routes!(v1::pause::pause), tenant_write)
+        .route(routes!(v1::pause::resume), tenant_write)
         // Events.
         .route(routes!(v1::events::list), tenant_read)
         .route(routes!(v1::events::batch), tenant_write)

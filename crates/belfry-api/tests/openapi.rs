@@ -32,6 +32,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("put", "/v1/tenants/{tenant}"),
     ("delete", "/v1/tenants/{tenant}"),
     ("post", "/v1/tenants/{tenant}/signing-secrets/rotate"),
+    ("post", "/v1/tenants/{tenant}/pause"),
+    ("post", "/v1/tenants/{tenant}/resume"),
     ("get", "/v1/tenants/{tenant}/events"),
     ("post", "/v1/tenants/{tenant}/events"),
     ("get", "/v1/tenants/{tenant}/events/{id}"),

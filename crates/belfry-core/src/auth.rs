@@ -290,11 +290,13 @@ pub enum AuditAction {
     EventDeleted,
     BulkActionCreated,
     BulkActionCancelled,
+    TenantPaused,
+    TenantResumed,
 }
 
 impl AuditAction {
     /// Every action, in declaration order.
-    pub const ALL: [AuditAction; 10] = [
+    pub const ALL: [AuditAction; 12] = [
         AuditAction::KeyCreated,
         AuditAction::KeyRevoked,
         AuditAction::TenantRegistered,
@@ -305,6 +307,8 @@ impl AuditAction {
         AuditAction::EventDeleted,
         AuditAction::BulkActionCreated,
         AuditAction::BulkActionCancelled,
+        AuditAction::TenantPaused,
+        AuditAction::TenantResumed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -319,6 +323,8 @@ impl AuditAction {
             AuditAction::EventDeleted => "event_deleted",
             AuditAction::BulkActionCreated => "bulk_action_created",
             AuditAction::BulkActionCancelled => "bulk_action_cancelled",
+            AuditAction::TenantPaused => "tenant_paused",
+            AuditAction::TenantResumed => "tenant_resumed",
         }
     }
 

@@ -83,6 +83,6 @@ pub use partition::{PartitionCount, PartitionId, partition_ranges};
 pub use policy::DeliveryPolicy;
 pub use retry::{Backoff, RetryPolicy, Verdict};
 pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};
-pub use tenant::{DeliveryDefaults, SigningSecrets, SinkConfig, TenantConfig};
+pub use tenant::{DeliveryDefaults, SigningSecrets, SinkConfig, TenantConfig, TenantPause};
 pub use time::{Clock, ManualClock, MonoTime, Timestamp};
 pub use timer::DueCursor;

@@ -100,6 +100,65 @@ impl fmt::Debug for PreviousSecret {
     }
 }
 
+/// Whether a tenant's deliveries are paused, kept apart from its
+/// [`TenantConfig`] so that replacing the config never loses or restores a
+/// pause (and a pause never races a config write).
+///
+/// Paused: its due events stay pending, in order, with no attempt spent,
+/// and its pull workers' claims are refused; resumed: they go out in due
+/// order. Stored as JSON by both stores; removed with the tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantPause {
+    pub paused: bool,
+    /// Why it was paused (the caller's words, or the receiver's answer
+    /// that paused it); kept after a resume until the next pause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When the current state began: paused since, or resumed since.
+    pub since: Timestamp,
+}
+
+/// The longest pause reason kept, in bytes.
+pub const MAX_PAUSE_REASON_LEN: usize = 1024;
+
+impl TenantPause {
+    /// The state after pausing at `now`. Pausing a paused tenant keeps
+    /// when it was paused (and its reason, unless a new one is given):
+    /// pausing is idempotent.
+    pub fn paused(current: Option<&TenantPause>, reason: Option<String>, now: Timestamp) -> Self {
+        match current {
+            Some(current) if current.paused => TenantPause {
+                paused: true,
+                reason: reason.or_else(|| current.reason.clone()),
+                since: current.since,
+            },
+            _ => TenantPause {
+                paused: true,
+                reason,
+                since: now,
+            },
+        }
+    }
+
+    /// The state after resuming at `now`; `None` when there is nothing to
+    /// resume (never paused, or resumed already): resuming is idempotent.
+    pub fn resumed(current: Option<&TenantPause>, now: Timestamp) -> Option<Self> {
+        let current = current.filter(|current| current.paused)?;
+        Some(TenantPause {
+            paused: false,
+            reason: current.reason.clone(),
+            since: now,
+        })
+    }
+
+    /// Since when a resumed tenant's events could fire: lateness before
+    /// it is the pause's, never the node's downtime (see
+    /// [`crate::fire::decide::lookback_expiry`]).
+    pub fn resumed_since(&self) -> Option<Timestamp> {
+        (!self.paused).then_some(self.since)
+    }
+}
+
 /// Where and how a tenant's events are delivered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

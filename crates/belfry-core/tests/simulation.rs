@@ -323,6 +323,7 @@ impl Knobs {
             repair_page: rng.usize(4, 128),
             load_retry: ms(rng.range(50, 1_000)),
             blocked_trim_after: ms(rng.range(0, 2_000)),
+            hold_recheck: ms(rng.range(100, 3_000)),
         };
         // Mostly a reserve of at least one slot per tenant, so a hung
         // tenant cannot starve the others (the liveness bound holds); else
@@ -2943,6 +2944,7 @@ fn fairness_run(seed: u64, trace: bool, log: &mut Vec<String>) -> Result<i64, St
             repair_page: 64,
             load_retry: ms(500),
             blocked_trim_after: ms(rng.range(0, 1_500)),
+            hold_recheck: ms(1_000),
         },
         slots: SlotPolicy {
             global: hung * per_tenant + rng.usize(1, 4),

@@ -277,8 +277,8 @@ impl Drop for HeldSlot {
 }
 
 /// One delivery, holding a tenant slot and a global slot: reads and claims
-/// the record, then expires it, hands it to the pull queue or sends it, as
-/// the core decides. The outcome is handed to the recorder before the slot
+/// the record, then holds it (its tenant is paused), expires it, hands it
+/// to the pull queue or sends it, as the core decides. The outcome is handed to the recorder before the slot
 /// is released. Sets `answered` when the tenant's endpoint answered the
 /// attempt, whatever it answered.
 async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) {
@@ -295,14 +295,7 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
     let Some((ticket, record)) = claimed_record(shared, ticket).await else {
         return;
     };
-    let now = shared.env.clock.now();
     let entry = ticket.entry();
-    if let Some(reason) = decide::lookback_expiry(&record, entry, now, shared.env.options.lookback)
-    {
-        let version = record.version.clone();
-        let command = EventCommand::ExpireVersion { version, reason };
-        return send_outcome(shared, ticket, command).await;
-    }
     let tenant = match shared.tenants.get(&entry.key.tenant).await {
         Ok(tenant) => tenant,
         Err(error) => {
@@ -310,7 +303,14 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
             return ticket.finish(retry_later());
         }
     };
+    let now = shared.env.clock.now();
+    let lookback = shared.env.options.lookback;
     let Some(tenant) = tenant else {
+        if let Some(reason) = decide::lookback_expiry(&record, entry, now, lookback, None) {
+            let version = record.version.clone();
+            let command = EventCommand::ExpireVersion { version, reason };
+            return send_outcome(shared, ticket, command).await;
+        }
         let report = AttemptReport {
             started_at: now,
             duration_ms: 0,
@@ -321,7 +321,23 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
         };
         return send_outcome(shared, ticket, attempt_command(&record, report, None)).await;
     };
-    let policy = decide::delivery_policy(&tenant.sink, &record, &shared.env.options.retry);
+    let route = decide::route(&entry.key, &tenant.config.sink, tenant.pause.as_ref());
+    if route == Route::Hold {
+        // Paused: no attempt, nothing recorded; the partition holds the
+        // tenant's lane until it resumes.
+        return ticket.finish(Finish::Held);
+    }
+    let resumed_since = tenant
+        .pause
+        .as_ref()
+        .and_then(belfry_core::TenantPause::resumed_since);
+    if let Some(reason) = decide::lookback_expiry(&record, entry, now, lookback, resumed_since) {
+        let version = record.version.clone();
+        let command = EventCommand::ExpireVersion { version, reason };
+        return send_outcome(shared, ticket, command).await;
+    }
+    let config = &tenant.config;
+    let policy = decide::delivery_policy(&config.sink, &record, &shared.env.options.retry);
     if let Some(reason) = decide::policy_expiry(&record, &policy, now) {
         let version = record.version.clone();
         let command = EventCommand::EndExpired { version, reason };
@@ -333,20 +349,21 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
         tracing::debug!(partition = %ticket.partition(), "firing window closed before delivery; holding the event");
         return ticket.finish(retry_later());
     }
-    let report = match decide::route(&entry.key, &tenant.sink) {
+    let report = match route {
         // The hand-off cannot hang, so it counts as answered: a pull
         // tenant's slow start never holds its hand-offs back.
         Route::Pull => {
             *answered = true;
             return hand_to_pull(shared, ticket, record, policy);
         }
-        _ => send(shared, &ticket, &tenant, &record, now, answered).await,
+        _ => send(shared, &ticket, config, &record, now, answered).await,
     };
-    if report.steer == Some(Steer::Gone) {
-        receiver_gone(&tenant);
-    }
-    let command = attempt_command(&record, report, Some(&tenant));
+    let gone = report.steer == Some(Steer::Gone);
+    let command = attempt_command(&record, report, Some(config));
     send_outcome(shared, ticket, command).await;
+    if gone {
+        receiver_gone(shared, &config.name).await;
+    }
 }
 
 /// The record of the attempt `report` tells of, on `record`'s version,
@@ -367,9 +384,18 @@ fn attempt_command(
 }
 
 /// The receiver answered `410 Gone`: the event failed for good (its report
-/// says so). The hook for pausing the tenant's deliveries.
-fn receiver_gone(tenant: &belfry_core::TenantConfig) {
-    tracing::info!(tenant = %tenant.name, "the receiver answered 410 Gone");
+/// says so), and the tenant's deliveries pause until someone resumes them.
+async fn receiver_gone(shared: &Arc<Shared>, tenant: &belfry_core::TenantName) {
+    let reason = "the receiver answered 410 Gone".to_string();
+    let tenants = crate::tenants::Tenants { shared };
+    match tenants.pause(tenant, Some(reason)).await {
+        Ok(_) => {
+            tracing::warn!(%tenant, "the receiver answered 410 Gone: the tenant's deliveries are paused")
+        }
+        Err(error) => {
+            tracing::warn!(%tenant, %error, "the receiver answered 410 Gone; pausing the tenant failed")
+        }
+    }
 }
 
 /// The ticket's record (read ahead, or read now), once claimed with its

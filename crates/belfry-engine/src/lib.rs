@@ -144,7 +144,7 @@ pub(crate) struct Shared {
     /// The partitions this node owns, with their workers.
     pub(crate) owned: OwnedPartitions,
     pub(crate) fire_path: FirePath,
-    pub(crate) tenants: tenants::Tenants,
+    pub(crate) tenants: tenants::TenantCache,
     /// Per-tenant quota estimates (client writes are checked against them).
     pub(crate) quotas: quotas::QuotaState,
     /// The bulk action runner's state (claims, wake-up).
@@ -261,7 +261,7 @@ impl Engine {
                 )),
             },
             quotas: quotas::QuotaState::new(options.limits.clone()),
-            tenants: tenants::Tenants::new(store.clone(), clock.clone()),
+            tenants: tenants::TenantCache::new(store.clone(), clock.clone()),
             owned: OwnedPartitions::new(Arc::new(dispatch::Dispatcher::new(shared.clone()))),
             bulk: bulk::BulkRunner::new(bulk_runner),
             pull: pull::PullRuntime::new(&options.pull, clock.now()),
@@ -467,7 +467,7 @@ impl EngineHandle {
             .env
             .sinks
             .deliver(Delivery {
-                tenant: &tenant,
+                tenant: &tenant.config,
                 event: &record,
                 attempt: 0,
                 triggered_at: self.inner.env.clock.now(),
@@ -477,9 +477,11 @@ impl EngineHandle {
         Ok(Some((record, result)))
     }
 
-    /// Tenant configs: reads (cached) and writes.
-    pub fn tenants(&self) -> &tenants::Tenants {
-        &self.inner.tenants
+    /// Tenants: config reads (cached) and writes, pause and resume.
+    pub fn tenants(&self) -> tenants::Tenants<'_> {
+        tenants::Tenants {
+            shared: &self.inner,
+        }
     }
 
     /// The partitions this node fires: ownership, hand-overs, counters.

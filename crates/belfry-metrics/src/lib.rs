@@ -8,15 +8,17 @@
 //! Prometheus recorder once per process and returns the [`Exporter`] that
 //! renders `GET /metrics`.
 //!
-//! Cardinality is bounded by construction: no label carries an event id or
-//! a tenant name; labels are closed sets (channel, outcome, attempt,
-//! result, store) or bounded by configuration (partition numbers, the
-//! API's route templates and status codes).
+//! Cardinality is bounded by construction: no label carries an event id,
+//! and a tenant name only in `belfry_tenant_paused`, whose series are
+//! capped at [`MAX_PAUSED_SERIES`]; labels are closed sets (channel,
+//! outcome, attempt, result, store) or bounded by configuration
+//! (partition numbers, the API's route templates and status codes).
 //!
 //! Every metric, what it means and the alerts worth setting:
 //! `docs/operations.md`.
 
-use std::sync::OnceLock;
+use std::collections::BTreeSet;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics::{
@@ -306,6 +308,21 @@ pub const AUTH_LOOKUPS_SHED: Metric = Metric {
     labels: &[],
 };
 
+pub const TENANTS_PAUSED: Metric = Metric {
+    name: "belfry_tenants_paused",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "Tenants whose deliveries are paused (all of them, whichever node paused them: read from the store at scrape).",
+    labels: &[],
+};
+pub const TENANT_PAUSED: Metric = Metric {
+    name: "belfry_tenant_paused",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "1 while the tenant's deliveries are paused, 0 once resumed. Only the first 100 tenants paused while this process runs get a series; belfry_tenants_paused counts them all.",
+    labels: &["tenant"],
+};
+
 /// Every metric, for descriptions and `docs/operations.md`.
 pub const ALL: &[Metric] = &[
     FIRE_LATENESS,
@@ -342,6 +359,8 @@ pub const ALL: &[Metric] = &[
     PULL_LEASE_LATENESS,
     AUTH_KEY_READS,
     AUTH_LOOKUPS_SHED,
+    TENANTS_PAUSED,
+    TENANT_PAUSED,
 ];
 
 /// Renders the Prometheus text of this process's metrics.
@@ -653,6 +672,31 @@ pub fn set_node_state(state: &NodeState, previously_owned: &[u16]) {
     gauge!(OVERDUE.name).set(state.overdue as f64);
     gauge!(OLDEST_OVERDUE_AGE.name).set(state.oldest_overdue_age.as_secs_f64());
     set_pull_state(&state.pull);
+}
+
+/// Most tenants that get a `belfry_tenant_paused` series in one process:
+/// the exporter cannot forget a series, so a tenant resumed keeps its
+/// series (at 0), and the label set stays bounded.
+pub const MAX_PAUSED_SERIES: usize = 100;
+
+/// Sets the paused tenants' gauges from the names of every paused tenant
+/// (in name order). Those seen paused before and not any more read 0.
+pub fn set_paused_tenants(paused: &[&str]) {
+    static SERIES: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    gauge!(TENANTS_PAUSED.name).set(paused.len() as f64);
+    // Poison means a panic mid-update; the set is still usable.
+    let mut series = SERIES.lock().unwrap_or_else(|e| e.into_inner());
+    for tenant in series.iter() {
+        if !paused.contains(&tenant.as_str()) {
+            gauge!(TENANT_PAUSED.name, "tenant" => tenant.clone()).set(0.0);
+        }
+    }
+    for tenant in paused {
+        if series.contains(*tenant) || series.len() < MAX_PAUSED_SERIES {
+            series.insert((*tenant).to_string());
+            gauge!(TENANT_PAUSED.name, "tenant" => (*tenant).to_string()).set(1.0);
+        }
+    }
 }
 
 fn set_pull_state(pull: &PullState) {

@@ -39,7 +39,7 @@ use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::bulk::{BulkAction, BulkActionId};
 use belfry_core::event::{Attempt, EventRecord, EventStatus};
 use belfry_core::{
-    Clock, DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, Timestamp,
+    Clock, DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, TenantPause, Timestamp,
 };
 use belfry_store::cluster::Coordinator;
 use belfry_store::{
@@ -576,6 +576,50 @@ impl Store for PostgresStore {
             let sql = "DELETE FROM tenants WHERE name = $1";
             let deleted = cached::execute(&self.client().await?, sql, &[&name.as_str()]).await?;
             Ok(deleted > 0)
+        })
+        .await
+    }
+
+    async fn put_tenant_pause(&self, name: &TenantName, pause: TenantPause) -> StoreResult<bool> {
+        self.guarded(Access::Write, async move {
+            let pause = serde_json::to_string(&pause)
+                .map_err(|e| StoreError::Internal(format!("cannot encode the pause: {e}")))?;
+            let sql = "UPDATE tenants SET pause = $2::text::jsonb WHERE name = $1";
+            let params: &Params = &[&name.as_str(), &pause];
+            let updated = cached::execute(&self.client().await?, sql, params).await?;
+            Ok(updated > 0)
+        })
+        .await
+    }
+
+    async fn get_tenant_pause(&self, name: &TenantName) -> StoreResult<Option<TenantPause>> {
+        self.guarded(Access::Read, async move {
+            let sql = "SELECT pause::text FROM tenants WHERE name = $1";
+            let rows = cached::query(&self.client().await?, sql, &[&name.as_str()]).await?;
+            let pause: Option<String> = rows.first().and_then(|row| row.get(0));
+            pause
+                .map(|text| serde_json::from_str(&text))
+                .transpose()
+                .map_err(corrupt)
+        })
+        .await
+    }
+
+    async fn list_tenant_pauses(&self) -> StoreResult<Vec<(TenantName, TenantPause)>> {
+        self.guarded(Access::Read, async move {
+            let sql = "SELECT name, pause::text FROM tenants WHERE pause IS NOT NULL ORDER BY name";
+            cached::query(&self.client().await?, sql, &[])
+                .await?
+                .iter()
+                .map(|row| {
+                    let name: String = row.get(0);
+                    let pause: String = row.get(1);
+                    Ok((
+                        TenantName::new(name).map_err(corrupt)?,
+                        serde_json::from_str(&pause).map_err(corrupt)?,
+                    ))
+                })
+                .collect()
         })
         .await
     }

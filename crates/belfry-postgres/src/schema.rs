@@ -368,6 +368,17 @@ ALTER TABLE events ADD COLUMN expire_at bigint;
 ALTER TABLE events ADD COLUMN max_age_ms bigint;
 "#,
     },
+    Migration {
+        version: 13,
+        apply: Apply::InTransaction,
+        name: "tenant pause",
+        // A tenant's `TenantPause` as JSON; NULL: never paused. Beside the
+        // config, never written by a config write (`put_tenant` sets only
+        // `sink` and `signing`), and removed with the row.
+        sql: r#"
+ALTER TABLE tenants ADD COLUMN pause jsonb;
+"#,
+    },
 ];
 
 /// Applies the missing migrations and returns the database's partition

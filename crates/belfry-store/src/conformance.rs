@@ -25,7 +25,7 @@ use belfry_core::event::{
 use belfry_core::tenant::{BuiltinTarget, HttpTarget, PullTarget};
 use belfry_core::{
     DueCursor, EventId, EventKey, EventVersion, PartitionCount, PartitionId, RetryPolicy,
-    SigningSecrets, SinkConfig, TenantConfig, TenantName, Timestamp, Verdict,
+    SigningSecrets, SinkConfig, TenantConfig, TenantName, TenantPause, Timestamp, Verdict,
 };
 
 use belfry_core::WorkerId;
@@ -92,6 +92,7 @@ macro_rules! store_conformance_tests {
         $crate::store_conformance_tests!(@cases $factory;
             partitions_are_reported,
             tenants_put_get_list_replace_delete,
+            tenant_pause_is_kept_apart_from_the_config,
             create_then_get,
             pull_settings_are_kept_and_replaced,
             delivery_policy_settings_and_expiry_are_kept,
@@ -360,6 +361,111 @@ where
 {
     let under_test = factory(partitions(7)).await;
     assert_eq!(under_test.store.partitions(), partitions(7));
+}
+
+pub async fn tenant_pause_is_kept_apart_from_the_config<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let paused = TenantPause {
+        paused: true,
+        reason: Some("receiver answered 410 Gone".into()),
+        since: ts(1_000),
+    };
+    // No such tenant: nothing is written.
+    assert!(
+        !store
+            .put_tenant_pause(&tenant("a/x"), paused.clone())
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.get_tenant_pause(&tenant("a/x")).await.unwrap(), None);
+
+    store
+        .put_tenant(http_tenant("a/x", "http://127.0.0.1:1/hook"))
+        .await
+        .unwrap();
+    store
+        .put_tenant(http_tenant("b", "http://127.0.0.1:1/hook"))
+        .await
+        .unwrap();
+    assert_eq!(store.get_tenant_pause(&tenant("a/x")).await.unwrap(), None);
+    assert!(store.list_tenant_pauses().await.unwrap().is_empty());
+    assert!(
+        store
+            .put_tenant_pause(&tenant("a/x"), paused.clone())
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .put_tenant_pause(&tenant("b"), paused.clone())
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.get_tenant_pause(&tenant("a/x")).await.unwrap(),
+        Some(paused.clone())
+    );
+    assert_eq!(
+        store.list_tenant_pauses().await.unwrap(),
+        vec![
+            (tenant("a/x"), paused.clone()),
+            (tenant("b"), paused.clone())
+        ],
+        "ordered by name"
+    );
+
+    // Replacing the config keeps the pause.
+    store
+        .put_tenant(http_tenant("a/x", "http://127.0.0.1:2/other"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_tenant_pause(&tenant("a/x")).await.unwrap(),
+        Some(paused.clone())
+    );
+
+    // Resumed: kept, with when.
+    let resumed = TenantPause {
+        paused: false,
+        reason: None,
+        since: ts(2_000),
+    };
+    assert!(
+        store
+            .put_tenant_pause(&tenant("b"), resumed.clone())
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.get_tenant_pause(&tenant("b")).await.unwrap(),
+        Some(resumed.clone())
+    );
+    assert_eq!(
+        store.list_tenant_pauses().await.unwrap(),
+        vec![
+            (tenant("a/x"), paused.clone()),
+            (tenant("b"), resumed.clone())
+        ]
+    );
+
+    // Removed with the tenant: one registered again under the name starts
+    // unpaused.
+    assert!(store.delete_tenant(&tenant("a/x")).await.unwrap());
+    assert_eq!(store.get_tenant_pause(&tenant("a/x")).await.unwrap(), None);
+    store
+        .put_tenant(http_tenant("a/x", "http://127.0.0.1:1/hook"))
+        .await
+        .unwrap();
+    assert_eq!(store.get_tenant_pause(&tenant("a/x")).await.unwrap(), None);
+    assert_eq!(
+        store.list_tenant_pauses().await.unwrap(),
+        vec![(tenant("b"), resumed)]
+    );
 }
 
 pub async fn tenants_put_get_list_replace_delete<F, Fut>(factory: F)

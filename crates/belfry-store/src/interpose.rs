@@ -32,7 +32,9 @@ use async_trait::async_trait;
 use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::bulk::{BulkAction, BulkActionId};
 use belfry_core::event::{Attempt, EventRecord};
-use belfry_core::{DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, Timestamp};
+use belfry_core::{
+    DueCursor, EventKey, PartitionCount, TenantConfig, TenantName, TenantPause, Timestamp,
+};
 
 use crate::{
     Applied, ApplyParams, AuditPageParams, ChangeLeaseParams, ChangeLeasesParams,
@@ -49,6 +51,9 @@ pub enum StoreCall<'a> {
     GetTenant,
     ListTenants,
     DeleteTenant,
+    PutTenantPause,
+    GetTenantPause,
+    ListTenantPauses,
     /// Commands carry a fence when the engine records outcomes on behalf
     /// of a partition owner; client writes carry none.
     Apply(&'a ApplyParams),
@@ -176,6 +181,18 @@ impl Store for Interposed {
     async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool> {
         let fault = self.interposer.before(StoreCall::DeleteTenant);
         Self::run(fault, self.inner.delete_tenant(name)).await
+    }
+    async fn put_tenant_pause(&self, name: &TenantName, pause: TenantPause) -> StoreResult<bool> {
+        let fault = self.interposer.before(StoreCall::PutTenantPause);
+        Self::run(fault, self.inner.put_tenant_pause(name, pause)).await
+    }
+    async fn get_tenant_pause(&self, name: &TenantName) -> StoreResult<Option<TenantPause>> {
+        let fault = self.interposer.before(StoreCall::GetTenantPause);
+        Self::run(fault, self.inner.get_tenant_pause(name)).await
+    }
+    async fn list_tenant_pauses(&self) -> StoreResult<Vec<(TenantName, TenantPause)>> {
+        let fault = self.interposer.before(StoreCall::ListTenantPauses);
+        Self::run(fault, self.inner.list_tenant_pauses()).await
     }
     async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {
         let fault = self.interposer.before(StoreCall::Apply(&params));

@@ -38,7 +38,7 @@ use belfry_core::event::{Attempt, CommandOutcome, Effect, EventCommand, EventRec
 use belfry_core::pull::{LeaseChange, LeaseId, LeaseRecord, PersistResult, Resolution};
 use belfry_core::{
     DueCursor, EventId, EventKey, PartitionCount, PartitionId, RetryPolicy, TenantConfig,
-    TenantName, Timestamp,
+    TenantName, TenantPause, Timestamp,
 };
 
 pub mod cluster;
@@ -374,8 +374,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>>;
     /// Every tenant, ordered by name.
     async fn list_tenants(&self) -> StoreResult<Vec<TenantConfig>>;
-    /// Removes a tenant (not its events). Returns whether it existed.
+    /// Removes a tenant (not its events) and its pause state. Returns
+    /// whether it existed.
     async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool>;
+    /// Sets a tenant's pause state; `false`, and nothing written, if there
+    /// is no such tenant. Kept apart from its config: [`Store::put_tenant`]
+    /// leaves it as it is. Durable on `Ok`.
+    async fn put_tenant_pause(&self, name: &TenantName, pause: TenantPause) -> StoreResult<bool>;
+    /// A tenant's pause state; `None`: never paused since it was
+    /// registered (or no such tenant).
+    async fn get_tenant_pause(&self, name: &TenantName) -> StoreResult<Option<TenantPause>>;
+    /// Every stored pause state (paused or resumed), ordered by tenant
+    /// name.
+    async fn list_tenant_pauses(&self) -> StoreResult<Vec<(TenantName, TenantPause)>>;
 
     /// Applies commands in order; durable on `Ok`. Results are in input order.
     ///

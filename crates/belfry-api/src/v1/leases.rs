@@ -24,7 +24,7 @@ use utoipa::ToSchema;
 use crate::ApiState;
 use crate::answers::AnswerBudget;
 use crate::auth::Principal;
-use crate::error::{ApiError, V1Error};
+use crate::error::{ApiError, Code, V1Error};
 use crate::extract::whole::Whole;
 use crate::extract::{V1Json, V1JsonBytes, V1Path};
 use crate::v1::forward;
@@ -167,6 +167,7 @@ impl From<ReleaseLease> for ReleaseBody {
         (status = 400, description = "Bad input, or not a pull tenant", body = crate::openapi::schema::V1Error),
         (status = 401, description = "No valid key", body = crate::openapi::schema::V1Error),
         (status = 403, description = "The key may not do this", body = crate::openapi::schema::V1Error),
+        (status = 409, description = "tenant_paused: the tenant's deliveries are paused", body = crate::openapi::schema::V1Error),
         (status = 429, description = "Too many claims waiting, the tenant holds its share of the node's leases (`too_many_leases`), or rate limit", body = crate::openapi::schema::V1Error),
         (status = 500, description = "Internal error (details only in the log)", body = crate::openapi::schema::V1Error),
         (status = 503, description = "Store unavailable; retry", body = crate::openapi::schema::V1Error),
@@ -204,6 +205,12 @@ pub(crate) async fn claim(
             )));
         }
         None => return Err(tenant_not_found(&name)),
+    }
+    if state.engine.tenants().is_paused(&name).await? {
+        return Err(V1Error(ApiError::new(
+            Code::TenantPaused,
+            format!("tenant {name} is paused: its workers claim nothing until it is resumed"),
+        )));
     }
     if let Some(answered) = forward::claim(&state, &headers, &principal, &name, &request).await {
         return answered;

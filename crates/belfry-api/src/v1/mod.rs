@@ -7,6 +7,7 @@
 //!
 //! - `tenants`: `/v1/tenants[/{tenant}]`;
 //! - `signing`: `/v1/tenants/{tenant}/signing-secrets/rotate`;
+//! - `pause`: `/v1/tenants/{tenant}/pause|resume` (a tenant's deliveries);
 //! - `events`: `/v1/tenants/{tenant}/events[/{id}[/attempts]]`;
 //! - `schedules`: `/v1/tenants/{tenant}/schedules[/{id}[/pause|/resume|/occurrences]]`
 //!   and `/v1/cron/preview`;
@@ -31,6 +32,7 @@ pub(crate) mod events;
 pub(crate) mod forward;
 pub(crate) mod lease_batch;
 pub(crate) mod leases;
+pub(crate) mod pause;
 pub(crate) mod replies;
 pub(crate) mod schedules;
 pub(crate) mod signing;

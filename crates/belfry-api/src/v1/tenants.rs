@@ -10,7 +10,7 @@ use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{
     BuiltinTarget, DeliveryDefaults, HttpTarget, KafkaKey, KafkaTarget, PullTarget,
 };
-use belfry_core::{EventKey, QueueName, SinkConfig, TenantConfig, TenantName};
+use belfry_core::{EventKey, QueueName, SinkConfig, TenantConfig, TenantName, TenantPause};
 use belfry_sinks::Sinks;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -382,11 +382,14 @@ pub(crate) async fn list(
     State(state): State<ApiState>,
     principal: Principal,
 ) -> Result<Response, V1Error> {
-    let tenants = state.engine.store().list_tenants().await?;
+    let store = state.engine.store();
+    let tenants = store.list_tenants().await?;
+    let pauses: BTreeMap<TenantName, TenantPause> =
+        store.list_tenant_pauses().await?.into_iter().collect();
     let tenants = tenants
         .iter()
         .filter(|t| principal.sees(&t.name))
-        .map(TenantView::from)
+        .map(|t| TenantView::of(t, pauses.get(&t.name)))
         .collect();
     Ok(Json(TenantList { tenants }).into_response())
 }
@@ -408,10 +411,12 @@ pub(crate) async fn get(
     V1Path(tenant): V1Path<String>,
 ) -> Result<Response, V1Error> {
     let name = tenant_name(tenant)?;
-    match state.engine.store().get_tenant(&name).await? {
-        Some(tenant) => Ok(Json(TenantView::from(&tenant)).into_response()),
-        None => Err(tenant_not_found(&name)),
-    }
+    let store = state.engine.store();
+    let Some(tenant) = store.get_tenant(&name).await? else {
+        return Err(tenant_not_found(&name));
+    };
+    let pause = store.get_tenant_pause(&name).await?;
+    Ok(Json(TenantView::of(&tenant, pause.as_ref())).into_response())
 }
 
 /// Registers (201) or replaces (200) a tenant. A tenant without signing
@@ -454,6 +459,11 @@ pub(crate) async fn put(
         signing: Some(secrets),
     };
     state.engine.tenants().put(tenant.clone()).await?;
+    // A replaced tenant keeps its pause: the answer shows it.
+    let pause = match existed {
+        true => store.get_tenant_pause(&name).await?,
+        false => None,
+    };
     tracing::info!(tenant = %name, replaced = existed, "tenant registered");
     let action = if existed {
         AuditAction::TenantChanged
@@ -468,7 +478,7 @@ pub(crate) async fn put(
     };
     let answer = TenantView {
         signing_secret: new_secret,
-        ..TenantView::from(&tenant)
+        ..TenantView::of(&tenant, pause.as_ref())
     };
     Ok((status, Json(answer)).into_response())
 }

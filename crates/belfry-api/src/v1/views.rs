@@ -5,7 +5,7 @@
 use belfry_core::retry::BackoffError;
 use belfry_core::{
     Attempt, Backoff, DeliveryOption, EventRecord, RetryPolicy, SinkConfig, TenantConfig,
-    Timestamp, Verdict,
+    TenantPause, Timestamp, Verdict,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -53,14 +53,42 @@ pub(crate) struct TenantView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub signing_secret: Option<String>,
+    /// Whether its deliveries are paused; left out for a tenant never
+    /// paused since it was registered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub pause: Option<PauseView<'a>>,
 }
 
-impl<'a> From<&'a TenantConfig> for TenantView<'a> {
-    fn from(tenant: &'a TenantConfig) -> Self {
+/// A tenant's pause state (`POST /v1/tenants/{tenant}/pause`, `…/resume`).
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PauseView<'a> {
+    /// Paused: its due events stay pending, its workers claim nothing.
+    pub paused: bool,
+    /// Why it was paused (kept after a resume, until the next pause).
+    pub reason: Option<&'a str>,
+    /// When it was paused, or resumed (RFC 3339).
+    pub since: String,
+}
+
+impl<'a> From<&'a TenantPause> for PauseView<'a> {
+    fn from(pause: &'a TenantPause) -> Self {
+        PauseView {
+            paused: pause.paused,
+            reason: pause.reason.as_deref(),
+            since: pause.since.to_rfc3339(),
+        }
+    }
+}
+
+impl<'a> TenantView<'a> {
+    /// The tenant with its pause state.
+    pub fn of(tenant: &'a TenantConfig, pause: Option<&'a TenantPause>) -> Self {
         TenantView {
             name: tenant.name.as_str(),
             sink: crate::auth::mask::sink(&tenant.sink),
             signing_secret: None,
+            pause: pause.map(PauseView::from),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! What the runtime decides about one fired entry, once it holds the
 //! entry's stored record: whether it is still due, whether it expired past
-//! the look-back, and which channel takes it.
+//! the look-back, and which channel takes it (or none, while its tenant
+//! is paused).
 //!
 //! The window is a hint; these checks against the record are the truth,
 //! and every runtime (the engine's dispatcher, the simulations) calls them
@@ -13,7 +14,7 @@ use crate::ids::EventKey;
 use crate::policy::{DeliveryPolicy, NodeDefaults};
 use crate::retry::RetryPolicy;
 use crate::schedule::schedule_of_control;
-use crate::tenant::SinkConfig;
+use crate::tenant::{SinkConfig, TenantPause};
 use crate::time::Timestamp;
 use crate::timer::DueCursor;
 
@@ -30,18 +31,24 @@ pub fn still_due(record: &EventRecord, entry: &DueCursor) -> bool {
 ///
 /// The look-back is for downtime: lateness counts from when a node could
 /// first have fired the version, which for one submitted (or moved)
-/// past-due is its last change, not its instant. Such an event fires at
-/// once, as BigBen does. Retries are never expired here.
+/// past-due is its last change, not its instant, and for one of a tenant
+/// resumed since (`resumed_since`) the resume: what a pause held back is
+/// delivered late, never missed. Such an event fires at once, as BigBen
+/// does. Retries are never expired here.
 pub fn lookback_expiry(
     record: &EventRecord,
     entry: &DueCursor,
     now: Timestamp,
     lookback: Duration,
+    resumed_since: Option<Timestamp>,
 ) -> Option<String> {
     if record.status != EventStatus::Scheduled {
         return None;
     }
-    let firable_since = entry.due.max(record.updated_at);
+    let firable_since = entry
+        .due
+        .max(record.updated_at)
+        .max(resumed_since.unwrap_or(Timestamp::MIN));
     let late = i128::from(now.as_millis()) - i128::from(firable_since.as_millis());
     if late <= lookback.as_millis() as i128 {
         return None;
@@ -107,6 +114,10 @@ pub enum Route {
     Pull,
     /// Pushed to the tenant's sink (HTTP, Kafka, built-in).
     Push,
+    /// Its tenant is paused: not delivered and nothing recorded. The entry
+    /// goes back to its partition's window, which holds the tenant's lane
+    /// until it resumes ([`super::Finish::Held`]).
+    Hold,
 }
 
 impl Route {
@@ -123,10 +134,15 @@ pub fn route_of_key(key: &EventKey) -> Option<Route> {
     schedule_of_control(&key.id).map(|_| Route::Schedule)
 }
 
-/// The route of a fired entry of a tenant delivering to `sink`.
-pub fn route(key: &EventKey, sink: &SinkConfig) -> Route {
+/// The route of a fired entry of a tenant delivering to `sink`, paused or
+/// not (`pause`). A schedule's control event plans occurrences even while
+/// its tenant is paused: they are stored as events, and held like them.
+pub fn route(key: &EventKey, sink: &SinkConfig, pause: Option<&TenantPause>) -> Route {
     if let Some(route) = route_of_key(key) {
         return route;
+    }
+    if pause.is_some_and(|pause| pause.paused) {
+        return Route::Hold;
     }
     match sink {
         SinkConfig::Pull(_) => Route::Pull,
@@ -212,10 +228,10 @@ mod tests {
         let lookback = Duration::from_secs(10);
         let late = record(EventStatus::Scheduled, Some(1_000), 0);
         assert_eq!(
-            lookback_expiry(&late, &entry(1_000), ts(11_000), lookback),
+            lookback_expiry(&late, &entry(1_000), ts(11_000), lookback, None),
             None
         );
-        let reason = lookback_expiry(&late, &entry(1_000), ts(11_001), lookback).unwrap();
+        let reason = lookback_expiry(&late, &entry(1_000), ts(11_001), lookback, None).unwrap();
         assert_eq!(
             reason,
             "missed: came due at 1970-01-01T00:00:01Z while the node was down, \
@@ -224,13 +240,13 @@ mod tests {
         // Submitted past-due: it fires at once.
         let submitted_late = record(EventStatus::Scheduled, Some(1_000), 50_000);
         assert_eq!(
-            lookback_expiry(&submitted_late, &entry(1_000), ts(55_000), lookback),
+            lookback_expiry(&submitted_late, &entry(1_000), ts(55_000), lookback, None),
             None
         );
         // Retries are never expired by the look-back.
         let retrying = record(EventStatus::Retrying, Some(1_000), 0);
         assert_eq!(
-            lookback_expiry(&retrying, &entry(1_000), ts(1_000_000), lookback),
+            lookback_expiry(&retrying, &entry(1_000), ts(1_000_000), lookback, None),
             None
         );
     }
@@ -261,14 +277,33 @@ mod tests {
     }
 
     #[test]
+    fn lookback_counts_a_resumed_tenants_events_from_the_resume() {
+        let lookback = Duration::from_secs(10);
+        let held = record(EventStatus::Scheduled, Some(1_000), 0);
+        // Paused from 0 to 100 s: its event due at 1 s is 90 s late at the
+        // resume, and delivered, not missed.
+        let resumed = Some(ts(100_000));
+        assert_eq!(
+            lookback_expiry(&held, &entry(1_000), ts(100_500), lookback, resumed),
+            None
+        );
+        // A node down for longer than the look-back after the resume still
+        // misses it.
+        assert!(lookback_expiry(&held, &entry(1_000), ts(110_001), lookback, resumed).is_some());
+    }
+
+    #[test]
     fn lookback_survives_extreme_instants() {
         let r = record(EventStatus::Scheduled, Some(i64::MIN), i64::MIN);
         let e = DueCursor {
             due: Timestamp::MIN,
             key: key("e"),
         };
-        assert!(lookback_expiry(&r, &e, ts(i64::MAX), Duration::ZERO).is_some());
-        assert!(lookback_expiry(&r, &e, ts(i64::MAX), Duration::MAX).is_none());
+        assert!(lookback_expiry(&r, &e, ts(i64::MAX), Duration::ZERO, None).is_some());
+        assert!(lookback_expiry(&r, &e, ts(i64::MAX), Duration::MAX, None).is_none());
+        assert!(
+            lookback_expiry(&r, &e, ts(i64::MAX), Duration::ZERO, Some(Timestamp::MIN)).is_some()
+        );
     }
 
     #[test]
@@ -282,11 +317,62 @@ mod tests {
             processor: "log".to_string(),
         });
         assert_eq!(route_of_key(&control), Some(Route::Schedule));
-        assert_eq!(route(&control, &pull), Route::Schedule);
+        assert_eq!(route(&control, &pull, None), Route::Schedule);
         assert!(!Route::Schedule.delivers());
         assert_eq!(route_of_key(&key("e")), None);
-        assert_eq!(route(&key("e"), &pull), Route::Pull);
-        assert_eq!(route(&key("e"), &log), Route::Push);
+        assert_eq!(route(&key("e"), &pull, None), Route::Pull);
+        assert_eq!(route(&key("e"), &log, None), Route::Push);
         assert!(Route::Pull.delivers() && Route::Push.delivers());
+    }
+
+    #[test]
+    fn a_paused_tenants_events_are_held_and_its_schedules_still_plan() {
+        let log = SinkConfig::Builtin(BuiltinTarget {
+            processor: "log".to_string(),
+        });
+        let pull = SinkConfig::Pull(PullTarget::default());
+        let paused = TenantPause::paused(None, Some("incident".to_string()), ts(5));
+        let resumed = TenantPause::resumed(Some(&paused), ts(9)).unwrap();
+        assert_eq!(route(&key("e"), &log, Some(&paused)), Route::Hold);
+        assert_eq!(route(&key("e"), &pull, Some(&paused)), Route::Hold);
+        assert_eq!(route(&key("e"), &log, Some(&resumed)), Route::Push);
+        assert_eq!(route(&key("e"), &pull, Some(&resumed)), Route::Pull);
+        let control = EventKey::new(
+            TenantName::new("acme".to_string()).unwrap(),
+            control_event_id(&ScheduleId::new("nightly".to_string()).unwrap()),
+        );
+        assert_eq!(route(&control, &log, Some(&paused)), Route::Schedule);
+    }
+
+    #[test]
+    fn pausing_and_resuming_are_idempotent() {
+        let first = TenantPause::paused(None, Some("incident".to_string()), ts(5));
+        assert_eq!(
+            first,
+            TenantPause {
+                paused: true,
+                reason: Some("incident".to_string()),
+                since: ts(5)
+            }
+        );
+        // Paused again later: since (and the reason, unless a new one is
+        // given) stay.
+        assert_eq!(TenantPause::paused(Some(&first), None, ts(7)), first);
+        assert_eq!(
+            TenantPause::paused(Some(&first), Some("gone".to_string()), ts(7)).reason,
+            Some("gone".to_string())
+        );
+        assert_eq!(first.resumed_since(), None);
+        let resumed = TenantPause::resumed(Some(&first), ts(9)).unwrap();
+        assert!(!resumed.paused);
+        assert_eq!(resumed.resumed_since(), Some(ts(9)));
+        // Nothing to resume.
+        assert_eq!(TenantPause::resumed(Some(&resumed), ts(11)), None);
+        assert_eq!(TenantPause::resumed(None, ts(11)), None);
+        // Paused again after a resume: a new pause from now.
+        assert_eq!(
+            TenantPause::paused(Some(&resumed), None, ts(12)).since,
+            ts(12)
+        );
     }
 }

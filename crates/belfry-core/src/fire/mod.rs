@@ -17,6 +17,7 @@
 //!   delivery slot, being delivered, or waiting for their outcome to be
 //!   recorded), with the version each one claimed;
 //! - retry timers: entries to put back after a pause (a failed read);
+//! - holds: paused tenants, whose lanes do not fire until they resume;
 //! - the repair cursor: the window is reconciled with the store page by
 //!   page, so a lost wake-up strands nothing for longer than a few rounds.
 //!
@@ -83,6 +84,12 @@ pub struct CoreConfig {
     pub repair_page: usize,
     /// Pause after a failed page read.
     pub load_retry: Duration,
+    /// How long a paused tenant's lane is held before one of its entries
+    /// fires again, to learn whether it was resumed through another node
+    /// (a resume through this node ends the hold at once:
+    /// [`Input::Resumed`]). One entry per partition and interval, not a
+    /// retry of every held entry.
+    pub hold_recheck: Duration,
 }
 
 impl CoreConfig {
@@ -109,6 +116,9 @@ impl CoreConfig {
             // PostgreSQL); a sweep of the window takes more rounds instead.
             repair_page: 128,
             load_retry: Duration::from_millis(500),
+            // The engine's tenant cache keeps a config this long: a
+            // resume through another node is seen within two of these.
+            hold_recheck: Duration::from_secs(5),
         }
     }
 }
@@ -169,6 +179,11 @@ pub enum Finish {
     /// Not delivered (the store could not be read): fire it again at this
     /// instant.
     RetryAt(Timestamp),
+    /// Not delivered: its tenant is paused ([`decide::Route::Hold`]). It
+    /// goes back to the window, and the tenant's lane fires nothing until
+    /// it resumes ([`Input::Resumed`], or a recheck after
+    /// [`CoreConfig::hold_recheck`] finds it resumed).
+    Held,
 }
 
 /// What happened, fed to [`PartitionCore::handle`].
@@ -214,6 +229,12 @@ pub enum Input {
     Attempted { entry: DueCursor },
     /// A fired entry is finished (see [`Finish`]).
     Finished { entry: DueCursor, finish: Finish },
+    /// The tenant was paused through this node: hold its lane at once,
+    /// before any more of its entries fire (any that do come back
+    /// [`Finish::Held`]).
+    Paused(TenantName),
+    /// The tenant was resumed: its lane fires again, in due order.
+    Resumed(TenantName),
 }
 
 /// What the runtime must do.
@@ -392,6 +413,18 @@ struct PendingLoad {
     overflowed: bool,
 }
 
+/// A paused tenant's lane (see [`CoreConfig::hold_recheck`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Hold {
+    /// Fires nothing until this instant.
+    Until(Timestamp),
+    /// The recheck is due: the lane may fire one entry.
+    Recheck,
+    /// That entry fired: the hold ends when it finishes other than
+    /// [`Finish::Held`], and starts over when it comes back held.
+    Probing(DueCursor),
+}
+
 /// A tenant's outstanding entries in one partition.
 #[derive(Debug, Default, Clone, Copy)]
 struct TenantOutstanding {
@@ -455,6 +488,9 @@ pub struct PartitionCore {
     next_trim_at: Option<Timestamp>,
     /// Since when each blocked tenant over its lane cap was seen blocked.
     blocked_since: HashMap<TenantName, Timestamp>,
+    /// Paused tenants: their lanes stay blocked (and are trimmed like any
+    /// blocked lane) until they resume.
+    holds: HashMap<TenantName, Hold>,
 }
 
 impl PartitionCore {
@@ -482,6 +518,7 @@ impl PartitionCore {
             trim_pending: false,
             next_trim_at: None,
             blocked_since: HashMap::new(),
+            holds: HashMap::new(),
         }
     }
 
@@ -541,6 +578,12 @@ impl PartitionCore {
                     .filter(|(_, n)| n.in_attempt() >= self.config.max_outstanding_per_tenant)
                     .map(|(t, _)| t.clone())
                     .chain(self.budget_blocked.iter().cloned())
+                    .chain(
+                        self.holds
+                            .iter()
+                            .filter(|(_, hold)| **hold != Hold::Recheck)
+                            .map(|(t, _)| t.clone()),
+                    )
                     .collect();
                 for tenant in blocked {
                     self.window.set_blocked(&tenant, true);
@@ -551,9 +594,22 @@ impl PartitionCore {
             Input::ReadAhead { records } => self.read_ahead_done(records),
             Input::Claim { entry, version } => self.claim(entry, version, now, &mut actions),
             Input::Attempted { entry } => self.attempted(entry),
-            Input::Finished { entry, finish } => self.finished(entry, finish),
+            Input::Finished { entry, finish } => self.finished(entry, finish, now),
+            Input::Paused(tenant) => self.hold(&tenant, now),
+            Input::Resumed(tenant) => {
+                if self.holds.remove(&tenant).is_some() {
+                    self.unblock_if_free(&tenant);
+                }
+            }
         }
         actions
+    }
+
+    /// Whether `tenant`'s lane is held because it is paused.
+    pub fn is_held(&self, tenant: &TenantName) -> bool {
+        self.holds
+            .get(tenant)
+            .is_some_and(|hold| *hold != Hold::Recheck)
     }
 
     /// When the runtime should call [`Input::Tick`] next at the latest
@@ -583,6 +639,11 @@ impl PartitionCore {
         }
         if let Some((at, _)) = self.retry_timers.first() {
             wake = wake.min(*at);
+        }
+        for hold in self.holds.values() {
+            if let Hold::Until(at) = hold {
+                wake = wake.min(*at);
+            }
         }
         if let Some(at) = self.next_repair_at
             && self.loading.is_none()
@@ -690,6 +751,7 @@ impl PartitionCore {
         self.finished(
             entry.clone(),
             Finish::RetryAt(now.plus(self.config.load_retry)),
+            now,
         );
         actions.push(Action::Claimed {
             entry,
@@ -709,10 +771,11 @@ impl PartitionCore {
                 }
             }
         }
+        self.recheck_holds(now);
         if self.outstanding.is_empty() {
-            // Nothing outstanding means nothing may stay blocked: a safety
-            // net, so a block whose release was missed cannot strand a
-            // tenant's events.
+            // Nothing outstanding means nothing may stay blocked (but a
+            // paused tenant): a safety net, so a block whose release was
+            // missed cannot strand a tenant's events.
             self.budget_blocked.clear();
             for tenant in self.window.blocked_tenants() {
                 self.unblock(&tenant);
@@ -764,6 +827,11 @@ impl PartitionCore {
                 self.window.set_blocked(&tenant, true);
                 self.trim_soon();
             }
+            if let Some(hold) = self.holds.get_mut(&tenant) {
+                // A paused tenant's recheck fires this one entry only.
+                *hold = Hold::Probing(entry.clone());
+                self.window.set_blocked(&tenant, true);
+            }
             self.outstanding.insert(entry.clone(), None);
             self.outstanding_by_key
                 .entry(entry.key.clone())
@@ -777,7 +845,7 @@ impl PartitionCore {
         }
     }
 
-    fn finished(&mut self, entry: DueCursor, finish: Finish) {
+    fn finished(&mut self, entry: DueCursor, finish: Finish, now: Timestamp) {
         let Some(claimed) = self.outstanding.remove(&entry) else {
             return;
         };
@@ -786,6 +854,13 @@ impl PartitionCore {
         }
         let was_attempted = self.attempted.remove(&entry);
         let tenant = entry.key.tenant.clone();
+        if finish == Finish::Held {
+            self.hold(&tenant, now);
+        } else if self.holds.get(&tenant) == Some(&Hold::Probing(entry.clone())) {
+            // The recheck's entry went out (or was stale): the tenant was
+            // resumed elsewhere, or its next entry holds it again.
+            self.holds.remove(&tenant);
+        }
         if let Some(count) = self.outstanding_by_tenant.get_mut(&tenant) {
             count.total -= 1;
             if was_attempted {
@@ -835,6 +910,49 @@ impl PartitionCore {
             // fire-time check drops it if nothing is due there any more).
             Finish::Done if changed => self.offer(entry),
             Finish::Done => {}
+            // Back in its lane, which the hold keeps from firing; where
+            // the window no longer covers it, the loader brings it back.
+            Finish::Held => self.offer(entry),
+        }
+    }
+
+    /// Holds `tenant`'s lane: it is paused (see [`Hold`]).
+    fn hold(&mut self, tenant: &TenantName, now: Timestamp) {
+        self.holds.insert(
+            tenant.clone(),
+            Hold::Until(now.plus(self.config.hold_recheck)),
+        );
+        self.window.set_blocked(tenant, true);
+        self.trim_soon();
+    }
+
+    /// Holds whose recheck is due let their lane fire one entry.
+    fn recheck_holds(&mut self, now: Timestamp) {
+        let due: Vec<TenantName> = self
+            .holds
+            .iter()
+            .filter(|(_, hold)| matches!(hold, Hold::Until(at) if *at <= now))
+            .map(|(tenant, _)| tenant.clone())
+            .collect();
+        for tenant in due {
+            self.holds.insert(tenant.clone(), Hold::Recheck);
+            self.unblock_if_free(&tenant);
+        }
+    }
+
+    /// Unblocks `tenant` unless its outstanding entries or the budget
+    /// still block it.
+    fn unblock_if_free(&mut self, tenant: &TenantName) {
+        let in_attempt = self
+            .outstanding_by_tenant
+            .get(tenant)
+            .copied()
+            .unwrap_or_default()
+            .in_attempt();
+        if in_attempt < self.config.max_outstanding_per_tenant
+            && !self.budget_blocked.contains(tenant)
+        {
+            self.unblock(tenant);
         }
     }
 
@@ -877,8 +995,12 @@ impl PartitionCore {
         }
     }
 
-    /// The tenant may fire again; a later block counts its time afresh.
+    /// The tenant may fire again, unless it is held (paused); a later
+    /// block counts its time afresh.
     fn unblock(&mut self, tenant: &TenantName) {
+        if self.is_held(tenant) {
+            return;
+        }
         self.window.set_blocked(tenant, false);
         self.blocked_since.remove(tenant);
     }

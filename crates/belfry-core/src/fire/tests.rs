@@ -922,3 +922,116 @@ fn an_entry_a_repair_page_lists_while_it_is_delivered_fires_again() {
     let again = delivered(&core.handle(Input::Tick { may_fire: true }, ts(152)));
     assert_eq!(again, vec![a], "v2 waits for the next repair cycle");
 }
+
+fn finish(core: &mut PartitionCore, entries: &[DueCursor], finish: Finish, now: i64) {
+    for entry in entries {
+        core.handle(
+            Input::Finished {
+                entry: entry.clone(),
+                finish: finish.clone(),
+            },
+            ts(now),
+        );
+    }
+}
+
+#[test]
+fn a_held_tenant_fires_nothing_until_it_resumes_then_all_in_due_order() {
+    let page = vec![
+        entry(1, "paused", "a"),
+        entry(2, "paused", "b"),
+        entry(3, "other", "x"),
+        entry(4, "paused", "c"),
+    ];
+    let mut core = core_with_page(8, page);
+    let fired = delivered(&core.handle(Input::Tick { may_fire: true }, ts(2)));
+    assert_eq!(fired, [entry(1, "paused", "a"), entry(2, "paused", "b")]);
+    // The dispatcher found the tenant paused: both come back held.
+    finish(&mut core, &fired, Finish::Held, 2);
+    assert!(core.is_held(&TenantName::new("paused").unwrap()));
+    assert_eq!(core.outstanding(), 0);
+    // Another tenant is not held back; the paused one's entries stay.
+    assert_eq!(
+        delivered(&core.handle(Input::Tick { may_fire: true }, ts(4))),
+        [entry(3, "other", "x")]
+    );
+    assert_eq!(
+        core.window().held_by(&TenantName::new("paused").unwrap()),
+        3
+    );
+    // Nothing spins: the core sleeps (its next wake-up is in the future).
+    assert!(core.next_wake(ts(4)) > ts(4));
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(50))).is_empty());
+    core.handle(Input::Resumed(TenantName::new("paused").unwrap()), ts(100));
+    assert_eq!(
+        delivered(&core.handle(Input::Tick { may_fire: true }, ts(100))),
+        [
+            entry(1, "paused", "a"),
+            entry(2, "paused", "b"),
+            entry(4, "paused", "c")
+        ]
+    );
+}
+
+#[test]
+fn a_pause_made_here_holds_the_lane_before_anything_fires() {
+    let mut core = core_with_page(8, vec![entry(1, "t", "a"), entry(2, "t", "b")]);
+    let tenant = TenantName::new("t").unwrap();
+    core.handle(Input::Paused(tenant.clone()), ts(0));
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(5))).is_empty());
+    // A reload keeps the hold.
+    core.handle(Input::Reload, ts(5));
+    let request = only_load(&core.handle(Input::Tick { may_fire: true }, ts(5)));
+    core.handle(
+        Input::Loaded {
+            request,
+            page: Some(vec![entry(1, "t", "a"), entry(2, "t", "b")]),
+        },
+        ts(5),
+    );
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(6))).is_empty());
+    core.handle(Input::Resumed(tenant), ts(7));
+    assert_eq!(
+        delivered(&core.handle(Input::Tick { may_fire: true }, ts(7))),
+        [entry(1, "t", "a"), entry(2, "t", "b")]
+    );
+}
+
+#[test]
+fn a_hold_is_rechecked_with_one_entry_per_interval() {
+    let recheck = Duration::from_millis(1_000);
+    let page = (1..=5).map(|i| entry(i, "t", &format!("e{i}"))).collect();
+    let mut core = core_with_config_and_page(
+        CoreConfig {
+            hold_recheck: recheck,
+            ..config()
+        },
+        page,
+    );
+    let fired = delivered(&core.handle(Input::Tick { may_fire: true }, ts(10)));
+    assert_eq!(fired.len(), 5);
+    finish(&mut core, &fired, Finish::Held, 10);
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(1_009))).is_empty());
+    // The recheck fires one entry, the first in due order.
+    let probe = delivered(&core.handle(Input::Tick { may_fire: true }, ts(1_010)));
+    assert_eq!(probe, [entry(1, "t", "e1")]);
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(1_011))).is_empty());
+    // Still paused (no resume was heard here): held again, for another
+    // interval.
+    finish(&mut core, &probe, Finish::Held, 1_020);
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(1_020))).is_empty());
+    assert_eq!(core.next_wake(ts(1_020)), ts(2_020));
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(2_019))).is_empty());
+    let probe = delivered(&core.handle(Input::Tick { may_fire: true }, ts(2_020)));
+    assert_eq!(probe, [entry(1, "t", "e1")]);
+    // Resumed through another node: the probe is delivered, and the rest
+    // follows.
+    finish(&mut core, &probe, Finish::Done, 2_030);
+    assert!(!core.is_held(&TenantName::new("t").unwrap()));
+    assert_eq!(
+        delivered(&core.handle(Input::Tick { may_fire: true }, ts(2_030))),
+        (2..=5)
+            .map(|i| entry(i, "t", &format!("e{i}")))
+            .collect::<Vec<_>>()
+    );
+}

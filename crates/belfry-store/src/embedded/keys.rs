@@ -14,8 +14,7 @@
 
 use belfry_core::event::{Attempt, EventRecord, EventSettings, EventStatus};
 use belfry_core::{
-    Backoff, DueCursor, EventId, EventKey, PartitionId, QueueName, TenantConfig, TenantName,
-    Timestamp,
+    Backoff, DueCursor, EventId, EventKey, PartitionId, QueueName, TenantName, Timestamp,
 };
 
 use crate::{StoreError, StoreResult};
@@ -390,14 +389,16 @@ fn decode_postcard<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> StoreResult<
 
 /// Tenants are JSON: their sink config is an internally tagged enum, which
 /// postcard cannot read back. They are few and small.
-pub fn encode_tenant(tenant: &TenantConfig) -> StoreResult<Vec<u8>> {
+/// A tenant's stored value (its `TenantConfig` or its `TenantPause`):
+/// a format byte and JSON.
+pub fn encode_tenant_doc<T: serde::Serialize>(doc: &T) -> StoreResult<Vec<u8>> {
     let mut out = vec![VALUE_FORMAT_V1];
-    serde_json::to_writer(&mut out, tenant)
+    serde_json::to_writer(&mut out, doc)
         .map_err(|e| StoreError::Internal(format!("encoding failed: {e}")))?;
     Ok(out)
 }
 
-pub fn decode_tenant(bytes: &[u8]) -> StoreResult<TenantConfig> {
+pub fn decode_tenant_doc<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
     match bytes.split_first() {
         Some((&VALUE_FORMAT_V1, rest)) => serde_json::from_slice(rest).map_err(corrupt),
         _ => Err(corrupt("unknown tenant format")),

@@ -10,6 +10,7 @@
 //! |------------|----------------------------------------------|-------|
 //! | `meta`     | `partitions`, `schema_version`, `attempt_seq/` ++ shard | big-endian integers |
 //! | `tenants`  | tenant name                                  | format byte + JSON `TenantConfig` |
+//! | `tenant_pauses` | tenant name                             | format byte + JSON `TenantPause` (removed with the tenant) |
 //! | `events`   | `tenant 0x00 id`                             | format byte + postcard `EventRecord` |
 //! | `due`      | partition u16 ++ next_fire_at ++ event key   | empty; exactly the pending events |
 //! | `attempts` | event key ++ 0x00 ++ started_at ++ seq       | format byte + postcard `Attempt` |
@@ -87,7 +88,8 @@ use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::bulk::{BulkAction, BulkActionId};
 use belfry_core::event::{Attempt, EventRecord};
 use belfry_core::{
-    Clock, DueCursor, EventKey, PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp,
+    Clock, DueCursor, EventKey, PartitionCount, PartitionId, TenantConfig, TenantName, TenantPause,
+    Timestamp,
 };
 use fjall::{Database, KeyspaceCreateOptions, PersistMode};
 use tokio::sync::oneshot;
@@ -249,6 +251,7 @@ impl EmbeddedStore {
         let ks = Keyspaces {
             meta: open_keyspace(&db, "meta", default)?,
             tenants: open_keyspace(&db, "tenants", default)?,
+            tenant_pauses: open_keyspace(&db, "tenant_pauses", default)?,
             events: open_keyspace(&db, "events", tuning::write_heavy)?,
             due: open_keyspace(&db, "due", tuning::write_heavy)?,
             attempts: open_keyspace(&db, "attempts", tuning::write_heavy)?,
@@ -635,7 +638,7 @@ impl Store for EmbeddedStore {
 
     async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
         match self.ks.tenants.get(name.as_str()).map_err(internal)? {
-            Some(bytes) => Ok(Some(keys::decode_tenant(&bytes)?)),
+            Some(bytes) => Ok(Some(keys::decode_tenant_doc(&bytes)?)),
             None => Ok(None),
         }
     }
@@ -646,7 +649,7 @@ impl Store for EmbeddedStore {
                 .iter()
                 .map(|item| {
                     let (_, value) = item.into_inner().map_err(internal)?;
-                    keys::decode_tenant(&value)
+                    keys::decode_tenant_doc(&value)
                 })
                 .collect()
         })
@@ -657,6 +660,40 @@ impl Store for EmbeddedStore {
         let name = name.clone();
         self.submit(TENANT_SHARD, |reply| Job::DeleteTenant { name, reply })
             .await
+    }
+
+    async fn put_tenant_pause(&self, name: &TenantName, pause: TenantPause) -> StoreResult<bool> {
+        let name = name.clone();
+        self.submit(TENANT_SHARD, |reply| Job::PutTenantPause {
+            name,
+            pause,
+            reply,
+        })
+        .await
+    }
+
+    async fn get_tenant_pause(&self, name: &TenantName) -> StoreResult<Option<TenantPause>> {
+        match self.ks.tenant_pauses.get(name.as_str()).map_err(internal)? {
+            Some(bytes) => Ok(Some(keys::decode_tenant_doc(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn list_tenant_pauses(&self) -> StoreResult<Vec<(TenantName, TenantPause)>> {
+        self.scan(|ks| {
+            ks.tenant_pauses
+                .iter()
+                .map(|item| {
+                    let (name, value) = item.into_inner().map_err(internal)?;
+                    let name = std::str::from_utf8(&name).map_err(keys::corrupt)?;
+                    Ok((
+                        TenantName::new(name).map_err(keys::corrupt)?,
+                        keys::decode_tenant_doc::<TenantPause>(&value)?,
+                    ))
+                })
+                .collect()
+        })
+        .await
     }
 
     async fn apply(&self, params: ApplyParams) -> StoreResult<Vec<Applied>> {

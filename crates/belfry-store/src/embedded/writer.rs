@@ -35,7 +35,8 @@ use belfry_core::event::{
     Attempt, EventCommand, EventRecord, EventStatus, TransitionContext, transition,
 };
 use belfry_core::{
-    EventKey, EventVersion, PartitionCount, PartitionId, TenantConfig, TenantName, Timestamp,
+    EventKey, EventVersion, PartitionCount, PartitionId, TenantConfig, TenantName, TenantPause,
+    Timestamp,
 };
 use fjall::{Database, Keyspace, OwnedWriteBatch};
 use rustc_hash::FxHashMap as HashMap;
@@ -58,6 +59,8 @@ pub struct Keyspaces {
     pub db: Database,
     pub meta: Keyspace,
     pub tenants: Keyspace,
+    /// Tenants' pause states, by name: removed with the tenant.
+    pub tenant_pauses: Keyspace,
     pub events: Keyspace,
     pub due: Keyspace,
     pub attempts: Keyspace,
@@ -83,6 +86,11 @@ pub enum Job {
     },
     DeleteTenant {
         name: TenantName,
+        reply: oneshot::Sender<StoreResult<bool>>,
+    },
+    PutTenantPause {
+        name: TenantName,
+        pause: TenantPause,
         reply: oneshot::Sender<StoreResult<bool>>,
     },
     Purge {
@@ -126,6 +134,7 @@ enum Answer {
     ),
     PutTenant(oneshot::Sender<StoreResult<()>>, StoreResult<()>),
     DeleteTenant(oneshot::Sender<StoreResult<bool>>, StoreResult<bool>),
+    PutTenantPause(oneshot::Sender<StoreResult<bool>>, StoreResult<bool>),
     RecordLeases(
         oneshot::Sender<StoreResult<Vec<LeaseWriteOutcome>>>,
         StoreResult<Vec<LeaseWriteOutcome>>,
@@ -154,6 +163,7 @@ impl Answer {
             Answer::Apply(reply, result) => drop(reply.send(settle(result, failure))),
             Answer::PutTenant(reply, result) => drop(reply.send(settle(result, failure))),
             Answer::DeleteTenant(reply, result) => drop(reply.send(settle(result, failure))),
+            Answer::PutTenantPause(reply, result) => drop(reply.send(settle(result, failure))),
             Answer::RecordLeases(reply, result) => drop(reply.send(settle(result, failure))),
             Answer::ChangeLease(reply, result) => drop(reply.send(settle(result, failure))),
             Answer::ChangeLeases(reply, result) => drop(reply.send(settle(result, failure))),
@@ -183,6 +193,8 @@ struct Group {
     events: HashMap<Vec<u8>, Slot>,
     /// `None`: delete.
     tenants: HashMap<TenantName, Option<TenantConfig>>,
+    /// `None`: delete (with the tenant).
+    pauses: HashMap<TenantName, Option<TenantPause>>,
     /// New history entries by key; their keys are unique.
     attempts: Vec<(Vec<u8>, Attempt)>,
     /// Leases as the group sees them, by encoded event key: the state
@@ -321,6 +333,18 @@ impl Writer {
         None
     }
 
+    /// Whether `name` is registered, as the group's writes so far leave it.
+    fn tenant_exists(&self, name: &TenantName, group: &Group) -> StoreResult<bool> {
+        match group.tenants.get(name) {
+            Some(staged) => Ok(staged.is_some()),
+            None => self
+                .ks
+                .tenants
+                .contains_key(name.as_str().as_bytes())
+                .map_err(internal),
+        }
+    }
+
     fn stage(&mut self, job: Job, group: &mut Group) {
         match job {
             Job::Apply { params, reply } => {
@@ -335,18 +359,20 @@ impl Writer {
             }
             Job::DeleteTenant { name, reply } => {
                 group.commands += 1;
-                let existed = match group.tenants.get(&name) {
-                    Some(staged) => Ok(staged.is_some()),
-                    None => self
-                        .ks
-                        .tenants
-                        .contains_key(name.as_str().as_bytes())
-                        .map_err(internal),
-                };
+                let existed = self.tenant_exists(&name, group);
                 if existed.is_ok() {
-                    group.tenants.insert(name, None);
+                    group.tenants.insert(name.clone(), None);
+                    group.pauses.insert(name, None);
                 }
                 group.answers.push(Answer::DeleteTenant(reply, existed));
+            }
+            Job::PutTenantPause { name, pause, reply } => {
+                group.commands += 1;
+                let exists = self.tenant_exists(&name, group);
+                if matches!(exists, Ok(true)) {
+                    group.pauses.insert(name, Some(pause));
+                }
+                group.answers.push(Answer::PutTenantPause(reply, exists));
             }
             Job::RecordLeases { params, reply } => {
                 group.commands += params.grants.len().max(1);
@@ -683,7 +709,7 @@ impl Writer {
         let mut by_status_time: Vec<(Vec<u8>, bool)> = Vec::with_capacity(events.len());
         let mut batch = OwnedWriteBatch::with_capacity(
             ks.db.clone(),
-            events.len() * 3 + group.attempts.len() + group.tenants.len() + 1,
+            events.len() * 3 + group.attempts.len() + group.tenants.len() + group.pauses.len() + 1,
         );
         for (encoded, record) in &events {
             let slot = &group.events[*encoded];
@@ -757,9 +783,18 @@ impl Writer {
         for (name, tenant) in &group.tenants {
             match tenant {
                 Some(tenant) => {
-                    batch.insert(&ks.tenants, name.as_str(), keys::encode_tenant(tenant)?);
+                    batch.insert(&ks.tenants, name.as_str(), keys::encode_tenant_doc(tenant)?);
                 }
                 None => batch.remove(&ks.tenants, name.as_str()),
+            }
+        }
+        for (name, pause) in &group.pauses {
+            match pause {
+                Some(pause) => {
+                    let value = keys::encode_tenant_doc(pause)?;
+                    batch.insert(&ks.tenant_pauses, name.as_str(), value);
+                }
+                None => batch.remove(&ks.tenant_pauses, name.as_str()),
             }
         }
         if batch.is_empty() {

@@ -25,6 +25,21 @@ pub enum TenantsCommand {
     },
     /// Register a tenant with a webhook, or replace its sink.
     Put(PutArgs),
+    /// Pause a tenant's deliveries: its due events stay pending, in
+    /// order, and its workers claim nothing until it is resumed.
+    Pause {
+        /// The tenant
+        tenant: String,
+        /// Why (shown in its view and the audit log)
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume a tenant's deliveries: what the pause held back goes out in
+    /// due order.
+    Resume {
+        /// The tenant
+        tenant: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -65,6 +80,18 @@ pub async fn execute(client: &Client, command: TenantsCommand) -> Result<(), Fai
             let answer = client.put(&path, &json!({ "sink": sink })).await;
             show(client, answer, render_tenant)
         }
+        TenantsCommand::Pause { tenant, reason } => {
+            let path = format!("/v1/tenants/{}/pause", segment("tenant", &tenant)?);
+            let answer = match reason {
+                Some(reason) => client.post_json(&path, &json!({ "reason": reason })).await,
+                None => client.post(&path).await,
+            };
+            show(client, answer, render_tenant)
+        }
+        TenantsCommand::Resume { tenant } => {
+            let path = format!("/v1/tenants/{}/resume", segment("tenant", &tenant)?);
+            show(client, client.post(&path).await, render_tenant)
+        }
     }
 }
 
@@ -92,10 +119,21 @@ fn target(sink: &Value) -> String {
 }
 
 fn render_list(answer: &Value) -> String {
-    let header = ["NAME", "SINK", "TARGET"];
+    let header = ["NAME", "SINK", "TARGET", "PAUSED"];
     render_items(answer, "tenants", "no tenants", &header, |tenant| {
         let sink = tenant.get("sink").unwrap_or(&Value::Null);
-        vec![text(tenant, "name"), text(sink, "type"), target(sink)]
+        let paused = tenant
+            .get("pause")
+            .and_then(|pause| pause.get("paused"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        let paused = if paused { "yes" } else { "no" };
+        vec![
+            text(tenant, "name"),
+            text(sink, "type"),
+            target(sink),
+            paused.to_string(),
+        ]
     })
 }
 
@@ -112,6 +150,14 @@ fn render_tenant(tenant: &Value) -> String {
     }
     if sink.get("timeout_ms").is_some_and(|t| !t.is_null()) {
         fields.add("timeout_ms", text(sink, "timeout_ms"));
+    }
+    if let Some(pause) = tenant.get("pause").filter(|p| p.is_object()) {
+        let paused = pause.get("paused").and_then(Value::as_bool) == Some(true);
+        let state = if paused { "paused" } else { "resumed" };
+        fields.add(state, format!("since {}", text(pause, "since")));
+        if paused && pause.get("reason").is_some_and(Value::is_string) {
+            fields.add("reason", text(pause, "reason"));
+        }
     }
     // Only in the answer that created the tenant: shown once, like the API.
     if tenant.get("signing_secret").is_some_and(Value::is_string) {

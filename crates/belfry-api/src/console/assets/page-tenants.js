@@ -1,8 +1,9 @@
-// Tenants: every tenant the key sees (all for admins), with its sink and
-// links to its events, schedules and dead letters.
+// Tenants: every tenant the key sees (all for admins), with its sink, its
+// pause (and Pause / Resume for writers), and links to its events,
+// schedules and dead letters.
 
-import { api } from './api.js';
-import { h, hashLink, pageHead, panel, table } from './dom.js';
+import { api, tenantPath } from './api.js';
+import { busy, button, h, hashLink, instant, pageHead, panel, table } from './dom.js';
 
 /** Where a tenant's events go, in one line (write-only parts are masked by the API). */
 function target(sink) {
@@ -14,26 +15,50 @@ function target(sink) {
   }
 }
 
+function paused(tenant) {
+  return Boolean(tenant.pause && tenant.pause.paused);
+}
+
+/** Pause or Resume, whichever applies; `after` runs once it took effect. */
+function pauseResume(ctx, tenant, after) {
+  if (!ctx.canWrite) return null;
+  const action = paused(tenant) ? 'resume' : 'pause';
+  const element = button(paused(tenant) ? 'Resume' : 'Pause', () => busy(element,
+    () => api(tenantPath(tenant.name, `/${action}`), { method: 'POST' }), after),
+  { kind: paused(tenant) ? 'primary' : undefined, write: true });
+  return element;
+}
+
 export default {
   name: 'tenants',
   title: 'Tenants',
   async render(container, ctx) {
-    const { tenants } = await api('/v1/tenants');
-    const columns = [
-      { label: 'Tenant', cell: (t) => h('a', { href: hashLink('events', [], { tenant: t.name }) }, t.name) },
-      { label: 'Channel', cell: (t) => t.sink.type },
-      { label: 'Delivers to', cell: (t) => h('span', { class: 'mono' }, target(t.sink)) },
-      {
-        label: '',
-        cell: (t) => h('span', { class: 'actions' },
-          h('a', { href: hashLink('events', [], { tenant: t.name }) }, 'Events'),
-          h('a', { href: hashLink('schedules', [], { tenant: t.name }) }, 'Schedules'),
-          h('a', { href: hashLink('dead', [], { tenant: t.name }) }, 'Dead letters')),
-      },
-    ];
-    container.append(
-      pageHead('Tenants', ctx.isAdmin ? `${tenants.length} registered` : 'Your key\'s tenant'),
-      panel(null, table(columns, tenants, { empty: 'No tenant is registered.' })),
-    );
+    const draw = async () => {
+      const { tenants } = await api('/v1/tenants');
+      const columns = [
+        { label: 'Tenant', cell: (t) => h('a', { href: hashLink('events', [], { tenant: t.name }) }, t.name) },
+        { label: 'Channel', cell: (t) => t.sink.type },
+        { label: 'Delivers to', cell: (t) => h('span', { class: 'mono' }, target(t.sink)) },
+        {
+          label: 'Deliveries',
+          cell: (t) => (paused(t)
+            ? h('span', { title: t.pause.reason || '' }, 'paused since ', instant(t.pause.since))
+            : h('span', { class: 'muted' }, 'running')),
+        },
+        {
+          label: '',
+          cell: (t) => h('span', { class: 'actions' },
+            pauseResume(ctx, t, draw),
+            h('a', { href: hashLink('events', [], { tenant: t.name }) }, 'Events'),
+            h('a', { href: hashLink('schedules', [], { tenant: t.name }) }, 'Schedules'),
+            h('a', { href: hashLink('dead', [], { tenant: t.name }) }, 'Dead letters')),
+        },
+      ];
+      container.replaceChildren(
+        pageHead('Tenants', ctx.isAdmin ? `${tenants.length} registered` : 'Your key\'s tenant'),
+        panel(null, table(columns, tenants, { empty: 'No tenant is registered.' })),
+      );
+    };
+    await draw();
   },
 };
