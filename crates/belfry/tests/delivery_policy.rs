@@ -253,7 +253,7 @@ async fn retry_after_in_seconds_or_as_a_date_sets_the_next_attempt() {
 }
 
 #[tokio::test]
-async fn a_410_gone_ends_the_event() {
+async fn a_410_gone_ends_the_event_and_pauses_the_tenant() {
     let dir = tempfile::tempdir().unwrap();
     let receiver = Receiver::start().await;
     receiver.set_default_status(410);
@@ -270,5 +270,17 @@ async fn a_410_gone_ends_the_event() {
     assert_eq!(event["attempts"], 1, "{event}");
     assert_eq!(event["last_error"], "HTTP 410 Gone", "{event}");
     assert_eq!(attempts_of(&receiver, "orphan").len(), 1);
+    // The pause is stored right after the failure is recorded.
+    let started = Instant::now();
+    let view = loop {
+        let (status, view) = get_json(&node.url("/v1/tenants/acme")).await;
+        assert_eq!(status, 200, "{view}");
+        if view["pause"]["paused"] == true {
+            break view;
+        }
+        assert!(started.elapsed() < DEADLINE, "the tenant was not paused: {view}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(view["pause"]["reason"], "the receiver answered 410 Gone", "{view}");
     node.terminate().await;
 }
