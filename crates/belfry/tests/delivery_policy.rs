@@ -278,9 +278,15 @@ async fn a_410_gone_ends_the_event_and_pauses_the_tenant() {
         if view["pause"]["paused"] == true {
             break view;
         }
-        assert!(started.elapsed() < DEADLINE, "the tenant was not paused: {view}");
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the tenant was not paused: {view}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(view["pause"]["reason"], "the receiver answered 410 Gone", "{view}");
+    assert_eq!(
+        view["pause"]["reason"], "the receiver answered 410 Gone",
+        "{view}"
+    );
     node.terminate().await;
 }
