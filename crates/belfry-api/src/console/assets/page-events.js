@@ -9,7 +9,7 @@ import {
 
 export const PAGE_SIZE = 50;
 
-export const STATUSES = ['scheduled', 'retrying', 'delivered', 'failed', 'missed', 'cancelled'];
+export const STATUSES = ['scheduled', 'retrying', 'delivered', 'failed', 'missed', 'cancelled', 'expired'];
 
 /** `POST …/events/{id}/redrive`: a failed or missed event, sent again now. */
 export function redrive(tenant, id) {
