@@ -116,7 +116,7 @@ async fn schedule(h: &Harness, key: Option<&str>, tenant: &str, n: usize, delive
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_failed_events_are_redriven_in_bulk_and_delivered() {
     let receiver = Receiver::start().await;
-    receiver.set_default_status(410);
+    receiver.set_default_status(422);
     let h = Harness::start().await;
     let (key_id, writer) = key(&h, Some("acme"), Role::Write).await;
     let writer = Some(writer.as_str());
@@ -237,7 +237,7 @@ async fn a_thousand_failed_events_are_redriven_in_bulk_and_delivered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_failed_events_are_deleted_in_bulk() {
     let receiver = Receiver::start().await;
-    receiver.set_default_status(410);
+    receiver.set_default_status(422);
     let h = Harness::start().await;
     let (_, writer) = key(&h, Some("acme"), Role::Write).await;
     let (_, reader) = key(&h, Some("acme"), Role::Read).await;

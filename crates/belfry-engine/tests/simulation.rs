@@ -1580,6 +1580,21 @@ impl Sim {
 
     /// Waits until nothing is outstanding or in flight and nothing is due
     /// (liveness), checking memory meanwhile.
+    /// A receiver's `410 Gone` pauses its tenant; the operator resumes it
+    /// here, so what the pause held goes out (a failed resume, under store
+    /// faults, is tried again at the next look).
+    async fn resume_paused(&mut self) {
+        for tenant in self.tenants.clone() {
+            if matches!(self.handle().tenants().is_paused(&tenant).await, Ok(true)) {
+                let resumed = self.handle().tenants().resume(&tenant).await;
+                self.note(format!(
+                    "  {tenant} was paused (410 Gone): resumed ({:?})",
+                    resumed.is_ok()
+                ));
+            }
+        }
+    }
+
     async fn settle(&mut self, why: &str) -> Check {
         self.stats.settles += 1;
         let deadline = Instant::now() + SETTLE_DEADLINE;
@@ -1590,6 +1605,7 @@ impl Sim {
         let mut nudged = false;
         loop {
             self.check_memory()?;
+            self.resume_paused().await;
             let (outstanding, in_flight) = (
                 self.handle().partitions().outstanding(),
                 self.handle().in_flight(),
