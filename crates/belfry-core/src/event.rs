@@ -128,16 +128,23 @@ pub struct AttemptReport {
     pub steer: Option<Steer>,
 }
 
+/// How much later than `started_at + duration_ms` an answer may have come
+/// (both are cut to the millisecond).
+const ANSWER_TRUNCATION_MS: u64 = 2;
+
 impl AttemptReport {
     /// What the receiver asked for the next attempt, as a delay from
     /// `now`: its `Retry-After` counts from when it answered (the end of
     /// the attempt), so the time taken to record the attempt is not added.
+    /// `started_at` and `duration_ms` are each cut to the millisecond, so
+    /// the answer came up to 2 ms after their sum: counting from 2 ms later
+    /// keeps the next attempt from coming sooner than asked.
     pub fn asked(&self, now: Timestamp) -> Asked {
         match self.steer {
             Some(Steer::RetryAfter(retry_after)) => {
-                let answered_at = self
-                    .started_at
-                    .plus(std::time::Duration::from_millis(self.duration_ms));
+                let answered_at = self.started_at.plus(std::time::Duration::from_millis(
+                    self.duration_ms.saturating_add(ANSWER_TRUNCATION_MS),
+                ));
                 let next = answered_at.plus(retry_after.delay_from(answered_at));
                 Asked::Receiver(now.until(next))
             }
@@ -851,10 +858,11 @@ mod tests {
             },
             tenant: DeliveryDefaults::default(),
         };
-        // Answered at 1 040 with `Retry-After: 2`, recorded at 1 050.
+        // Answered at 1 040 (to the millisecond, so up to 1 042) with
+        // `Retry-After: 2`, recorded at 1 050.
         let seconds = steered(Steer::RetryAfter(RetryAfter::Seconds(2)));
         let next = apply(Some(&rec), seconds, 1_050).next.unwrap();
-        assert_eq!(next.next_fire_at, Some(ts(3_040)));
+        assert_eq!(next.next_fire_at, Some(ts(3_042)));
         // An HTTP date 7 s after the answer.
         let date = steered(Steer::RetryAfter(RetryAfter::At(ts(8_040))));
         let next = apply(Some(&rec), date, 1_050).next.unwrap();
