@@ -804,11 +804,14 @@ async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
         .put(
             path,
             &json!({ "expression": "@every 1s", "type": "every", "payload": "tock",
-                     "queue": "ticks", "max_attempts": 4 }),
+                     "queue": "ticks", "max_attempts": 4, "max_age_ms": 600000,
+                     "attempt_timeout_ms": 5000 }),
         )
         .await;
     assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
     assert_eq!(created.body["queue"], "ticks", "{created:?}");
+    assert_eq!(created.body["max_age_ms"], 600000, "{created:?}");
+    assert_eq!(created.body["attempt_timeout_ms"], 5000, "{created:?}");
     let bad = h
         .put(
             "/v1/tenants/jobs/schedules/bad",
@@ -825,6 +828,9 @@ async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
         assert_eq!(lease["attempt"], 1);
         assert_eq!(lease["queue"], "ticks", "the schedule's queue");
         assert_eq!(lease["max_attempts"], 4, "the schedule's cap");
+        let event = h.get(&format!("/v1/tenants/jobs/events/{id}")).await;
+        assert_eq!(event.body["max_age_ms"], 600000, "the schedule's: {event:?}");
+        assert_eq!(event.body["attempt_timeout_ms"], 5000, "{event:?}");
         assert!(now() >= instant(&lease["due_at"]), "never early");
         let done = lease_call(&h, &lease, "complete", json!({})).await;
         assert_eq!(done.status, StatusCode::OK, "{done:?}");

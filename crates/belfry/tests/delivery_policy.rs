@@ -290,3 +290,34 @@ async fn a_410_gone_ends_the_event_and_pauses_the_tenant() {
     );
     node.terminate().await;
 }
+
+#[tokio::test]
+async fn a_pull_event_whose_expiry_passes_unclaimed_ends_expired_and_is_never_granted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = start_node(dir.path()).await;
+    register(&node, "workers", json!({ "type": "pull" })).await;
+    let expiry = now_ms() + 800;
+    schedule(
+        &node,
+        "workers",
+        "lapsing",
+        json!({ "expire_at": rfc3339(expiry) }),
+    )
+    .await;
+    // Nobody claims: it waits in the ready queue until its expiry.
+    let event = finished(&node, "workers", "lapsing").await;
+    assert_eq!(event["status"], "expired", "{event}");
+    assert_eq!(event["attempts"], 0, "{event}");
+    let finished_at = belfry_core::Timestamp::parse_rfc3339(event["finished_at"].as_str().unwrap())
+        .unwrap()
+        .as_millis();
+    assert!(finished_at >= expiry, "ended before its expiry: {event}");
+    let (status, answer) = belfry_testkit::post_json(
+        &node.url("/v1/tenants/workers/leases"),
+        &json!({ "worker_id": "w1", "max_events": 10, "lease_ms": 30000, "wait_ms": 0 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["leases"], json!([]), "never granted: {answer}");
+    node.terminate().await;
+}

@@ -459,3 +459,125 @@ async fn a_fenced_mode_tenant_commits_every_event_for_read_committed_consumers()
         assert_eq!(record.headers["x-belfry-attempt"], "1", "{record:?}");
     }
 }
+
+/// Waits until event `id` of `tenant` is finished; answers its view and
+/// its attempt history.
+async fn finished_with_history(node: &BelfryProcess, tenant: &str, id: &str) -> (Value, Value) {
+    let path = node.url(&format!("/v1/tenants/{tenant}/events/{id}"));
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (_, event) = get_json(&path).await;
+        if event["finished_at"].is_string() {
+            let (_, history) = get_json(&format!("{path}/attempts")).await;
+            return (event, history);
+        }
+        if tokio::time::Instant::now() > deadline {
+            node.print_logs();
+            panic!("{tenant}/{id} not finished: {event}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A Kafka tenant's delivery policy against a broker that is down: an
+/// event's own attempt cap, back-off and attempt timeout, and the tenant's
+/// defaults for an event without its own, each ending `failed` after
+/// exactly its attempts, the back-off apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_tenants_policy_caps_and_spaces_its_attempts() {
+    let topic = format!("policy-{}", std::process::id());
+    let broker = KafkaBroker::start_with(1, &[(&topic, 1)]);
+    if !broker.supports_faults() {
+        eprintln!("SKIPPED: the broker outage needs the mock broker (fault injection)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), &[]).await;
+    let backoff = json!({ "initial_delay_ms": 100, "multiplier": 1.0, "max_delay_ms": 100 });
+    let sink = |delivery: Value| {
+        let mut sink = json!({ "type": "kafka", "topic": topic, "props": {
+            "bootstrap.servers": broker.bootstrap_servers(),
+            // An attempt without its own timeout gives up on the broker after 1 s.
+            "message.timeout.ms": "1000",
+        } });
+        if let (Some(sink), Some(delivery)) = (sink.as_object_mut(), delivery.as_object()) {
+            sink.extend(delivery.clone());
+        }
+        sink
+    };
+    for (tenant, delivery) in [
+        ("own", json!({})),
+        ("defaults", json!({ "max_attempts": 2, "backoff": backoff })),
+    ] {
+        let (code, body) = put_json(
+            &node.url(&format!("/v1/tenants/{tenant}")),
+            &json!({ "sink": sink(delivery) }),
+        )
+        .await;
+        assert_eq!(code, 201, "{body}");
+    }
+    // One delivery first, so the producer is connected when the broker
+    // goes away (both tenants share it: same servers and settings).
+    let warm_up = node.url("/v1/tenants/own/events/warm-up");
+    let (code, body) = put_json(&warm_up, &json!({ "deliver_at": rfc3339(now_ms()) })).await;
+    assert_eq!(code, 201, "{body}");
+    let (event, _) = finished_with_history(&node, "own", "warm-up").await;
+    assert_eq!(event["status"], "delivered", "{event}");
+
+    broker.broker_down(1).unwrap();
+    let due = rfc3339(now_ms() + 300);
+    let events = [
+        (
+            "own",
+            "capped",
+            json!({ "deliver_at": due, "max_attempts": 2, "backoff": backoff,
+                    "attempt_timeout_ms": 300 }),
+        ),
+        ("defaults", "plain", json!({ "deliver_at": due })),
+    ];
+    for (tenant, id, body) in &events {
+        let (code, answer) = put_json(
+            &node.url(&format!("/v1/tenants/{tenant}/events/{id}")),
+            body,
+        )
+        .await;
+        assert_eq!(code, 201, "{answer}");
+    }
+    for (tenant, id, _) in &events {
+        let (event, history) = finished_with_history(&node, tenant, id).await;
+        assert_eq!(event["status"], "failed", "{event}");
+        assert_eq!(event["attempts"], 2, "{event}");
+        let attempts = history["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 2, "exactly two attempts of {id}: {history}");
+        let started = |a: &Value| {
+            Timestamp::parse_rfc3339(a["started_at"].as_str().unwrap())
+                .unwrap()
+                .as_millis()
+        };
+        let first_end = started(&attempts[0]) + attempts[0]["duration_ms"].as_i64().unwrap();
+        let apart = started(&attempts[1]) - first_end;
+        // The back-off counts from when the first attempt was recorded,
+        // a little after it ended; both instants are cut to the ms.
+        assert!(
+            (99..=100 + 250).contains(&apart),
+            "{id}: the second attempt started {apart} ms after the first ended: {history}"
+        );
+        for attempt in attempts {
+            assert_eq!(attempt["outcome"], "retry", "{history}");
+        }
+        if *id == "capped" {
+            // Its own 300 ms attempt timeout, not the producer's 1 s.
+            for attempt in attempts {
+                let took = attempt["duration_ms"].as_i64().unwrap();
+                assert!((300..1000).contains(&took), "{history}");
+                assert!(
+                    attempt["error"]
+                        .as_str()
+                        .unwrap()
+                        .contains("within the attempt timeout (300 ms)"),
+                    "{history}"
+                );
+            }
+        }
+    }
+}

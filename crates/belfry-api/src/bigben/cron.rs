@@ -180,7 +180,7 @@ pub(crate) async fn create(
                 Duration::from_millis(ms.get())
             }),
         // BigBen's cron requests have no such fields.
-        pull: Default::default(),
+        settings: Default::default(),
     }
     .into_schedule(id)?;
     schedule

@@ -113,11 +113,20 @@ pub(crate) struct PutSchedule {
     /// Pull tenants: the queue of its occurrences (default `default`).
     #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
     queue: Option<String>,
-    /// Pull tenants: its occurrences' attempt cap (else the tenant's).
+    /// Its occurrences' attempt cap (else the tenant's, else the node's).
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     max_attempts: Option<Whole<u32>>,
-    /// Pull tenants: its occurrences' back-off (else the node's).
+    /// Its occurrences' back-off (else the tenant's, else the node's).
     backoff: Option<BackoffBody>,
+    /// How long one attempt of an occurrence may take, in ms (else its
+    /// HTTP tenant's `timeout_ms`, else the node's; within the node's cap).
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 3600000)]
+    attempt_timeout_ms: Option<Whole<u64>>,
+    /// No attempt of an occurrence starts this long or longer after the
+    /// occurrence's instant (else its tenant's `max_age_ms`): the
+    /// occurrence ends `expired`.
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 31622400000_u64)]
+    max_age_ms: Option<Whole<u64>>,
 }
 
 /// Everything a schedule definition is built from, whichever API it came
@@ -133,8 +142,8 @@ pub(crate) struct Definition {
     pub max_occurrences: Option<u64>,
     pub misfire: MisfirePolicy,
     pub catch_up_window: Duration,
-    /// For its occurrences (pull tenants).
-    pub pull: EventSettings,
+    /// Its occurrences' delivery settings (and a pull tenant's queue).
+    pub settings: EventSettings,
 }
 
 impl Definition {
@@ -172,7 +181,7 @@ impl Definition {
             created_at: zero,
             updated_at: zero,
             progress: Progress::starting_after(zero),
-            settings: self.pull,
+            settings: self.settings,
         })
     }
 }
@@ -267,6 +276,12 @@ pub(crate) struct ScheduleView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<BackoffBody>, nullable = false)]
     pub backoff: Option<belfry_core::Backoff>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub attempt_timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub max_age_ms: Option<u64>,
     /// Occurrences handled so far (created or recorded as missed).
     pub occurrences: u64,
     pub last_occurrence: Option<String>,
@@ -318,6 +333,8 @@ impl From<&ScheduleState> for ScheduleView {
                 .map(|q| q.as_str().to_string()),
             max_attempts: schedule.settings.max_attempts,
             backoff: schedule.settings.backoff,
+            attempt_timeout_ms: schedule.settings.attempt_timeout_ms,
+            max_age_ms: schedule.settings.max_age_ms,
             occurrences: schedule.progress.occurrences,
             last_occurrence: schedule.progress.last_occurrence.map(Timestamp::to_rfc3339),
             missed: schedule.progress.missed.into(),
@@ -368,11 +385,13 @@ pub(crate) async fn put(
             .map_or(DEFAULT_CATCH_UP_WINDOW, |ms| {
                 Duration::from_millis(ms.get())
             }),
-        pull: SettingsFields {
+        settings: SettingsFields {
             queue: body.queue,
             max_attempts: body.max_attempts.map(Whole::get),
             backoff: body.backoff,
-            ..SettingsFields::default()
+            attempt_timeout_ms: body.attempt_timeout_ms.map(Whole::get),
+            max_age_ms: body.max_age_ms.map(Whole::get),
+            expire_at: None,
         }
         .settings()?,
     }

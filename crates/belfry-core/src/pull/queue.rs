@@ -384,6 +384,9 @@ pub struct PullStats {
     pub duplicates: u64,
     /// Entries handed over before their instant.
     pub early: u64,
+    /// Ready entries whose expiry passed before a claim took them (handed
+    /// back to their partitions to end `expired`).
+    pub lapsed: u64,
     /// Claims answered empty after their wait.
     pub timed_out: u64,
     /// Writes the store could not make.
@@ -510,6 +513,9 @@ pub struct PullQueue {
     /// Active leases' expiries, cancelled leases' ends, and retries of
     /// expiries that could not be recorded.
     timers: BTreeSet<(Timestamp, LeaseId)>,
+    /// The expiries of ready entries that have one: one that passes while
+    /// the entry still waits for a claim hands it back to be ended.
+    lapses: BTreeSet<(Timestamp, EventKey, EventVersion)>,
     lease_ops: HashMap<OpId, LeaseId>,
     /// Parked claims by arrival.
     waiters: BTreeMap<u64, Waiter>,
@@ -541,6 +547,7 @@ impl PullQueue {
             leases_by_tenant: HashMap::new(),
             leases: HashMap::new(),
             timers: BTreeSet::new(),
+            lapses: BTreeSet::new(),
             lease_ops: HashMap::new(),
             waiters: BTreeMap::new(),
             waiting: HashMap::new(),
@@ -724,6 +731,7 @@ impl PullQueue {
     pub fn next_wake(&self) -> Option<Timestamp> {
         [
             self.timers.first().map(|(at, _)| *at),
+            self.lapses.first().map(|(at, _, _)| *at),
             self.deadlines.first().map(|(at, _)| *at),
             self.remembered_order
                 .front()
@@ -802,6 +810,21 @@ impl PullQueue {
                 }
             }
         }
+        while let Some((at, _, _)) = self.lapses.first() {
+            if *at > now {
+                break;
+            }
+            let Some((_, key, version)) = self.lapses.pop_first() else {
+                break;
+            };
+            let held_key = (key, version);
+            if let Some(Place::Ready { queue, cursor }) = self.held.get(&held_key).cloned()
+                && let Some(entry) = self.ready.remove(&held_key.0.tenant, &queue, &cursor)
+            {
+                self.held.remove(&held_key);
+                self.lapse(entry, now, out);
+            }
+        }
         while let Some((at, seq)) = self.deadlines.first().copied() {
             if at > now {
                 break;
@@ -861,8 +884,18 @@ impl PullQueue {
             out.push(finish(&entry, Finish::RetryAt(at)));
             return;
         }
+        self.make_ready(held_key, entry);
+    }
+
+    /// `entry` waits for a claim (counted, held, timed by its expiry).
+    fn make_ready(&mut self, held_key: (EventKey, EventVersion), entry: ReadyEntry) {
+        let tenant = &entry.entry.key.tenant;
         *self.pending_by_tenant.entry(tenant.clone()).or_default() += 1;
         self.dirty.insert(tenant.clone());
+        if let Some(at) = entry.policy.expires_at {
+            self.lapses
+                .insert((at, held_key.0.clone(), held_key.1.clone()));
+        }
         self.held.insert(
             held_key,
             Place::Ready {
@@ -1004,6 +1037,62 @@ impl PullQueue {
         }
     }
 
+    /// Up to `want` of `tenant`'s ready entries for one claim. An entry
+    /// whose expiry passed while it waited is not granted: it goes back
+    /// to its partition core due now, whose delivery path ends it
+    /// `expired` (no worker ever gets it late).
+    fn take_unexpired(
+        &mut self,
+        tenant: &TenantName,
+        want: usize,
+        only: Option<&BTreeSet<QueueName>>,
+        max_bytes: usize,
+        now: Timestamp,
+        out: &mut Vec<Action>,
+    ) -> Vec<ReadyEntry> {
+        loop {
+            let (live, lapsed): (Vec<_>, Vec<_>) = self
+                .ready
+                .take(tenant, want, only, max_bytes)
+                .into_iter()
+                .partition(|entry| !entry.policy.expired(now));
+            for entry in lapsed {
+                self.held
+                    .remove(&(entry.entry.key.clone(), entry.record.version.clone()));
+                self.forget_lapse(&entry);
+                self.lapse(entry, now, out);
+            }
+            for entry in &live {
+                self.forget_lapse(entry);
+            }
+            if !live.is_empty() || !self.ready.has_for(tenant, only) {
+                return live;
+            }
+        }
+    }
+
+    /// A ready entry (taken out of `ready` and `held`) whose expiry
+    /// passed: back to its partition core, due now; the delivery path
+    /// there ends it `expired`.
+    fn lapse(&mut self, entry: ReadyEntry, now: Timestamp, out: &mut Vec<Action>) {
+        self.stats.lapsed += 1;
+        self.unpend(&entry.entry.key.tenant);
+        out.push(Action::Finish {
+            partition: entry.partition,
+            epoch: entry.epoch,
+            entry: entry.entry,
+            finish: Finish::RetryAt(now),
+        });
+    }
+
+    /// The entry left `ready`: its expiry needs no timer any more.
+    fn forget_lapse(&mut self, entry: &ReadyEntry) {
+        if let Some(at) = entry.policy.expires_at {
+            self.lapses
+                .remove(&(at, entry.entry.key.clone(), entry.record.version.clone()));
+        }
+    }
+
     /// Serves `tenant`'s waiting claims oldest first; a claim that names
     /// queues with nothing ready is passed over (it keeps its place).
     fn serve_tenant(&mut self, tenant: &TenantName, now: Timestamp, out: &mut Vec<Action>) {
@@ -1043,7 +1132,11 @@ impl PullQueue {
             let want = (waiter.request.max_events.max(1) as usize).min(room);
             let deadline = waiter.deadline;
             let max_bytes = waiter.request.max_bytes;
-            let entries = self.ready.take(tenant, want, only, max_bytes);
+            let only = only.cloned();
+            let entries = self.take_unexpired(tenant, want, only.as_ref(), max_bytes, now, out);
+            if entries.is_empty() {
+                continue;
+            }
             self.next_op += 1;
             let op = OpId(self.next_op);
             let mut items = Vec::with_capacity(entries.len());
@@ -1176,16 +1269,7 @@ impl PullQueue {
                     // Nothing was recorded: ready again, at its place.
                     unavailable = true;
                     self.stats.store_failures += 1;
-                    *self.pending_by_tenant.entry(tenant.clone()).or_default() += 1;
-                    self.held.insert(
-                        held_key,
-                        Place::Ready {
-                            queue: entry.queue.clone(),
-                            cursor: entry.entry.clone(),
-                        },
-                    );
-                    self.dirty.insert(tenant);
-                    self.ready.insert(entry);
+                    self.make_ready(held_key, entry);
                 }
                 (_, result) => {
                     // Lost or cancelled in the store, or ended meanwhile:
@@ -1686,6 +1770,7 @@ impl PullQueue {
             Place::Ready { queue, cursor } => {
                 self.held.remove(&held_key);
                 if let Some(entry) = self.ready.remove(&held_key.0.tenant, &queue, &cursor) {
+                    self.forget_lapse(&entry);
                     self.stats.cancelled += 1;
                     self.unpend(&held_key.0.tenant);
                     out.push(Action::Finish {
@@ -1725,6 +1810,7 @@ impl PullQueue {
 
     fn partition_lost(&mut self, partition: PartitionId, out: &mut Vec<Action>) {
         for entry in self.ready.remove_partition(partition) {
+            self.forget_lapse(&entry);
             self.unpend(&entry.entry.key.tenant);
             self.held
                 .remove(&(entry.entry.key.clone(), entry.record.version.clone()));

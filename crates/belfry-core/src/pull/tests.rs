@@ -1511,3 +1511,84 @@ fn leases_given_back_are_released_at_their_expiry_without_an_attempt() {
     )));
     assert!(h.queue.give_back(PartitionId(1), ts(3_000)).is_empty());
 }
+
+#[test]
+fn an_entry_whose_expiry_passed_while_ready_goes_back_to_be_ended_not_granted() {
+    let mut h = Harness::new();
+    let mut lapsing = ready("t", "lapsing", SECOND);
+    lapsing.policy.expires_at = Some(ts(3 * SECOND));
+    let mut fresh = ready("t", "fresh", SECOND);
+    fresh.policy.expires_at = Some(ts(10 * SECOND));
+    h.at(2 * SECOND).offer(vec![lapsing, fresh]);
+
+    h.at(3 * SECOND);
+    let (call, actions) = h.claim("t", 10, 30_000, 0);
+    assert_eq!(
+        finishes(&actions),
+        vec![("lapsing".to_string(), Finish::RetryAt(ts(3 * SECOND)))],
+        "handed back to its partition, due now, whose delivery path expires it"
+    );
+    let done = h.persist(&actions, PersistResult::Done);
+    match reply_to(call, &[actions, done].concat()) {
+        Reply::Leases(leases) => assert_eq!(ids(&leases), vec!["fresh"]),
+        other => panic!("expected a lease, got {other:?}"),
+    }
+    assert_eq!(h.queue.stats().lapsed, 1);
+    assert_eq!(
+        h.queue.pending_of(&tenant("t")),
+        0,
+        "neither waits any more"
+    );
+}
+
+#[test]
+fn a_claim_finding_only_lapsed_entries_answers_empty() {
+    let mut h = Harness::new();
+    let mut lapsing = ready("t", "lapsing", SECOND);
+    lapsing.policy.expires_at = Some(ts(2 * SECOND));
+    h.at(SECOND).offer(vec![lapsing]);
+    h.at(2 * SECOND);
+    let (call, actions) = h.claim("t", 10, 30_000, 0);
+    assert_eq!(finishes(&actions).len(), 1, "{actions:#?}");
+    assert_eq!(reply_to(call, &actions), Reply::Leases(Vec::new()));
+    assert_eq!(h.queue.pending_of(&tenant("t")), 0);
+}
+
+#[test]
+fn an_unclaimed_entry_goes_back_at_its_expiry_without_a_claim() {
+    let mut h = Harness::new();
+    let mut lapsing = ready("t", "lapsing", SECOND);
+    lapsing.policy.expires_at = Some(ts(3 * SECOND));
+    h.at(SECOND)
+        .offer(vec![lapsing, ready("t", "lasting", SECOND)]);
+    assert_eq!(
+        h.queue.next_wake(),
+        Some(ts(3 * SECOND)),
+        "woken at its expiry"
+    );
+    assert!(finishes(&h.at(3 * SECOND - 1).handle(Input::Tick)).is_empty());
+    let actions = h.at(3 * SECOND).handle(Input::Tick);
+    assert_eq!(
+        finishes(&actions),
+        vec![("lapsing".to_string(), Finish::RetryAt(ts(3 * SECOND)))]
+    );
+    assert_eq!(h.queue.next_wake(), None, "no timer left behind");
+    assert_eq!(ids(&h.grant("t", 10, 30_000)), vec!["lasting"]);
+}
+
+#[test]
+fn a_granted_or_cancelled_entry_leaves_no_expiry_timer() {
+    let mut h = Harness::new();
+    let mut granted = ready("t", "granted", SECOND);
+    granted.policy.expires_at = Some(ts(50 * SECOND));
+    let mut cancelled = ready("t", "cancelled", 2 * SECOND);
+    cancelled.policy.expires_at = Some(ts(60 * SECOND));
+    h.at(2 * SECOND).offer(vec![granted, cancelled]);
+    assert_eq!(ids(&h.grant("t", 1, 30_000)), vec!["granted"]);
+    h.handle(Input::VersionEnded {
+        key: key("t", "cancelled"),
+        version: EventVersion::from_string("v-cancelled".to_string()),
+    });
+    // Only the granted lease's own expiry is left.
+    assert_eq!(h.queue.next_wake(), Some(ts(32 * SECOND)));
+}

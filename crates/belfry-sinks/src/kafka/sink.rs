@@ -33,6 +33,54 @@ use crate::{Delivery, DeliveryResult, Sink};
 /// record by then; this only guards against it never answering).
 const ANSWER_GRACE: Duration = Duration::from_secs(5);
 
+/// How long one idempotent-mode attempt waits for the broker's
+/// acknowledgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// The producer's `message.timeout.ms`: librdkafka answers by then
+    /// (plus [`ANSWER_GRACE`]).
+    Producer(Duration),
+    /// The event's shorter `attempt_timeout_ms`. The attempt is a retry
+    /// once it passes, but librdkafka keeps the record queued until its
+    /// own timeout, so it may still land: a duplicate with the same
+    /// version and attempt headers, as at-least-once allows.
+    Event(Duration),
+}
+
+impl Wait {
+    fn for_event(attempt_timeout_ms: Option<u64>, producer: Duration) -> Wait {
+        match attempt_timeout_ms.map(Duration::from_millis) {
+            Some(limit) if limit < producer => Wait::Event(limit),
+            _ => Wait::Producer(producer),
+        }
+    }
+
+    /// The timeout itself, without the grace.
+    fn own(self) -> Duration {
+        match self {
+            Wait::Producer(timeout) | Wait::Event(timeout) => timeout,
+        }
+    }
+
+    fn limit(self) -> Duration {
+        match self {
+            Wait::Producer(timeout) => timeout + ANSWER_GRACE,
+            Wait::Event(limit) => limit,
+        }
+    }
+
+    /// The attempt's error when no answer came within [`Wait::limit`].
+    fn unanswered(self) -> String {
+        match self {
+            Wait::Producer(_) => format!("kafka: no answer within {} ms", self.limit().as_millis()),
+            Wait::Event(limit) => format!(
+                "kafka: not acknowledged within the attempt timeout ({} ms)",
+                limit.as_millis()
+            ),
+        }
+    }
+}
+
 /// The longest the advertised brokers' check waits for the cluster's
 /// metadata.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
@@ -301,10 +349,12 @@ impl Sink for KafkaSink {
             Ok(producer) => producer,
             Err(result) => return result,
         };
+        // An event's shorter attempt timeout bounds the whole attempt.
+        let wait = Wait::for_event(delivery.event.settings.attempt_timeout_ms, route.timeout);
         match producer
             .check_brokers(
                 &target.topic,
-                METADATA_TIMEOUT.min(route.timeout),
+                METADATA_TIMEOUT.min(wait.own()),
                 &self.egress,
             )
             .await
@@ -380,7 +430,7 @@ impl Sink for KafkaSink {
                 .send_in_transaction(&producer, record, route.timeout)
                 .await;
         }
-        self.send(&producer, record, route.timeout).await
+        self.send(&producer, record, wait).await
     }
 }
 
@@ -390,13 +440,13 @@ impl KafkaSink {
         &self,
         producer: &Arc<Producer>,
         record: FutureRecord<'_, str, [u8]>,
-        timeout: Duration,
+        wait: Wait,
     ) -> DeliveryResult {
         let answer = match producer.inner.send_result(record) {
             Ok(answer) => answer,
             Err((error, _)) => return self.failed(producer, &error),
         };
-        match tokio::time::timeout(timeout + ANSWER_GRACE, answer).await {
+        match tokio::time::timeout(wait.limit(), answer).await {
             Ok(Ok(Ok(_acknowledged))) => DeliveryResult::delivered(None),
             Ok(Ok(Err((error, _)))) => self.failed(producer, &error),
             Ok(Err(_canceled)) => DeliveryResult::failed(
@@ -404,14 +454,7 @@ impl KafkaSink {
                 None,
                 "kafka: the producer closed before the broker answered",
             ),
-            Err(_) => DeliveryResult::failed(
-                Verdict::Retry,
-                None,
-                format!(
-                    "kafka: no answer within {} ms",
-                    (timeout + ANSWER_GRACE).as_millis()
-                ),
-            ),
+            Err(_) => DeliveryResult::failed(Verdict::Retry, None, wait.unanswered()),
         }
     }
 
@@ -437,7 +480,7 @@ impl KafkaSink {
         if let Err(error) = blocking(producer, |p| p.begin_transaction()).await {
             return self.failed(producer, &error);
         }
-        let sent = self.send(producer, record, timeout).await;
+        let sent = self.send(producer, record, Wait::Producer(timeout)).await;
         if sent.verdict != Verdict::Delivered {
             self.abort(producer, timeout).await;
             return sent;

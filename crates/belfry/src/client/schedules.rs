@@ -75,6 +75,19 @@ pub struct PutArgs {
     /// full_event or payload_only, as for events
     #[arg(long, value_name = "MODE")]
     pub delivery: Option<String>,
+
+    /// Attempts before an occurrence fails (else its tenant's)
+    #[arg(long, value_name = "N")]
+    pub max_attempts: Option<u32>,
+
+    /// How long one attempt may take, in ms (within the node's cap)
+    #[arg(long, value_name = "MS")]
+    pub attempt_timeout_ms: Option<u64>,
+
+    /// No attempt this long (ms) or longer after an occurrence's instant:
+    /// it ends expired (else its tenant's)
+    #[arg(long, value_name = "MS")]
+    pub max_age_ms: Option<u64>,
 }
 
 pub async fn execute(client: &Client, command: SchedulesCommand) -> Result<(), Failure> {
@@ -103,6 +116,16 @@ pub async fn execute(client: &Client, command: SchedulesCommand) -> Result<(), F
             for (field, value) in optional {
                 if let Some(value) = value {
                     body[field] = Value::String(value);
+                }
+            }
+            let numbers = [
+                ("max_attempts", args.max_attempts.map(u64::from)),
+                ("attempt_timeout_ms", args.attempt_timeout_ms),
+                ("max_age_ms", args.max_age_ms),
+            ];
+            for (field, value) in numbers {
+                if let Some(value) = value {
+                    body[field] = Value::from(value);
                 }
             }
             let path = schedule_path(&args.schedule)?;
