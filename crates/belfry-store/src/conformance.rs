@@ -278,6 +278,7 @@ fn http_tenant(name: &str, url: &str) -> TenantConfig {
             delivery: Default::default(),
         }),
         signing: None,
+        notify: None,
     }
 }
 
@@ -485,6 +486,7 @@ where
             processor: "log".into(),
         }),
         signing: None,
+        notify: None,
     };
     store.put_tenant(b.clone()).await.unwrap();
     store.put_tenant(a.clone()).await.unwrap();
@@ -530,6 +532,7 @@ where
         name: tenant("c"),
         sink: SinkConfig::Pull(target),
         signing: None,
+        notify: None,
     };
     let full = pull(PullTarget {
         delivery: belfry_core::DeliveryDefaults {

@@ -276,6 +276,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
         name,
         sink,
         signing: None,
+        notify: None,
     })
 }
 
