@@ -69,6 +69,11 @@ impl NoticeQueues {
 /// tenant's notice slots by a task, delivered to its notice target. Never
 /// waits. Dropped (and counted) when the tenant's queue or slots are full.
 pub(crate) fn raise(shared: &Arc<Shared>, tenant: &TenantName, notice: Notice) {
+    // Most tenants have no notice target: their failures cost no task.
+    let cached = shared.tenants.cached(tenant);
+    if cached.is_some_and(|t| t.is_none_or(|t| t.config.notify.is_none())) {
+        return;
+    }
     let kind = notice.kind();
     let start = {
         let mut queues = shared.notices.lock();

@@ -73,6 +73,14 @@ impl TenantCache {
         Ok(tenant)
     }
 
+    /// The tenant as cached, if read less than [`TTL`] ago (`Some(None)`:
+    /// no such tenant); `None` when the cache cannot tell without a read.
+    pub(crate) fn cached(&self, name: &TenantName) -> Option<Option<Tenant>> {
+        let entries = self.lock();
+        let (at, tenant) = entries.get(name)?;
+        (self.clock.monotonic().since(*at) < TTL).then(|| tenant.clone())
+    }
+
     fn forget(&self, name: &TenantName) {
         self.lock().remove(name);
     }
