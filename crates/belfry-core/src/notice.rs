@@ -29,7 +29,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{DeliveryOption, EventCommand, EventRecord, EventStatus};
-use crate::ids::{EventId, EventVersion, TenantName};
+use crate::ids::{EventId, EventKey, EventVersion, TenantName};
 use crate::policy::EventSettings;
 use crate::time::Timestamp;
 
@@ -151,6 +151,24 @@ impl Notice {
             }
             _ => None,
         }
+    }
+
+    /// The notice of `key` at `version` failed for good at `at` for
+    /// `reason` (a pull event: [`crate::pull::LeaseChange::dead_reason`]);
+    /// `None` for an internal event.
+    pub fn of_failure(
+        key: &EventKey,
+        version: &EventVersion,
+        reason: &str,
+        at: Timestamp,
+    ) -> Option<Notice> {
+        (!key.id.is_internal()).then(|| Notice::EventEnded {
+            event_id: key.id.clone(),
+            version: version.clone(),
+            status: EventStatus::Failed,
+            reason: Some(reason.to_string()),
+            at,
+        })
     }
 
     pub fn kind(&self) -> NoticeKind {
@@ -306,7 +324,6 @@ pub fn write_command(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::EventKey;
     use crate::partition::PartitionId;
     use crate::schedule::{ScheduleId, control_event_id};
 
@@ -394,6 +411,38 @@ mod tests {
             Notice::of_ending(&record(control, EventStatus::Failed, None)),
             None
         );
+    }
+
+    #[test]
+    fn a_failure_named_directly_gives_a_notice_unless_internal() {
+        let key = EventKey::new(tenant(), EventId::new("job".to_string()).unwrap());
+        let version = EventVersion::from_string("v3".to_string());
+        let notice = Notice::of_failure(&key, &version, "worker: bad input", ts(9_000)).unwrap();
+        assert_eq!(notice.kind(), NoticeKind::EventFailed);
+        assert_eq!(notice.identity(), "event_failed/job/v3");
+        let notice_key = EventKey::new(tenant(), slot_id(1));
+        assert_eq!(Notice::of_failure(&notice_key, &version, "x", ts(1)), None);
+    }
+
+    #[test]
+    fn only_a_lease_change_that_kills_its_event_names_a_failure() {
+        use crate::pull::{LeaseChange, Resolution};
+        let dead = LeaseChange::Resolve {
+            resolution: Resolution::Dead {
+                reason: "worker: bad input".to_string(),
+            },
+            report: None,
+        };
+        assert_eq!(dead.dead_reason(), Some("worker: bad input"));
+        let retry = LeaseChange::Resolve {
+            resolution: Resolution::Retry { at: ts(10_000) },
+            report: None,
+        };
+        assert_eq!(retry.dead_reason(), None);
+        let extend = LeaseChange::Extend {
+            expires_at: ts(10_000),
+        };
+        assert_eq!(extend.dead_reason(), None);
     }
 
     #[test]
