@@ -232,3 +232,119 @@ async fn a_notice_target_that_hangs_does_not_delay_deliveries() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A pull event a worker fails for good sends a notice too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pull_event_failed_by_its_worker_sends_a_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    let notices = Receiver::start().await;
+    let node = start_node(dir.path()).await;
+    let (status, body) = put_json(
+        &node.url("/v1/tenants/jobs"),
+        &json!({"sink": {"type": "pull"}, "notify": {"url": notices.url("/notices")}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, event) = put_json(
+        &node.url("/v1/tenants/jobs/events/job-1"),
+        &json!({"deliver_at": rfc3339(now_ms()), "payload": "x"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{event}");
+    let started = Instant::now();
+    let lease = loop {
+        let (status, claimed) = post_json(
+            &node.url("/v1/tenants/jobs/leases"),
+            &json!({"worker_id": "w", "max_events": 1, "wait_ms": 1000, "lease_ms": 30_000}),
+        )
+        .await;
+        assert_eq!(status, 200, "{claimed}");
+        if let Some(lease) = claimed["leases"].get(0) {
+            break lease.clone();
+        }
+        assert!(started.elapsed() < DEADLINE, "nothing to claim");
+    };
+    let lease_id = lease["lease_id"].as_str().unwrap();
+    let (status, failed) = post_json(
+        &node.url(&format!("/v1/leases/{lease_id}/fail")),
+        &json!({"error": {"code": "bad_input", "message": "no such customer"}, "permanent": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{failed}");
+    assert_eq!(failed["state"], "failed", "{failed}");
+
+    let (request, body) = notice(&notices, |body| body["type"] == "event_failed").await;
+    assert_eq!(body["tenant"], "jobs", "{body}");
+    assert_eq!(body["event_id"], "job-1", "{body}");
+    assert_eq!(body["version"], event["version"], "{body}");
+    assert!(
+        body["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("bad_input")),
+        "{body}"
+    );
+    assert!(request.header("webhook-signature").is_some());
+}
+
+/// A tenant whose notice target never answers keeps at most 100 notices
+/// pending: the rest are dropped and counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_notices_are_capped_and_the_rest_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Receiver::start().await;
+    sink.set_default_status(500);
+    let notices = Receiver::start().await;
+    notices.set_default(Response::status(200).with_delay(Duration::from_secs(600)));
+    let node = start_node(dir.path()).await;
+    register(&node, &sink, &notices).await;
+    let at = now_ms() + 300;
+    let events = 110;
+    let batch: Vec<Value> = (0..events)
+        .map(|i| json!({"id": format!("e{i}"), "deliver_at": rfc3339(at), "max_attempts": 1}))
+        .collect();
+    let (status, body) = post_json(
+        &node.url("/v1/tenants/acme/events"),
+        &json!({"events": batch}),
+    )
+    .await;
+    assert!(status == 200 || status == 201, "{status} {body}");
+
+    let started = Instant::now();
+    loop {
+        let metrics = scrape(&node).await;
+        let raised = sample(
+            &metrics,
+            r#"belfry_notices_raised_total{kind="event_failed"}"#,
+        );
+        let dropped = sample(
+            &metrics,
+            r#"belfry_notices_dropped_total{kind="event_failed"}"#,
+        );
+        if raised.unwrap_or(0.0) + dropped.unwrap_or(0.0) >= events as f64 {
+            assert_eq!(raised, Some(100.0), "{metrics}");
+            assert_eq!(dropped, Some(10.0), "{metrics}");
+            break;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "raised {raised:?}, dropped {dropped:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn scrape(node: &BelfryProcess) -> String {
+    let response = belfry_testkit::http_client()
+        .get(node.url("/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.text().await.unwrap()
+}
+
+/// The value of the sample with exactly these labels.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
