@@ -74,7 +74,7 @@ impl NotifyTarget {
                     SinkConfig::Kafka(kafka) => kafka.props.clone(),
                     _ => BTreeMap::new(),
                 },
-                key: KafkaKey::TenantEventId,
+                key: KafkaKey::None,
                 transactional: false,
                 delivery: DeliveryDefaults::default(),
             }),
