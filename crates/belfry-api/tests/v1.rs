@@ -186,6 +186,11 @@ async fn a_notice_target_is_checked_shown_and_replaced() {
     assert_eq!(h.get("/v1/tenants/acme").await.body["notify"], notify);
     let listed = h.get("/v1/tenants").await;
     assert_eq!(listed.body["tenants"][0]["notify"], notify, "{listed:?}");
+    // A BigBen registration (which knows no notice target) keeps it.
+    h.register_http("acme", &receiver.url("/other")).await;
+    let view = h.get("/v1/tenants/acme").await;
+    assert_eq!(view.body["notify"], notify, "{view:?}");
+    assert_eq!(view.body["sink"]["url"], receiver.url("/other"), "{view:?}");
     let answer = h.put("/v1/tenants/acme", &json!({ "sink": sink })).await;
     assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
     assert!(answer.body.get("notify").is_none(), "{answer:?}");
