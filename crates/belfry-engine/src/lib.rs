@@ -57,9 +57,10 @@
 //! recorder only what it reads (deliveries in flight and where effects go
 //! are traits); the others still reach `Shared`.
 //!
-//! Modules import one way (no circle), bottom-up: tasks, tenants, reads,
-//! partition, ownership; pull, pull_peers; schedule_scan, quotas; options;
-//! writes, schedules, recorder; dispatch; partitions, bulk, membership.
+//! Modules import one way (no circle), bottom-up: tasks, writes, notices,
+//! tenants, reads, partition, ownership; pull, pull_peers; schedule_scan,
+//! quotas; options; schedules, recorder; dispatch; partitions, bulk,
+//! membership.
 //!
 //! # The fire path
 //! See `docs/ARCHITECTURE.md`. In short: each partition core pages due
