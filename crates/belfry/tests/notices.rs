@@ -233,6 +233,29 @@ async fn a_notice_target_that_hangs_does_not_delay_deliveries() {
     }
 }
 
+/// A receiver's `410 Gone` fails the event and pauses the tenant: two
+/// notices.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_410_gone_sends_the_failure_and_the_pause() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Receiver::start().await;
+    sink.set_default_status(410);
+    let notices = Receiver::start().await;
+    let node = start_node(dir.path()).await;
+    let secret = register(&node, &sink, &notices).await;
+    schedule(&node, "gone", now_ms() + 300).await;
+    let (_, failed) = notice(&notices, |body| body["type"] == "event_failed").await;
+    assert_eq!(failed["event_id"], "gone", "{failed}");
+    let (request, paused) = notice(&notices, |body| body["type"] == "paused").await;
+    assert!(
+        paused["reason"].as_str().is_some_and(|r| r.contains("410")),
+        "{paused}"
+    );
+    assert_signed(&request, &secret);
+    let (_, view) = get_json(&node.url("/v1/tenants/acme")).await;
+    assert_eq!(view["pause"]["since"], paused["at"], "{view}");
+}
+
 /// A pull event a worker fails for good sends a notice too.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pull_event_failed_by_its_worker_sends_a_notice() {
