@@ -126,7 +126,8 @@ pub enum Route {
 }
 
 impl Route {
-    /// Whether the entry is delivered at all (and so queues for a slot).
+    /// Whether the entry is delivered at all (a control event plans
+    /// instead). Only pushed and pulled entries queue for a delivery slot.
     pub fn delivers(self) -> bool {
         !matches!(self, Route::Schedule)
     }
