@@ -137,6 +137,65 @@ async fn stray_sink_fields_are_named() {
     }
 }
 
+/// A notice target is a URL or a Kafka topic, checked like a sink's; the
+/// tenant views show it, and a `PUT` without it removes it.
+#[tokio::test]
+async fn a_notice_target_is_checked_shown_and_replaced() {
+    let h = Harness::start().await;
+    let receiver = Receiver::start().await;
+    let sink = json!({ "type": "http", "url": receiver.url("/hook") });
+    let cases = [
+        (json!("https://a/"), "notify must be an object"),
+        (
+            json!({ "url": "https://a/", "kafka_topic": "t" }),
+            "notify must hold exactly one string field: url or kafka_topic",
+        ),
+        (
+            json!({ "topic": "t" }),
+            "notify must hold exactly one string field: url or kafka_topic",
+        ),
+        (
+            json!({ "url": "ftp://a/" }),
+            "notify: url must start with http:// or https://",
+        ),
+        (
+            json!({ "kafka_topic": " " }),
+            "notify: topic must not be empty",
+        ),
+    ];
+    for (notify, message) in cases {
+        let body = json!({ "sink": sink, "notify": notify });
+        let answer = h.put("/v1/tenants/acme", &body).await;
+        assert_error(&answer, StatusCode::BAD_REQUEST, "invalid_sink");
+        assert_eq!(answer.body["error"]["message"], message, "{notify}");
+    }
+    assert_eq!(
+        h.get("/v1/tenants/acme").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    let notify = json!({ "url": receiver.url("/notices") });
+    let answer = h
+        .put(
+            "/v1/tenants/acme",
+            &json!({ "sink": sink, "notify": notify }),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    assert_eq!(answer.body["notify"], notify);
+    assert_eq!(h.get("/v1/tenants/acme").await.body["notify"], notify);
+    let listed = h.get("/v1/tenants").await;
+    assert_eq!(listed.body["tenants"][0]["notify"], notify, "{listed:?}");
+    // A BigBen registration (which knows no notice target) keeps it.
+    h.register_http("acme", &receiver.url("/other")).await;
+    let view = h.get("/v1/tenants/acme").await;
+    assert_eq!(view.body["notify"], notify, "{view:?}");
+    assert_eq!(view.body["sink"]["url"], receiver.url("/other"), "{view:?}");
+    let answer = h.put("/v1/tenants/acme", &json!({ "sink": sink })).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert!(answer.body.get("notify").is_none(), "{answer:?}");
+}
+
 #[tokio::test]
 async fn bad_tenant_requests_change_nothing() {
     let h = Harness::with_options(ApiOptions {

@@ -62,6 +62,7 @@ pub mod event;
 pub mod fire;
 pub mod ids;
 pub mod liveness;
+pub mod notice;
 pub mod ownership;
 pub mod partition;
 pub mod policy;
@@ -83,6 +84,8 @@ pub use partition::{PartitionCount, PartitionId, partition_ranges};
 pub use policy::DeliveryPolicy;
 pub use retry::{Backoff, RetryPolicy, Verdict};
 pub use schedule::{MisfirePolicy, Schedule, ScheduleError, ScheduleId, ScheduleStatus};
-pub use tenant::{DeliveryDefaults, SigningSecrets, SinkConfig, TenantConfig, TenantPause};
+pub use tenant::{
+    DeliveryDefaults, NotifyTarget, SigningSecrets, SinkConfig, TenantConfig, TenantPause,
+};
 pub use time::{Clock, ManualClock, MonoTime, Timestamp};
 pub use timer::DueCursor;

@@ -21,6 +21,65 @@ pub struct TenantConfig {
     /// is rotated in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signing: Option<SigningSecrets>,
+    /// Where the tenant's notices go (`crate::notice`); `None`: none are
+    /// raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<NotifyTarget>,
+}
+
+/// A tenant's notice target: a webhook or a Kafka topic. Stored as JSON
+/// (`{"url": ...}` or `{"kafka_topic": ...}`). Notices are signed with the
+/// tenant's secrets and, on Kafka, produced with its sink's producer
+/// settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum NotifyTarget {
+    Url { url: String },
+    KafkaTopic { kafka_topic: String },
+}
+
+impl NotifyTarget {
+    /// Checks what can be checked without the network, like a sink.
+    ///
+    /// # Errors
+    /// The first problem found, phrased for the client.
+    pub fn validate(&self) -> Result<(), SinkConfigError> {
+        match self {
+            NotifyTarget::Url { url } => validate_url(url).map(|_| ()),
+            NotifyTarget::KafkaTopic { kafka_topic } if kafka_topic.trim().is_empty() => {
+                Err(SinkConfigError::EmptyTopic)
+            }
+            NotifyTarget::KafkaTopic { .. } => Ok(()),
+        }
+    }
+
+    /// The sink a notice of a tenant delivering to `sink` goes out
+    /// through: the sink's timeout and Kafka producer settings, but not
+    /// its headers (they may hold credentials for another host) nor its
+    /// delivery defaults (notices retry by the node's policy).
+    pub fn sink(&self, sink: &SinkConfig) -> SinkConfig {
+        match self {
+            NotifyTarget::Url { url } => SinkConfig::Http(HttpTarget {
+                url: url.clone(),
+                headers: BTreeMap::new(),
+                timeout_ms: match sink {
+                    SinkConfig::Http(http) => http.timeout_ms,
+                    _ => None,
+                },
+                delivery: DeliveryDefaults::default(),
+            }),
+            NotifyTarget::KafkaTopic { kafka_topic } => SinkConfig::Kafka(KafkaTarget {
+                topic: kafka_topic.clone(),
+                props: match sink {
+                    SinkConfig::Kafka(kafka) => kafka.props.clone(),
+                    _ => BTreeMap::new(),
+                },
+                key: KafkaKey::None,
+                transactional: false,
+                delivery: DeliveryDefaults::default(),
+            }),
+        }
+    }
 }
 
 /// A tenant's webhook signing secrets, `whsec_<base64 key>` as the

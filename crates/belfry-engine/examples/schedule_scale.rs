@@ -75,6 +75,7 @@ async fn main() {
                 processor: "log".into(),
             }),
             signing: None,
+            notify: None,
         })
         .await
         .unwrap();

@@ -156,6 +156,14 @@ fn submit(shared: &Arc<Shared>, tickets: Vec<Ticket>) {
             });
             continue;
         }
+        // A notice takes no delivery slot: a slow notice target must not
+        // hold the tenant's deliveries.
+        if decide::route_of_key(&ticket.entry().key) == Some(Route::Notice) {
+            let tasks = shared.env.tasks.clone();
+            let shared = shared.clone();
+            tasks.spawn(async move { deliver_notice(&shared, ticket).await });
+            continue;
+        }
         queued.push(ticket);
     }
     if queued.is_empty() {
@@ -364,6 +372,85 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
     if gone {
         receiver_gone(shared, &config.name).await;
     }
+}
+
+/// Delivers a fired notice to its tenant's notice target, outside the
+/// delivery slots.
+async fn deliver_notice(shared: &Arc<Shared>, ticket: Ticket) {
+    let retry_later = || Finish::RetryAt(shared.env.clock.now().plus(RETRY_PAUSE));
+    if shared.env.tasks.stopping() {
+        return ticket.finish(Finish::Done);
+    }
+    if !ticket.may_fire() {
+        return ticket.finish(retry_later());
+    }
+    let Some((ticket, record)) = claimed_record(shared, ticket).await else {
+        return;
+    };
+    // From here on the tenant's deliveries do not wait for it.
+    ticket.attempted();
+    let entry = ticket.entry();
+    let tenant = match shared.tenants.get(&entry.key.tenant).await {
+        Ok(tenant) => tenant,
+        Err(error) => {
+            tracing::warn!(tenant = %entry.key.tenant, %error, "reading the tenant failed; retrying the notice shortly");
+            return ticket.finish(retry_later());
+        }
+    };
+    let version = record.version.clone();
+    let Some((config, target)) = tenant
+        .as_ref()
+        .and_then(|t| t.config.notify.as_ref().map(|target| (&t.config, target)))
+    else {
+        let reason = "expired: the tenant has no notice target any more".to_string();
+        let command = EventCommand::EndExpired { version, reason };
+        return send_outcome(shared, ticket, command).await;
+    };
+    let notice_tenant = belfry_core::TenantConfig {
+        name: config.name.clone(),
+        sink: target.sink(&config.sink),
+        signing: config.signing.clone(),
+        notify: None,
+    };
+    let now = shared.env.clock.now();
+    let policy = decide::delivery_policy(&notice_tenant.sink, &record, &shared.env.options.retry);
+    if let Some(reason) = decide::policy_expiry(&record, &policy, now) {
+        let command = EventCommand::EndExpired { version, reason };
+        return send_outcome(shared, ticket, command).await;
+    }
+    if !ticket.may_fire() {
+        return ticket.finish(retry_later());
+    }
+    let started = shared.env.clock.monotonic();
+    let result = shared
+        .env
+        .sinks
+        .deliver(Delivery {
+            tenant: &notice_tenant,
+            event: &record,
+            attempt: record.attempts + 1,
+            triggered_at: now,
+            epoch: Some(ticket.epoch()),
+        })
+        .await;
+    let took = shared.env.clock.monotonic().since(started);
+    let report = AttemptReport {
+        started_at: now,
+        duration_ms: took.as_millis() as u64,
+        verdict: result.verdict,
+        http_status: result.http_status,
+        error: result.error,
+        // A notice target's `410 Gone` or `Retry-After` does not steer the
+        // tenant's deliveries.
+        steer: None,
+    };
+    let command = EventCommand::RecordAttempt {
+        version,
+        number: record.attempts + 1,
+        report,
+        tenant: Default::default(),
+    };
+    send_outcome(shared, ticket, command).await;
 }
 
 /// The record of the attempt `report` tells of, on `record`'s version,

@@ -52,14 +52,15 @@
 //! only, and hands out the sub-handles above. `Shared` (this file) holds
 //! the components: `Env` (store, sinks, clock, options, task spawner),
 //! the owned partitions, `FirePath` (reads, slots, the recorder's inbox),
-//! tenants, quotas, bulk, pull and writes. The partition workers, the
+//! tenants, quotas, bulk, pull, writes and notices. The partition workers, the
 //! owned partitions and the retention sweep hold only the `Env`; the
 //! recorder only what it reads (deliveries in flight and where effects go
 //! are traits); the others still reach `Shared`.
 //!
-//! Modules import one way (no circle), bottom-up: tasks, tenants, reads,
-//! partition, ownership; pull, pull_peers; schedule_scan, quotas; options;
-//! writes, schedules, recorder; dispatch; partitions, bulk, membership.
+//! Modules import one way (no circle), bottom-up: tasks, writes, notices,
+//! tenants, reads, partition, ownership; pull, pull_peers; schedule_scan,
+//! quotas; options; schedules, recorder; dispatch; partitions, bulk,
+//! membership.
 //!
 //! # The fire path
 //! See `docs/ARCHITECTURE.md`. In short: each partition core pages due
@@ -83,6 +84,7 @@ use tokio::sync::mpsc;
 pub mod bulk;
 pub mod dispatch;
 pub mod membership;
+pub mod notices;
 pub mod options;
 pub mod ownership;
 pub mod partition;
@@ -155,6 +157,8 @@ pub(crate) struct Shared {
     pub(crate) pull_peers: pull_peers::PullPeers,
     /// Writes made for callers that may go away, in flight.
     pub(crate) writes: writes::Writes,
+    /// Notices waiting to be written.
+    pub(crate) notices: notices::NoticeQueues,
 }
 
 /// What every component reads.
@@ -267,6 +271,7 @@ impl Engine {
             pull: pull::PullRuntime::new(&options.pull, clock.now()),
             pull_peers: pull_peers::PullPeers::default(),
             writes: writes::Writes::default(),
+            notices: notices::NoticeQueues::default(),
             env: Arc::new(Env {
                 store,
                 sinks,
@@ -396,6 +401,16 @@ impl Engine {
 impl EngineHandle {
     pub fn store(&self) -> &SharedStore {
         &self.inner.env.store
+    }
+
+    /// Raises `notice` for `tenant` (see [`notices`]): never waits, and
+    /// does nothing for a tenant without a notice target.
+    pub fn raise_notice(
+        &self,
+        tenant: &belfry_core::TenantName,
+        notice: belfry_core::notice::Notice,
+    ) {
+        notices::raise(&self.inner, tenant, notice);
     }
 
     pub fn now(&self) -> Timestamp {
@@ -600,6 +615,7 @@ impl Shared {
                 pull::versions_ended(self, &item.key, item.record.as_ref());
             }
         }
+        notices::ended(self, applied);
     }
 
     pub(crate) fn send_effect(

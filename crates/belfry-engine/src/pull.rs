@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use belfry_core::event::{Effect, EventRecord};
+use belfry_core::notice::Notice;
 use belfry_core::pull::{
     Action, CallId, ClaimRequest, Input, LeaseCall, LeaseChange, LeaseId, LeaseRecord, NonceSource,
     OpId, PersistResult, PullConfig, PullError, PullQueue, PullStats, ReadyEntry, Reply,
@@ -669,11 +670,18 @@ async fn write_leases(shared: &Arc<Shared>, batch: Vec<LeaseWrite>) {
     // What is needed after the write: the op, and the event to arm.
     let mut writes = Vec::with_capacity(batch.len());
     let mut changes = Vec::with_capacity(batch.len());
+    // The notices of the events failed for good, raised once written.
+    let mut notices = Vec::new();
     for write in batch {
         let arm = write
             .next_at
             .map(|at| (write.partition, write.params.lease.key().clone(), at));
         writes.push((write.op, arm));
+        let lease = &write.params.lease;
+        let notice = write.params.change.dead_reason().and_then(|reason| {
+            Notice::of_failure(lease.key(), lease.version(), reason, write.params.at)
+        });
+        notices.push(notice.map(|notice| (lease.key().tenant.clone(), notice)));
         changes.push(write.params);
     }
     let count = changes.len();
@@ -714,9 +722,15 @@ async fn write_leases(shared: &Arc<Shared>, batch: Vec<LeaseWrite>) {
     // After the queue finished the entries in their cores (as the
     // recorder does for a push retry): armed now, the next attempt fires
     // at its instant, not at the next repair page.
-    for ((_, arm), result) in writes.into_iter().zip(results) {
-        if let (PersistResult::Done, Some((partition, key, at))) = (result, arm) {
+    for (((_, arm), result), notice) in writes.into_iter().zip(results).zip(notices) {
+        if result != PersistResult::Done {
+            continue;
+        }
+        if let Some((partition, key, at)) = arm {
             shared.send_effect(partition, key, &Effect::Arm { at });
+        }
+        if let Some((tenant, notice)) = notice {
+            crate::notices::raise(shared, &tenant, notice);
         }
     }
 }

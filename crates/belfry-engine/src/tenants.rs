@@ -9,13 +9,16 @@
 //! every partition it owns at once (`Input::Paused`, `Input::Resumed`); the
 //! owners elsewhere see it within [`TTL`] (a pause: their next delivery of
 //! the tenant is held) or within [`TTL`] plus the partition core's
-//! `hold_recheck` (a resume: a held lane's recheck finds it).
+//! `hold_recheck` (a resume: a held lane's recheck finds it). A pause or
+//! resume that changed the stored state raises its notice
+//! (`crate::notices`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use belfry_core::fire::Input;
+use belfry_core::notice::Notice;
 use belfry_core::{Clock, MonoTime, TenantConfig, TenantName, TenantPause};
 use belfry_store::{SharedStore, StoreResult};
 
@@ -68,6 +71,14 @@ impl TenantCache {
         self.lock()
             .insert(name.clone(), (self.clock.monotonic(), tenant.clone()));
         Ok(tenant)
+    }
+
+    /// The tenant as cached, if read less than [`TTL`] ago (`Some(None)`:
+    /// no such tenant); `None` when the cache cannot tell without a read.
+    pub(crate) fn cached(&self, name: &TenantName) -> Option<Option<Tenant>> {
+        let entries = self.lock();
+        let (at, tenant) = entries.get(name)?;
+        (self.clock.monotonic().since(*at) < TTL).then(|| tenant.clone())
     }
 
     fn forget(&self, name: &TenantName) {
@@ -159,8 +170,8 @@ impl Tenants<'_> {
     ) -> StoreResult<Option<TenantPause>> {
         let current = self.pause_state(name).await?;
         let paused = TenantPause::paused(current.as_ref(), reason, self.shared.env.clock.now());
-        let stored = current.as_ref() == Some(&paused)
-            || self.store().put_tenant_pause(name, paused.clone()).await?;
+        let unchanged = current.as_ref() == Some(&paused);
+        let stored = unchanged || self.store().put_tenant_pause(name, paused.clone()).await?;
         self.forget(name);
         if !stored {
             return Ok(None);
@@ -169,6 +180,15 @@ impl Tenants<'_> {
         shared
             .owned
             .broadcast(|| Input::Paused(name.clone()), shared.env.clock.now());
+        // A pause's notice names its start, which pausing again keeps: a
+        // repeat (or a new reason) raises nothing new.
+        if !current.as_ref().is_some_and(|current| current.paused) {
+            let notice = Notice::Paused {
+                reason: paused.reason.clone(),
+                since: paused.since,
+            };
+            crate::notices::raise(shared, name, notice);
+        }
         Ok(Some(paused))
     }
 
@@ -186,6 +206,12 @@ impl Tenants<'_> {
         let state = match TenantPause::resumed(current.as_ref(), now) {
             Some(resumed) => {
                 let stored = self.store().put_tenant_pause(name, resumed.clone()).await?;
+                if stored {
+                    let notice = Notice::Resumed {
+                        since: resumed.since,
+                    };
+                    crate::notices::raise(self.shared, name, notice);
+                }
                 stored.then_some(resumed)
             }
             None => current,

@@ -73,6 +73,7 @@ impl Node {
                     delivery: Default::default(),
                 }),
                 signing: None,
+                notify: None,
             })
             .await
             .unwrap();
@@ -91,6 +92,7 @@ impl Node {
                     delivery: Default::default(),
                 }),
                 signing: None,
+                notify: None,
             })
             .await
             .unwrap();

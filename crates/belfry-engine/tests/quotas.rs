@@ -316,6 +316,7 @@ async fn register(node: &Node, name: &str, receiver: &Receiver) {
                 delivery: Default::default(),
             }),
             signing: None,
+            notify: None,
         })
         .await
         .unwrap();

@@ -52,6 +52,7 @@ async fn register(handle: &EngineHandle, receiver: &Receiver) {
                 delivery: Default::default(),
             }),
             signing: None,
+            notify: None,
         })
         .await
         .unwrap();

@@ -859,6 +859,7 @@ impl Sim {
                         delivery: Default::default(),
                     }),
                     signing: None,
+                    notify: None,
                 })
                 .await
                 .map_err(|e| format!("registering {tenant}: {e}"))?;

@@ -94,6 +94,7 @@ impl Node {
                     delivery: Default::default(),
                 }),
                 signing: None,
+                notify: None,
             })
             .await
             .unwrap();
@@ -471,6 +472,7 @@ async fn v1_records_carry_a_pull_tenants_queue_attempts_and_back_off() {
                 ..PullTarget::default()
             }),
             signing: None,
+            notify: None,
         })
         .await
         .unwrap();

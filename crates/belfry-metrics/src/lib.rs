@@ -97,6 +97,20 @@ pub const EVENTS_ENDED: Metric = Metric {
     help: "Event versions that reached a terminal state through the fire path: delivered, failed (dead: a permanent refusal or retries exhausted), missed (due longer than the look-back ago while the node was down).",
     labels: &["status"],
 };
+pub const NOTICES_RAISED: Metric = Metric {
+    name: "belfry_notices_raised_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Notices written for delivery to tenants' notice targets, by kind (event_failed, event_expired, event_missed, paused, resumed, circuit_opened, circuit_closed).",
+    labels: &["kind"],
+};
+pub const NOTICES_DROPPED: Metric = Metric {
+    name: "belfry_notices_dropped_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Notices dropped because their tenant's notice slots (or its queue on this node) were full, by kind.",
+    labels: &["kind"],
+};
 pub const CRON_OCCURRENCES: Metric = Metric {
     name: "belfry_cron_occurrences_total",
     kind: Kind::Counter,
@@ -329,6 +343,8 @@ pub const ALL: &[Metric] = &[
     DELIVERIES,
     DELIVERY_DURATION,
     EVENTS_ENDED,
+    NOTICES_RAISED,
+    NOTICES_DROPPED,
     CRON_OCCURRENCES,
     PARTITIONS_OWNED,
     PARTITION_EPOCH,
@@ -491,6 +507,17 @@ pub fn events_ended(ended: Ended, count: u64) {
         Ended::Expired => "expired",
     };
     add_labelled(EVENTS_ENDED.name, ("status", status), count);
+}
+
+/// A notice of `kind` (`belfry_core::notice::NoticeKind::as_str`) was
+/// written for delivery.
+pub fn notice_raised(kind: &'static str) {
+    add_labelled(NOTICES_RAISED.name, ("kind", kind), 1);
+}
+
+/// A notice of `kind` was dropped: its tenant's slots or queue were full.
+pub fn notice_dropped(kind: &'static str) {
+    add_labelled(NOTICES_DROPPED.name, ("kind", kind), 1);
 }
 
 /// Adds `count` to the counter `name` with one label; a zero count

@@ -502,8 +502,9 @@ impl Store for PostgresStore {
 
     async fn put_tenant(&self, tenant: TenantConfig) -> StoreResult<()> {
         self.guarded(Access::Write, async move {
-            let sink = serde_json::to_string(&tenant.sink)
-                .map_err(|e| StoreError::Internal(format!("cannot encode the tenant's sink: {e}")))?;
+            let sink = serde_json::to_string(&tenant.sink).map_err(|e| {
+                StoreError::Internal(format!("cannot encode the tenant's sink: {e}"))
+            })?;
             let signing = tenant
                 .signing
                 .as_ref()
@@ -512,9 +513,19 @@ impl Store for PostgresStore {
                 .map_err(|e| {
                     StoreError::Internal(format!("cannot encode the tenant's secrets: {e}"))
                 })?;
-            let sql = "INSERT INTO tenants (name, sink, signing) VALUES ($1, $2::text::jsonb, $3::text::jsonb)
-                 ON CONFLICT (name) DO UPDATE SET sink = EXCLUDED.sink, signing = EXCLUDED.signing";
-            let params: &Params = &[&tenant.name.as_str(), &sink, &signing];
+            let notify = tenant
+                .notify
+                .as_ref()
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(|e| {
+                    StoreError::Internal(format!("cannot encode the tenant's notice target: {e}"))
+                })?;
+            let sql = "INSERT INTO tenants (name, sink, signing, notify)
+                 VALUES ($1, $2::text::jsonb, $3::text::jsonb, $4::text::jsonb)
+                 ON CONFLICT (name) DO UPDATE
+                 SET sink = EXCLUDED.sink, signing = EXCLUDED.signing, notify = EXCLUDED.notify";
+            let params: &Params = &[&tenant.name.as_str(), &sink, &signing, &notify];
             cached::execute(&self.client().await?, sql, params).await?;
             Ok(())
         })
@@ -549,7 +560,8 @@ impl Store for PostgresStore {
 
     async fn get_tenant(&self, name: &TenantName) -> StoreResult<Option<TenantConfig>> {
         self.guarded(Access::Read, async move {
-            let sql = "SELECT name, sink::text, signing::text FROM tenants WHERE name = $1";
+            let sql =
+                "SELECT name, sink::text, signing::text, notify::text FROM tenants WHERE name = $1";
             cached::query(&self.client().await?, sql, &[&name.as_str()])
                 .await?
                 .first()
@@ -561,7 +573,8 @@ impl Store for PostgresStore {
 
     async fn list_tenants(&self) -> StoreResult<Vec<TenantConfig>> {
         self.guarded(Access::Read, async move {
-            let sql = "SELECT name, sink::text, signing::text FROM tenants ORDER BY name";
+            let sql =
+                "SELECT name, sink::text, signing::text, notify::text FROM tenants ORDER BY name";
             cached::query(&self.client().await?, sql, &[])
                 .await?
                 .iter()
@@ -941,10 +954,15 @@ fn tenant_from_row(row: &tokio_postgres::Row) -> StoreResult<TenantConfig> {
     let name: String = row.get(0);
     let sink: String = row.get(1);
     let signing: Option<String> = row.get(2);
+    let notify: Option<String> = row.get(3);
     Ok(TenantConfig {
         name: TenantName::new(name).map_err(corrupt)?,
         sink: serde_json::from_str(&sink).map_err(corrupt)?,
         signing: signing
+            .map(|text| serde_json::from_str(&text))
+            .transpose()
+            .map_err(corrupt)?,
+        notify: notify
             .map(|text| serde_json::from_str(&text))
             .transpose()
             .map_err(corrupt)?,

@@ -374,9 +374,19 @@ ALTER TABLE events ADD COLUMN max_age_ms bigint;
         name: "tenant pause",
         // A tenant's `TenantPause` as JSON; NULL: never paused. Beside the
         // config, never written by a config write (`put_tenant` sets only
-        // `sink` and `signing`), and removed with the row.
+        // `sink`, `signing` and `notify`), and removed with the row.
         sql: r#"
 ALTER TABLE tenants ADD COLUMN pause jsonb;
+"#,
+    },
+    Migration {
+        version: 14,
+        apply: Apply::InTransaction,
+        name: "tenant notice target",
+        // The tenant's `NotifyTarget` as JSON; NULL: no notices. Part of
+        // the config: `put_tenant` writes it with `sink` and `signing`.
+        sql: r#"
+ALTER TABLE tenants ADD COLUMN notify jsonb;
 "#,
     },
 ];

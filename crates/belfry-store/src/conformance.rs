@@ -278,6 +278,7 @@ fn http_tenant(name: &str, url: &str) -> TenantConfig {
             delivery: Default::default(),
         }),
         signing: None,
+        notify: None,
     }
 }
 
@@ -485,6 +486,7 @@ where
             processor: "log".into(),
         }),
         signing: None,
+        notify: None,
     };
     store.put_tenant(b.clone()).await.unwrap();
     store.put_tenant(a.clone()).await.unwrap();
@@ -523,6 +525,31 @@ where
         Some(replaced.clone())
     );
 
+    // A notice target (either kind) round-trips, and a replacement
+    // without one clears it.
+    for target in [
+        belfry_core::NotifyTarget::Url {
+            url: "https://ops.example/notices".into(),
+        },
+        belfry_core::NotifyTarget::KafkaTopic {
+            kafka_topic: "notices".into(),
+        },
+    ] {
+        let mut notified = http_tenant("b", "http://127.0.0.1:4/notified");
+        notified.notify = Some(target);
+        store.put_tenant(notified.clone()).await.unwrap();
+        assert_eq!(
+            store.get_tenant(&tenant("b")).await.unwrap(),
+            Some(notified.clone())
+        );
+        assert_eq!(store.list_tenants().await.unwrap()[1], notified);
+    }
+    store.put_tenant(replaced.clone()).await.unwrap();
+    assert_eq!(
+        store.get_tenant(&tenant("b")).await.unwrap(),
+        Some(replaced.clone())
+    );
+
     // A pull tenant's defaults and declared queues round-trip (the
     // multiplier a float, the queues in their order), and a replacement
     // without them clears them.
@@ -530,6 +557,7 @@ where
         name: tenant("c"),
         sink: SinkConfig::Pull(target),
         signing: None,
+        notify: None,
     };
     let full = pull(PullTarget {
         delivery: belfry_core::DeliveryDefaults {

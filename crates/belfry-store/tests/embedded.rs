@@ -77,6 +77,7 @@ async fn everything_survives_drop_and_reopen() {
             delivery: Default::default(),
         }),
         signing: None,
+        notify: None,
     };
     let before = {
         let store = open(dir.path(), 4);

@@ -284,6 +284,62 @@ async fn a_dead_event_is_listed_and_redriven_through_the_cli() {
     assert_eq!(dead["events"].as_array().map(Vec::len), Some(0), "{dead}");
 }
 
+/// `tenants put --notify-url` names the notice target; `tenants get`
+/// shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_target_is_set_and_shown_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let node = start_node(dir.path(), &[]).await;
+    let url = node.base_url();
+    let notices = receiver.url("/notices");
+    let put = ok_json(
+        &belfry(
+            &url,
+            &[
+                "tenants",
+                "put",
+                "acme",
+                "--webhook",
+                &receiver.url("/"),
+                "--notify-url",
+                &notices,
+                "--json",
+            ],
+        )
+        .await,
+        "tenants put",
+    );
+    assert_eq!(put["notify"]["url"], notices.as_str(), "{put}");
+    let shown = ok(
+        &belfry(&url, &["tenants", "get", "acme"]).await,
+        "tenants get",
+    );
+    assert!(
+        shown
+            .lines()
+            .any(|line| line.starts_with("notify") && line.contains(&notices)),
+        "{shown}"
+    );
+    // Both targets at once are refused before any request.
+    let both = belfry(
+        &url,
+        &[
+            "tenants",
+            "put",
+            "acme",
+            "--webhook",
+            &receiver.url("/"),
+            "--notify-url",
+            &notices,
+            "--notify-kafka-topic",
+            "t",
+        ],
+    )
+    .await;
+    assert_ne!(both.status.code(), Some(0), "{both:?}");
+}
+
 /// Three dead events redriven by one bulk action: created, followed, listed;
 /// refusals exit 1 with the server's reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -307,7 +307,8 @@ async fn populated_node(dir: &std::path::Path, receiver: &Receiver) -> (BelfryPr
     .await;
     api.put(
         "/v1/tenants/shop%2Freports",
-        json!({ "sink": { "type": "builtin", "processor": "log" } }),
+        json!({ "sink": { "type": "builtin", "processor": "log" },
+                "notify": { "url": receiver.url("/notices") } }),
     )
     .await;
     receiver.push_rule(Rule::first(3, Response::status(400)).for_path("/hook"));
@@ -423,6 +424,7 @@ async fn every_console_page_loads_cleanly_and_its_buttons_take_effect() {
         "{tenants}"
     );
     assert!(tenants.contains(&receiver.url("/hook")), "{tenants}");
+    assert!(tenants.contains(&receiver.url("/notices")), "{tenants}");
     console.shot("tenants").await;
 
     // Events: the list, then the status filter through the form.

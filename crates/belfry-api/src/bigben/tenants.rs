@@ -134,6 +134,9 @@ pub(crate) async fn register(
     let existed = existing.is_some();
     let (secrets, new_secret) = crate::v1::signing::for_registration(existing.as_ref());
     tenant.signing = Some(secrets);
+    // BigBen clients re-register at every start and know no notice target:
+    // the one set through `/v1` stays.
+    tenant.notify = existing.and_then(|existing| existing.notify);
     state.engine.tenants().put(tenant).await?;
     tracing::info!(tenant = %name, "tenant registered (BigBen API)");
     let action = if existed {
@@ -276,6 +279,7 @@ fn parse_config(config: ProcessorConfig) -> Result<TenantConfig, ApiError> {
         name,
         sink,
         signing: None,
+        notify: None,
     })
 }
 

@@ -10,7 +10,9 @@ use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{
     BuiltinTarget, DeliveryDefaults, HttpTarget, KafkaKey, KafkaTarget, PullTarget,
 };
-use belfry_core::{EventKey, QueueName, SinkConfig, TenantConfig, TenantName, TenantPause};
+use belfry_core::{
+    EventKey, NotifyTarget, QueueName, SinkConfig, TenantConfig, TenantName, TenantPause,
+};
 use belfry_sinks::Sinks;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -39,6 +41,40 @@ pub(crate) struct PutTenant {
     /// `{"type": "pull", "queues"?}`; http, kafka and pull sinks take the
     /// delivery policy defaults `max_attempts`, `backoff` and `max_age_ms`.
     sink: SinkSpec,
+    /// Where the tenant's notices go (failed, expired and missed events,
+    /// pauses and resumes, circuit changes): `{"url": "https://..."}` or
+    /// `{"kafka_topic": "..."}` (where Kafka is supported); omitted: no
+    /// notices.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    notify: Option<Value>,
+}
+
+/// The notice target of a `PUT` body, checked like a sink's URL or topic.
+fn notify_target(value: Option<Value>, sink: &SinkConfig) -> Result<Option<NotifyTarget>, V1Error> {
+    let fields = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(fields)) => fields,
+        Some(_) => return Err(invalid_sink("notify must be an object")),
+    };
+    let mut fields = fields.into_iter();
+    let target = match (fields.next(), fields.next()) {
+        (Some((name, Value::String(url))), None) if name == "url" => NotifyTarget::Url { url },
+        (Some((name, Value::String(topic))), None) if name == "kafka_topic" => {
+            NotifyTarget::KafkaTopic { kafka_topic: topic }
+        }
+        _ => {
+            return Err(invalid_sink(
+                "notify must hold exactly one string field: url or kafka_topic",
+            ));
+        }
+    };
+    target
+        .validate()
+        .map_err(|e| invalid_sink(format!("notify: {e}")))?;
+    Sinks::check_supported(&target.sink(sink))
+        .map_err(|message| V1Error(ApiError::new(Code::UnsupportedSink, message)))?;
+    Ok(Some(target))
 }
 
 /// Every tenant the key may see, by name.
@@ -443,12 +479,21 @@ pub(crate) async fn put(
 ) -> Result<Response, V1Error> {
     let name = tenant_name(tenant)?;
     let sink = body.sink.into_config()?;
+    let notify = notify_target(body.notify, &sink)?;
     state
         .engine
         .sinks()
         .check_egress(&sink)
         .await
         .map_err(invalid_sink)?;
+    if let Some(target) = &notify {
+        state
+            .engine
+            .sinks()
+            .check_egress(&target.sink(&sink))
+            .await
+            .map_err(|e| invalid_sink(format!("notify: {e}")))?;
+    }
     let store = state.engine.store();
     let existing = store.get_tenant(&name).await?;
     let existed = existing.is_some();
@@ -457,6 +502,7 @@ pub(crate) async fn put(
         name: name.clone(),
         sink,
         signing: Some(secrets),
+        notify,
     };
     state.engine.tenants().put(tenant.clone()).await?;
     // A replaced tenant keeps its pause: the answer shows it.

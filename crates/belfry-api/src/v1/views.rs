@@ -4,8 +4,8 @@
 
 use belfry_core::retry::BackoffError;
 use belfry_core::{
-    Attempt, Backoff, DeliveryOption, EventRecord, RetryPolicy, SinkConfig, TenantConfig,
-    TenantPause, Timestamp, Verdict,
+    Attempt, Backoff, DeliveryOption, EventRecord, NotifyTarget, RetryPolicy, SinkConfig,
+    TenantConfig, TenantPause, Timestamp, Verdict,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -58,6 +58,11 @@ pub(crate) struct TenantView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub pause: Option<PauseView<'a>>,
+    /// Where its notices go (`{"url": ...}` or `{"kafka_topic": ...}`);
+    /// left out when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>, nullable = false)]
+    pub notify: Option<&'a NotifyTarget>,
 }
 
 /// A tenant's pause state (`POST /v1/tenants/{tenant}/pause`, `…/resume`).
@@ -89,6 +94,7 @@ impl<'a> TenantView<'a> {
             sink: crate::auth::mask::sink(&tenant.sink),
             signing_secret: None,
             pause: pause.map(PauseView::from),
+            notify: tenant.notify.as_ref(),
         }
     }
 }

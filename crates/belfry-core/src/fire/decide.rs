@@ -114,6 +114,11 @@ pub enum Route {
     Pull,
     /// Pushed to the tenant's sink (HTTP, Kafka, built-in).
     Push,
+    /// A notice (`crate::notice`): to the tenant's notice target, outside
+    /// the tenant's delivery slots (a slow notice target cannot delay its
+    /// deliveries) and even while it is paused (the pause is news). Known
+    /// from the key alone.
+    Notice,
     /// Its tenant is paused: not delivered and nothing recorded. The entry
     /// goes back to its partition's window, which holds the tenant's lane
     /// until it resumes ([`super::Finish::Held`]).
@@ -121,16 +126,20 @@ pub enum Route {
 }
 
 impl Route {
-    /// Whether the entry is delivered at all (and so queues for a slot).
+    /// Whether the entry is delivered at all (a control event plans
+    /// instead). Only pushed and pulled entries queue for a delivery slot.
     pub fn delivers(self) -> bool {
         !matches!(self, Route::Schedule)
     }
 }
 
 /// The route of a fired entry known from its key alone: [`Route::Schedule`]
-/// for a control event, `None` when its tenant's sink decides
-/// ([`route`]).
+/// for a control event, [`Route::Notice`] for a notice, `None` when its
+/// tenant's sink decides ([`route`]).
 pub fn route_of_key(key: &EventKey) -> Option<Route> {
+    if crate::notice::is_notice(&key.id) {
+        return Some(Route::Notice);
+    }
     schedule_of_control(&key.id).map(|_| Route::Schedule)
 }
 
@@ -342,6 +351,25 @@ mod tests {
             control_event_id(&ScheduleId::new("nightly".to_string()).unwrap()),
         );
         assert_eq!(route(&control, &log, Some(&paused)), Route::Schedule);
+    }
+
+    #[test]
+    fn notices_route_to_the_notice_target_even_while_paused() {
+        let notice = EventKey::new(
+            TenantName::new("acme".to_string()).unwrap(),
+            crate::notice::slot_id(7),
+        );
+        let log = SinkConfig::Builtin(BuiltinTarget {
+            processor: "log".to_string(),
+        });
+        let pull = SinkConfig::Pull(PullTarget::default());
+        let paused = TenantPause::paused(None, None, ts(5));
+        assert_eq!(route_of_key(&notice), Some(Route::Notice));
+        assert_eq!(route(&notice, &log, None), Route::Notice);
+        assert_eq!(route(&notice, &pull, Some(&paused)), Route::Notice);
+        assert!(Route::Notice.delivers());
+        // A client id that looks like one is the client's.
+        assert_eq!(route_of_key(&key("notice/7")), None);
     }
 
     #[test]

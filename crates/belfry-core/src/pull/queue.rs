@@ -255,6 +255,24 @@ pub enum LeaseChange {
     },
 }
 
+impl LeaseChange {
+    /// Why it fails its event for good ([`Resolution::Dead`]); `None`
+    /// for any other change.
+    pub fn dead_reason(&self) -> Option<&str> {
+        match self {
+            LeaseChange::Resolve {
+                resolution: Resolution::Dead { reason },
+                ..
+            }
+            | LeaseChange::Expire {
+                resolution: Resolution::Dead { reason },
+                ..
+            } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
 /// A lease as its worker gets it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GrantedLease {

@@ -67,6 +67,7 @@ fn tenant(url: String, timeout_ms: Option<u64>) -> TenantConfig {
             delivery: Default::default(),
         }),
         signing: None,
+        notify: None,
     }
 }
 

@@ -52,6 +52,7 @@ fn tenant(broker: &KafkaBroker, topic: &str, extra: &[(&str, &str)]) -> TenantCo
             delivery: Default::default(),
         }),
         signing: None,
+        notify: None,
     }
 }
 

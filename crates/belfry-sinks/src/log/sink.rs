@@ -50,6 +50,7 @@ mod tests {
                 processor: PROCESSOR_NAME.into(),
             }),
             signing: None,
+            notify: None,
         };
         let at = Timestamp::from_millis(1_000);
         let key = EventKey::new(tenant.name.clone(), EventId::new("e").unwrap());

@@ -18,7 +18,7 @@ pub struct TenantsArgs {
 pub enum TenantsCommand {
     /// List the tenants (those the key may see), by name.
     List,
-    /// Show a tenant's sink.
+    /// Show a tenant's sink and notice target.
     Get {
         /// The tenant
         tenant: String,
@@ -59,6 +59,16 @@ pub struct PutArgs {
     /// How long a delivery waits for the webhook's answer
     #[arg(long, value_name = "MS")]
     pub timeout_ms: Option<u64>,
+
+    /// Where the tenant's notices go (failed, expired and missed events,
+    /// pauses, resumes): a webhook URL
+    #[arg(long, value_name = "URL", conflicts_with = "notify_kafka_topic")]
+    pub notify_url: Option<String>,
+
+    /// Where the tenant's notices go: a Kafka topic (on nodes built with
+    /// Kafka)
+    #[arg(long, value_name = "TOPIC")]
+    pub notify_kafka_topic: Option<String>,
 }
 
 pub async fn execute(client: &Client, command: TenantsCommand) -> Result<(), Failure> {
@@ -77,7 +87,13 @@ pub async fn execute(client: &Client, command: TenantsCommand) -> Result<(), Fai
                 sink["timeout_ms"] = json!(timeout_ms);
             }
             let path = format!("/v1/tenants/{}", segment("tenant", &args.tenant)?);
-            let answer = client.put(&path, &json!({ "sink": sink })).await;
+            let mut body = json!({ "sink": sink });
+            if let Some(url) = args.notify_url {
+                body["notify"] = json!({ "url": url });
+            } else if let Some(topic) = args.notify_kafka_topic {
+                body["notify"] = json!({ "kafka_topic": topic });
+            }
+            let answer = client.put(&path, &body).await;
             show(client, answer, render_tenant)
         }
         TenantsCommand::Pause { tenant, reason } => {
@@ -150,6 +166,14 @@ fn render_tenant(tenant: &Value) -> String {
     }
     if sink.get("timeout_ms").is_some_and(|t| !t.is_null()) {
         fields.add("timeout_ms", text(sink, "timeout_ms"));
+    }
+    if let Some(notify) = tenant.get("notify").filter(|n| n.is_object()) {
+        let target = ["url", "kafka_topic"]
+            .into_iter()
+            .find_map(|field| notify.get(field).and_then(Value::as_str))
+            .map(clean)
+            .unwrap_or_default();
+        fields.add("notify", target);
     }
     if let Some(pause) = tenant.get("pause").filter(|p| p.is_object()) {
         let paused = pause.get("paused").and_then(Value::as_bool) == Some(true);

@@ -1,6 +1,6 @@
 // Tenants: every tenant the key sees (all for admins), with its sink, its
-// pause (and Pause / Resume for writers), and links to its events,
-// schedules and dead letters.
+// notice target, its pause (and Pause / Resume for writers), and links to
+// its events, schedules and dead letters.
 
 import { api, tenantPath } from './api.js';
 import { busy, button, h, hashLink, instant, pageHead, panel, table } from './dom.js';
@@ -13,6 +13,13 @@ function target(sink) {
     case 'builtin': return `processor ${sink.processor}`;
     default: return '';
   }
+}
+
+/** Where a tenant's notices go, if anywhere. */
+function noticeTarget(tenant) {
+  const notify = tenant.notify;
+  if (!notify) return h('span', { class: 'muted' }, 'none');
+  return h('span', { class: 'mono' }, notify.url || `topic ${notify.kafka_topic}`);
 }
 
 function paused(tenant) {
@@ -39,6 +46,7 @@ export default {
         { label: 'Tenant', cell: (t) => h('a', { href: hashLink('events', [], { tenant: t.name }) }, t.name) },
         { label: 'Channel', cell: (t) => t.sink.type },
         { label: 'Delivers to', cell: (t) => h('span', { class: 'mono' }, target(t.sink)) },
+        { label: 'Notices to', cell: noticeTarget },
         {
           label: 'Deliveries',
           cell: (t) => (paused(t)
