@@ -11,6 +11,12 @@
 //!   deliveries are stuck) is skipped in O(log n), never scanned, and the
 //!   tenant holding the most entries is the one evicted when the window is
 //!   over capacity: a backlog of one tenant cannot push another's events out.
+//! - The engine's internal entries (ids with the internal mark: schedule
+//!   control events, failure notices) are always covered up to the cursor
+//!   and never evicted, and a blocked lane still fires them
+//!   ([`FairWindow::pop_internal_held`]): a paused tenant's schedules go on
+//!   planning and its notices go out. There are few of them per tenant
+//!   (its schedules due within the window, its notice slots).
 //! - The window is a hint: whoever fires an entry checks the event's record.
 
 use std::collections::{BTreeSet, HashMap};
@@ -23,6 +29,8 @@ use crate::timer::DueCursor;
 #[derive(Debug, Default)]
 struct Lane {
     entries: BTreeSet<(Timestamp, EventId)>,
+    /// The internal entries among `entries`.
+    internal: BTreeSet<(Timestamp, EventId)>,
     /// Entries of this tenant after this cursor (exclusive) and up to the
     /// window's cursor are not held.
     overflow: Option<DueCursor>,
@@ -34,6 +42,15 @@ impl Lane {
     fn first(&self) -> Option<Timestamp> {
         self.entries.first().map(|(due, _)| *due)
     }
+
+    /// Its client entries: what eviction and the blocked lanes' cap count.
+    fn clients(&self) -> usize {
+        self.entries.len() - self.internal.len()
+    }
+
+    fn first_internal(&self) -> Option<Timestamp> {
+        self.internal.first().map(|(due, _)| *due)
+    }
 }
 
 /// See the module documentation.
@@ -44,6 +61,8 @@ pub struct FairWindow {
     heads: BTreeSet<(Timestamp, TenantName)>,
     /// The subset of `heads` whose tenant is not blocked.
     ready: BTreeSet<(Timestamp, TenantName)>,
+    /// `(earliest internal entry, tenant)` of every lane holding one.
+    internal_heads: BTreeSet<(Timestamp, TenantName)>,
     held: usize,
     covered_through: Option<DueCursor>,
 }
@@ -89,15 +108,16 @@ impl FairWindow {
     }
 
     /// Whether `entry` is covered: at or before the cursor, and not in its
-    /// tenant's overflow.
+    /// tenant's overflow (an internal entry never is).
     pub fn covers(&self, entry: &DueCursor) -> bool {
         let within = self.covered_through.as_ref().is_some_and(|c| entry <= c);
         within
-            && self
-                .lanes
-                .get(&entry.key.tenant)
-                .and_then(|lane| lane.overflow.as_ref())
-                .is_none_or(|overflow| entry <= overflow)
+            && (entry.key.id.is_internal()
+                || self
+                    .lanes
+                    .get(&entry.key.tenant)
+                    .and_then(|lane| lane.overflow.as_ref())
+                    .is_none_or(|overflow| entry <= overflow))
     }
 
     pub fn contains(&self, entry: &DueCursor) -> bool {
@@ -143,14 +163,14 @@ impl FairWindow {
     pub fn blocked_over(&self, max: usize) -> Vec<TenantName> {
         self.lanes
             .iter()
-            .filter(|(_, lane)| lane.blocked && lane.entries.len() > max)
+            .filter(|(_, lane)| lane.blocked && lane.clients() > max)
             .map(|(tenant, _)| tenant.clone())
             .collect()
     }
 
-    /// Entries held for `tenant`.
+    /// Client entries held for `tenant` (its internal ones not counted).
     pub fn held_by(&self, tenant: &TenantName) -> usize {
-        self.lanes.get(tenant).map_or(0, |lane| lane.entries.len())
+        self.lanes.get(tenant).map_or(0, Lane::clients)
     }
 
     pub fn is_blocked(&self, tenant: &TenantName) -> bool {
@@ -185,12 +205,20 @@ impl FairWindow {
         }
         let DueCursor { due, key } = entry;
         let old_head = self.lanes.get(&key.tenant).and_then(Lane::first);
+        let old_internal = self.lanes.get(&key.tenant).and_then(Lane::first_internal);
         let lane = self.lane_mut(&key.tenant);
+        let internal = key.id.is_internal();
+        if internal {
+            lane.internal.insert((due, key.id.clone()));
+        }
         if !lane.entries.insert((due, key.id)) {
             return false;
         }
         self.held += 1;
         self.head_changed(&key.tenant, old_head);
+        if internal {
+            self.internal_changed(&key.tenant, old_internal);
+        }
         true
     }
 
@@ -205,6 +233,7 @@ impl FairWindow {
         }
         self.held -= 1;
         self.head_changed(&entry.key.tenant, old_head);
+        self.forget_internal(&entry.key.tenant, entry.due, &entry.key.id);
         self.drop_lane_if_idle(&entry.key.tenant);
         true
     }
@@ -279,9 +308,38 @@ impl FairWindow {
         let (due, id) = lane.entries.pop_first()?;
         self.held -= 1;
         self.head_changed(&tenant, Some(due));
+        self.forget_internal(&tenant, due, &id);
         let entry = cursor_of(&tenant, due, &id);
         self.drop_lane_if_idle(&tenant);
         Some(entry)
+    }
+
+    /// Removes and returns the earliest internal entry due at or before
+    /// `now` of a blocked tenant: a lane held for its tenant's deliveries
+    /// (paused, its endpoint failing, at its outstanding bound) still
+    /// plans its schedules and sends its notices.
+    pub fn pop_internal_held(&mut self, now: Timestamp) -> Option<DueCursor> {
+        let (due, tenant, id) = self
+            .internal_heads
+            .iter()
+            .take_while(|(due, _)| *due <= now)
+            .find_map(|(_, tenant)| {
+                let lane = self.lanes.get(tenant).filter(|lane| lane.blocked)?;
+                let (due, id) = lane.internal.first()?;
+                Some((*due, tenant.clone(), id.clone()))
+            })?;
+        let entry = cursor_of(&tenant, due, &id);
+        self.remove(&entry);
+        Some(entry)
+    }
+
+    /// The earliest internal entry of a blocked tenant (see
+    /// [`FairWindow::pop_internal_held`]).
+    pub fn next_internal_held(&self) -> Option<Timestamp> {
+        self.internal_heads
+            .iter()
+            .find(|(_, tenant)| self.lanes.get(tenant).is_some_and(|lane| lane.blocked))
+            .map(|(due, _)| *due)
     }
 
     /// Entries due at or before `through`, after the per-tenant marks given
@@ -363,7 +421,7 @@ impl FairWindow {
             let mut largest: Option<(usize, &TenantName)> = None;
             let mut second = 0;
             for (tenant, lane) in &self.lanes {
-                let candidate = (lane.entries.len(), tenant);
+                let candidate = (lane.clients(), tenant);
                 match largest {
                     Some(top) if candidate <= top => second = second.max(candidate.0),
                     _ => {
@@ -416,6 +474,14 @@ impl FairWindow {
         let len = lane.entries.len();
         let first_evicted = match count {
             0 => None,
+            // The `count`-th client entry from the end.
+            n if !lane.internal.is_empty() => lane
+                .entries
+                .iter()
+                .rev()
+                .filter(|(_, id)| !id.is_internal())
+                .take(n)
+                .last(),
             n if n >= len => lane.entries.first(),
             n if n <= len / 2 => lane.entries.iter().nth_back(n - 1),
             n => lane.entries.iter().nth(len - n),
@@ -426,13 +492,23 @@ impl FairWindow {
         let old_head = lane.first();
         // One split instead of an entry-by-entry removal: a hung tenant's
         // lane may lose tens of thousands at once.
-        let tail = lane.entries.split_off(&first_evicted);
+        let mut tail = lane.entries.split_off(&first_evicted);
+        // The mark goes after the last client entry kept: internal entries
+        // stay (they are few, and an overflow mark does not cover them).
+        let last_kept = lane.entries.last().cloned();
+        for kept in lane.internal.range(&first_evicted..) {
+            tail.remove(kept);
+            lane.entries.insert(kept.clone());
+        }
         let n = tail.len();
+        if n == 0 {
+            return 0;
+        }
         // Everything of this tenant after the last entry kept is the
         // per-tenant loader's again. With nothing kept, the mark goes just
         // before the earliest evicted instant (a reload may then re-read a
         // few entries at the instant before it: inserting is idempotent).
-        let mark = match lane.entries.last() {
+        let mark = match last_kept.as_ref() {
             Some((kept_due, kept_id)) => cursor_of(tenant, *kept_due, kept_id),
             None => DueCursor {
                 due: first_evicted.0.minus(std::time::Duration::from_millis(1)),
@@ -475,6 +551,33 @@ impl FairWindow {
             if !lane.blocked {
                 self.ready.insert((new, tenant.clone()));
             }
+        }
+    }
+
+    /// `(due, id)` left `tenant`'s lane: forgotten if it was internal.
+    fn forget_internal(&mut self, tenant: &TenantName, due: Timestamp, id: &EventId) {
+        if !id.is_internal() {
+            return;
+        }
+        let Some(lane) = self.lanes.get_mut(tenant) else {
+            return;
+        };
+        let old = lane.first_internal();
+        if lane.internal.remove(&(due, id.clone())) {
+            self.internal_changed(tenant, old);
+        }
+    }
+
+    fn internal_changed(&mut self, tenant: &TenantName, old: Option<Timestamp>) {
+        let new = self.lanes.get(tenant).and_then(Lane::first_internal);
+        if new == old {
+            return;
+        }
+        if let Some(old) = old {
+            self.internal_heads.remove(&(old, tenant.clone()));
+        }
+        if let Some(new) = new {
+            self.internal_heads.insert((new, tenant.clone()));
         }
     }
 
