@@ -37,7 +37,7 @@ use crate::time::Timestamp;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ConfigKeys)]
 #[serde(default, deny_unknown_fields)]
 pub struct BreakerPolicy {
-    /// Consecutive transient failures (5xx, 429, timeouts, connection
+    /// Consecutive transient failures (5xx, 408, 429, timeouts, connection
     /// errors) of a tenant's HTTP or Kafka endpoint that open its circuit:
     /// its due events then wait, spending no attempt, while one probe
     /// delivery per cool-down tests the endpoint. `0`: no circuit breaker.
