@@ -145,6 +145,11 @@ impl Circuits<'_> {
         self.shared.circuits.lock().view(&tenant.name, &tenant.sink)
     }
 
+    /// Circuits open or half-open on this node.
+    pub fn not_closed(&self) -> usize {
+        self.shared.circuits.lock().not_closed()
+    }
+
     /// Sets the one listener told of every transition (replacing any
     /// earlier one).
     pub fn on_transition(&self, listener: CircuitListener) {

@@ -745,6 +745,12 @@ pub fn circuit_changed(tenant: &str, state: &'static str, not_closed: usize) {
     }
 }
 
+/// Sets `belfry_circuits_open` (at each scrape, so it reads 0 before any
+/// circuit changed).
+pub fn set_circuits_open(not_closed: usize) {
+    gauge!(CIRCUITS_OPEN.name).set(not_closed as f64);
+}
+
 fn set_pull_state(pull: &PullState) {
     gauge!(PULL_READY.name).set(pull.ready as f64);
     gauge!(PULL_LEASES.name).set(pull.leases as f64);

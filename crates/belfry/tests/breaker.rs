@@ -333,4 +333,14 @@ async fn threshold_zero_turns_the_breaker_off() {
         .unwrap();
     let (_, view) = get_json(&node.url("/v1/tenants/acme")).await;
     assert!(view.get("circuit").is_none(), "{view}");
+    let metrics = scrape(&node).await;
+    assert_eq!(
+        sample(&metrics, "belfry_circuits_open"),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("belfry_circuit_transitions_total{"),
+        "{metrics}"
+    );
 }
