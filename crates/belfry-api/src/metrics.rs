@@ -50,6 +50,7 @@ pub(crate) async fn scrape(State(state): State<ApiState>) -> Response {
         }
         Err(error) => tracing::warn!(%error, "reading the paused tenants for /metrics failed"),
     }
+    belfry_metrics::set_circuits_open(state.engine.circuits().not_closed());
     let node = state.engine.metrics_state();
     {
         // Poison means a panic mid-update; the list is still usable.

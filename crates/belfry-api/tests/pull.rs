@@ -829,7 +829,10 @@ async fn a_cron_schedule_of_a_pull_tenant_produces_claimable_occurrences() {
         assert_eq!(lease["queue"], "ticks", "the schedule's queue");
         assert_eq!(lease["max_attempts"], 4, "the schedule's cap");
         let event = h.get(&format!("/v1/tenants/jobs/events/{id}")).await;
-        assert_eq!(event.body["max_age_ms"], 600000, "the schedule's: {event:?}");
+        assert_eq!(
+            event.body["max_age_ms"], 600000,
+            "the schedule's: {event:?}"
+        );
         assert_eq!(event.body["attempt_timeout_ms"], 5000, "{event:?}");
         assert!(now() >= instant(&lease["due_at"]), "never early");
         let done = lease_call(&h, &lease, "complete", json!({})).await;

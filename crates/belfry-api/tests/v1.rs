@@ -53,9 +53,12 @@ async fn tenant_crud() {
     assert!(secret.unwrap().as_str().unwrap().starts_with("whsec_"));
     assert_eq!(
         created.body,
-        // Header values are write-only: masked in every answer.
+        // Header values are write-only: masked in every answer. An http
+        // tenant's endpoint has a circuit breaker, closed at first.
         json!({ "name": "acme", "sink": { "type": "http", "url": "http://svc.internal/hook",
-                                          "headers": { "x-key": "****" }, "timeout_ms": 2500 } })
+                                          "headers": { "x-key": "****" }, "timeout_ms": 2500 },
+                "circuit": { "state": "closed", "since": null, "consecutive_failures": 0,
+                             "next_probe_at": null } })
     );
     let replaced = h.put("/v1/tenants/acme", &log_sink()).await;
     assert_eq!(replaced.status, StatusCode::OK);
@@ -63,6 +66,7 @@ async fn tenant_crud() {
         replaced.body["sink"],
         json!({ "type": "builtin", "processor": "log" })
     );
+    assert!(replaced.body.get("circuit").is_none(), "{replaced:?}");
     let fetched = h.get("/v1/tenants/acme").await;
     assert_eq!(fetched.status, StatusCode::OK);
     assert_eq!(fetched.body, replaced.body);

@@ -133,6 +133,12 @@ pub struct LoadArgs {
     /// Payload size in bytes (a JSON string of that many characters).
     #[arg(long)]
     pub payload_bytes: Option<usize>,
+    /// Delivery policies in use: the tenant gets delivery defaults
+    /// (`max_attempts`, `backoff`, `max_age_ms` through `PUT
+    /// /v1/tenants/{t}`) and every event its own, sent through `POST
+    /// /v1/tenants/{t}/events` instead of BigBen's route.
+    #[arg(long)]
+    pub policy: bool,
 }
 
 /// Output and runtime of the tool itself.

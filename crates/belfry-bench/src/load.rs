@@ -382,6 +382,17 @@ async fn send_one(
         .await
         .map_err(|e| format!("reading the answer: {e}"))?;
     let has_error_item = memchr::memmem::find(&answer, b"\"ERROR\"").is_some();
+    // A `/v1` batch answers 200 with its counts of refused items.
+    if status == 200 && memchr::memmem::find(&answer, b"\"results\"").is_some() {
+        return if memchr::memmem::find(&answer, b"\"rejected\":0,\"failed\":0").is_some() {
+            Ok(count as u64)
+        } else {
+            Err(format!(
+                "items refused: {}",
+                String::from_utf8_lossy(&answer[answer.len().saturating_sub(300)..])
+            ))
+        };
+    }
     match status {
         200 if !has_error_item => Ok(count as u64),
         200 | 206 => Ok(count_stored(&answer)),

@@ -233,6 +233,37 @@ impl Node {
         self.register_tenant_config(client, &config).await
     }
 
+    /// Gives `tenant` (an HTTP tenant of `url`) delivery defaults through
+    /// `PUT /v1/tenants/{t}`: what `--policy` runs resolve at every fire.
+    ///
+    /// # Errors
+    /// When the node does not answer 200.
+    pub async fn set_delivery_defaults(
+        &self,
+        client: &reqwest::Client,
+        tenant: &str,
+        url: &str,
+    ) -> anyhow::Result<()> {
+        let path = format!("/v1/tenants/{}", tenant.replace('/', "%2F"));
+        let body = serde_json::json!({ "sink": {
+            "type": "http", "url": url, "max_attempts": 20,
+            "backoff": { "initial_delay_ms": 1000, "multiplier": 2.0, "max_delay_ms": 60000 },
+            "max_age_ms": 3_600_000,
+        } });
+        let response = client
+            .put(self.url(&path))
+            .json(&body)
+            .send()
+            .await
+            .context("PUT /v1/tenants/{t}")?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            bail!("setting {tenant}'s delivery defaults answered {status}: {body}");
+        }
+        Ok(())
+    }
+
     /// Registers a tenant with BigBen's whole registration body (`tenant`,
     /// `type`, `props`), e.g. a `MESSAGING` tenant.
     ///

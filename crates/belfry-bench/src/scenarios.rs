@@ -29,6 +29,8 @@ pub(crate) struct Load {
     pub(crate) batch: usize,
     pub(crate) concurrency: usize,
     pub(crate) payload_bytes: usize,
+    /// Events and tenant carry delivery policies (`--policy`).
+    pub(crate) policy: bool,
 }
 
 impl Load {
@@ -41,6 +43,7 @@ impl Load {
             batch,
             concurrency: args.concurrency.unwrap_or(default_concurrency).max(1),
             payload_bytes: args.payload_bytes.unwrap_or(100),
+            policy: args.policy,
         }
     }
 }
@@ -51,6 +54,8 @@ pub(crate) struct Session {
     pub(crate) node: Node,
     pub(crate) receiver: Receiver,
     pub(crate) tenant: String,
+    /// Events go through `/v1` with their own delivery policies.
+    pub(crate) policy: bool,
 }
 
 impl Session {
@@ -72,11 +77,17 @@ impl Session {
         node.register_tenant(&client, &tenant, &receiver.url("/hook"))
             .await
             .with_context(|| node.logs_tail())?;
+        if load.policy {
+            node.set_delivery_defaults(&client, &tenant, &receiver.url("/hook"))
+                .await
+                .with_context(|| node.logs_tail())?;
+        }
         Ok(Session {
             client,
             node,
             receiver,
             tenant,
+            policy: load.policy,
         })
     }
 
@@ -115,7 +126,11 @@ impl Session {
         load: Load,
         label: &str,
     ) -> IngestReport {
-        let bodies = Bodies::prebuilt(workload.request_bodies(load.batch));
+        let bodies = Bodies::prebuilt(if self.policy {
+            workload.v1_request_bodies(load.batch)
+        } else {
+            workload.request_bodies(load.batch)
+        });
         self.ingest_bodies(bodies, load.batch, load.concurrency, label)
             .await
     }
@@ -129,7 +144,14 @@ impl Session {
         concurrency: usize,
         label: &str,
     ) -> IngestReport {
-        let urls = [self.node.url("/events/schedule")];
+        let urls = [if self.policy {
+            self.node.url(&format!(
+                "/v1/tenants/{}/events",
+                self.tenant.replace('/', "%2F")
+            ))
+        } else {
+            self.node.url("/events/schedule")
+        }];
         load::run(&self.client, &urls, bodies, batch, concurrency, label).await
     }
 }
@@ -144,7 +166,7 @@ pub(crate) fn database_param(node: &NodeArgs) -> &'static str {
 }
 
 pub(crate) fn load_params(load: Load) -> serde_json::Value {
-    json!({"batch": load.batch, "concurrency": load.concurrency, "payload_bytes": load.payload_bytes})
+    json!({"batch": load.batch, "concurrency": load.concurrency, "payload_bytes": load.payload_bytes, "policy": load.policy})
 }
 
 pub(crate) fn merge(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {

@@ -75,6 +75,7 @@ pub async fn run(args: SchedulesArgs) -> anyhow::Result<Report> {
         batch: 1,
         concurrency,
         payload_bytes: 0,
+        policy: false,
     };
     let session = Session::open(&args.node, load).await?;
     let grid = Grid {

@@ -66,6 +66,35 @@ impl Workload {
             })
             .collect()
     }
+
+    /// [`Workload::request_bodies`] as `POST /v1/tenants/{t}/events`
+    /// batches, each event with its own delivery policy (`--policy`).
+    pub fn v1_request_bodies(&self, batch: usize) -> Vec<(Bytes, usize)> {
+        let payload = "x".repeat(self.payload_bytes);
+        self.due_ms
+            .chunks(batch.max(1))
+            .enumerate()
+            .map(|(chunk, dues)| {
+                let mut body = String::with_capacity(dues.len() * (220 + payload.len()) + 16);
+                body.push_str(r#"{"events":["#);
+                for (offset, &due) in dues.iter().enumerate() {
+                    if offset > 0 {
+                        body.push(',');
+                    }
+                    let id = chunk * batch.max(1) + offset;
+                    // Writing into a String cannot fail.
+                    let _ = write!(
+                        body,
+                        r#"{{"id":"e{id}","deliver_at":"{}.{:03}Z","payload":"{payload}","max_attempts":10,"backoff":{{"initial_delay_ms":500,"multiplier":2.0,"max_delay_ms":30000}},"max_age_ms":600000}}"#,
+                        rfc3339_second(due.div_euclid(1000)),
+                        due.rem_euclid(1000),
+                    );
+                }
+                body.push_str("]}");
+                (Bytes::from(body), dues.len())
+            })
+            .collect()
+    }
 }
 
 /// Writes `POST /events/schedule` bodies for one tenant, for workloads

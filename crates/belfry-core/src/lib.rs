@@ -21,6 +21,9 @@
 //!   (`(state, command, now) → (state, effects)`).
 //! - [`retry`]: the retry policy and the one delivery classification
 //!   ([`Verdict`]: delivered, retry, permanent).
+//! - [`breaker`]: the circuit breaker of each tenant endpoint
+//!   ([`breaker::Breakers`]: consecutive transient failures open it, events
+//!   then wait; one probe per growing cool-down closes it).
 //! - [`policy`]: an event's attempts on every channel
 //!   ([`policy::DeliveryPolicy`]: the event's settings, else its tenant's,
 //!   else the node's; the next attempt after the back-off or the
@@ -55,6 +58,7 @@ extern crate self as belfry_core;
 
 pub mod assignment;
 pub mod auth;
+pub mod breaker;
 pub mod bulk;
 pub mod config;
 pub mod cron;

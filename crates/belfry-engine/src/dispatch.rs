@@ -20,6 +20,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use belfry_core::breaker::{Admission, Pass};
 use belfry_core::event::{AttemptReport, EventCommand};
 use belfry_core::fire::decide::{self, Route};
 use belfry_core::fire::{DeliverySlots, Finish, SlotPolicy};
@@ -285,8 +286,9 @@ impl Drop for HeldSlot {
 }
 
 /// One delivery, holding a tenant slot and a global slot: reads and claims
-/// the record, then holds it (its tenant is paused), expires it, hands it
-/// to the pull queue or sends it, as the core decides. The outcome is handed to the recorder before the slot
+/// the record, then holds it (its tenant is paused, or its endpoint's
+/// circuit open), expires it, hands it to the pull queue or sends it, as
+/// the core decides. The outcome is handed to the recorder before the slot
 /// is released. Sets `answered` when the tenant's endpoint answered the
 /// attempt, whatever it answered.
 async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) {
@@ -357,15 +359,30 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
         tracing::debug!(partition = %ticket.partition(), "firing window closed before delivery; holding the event");
         return ticket.finish(retry_later());
     }
-    let report = match route {
+    if route == Route::Pull {
         // The hand-off cannot hang, so it counts as answered: a pull
         // tenant's slow start never holds its hand-offs back.
-        Route::Pull => {
-            *answered = true;
-            return hand_to_pull(shared, ticket, record, policy);
-        }
-        _ => send(shared, &ticket, config, &record, now, answered).await,
+        *answered = true;
+        return hand_to_pull(shared, ticket, record, policy);
+    }
+    let pass = match crate::circuits::admit(shared, config, now) {
+        Admission::Send(pass) => pass,
+        // The endpoint's circuit is open: no attempt, nothing recorded;
+        // the partition holds the tenant's lane until the probe time (or
+        // its recheck, while a probe is out).
+        Admission::Hold { until: Some(until) } => return ticket.finish(Finish::HeldUntil(until)),
+        Admission::Hold { until: None } => return ticket.finish(Finish::Held),
     };
+    let probe = UnsentProbe::new(shared, &config.name, pass);
+    let mut report = send(shared, &ticket, config, &record, now, answered).await;
+    probe.sent();
+    report.error = crate::circuits::record(
+        shared,
+        &config.name,
+        pass,
+        report.verdict,
+        report.error.take(),
+    );
     let gone = report.steer == Some(Steer::Gone);
     let command = attempt_command(&record, report, Some(config));
     send_outcome(shared, ticket, command).await;
@@ -451,6 +468,36 @@ async fn deliver_notice(shared: &Arc<Shared>, ticket: Ticket) {
         tenant: Default::default(),
     };
     send_outcome(shared, ticket, command).await;
+}
+
+/// A probe admitted and not sent yet: dropped unsent (the delivery's task
+/// cancelled), it gives the circuit its probe back.
+struct UnsentProbe<'a> {
+    shared: &'a Arc<Shared>,
+    tenant: &'a TenantName,
+    pass: Option<Pass>,
+}
+
+impl<'a> UnsentProbe<'a> {
+    fn new(shared: &'a Arc<Shared>, tenant: &'a TenantName, pass: Pass) -> Self {
+        UnsentProbe {
+            shared,
+            tenant,
+            pass: pass.is_probe().then_some(pass),
+        }
+    }
+
+    fn sent(mut self) {
+        self.pass = None;
+    }
+}
+
+impl Drop for UnsentProbe<'_> {
+    fn drop(&mut self) {
+        if let Some(pass) = self.pass.take() {
+            crate::circuits::abandon(self.shared, self.tenant, pass);
+        }
+    }
 }
 
 /// The record of the attempt `report` tells of, on `record`'s version,

@@ -45,6 +45,9 @@
 //!   payload size, checked before client writes ([`quotas::Quotas`]); the
 //!   node's `[limits]` section ([`quotas::LimitsOptions`]);
 //! - [`tenants`]: tenant configs, their writes and a short-lived cache;
+//! - [`circuits`]: tenant endpoints' circuit breakers on this node (the
+//!   runtime of [`belfry_core::breaker::Breakers`]) and the one place
+//!   their transitions are acted on;
 //! - `writes`: writes made for callers that may go away (API requests,
 //!   ingest, bulk actions): store call and routing in a task of their own.
 //!
@@ -58,9 +61,9 @@
 //! are traits); the others still reach `Shared`.
 //!
 //! Modules import one way (no circle), bottom-up: tasks, writes, notices,
-//! tenants, reads, partition, ownership; pull, pull_peers; schedule_scan,
-//! quotas; options; schedules, recorder; dispatch; partitions, bulk,
-//! membership.
+//! circuits, tenants, reads, partition, ownership; pull, pull_peers;
+//! schedule_scan, quotas; options; schedules, recorder; dispatch;
+//! partitions, bulk, membership.
 //!
 //! # The fire path
 //! See `docs/ARCHITECTURE.md`. In short: each partition core pages due
@@ -82,6 +85,7 @@ use belfry_store::{Applied, ApplyParams, KeyedCommand, SharedStore, StoreResult}
 use tokio::sync::mpsc;
 
 pub mod bulk;
+pub mod circuits;
 pub mod dispatch;
 pub mod membership;
 pub mod notices;
@@ -147,6 +151,8 @@ pub(crate) struct Shared {
     pub(crate) owned: OwnedPartitions,
     pub(crate) fire_path: FirePath,
     pub(crate) tenants: tenants::TenantCache,
+    /// Tenant endpoints' circuit breakers (this node's judgement).
+    pub(crate) circuits: circuits::CircuitRuntime,
     /// Per-tenant quota estimates (client writes are checked against them).
     pub(crate) quotas: quotas::QuotaState,
     /// The bulk action runner's state (claims, wake-up).
@@ -266,6 +272,7 @@ impl Engine {
             },
             quotas: quotas::QuotaState::new(options.limits.clone()),
             tenants: tenants::TenantCache::new(store.clone(), clock.clone()),
+            circuits: circuits::CircuitRuntime::new(options.circuit_breaker.clone()),
             owned: OwnedPartitions::new(Arc::new(dispatch::Dispatcher::new(shared.clone()))),
             bulk: bulk::BulkRunner::new(bulk_runner),
             pull: pull::PullRuntime::new(&options.pull, clock.now()),
@@ -495,6 +502,14 @@ impl EngineHandle {
     /// Tenants: config reads (cached) and writes, pause and resume.
     pub fn tenants(&self) -> tenants::Tenants<'_> {
         tenants::Tenants {
+            shared: &self.inner,
+        }
+    }
+
+    /// Tenant endpoints' circuits on this node: their state, and the
+    /// listener of their transitions.
+    pub fn circuits(&self) -> circuits::Circuits<'_> {
+        circuits::Circuits {
             shared: &self.inner,
         }
     }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use belfry_core::RetryPolicy;
+use belfry_core::breaker::BreakerPolicy;
 use belfry_core::config::{ConfigKeys, Problems};
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +36,10 @@ pub struct EngineOptions {
     /// Retries of failed deliveries.
     #[config(section)]
     pub retry: RetryPolicy,
+    /// The circuit breaker of each tenant's HTTP or Kafka endpoint, per
+    /// node (`docs/api.md`, circuit breaker).
+    #[config(section)]
+    pub circuit_breaker: BreakerPolicy,
     /// How long finished events and their attempt history are kept; `0`:
     /// purged at the next sweep.
     #[serde(
@@ -123,6 +128,9 @@ impl EngineOptions {
         problems.at_least_one("max_in_flight_per_tenant", self.max_in_flight_per_tenant);
         problems.at_least_one("purge_interval_ms", self.purge_interval);
         problems.section("retry", |problems| self.retry.validate(problems));
+        problems.section("circuit_breaker", |problems| {
+            self.circuit_breaker.validate(problems);
+        });
         if self.max_in_flight_per_tenant > self.max_in_flight {
             problems.push(format!(
                 "{} ({}) must not exceed {} ({})",
@@ -162,6 +170,7 @@ impl Default for EngineOptions {
             max_in_flight_per_tenant: 256,
             lookback: Duration::from_secs(24 * 3600),
             retry: RetryPolicy::default(),
+            circuit_breaker: BreakerPolicy::default(),
             history_retention: Duration::from_secs(7 * 24 * 3600),
             purge_interval: Duration::from_secs(60),
             record_linger: Duration::from_millis(10),

@@ -115,6 +115,10 @@ impl Tenants<'_> {
     /// have been made).
     pub async fn put(&self, config: TenantConfig) -> StoreResult<()> {
         let name = config.name.clone();
+        let circuits = crate::circuits::Circuits {
+            shared: self.shared,
+        };
+        circuits.reconfigured(&config);
         let stored = self.store().put_tenant(config).await;
         self.forget(&name);
         stored
@@ -127,6 +131,10 @@ impl Tenants<'_> {
     pub async fn delete(&self, name: &TenantName) -> StoreResult<bool> {
         let deleted = self.store().delete_tenant(name).await;
         self.forget(name);
+        crate::circuits::Circuits {
+            shared: self.shared,
+        }
+        .forget(name);
         deleted
     }
 

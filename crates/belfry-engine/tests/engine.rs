@@ -860,3 +860,106 @@ async fn dropping_the_engine_stops_all_of_its_tasks() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A tenant endpoint's circuit: two failures open it, events due while it
+/// is open spend no attempt (only one probe per cool-down goes out), and
+/// the listener hears each transition once, in order, up to the close
+/// that lets every held event out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_circuit_holds_events_and_tells_its_listener_of_each_transition() {
+    use belfry_core::breaker::{BreakerPolicy, CircuitState};
+    use belfry_engine::circuits::CircuitNotice;
+
+    let receiver = Receiver::start().await;
+    receiver.set_default_status(503);
+    let mut options = EngineOptions::default();
+    options.retry.initial_delay = Duration::from_millis(100);
+    options.circuit_breaker = BreakerPolicy {
+        failure_threshold: 2,
+        cool_down: Duration::from_millis(300),
+        max_cool_down: Duration::from_millis(600),
+    };
+    let node = Node::start(options).await;
+    let notices: Arc<std::sync::Mutex<Vec<CircuitNotice>>> = Arc::default();
+    let heard = notices.clone();
+    node.handle
+        .circuits()
+        .on_transition(Arc::new(move |notice: &CircuitNotice| {
+            heard.lock().unwrap().push(notice.clone());
+        }));
+    let states = || -> Vec<CircuitState> {
+        let notices = notices.lock().unwrap();
+        notices.iter().map(|n| n.transition.to).collect()
+    };
+    node.tenant("t", &receiver).await;
+    node.schedule("t", "a", now()).await;
+    node.schedule("t", "b", now()).await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !states().contains(&CircuitState::Open) {
+        assert!(tokio::time::Instant::now() < deadline, "never opened");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let config = node
+        .handle
+        .tenants()
+        .get(&TenantName::new("t").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let view = node.handle.circuits().view(&config).unwrap();
+    assert_ne!(view.state, CircuitState::Closed, "{view:?}");
+
+    // Ten events come due while it is open.
+    let held: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
+    for id in &held {
+        node.schedule("t", id, now()).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let sent = receiver.count();
+    let probes = states()
+        .iter()
+        .filter(|s| **s == CircuitState::HalfOpen)
+        .count();
+    assert!(probes >= 2, "a probe per cool-down: {:?}", states());
+    assert!(
+        sent <= 2 + probes,
+        "{sent} requests: the two that opened it and {probes} probes at most"
+    );
+    let mut attempted = 0;
+    for id in &held {
+        attempted += node.status("t", id).await.attempts;
+    }
+    assert!(attempted as usize <= probes, "held events spent attempts");
+
+    // The receiver recovers: the next probe closes it, and everything goes.
+    receiver.set_default_status(200);
+    for id in held.iter().chain(&["a".to_string(), "b".to_string()]) {
+        node.wait_status("t", id, EventStatus::Delivered).await;
+    }
+    let states = states();
+    assert_eq!(states.first(), Some(&CircuitState::Open), "{states:?}");
+    assert_eq!(states.last(), Some(&CircuitState::Closed), "{states:?}");
+    // Open, then (half-open, open)* and a half-open that closed: each
+    // transition heard once.
+    for pair in states.windows(2) {
+        let next = match pair[0] {
+            CircuitState::Open => CircuitState::HalfOpen,
+            CircuitState::HalfOpen => pair[1],
+            CircuitState::Closed => panic!("a transition after the close: {states:?}"),
+        };
+        assert_eq!(pair[1], next, "{states:?}");
+        assert_ne!(pair[0], pair[1], "{states:?}");
+    }
+    assert_eq!(
+        node.handle.circuits().view(&config).unwrap().state,
+        CircuitState::Closed
+    );
+    assert!(
+        notices
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|n| n.tenant.as_str() == "t")
+    );
+    node.stop().await;
+}

@@ -132,6 +132,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use belfry_core::breaker::BreakerPolicy;
 use belfry_core::event::{
     CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord, EventStatus,
 };
@@ -745,6 +746,11 @@ impl Sim {
                 max_delay: Duration::from_secs(8),
                 backlog_limit: Duration::from_secs(120),
             },
+            // Off: its oracle holds every due retry to its back-off, and
+            // its liveness check to firing what is due; an open circuit
+            // holds both by design (its own tests: the core's breaker
+            // tests and `crates/belfry/tests/breaker.rs`).
+            circuit_breaker: BreakerPolicy::disabled(),
             record_linger: Duration::from_millis(2),
             shutdown_grace: Duration::from_secs(10),
             read_ahead: READ_AHEAD,

@@ -9,8 +9,9 @@
 //! renders `GET /metrics`.
 //!
 //! Cardinality is bounded by construction: no label carries an event id,
-//! and a tenant name only in `belfry_tenant_paused`, whose series are
-//! capped at [`MAX_PAUSED_SERIES`]; labels are closed sets (channel,
+//! and a tenant name only in `belfry_tenant_paused` and
+//! `belfry_tenant_circuit_open`, whose series are each capped at
+//! [`MAX_PAUSED_SERIES`]; labels are closed sets (channel,
 //! outcome, attempt, result, store) or bounded by configuration
 //! (partition numbers, the API's route templates and status codes).
 //!
@@ -336,6 +337,27 @@ pub const TENANT_PAUSED: Metric = Metric {
     help: "1 while the tenant's deliveries are paused, 0 once resumed. Only the first 100 tenants paused while this process runs get a series; belfry_tenants_paused counts them all.",
     labels: &["tenant"],
 };
+pub const CIRCUITS_OPEN: Metric = Metric {
+    name: "belfry_circuits_open",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "Tenant endpoints whose circuit is open or half-open on this node (each node judges the endpoints it delivers to): their due events wait instead of spending attempts.",
+    labels: &[],
+};
+pub const CIRCUIT_TRANSITIONS: Metric = Metric {
+    name: "belfry_circuit_transitions_total",
+    kind: Kind::Counter,
+    unit: None,
+    help: "Circuit changes on this node, by the state entered: open (failures in a row, or a failed probe), half_open (a probe goes out), closed (the probe was answered).",
+    labels: &["state"],
+};
+pub const TENANT_CIRCUIT_OPEN: Metric = Metric {
+    name: "belfry_tenant_circuit_open",
+    kind: Kind::Gauge,
+    unit: None,
+    help: "1 while the tenant's circuit is open or half-open on this node, 0 once closed. Only the first 100 tenants whose circuit opened while this process runs get a series; belfry_circuits_open counts them all.",
+    labels: &["tenant"],
+};
 
 /// Every metric, for descriptions and `docs/operations.md`.
 pub const ALL: &[Metric] = &[
@@ -377,6 +399,9 @@ pub const ALL: &[Metric] = &[
     AUTH_LOOKUPS_SHED,
     TENANTS_PAUSED,
     TENANT_PAUSED,
+    CIRCUITS_OPEN,
+    CIRCUIT_TRANSITIONS,
+    TENANT_CIRCUIT_OPEN,
 ];
 
 /// Renders the Prometheus text of this process's metrics.
@@ -701,8 +726,9 @@ pub fn set_node_state(state: &NodeState, previously_owned: &[u16]) {
     set_pull_state(&state.pull);
 }
 
-/// Most tenants that get a `belfry_tenant_paused` series in one process:
-/// the exporter cannot forget a series, so a tenant resumed keeps its
+/// Most tenants that get a `belfry_tenant_paused` series in one process
+/// (and, apart, a `belfry_tenant_circuit_open` series): the exporter
+/// cannot forget a series, so a tenant resumed (or closed) keeps its
 /// series (at 0), and the label set stays bounded.
 pub const MAX_PAUSED_SERIES: usize = 100;
 
@@ -724,6 +750,32 @@ pub fn set_paused_tenants(paused: &[&str]) {
             gauge!(TENANT_PAUSED.name, "tenant" => (*tenant).to_string()).set(1.0);
         }
     }
+}
+
+/// A tenant's circuit entered `state` (`open`, `half_open`, `closed`);
+/// `not_closed`: circuits open or half-open on this node now. The tenant's
+/// series is capped like `belfry_tenant_paused`'s.
+pub fn circuit_changed(tenant: &str, state: &'static str, not_closed: usize) {
+    static SERIES: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    counter!(CIRCUIT_TRANSITIONS.name, "state" => state).increment(1);
+    gauge!(CIRCUITS_OPEN.name).set(not_closed as f64);
+    let open = state != "closed";
+    // Poison means a panic mid-update; the set is still usable.
+    let mut series = SERIES.lock().unwrap_or_else(|e| e.into_inner());
+    if series.contains(tenant) || (open && series.len() < MAX_PAUSED_SERIES) {
+        series.insert(tenant.to_string());
+        gauge!(TENANT_CIRCUIT_OPEN.name, "tenant" => tenant.to_string()).set(if open {
+            1.0
+        } else {
+            0.0
+        });
+    }
+}
+
+/// Sets `belfry_circuits_open` (at each scrape, so it reads 0 before any
+/// circuit changed).
+pub fn set_circuits_open(not_closed: usize) {
+    gauge!(CIRCUITS_OPEN.name).set(not_closed as f64);
 }
 
 fn set_pull_state(pull: &PullState) {

@@ -425,6 +425,11 @@ async fn every_console_page_loads_cleanly_and_its_buttons_take_effect() {
     );
     assert!(tenants.contains(&receiver.url("/hook")), "{tenants}");
     assert!(tenants.contains(&receiver.url("/notices")), "{tenants}");
+    // The http tenant's circuit breaker, next to its pause state.
+    assert!(
+        tenants.contains("Circuit") && tenants.contains("closed"),
+        "{tenants}"
+    );
     console.shot("tenants").await;
 
     // Events: the list, then the status filter through the form.

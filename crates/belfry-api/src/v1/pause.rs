@@ -124,5 +124,6 @@ async fn answer(
     let Some(tenant) = state.engine.store().get_tenant(name).await? else {
         return Err(tenant_not_found(name));
     };
-    Ok(Json(TenantView::of(&tenant, pause)).into_response())
+    let view = TenantView::of(&tenant, pause).with_circuit(&tenant, &state.engine);
+    Ok(Json(view).into_response())
 }

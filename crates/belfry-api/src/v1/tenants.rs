@@ -425,7 +425,7 @@ pub(crate) async fn list(
     let tenants = tenants
         .iter()
         .filter(|t| principal.sees(&t.name))
-        .map(|t| TenantView::of(t, pauses.get(&t.name)))
+        .map(|t| TenantView::of(t, pauses.get(&t.name)).with_circuit(t, &state.engine))
         .collect();
     Ok(Json(TenantList { tenants }).into_response())
 }
@@ -452,7 +452,8 @@ pub(crate) async fn get(
         return Err(tenant_not_found(&name));
     };
     let pause = store.get_tenant_pause(&name).await?;
-    Ok(Json(TenantView::of(&tenant, pause.as_ref())).into_response())
+    let view = TenantView::of(&tenant, pause.as_ref()).with_circuit(&tenant, &state.engine);
+    Ok(Json(view).into_response())
 }
 
 /// Registers (201) or replaces (200) a tenant. A tenant without signing
@@ -524,7 +525,7 @@ pub(crate) async fn put(
     };
     let answer = TenantView {
         signing_secret: new_secret,
-        ..TenantView::of(&tenant, pause.as_ref())
+        ..TenantView::of(&tenant, pause.as_ref()).with_circuit(&tenant, &state.engine)
     };
     Ok((status, Json(answer)).into_response())
 }

@@ -2,11 +2,13 @@
 //! routes. Each is also its OpenAPI schema (`ToSchema`); the shapes of
 //! one route live next to its handler.
 
+use belfry_core::breaker::CircuitView;
 use belfry_core::retry::BackoffError;
 use belfry_core::{
     Attempt, Backoff, DeliveryOption, EventRecord, NotifyTarget, RetryPolicy, SinkConfig,
     TenantConfig, TenantPause, Timestamp, Verdict,
 };
+use belfry_engine::EngineHandle;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -63,6 +65,40 @@ pub(crate) struct TenantView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>, nullable = false)]
     pub notify: Option<&'a NotifyTarget>,
+    /// Its endpoint's circuit breaker on the node answering; left out for
+    /// pull and built-in sinks (and when the breaker is off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub circuit: Option<CircuitBody>,
+}
+
+/// A tenant endpoint's circuit breaker, as the node answering judges it
+/// (`docs/api.md`, circuit breaker): each node keeps its own.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct CircuitBody {
+    /// `closed` (deliveries go out), `open` (due events wait for the next
+    /// probe) or `half_open` (one probe delivery is out).
+    #[schema(pattern = "^(closed|open|half_open)$")]
+    pub state: &'static str,
+    /// When it entered its state (RFC 3339); null: closed since the node
+    /// started or the sink last changed.
+    pub since: Option<String>,
+    /// Transient failures in a row while closed; at
+    /// `engine.circuit_breaker.failure_threshold` it opens.
+    pub consecutive_failures: u32,
+    /// While open: when the next probe may go out (RFC 3339).
+    pub next_probe_at: Option<String>,
+}
+
+impl From<CircuitView> for CircuitBody {
+    fn from(view: CircuitView) -> Self {
+        CircuitBody {
+            state: view.state.as_str(),
+            since: rfc3339(view.since),
+            consecutive_failures: view.consecutive_failures,
+            next_probe_at: rfc3339(view.next_probe_at),
+        }
+    }
 }
 
 /// A tenant's pause state (`POST /v1/tenants/{tenant}/pause`, `…/resume`).
@@ -95,7 +131,14 @@ impl<'a> TenantView<'a> {
             signing_secret: None,
             pause: pause.map(PauseView::from),
             notify: tenant.notify.as_ref(),
+            circuit: None,
         }
+    }
+
+    /// With its circuit as `engine` judges it.
+    pub fn with_circuit(mut self, tenant: &TenantConfig, engine: &EngineHandle) -> Self {
+        self.circuit = engine.circuits().view(tenant).map(CircuitBody::from);
+        self
     }
 }
 

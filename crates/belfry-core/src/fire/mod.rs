@@ -17,7 +17,8 @@
 //!   delivery slot, being delivered, or waiting for their outcome to be
 //!   recorded), with the version each one claimed;
 //! - retry timers: entries to put back after a pause (a failed read);
-//! - holds: paused tenants, whose lanes do not fire until they resume;
+//! - holds: paused tenants, and tenants whose circuit is open, whose
+//!   lanes do not fire until they resume (or the circuit lets one out);
 //! - the repair cursor: the window is reconciled with the store page by
 //!   page, so a lost wake-up strands nothing for longer than a few rounds.
 //!
@@ -184,6 +185,11 @@ pub enum Finish {
     /// it resumes ([`Input::Resumed`], or a recheck after
     /// [`CoreConfig::hold_recheck`] finds it resumed).
     Held,
+    /// Not delivered: its tenant's circuit is open
+    /// ([`crate::breaker::Admission::Hold`]) until this instant. Held like
+    /// [`Finish::Held`], the recheck coming at this instant if that is
+    /// sooner; [`Input::CircuitClosed`] ends the hold at once.
+    HeldUntil(Timestamp),
 }
 
 /// What happened, fed to [`PartitionCore::handle`].
@@ -235,6 +241,10 @@ pub enum Input {
     Paused(TenantName),
     /// The tenant was resumed: its lane fires again, in due order.
     Resumed(TenantName),
+    /// The tenant's circuit closed on this node: its lane fires again, in
+    /// due order (a lane also held for a pause is held again by its next
+    /// entry).
+    CircuitClosed(TenantName),
 }
 
 /// What the runtime must do.
@@ -413,7 +423,8 @@ struct PendingLoad {
     overflowed: bool,
 }
 
-/// A paused tenant's lane (see [`CoreConfig::hold_recheck`]).
+/// A paused tenant's lane, or one whose circuit is open (see
+/// [`CoreConfig::hold_recheck`], [`Finish::HeldUntil`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Hold {
     /// Fires nothing until this instant.
@@ -488,8 +499,8 @@ pub struct PartitionCore {
     next_trim_at: Option<Timestamp>,
     /// Since when each blocked tenant over its lane cap was seen blocked.
     blocked_since: HashMap<TenantName, Timestamp>,
-    /// Paused tenants: their lanes stay blocked (and are trimmed like any
-    /// blocked lane) until they resume.
+    /// Paused tenants and open circuits: their lanes stay blocked (and are
+    /// trimmed like any blocked lane) until they resume or close.
     holds: HashMap<TenantName, Hold>,
 }
 
@@ -595,8 +606,8 @@ impl PartitionCore {
             Input::Claim { entry, version } => self.claim(entry, version, now, &mut actions),
             Input::Attempted { entry } => self.attempted(entry),
             Input::Finished { entry, finish } => self.finished(entry, finish, now),
-            Input::Paused(tenant) => self.hold(&tenant, now),
-            Input::Resumed(tenant) => {
+            Input::Paused(tenant) => self.hold(&tenant, now.plus(self.config.hold_recheck)),
+            Input::Resumed(tenant) | Input::CircuitClosed(tenant) => {
                 if self.holds.remove(&tenant).is_some() {
                     self.unblock_if_free(&tenant);
                 }
@@ -855,7 +866,9 @@ impl PartitionCore {
         let was_attempted = self.attempted.remove(&entry);
         let tenant = entry.key.tenant.clone();
         if finish == Finish::Held {
-            self.hold(&tenant, now);
+            self.hold(&tenant, now.plus(self.config.hold_recheck));
+        } else if let Finish::HeldUntil(until) = finish {
+            self.hold(&tenant, until.min(now.plus(self.config.hold_recheck)));
         } else if self.holds.get(&tenant) == Some(&Hold::Probing(entry.clone())) {
             // The recheck's entry went out (or was stale): the tenant was
             // resumed elsewhere, or its next entry holds it again.
@@ -912,16 +925,14 @@ impl PartitionCore {
             Finish::Done => {}
             // Back in its lane, which the hold keeps from firing; where
             // the window no longer covers it, the loader brings it back.
-            Finish::Held => self.offer(entry),
+            Finish::Held | Finish::HeldUntil(_) => self.offer(entry),
         }
     }
 
-    /// Holds `tenant`'s lane: it is paused (see [`Hold`]).
-    fn hold(&mut self, tenant: &TenantName, now: Timestamp) {
-        self.holds.insert(
-            tenant.clone(),
-            Hold::Until(now.plus(self.config.hold_recheck)),
-        );
+    /// Holds `tenant`'s lane until `recheck`: it is paused, or its circuit
+    /// open (see [`Hold`]).
+    fn hold(&mut self, tenant: &TenantName, recheck: Timestamp) {
+        self.holds.insert(tenant.clone(), Hold::Until(recheck));
         self.window.set_blocked(tenant, true);
         self.trim_soon();
     }

@@ -1035,3 +1035,44 @@ fn a_hold_is_rechecked_with_one_entry_per_interval() {
             .collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn an_open_circuit_holds_the_lane_until_its_probe_time_and_a_close_releases_it() {
+    let recheck = Duration::from_millis(5_000);
+    let page = (1..=4).map(|i| entry(i, "t", &format!("e{i}"))).collect();
+    let mut core = core_with_config_and_page(
+        CoreConfig {
+            hold_recheck: recheck,
+            ..config()
+        },
+        page,
+    );
+    let fired = delivered(&core.handle(Input::Tick { may_fire: true }, ts(10)));
+    assert_eq!(fired.len(), 4);
+    // Open until 2 s: rechecked then, sooner than the pause recheck.
+    finish(&mut core, &fired, Finish::HeldUntil(ts(2_000)), 20);
+    assert!(core.is_held(&TenantName::new("t").unwrap()));
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(20))).is_empty());
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(1_999))).is_empty());
+    let probe = delivered(&core.handle(Input::Tick { may_fire: true }, ts(2_000)));
+    assert_eq!(probe, [entry(1, "t", "e1")]);
+    // A far cool-down is still rechecked after `hold_recheck`.
+    finish(&mut core, &probe, Finish::HeldUntil(ts(60_000)), 2_010);
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(2_010))).is_empty());
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(7_009))).is_empty());
+    let probe = delivered(&core.handle(Input::Tick { may_fire: true }, ts(7_010)));
+    assert_eq!(probe, [entry(1, "t", "e1")]);
+    finish(&mut core, &probe, Finish::HeldUntil(ts(60_000)), 7_020);
+    // The circuit closed on this node: the lane fires in due order at once.
+    core.handle(
+        Input::CircuitClosed(TenantName::new("t").unwrap()),
+        ts(8_000),
+    );
+    assert!(!core.is_held(&TenantName::new("t").unwrap()));
+    assert_eq!(
+        delivered(&core.handle(Input::Tick { may_fire: true }, ts(8_000))),
+        (1..=4)
+            .map(|i| entry(i, "t", &format!("e{i}")))
+            .collect::<Vec<_>>()
+    );
+}

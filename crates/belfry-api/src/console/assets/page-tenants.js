@@ -1,6 +1,7 @@
 // Tenants: every tenant the key sees (all for admins), with its sink, its
-// notice target, its pause (and Pause / Resume for writers), and links to
-// its events, schedules and dead letters.
+// notice target, its pause (and Pause / Resume for writers), its
+// endpoint's circuit breaker, and links to its events, schedules and dead
+// letters.
 
 import { api, tenantPath } from './api.js';
 import { busy, button, h, hashLink, instant, pageHead, panel, table } from './dom.js';
@@ -20,6 +21,22 @@ function noticeTarget(tenant) {
   const notify = tenant.notify;
   if (!notify) return h('span', { class: 'muted' }, 'none');
   return h('span', { class: 'mono' }, notify.url || `topic ${notify.kafka_topic}`);
+}
+
+/** Its endpoint's circuit on the node answering; none for pull and built-in sinks. */
+function circuit(tenant) {
+  const c = tenant.circuit;
+  if (!c) return h('span', { class: 'muted' }, '–');
+  switch (c.state) {
+    case 'open':
+      return h('span', { title: 'due events wait; one probe delivery at the next probe time' },
+        'open, next probe ', instant(c.next_probe_at));
+    case 'half_open':
+      return h('span', { title: 'one probe delivery is out' }, 'half-open since ', instant(c.since));
+    default:
+      return h('span', { class: 'muted' }, c.consecutive_failures > 0
+        ? `closed (${c.consecutive_failures} failed in a row)` : 'closed');
+  }
 }
 
 function paused(tenant) {
@@ -53,6 +70,7 @@ export default {
             ? h('span', { title: t.pause.reason || '' }, 'paused since ', instant(t.pause.since))
             : h('span', { class: 'muted' }, 'running')),
         },
+        { label: 'Circuit', cell: circuit },
         {
           label: '',
           cell: (t) => h('span', { class: 'actions' },
