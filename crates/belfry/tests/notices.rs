@@ -28,12 +28,15 @@ const DEADLINE: Duration = Duration::from_secs(60);
 const LATE: Duration = Duration::from_millis(1_500);
 
 /// One delivery of the tenant at a time: a notice that took a delivery
-/// slot would hold every delivery behind it.
+/// slot would hold every delivery behind it. The circuit breaker is off:
+/// these tests fail events on purpose, and an open circuit (tested in
+/// `breaker.rs`) would hold the rest of them.
 async fn start_node(dir: &std::path::Path) -> BelfryProcess {
     let config = dir.join("belfry.toml");
     std::fs::write(
         &config,
-        "[limits.tenants.\"acme\"]\nmax_concurrent_deliveries = 1\n",
+        "[limits.tenants.\"acme\"]\nmax_concurrent_deliveries = 1\n\
+         [engine.circuit_breaker]\nfailure_threshold = 0\n",
     )
     .unwrap();
     let launch = BelfryLaunch::new(env!("CARGO_BIN_EXE_belfry"), dir.join("data"))
@@ -370,4 +373,38 @@ async fn scrape(node: &BelfryProcess) -> String {
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// A pause holds the tenant's lanes at once, in every partition, with its
+/// due events behind them; its notice still goes out at once, not at the
+/// lanes' next recheck (5 s) or at the resume.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_notice_goes_out_at_once_past_the_held_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Receiver::start().await;
+    let notify = Receiver::start().await;
+    let node = start_node(dir.path()).await;
+    register(&node, &sink, &notify).await;
+    // A backlog that is held from its instant on.
+    let due = now_ms() + 1_000;
+    let batch: Vec<Value> = (0..200)
+        .map(|i| json!({"id": format!("b{i}"), "deliver_at": rfc3339(due), "payload": "b"}))
+        .collect();
+    let (status, answer) = post_json(
+        &node.url("/v1/tenants/acme/events"),
+        &json!({ "events": batch }),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = post_json(&node.url("/v1/tenants/acme/pause"), &json!({})).await;
+    assert_eq!(status, 200, "{answer}");
+    let paused_at = Instant::now();
+    notice(&notify, |body| body["type"] == "paused").await;
+    let took = paused_at.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "the pause notice took {took:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(sink.requests().is_empty(), "nothing delivered while paused");
 }

@@ -637,6 +637,9 @@ impl PartitionCore {
         if let Some(due) = self.window.next_ready() {
             wake = wake.min(due);
         }
+        if let Some(due) = self.window.next_internal_held() {
+            wake = wake.min(due);
+        }
         if self.loading.is_none() {
             match (self.load_failed_at, self.window.cursor()) {
                 (Some(failed), _) => wake = wake.min(failed.plus(self.config.load_retry)),
@@ -814,8 +817,15 @@ impl PartitionCore {
         let budget = self.outstanding_budget();
         let mut fired = Vec::new();
         while fired.len() < self.config.fire_batch {
-            let Some(entry) = self.window.pop_ready(now) else {
-                break;
+            // An internal entry of a blocked lane (a paused tenant's
+            // schedule or notice) fires past the block and the budget: it
+            // takes no delivery slot.
+            let (entry, internal_held) = match self.window.pop_ready(now) {
+                Some(entry) => (entry, false),
+                None => match self.window.pop_internal_held(now) {
+                    Some(entry) => (entry, true),
+                    None => break,
+                },
             };
             debug_assert!(entry.due <= now, "never early");
             let tenant = entry.key.tenant.clone();
@@ -823,7 +833,7 @@ impl PartitionCore {
                 .outstanding_by_tenant
                 .entry(tenant.clone())
                 .or_default();
-            if self.outstanding.len() >= budget && count.total > 0 {
+            if !internal_held && self.outstanding.len() >= budget && count.total > 0 {
                 // Over budget: this tenant waits until something finishes;
                 // a tenant with nothing outstanding here may still fire one.
                 self.window.insert(entry, true);
@@ -834,14 +844,18 @@ impl PartitionCore {
             }
             let record = self.read_ahead.take(&entry);
             count.total += 1;
-            if count.in_attempt() >= self.config.max_outstanding_per_tenant {
-                self.window.set_blocked(&tenant, true);
-                self.trim_soon();
-            }
-            if let Some(hold) = self.holds.get_mut(&tenant) {
-                // A paused tenant's recheck fires this one entry only.
-                *hold = Hold::Probing(entry.clone());
-                self.window.set_blocked(&tenant, true);
+            // An internal entry of a blocked lane leaves the lane as it
+            // was: blocked, its hold (and recheck) untouched.
+            if !internal_held {
+                if count.in_attempt() >= self.config.max_outstanding_per_tenant {
+                    self.window.set_blocked(&tenant, true);
+                    self.trim_soon();
+                }
+                if let Some(hold) = self.holds.get_mut(&tenant) {
+                    // A paused tenant's recheck fires this one entry only.
+                    *hold = Hold::Probing(entry.clone());
+                    self.window.set_blocked(&tenant, true);
+                }
             }
             self.outstanding.insert(entry.clone(), None);
             self.outstanding_by_key

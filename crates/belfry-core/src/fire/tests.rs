@@ -1076,3 +1076,43 @@ fn an_open_circuit_holds_the_lane_until_its_probe_time_and_a_close_releases_it()
             .collect::<Vec<_>>()
     );
 }
+
+fn internal_entry(due: i64, tenant: &str, rest: &str) -> DueCursor {
+    DueCursor {
+        due: ts(due),
+        key: EventKey::new(
+            TenantName::new(tenant).unwrap(),
+            EventId::internal(rest).unwrap(),
+        ),
+    }
+}
+
+#[test]
+fn a_held_lane_still_fires_its_internal_entries_notices_and_schedules() {
+    // A backlog held ahead of a notice and a schedule's control event.
+    let page = vec![
+        entry(1, "t", "a"),
+        entry(2, "t", "b"),
+        internal_entry(5, "t", "notice/3"),
+        entry(6, "t", "c"),
+        internal_entry(8, "t", "schedule/daily"),
+    ];
+    let mut core = core_with_page(8, page);
+    let tenant = TenantName::new("t").unwrap();
+    core.handle(Input::Paused(tenant.clone()), ts(0));
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(4))).is_empty());
+    assert_eq!(core.next_wake(ts(4)), ts(5), "woken for the notice");
+    let fired = delivered(&core.handle(Input::Tick { may_fire: true }, ts(5)));
+    assert_eq!(fired, [internal_entry(5, "t", "notice/3")]);
+    finish(&mut core, &fired, Finish::Done, 5);
+    assert!(core.is_held(&tenant), "the hold stays");
+    let fired = delivered(&core.handle(Input::Tick { may_fire: true }, ts(9)));
+    assert_eq!(fired, [internal_entry(8, "t", "schedule/daily")]);
+    finish(&mut core, &fired, Finish::Done, 9);
+    assert!(delivered(&core.handle(Input::Tick { may_fire: true }, ts(10))).is_empty());
+    core.handle(Input::Resumed(tenant), ts(11));
+    assert_eq!(
+        delivered(&core.handle(Input::Tick { may_fire: true }, ts(11))),
+        [entry(1, "t", "a"), entry(2, "t", "b"), entry(6, "t", "c")]
+    );
+}

@@ -707,4 +707,58 @@ mod tests {
         assert!(!window.insert(entry(10, "t", "z"), false));
         assert!(window.insert(entry(11, "t", "z"), true), "forced");
     }
+
+    fn internal(due: i64, tenant_name: &str, rest: &str) -> DueCursor {
+        DueCursor {
+            due: Timestamp::from_millis(due),
+            key: EventKey::new(tenant(tenant_name), EventId::internal(rest).unwrap()),
+        }
+    }
+
+    #[test]
+    fn internal_entries_are_never_evicted_nor_behind_an_overflow_mark() {
+        let mut window = FairWindow::new();
+        window.advance_cursor(entry(100, "~", "~"));
+        for e in [
+            entry(1, "t", "a"),
+            entry(2, "t", "b"),
+            internal(3, "t", "notice/1"),
+            entry(4, "t", "c"),
+            internal(5, "t", "schedule/s"),
+        ] {
+            assert!(window.insert(e, false));
+        }
+        assert_eq!(window.held_by(&tenant("t")), 3, "client entries only");
+        let mut runs = Vec::new();
+        let evicted = window.evict_tenant_to(&tenant("t"), 1, &mut |_, run| runs.push(run.len()));
+        assert_eq!(evicted, 2);
+        assert_eq!(window.held_by(&tenant("t")), 1);
+        // The mark is after the last client entry kept ("a"): "b" and "c"
+        // come back by a page; the internal ones stay and stay covered.
+        assert_eq!(window.overflow_of(&tenant("t")), Some(&entry(1, "t", "a")));
+        assert!(!window.covers(&entry(4, "t", "c")));
+        assert!(window.covers(&internal(9, "t", "notice/2")));
+        assert!(window.contains(&internal(3, "t", "notice/1")));
+        assert!(window.contains(&internal(5, "t", "schedule/s")));
+        // Blocked, it fires only its internal entries, in due order.
+        window.set_blocked(&tenant("t"), true);
+        assert_eq!(window.pop_ready(Timestamp::from_millis(10)), None);
+        assert_eq!(window.next_internal_held(), Some(Timestamp::from_millis(3)));
+        assert_eq!(
+            window.pop_internal_held(Timestamp::from_millis(10)),
+            Some(internal(3, "t", "notice/1"))
+        );
+        assert_eq!(
+            window.pop_internal_held(Timestamp::from_millis(10)),
+            Some(internal(5, "t", "schedule/s"))
+        );
+        assert_eq!(window.pop_internal_held(Timestamp::from_millis(10)), None);
+        assert_eq!(window.next_internal_held(), None);
+        window.set_blocked(&tenant("t"), false);
+        assert_eq!(
+            window.pop_ready(Timestamp::from_millis(10)),
+            Some(entry(1, "t", "a"))
+        );
+        assert!(window.is_empty());
+    }
 }
