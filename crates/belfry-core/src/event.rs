@@ -228,6 +228,87 @@ pub enum EventCommand {
         delivery: DeliveryOption,
         new_version: EventVersion,
     },
+    /// A client's `command` (an upsert or a cancel) that applies only if
+    /// `precondition` holds for the stored event (`If-Match`); otherwise
+    /// nothing changes ([`CommandOutcome::PreconditionFailed`]). Decided in
+    /// the same transition as the change, so no write slips in between.
+    IfMatch {
+        precondition: Precondition,
+        command: Box<EventCommand>,
+    },
+}
+
+impl EventCommand {
+    /// The command without its conditions: what it does if it applies.
+    pub fn unconditional(&self) -> &EventCommand {
+        match self {
+            EventCommand::IfMatch { command, .. } => command.unconditional(),
+            command => command,
+        }
+    }
+}
+
+/// What a conditional command requires of the stored event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Precondition {
+    /// The event is stored, in any status (`If-Match: *`).
+    Exists,
+    /// The event is stored and its version is this one.
+    Version(EventVersion),
+}
+
+impl Precondition {
+    pub fn holds(&self, current: Option<&EventRecord>) -> bool {
+        match (self, current) {
+            (_, None) => false,
+            (Precondition::Exists, Some(_)) => true,
+            (Precondition::Version(version), Some(record)) => record.version == *version,
+        }
+    }
+}
+
+/// How far the delivery of an event's version had gone when a cancel or a
+/// move replaced it, as its stored record shows: an attempt that started
+/// but is not recorded yet is not seen, and one may start right after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreviousDelivery {
+    /// Pending, no attempt recorded.
+    NotStarted,
+    /// Pending (`retrying`), at least one attempt recorded.
+    Started,
+    /// The version had ended (`delivered`, `failed`, `missed`, `expired`).
+    Finished,
+}
+
+impl PreviousDelivery {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreviousDelivery::NotStarted => "not_started",
+            PreviousDelivery::Started => "started",
+            PreviousDelivery::Finished => "finished",
+        }
+    }
+
+    /// For a command that ended in `outcome` on the event stored as
+    /// `previous`: its version's delivery, if the command cancelled or
+    /// moved it (`None` for anything else).
+    pub fn of(previous: Option<&EventRecord>, outcome: &CommandOutcome) -> Option<Self> {
+        if !matches!(
+            outcome,
+            CommandOutcome::Cancelled | CommandOutcome::Updated { moved: true }
+        ) {
+            return None;
+        }
+        let previous = previous?;
+        Some(if !previous.status.is_pending() {
+            PreviousDelivery::Finished
+        } else if previous.attempts > 0 || previous.triggered_at.is_some() {
+            PreviousDelivery::Started
+        } else {
+            PreviousDelivery::NotStarted
+        })
+    }
 }
 
 /// What a command did, as the client-facing answer needs it.
@@ -264,6 +345,11 @@ pub enum CommandOutcome {
     /// `Redrive` of an event that is not failed or missed (pending,
     /// delivered, cancelled): nothing changed.
     NotRedrivable(EventStatus),
+    /// `IfMatch` whose precondition does not hold: nothing changed.
+    /// `current` is the stored version, if any.
+    PreconditionFailed {
+        current: Option<EventVersion>,
+    },
 }
 
 /// What the runtime must do after a transition.
@@ -561,6 +647,18 @@ pub fn transition(
             }
             _ => Transition::unchanged(CommandOutcome::VersionChanged),
         },
+        EventCommand::IfMatch {
+            precondition,
+            command,
+        } => {
+            if precondition.holds(current) {
+                transition(key, current, *command, ctx)
+            } else {
+                Transition::unchanged(CommandOutcome::PreconditionFailed {
+                    current: current.map(|r| r.version.clone()),
+                })
+            }
+        }
         EventCommand::ExpireVersion { version, reason } => match current {
             Some(existing) if existing.version == version => {
                 transition(key, current, EventCommand::Expire { reason }, ctx)
@@ -1058,5 +1156,97 @@ mod tests {
         assert_eq!(missed.status, EventStatus::Missed);
         let again = apply(Some(&missed), expire(), 6);
         assert_eq!(again.outcome, CommandOutcome::NotPending);
+    }
+
+    #[test]
+    fn if_match_applies_only_while_its_precondition_holds() {
+        let v1 = apply(None, upsert(5_000, "v1"), 0).next.unwrap();
+        let if_match = |precondition, command| EventCommand::IfMatch {
+            precondition,
+            command: Box::new(command),
+        };
+        let version = |v: &str| Precondition::Version(EventVersion::from_string(v.into()));
+        let stale = apply(Some(&v1), if_match(version("v0"), upsert(9_000, "v2")), 1);
+        assert_eq!(
+            stale.outcome,
+            CommandOutcome::PreconditionFailed {
+                current: Some(v1.version.clone())
+            }
+        );
+        assert!(stale.next.is_none() && stale.effects.is_empty());
+        let unknown = apply(None, if_match(Precondition::Exists, upsert(9_000, "v2")), 1);
+        assert_eq!(
+            unknown.outcome,
+            CommandOutcome::PreconditionFailed { current: None }
+        );
+        assert!(unknown.next.is_none());
+        let cancel = apply(Some(&v1), if_match(version("v0"), EventCommand::Cancel), 1);
+        assert!(matches!(
+            cancel.outcome,
+            CommandOutcome::PreconditionFailed { .. }
+        ));
+
+        let moved = apply(Some(&v1), if_match(version("v1"), upsert(9_000, "v2")), 1);
+        assert_eq!(moved.outcome, CommandOutcome::Updated { moved: true });
+        let v2 = moved.next.unwrap();
+        let any = apply(
+            Some(&v2),
+            if_match(Precondition::Exists, EventCommand::Cancel),
+            2,
+        );
+        assert_eq!(any.outcome, CommandOutcome::Cancelled);
+        assert_eq!(
+            if_match(Precondition::Exists, EventCommand::Cancel).unconditional(),
+            &EventCommand::Cancel
+        );
+    }
+
+    #[test]
+    fn previous_delivery_tells_how_far_the_replaced_version_went() {
+        let v1 = apply(None, upsert(5_000, "v1"), 0).next.unwrap();
+        let of = |previous: &EventRecord, command| {
+            let t = apply(Some(previous), command, 6_000);
+            PreviousDelivery::of(Some(previous), &t.outcome)
+        };
+        assert_eq!(
+            of(&v1, EventCommand::Cancel),
+            Some(PreviousDelivery::NotStarted)
+        );
+        assert_eq!(
+            of(&v1, upsert(9_000, "v2")),
+            Some(PreviousDelivery::NotStarted)
+        );
+        assert_eq!(of(&v1, upsert(5_000, "v2")), None, "not moved");
+        let retrying = apply(
+            Some(&v1),
+            attempt(&v1.version, 1, Verdict::Retry, 5_000),
+            5_001,
+        )
+        .next
+        .unwrap();
+        assert_eq!(
+            of(&retrying, EventCommand::Cancel),
+            Some(PreviousDelivery::Started)
+        );
+        assert_eq!(
+            of(&retrying, upsert(9_000, "v2")),
+            Some(PreviousDelivery::Started)
+        );
+        let delivered = apply(
+            Some(&v1),
+            attempt(&v1.version, 1, Verdict::Delivered, 5_000),
+            5_001,
+        )
+        .next
+        .unwrap();
+        assert_eq!(
+            of(&delivered, upsert(9_000, "v2")),
+            Some(PreviousDelivery::Finished)
+        );
+        assert_eq!(
+            PreviousDelivery::of(None, &CommandOutcome::Created),
+            None,
+            "nothing was replaced"
+        );
     }
 }

@@ -5,14 +5,14 @@
 //! cancels do not, because events outlive a tenant's registration.
 
 use axum::extract::State;
-use axum::http::{StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{MAX_AGE_MS, MAX_ATTEMPTS};
 use belfry_core::{
-    CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventSettings, EventStatus,
-    EventVersion, QueueName, SinkConfig, TenantConfig, Timestamp,
+    CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventRecord, EventSettings,
+    EventStatus, EventVersion, Precondition, QueueName, SinkConfig, TenantConfig, Timestamp,
 };
 use belfry_store::{KeyedCommand, ListEventsParams};
 use serde::{Deserialize, Serialize};
@@ -205,7 +205,7 @@ pub(crate) fn admit_queue(tenant: &TenantConfig, pull: &EventSettings) -> Result
 /// # Errors
 /// The queue is not declared.
 pub(crate) fn admit_command(tenant: &TenantConfig, command: &EventCommand) -> Result<(), ApiError> {
-    match command {
+    match command.unconditional() {
         EventCommand::Upsert { settings, .. } => admit_queue(tenant, settings),
         _ => Ok(()),
     }
@@ -336,10 +336,84 @@ async fn apply_one(
 }
 
 fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error> {
-    applied.record.as_ref().map(EventView::from).ok_or_else(|| {
+    let mut view = applied.record.as_ref().map(EventView::from).ok_or_else(|| {
         tracing::error!(key = ?applied.key, outcome = ?applied.outcome, "applied command left no record");
         V1Error(ApiError::internal())
-    })
+    })?;
+    view.previous_delivery = applied.previous_delivery.map(Into::into);
+    Ok(view)
+}
+
+/// The request's `If-Match`: `*` (the event exists) or one entity tag, the
+/// version as `ETag` answers it (quotes optional); `None` without one.
+fn if_match(headers: &HeaderMap) -> Result<Option<Precondition>, V1Error> {
+    let mut values = headers.get_all(header::IF_MATCH).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let invalid = || {
+        V1Error(ApiError::new(
+            Code::InvalidRequest,
+            "If-Match takes one entity tag (the event's version, as ETag answers it) or *",
+        ))
+    };
+    if values.next().is_some() {
+        return Err(invalid());
+    }
+    let text = value.to_str().map_err(|_| invalid())?.trim();
+    if text == "*" {
+        return Ok(Some(Precondition::Exists));
+    }
+    let tag = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(text);
+    if tag.is_empty() || tag.contains(['"', ',']) || tag.starts_with("W/") {
+        return Err(invalid());
+    }
+    Ok(Some(Precondition::Version(EventVersion::from_string(
+        tag.to_string(),
+    ))))
+}
+
+/// `command`, applied only if `precondition` holds (when there is one).
+fn conditional(precondition: Option<Precondition>, command: EventCommand) -> EventCommand {
+    match precondition {
+        Some(precondition) => EventCommand::IfMatch {
+            precondition,
+            command: Box::new(command),
+        },
+        None => command,
+    }
+}
+
+/// The `412` of an `If-Match` that did not hold.
+fn precondition_failed(key: &EventKey, current: Option<&EventVersion>) -> V1Error {
+    let message = match current {
+        Some(version) => format!(
+            "If-Match does not match: the event's version is {:?}; nothing changed",
+            version.as_str()
+        ),
+        None => format!(
+            "If-Match does not match: no event {:?} for tenant {:?}; nothing changed",
+            key.id, key.tenant
+        ),
+    };
+    V1Error(ApiError::new(Code::PreconditionFailed, message))
+}
+
+/// The `ETag` of an event: its version, quoted.
+fn etag(record: &EventRecord) -> Option<HeaderValue> {
+    HeaderValue::from_str(&format!("\"{}\"", record.version.as_str())).ok()
+}
+
+/// `view` as JSON with `status` and, when known, the record's `ETag`.
+fn with_etag(status: StatusCode, record: Option<&EventRecord>, view: EventView<'_>) -> Response {
+    let mut response = (status, Json(view)).into_response();
+    if let Some(value) = record.and_then(etag) {
+        response.headers_mut().insert(header::ETAG, value);
+    }
+    response
 }
 
 /// Schedules (201) or updates (200) one event.
@@ -349,20 +423,31 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error
     tag = "events",
     operation_id = "put_event",
     summary = "Schedule (201) or update (200) one event",
-    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
+    params(
+        crate::openapi::schema::TenantPath,
+        crate::openapi::schema::EventIdPath,
+        crate::openapi::schema::IfMatchHeader
+    ),
     request_body(content = PutEvent, content_type = "application/json"),
     responses(
-        (status = 201, description = "Scheduled", body = EventView),
-        (status = 200, description = "Updated (moved when deliver_at changed)", body = EventView),
+        (status = 201, description = "Scheduled", body = EventView,
+            headers(("ETag" = String, description = "The event's version, quoted"))),
+        (status = 200, description = "Updated (moved when deliver_at changed; then with \
+            `previous_delivery`)", body = EventView,
+            headers(("ETag" = String, description = "The event's version, quoted"))),
+        (status = 412, description = "If-Match does not match the event's version (or the \
+            event does not exist): nothing changed", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1BodyErrors
     )
 )]
 pub(crate) async fn put(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
+    headers: HeaderMap,
     V1Json(body): V1Json<PutEvent>,
 ) -> Result<Response, V1Error> {
     let key = event_key(tenant, id)?;
+    let precondition = if_match(&headers)?;
     let settings = SettingsFields {
         queue: body.queue,
         max_attempts: body.max_attempts.map(Whole::get),
@@ -371,9 +456,12 @@ pub(crate) async fn put(
         expire_at: body.expire_at,
         max_age_ms: body.max_age_ms.map(Whole::get),
     };
-    let command = upsert(&body.deliver_at, body.payload, body.delivery, settings)?;
+    let command = conditional(
+        precondition,
+        upsert(&body.deliver_at, body.payload, body.delivery, settings)?,
+    );
     let mut pipeline = Pipeline::new(&state.engine, &Admitted);
-    let checked = admit_write(&mut pipeline.tenants, (), key, command).await;
+    let checked = admit_write(&mut pipeline.tenants, (), key.clone(), command).await;
     pipeline.push(checked);
     let written = pipeline
         .write(QuotaMode::WholeRequest)
@@ -381,11 +469,15 @@ pub(crate) async fn put(
         .map_err(crate::quota::quota_error)?;
     match written.outcomes.into_iter().next() {
         Some(Outcome::Applied { applied, .. }) => {
-            let status = match applied.outcome {
+            let status = match &applied.outcome {
                 CommandOutcome::Created => StatusCode::CREATED,
+                CommandOutcome::PreconditionFailed { current } => {
+                    return Err(precondition_failed(&key, current.as_ref()));
+                }
                 _ => StatusCode::OK,
             };
-            Ok((status, Json(record_view(&applied)?)).into_response())
+            let view = record_view(&applied)?;
+            Ok(with_etag(status, applied.record.as_ref(), view))
         }
         Some(Outcome::Rejected { error, .. }) => Err(V1Error(error)),
         Some(Outcome::StoreFailed { error, .. }) => Err(error.into()),
@@ -430,7 +522,9 @@ async fn admit_write<E>(
     summary = "An event's status",
     params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
-        (status = 200, description = "The event", body = EventView),
+        (status = 200, description = "The event", body = EventView,
+            headers(("ETag" = String, description = "The event's version, quoted: \
+                `If-Match` takes it"))),
         crate::openapi::schema::V1InputErrors
     )
 )]
@@ -440,23 +534,34 @@ pub(crate) async fn get(
 ) -> Result<Response, V1Error> {
     let key = event_key(tenant, id)?;
     match state.engine.store().get_event(&key).await? {
-        Some(record) => Ok(Json(EventView::from(&record)).into_response()),
+        Some(record) => Ok(with_etag(
+            StatusCode::OK,
+            Some(&record),
+            EventView::from(&record),
+        )),
         None => Err(event_not_found(&key)),
     }
 }
 
-/// Cancels a pending event: 200 with its view, 404 if unknown (or already
-/// cancelled), 409 if it already finished.
+/// Cancels a pending event: 200 with its view (and `previous_delivery`),
+/// 404 if unknown (or already cancelled), 409 if it already finished, 412
+/// if `If-Match` does not hold.
 #[utoipa::path(
     delete,
     path = EVENT,
     tag = "events",
     operation_id = "cancel_event",
     summary = "Cancel a pending event",
-    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
+    params(
+        crate::openapi::schema::TenantPath,
+        crate::openapi::schema::EventIdPath,
+        crate::openapi::schema::IfMatchHeader
+    ),
     responses(
-        (status = 200, description = "Cancelled", body = EventView),
+        (status = 200, description = "Cancelled, with `previous_delivery`", body = EventView),
         (status = 409, description = "Already finished", body = crate::openapi::schema::V1Error),
+        (status = 412, description = "If-Match does not match the event's version (or the \
+            event does not exist): nothing changed", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1InputErrors
     )
@@ -464,11 +569,16 @@ pub(crate) async fn get(
 pub(crate) async fn cancel(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Result<Response, V1Error> {
     let key = event_key(tenant, id)?;
-    let applied = apply_one(&state, key.clone(), EventCommand::Cancel).await?;
-    match applied.outcome {
+    let command = conditional(if_match(&headers)?, EventCommand::Cancel);
+    let applied = apply_one(&state, key.clone(), command).await?;
+    match &applied.outcome {
         CommandOutcome::Cancelled => Ok(Json(record_view(&applied)?).into_response()),
+        CommandOutcome::PreconditionFailed { current } => {
+            Err(precondition_failed(&key, current.as_ref()))
+        }
         CommandOutcome::AlreadyFinished(status) => Err(V1Error(ApiError::new(
             Code::AlreadyFinished,
             format!(
