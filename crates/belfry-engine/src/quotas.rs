@@ -433,6 +433,7 @@ impl Quotas<'_> {
         for command in commands {
             let payload = match command.command.unconditional() {
                 EventCommand::Upsert { payload, .. }
+                | EventCommand::DebouncedUpsert { payload, .. }
                 | EventCommand::UpsertIfCurrent { payload, .. } => payload,
                 // Pending again: counted like a create.
                 EventCommand::Redrive { .. } => &None,

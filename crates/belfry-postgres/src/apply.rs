@@ -298,7 +298,7 @@ pub(crate) fn update_events_sql() -> String {
              finished_at = u.finished_at, queue = u.queue,
              max_attempts = u.max_attempts, backoff = u.backoff,
              attempt_timeout_ms = u.attempt_timeout_ms, expire_at = u.expire_at,
-             max_age_ms = u.max_age_ms
+             max_age_ms = u.max_age_ms, debounce_since = u.debounce_since
          FROM {UNNEST_EVENTS}
          WHERE e.tenant = u.tenant AND e.id = u.id"
     )

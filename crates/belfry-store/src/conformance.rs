@@ -19,8 +19,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use belfry_core::event::{
-    Attempt, AttemptReport, CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord,
-    EventStatus, Precondition, PreviousDelivery,
+    Attempt, AttemptReport, CommandOutcome, Debounce, DeliveryOption, Effect, EventCommand,
+    EventRecord, EventStatus, Precondition, PreviousDelivery,
 };
 use belfry_core::tenant::{BuiltinTarget, HttpTarget, PullTarget};
 use belfry_core::{
@@ -101,6 +101,7 @@ macro_rules! store_conformance_tests {
             move_starts_a_new_version,
             cancel_and_cancel_unknown,
             if_match_changes_nothing_unless_it_holds,
+            a_debounced_series_keeps_its_start,
             attempt_delivered_finishes,
             attempt_retry_reschedules,
             attempt_permanent_fails,
@@ -956,6 +957,65 @@ where
     )
     .await;
     assert_eq!(again.previous_delivery, Some(PreviousDelivery::Finished));
+}
+
+pub async fn a_debounced_series_keeps_its_start<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    let debounced = |version: &str| EventCommand::DebouncedUpsert {
+        debounce: Debounce {
+            delay_ms: 500,
+            max_wait_ms: 3_000,
+        },
+        payload: Some(version.into()),
+        delivery: DeliveryOption::FullEvent,
+        settings: Default::default(),
+        new_version: EventVersion::from_string(version.into()),
+    };
+    let created = apply_one(store, 1_000, &k, debounced("v1")).await;
+    assert_eq!(created.outcome, CommandOutcome::Created);
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(
+        (record.event_time, record.debounce_since),
+        (ts(1_500), Some(ts(1_000)))
+    );
+    // The start is read back from the store: it caps the later writes.
+    for now in [1_400, 1_800, 2_200, 2_600, 3_000, 3_400] {
+        apply_one(store, now, &k, debounced("v2")).await;
+    }
+    let capped = apply_one(store, 3_800, &k, debounced("v3")).await;
+    assert_eq!(capped.outcome, CommandOutcome::Updated { moved: true });
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(
+        (record.event_time, record.debounce_since),
+        (ts(4_000), Some(ts(1_000)))
+    );
+    assert_eq!(record.payload.as_deref(), Some("v3"));
+    let partition = store.partitions().partition_of(&k);
+    assert_eq!(all_due(store).await, vec![(partition, cursor(4_000, &k))]);
+
+    // Delivered: the next write starts a new series.
+    apply_one(
+        store,
+        4_010,
+        &k,
+        attempt("v3", 1, Verdict::Delivered, 4_000),
+    )
+    .await;
+    apply_one(store, 5_000, &k, debounced("v4")).await;
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(
+        (record.event_time, record.debounce_since),
+        (ts(5_500), Some(ts(5_000)))
+    );
+    // A plain write ends the series, stored as such.
+    apply_one(store, 5_100, &k, upsert(9_000, "v5")).await;
+    assert_eq!(get(store, &k).await.unwrap().debounce_since, None);
 }
 
 pub async fn attempt_delivered_finishes<F, Fut>(factory: F)

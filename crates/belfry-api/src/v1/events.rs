@@ -4,6 +4,8 @@
 //! Writes (`PUT`, batch `POST`) need the tenant to be registered; reads and
 //! cancels do not, because events outlive a tenant's registration.
 
+use std::time::Duration;
+
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -11,8 +13,9 @@ use axum::{Extension, Json};
 use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{MAX_AGE_MS, MAX_ATTEMPTS};
 use belfry_core::{
-    CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventRecord, EventSettings,
-    EventStatus, EventVersion, Precondition, QueueName, SinkConfig, TenantConfig, Timestamp,
+    CommandOutcome, Debounce, DeliveryOption, EventCommand, EventId, EventKey, EventRecord,
+    EventSettings, EventStatus, EventVersion, Precondition, QueueName, SinkConfig, TenantConfig,
+    Timestamp,
 };
 use belfry_store::{KeyedCommand, ListEventsParams};
 use serde::{Deserialize, Serialize};
@@ -44,9 +47,16 @@ const MAX_ATTEMPTS_LISTED: usize = 10_000;
 #[serde(deny_unknown_fields, expecting = "an event object")]
 #[schema(example = json!({"deliver_at": "2030-01-31T04:00:30Z", "payload": "{\"orderId\":42}"}))]
 pub(crate) struct PutEvent {
-    /// RFC 3339 with an offset or `Z`.
+    /// RFC 3339 with an offset or `Z`. Exactly one of `deliver_at`,
+    /// `delay_ms` and `debounce`.
     #[schema(format = DateTime)]
-    deliver_at: String,
+    deliver_at: Option<String>,
+    /// Due this long (ms) after the node accepts the write.
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 31622400000_u64)]
+    delay_ms: Option<Whole<u64>>,
+    /// Due `delay_ms` after the node accepts the write, but never more
+    /// than `max_wait_ms` after the first write of its pending series.
+    debounce: Option<DebounceBody>,
     payload: Option<String>,
     /// Default `full_event`; `payload_only` needs `payload`.
     delivery: Option<Delivery>,
@@ -86,7 +96,10 @@ pub(crate) struct BatchItem {
     )]
     id: String,
     #[schema(format = DateTime)]
-    deliver_at: String,
+    deliver_at: Option<String>,
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 31622400000_u64)]
+    delay_ms: Option<Whole<u64>>,
+    debounce: Option<DebounceBody>,
     payload: Option<String>,
     delivery: Option<Delivery>,
     #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
@@ -106,6 +119,90 @@ pub(crate) struct BatchItem {
     /// (else its tenant's `max_age_ms`): the event ends `expired`.
     #[schema(value_type = Option<u64>, minimum = 1, maximum = 31622400000_u64)]
     max_age_ms: Option<Whole<u64>>,
+}
+
+/// A debounced write: each one moves the event to `delay_ms` after it,
+/// but never past `max_wait_ms` after the first write of the event's
+/// pending series (`docs/api.md`, "Relative instants and debounce").
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object with delay_ms and max_wait_ms"
+)]
+pub(crate) struct DebounceBody {
+    #[schema(value_type = u64, minimum = 0, maximum = 31622400000_u64)]
+    delay_ms: Whole<u64>,
+    /// At least `delay_ms`.
+    #[schema(value_type = u64, minimum = 0, maximum = 31622400000_u64)]
+    max_wait_ms: Whole<u64>,
+}
+
+/// The longest `delay_ms` or `max_wait_ms`: 366 days, as `max_age_ms`.
+const MAX_DELAY_MS: u64 = MAX_AGE_MS;
+
+/// When an event is due, as a write says it: exactly one of these.
+#[derive(Debug, Default)]
+pub(crate) struct When {
+    pub deliver_at: Option<String>,
+    pub delay_ms: Option<u64>,
+    pub debounce: Option<DebounceBody>,
+}
+
+/// [`When`], checked.
+enum Due {
+    At(Timestamp),
+    Debounced(Debounce),
+}
+
+impl When {
+    /// Checks it; `now` is when the node accepts the write.
+    fn due(self, now: Timestamp) -> Result<Due, ApiError> {
+        let invalid = |message: String| ApiError::new(Code::InvalidRequest, message);
+        let bounded = |field: &str, ms: u64| {
+            if ms > MAX_DELAY_MS {
+                Err(invalid(format!(
+                    "{field} must be between 0 and {MAX_DELAY_MS} (366 days)"
+                )))
+            } else {
+                Ok(ms)
+            }
+        };
+        match (self.deliver_at, self.delay_ms, self.debounce) {
+            (Some(text), None, None) => {
+                Timestamp::parse_rfc3339(&text).map(Due::At).ok_or_else(|| {
+                    ApiError::new(
+                        Code::InvalidTime,
+                        format!(
+                            "deliver_at {text:?} is not an RFC 3339 instant with an offset \
+                             (e.g. 2030-01-31T04:00:30Z)"
+                        ),
+                    )
+                })
+            }
+            (None, Some(ms), None) => Ok(Due::At(
+                now.plus(Duration::from_millis(bounded("delay_ms", ms)?)),
+            )),
+            (None, None, Some(body)) => {
+                let delay_ms = bounded("debounce.delay_ms", body.delay_ms.get())?;
+                let max_wait_ms = bounded("debounce.max_wait_ms", body.max_wait_ms.get())?;
+                if max_wait_ms < delay_ms {
+                    return Err(invalid(
+                        "debounce.max_wait_ms must be at least debounce.delay_ms".into(),
+                    ));
+                }
+                Ok(Due::Debounced(Debounce {
+                    delay_ms,
+                    max_wait_ms,
+                }))
+            }
+            (None, None, None) => Err(invalid(
+                "deliver_at is required (or delay_ms, or debounce)".into(),
+            )),
+            _ => Err(invalid(
+                "deliver_at, delay_ms and debounce exclude each other: give one".into(),
+            )),
+        }
+    }
 }
 
 /// An event's own settings as a request carries them: its delivery policy
@@ -206,7 +303,9 @@ pub(crate) fn admit_queue(tenant: &TenantConfig, pull: &EventSettings) -> Result
 /// The queue is not declared.
 pub(crate) fn admit_command(tenant: &TenantConfig, command: &EventCommand) -> Result<(), ApiError> {
     match command.unconditional() {
-        EventCommand::Upsert { settings, .. } => admit_queue(tenant, settings),
+        EventCommand::Upsert { settings, .. } | EventCommand::DebouncedUpsert { settings, .. } => {
+            admit_queue(tenant, settings)
+        }
         _ => Ok(()),
     }
 }
@@ -278,22 +377,16 @@ fn event_not_found(key: &EventKey) -> V1Error {
     ))
 }
 
-/// Builds the upsert of one event, validating its fields.
+/// Builds the upsert of one event, validating its fields; `now` is when
+/// the node accepts it.
 pub(crate) fn upsert(
-    deliver_at: &str,
+    when: When,
+    now: Timestamp,
     payload: Option<String>,
     delivery: Option<Delivery>,
     settings: SettingsFields,
 ) -> Result<EventCommand, ApiError> {
-    let event_time = Timestamp::parse_rfc3339(deliver_at).ok_or_else(|| {
-        ApiError::new(
-            Code::InvalidTime,
-            format!(
-                "deliver_at {deliver_at:?} is not an RFC 3339 instant with an offset \
-                 (e.g. 2030-01-31T04:00:30Z)"
-            ),
-        )
-    })?;
+    let due = when.due(now)?;
     let delivery: DeliveryOption = delivery.unwrap_or_default().into();
     if delivery == DeliveryOption::PayloadOnly && payload.is_none() {
         return Err(ApiError::new(
@@ -301,12 +394,23 @@ pub(crate) fn upsert(
             "payload is required when delivery is payload_only",
         ));
     }
-    Ok(EventCommand::Upsert {
-        event_time,
-        payload,
-        delivery,
-        settings: settings.settings()?,
-        new_version: EventVersion::generate(),
+    let settings = settings.settings()?;
+    let new_version = EventVersion::generate();
+    Ok(match due {
+        Due::At(event_time) => EventCommand::Upsert {
+            event_time,
+            payload,
+            delivery,
+            settings,
+            new_version,
+        },
+        Due::Debounced(debounce) => EventCommand::DebouncedUpsert {
+            debounce,
+            payload,
+            delivery,
+            settings,
+            new_version,
+        },
     })
 }
 
@@ -456,9 +560,20 @@ pub(crate) async fn put(
         expire_at: body.expire_at,
         max_age_ms: body.max_age_ms.map(Whole::get),
     };
+    let when = When {
+        deliver_at: body.deliver_at,
+        delay_ms: body.delay_ms.map(Whole::get),
+        debounce: body.debounce,
+    };
     let command = conditional(
         precondition,
-        upsert(&body.deliver_at, body.payload, body.delivery, settings)?,
+        upsert(
+            when,
+            state.engine.now(),
+            body.payload,
+            body.delivery,
+            settings,
+        )?,
     );
     let mut pipeline = Pipeline::new(&state.engine, &Admitted);
     let checked = admit_write(&mut pipeline.tenants, (), key.clone(), command).await;
@@ -721,6 +836,8 @@ pub(crate) async fn batch(
     if pipeline.tenants.registered(&tenant).await?.is_none() {
         return Err(tenant_not_found(&tenant));
     }
+    // The batch's acceptance: the instant its delays count from.
+    let now = state.engine.now();
     for value in body.events {
         // Echoed on the item's answer when it is readable.
         let id_text = value.get("id").and_then(Value::as_str).map(str::to_string);
@@ -736,7 +853,12 @@ pub(crate) async fn batch(
                     expire_at: item.expire_at,
                     max_age_ms: item.max_age_ms.map(Whole::get),
                 };
-                let command = upsert(&item.deliver_at, item.payload, item.delivery, settings)?;
+                let when = When {
+                    deliver_at: item.deliver_at,
+                    delay_ms: item.delay_ms.map(Whole::get),
+                    debounce: item.debounce,
+                };
+                let command = upsert(when, now, item.payload, item.delivery, settings)?;
                 Ok((id, command))
             });
         let checked = match parsed {

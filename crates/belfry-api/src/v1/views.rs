@@ -139,6 +139,11 @@ pub(crate) struct EventView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub max_age_ms: Option<u64>,
+    /// While a debounced series is pending: when its first write was
+    /// accepted (`deliver_at` is at most `max_wait_ms` after it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, format = DateTime)]
+    pub debounce_since: Option<String>,
     /// Only in the answer to a cancel or to a `PUT` that moved the event:
     /// how far the delivery of the version it replaced had gone, as the
     /// store showed at the write (`docs/api.md`, "Conditional edits").
@@ -201,6 +206,10 @@ impl<'a> From<&'a EventRecord> for EventView<'a> {
             attempt_timeout_ms: record.settings.attempt_timeout_ms,
             expire_at: record.settings.expire_at.map(Timestamp::to_rfc3339),
             max_age_ms: record.settings.max_age_ms,
+            debounce_since: record
+                .debounce_since
+                .filter(|_| record.status.is_pending())
+                .map(Timestamp::to_rfc3339),
             previous_delivery: None,
         }
     }
