@@ -300,8 +300,8 @@ impl Debounce {
 pub enum Precondition {
     /// The event is stored, in any status (`If-Match: *`).
     Exists,
-    /// The event is stored and its version is this one.
-    Version(EventVersion),
+    /// The event is stored and its version is one of these (none: never).
+    Versions(Vec<EventVersion>),
 }
 
 impl Precondition {
@@ -309,7 +309,7 @@ impl Precondition {
         match (self, current) {
             (_, None) => false,
             (Precondition::Exists, Some(_)) => true,
-            (Precondition::Version(version), Some(record)) => record.version == *version,
+            (Precondition::Versions(versions), Some(record)) => versions.contains(&record.version),
         }
     }
 }
@@ -1238,7 +1238,7 @@ mod tests {
             precondition,
             command: Box::new(command),
         };
-        let version = |v: &str| Precondition::Version(EventVersion::from_string(v.into()));
+        let version = |v: &str| Precondition::Versions(vec![EventVersion::from_string(v.into())]);
         let stale = apply(Some(&v1), if_match(version("v0"), upsert(9_000, "v2")), 1);
         assert_eq!(
             stale.outcome,

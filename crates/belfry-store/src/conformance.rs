@@ -859,7 +859,7 @@ where
         precondition,
         command: Box::new(command),
     };
-    let version = |v: &str| Precondition::Version(EventVersion::from_string(v.into()));
+    let version = |v: &str| Precondition::Versions(vec![EventVersion::from_string(v.into())]);
 
     // Unknown: even `*` fails, and nothing is created.
     let unknown = apply_one(

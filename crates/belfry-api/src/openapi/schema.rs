@@ -165,7 +165,7 @@ pub struct EventIdPath {
 #[derive(IntoParams)]
 #[into_params(parameter_in = Header)]
 pub struct IfMatchHeader {
-    /// Apply only if the event's version is this one (its `ETag`, quotes optional) or, for `*`, if the event exists; else `412 precondition_failed` and nothing changes. Checked in the same store write as the change.
+    /// Apply only if the event's version is this one (its `ETag`, quotes optional; or one of a list) or, for `*`, if the event exists; else `412 precondition_failed` and nothing changes. A weak tag never matches. Checked in the same store write as the change.
     #[param(rename = "If-Match")]
     pub if_match: Option<String>,
 }

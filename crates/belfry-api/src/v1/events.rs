@@ -448,36 +448,32 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error
     Ok(view)
 }
 
-/// The request's `If-Match`: `*` (the event exists) or one entity tag, the
-/// version as `ETag` answers it (quotes optional); `None` without one.
-fn if_match(headers: &HeaderMap) -> Result<Option<Precondition>, V1Error> {
-    let mut values = headers.get_all(header::IF_MATCH).iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    let invalid = || {
-        V1Error(ApiError::new(
-            Code::InvalidRequest,
-            "If-Match takes one entity tag (the event's version, as ETag answers it) or *",
-        ))
-    };
-    if values.next().is_some() {
-        return Err(invalid());
+/// The request's `If-Match`: `*` (the event exists), or entity tags, one
+/// of which must be the event's version as `ETag` answers it (quotes
+/// optional; a list, or several headers); `None` without one. A weak tag
+/// (`W/"…"`) never matches (If-Match compares strongly), nor does anything
+/// that is no tag: the write is then refused, never applied.
+fn if_match(headers: &HeaderMap) -> Option<Precondition> {
+    let mut values = headers.get_all(header::IF_MATCH).iter().peekable();
+    values.peek()?;
+    let mut versions = Vec::new();
+    for value in values {
+        for tag in String::from_utf8_lossy(value.as_bytes()).split(',') {
+            let tag = tag.trim();
+            if tag == "*" {
+                return Some(Precondition::Exists);
+            }
+            if tag.is_empty() || tag.starts_with("W/") {
+                continue;
+            }
+            let tag = tag
+                .strip_prefix('"')
+                .and_then(|t| t.strip_suffix('"'))
+                .unwrap_or(tag);
+            versions.push(EventVersion::from_string(tag.to_string()));
+        }
     }
-    let text = value.to_str().map_err(|_| invalid())?.trim();
-    if text == "*" {
-        return Ok(Some(Precondition::Exists));
-    }
-    let tag = text
-        .strip_prefix('"')
-        .and_then(|t| t.strip_suffix('"'))
-        .unwrap_or(text);
-    if tag.is_empty() || tag.contains(['"', ',']) || tag.starts_with("W/") {
-        return Err(invalid());
-    }
-    Ok(Some(Precondition::Version(EventVersion::from_string(
-        tag.to_string(),
-    ))))
+    Some(Precondition::Versions(versions))
 }
 
 /// `command`, applied only if `precondition` holds (when there is one).
@@ -551,7 +547,7 @@ pub(crate) async fn put(
     V1Json(body): V1Json<PutEvent>,
 ) -> Result<Response, V1Error> {
     let key = event_key(tenant, id)?;
-    let precondition = if_match(&headers)?;
+    let precondition = if_match(&headers);
     let settings = SettingsFields {
         queue: body.queue,
         max_attempts: body.max_attempts.map(Whole::get),
@@ -687,7 +683,7 @@ pub(crate) async fn cancel(
     headers: HeaderMap,
 ) -> Result<Response, V1Error> {
     let key = event_key(tenant, id)?;
-    let command = conditional(if_match(&headers)?, EventCommand::Cancel);
+    let command = conditional(if_match(&headers), EventCommand::Cancel);
     let applied = apply_one(&state, key.clone(), command).await?;
     match &applied.outcome {
         CommandOutcome::Cancelled => Ok(Json(record_view(&applied)?).into_response()),
