@@ -41,6 +41,9 @@ pub enum Code {
     MethodNotAllowed,
     AlreadyFinished,
     NotRedrivable,
+    /// `If-Match` names another version than the event's (or the event
+    /// does not exist): nothing changed.
+    PreconditionFailed,
     /// Deleting an event that is still scheduled or retrying: cancel it
     /// first.
     EventPending,
@@ -123,6 +126,7 @@ impl Code {
             Code::MethodNotAllowed => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Code::AlreadyFinished => (S::CONFLICT, "already_finished"),
             Code::NotRedrivable => (S::CONFLICT, "not_redrivable"),
+            Code::PreconditionFailed => (S::PRECONDITION_FAILED, "precondition_failed"),
             Code::EventPending => (S::CONFLICT, "event_pending"),
             Code::TenantNotEmpty => (S::CONFLICT, "tenant_not_empty"),
             Code::TenantPaused => (S::CONFLICT, "tenant_paused"),

@@ -19,7 +19,7 @@
 //! - Who may write for which tenant is the caller's [`WriteScope`]; a
 //!   tenant outside it is answered exactly like an unregistered one.
 
-use belfry_core::{CommandOutcome, EventCommand, EventId, EventKey, TenantName};
+use belfry_core::{CommandOutcome, EventCommand, EventId, EventKey, TenantName, Timestamp};
 use belfry_engine::EngineHandle;
 use belfry_sinks::body::{BigBenStatus, EventResponse};
 use belfry_store::{Applied, KeyedCommand};
@@ -31,7 +31,7 @@ use crate::bigben::schedule::schedule_items;
 use crate::error::{ApiError, Code};
 pub use crate::pipeline::WriteScope;
 use crate::pipeline::{Checked, Outcome, Pipeline, QuotaMode, Tenants};
-use crate::v1::events::SettingsFields;
+use crate::v1::events::{DebounceBody, SettingsFields, When};
 use crate::v1::views::BackoffBody;
 use crate::v1::views::Delivery;
 
@@ -210,6 +210,8 @@ pub struct V1Record {
     tenant: String,
     id: String,
     deliver_at: Option<String>,
+    delay_ms: Option<u64>,
+    debounce: Option<DebounceBody>,
     payload: Option<String>,
     delivery: Option<Delivery>,
     queue: Option<String>,
@@ -226,6 +228,8 @@ impl V1Record {
     /// Whether it carries any field of a write (a cancel carries none).
     fn has_write_fields(&self) -> bool {
         self.deliver_at.is_some()
+            || self.delay_ms.is_some()
+            || self.debounce.is_some()
             || self.payload.is_some()
             || self.delivery.is_some()
             || self.queue.is_some()
@@ -285,8 +289,9 @@ pub async fn schedule_v1(
 ) -> Vec<V1Answer> {
     let count = records.len();
     let mut pipeline = Pipeline::new(engine, scope);
+    let now = engine.now();
     for record in records {
-        let checked = check_v1(record, &mut pipeline.tenants).await;
+        let checked = check_v1(record, now, &mut pipeline.tenants).await;
         pipeline.push(checked);
     }
     let written = match pipeline.write(QuotaMode::PerItem).await {
@@ -326,7 +331,13 @@ pub async fn schedule_v1(
 
 /// Checks one record as `PUT` (or `DELETE`) of its event would; the echo is
 /// its tenant and id as sent.
-async fn check_v1(record: V1Record, tenants: &mut Tenants<'_>) -> Checked<(String, String)> {
+/// `now` is when the node accepted the record (its `delay_ms` counts from
+/// it).
+async fn check_v1(
+    record: V1Record,
+    now: Timestamp,
+    tenants: &mut Tenants<'_>,
+) -> Checked<(String, String)> {
     let names = (
         TenantName::new(record.tenant.clone()),
         EventId::new(record.id.clone()),
@@ -359,12 +370,6 @@ async fn check_v1(record: V1Record, tenants: &mut Tenants<'_>) -> Checked<(Strin
         }
         EventCommand::Cancel
     } else {
-        let Some(deliver_at) = record.deliver_at.as_deref() else {
-            return reject(
-                echo,
-                ApiError::new(Code::InvalidRequest, "deliver_at is required"),
-            );
-        };
         let settings = SettingsFields {
             queue: record.queue,
             max_attempts: record.max_attempts,
@@ -373,15 +378,16 @@ async fn check_v1(record: V1Record, tenants: &mut Tenants<'_>) -> Checked<(Strin
             expire_at: record.expire_at,
             max_age_ms: record.max_age_ms,
         };
-        let command = match crate::v1::events::upsert(
-            deliver_at,
-            record.payload,
-            record.delivery,
-            settings,
-        ) {
-            Ok(command) => command,
-            Err(error) => return reject(echo, error),
+        let when = When {
+            deliver_at: record.deliver_at,
+            delay_ms: record.delay_ms,
+            debounce: record.debounce,
         };
+        let command =
+            match crate::v1::events::upsert(when, now, record.payload, record.delivery, settings) {
+                Ok(command) => command,
+                Err(error) => return reject(echo, error),
+            };
         // Writes need a registered tenant; cancels do not (events outlive
         // their tenant's registration).
         let admitted = match tenants.registered(&tenant).await {

@@ -377,7 +377,10 @@ async fn event_put_get_update_cancel() {
         .await;
     assert_eq!(moved.status, StatusCode::OK);
     assert_ne!(moved.body["version"], version);
-    assert_eq!(h.get("/v1/tenants/acme/events/e1").await.body, moved.body);
+    assert_eq!(moved.body["previous_delivery"], "not_started");
+    let mut view = moved.body.clone();
+    view.as_object_mut().unwrap().remove("previous_delivery");
+    assert_eq!(h.get("/v1/tenants/acme/events/e1").await.body, view);
 
     let cancelled = h.delete("/v1/tenants/acme/events/e1").await;
     assert_eq!(cancelled.status, StatusCode::OK);
@@ -939,4 +942,46 @@ async fn a_cancelled_event_is_visible_in_v1_but_not_found_in_bigben() {
     let find = h.get("/events/find?tenant=acme&id=gone").await;
     assert_eq!(find.status, StatusCode::NOT_FOUND);
     h.shutdown().await;
+}
+
+#[tokio::test]
+async fn batch_items_may_carry_a_delay_or_a_debounce() {
+    use belfry_core::{Clock, Timestamp};
+    let h = Harness::start().await;
+    h.put("/v1/tenants/acme", &log_sink()).await;
+    let instant = |view: &Value| {
+        Timestamp::parse_rfc3339(view["deliver_at"].as_str().unwrap())
+            .unwrap()
+            .as_millis()
+    };
+    let before = belfry_clock::SystemClock.now().as_millis();
+    let answer = h
+        .post(
+            "/v1/tenants/acme/events",
+            &json!({"events": [
+                {"id": "later", "delay_ms": 3_600_000},
+                {"id": "bounced", "debounce": {"delay_ms": 60_000, "max_wait_ms": 600_000}},
+                {"id": "both", "delay_ms": 1, "deliver_at": "2099-01-31T04:00:30Z"},
+                {"id": "neither"},
+            ]}),
+        )
+        .await;
+    let after = belfry_clock::SystemClock.now().as_millis();
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let outcomes: Vec<&str> = answer.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["created", "created", "rejected", "rejected"]);
+    let later = h.get("/v1/tenants/acme/events/later").await.body;
+    assert!((before + 3_600_000..=after + 3_600_000).contains(&instant(&later)));
+    assert!(later.get("debounce_since").is_none(), "{later}");
+    let bounced = h.get("/v1/tenants/acme/events/bounced").await.body;
+    let since = Timestamp::parse_rfc3339(bounced["debounce_since"].as_str().unwrap())
+        .unwrap()
+        .as_millis();
+    assert!((before..=after).contains(&since), "{bounced}");
+    assert_eq!(instant(&bounced), since + 60_000);
 }

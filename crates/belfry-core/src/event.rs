@@ -108,6 +108,12 @@ pub struct EventRecord {
     pub updated_at: Timestamp,
     /// When the event reached a terminal status; drives retention.
     pub finished_at: Option<Timestamp>,
+    /// When the pending series of debounced writes began (the acceptance
+    /// of the one that made the event pending): no debounced write moves
+    /// the instant past it plus its `max_wait_ms`. `None` when the last
+    /// write was not debounced. Kept apart by the stores like `settings`.
+    #[serde(skip)]
+    pub debounce_since: Option<Timestamp>,
     /// The event's own delivery settings. Left out of the record's own
     /// serde form: the stores keep them apart so records written before
     /// they existed still read (the embedded store after the record,
@@ -228,6 +234,128 @@ pub enum EventCommand {
         delivery: DeliveryOption,
         new_version: EventVersion,
     },
+    /// An [`EventCommand::Upsert`] whose instant is `debounce`'s: the
+    /// write's `now` plus its delay, but never past the start of the
+    /// event's pending series of debounced writes plus its maximum wait
+    /// ([`Debounce::instant`]).
+    DebouncedUpsert {
+        debounce: Debounce,
+        payload: Option<String>,
+        delivery: DeliveryOption,
+        settings: EventSettings,
+        new_version: EventVersion,
+    },
+    /// A client's `command` (an upsert or a cancel) that applies only if
+    /// `precondition` holds for the stored event (`If-Match`); otherwise
+    /// nothing changes ([`CommandOutcome::PreconditionFailed`]). Decided in
+    /// the same transition as the change, so no write slips in between.
+    IfMatch {
+        precondition: Precondition,
+        command: Box<EventCommand>,
+    },
+}
+
+impl EventCommand {
+    /// The command without its conditions: what it does if it applies.
+    pub fn unconditional(&self) -> &EventCommand {
+        match self {
+            EventCommand::IfMatch { command, .. } => command.unconditional(),
+            command => command,
+        }
+    }
+}
+
+/// A debounced write's delays, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Debounce {
+    /// From the write's acceptance to the instant.
+    pub delay_ms: u64,
+    /// From the start of the pending series to the latest instant.
+    pub max_wait_ms: u64,
+}
+
+impl Debounce {
+    /// The instant of a debounced write accepted at `now` on the event
+    /// `current`, and the start of its series. The series goes on while
+    /// the event is pending in it and its instant has not come; anything
+    /// else (no event, a finished or cancelled one, one last written
+    /// without debounce, one due already: being delivered or retrying)
+    /// starts one at `now`, so a write never moves a due version to an
+    /// instant of its series (delivering the series twice). The instant is
+    /// `now + delay_ms`, but no later than the series' start plus
+    /// `max_wait_ms`.
+    pub fn instant(self, now: Timestamp, current: Option<&EventRecord>) -> (Timestamp, Timestamp) {
+        let since = current
+            .filter(|record| record.status.is_pending() && record.event_time > now)
+            .and_then(|record| record.debounce_since)
+            .unwrap_or(now);
+        let wanted = now.plus(std::time::Duration::from_millis(self.delay_ms));
+        let latest = since.plus(std::time::Duration::from_millis(self.max_wait_ms));
+        (wanted.min(latest), since)
+    }
+}
+
+/// What a conditional command requires of the stored event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Precondition {
+    /// The event is stored, in any status (`If-Match: *`).
+    Exists,
+    /// The event is stored and its version is one of these (none: never).
+    Versions(Vec<EventVersion>),
+}
+
+impl Precondition {
+    pub fn holds(&self, current: Option<&EventRecord>) -> bool {
+        match (self, current) {
+            (_, None) => false,
+            (Precondition::Exists, Some(_)) => true,
+            (Precondition::Versions(versions), Some(record)) => versions.contains(&record.version),
+        }
+    }
+}
+
+/// How far the delivery of an event's version had gone when a cancel or a
+/// move replaced it, as its stored record shows: an attempt that started
+/// but is not recorded yet is not seen, and one may start right after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreviousDelivery {
+    /// Pending, no attempt recorded.
+    NotStarted,
+    /// Pending (`retrying`), at least one attempt recorded.
+    Started,
+    /// The version had ended (`delivered`, `failed`, `missed`, `expired`).
+    Finished,
+}
+
+impl PreviousDelivery {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreviousDelivery::NotStarted => "not_started",
+            PreviousDelivery::Started => "started",
+            PreviousDelivery::Finished => "finished",
+        }
+    }
+
+    /// For a command that ended in `outcome` on the event stored as
+    /// `previous`: its version's delivery, if the command cancelled or
+    /// moved it (`None` for anything else).
+    pub fn of(previous: Option<&EventRecord>, outcome: &CommandOutcome) -> Option<Self> {
+        if !matches!(
+            outcome,
+            CommandOutcome::Cancelled | CommandOutcome::Updated { moved: true }
+        ) {
+            return None;
+        }
+        let previous = previous?;
+        Some(if !previous.status.is_pending() {
+            PreviousDelivery::Finished
+        } else if previous.attempts > 0 || previous.triggered_at.is_some() {
+            PreviousDelivery::Started
+        } else {
+            PreviousDelivery::NotStarted
+        })
+    }
 }
 
 /// What a command did, as the client-facing answer needs it.
@@ -264,6 +392,11 @@ pub enum CommandOutcome {
     /// `Redrive` of an event that is not failed or missed (pending,
     /// delivered, cancelled): nothing changed.
     NotRedrivable(EventStatus),
+    /// `IfMatch` whose precondition does not hold: nothing changed.
+    /// `current` is the stored version, if any.
+    PreconditionFailed {
+        current: Option<EventVersion>,
+    },
 }
 
 /// What the runtime must do after a transition.
@@ -335,6 +468,9 @@ pub fn transition(
                 next.delivery = delivery;
                 next.settings = settings;
                 next.updated_at = now;
+                // A write that is not debounced ends the series; a
+                // debounced one sets it again.
+                next.debounce_since = None;
                 if existing.event_time == event_time {
                     // Same place in the timer, new content: re-arming it
                     // tells the owner to drop a record it read ahead.
@@ -371,6 +507,7 @@ pub fn transition(
             }
             _ => Transition {
                 next: Some(EventRecord {
+                    debounce_since: None,
                     key: key.clone(),
                     partition: ctx.partition,
                     version: new_version,
@@ -404,6 +541,7 @@ pub fn transition(
                 next.version = new_version;
                 next.status = EventStatus::Scheduled;
                 next.next_fire_at = Some(now);
+                next.debounce_since = None;
                 next.attempts = 0;
                 next.last_error = None;
                 next.triggered_at = None;
@@ -561,6 +699,39 @@ pub fn transition(
             }
             _ => Transition::unchanged(CommandOutcome::VersionChanged),
         },
+        EventCommand::DebouncedUpsert {
+            debounce,
+            payload,
+            delivery,
+            settings,
+            new_version,
+        } => {
+            let (event_time, since) = debounce.instant(now, current);
+            let upsert = EventCommand::Upsert {
+                event_time,
+                payload,
+                delivery,
+                settings,
+                new_version,
+            };
+            let mut step = transition(key, current, upsert, ctx);
+            if let Some(next) = step.next.as_mut() {
+                next.debounce_since = Some(since);
+            }
+            step
+        }
+        EventCommand::IfMatch {
+            precondition,
+            command,
+        } => {
+            if precondition.holds(current) {
+                transition(key, current, *command, ctx)
+            } else {
+                Transition::unchanged(CommandOutcome::PreconditionFailed {
+                    current: current.map(|r| r.version.clone()),
+                })
+            }
+        }
         EventCommand::ExpireVersion { version, reason } => match current {
             Some(existing) if existing.version == version => {
                 transition(key, current, EventCommand::Expire { reason }, ctx)
@@ -1058,5 +1229,196 @@ mod tests {
         assert_eq!(missed.status, EventStatus::Missed);
         let again = apply(Some(&missed), expire(), 6);
         assert_eq!(again.outcome, CommandOutcome::NotPending);
+    }
+
+    #[test]
+    fn if_match_applies_only_while_its_precondition_holds() {
+        let v1 = apply(None, upsert(5_000, "v1"), 0).next.unwrap();
+        let if_match = |precondition, command| EventCommand::IfMatch {
+            precondition,
+            command: Box::new(command),
+        };
+        let version = |v: &str| Precondition::Versions(vec![EventVersion::from_string(v.into())]);
+        let stale = apply(Some(&v1), if_match(version("v0"), upsert(9_000, "v2")), 1);
+        assert_eq!(
+            stale.outcome,
+            CommandOutcome::PreconditionFailed {
+                current: Some(v1.version.clone())
+            }
+        );
+        assert!(stale.next.is_none() && stale.effects.is_empty());
+        let unknown = apply(None, if_match(Precondition::Exists, upsert(9_000, "v2")), 1);
+        assert_eq!(
+            unknown.outcome,
+            CommandOutcome::PreconditionFailed { current: None }
+        );
+        assert!(unknown.next.is_none());
+        let cancel = apply(Some(&v1), if_match(version("v0"), EventCommand::Cancel), 1);
+        assert!(matches!(
+            cancel.outcome,
+            CommandOutcome::PreconditionFailed { .. }
+        ));
+
+        let moved = apply(Some(&v1), if_match(version("v1"), upsert(9_000, "v2")), 1);
+        assert_eq!(moved.outcome, CommandOutcome::Updated { moved: true });
+        let v2 = moved.next.unwrap();
+        let any = apply(
+            Some(&v2),
+            if_match(Precondition::Exists, EventCommand::Cancel),
+            2,
+        );
+        assert_eq!(any.outcome, CommandOutcome::Cancelled);
+        assert_eq!(
+            if_match(Precondition::Exists, EventCommand::Cancel).unconditional(),
+            &EventCommand::Cancel
+        );
+    }
+
+    #[test]
+    fn previous_delivery_tells_how_far_the_replaced_version_went() {
+        let v1 = apply(None, upsert(5_000, "v1"), 0).next.unwrap();
+        let of = |previous: &EventRecord, command| {
+            let t = apply(Some(previous), command, 6_000);
+            PreviousDelivery::of(Some(previous), &t.outcome)
+        };
+        assert_eq!(
+            of(&v1, EventCommand::Cancel),
+            Some(PreviousDelivery::NotStarted)
+        );
+        assert_eq!(
+            of(&v1, upsert(9_000, "v2")),
+            Some(PreviousDelivery::NotStarted)
+        );
+        assert_eq!(of(&v1, upsert(5_000, "v2")), None, "not moved");
+        let retrying = apply(
+            Some(&v1),
+            attempt(&v1.version, 1, Verdict::Retry, 5_000),
+            5_001,
+        )
+        .next
+        .unwrap();
+        assert_eq!(
+            of(&retrying, EventCommand::Cancel),
+            Some(PreviousDelivery::Started)
+        );
+        assert_eq!(
+            of(&retrying, upsert(9_000, "v2")),
+            Some(PreviousDelivery::Started)
+        );
+        let delivered = apply(
+            Some(&v1),
+            attempt(&v1.version, 1, Verdict::Delivered, 5_000),
+            5_001,
+        )
+        .next
+        .unwrap();
+        assert_eq!(
+            of(&delivered, upsert(9_000, "v2")),
+            Some(PreviousDelivery::Finished)
+        );
+        assert_eq!(
+            PreviousDelivery::of(None, &CommandOutcome::Created),
+            None,
+            "nothing was replaced"
+        );
+    }
+
+    fn debounced(version: &str) -> EventCommand {
+        EventCommand::DebouncedUpsert {
+            debounce: Debounce {
+                delay_ms: 5_000,
+                max_wait_ms: 30_000,
+            },
+            payload: Some(version.into()),
+            delivery: DeliveryOption::FullEvent,
+            settings: Default::default(),
+            new_version: EventVersion::from_string(version.into()),
+        }
+    }
+
+    #[test]
+    fn a_debounced_series_is_delivered_at_its_start_plus_the_maximum_wait() {
+        // 100 writes 1 s apart: each moves the instant to 5 s after it,
+        // but never past 30 s after the first write of the pending series.
+        let mut rec = apply(None, debounced("v0"), 0).next.unwrap();
+        assert_eq!(rec.event_time, ts(5_000));
+        assert_eq!(rec.debounce_since, Some(ts(0)));
+        let mut deliveries = Vec::new();
+        for i in 1..100_i64 {
+            let now = i * 1_000;
+            if rec.status.is_pending() && rec.event_time <= ts(now) {
+                // Due before this write: delivered, the series ends.
+                deliveries.push(rec.event_time);
+                let at = rec.event_time.as_millis();
+                rec = apply(
+                    Some(&rec),
+                    attempt(&rec.version, 1, Verdict::Delivered, at),
+                    at,
+                )
+                .next
+                .unwrap();
+            }
+            let since = rec.debounce_since.filter(|_| rec.status.is_pending());
+            rec = apply(Some(&rec), debounced(&format!("v{i}")), now)
+                .next
+                .unwrap();
+            let since = since.unwrap_or(ts(now));
+            assert_eq!(rec.debounce_since, Some(since), "write {i}");
+            let expected = (now + 5_000).min(since.as_millis() + 30_000);
+            assert_eq!(rec.event_time, ts(expected), "write {i}");
+        }
+        // Each series once, 30 s after its first write; the last one, cut
+        // short, 5 s after its last write.
+        assert_eq!(deliveries, vec![ts(30_000), ts(60_000), ts(90_000)]);
+        assert_eq!(rec.debounce_since, Some(ts(90_000)));
+        assert_eq!(rec.event_time, ts(104_000));
+    }
+
+    #[test]
+    fn a_debounce_keeps_its_instant_at_the_cap_and_a_due_one_starts_a_series() {
+        let mut rec = apply(None, debounced("v1"), 0).next.unwrap();
+        for now in (4_000..=28_000).step_by(4_000) {
+            rec = apply(Some(&rec), debounced("v"), now).next.unwrap();
+        }
+        let capped = apply(Some(&rec), debounced("v2"), 29_000).next.unwrap();
+        assert_eq!(capped.event_time, ts(30_000));
+        let again = apply(Some(&capped), debounced("v3"), 29_500);
+        assert_eq!(
+            again.outcome,
+            CommandOutcome::Updated { moved: false },
+            "same instant: same version"
+        );
+        assert_eq!(again.next.unwrap().version, capped.version);
+        // Due already (being delivered, or retrying): a write starts a new
+        // series rather than moving the due version within this one.
+        let debounce = Debounce {
+            delay_ms: 5_000,
+            max_wait_ms: 30_000,
+        };
+        assert_eq!(
+            debounce.instant(ts(30_000), Some(&capped)),
+            (ts(35_000), ts(30_000))
+        );
+        assert_eq!(
+            debounce.instant(ts(29_999), Some(&capped)),
+            (ts(30_000), ts(0))
+        );
+        // A plain write ends the series; the next debounced one starts anew.
+        let plain = apply(Some(&capped), upsert(31_000, "p"), 20_000)
+            .next
+            .unwrap();
+        assert_eq!(plain.debounce_since, None);
+        let fresh = apply(Some(&plain), debounced("v4"), 21_000).next.unwrap();
+        assert_eq!(
+            (fresh.event_time, fresh.debounce_since),
+            (ts(26_000), Some(ts(21_000)))
+        );
+        // A cancelled event starts a new series too.
+        let cancelled = apply(Some(&fresh), EventCommand::Cancel, 22_000)
+            .next
+            .unwrap();
+        let revived = apply(Some(&cancelled), debounced("v5"), 23_000);
+        assert_eq!(revived.outcome, CommandOutcome::Created);
+        assert_eq!(revived.next.unwrap().debounce_since, Some(ts(23_000)));
     }
 }

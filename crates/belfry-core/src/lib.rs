@@ -80,8 +80,9 @@ pub mod timer;
 
 pub use cron::{CronError, CronKind, CronSpec, OccurrenceId};
 pub use event::{
-    Attempt, AttemptReport, CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord,
-    EventSettings, EventStatus, Transition, TransitionContext,
+    Attempt, AttemptReport, CommandOutcome, Debounce, DeliveryOption, Effect, EventCommand,
+    EventRecord, EventSettings, EventStatus, Precondition, PreviousDelivery, Transition,
+    TransitionContext,
 };
 pub use ids::{EventId, EventKey, EventVersion, IdError, QueueName, TenantName, WorkerId};
 pub use partition::{PartitionCount, PartitionId, partition_ranges};

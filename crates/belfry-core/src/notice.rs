@@ -356,6 +356,7 @@ mod tests {
             updated_at: ts(2_000),
             finished_at: Some(ts(2_000)),
             settings: EventSettings::default(),
+            debounce_since: None,
         }
     }
 

@@ -431,8 +431,9 @@ impl Quotas<'_> {
         let options = &quotas.options;
         let mut upserts: HashMap<&TenantName, Vec<&KeyedCommand>> = HashMap::new();
         for command in commands {
-            let payload = match &command.command {
+            let payload = match command.command.unconditional() {
                 EventCommand::Upsert { payload, .. }
+                | EventCommand::DebouncedUpsert { payload, .. }
                 | EventCommand::UpsertIfCurrent { payload, .. } => payload,
                 // Pending again: counted like a create.
                 EventCommand::Redrive { .. } => &None,

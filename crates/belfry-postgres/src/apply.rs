@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use belfry_core::EventKey;
-use belfry_core::event::{Effect, EventRecord, TransitionContext, transition};
+use belfry_core::event::{Effect, EventRecord, PreviousDelivery, TransitionContext, transition};
 use belfry_store::{Applied, ApplyParams, StoreResult};
 
 use crate::PostgresStore;
@@ -188,6 +188,7 @@ async fn apply_once(store: &PostgresStore, params: &ApplyParams) -> Result<Vec<A
                 retry: &params.retry,
             },
         );
+        let previous_delivery = PreviousDelivery::of(slot.current.as_ref(), &result.outcome);
         if let Some(next) = result.next {
             slot.current = Some(next);
             slot.dirty = true;
@@ -220,6 +221,7 @@ async fn apply_once(store: &PostgresStore, params: &ApplyParams) -> Result<Vec<A
             outcome: result.outcome,
             record: slot.current.clone(),
             effects: result.effects,
+            previous_delivery,
         });
     }
 
@@ -296,7 +298,7 @@ pub(crate) fn update_events_sql() -> String {
              finished_at = u.finished_at, queue = u.queue,
              max_attempts = u.max_attempts, backoff = u.backoff,
              attempt_timeout_ms = u.attempt_timeout_ms, expire_at = u.expire_at,
-             max_age_ms = u.max_age_ms
+             max_age_ms = u.max_age_ms, debounce_since = u.debounce_since
          FROM {UNNEST_EVENTS}
          WHERE e.tenant = u.tenant AND e.id = u.id"
     )

@@ -14,13 +14,13 @@ use crate::error::{StoreError, corrupt};
 pub(crate) const EVENT_COLUMNS: &str = "tenant, id, partition, version, event_time, payload, \
      delivery, status, next_fire_at, attempts, last_error, triggered_at, created_at, \
      updated_at, finished_at, queue, max_attempts, backoff, attempt_timeout_ms, expire_at, \
-     max_age_ms";
+     max_age_ms, debounce_since";
 
 /// [`EVENT_COLUMNS`] qualified with the alias `e`, for joins.
 pub(crate) const EVENT_COLUMNS_E: &str = "e.tenant, e.id, e.partition, e.version, e.event_time, \
      e.payload, e.delivery, e.status, e.next_fire_at, e.attempts, e.last_error, e.triggered_at, \
      e.created_at, e.updated_at, e.finished_at, e.queue, e.max_attempts, e.backoff, \
-     e.attempt_timeout_ms, e.expire_at, e.max_age_ms";
+     e.attempt_timeout_ms, e.expire_at, e.max_age_ms, e.debounce_since";
 
 pub(crate) fn delivery_to_str(delivery: DeliveryOption) -> &'static str {
     match delivery {
@@ -112,6 +112,7 @@ pub(crate) fn record_from_row(row: &Row) -> Result<EventRecord, StoreError> {
         created_at: Timestamp::from_millis(row.get(12)),
         updated_at: Timestamp::from_millis(row.get(13)),
         finished_at: timestamp(row.get(14)),
+        debounce_since: timestamp(row.get(21)),
         settings: settings_from_row(row)?,
     })
 }
@@ -196,6 +197,7 @@ pub(crate) struct EventColumns {
     pub attempt_timeout_ms: Vec<Option<i64>>,
     pub expire_at: Vec<Option<i64>>,
     pub max_age_ms: Vec<Option<i64>>,
+    pub debounce_since: Vec<Option<i64>>,
 }
 
 impl EventColumns {
@@ -239,6 +241,8 @@ impl EventColumns {
         self.expire_at
             .push(settings.expire_at.map(Timestamp::as_millis));
         self.max_age_ms.push(millis(settings.max_age_ms));
+        self.debounce_since
+            .push(record.debounce_since.map(Timestamp::as_millis));
     }
 
     pub fn is_empty(&self) -> bool {
@@ -246,7 +250,7 @@ impl EventColumns {
     }
 
     /// The parameters in [`EVENT_COLUMNS`] order.
-    pub fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 21] {
+    pub fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 22] {
         [
             &self.tenant,
             &self.id,
@@ -269,19 +273,20 @@ impl EventColumns {
             &self.attempt_timeout_ms,
             &self.expire_at,
             &self.max_age_ms,
+            &self.debounce_since,
         ]
     }
 }
 
-/// `unnest(...) AS u(<EVENT_COLUMNS>)` over the 21 parameters of
+/// `unnest(...) AS u(<EVENT_COLUMNS>)` over the 22 parameters of
 /// [`EventColumns::params`].
 pub(crate) const UNNEST_EVENTS: &str = "unnest($1::text[], $2::text[], $3::int4[], $4::text[], \
      $5::int8[], $6::text[], $7::text[], $8::text[], $9::int8[], $10::int8[], $11::text[], \
      $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::text[], $17::int4[], $18::text[], \
-     $19::int8[], $20::int8[], $21::int8[]) \
+     $19::int8[], $20::int8[], $21::int8[], $22::int8[]) \
      AS u(tenant, id, partition, version, event_time, payload, delivery, status, next_fire_at, \
      attempts, last_error, triggered_at, created_at, updated_at, finished_at, queue, \
-     max_attempts, backoff, attempt_timeout_ms, expire_at, max_age_ms)";
+     max_attempts, backoff, attempt_timeout_ms, expire_at, max_age_ms, debounce_since)";
 
 /// History entries as one array per column, for `unnest`.
 #[derive(Debug, Default)]

@@ -389,6 +389,17 @@ ALTER TABLE tenants ADD COLUMN pause jsonb;
 ALTER TABLE tenants ADD COLUMN notify jsonb;
 "#,
     },
+    Migration {
+        version: 15,
+        apply: Apply::InTransaction,
+        name: "debounced events",
+        // When an event's pending series of debounced writes began (ms
+        // since the epoch); NULL: its last write was not debounced. A
+        // nullable column without a default rewrites no row.
+        sql: r#"
+ALTER TABLE events ADD COLUMN debounce_since bigint;
+"#,
+    },
 ];
 
 /// Applies the missing migrations and returns the database's partition

@@ -130,7 +130,7 @@ async fn index_build_does_not_block_writes_and_two_nodes_migrate_at_once() {
     assert_eq!(index_state(&observer).await, Some(true));
     assert_eq!(
         applied_versions(&observer).await,
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
     );
     let events: i64 = observer
         .query_one("SELECT count(*) FROM events", &[])
@@ -177,7 +177,7 @@ async fn an_invalid_index_left_by_a_failed_build_is_rebuilt() {
     );
     assert_eq!(
         applied_versions(&client).await,
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
     );
 }
 
@@ -312,6 +312,6 @@ async fn attempts_recorded_twice_before_migration_9_are_kept_once() {
     );
     assert_eq!(
         applied_versions(&client).await,
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
     );
 }

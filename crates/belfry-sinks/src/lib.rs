@@ -298,6 +298,7 @@ pub(crate) fn scheduled_event(
     delivery: belfry_core::DeliveryOption,
 ) -> EventRecord {
     EventRecord {
+        debounce_since: None,
         key,
         partition: belfry_core::PartitionId(0),
         version: belfry_core::EventVersion::from_string("v-1".into()),

@@ -19,8 +19,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use belfry_core::event::{
-    Attempt, AttemptReport, CommandOutcome, DeliveryOption, Effect, EventCommand, EventRecord,
-    EventStatus,
+    Attempt, AttemptReport, CommandOutcome, Debounce, DeliveryOption, Effect, EventCommand,
+    EventRecord, EventStatus, Precondition, PreviousDelivery,
 };
 use belfry_core::tenant::{BuiltinTarget, HttpTarget, PullTarget};
 use belfry_core::{
@@ -100,6 +100,8 @@ macro_rules! store_conformance_tests {
             same_instant_update_keeps_version,
             move_starts_a_new_version,
             cancel_and_cancel_unknown,
+            if_match_changes_nothing_unless_it_holds,
+            a_debounced_series_keeps_its_start,
             attempt_delivered_finishes,
             attempt_retry_reschedules,
             attempt_permanent_fails,
@@ -871,6 +873,177 @@ where
     let revived = apply_one(store, 4_000, &k, upsert(6_000, "v3")).await;
     assert_eq!(revived.outcome, CommandOutcome::Created);
     assert_eq!(all_due(store).await.len(), 1);
+}
+
+pub async fn if_match_changes_nothing_unless_it_holds<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    let if_match = |precondition, command| EventCommand::IfMatch {
+        precondition,
+        command: Box::new(command),
+    };
+    let version = |v: &str| Precondition::Versions(vec![EventVersion::from_string(v.into())]);
+
+    // Unknown: even `*` fails, and nothing is created.
+    let unknown = apply_one(
+        store,
+        1_000,
+        &k,
+        if_match(Precondition::Exists, upsert(5_000, "v1")),
+    )
+    .await;
+    assert_eq!(
+        unknown.outcome,
+        CommandOutcome::PreconditionFailed { current: None }
+    );
+    assert_eq!((unknown.record, unknown.effects), (None, vec![]));
+    assert_eq!(get(store, &k).await, None);
+
+    let created = apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
+    assert_eq!(created.previous_delivery, None, "nothing replaced");
+    let before = get(store, &k).await.unwrap();
+
+    // A stale version: neither a move nor a cancel changes anything.
+    for command in [upsert(9_000, "v2"), EventCommand::Cancel] {
+        let stale = apply_one(store, 2_000, &k, if_match(version("v0"), command)).await;
+        assert_eq!(
+            stale.outcome,
+            CommandOutcome::PreconditionFailed {
+                current: Some(EventVersion::from_string("v1".into()))
+            }
+        );
+        assert!(stale.effects.is_empty());
+        assert_eq!(stale.previous_delivery, None);
+        assert_eq!(get(store, &k).await.as_ref(), Some(&before));
+    }
+    let partition = store.partitions().partition_of(&k);
+    assert_eq!(all_due(store).await, vec![(partition, cursor(5_000, &k))]);
+
+    // The current version: the move applies and tells the replaced
+    // version's delivery had not started.
+    let moved = apply_one(
+        store,
+        3_000,
+        &k,
+        if_match(version("v1"), upsert(9_000, "v2")),
+    )
+    .await;
+    assert_eq!(moved.outcome, CommandOutcome::Updated { moved: true });
+    assert_eq!(moved.previous_delivery, Some(PreviousDelivery::NotStarted));
+    assert_eq!(get(store, &k).await.unwrap().version.as_str(), "v2");
+
+    // An attempt recorded: a cancel reports it started.
+    apply_one(store, 9_010, &k, attempt("v2", 1, Verdict::Retry, 9_000)).await;
+    let cancelled = apply_one(
+        store,
+        9_020,
+        &k,
+        if_match(Precondition::Exists, EventCommand::Cancel),
+    )
+    .await;
+    assert_eq!(cancelled.outcome, CommandOutcome::Cancelled);
+    assert_eq!(cancelled.previous_delivery, Some(PreviousDelivery::Started));
+    assert!(all_due(store).await.is_empty());
+
+    // Several commands on one key in one apply see each other's writes.
+    let both = apply(
+        store,
+        10_000,
+        vec![
+            command(&k, upsert(20_000, "v3")),
+            command(&k, if_match(version("v2"), upsert(30_000, "v4"))),
+            command(&k, if_match(version("v3"), upsert(30_000, "v4"))),
+        ],
+    )
+    .await;
+    assert_eq!(both[0].outcome, CommandOutcome::Created);
+    assert!(matches!(
+        both[1].outcome,
+        CommandOutcome::PreconditionFailed { .. }
+    ));
+    assert_eq!(both[2].outcome, CommandOutcome::Updated { moved: true });
+    assert_eq!(get(store, &k).await.unwrap().version.as_str(), "v4");
+
+    // Moving a delivered version reports it finished.
+    apply_one(
+        store,
+        30_010,
+        &k,
+        attempt("v4", 1, Verdict::Delivered, 30_000),
+    )
+    .await;
+    let again = apply_one(
+        store,
+        31_000,
+        &k,
+        if_match(version("v4"), upsert(40_000, "v5")),
+    )
+    .await;
+    assert_eq!(again.previous_delivery, Some(PreviousDelivery::Finished));
+}
+
+pub async fn a_debounced_series_keeps_its_start<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let k = key("t", "e1");
+    let debounced = |version: &str| EventCommand::DebouncedUpsert {
+        debounce: Debounce {
+            delay_ms: 500,
+            max_wait_ms: 3_000,
+        },
+        payload: Some(version.into()),
+        delivery: DeliveryOption::FullEvent,
+        settings: Default::default(),
+        new_version: EventVersion::from_string(version.into()),
+    };
+    let created = apply_one(store, 1_000, &k, debounced("v1")).await;
+    assert_eq!(created.outcome, CommandOutcome::Created);
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(
+        (record.event_time, record.debounce_since),
+        (ts(1_500), Some(ts(1_000)))
+    );
+    // The start is read back from the store: it caps the later writes.
+    for now in [1_400, 1_800, 2_200, 2_600, 3_000, 3_400] {
+        apply_one(store, now, &k, debounced("v2")).await;
+    }
+    let capped = apply_one(store, 3_800, &k, debounced("v3")).await;
+    assert_eq!(capped.outcome, CommandOutcome::Updated { moved: true });
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(
+        (record.event_time, record.debounce_since),
+        (ts(4_000), Some(ts(1_000)))
+    );
+    assert_eq!(record.payload.as_deref(), Some("v3"));
+    let partition = store.partitions().partition_of(&k);
+    assert_eq!(all_due(store).await, vec![(partition, cursor(4_000, &k))]);
+
+    // Delivered: the next write starts a new series.
+    apply_one(
+        store,
+        4_010,
+        &k,
+        attempt("v3", 1, Verdict::Delivered, 4_000),
+    )
+    .await;
+    apply_one(store, 5_000, &k, debounced("v4")).await;
+    let record = get(store, &k).await.unwrap();
+    assert_eq!(
+        (record.event_time, record.debounce_since),
+        (ts(5_500), Some(ts(5_000)))
+    );
+    // A plain write ends the series, stored as such.
+    apply_one(store, 5_100, &k, upsert(9_000, "v5")).await;
+    assert_eq!(get(store, &k).await.unwrap().debounce_since, None);
 }
 
 pub async fn attempt_delivered_finishes<F, Fut>(factory: F)

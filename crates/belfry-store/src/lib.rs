@@ -34,7 +34,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::bulk::{BulkAction, BulkActionId};
-use belfry_core::event::{Attempt, CommandOutcome, Effect, EventCommand, EventRecord, EventStatus};
+use belfry_core::event::{
+    Attempt, CommandOutcome, Effect, EventCommand, EventRecord, EventStatus, PreviousDelivery,
+};
 use belfry_core::pull::{LeaseChange, LeaseId, LeaseRecord, PersistResult, Resolution};
 use belfry_core::{
     DueCursor, EventId, EventKey, PartitionCount, PartitionId, RetryPolicy, TenantConfig,
@@ -151,6 +153,9 @@ pub struct Applied {
     pub record: Option<EventRecord>,
     /// What the engine must do about its timers.
     pub effects: Vec<Effect>,
+    /// How far the delivery of the version the command cancelled or moved
+    /// had gone ([`PreviousDelivery::of`]).
+    pub previous_delivery: Option<PreviousDelivery>,
 }
 
 /// Parameters of [`Store::due_page`].

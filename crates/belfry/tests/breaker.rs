@@ -101,6 +101,15 @@ async fn count_with_status(node: &BelfryProcess, status: &str) -> usize {
     }
 }
 
+/// The `type` of every notice the notice target got, in arrival order.
+fn notice_types(notices: &Receiver) -> Vec<String> {
+    notices
+        .requests()
+        .iter()
+        .map(|r| r.body_json().unwrap()["type"].as_str().unwrap().to_string())
+        .collect()
+}
+
 async fn outage_round(outage: Outage) {
     let Outage {
         events,
@@ -112,9 +121,11 @@ async fn outage_round(outage: Outage) {
     receiver.reserve(events + 1_000);
     receiver.set_default_status(503);
     let node = start_node(dir.path(), breaker).await;
+    let notices = Receiver::start().await;
     let (status, body) = put_json(
         &node.url("/v1/tenants/acme"),
-        &json!({"sink": {"type": "http", "url": receiver.url("/hook")}}),
+        &json!({"sink": {"type": "http", "url": receiver.url("/hook")},
+                "notify": {"url": notices.url("/notices")}}),
     )
     .await;
     assert_eq!(status, 201, "{body}");
@@ -179,6 +190,14 @@ async fn outage_round(outage: Outage) {
     }
     tokio::time::sleep(Duration::from_millis((up_at - now_ms()).max(0) as u64)).await;
     let during = receiver.take_requests();
+    // The notice target heard of the opening during the outage, although
+    // the tenant's lanes are held (once: a failed probe reopening it is
+    // not news).
+    assert_eq!(
+        notice_types(&notices),
+        vec!["circuit_opened".to_string()],
+        "the notices during the outage"
+    );
     receiver.set_default_status(200);
     let recovered_at = now_ms();
     assert!(
@@ -225,6 +244,15 @@ async fn outage_round(outage: Outage) {
     let (_, view) = get_json(&node.url("/v1/tenants/acme")).await;
     assert_eq!(view["circuit"]["state"], "closed", "{view}");
     assert_eq!(view["circuit"]["consecutive_failures"], 0, "{view}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while notice_types(&notices).len() < 2 {
+        assert!(Instant::now() < deadline, "no closing notice");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        notice_types(&notices),
+        vec!["circuit_opened".to_string(), "circuit_closed".to_string()]
+    );
 
     // Nothing failed, nothing is left pending: every event is delivered.
     for status in ["failed", "scheduled", "retrying", "missed", "expired"] {

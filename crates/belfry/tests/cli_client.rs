@@ -185,19 +185,44 @@ async fn events_are_scheduled_delivered_listed_and_cancelled_through_the_cli() {
 
     // Cancel a future event; cancelling it again is refused (exit 1) with
     // the server's message.
-    ok(
+    let later = ok_json(
         &belfry(
             &url,
-            &["events", "schedule", tenant, "order-2", "--at", "+1h"],
+            &[
+                "events", "schedule", tenant, "order-2", "--delay", "1h", "--json",
+            ],
         )
         .await,
-        "events schedule +1h",
+        "events schedule --delay 1h",
     );
+    let version = later["version"].as_str().expect("a version");
+    // A stale --if-match is refused and changes nothing; the current
+    // version cancels.
+    let stale = belfry(
+        &url,
+        &["events", "cancel", tenant, "order-2", "--if-match", "v0"],
+    )
+    .await;
+    assert_eq!(stale.status.code(), Some(1), "{stale:?}");
+    assert!(stderr(&stale).contains("precondition_failed"), "{stale:?}");
     let cancelled = ok_json(
-        &belfry(&url, &["events", "cancel", tenant, "order-2", "--json"]).await,
+        &belfry(
+            &url,
+            &[
+                "events",
+                "cancel",
+                tenant,
+                "order-2",
+                "--if-match",
+                version,
+                "--json",
+            ],
+        )
+        .await,
         "events cancel",
     );
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["previous_delivery"], "not_started", "{cancelled}");
     let again = belfry(&url, &["events", "cancel", tenant, "order-1"]).await;
     assert_eq!(again.status.code(), Some(1), "{again:?}");
     assert!(stderr(&again).contains("already_finished"), "{again:?}");

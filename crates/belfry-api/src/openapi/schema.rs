@@ -161,6 +161,15 @@ pub struct EventIdPath {
     pub id: String,
 }
 
+/// The `If-Match` of a `/v1` event's `PUT` or cancel.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct IfMatchHeader {
+    /// Apply only if the event's version is this one (its `ETag`, quotes optional; or one of a list) or, for `*`, if the event exists; else `412 precondition_failed` and nothing changes. A weak tag never matches. Checked in the same store write as the change.
+    #[param(rename = "If-Match")]
+    pub if_match: Option<String>,
+}
+
 /// The `{id}` of a `/v1` schedule's path (after [`TenantPath`]).
 #[derive(IntoParams)]
 #[into_params(parameter_in = Path)]

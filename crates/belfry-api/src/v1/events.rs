@@ -4,15 +4,18 @@
 //! Writes (`PUT`, batch `POST`) need the tenant to be registered; reads and
 //! cancels do not, because events outlive a tenant's registration.
 
+use std::time::Duration;
+
 use axum::extract::State;
-use axum::http::{StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use belfry_core::auth::AuditAction;
 use belfry_core::tenant::{MAX_AGE_MS, MAX_ATTEMPTS};
 use belfry_core::{
-    CommandOutcome, DeliveryOption, EventCommand, EventId, EventKey, EventSettings, EventStatus,
-    EventVersion, QueueName, SinkConfig, TenantConfig, Timestamp,
+    CommandOutcome, Debounce, DeliveryOption, EventCommand, EventId, EventKey, EventRecord,
+    EventSettings, EventStatus, EventVersion, Precondition, QueueName, SinkConfig, TenantConfig,
+    Timestamp,
 };
 use belfry_store::{KeyedCommand, ListEventsParams};
 use serde::{Deserialize, Serialize};
@@ -44,9 +47,16 @@ const MAX_ATTEMPTS_LISTED: usize = 10_000;
 #[serde(deny_unknown_fields, expecting = "an event object")]
 #[schema(example = json!({"deliver_at": "2030-01-31T04:00:30Z", "payload": "{\"orderId\":42}"}))]
 pub(crate) struct PutEvent {
-    /// RFC 3339 with an offset or `Z`.
+    /// RFC 3339 with an offset or `Z`. Exactly one of `deliver_at`,
+    /// `delay_ms` and `debounce`.
     #[schema(format = DateTime)]
-    deliver_at: String,
+    deliver_at: Option<String>,
+    /// Due this long (ms) after the node accepts the write.
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 31622400000_u64)]
+    delay_ms: Option<Whole<u64>>,
+    /// Due `delay_ms` after the node accepts the write, but never more
+    /// than `max_wait_ms` after the first write of its pending series.
+    debounce: Option<DebounceBody>,
     payload: Option<String>,
     /// Default `full_event`; `payload_only` needs `payload`.
     delivery: Option<Delivery>,
@@ -86,7 +96,10 @@ pub(crate) struct BatchItem {
     )]
     id: String,
     #[schema(format = DateTime)]
-    deliver_at: String,
+    deliver_at: Option<String>,
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 31622400000_u64)]
+    delay_ms: Option<Whole<u64>>,
+    debounce: Option<DebounceBody>,
     payload: Option<String>,
     delivery: Option<Delivery>,
     #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]+$")]
@@ -106,6 +119,90 @@ pub(crate) struct BatchItem {
     /// (else its tenant's `max_age_ms`): the event ends `expired`.
     #[schema(value_type = Option<u64>, minimum = 1, maximum = 31622400000_u64)]
     max_age_ms: Option<Whole<u64>>,
+}
+
+/// A debounced write: each one moves the event to `delay_ms` after it,
+/// but never past `max_wait_ms` after the first write of the event's
+/// pending series (`docs/api.md`, "Relative instants and debounce").
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object with delay_ms and max_wait_ms"
+)]
+pub(crate) struct DebounceBody {
+    #[schema(value_type = u64, minimum = 0, maximum = 31622400000_u64)]
+    delay_ms: Whole<u64>,
+    /// At least `delay_ms`.
+    #[schema(value_type = u64, minimum = 0, maximum = 31622400000_u64)]
+    max_wait_ms: Whole<u64>,
+}
+
+/// The longest `delay_ms` or `max_wait_ms`: 366 days, as `max_age_ms`.
+const MAX_DELAY_MS: u64 = MAX_AGE_MS;
+
+/// When an event is due, as a write says it: exactly one of these.
+#[derive(Debug, Default)]
+pub(crate) struct When {
+    pub deliver_at: Option<String>,
+    pub delay_ms: Option<u64>,
+    pub debounce: Option<DebounceBody>,
+}
+
+/// [`When`], checked.
+enum Due {
+    At(Timestamp),
+    Debounced(Debounce),
+}
+
+impl When {
+    /// Checks it; `now` is when the node accepts the write.
+    fn due(self, now: Timestamp) -> Result<Due, ApiError> {
+        let invalid = |message: String| ApiError::new(Code::InvalidRequest, message);
+        let bounded = |field: &str, ms: u64| {
+            if ms > MAX_DELAY_MS {
+                Err(invalid(format!(
+                    "{field} must be between 0 and {MAX_DELAY_MS} (366 days)"
+                )))
+            } else {
+                Ok(ms)
+            }
+        };
+        match (self.deliver_at, self.delay_ms, self.debounce) {
+            (Some(text), None, None) => {
+                Timestamp::parse_rfc3339(&text).map(Due::At).ok_or_else(|| {
+                    ApiError::new(
+                        Code::InvalidTime,
+                        format!(
+                            "deliver_at {text:?} is not an RFC 3339 instant with an offset \
+                             (e.g. 2030-01-31T04:00:30Z)"
+                        ),
+                    )
+                })
+            }
+            (None, Some(ms), None) => Ok(Due::At(
+                now.plus(Duration::from_millis(bounded("delay_ms", ms)?)),
+            )),
+            (None, None, Some(body)) => {
+                let delay_ms = bounded("debounce.delay_ms", body.delay_ms.get())?;
+                let max_wait_ms = bounded("debounce.max_wait_ms", body.max_wait_ms.get())?;
+                if max_wait_ms < delay_ms {
+                    return Err(invalid(
+                        "debounce.max_wait_ms must be at least debounce.delay_ms".into(),
+                    ));
+                }
+                Ok(Due::Debounced(Debounce {
+                    delay_ms,
+                    max_wait_ms,
+                }))
+            }
+            (None, None, None) => Err(invalid(
+                "deliver_at is required (or delay_ms, or debounce)".into(),
+            )),
+            _ => Err(invalid(
+                "deliver_at, delay_ms and debounce exclude each other: give one".into(),
+            )),
+        }
+    }
 }
 
 /// An event's own settings as a request carries them: its delivery policy
@@ -205,8 +302,10 @@ pub(crate) fn admit_queue(tenant: &TenantConfig, pull: &EventSettings) -> Result
 /// # Errors
 /// The queue is not declared.
 pub(crate) fn admit_command(tenant: &TenantConfig, command: &EventCommand) -> Result<(), ApiError> {
-    match command {
-        EventCommand::Upsert { settings, .. } => admit_queue(tenant, settings),
+    match command.unconditional() {
+        EventCommand::Upsert { settings, .. } | EventCommand::DebouncedUpsert { settings, .. } => {
+            admit_queue(tenant, settings)
+        }
         _ => Ok(()),
     }
 }
@@ -278,22 +377,16 @@ fn event_not_found(key: &EventKey) -> V1Error {
     ))
 }
 
-/// Builds the upsert of one event, validating its fields.
+/// Builds the upsert of one event, validating its fields; `now` is when
+/// the node accepts it.
 pub(crate) fn upsert(
-    deliver_at: &str,
+    when: When,
+    now: Timestamp,
     payload: Option<String>,
     delivery: Option<Delivery>,
     settings: SettingsFields,
 ) -> Result<EventCommand, ApiError> {
-    let event_time = Timestamp::parse_rfc3339(deliver_at).ok_or_else(|| {
-        ApiError::new(
-            Code::InvalidTime,
-            format!(
-                "deliver_at {deliver_at:?} is not an RFC 3339 instant with an offset \
-                 (e.g. 2030-01-31T04:00:30Z)"
-            ),
-        )
-    })?;
+    let due = when.due(now)?;
     let delivery: DeliveryOption = delivery.unwrap_or_default().into();
     if delivery == DeliveryOption::PayloadOnly && payload.is_none() {
         return Err(ApiError::new(
@@ -301,12 +394,23 @@ pub(crate) fn upsert(
             "payload is required when delivery is payload_only",
         ));
     }
-    Ok(EventCommand::Upsert {
-        event_time,
-        payload,
-        delivery,
-        settings: settings.settings()?,
-        new_version: EventVersion::generate(),
+    let settings = settings.settings()?;
+    let new_version = EventVersion::generate();
+    Ok(match due {
+        Due::At(event_time) => EventCommand::Upsert {
+            event_time,
+            payload,
+            delivery,
+            settings,
+            new_version,
+        },
+        Due::Debounced(debounce) => EventCommand::DebouncedUpsert {
+            debounce,
+            payload,
+            delivery,
+            settings,
+            new_version,
+        },
     })
 }
 
@@ -336,10 +440,80 @@ async fn apply_one(
 }
 
 fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error> {
-    applied.record.as_ref().map(EventView::from).ok_or_else(|| {
+    let mut view = applied.record.as_ref().map(EventView::from).ok_or_else(|| {
         tracing::error!(key = ?applied.key, outcome = ?applied.outcome, "applied command left no record");
         V1Error(ApiError::internal())
-    })
+    })?;
+    view.previous_delivery = applied.previous_delivery.map(Into::into);
+    Ok(view)
+}
+
+/// The request's `If-Match`: `*` (the event exists), or entity tags, one
+/// of which must be the event's version as `ETag` answers it (quotes
+/// optional; a list, or several headers); `None` without one. A weak tag
+/// (`W/"…"`) never matches (If-Match compares strongly), nor does anything
+/// that is no tag: the write is then refused, never applied.
+fn if_match(headers: &HeaderMap) -> Option<Precondition> {
+    let mut values = headers.get_all(header::IF_MATCH).iter().peekable();
+    values.peek()?;
+    let mut versions = Vec::new();
+    for value in values {
+        for tag in String::from_utf8_lossy(value.as_bytes()).split(',') {
+            let tag = tag.trim();
+            if tag == "*" {
+                return Some(Precondition::Exists);
+            }
+            if tag.is_empty() || tag.starts_with("W/") {
+                continue;
+            }
+            let tag = tag
+                .strip_prefix('"')
+                .and_then(|t| t.strip_suffix('"'))
+                .unwrap_or(tag);
+            versions.push(EventVersion::from_string(tag.to_string()));
+        }
+    }
+    Some(Precondition::Versions(versions))
+}
+
+/// `command`, applied only if `precondition` holds (when there is one).
+fn conditional(precondition: Option<Precondition>, command: EventCommand) -> EventCommand {
+    match precondition {
+        Some(precondition) => EventCommand::IfMatch {
+            precondition,
+            command: Box::new(command),
+        },
+        None => command,
+    }
+}
+
+/// The `412` of an `If-Match` that did not hold.
+fn precondition_failed(key: &EventKey, current: Option<&EventVersion>) -> V1Error {
+    let message = match current {
+        Some(version) => format!(
+            "If-Match does not match: the event's version is {:?}; nothing changed",
+            version.as_str()
+        ),
+        None => format!(
+            "If-Match does not match: no event {:?} for tenant {:?}; nothing changed",
+            key.id, key.tenant
+        ),
+    };
+    V1Error(ApiError::new(Code::PreconditionFailed, message))
+}
+
+/// The `ETag` of an event: its version, quoted.
+fn etag(record: &EventRecord) -> Option<HeaderValue> {
+    HeaderValue::from_str(&format!("\"{}\"", record.version.as_str())).ok()
+}
+
+/// `view` as JSON with `status` and, when known, the record's `ETag`.
+fn with_etag(status: StatusCode, record: Option<&EventRecord>, view: EventView<'_>) -> Response {
+    let mut response = (status, Json(view)).into_response();
+    if let Some(value) = record.and_then(etag) {
+        response.headers_mut().insert(header::ETAG, value);
+    }
+    response
 }
 
 /// Schedules (201) or updates (200) one event.
@@ -349,20 +523,31 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error
     tag = "events",
     operation_id = "put_event",
     summary = "Schedule (201) or update (200) one event",
-    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
+    params(
+        crate::openapi::schema::TenantPath,
+        crate::openapi::schema::EventIdPath,
+        crate::openapi::schema::IfMatchHeader
+    ),
     request_body(content = PutEvent, content_type = "application/json"),
     responses(
-        (status = 201, description = "Scheduled", body = EventView),
-        (status = 200, description = "Updated (moved when deliver_at changed)", body = EventView),
+        (status = 201, description = "Scheduled", body = EventView,
+            headers(("ETag" = String, description = "The event's version, quoted"))),
+        (status = 200, description = "Updated (moved when deliver_at changed; then with \
+            `previous_delivery`)", body = EventView,
+            headers(("ETag" = String, description = "The event's version, quoted"))),
+        (status = 412, description = "If-Match does not match the event's version (or the \
+            event does not exist): nothing changed", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1BodyErrors
     )
 )]
 pub(crate) async fn put(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
+    headers: HeaderMap,
     V1Json(body): V1Json<PutEvent>,
 ) -> Result<Response, V1Error> {
     let key = event_key(tenant, id)?;
+    let precondition = if_match(&headers);
     let settings = SettingsFields {
         queue: body.queue,
         max_attempts: body.max_attempts.map(Whole::get),
@@ -371,9 +556,23 @@ pub(crate) async fn put(
         expire_at: body.expire_at,
         max_age_ms: body.max_age_ms.map(Whole::get),
     };
-    let command = upsert(&body.deliver_at, body.payload, body.delivery, settings)?;
+    let when = When {
+        deliver_at: body.deliver_at,
+        delay_ms: body.delay_ms.map(Whole::get),
+        debounce: body.debounce,
+    };
+    let command = conditional(
+        precondition,
+        upsert(
+            when,
+            state.engine.now(),
+            body.payload,
+            body.delivery,
+            settings,
+        )?,
+    );
     let mut pipeline = Pipeline::new(&state.engine, &Admitted);
-    let checked = admit_write(&mut pipeline.tenants, (), key, command).await;
+    let checked = admit_write(&mut pipeline.tenants, (), key.clone(), command).await;
     pipeline.push(checked);
     let written = pipeline
         .write(QuotaMode::WholeRequest)
@@ -381,11 +580,15 @@ pub(crate) async fn put(
         .map_err(crate::quota::quota_error)?;
     match written.outcomes.into_iter().next() {
         Some(Outcome::Applied { applied, .. }) => {
-            let status = match applied.outcome {
+            let status = match &applied.outcome {
                 CommandOutcome::Created => StatusCode::CREATED,
+                CommandOutcome::PreconditionFailed { current } => {
+                    return Err(precondition_failed(&key, current.as_ref()));
+                }
                 _ => StatusCode::OK,
             };
-            Ok((status, Json(record_view(&applied)?)).into_response())
+            let view = record_view(&applied)?;
+            Ok(with_etag(status, applied.record.as_ref(), view))
         }
         Some(Outcome::Rejected { error, .. }) => Err(V1Error(error)),
         Some(Outcome::StoreFailed { error, .. }) => Err(error.into()),
@@ -430,7 +633,9 @@ async fn admit_write<E>(
     summary = "An event's status",
     params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
     responses(
-        (status = 200, description = "The event", body = EventView),
+        (status = 200, description = "The event", body = EventView,
+            headers(("ETag" = String, description = "The event's version, quoted: \
+                `If-Match` takes it"))),
         crate::openapi::schema::V1InputErrors
     )
 )]
@@ -440,23 +645,34 @@ pub(crate) async fn get(
 ) -> Result<Response, V1Error> {
     let key = event_key(tenant, id)?;
     match state.engine.store().get_event(&key).await? {
-        Some(record) => Ok(Json(EventView::from(&record)).into_response()),
+        Some(record) => Ok(with_etag(
+            StatusCode::OK,
+            Some(&record),
+            EventView::from(&record),
+        )),
         None => Err(event_not_found(&key)),
     }
 }
 
-/// Cancels a pending event: 200 with its view, 404 if unknown (or already
-/// cancelled), 409 if it already finished.
+/// Cancels a pending event: 200 with its view (and `previous_delivery`),
+/// 404 if unknown (or already cancelled), 409 if it already finished, 412
+/// if `If-Match` does not hold.
 #[utoipa::path(
     delete,
     path = EVENT,
     tag = "events",
     operation_id = "cancel_event",
     summary = "Cancel a pending event",
-    params(crate::openapi::schema::TenantPath, crate::openapi::schema::EventIdPath),
+    params(
+        crate::openapi::schema::TenantPath,
+        crate::openapi::schema::EventIdPath,
+        crate::openapi::schema::IfMatchHeader
+    ),
     responses(
-        (status = 200, description = "Cancelled", body = EventView),
+        (status = 200, description = "Cancelled, with `previous_delivery`", body = EventView),
         (status = 409, description = "Already finished", body = crate::openapi::schema::V1Error),
+        (status = 412, description = "If-Match does not match the event's version (or the \
+            event does not exist): nothing changed", body = crate::openapi::schema::V1Error),
         (status = 415, description = "Not JSON", body = crate::openapi::schema::V1Error),
         crate::openapi::schema::V1InputErrors
     )
@@ -464,11 +680,16 @@ pub(crate) async fn get(
 pub(crate) async fn cancel(
     State(state): State<ApiState>,
     V1Path((tenant, id)): V1Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Result<Response, V1Error> {
     let key = event_key(tenant, id)?;
-    let applied = apply_one(&state, key.clone(), EventCommand::Cancel).await?;
-    match applied.outcome {
+    let command = conditional(if_match(&headers), EventCommand::Cancel);
+    let applied = apply_one(&state, key.clone(), command).await?;
+    match &applied.outcome {
         CommandOutcome::Cancelled => Ok(Json(record_view(&applied)?).into_response()),
+        CommandOutcome::PreconditionFailed { current } => {
+            Err(precondition_failed(&key, current.as_ref()))
+        }
         CommandOutcome::AlreadyFinished(status) => Err(V1Error(ApiError::new(
             Code::AlreadyFinished,
             format!(
@@ -611,6 +832,8 @@ pub(crate) async fn batch(
     if pipeline.tenants.registered(&tenant).await?.is_none() {
         return Err(tenant_not_found(&tenant));
     }
+    // The batch's acceptance: the instant its delays count from.
+    let now = state.engine.now();
     for value in body.events {
         // Echoed on the item's answer when it is readable.
         let id_text = value.get("id").and_then(Value::as_str).map(str::to_string);
@@ -626,7 +849,12 @@ pub(crate) async fn batch(
                     expire_at: item.expire_at,
                     max_age_ms: item.max_age_ms.map(Whole::get),
                 };
-                let command = upsert(&item.deliver_at, item.payload, item.delivery, settings)?;
+                let when = When {
+                    deliver_at: item.deliver_at,
+                    delay_ms: item.delay_ms.map(Whole::get),
+                    debounce: item.debounce,
+                };
+                let command = upsert(when, now, item.payload, item.delivery, settings)?;
                 Ok((id, command))
             });
         let checked = match parsed {

@@ -5,8 +5,8 @@
 use belfry_core::breaker::CircuitView;
 use belfry_core::retry::BackoffError;
 use belfry_core::{
-    Attempt, Backoff, DeliveryOption, EventRecord, NotifyTarget, RetryPolicy, SinkConfig,
-    TenantConfig, TenantPause, Timestamp, Verdict,
+    Attempt, Backoff, DeliveryOption, EventRecord, NotifyTarget, PreviousDelivery, RetryPolicy,
+    SinkConfig, TenantConfig, TenantPause, Timestamp, Verdict,
 };
 use belfry_engine::EngineHandle;
 use serde::{Deserialize, Serialize};
@@ -188,6 +188,39 @@ pub(crate) struct EventView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub max_age_ms: Option<u64>,
+    /// While a debounced series is pending: when its first write was
+    /// accepted (`deliver_at` is at most `max_wait_ms` after it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, format = DateTime)]
+    pub debounce_since: Option<String>,
+    /// Only in the answer to a cancel or to a `PUT` that moved the event:
+    /// how far the delivery of the version it replaced had gone, as the
+    /// store showed at the write (`docs/api.md`, "Conditional edits").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub previous_delivery: Option<PreviousDeliveryView>,
+}
+
+/// How far the delivery of a cancelled or moved version had gone.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum PreviousDeliveryView {
+    /// Pending, no attempt recorded.
+    NotStarted,
+    /// Pending (`retrying`), at least one attempt recorded.
+    Started,
+    /// It had ended: `delivered`, `failed`, `missed` or `expired`.
+    Finished,
+}
+
+impl From<PreviousDelivery> for PreviousDeliveryView {
+    fn from(previous: PreviousDelivery) -> Self {
+        match previous {
+            PreviousDelivery::NotStarted => PreviousDeliveryView::NotStarted,
+            PreviousDelivery::Started => PreviousDeliveryView::Started,
+            PreviousDelivery::Finished => PreviousDeliveryView::Finished,
+        }
+    }
 }
 
 /// A page of a tenant's events.
@@ -222,6 +255,11 @@ impl<'a> From<&'a EventRecord> for EventView<'a> {
             attempt_timeout_ms: record.settings.attempt_timeout_ms,
             expire_at: record.settings.expire_at.map(Timestamp::to_rfc3339),
             max_age_ms: record.settings.max_age_ms,
+            debounce_since: record
+                .debounce_since
+                .filter(|_| record.status.is_pending())
+                .map(Timestamp::to_rfc3339),
+            previous_delivery: None,
         }
     }
 }

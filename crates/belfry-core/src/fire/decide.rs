@@ -188,6 +188,7 @@ mod tests {
 
     fn record(status: EventStatus, next_fire_at: Option<i64>, updated_at: i64) -> EventRecord {
         EventRecord {
+            debounce_since: None,
             key: key("e"),
             partition: PartitionId(0),
             version: EventVersion::from_string("v1".to_string()),

@@ -53,6 +53,7 @@ fn ready_in(tenant_name: &str, id: &str, due: i64, queue: &str, attempts: u32) -
         partition: PartitionId(0),
         epoch: 1,
         record: EventRecord {
+            debounce_since: None,
             key,
             partition: PartitionId(0),
             version: EventVersion::from_string(format!("v-{id}")),

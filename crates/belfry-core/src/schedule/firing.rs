@@ -193,6 +193,7 @@ mod tests {
     fn control(payload: Option<String>, event_time: i64) -> EventRecord {
         let id = ScheduleId::new("job").unwrap();
         EventRecord {
+            debounce_since: None,
             key: EventKey::new(tenant(), control_event_id(&id)),
             partition: PartitionId(0),
             version: EventVersion::from_string("v1".to_string()),

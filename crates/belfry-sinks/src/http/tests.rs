@@ -75,6 +75,7 @@ fn event(tenant: &TenantConfig, id: &str, delivery: DeliveryOption) -> EventReco
     let at = Timestamp::parse_rfc3339("2030-01-31T04:00:30.250Z").unwrap();
     let key = EventKey::new(tenant.name.clone(), EventId::new(id).unwrap());
     EventRecord {
+        debounce_since: None,
         partition: PartitionId(1),
         version: EventVersion::from_string("0190-version-1".into()),
         ..crate::scheduled_event(key, at, Some("{\"orderId\":42}".into()), delivery)

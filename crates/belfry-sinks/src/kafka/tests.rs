@@ -60,6 +60,7 @@ fn event(tenant: &TenantConfig, id: &str, payload: String) -> EventRecord {
     let at = Timestamp::parse_rfc3339("2030-01-31T04:00:30.250Z").unwrap();
     let key = EventKey::new(tenant.name.clone(), EventId::new(id).unwrap());
     EventRecord {
+        debounce_since: None,
         partition: PartitionId(3),
         version: EventVersion::from_string(format!("version-of-{id}")),
         ..crate::scheduled_event(key, at, Some(payload), DeliveryOption::FullEvent)

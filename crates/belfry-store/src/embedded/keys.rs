@@ -30,6 +30,10 @@ const RECORD_FORMAT_V2: u8 = 2;
 /// Format byte of an event record followed by its whole [`EventSettings`]
 /// (postcard), written when it has a setting V2 cannot hold.
 const RECORD_FORMAT_V3: u8 = 3;
+/// Format byte of an event record followed by its whole [`EventSettings`]
+/// and its `debounce_since` (postcard, one after the other), written while
+/// a debounced series is pending.
+const RECORD_FORMAT_V4: u8 = 4;
 
 pub const META_PARTITIONS: &[u8] = b"partitions";
 pub const META_SCHEMA: &[u8] = b"schema_version";
@@ -327,11 +331,17 @@ impl From<&PullSettingsV2> for EventSettings {
     }
 }
 
-/// V1 while the settings are the default (most events), V2 while they are
-/// a pull event's queue, cap and back-off only (as older builds wrote and
-/// read them), V3 otherwise.
+/// V4 while a debounced series is pending; else V1 while the settings are
+/// the default (most events), V2 while they are a pull event's queue, cap
+/// and back-off only (as older builds wrote and read them), V3 otherwise.
 pub fn encode_record(record: &EventRecord) -> StoreResult<Vec<u8>> {
     let mut out = encode_postcard(record)?;
+    if record.debounce_since.is_some() {
+        out[0] = RECORD_FORMAT_V4;
+        postcard::to_io(&(&record.settings, record.debounce_since), &mut out)
+            .map_err(|e| StoreError::Internal(format!("encoding failed: {e}")))?;
+        return Ok(out);
+    }
     if record.settings == EventSettings::default() {
         return Ok(out);
     }
@@ -359,6 +369,13 @@ pub fn decode_record(bytes: &[u8]) -> StoreResult<EventRecord> {
             } else {
                 postcard::from_bytes(tail).map_err(corrupt)?
             };
+            Ok(record)
+        }
+        Some((&RECORD_FORMAT_V4, rest)) => {
+            let (mut record, tail): (EventRecord, _) =
+                postcard::take_from_bytes(rest).map_err(corrupt)?;
+            (record.settings, record.debounce_since) =
+                postcard::from_bytes(tail).map_err(corrupt)?;
             Ok(record)
         }
         _ => decode_postcard(bytes),
@@ -556,6 +573,44 @@ mod tests {
         postcard::to_io(&(None::<QueueName>, Some(4u32), None::<Backoff>), &mut v2).unwrap();
         assert_eq!(decode_record(&v2).unwrap(), pulled);
         assert_eq!(encode_record(&pulled).unwrap(), v2, "written as before");
+    }
+
+    #[test]
+    fn records_of_a_debounced_series_are_format_4() {
+        use belfry_core::event::{Debounce, EventCommand, TransitionContext, transition};
+        let k = key("t", "e");
+        let command = EventCommand::DebouncedUpsert {
+            debounce: Debounce {
+                delay_ms: 500,
+                max_wait_ms: 3_000,
+            },
+            payload: Some("p".into()),
+            delivery: Default::default(),
+            settings: EventSettings {
+                max_attempts: Some(2),
+                ..EventSettings::default()
+            },
+            new_version: belfry_core::EventVersion::from_string("v".into()),
+        };
+        let ctx = TransitionContext {
+            now: Timestamp::from_millis(1),
+            partition: PartitionId(0),
+            retry: &Default::default(),
+        };
+        let record = transition(&k, None, command, ctx).next.unwrap();
+        assert_eq!(record.debounce_since, Some(Timestamp::from_millis(1)));
+        let bytes = encode_record(&record).unwrap();
+        assert_eq!(bytes[0], RECORD_FORMAT_V4);
+        assert_eq!(decode_record(&bytes).unwrap(), record);
+        assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
+        // Once the series is over, the formats older builds read.
+        let plain = EventRecord {
+            debounce_since: None,
+            ..record
+        };
+        let bytes = encode_record(&plain).unwrap();
+        assert_eq!(bytes[0], RECORD_FORMAT_V2);
+        assert_eq!(decode_record(&bytes).unwrap(), plain);
     }
 
     #[test]

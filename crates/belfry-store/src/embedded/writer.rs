@@ -32,7 +32,8 @@
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use belfry_core::event::{
-    Attempt, EventCommand, EventRecord, EventStatus, TransitionContext, transition,
+    Attempt, EventCommand, EventRecord, EventStatus, PreviousDelivery, TransitionContext,
+    transition,
 };
 use belfry_core::{
     EventKey, EventVersion, PartitionCount, PartitionId, TenantConfig, TenantName, TenantPause,
@@ -430,6 +431,7 @@ impl Writer {
                     retry: &params.retry,
                 },
             );
+            let previous_delivery = PreviousDelivery::of(slot.current.as_ref(), &step.outcome);
             if let Some(next) = step.next {
                 slot.current = Some(next);
                 slot.dirty = true;
@@ -440,6 +442,7 @@ impl Writer {
                 outcome: step.outcome,
                 record: slot.current.clone(),
                 effects: step.effects,
+                previous_delivery,
             });
             if let Some(attempt) = step.attempt {
                 // A stale attempt recorded before (a retried write) is not

@@ -32,7 +32,7 @@ pub enum EventsCommand {
     /// List a tenant's events, by id (or by instant when filtered).
     List(ListArgs),
     /// Cancel an event that has not been delivered yet.
-    Cancel(EventRef),
+    Cancel(CancelArgs),
     /// Show every delivery attempt of an event, oldest first.
     Attempts(EventRef),
 }
@@ -53,8 +53,24 @@ pub struct ScheduleArgs {
     /// When to deliver: RFC 3339 with an offset or Z
     /// (2030-01-31T09:30:00+01:00), or from now: +30s, +5m, +1h30m, +2d,
     /// +500ms
-    #[arg(long, value_name = "INSTANT")]
-    pub at: String,
+    #[arg(long, value_name = "INSTANT", required_unless_present = "delay")]
+    pub at: Option<String>,
+
+    /// Instead of --at: deliver this long after the node accepts the write
+    /// (30s, 5m, 500ms; counted on the node's clock)
+    #[arg(long, value_name = "DURATION", conflicts_with = "at")]
+    pub delay: Option<String>,
+
+    /// With --delay: debounce. Each write moves the event to --delay after
+    /// it, but never past this long after the first write of its pending
+    /// series
+    #[arg(long, value_name = "DURATION", requires = "delay")]
+    pub max_wait: Option<String>,
+
+    /// Only if the event's version is this one (or, for *, if it exists);
+    /// else refused (precondition_failed) and nothing changes
+    #[arg(long, value_name = "VERSION|*")]
+    pub if_match: Option<String>,
 
     /// The payload: TEXT as is, or @FILE for a file's contents
     #[arg(long, value_name = "TEXT|@FILE")]
@@ -82,6 +98,17 @@ pub struct ScheduleArgs {
     /// ends expired (else its tenant's)
     #[arg(long, value_name = "MS")]
     pub max_age_ms: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    #[command(flatten)]
+    pub event: EventRef,
+
+    /// Only if the event's version is this one (or, for *, if it exists);
+    /// else refused (precondition_failed) and nothing changes
+    #[arg(long, value_name = "VERSION|*")]
+    pub if_match: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -141,8 +168,24 @@ pub struct DeadListArgs {
 pub async fn execute(client: &Client, command: EventsCommand) -> Result<(), Failure> {
     match command {
         EventsCommand::Schedule(args) => {
-            let deliver_at = instant_arg("--at", &args.at, SystemClock.now())?;
-            let mut body = json!({ "deliver_at": deliver_at });
+            let mut body = json!({});
+            match (&args.at, &args.delay, &args.max_wait) {
+                (Some(at), _, _) => {
+                    body["deliver_at"] = Value::String(instant_arg("--at", at, SystemClock.now())?);
+                }
+                (None, Some(delay), None) => {
+                    body["delay_ms"] = Value::from(duration_arg("--delay", delay)?);
+                }
+                (None, Some(delay), Some(max_wait)) => {
+                    body["debounce"] = json!({
+                        "delay_ms": duration_arg("--delay", delay)?,
+                        "max_wait_ms": duration_arg("--max-wait", max_wait)?,
+                    });
+                }
+                (None, None, _) => {
+                    return Err(Failure::Usage("--at or --delay is required".into()));
+                }
+            }
             if let Some(payload) = args.payload {
                 body["payload"] = Value::String(read_payload(payload)?);
             }
@@ -163,16 +206,21 @@ pub async fn execute(client: &Client, command: EventsCommand) -> Result<(), Fail
                 }
             }
             let path = event_path(&args.event)?;
-            show(client, client.put(&path, &body).await, render_event)
+            let answer = client
+                .put_if_match(&path, &body, args.if_match.as_deref())
+                .await;
+            show(client, answer, render_event)
         }
         EventsCommand::Get(event) => {
             show(client, client.get(&event_path(&event)?).await, render_event)
         }
-        EventsCommand::Cancel(event) => show(
-            client,
-            client.delete(&event_path(&event)?).await,
-            render_event,
-        ),
+        EventsCommand::Cancel(args) => {
+            let path = event_path(&args.event)?;
+            let answer = client
+                .delete_if_match(&path, args.if_match.as_deref())
+                .await;
+            show(client, answer, render_event)
+        }
         EventsCommand::Attempts(event) => {
             let path = format!("{}/attempts", event_path(&event)?);
             show(client, client.get(&path).await, render_attempts)
@@ -261,6 +309,17 @@ fn instant_arg(flag: &str, text: &str, now: Timestamp) -> Result<String, Failure
     Ok(instant)
 }
 
+/// A duration flag (`30s`, `1h30m`, `500ms`) in milliseconds.
+fn duration_arg(flag: &str, text: &str) -> Result<u64, Failure> {
+    duration_ms(text.trim())
+        .and_then(|ms| u64::try_from(ms).ok())
+        .ok_or_else(|| {
+            Failure::Usage(format!(
+                "{flag} {text:?}: a duration is numbers with units ms, s, m, h, d (30s, 1h30m)"
+            ))
+        })
+}
+
 /// `1h30m`, `30s`, `500ms` in milliseconds; `None` for anything else or on
 /// overflow.
 fn duration_ms(text: &str) -> Option<i64> {
@@ -308,7 +367,7 @@ pub fn read_payload(payload: String) -> Result<String, Failure> {
 }
 
 fn render_event(event: &Value) -> String {
-    Fields::from(
+    let mut fields = Fields::from(
         event,
         &[
             "tenant",
@@ -326,8 +385,15 @@ fn render_event(event: &Value) -> String {
             "created_at",
             "updated_at",
         ],
-    )
-    .render()
+    );
+    // Shown only when the answer has them (a debounced series, a cancel
+    // or a move).
+    for name in ["debounce_since", "previous_delivery"] {
+        if event.get(name).is_some() {
+            fields.add(name, super::text(event, name));
+        }
+    }
+    fields.render()
 }
 
 fn render_event_list(answer: &Value) -> String {

@@ -157,6 +157,27 @@ impl Client {
         self.send(Method::PUT, path, Some(body)).await
     }
 
+    /// `PUT` with `If-Match: if_match` when given.
+    pub async fn put_if_match(
+        &self,
+        path: &str,
+        body: &Value,
+        if_match: Option<&str>,
+    ) -> Result<Answer, Failure> {
+        self.send_if_match(Method::PUT, path, Some(body), if_match)
+            .await
+    }
+
+    /// `DELETE` with `If-Match: if_match` when given.
+    pub async fn delete_if_match(
+        &self,
+        path: &str,
+        if_match: Option<&str>,
+    ) -> Result<Answer, Failure> {
+        self.send_if_match(Method::DELETE, path, None, if_match)
+            .await
+    }
+
     /// A POST without a body (the action is in the path).
     pub async fn post(&self, path: &str) -> Result<Answer, Failure> {
         self.send(Method::POST, path, None).await
@@ -176,10 +197,23 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Answer, Failure> {
+        self.send_if_match(method, path, body, None).await
+    }
+
+    async fn send_if_match(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        if_match: Option<&str>,
+    ) -> Result<Answer, Failure> {
         let url = format!("{}{path}", self.base);
         let mut request = self.http.request(method, &url);
         if let Some(key) = &self.key {
             request = request.bearer_auth(key);
+        }
+        if let Some(tag) = if_match {
+            request = request.header(reqwest::header::IF_MATCH, if_match_tag(tag));
         }
         if let Some(body) = body {
             request = request.json(body);
@@ -213,6 +247,15 @@ impl Client {
         } else {
             Err(Failure::Server(message))
         }
+    }
+}
+
+/// `*`, or a version as an entity tag (quoted, as `ETag` answers it).
+fn if_match_tag(tag: &str) -> String {
+    if tag == "*" || tag.starts_with('"') {
+        tag.to_string()
+    } else {
+        format!("\"{tag}\"")
     }
 }
 
