@@ -374,7 +374,9 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
         Admission::Hold { until: None } => return ticket.finish(Finish::Held),
     };
     let probe = UnsentProbe::new(shared, &config.name, pass);
-    let mut report = send(shared, &ticket, config, &record, now, answered).await;
+    // Boxed: the sink's future is kilobytes; inline, it would make every
+    // delivery task that large from its start, and the spawn copies it.
+    let mut report = Box::pin(send(shared, &ticket, config, &record, now, answered)).await;
     probe.sent();
     report.error = crate::circuits::record(
         shared,
@@ -387,7 +389,7 @@ async fn deliver_one(shared: &Arc<Shared>, ticket: Ticket, answered: &mut bool) 
     let command = attempt_command(&record, report, Some(config));
     send_outcome(shared, ticket, command).await;
     if gone {
-        receiver_gone(shared, &config.name).await;
+        Box::pin(receiver_gone(shared, &config.name)).await;
     }
 }
 
@@ -439,17 +441,14 @@ async fn deliver_notice(shared: &Arc<Shared>, ticket: Ticket) {
         return ticket.finish(retry_later());
     }
     let started = shared.env.clock.monotonic();
-    let result = shared
-        .env
-        .sinks
-        .deliver(Delivery {
-            tenant: &notice_tenant,
-            event: &record,
-            attempt: record.attempts + 1,
-            triggered_at: now,
-            epoch: Some(ticket.epoch()),
-        })
-        .await;
+    let result = Box::pin(shared.env.sinks.deliver(Delivery {
+        tenant: &notice_tenant,
+        event: &record,
+        attempt: record.attempts + 1,
+        triggered_at: now,
+        epoch: Some(ticket.epoch()),
+    }))
+    .await;
     let took = shared.env.clock.monotonic().since(started);
     let report = AttemptReport {
         started_at: now,

@@ -75,6 +75,9 @@ impl Spawner {
     /// Runs `task` until it ends or the tracker is dropped. A panic ends
     /// only this task, and is logged.
     pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        // Boxed before it is wrapped: the wrapper then moves a pointer, not
+        // the task's (perhaps kilobytes of) state.
+        let task = Box::pin(task);
         drop(self.spawn_joined(async move {
             if let Err(panic) = AssertUnwindSafe(task).catch_unwind().await {
                 let message = panic
