@@ -485,6 +485,11 @@ pub struct PartitionCore {
     /// … and they are offered again once finished (a cancel and re-create
     /// at the same instant arrives as an offer of the outstanding entry).
     reoffer: HashSet<DueCursor>,
+    /// Outstanding entries whose tenant was resumed (or its circuit
+    /// closed) while they were out: one that comes back held was judged
+    /// before the resume, so it goes out again instead of holding the lane
+    /// until the next recheck.
+    released: HashSet<DueCursor>,
     /// Numbers page requests (see [`LoadRequest`]).
     load_seq: u64,
     /// Where the next repair page starts (exclusive); `None`: the start.
@@ -522,6 +527,7 @@ impl PartitionCore {
             outstanding_by_key: HashMap::new(),
             reread: HashSet::new(),
             reoffer: HashSet::new(),
+            released: HashSet::new(),
             repair_after: None,
             load_seq: 0,
             next_repair_at: None,
@@ -608,6 +614,8 @@ impl PartitionCore {
             Input::Finished { entry, finish } => self.finished(entry, finish, now),
             Input::Paused(tenant) => self.hold(&tenant, now.plus(self.config.hold_recheck)),
             Input::Resumed(tenant) | Input::CircuitClosed(tenant) => {
+                let out = self.outstanding.keys().filter(|e| e.key.tenant == tenant);
+                self.released.extend(out.cloned());
                 if self.holds.remove(&tenant).is_some() {
                     self.unblock_if_free(&tenant);
                 }
@@ -879,6 +887,15 @@ impl PartitionCore {
         }
         let was_attempted = self.attempted.remove(&entry);
         let tenant = entry.key.tenant.clone();
+        let finish = match finish {
+            Finish::Held | Finish::HeldUntil(_) if self.released.remove(&entry) => {
+                Finish::RetryAt(now)
+            }
+            finish => {
+                self.released.remove(&entry);
+                finish
+            }
+        };
         if finish == Finish::Held {
             self.hold(&tenant, now.plus(self.config.hold_recheck));
         } else if let Finish::HeldUntil(until) = finish {

@@ -1116,3 +1116,28 @@ fn a_held_lane_still_fires_its_internal_entries_notices_and_schedules() {
         [entry(1, "t", "a"), entry(2, "t", "b"), entry(6, "t", "c")]
     );
 }
+
+#[test]
+fn an_entry_judged_paused_before_a_resume_goes_out_again_not_held() {
+    let recheck = Duration::from_millis(5_000);
+    let mut core = core_with_config_and_page(
+        CoreConfig {
+            hold_recheck: recheck,
+            ..config()
+        },
+        vec![entry(1, "t", "a"), entry(2, "t", "b")],
+    );
+    let tenant = TenantName::new("t").unwrap();
+    let fired = delivered(&core.handle(Input::Tick { may_fire: true }, ts(2)));
+    assert_eq!(fired, [entry(1, "t", "a"), entry(2, "t", "b")]);
+    // The dispatcher judged both paused, but the resume came in before
+    // their answer did.
+    core.handle(Input::Resumed(tenant.clone()), ts(3));
+    finish(&mut core, &fired, Finish::Held, 4);
+    assert!(!core.is_held(&tenant), "no hold left until a recheck");
+    assert_eq!(
+        delivered(&core.handle(Input::Tick { may_fire: true }, ts(4))),
+        [entry(1, "t", "a"), entry(2, "t", "b")],
+        "out again at once, not after the 5 s recheck"
+    );
+}
