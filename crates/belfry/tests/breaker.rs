@@ -16,7 +16,7 @@ use belfry_testkit::{BelfryLaunch, BelfryProcess, Receiver, get_json, post_json,
 use serde_json::{Value, json};
 
 mod common;
-use common::{now_ms, rfc3339};
+use common::{now_ms, rfc3339, sample, scrape};
 
 /// The most attempts an outage may cost: the failures that open the
 /// circuit (5, and the few in flight then) and one probe per cool-down.
@@ -37,23 +37,6 @@ async fn start_node(dir: &std::path::Path, breaker: &str) -> BelfryProcess {
         .arg("--config")
         .arg(config.to_str().unwrap());
     BelfryProcess::start(launch).await.expect("belfry starts")
-}
-
-async fn scrape(node: &BelfryProcess) -> String {
-    let response = belfry_testkit::http_client()
-        .get(node.url("/metrics"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    response.text().await.unwrap()
-}
-
-/// The value of the unlabelled sample or the sample with exactly these
-/// labels, as the exposition text shows it.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
 }
 
 /// The event ids of the receiver's requests.

@@ -18,7 +18,7 @@ use belfry_testkit::{
 use serde_json::{Value, json};
 
 mod common;
-use common::{now_ms, rfc3339};
+use common::{now_ms, rfc3339, sample, scrape};
 
 /// Generous bound for anything the node must finish.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -357,22 +357,6 @@ async fn pending_notices_are_capped_and_the_rest_counted() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn scrape(node: &BelfryProcess) -> String {
-    let response = belfry_testkit::http_client()
-        .get(node.url("/metrics"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    response.text().await.unwrap()
-}
-
-/// The value of the sample with exactly these labels.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
 }
 
 /// A pause holds the tenant's lanes at once, in every partition, with its

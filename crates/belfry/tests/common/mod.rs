@@ -142,3 +142,21 @@ pub async fn call(
         serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
     ))
 }
+
+/// The node's `GET /metrics` exposition text.
+pub async fn scrape(node: &belfry_testkit::BelfryProcess) -> String {
+    let response = belfry_testkit::http_client()
+        .get(node.url("/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.text().await.unwrap()
+}
+
+/// The value of the unlabelled sample or the sample with exactly these
+/// labels, as the exposition text shows it.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
