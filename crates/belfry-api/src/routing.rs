@@ -126,6 +126,13 @@ fn table() -> Table {
         .route(routes!(v1::events::attempts), tenant_read)
         .route(routes!(v1::events::redrive), tenant_write)
         .route(routes!(v1::events::delete), tenant_write)
+        // Another node's question (a signed forward only; see its module).
+        .undocumented(
+            v1::previous::PATH,
+            Method::POST,
+            axum::routing::post(v1::previous::delivery_started),
+            tenant_write,
+        )
         // Schedules.
         .route(routes!(v1::schedules::list), tenant_read)
         .route(routes!(v1::schedules::get), tenant_read)

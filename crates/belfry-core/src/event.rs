@@ -315,17 +315,23 @@ impl Precondition {
 }
 
 /// How far the delivery of an event's version had gone when a cancel or a
-/// move replaced it, as its stored record shows: an attempt that started
-/// but is not recorded yet is not seen, and one may start right after.
+/// move replaced it. The store's record ([`Replaced::of`]) shows recorded
+/// attempts only; the partition's owner knows of an attempt in flight,
+/// which the edge asks for before answering (`docs/api.md`, "Conditional
+/// edits").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PreviousDelivery {
-    /// Pending, no attempt recorded.
+    /// Pending, no attempt recorded or in flight: it never will be.
     NotStarted,
-    /// Pending (`retrying`), at least one attempt recorded.
+    /// Pending, with an attempt recorded (`retrying`) or in flight.
     Started,
     /// The version had ended (`delivered`, `failed`, `missed`, `expired`).
     Finished,
+    /// No attempt recorded, and the node owning the event's partition
+    /// could not be asked whether one is in flight (a cluster whose owner
+    /// is unreachable or changing): one may have started.
+    Unknown,
 }
 
 impl PreviousDelivery {
@@ -334,12 +340,24 @@ impl PreviousDelivery {
             PreviousDelivery::NotStarted => "not_started",
             PreviousDelivery::Started => "started",
             PreviousDelivery::Finished => "finished",
+            PreviousDelivery::Unknown => "unknown",
         }
     }
+}
 
+/// The version a cancel or a move replaced, and how far its delivery had
+/// gone as the stored record shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replaced {
+    pub version: EventVersion,
+    pub delivery: PreviousDelivery,
+}
+
+impl Replaced {
     /// For a command that ended in `outcome` on the event stored as
-    /// `previous`: its version's delivery, if the command cancelled or
-    /// moved it (`None` for anything else).
+    /// `previous`: the version it cancelled or moved (`None` for anything
+    /// else). An attempt that started but is not recorded yet is not seen
+    /// here: `NotStarted` is only the store's view.
     pub fn of(previous: Option<&EventRecord>, outcome: &CommandOutcome) -> Option<Self> {
         if !matches!(
             outcome,
@@ -348,12 +366,16 @@ impl PreviousDelivery {
             return None;
         }
         let previous = previous?;
-        Some(if !previous.status.is_pending() {
+        let delivery = if !previous.status.is_pending() {
             PreviousDelivery::Finished
         } else if previous.attempts > 0 || previous.triggered_at.is_some() {
             PreviousDelivery::Started
         } else {
             PreviousDelivery::NotStarted
+        };
+        Some(Replaced {
+            version: previous.version.clone(),
+            delivery,
         })
     }
 }
@@ -1279,7 +1301,11 @@ mod tests {
         let v1 = apply(None, upsert(5_000, "v1"), 0).next.unwrap();
         let of = |previous: &EventRecord, command| {
             let t = apply(Some(previous), command, 6_000);
-            PreviousDelivery::of(Some(previous), &t.outcome)
+            let replaced = Replaced::of(Some(previous), &t.outcome);
+            if let Some(replaced) = &replaced {
+                assert_eq!(replaced.version, previous.version);
+            }
+            replaced.map(|r| r.delivery)
         };
         assert_eq!(
             of(&v1, EventCommand::Cancel),
@@ -1317,7 +1343,7 @@ mod tests {
             Some(PreviousDelivery::Finished)
         );
         assert_eq!(
-            PreviousDelivery::of(None, &CommandOutcome::Created),
+            Replaced::of(None, &CommandOutcome::Created),
             None,
             "nothing was replaced"
         );

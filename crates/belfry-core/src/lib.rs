@@ -81,7 +81,7 @@ pub mod timer;
 pub use cron::{CronError, CronKind, CronSpec, OccurrenceId};
 pub use event::{
     Attempt, AttemptReport, CommandOutcome, Debounce, DeliveryOption, Effect, EventCommand,
-    EventRecord, EventSettings, EventStatus, Precondition, PreviousDelivery, Transition,
+    EventRecord, EventSettings, EventStatus, Precondition, PreviousDelivery, Replaced, Transition,
     TransitionContext,
 };
 pub use ids::{EventId, EventKey, EventVersion, IdError, QueueName, TenantName, WorkerId};

@@ -80,14 +80,17 @@ impl OwnedPartitions {
         self.workers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The runtime of `partition`, if it is owned here.
+    pub(crate) fn runtime(&self, partition: PartitionId) -> Option<Arc<PartitionRuntime>> {
+        self.lock()
+            .get(&partition)
+            .map(|worker| worker.runtime.clone())
+    }
+
     /// Applies an input to a partition's core; `false` if it is not owned
     /// here (its owner's loader or repair finds what the input was about).
     pub(crate) fn input(&self, partition: PartitionId, input: Input, now: Timestamp) -> bool {
-        let runtime = self
-            .lock()
-            .get(&partition)
-            .map(|worker| worker.runtime.clone());
-        match runtime {
+        match self.runtime(partition) {
             Some(runtime) => {
                 runtime.input(input, now);
                 true

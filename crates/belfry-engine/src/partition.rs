@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use belfry_core::fire::{Action, CoreConfig, Finish, Fired, Input, LoadRequest, PartitionCore};
 use belfry_core::ownership::FiringWindow;
-use belfry_core::{Clock, DueCursor, EventRecord, EventVersion, MonoTime, PartitionId, Timestamp};
+use belfry_core::{
+    Clock, DueCursor, EventKey, EventRecord, EventVersion, MonoTime, PartitionId, Timestamp,
+};
 use belfry_store::DuePageParams;
 use tokio::sync::{Notify, watch};
 
@@ -148,6 +150,22 @@ impl PartitionRuntime {
         let actions = self.lock().handle(input, now);
         self.wake.notify_one();
         actions
+    }
+
+    /// Whether a delivery holds the claim on `version` of `key`, asked
+    /// once the key's change is known here: the wake-up goes in first
+    /// ([`Input::MayHaveChanged`]), under the same lock, so a delivery
+    /// that read the record before the change reads it again before it
+    /// claims, and "not claimed" stays true.
+    pub(crate) fn claimed_after_change(
+        &self,
+        key: &EventKey,
+        version: &EventVersion,
+        now: Timestamp,
+    ) -> bool {
+        let mut core = self.lock();
+        core.handle(Input::MayHaveChanged(key.clone()), now);
+        core.is_claimed(key, version)
     }
 
     /// A fired entry's attempt ended and its outcome goes to the recorder

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use belfry_core::PartitionId;
 use belfry_core::fire::Input;
+use belfry_core::{EventKey, EventVersion, PartitionId};
 
 use crate::Shared;
 use crate::ownership::Ownership;
@@ -29,6 +29,22 @@ impl Partitions<'_> {
         for (partition, epoch) in lost {
             crate::pull::partition_lost(self.shared, partition, epoch);
         }
+    }
+
+    /// Whether the delivery of `version` of `key` (a version a cancel or
+    /// a move just replaced, committed) has started on this node: a push
+    /// delivery claimed it, or a pull worker holds it. `None` when this
+    /// node does not own the event's partition (its owner knows).
+    pub fn delivery_started(&self, key: &EventKey, version: &EventVersion) -> Option<bool> {
+        let partition = self.shared.env.store.partitions().partition_of(key);
+        let runtime = self.shared.owned.runtime(partition)?;
+        let now = self.shared.env.clock.now();
+        let claimed = runtime.claimed_after_change(key, version, now);
+        // A pull tenant's entry is the queue's to tell: ready there, no
+        // worker has it (and none will); a lease the change cancelled has
+        // finished its claim already.
+        let handed_out = self.shared.pull.lock().is_handed_out(key, version);
+        Some(handed_out.unwrap_or(claimed))
     }
 
     /// The partitions owned right now, with their epochs.

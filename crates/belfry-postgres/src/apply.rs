@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use belfry_core::EventKey;
-use belfry_core::event::{Effect, EventRecord, PreviousDelivery, TransitionContext, transition};
+use belfry_core::event::{Effect, EventRecord, Replaced, TransitionContext, transition};
 use belfry_store::{Applied, ApplyParams, StoreResult};
 
 use crate::PostgresStore;
@@ -188,7 +188,7 @@ async fn apply_once(store: &PostgresStore, params: &ApplyParams) -> Result<Vec<A
                 retry: &params.retry,
             },
         );
-        let previous_delivery = PreviousDelivery::of(slot.current.as_ref(), &result.outcome);
+        let replaced = Replaced::of(slot.current.as_ref(), &result.outcome);
         if let Some(next) = result.next {
             slot.current = Some(next);
             slot.dirty = true;
@@ -221,7 +221,7 @@ async fn apply_once(store: &PostgresStore, params: &ApplyParams) -> Result<Vec<A
             outcome: result.outcome,
             record: slot.current.clone(),
             effects: result.effects,
-            previous_delivery,
+            replaced,
         });
     }
 

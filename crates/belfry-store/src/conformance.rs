@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use belfry_core::event::{
     Attempt, AttemptReport, CommandOutcome, Debounce, DeliveryOption, Effect, EventCommand,
-    EventRecord, EventStatus, Precondition, PreviousDelivery,
+    EventRecord, EventStatus, Precondition, PreviousDelivery, Replaced,
 };
 use belfry_core::tenant::{BuiltinTarget, HttpTarget, PullTarget};
 use belfry_core::{
@@ -905,7 +905,7 @@ where
     assert_eq!(get(store, &k).await, None);
 
     let created = apply_one(store, 1_000, &k, upsert(5_000, "v1")).await;
-    assert_eq!(created.previous_delivery, None, "nothing replaced");
+    assert_eq!(created.replaced, None, "nothing replaced");
     let before = get(store, &k).await.unwrap();
 
     // A stale version: neither a move nor a cancel changes anything.
@@ -918,7 +918,7 @@ where
             }
         );
         assert!(stale.effects.is_empty());
-        assert_eq!(stale.previous_delivery, None);
+        assert_eq!(stale.replaced, None);
         assert_eq!(get(store, &k).await.as_ref(), Some(&before));
     }
     let partition = store.partitions().partition_of(&k);
@@ -934,7 +934,13 @@ where
     )
     .await;
     assert_eq!(moved.outcome, CommandOutcome::Updated { moved: true });
-    assert_eq!(moved.previous_delivery, Some(PreviousDelivery::NotStarted));
+    assert_eq!(
+        moved.replaced,
+        Some(Replaced {
+            version: EventVersion::from_string("v1".into()),
+            delivery: PreviousDelivery::NotStarted
+        })
+    );
     assert_eq!(get(store, &k).await.unwrap().version.as_str(), "v2");
 
     // An attempt recorded: a cancel reports it started.
@@ -947,7 +953,12 @@ where
     )
     .await;
     assert_eq!(cancelled.outcome, CommandOutcome::Cancelled);
-    assert_eq!(cancelled.previous_delivery, Some(PreviousDelivery::Started));
+    assert_eq!(
+        cancelled
+            .replaced
+            .map(|r| (r.version.as_str().to_owned(), r.delivery)),
+        Some(("v2".to_owned(), PreviousDelivery::Started))
+    );
     assert!(all_due(store).await.is_empty());
 
     // Several commands on one key in one apply see each other's writes.
@@ -984,7 +995,10 @@ where
         if_match(version("v4"), upsert(40_000, "v5")),
     )
     .await;
-    assert_eq!(again.previous_delivery, Some(PreviousDelivery::Finished));
+    assert_eq!(
+        again.replaced.map(|r| r.delivery),
+        Some(PreviousDelivery::Finished)
+    );
 }
 
 pub async fn a_debounced_series_keeps_its_start<F, Fut>(factory: F)

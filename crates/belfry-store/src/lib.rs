@@ -35,7 +35,7 @@ use async_trait::async_trait;
 use belfry_core::auth::{ApiKey, AuditEntry, KeyHash, KeyId};
 use belfry_core::bulk::{BulkAction, BulkActionId};
 use belfry_core::event::{
-    Attempt, CommandOutcome, Effect, EventCommand, EventRecord, EventStatus, PreviousDelivery,
+    Attempt, CommandOutcome, Effect, EventCommand, EventRecord, EventStatus, Replaced,
 };
 use belfry_core::pull::{LeaseChange, LeaseId, LeaseRecord, PersistResult, Resolution};
 use belfry_core::{
@@ -153,9 +153,9 @@ pub struct Applied {
     pub record: Option<EventRecord>,
     /// What the engine must do about its timers.
     pub effects: Vec<Effect>,
-    /// How far the delivery of the version the command cancelled or moved
-    /// had gone ([`PreviousDelivery::of`]).
-    pub previous_delivery: Option<PreviousDelivery>,
+    /// The version the command cancelled or moved, and how far its
+    /// delivery had gone as the record showed ([`Replaced::of`]).
+    pub replaced: Option<Replaced>,
 }
 
 /// Parameters of [`Store::due_page`].

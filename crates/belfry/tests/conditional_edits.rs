@@ -209,3 +209,136 @@ async fn cancel_and_move_answers_tell_whether_delivery_started() {
     assert_eq!(cancelled.body["previous_delivery"], "not_started");
     assert_eq!(receiver.count(), 2, "the failed attempt and the delivery");
 }
+
+/// An attempt in flight (the receiver holds the request) is not recorded
+/// yet: the answer still says the delivery started. Cancelled or moved
+/// before it fires, a version never reaches the receiver.
+#[tokio::test]
+async fn an_attempt_in_flight_counts_as_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    // Every answer takes 3 s: long enough to edit during the attempt.
+    receiver.set_default(Response::status(200).with_delay(Duration::from_secs(3)));
+    let node = start_node(dir.path()).await;
+    let tenant = put(
+        &node.url("/v1/tenants/acme"),
+        &json!({"sink": {"type": "http", "url": receiver.url("/hook")}}),
+        None,
+    )
+    .await;
+    assert_eq!(tenant.status, 201, "{}", tenant.body);
+
+    for (id, edit) in [("cancelled", "cancel"), ("moved", "move")] {
+        let url = node.url(&format!("/v1/tenants/acme/events/{id}"));
+        let sent_before = receiver.count();
+        let created = put(&url, &json!({"deliver_at": rfc3339(now_ms() + 100)}), None).await;
+        assert_eq!(created.status, 201, "{}", created.body);
+        receiver
+            .wait_for_count(sent_before + 1, DEADLINE)
+            .await
+            .expect("the attempt reaches the receiver");
+        let answer = match edit {
+            "cancel" => cancel(&url, None).await,
+            _ => {
+                let later = json!({"deliver_at": rfc3339(now_ms() + 600_000)});
+                put(&url, &later, None).await
+            }
+        };
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(
+            answer.body["previous_delivery"], "started",
+            "{edit} during the attempt: {}",
+            answer.body
+        );
+    }
+
+    // Not yet fired: not started, and never sent (a marker due after it
+    // arrives, and it did not).
+    let url = node.url("/v1/tenants/acme/events/early");
+    let due = now_ms() + 1_000;
+    let created = put(&url, &json!({"deliver_at": rfc3339(due)}), None).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let cancelled = cancel(&url, None).await;
+    assert_eq!(cancelled.body["previous_delivery"], "not_started");
+    let marker = node.url("/v1/tenants/acme/events/marker");
+    let created = put(&marker, &json!({"deliver_at": rfc3339(due + 100)}), None).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let ids: Vec<String> = receiver
+        .wait_for_count(3, DEADLINE)
+        .await
+        .expect("the marker arrives")
+        .iter()
+        .map(|r| r.header("x-belfry-event-id").unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        ids,
+        ["cancelled", "moved", "marker"],
+        "what reached the receiver"
+    );
+}
+
+/// A pull tenant's version has started once a worker holds its lease;
+/// one that is only ready in the queue has not, and no worker gets it
+/// after the cancel.
+#[tokio::test]
+async fn a_pull_lease_counts_as_started_a_ready_entry_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path()).await;
+    let tenant = put(
+        &node.url("/v1/tenants/jobs"),
+        &json!({"sink": {"type": "pull"}}),
+        None,
+    )
+    .await;
+    assert_eq!(tenant.status, 201, "{}", tenant.body);
+    let due = rfc3339(now_ms());
+    for id in ["leased", "ready"] {
+        let url = node.url(&format!("/v1/tenants/jobs/events/{id}"));
+        let created = put(&url, &json!({"deliver_at": due}), None).await;
+        assert_eq!(created.status, 201, "{}", created.body);
+    }
+    let claim = json!({"worker_id": "w", "max_events": 1, "wait_ms": 5_000, "lease_ms": 60_000});
+    let claimed = send(
+        http_client()
+            .post(node.url("/v1/tenants/jobs/leases"))
+            .json(&claim),
+    )
+    .await;
+    assert_eq!(claimed.status, 200, "{}", claimed.body);
+    let leased = claimed.body["leases"][0]["event"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ready = if leased == "leased" {
+        "ready"
+    } else {
+        "leased"
+    };
+
+    let answer = cancel(
+        &node.url(&format!("/v1/tenants/jobs/events/{leased}")),
+        None,
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.body["previous_delivery"], "started",
+        "{}",
+        answer.body
+    );
+    let answer = cancel(&node.url(&format!("/v1/tenants/jobs/events/{ready}")), None).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.body["previous_delivery"], "not_started",
+        "{}",
+        answer.body
+    );
+    let claim = json!({"worker_id": "w", "max_events": 10, "wait_ms": 0, "lease_ms": 60_000});
+    let again = send(
+        http_client()
+            .post(node.url("/v1/tenants/jobs/leases"))
+            .json(&claim),
+    )
+    .await;
+    assert_eq!(again.body["leases"], json!([]), "{}", again.body);
+}

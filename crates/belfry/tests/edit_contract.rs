@@ -879,6 +879,81 @@ async fn cluster_edits_acknowledged_through_another_node_before_the_instant_are_
     assert_held("cluster", &measured, 5);
 }
 
+/// A cancel or a move through a node that does not own the event asks
+/// the owner whether the replaced version's attempt is in flight: the
+/// store has no attempt recorded yet, the answer still says `started`.
+/// One that never fired answers `not_started` and is never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_edits_through_another_node_tell_an_attempt_in_flight() {
+    let _serial = SERIAL.lock().await;
+    let url = PgServer::shared().fresh_database().await;
+    let mut nodes = Vec::new();
+    let mut dirs = Vec::new();
+    for _ in 0..2 {
+        let (node, dir) = start_node(&url).await;
+        nodes.push(node);
+        dirs.push(dir);
+    }
+    let owners = wait_for_balance(&nodes).await;
+    // Events whose partition node 0 owns, edited through node 1.
+    let owner = &owners
+        .values()
+        .find(|(address, _)| nodes[0].base_url().ends_with(address.as_str()));
+    let owner_address = owner.expect("node 0 owns partitions").0.clone();
+    let mut ids = (0..)
+        .map(|n| format!("in-flight-{n}"))
+        .filter(|id| owners[&partition_of(id)].0 == owner_address);
+    let receiver = Receiver::start().await;
+    // Every answer takes 3 s: long enough to edit during the attempt.
+    receiver.set_default(belfry_testkit::Response::status(200).with_delay(Duration::from_secs(3)));
+    register(&nodes[0].base_url(), &receiver).await;
+    let via = nodes[1].base_url();
+
+    let mut sent = Vec::new();
+    for edit in [Edit::Cancel, Edit::Move] {
+        let id = ids.next().unwrap();
+        create(&via, &[(id.clone(), now_ms() + 100, "p".to_string())]).await;
+        sent.push(id.clone());
+        receiver
+            .wait_for_count(sent.len(), SETTLE)
+            .await
+            .expect("the attempt reaches the receiver");
+        let request = match edit {
+            Edit::Cancel => http_client().delete(event_url(&via, &id)),
+            _ => http_client()
+                .put(event_url(&via, &id))
+                .header("content-type", "application/json")
+                .body(move_body(now_ms() + 600_000, "later")),
+        };
+        let (status, _, answer) = timed(request).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(
+            answer["previous_delivery"], "started",
+            "{edit:?} through another node during the attempt: {answer}"
+        );
+    }
+
+    // Not yet fired: not started, and never sent (a marker due after it
+    // arrives, and it did not).
+    let early = ids.next().unwrap();
+    let marker = ids.next().unwrap();
+    let due = now_ms() + 1_000;
+    create(&via, &[(early.clone(), due, "p".to_string())]).await;
+    let (status, _, answer) = timed(http_client().delete(event_url(&via, &early))).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["previous_delivery"], "not_started", "{answer}");
+    create(&via, &[(marker.clone(), due + 100, "p".to_string())]).await;
+    sent.push(marker);
+    let arrived: Vec<String> = receiver
+        .wait_for_count(sent.len(), SETTLE)
+        .await
+        .expect("the marker arrives")
+        .iter()
+        .map(|r| r.header("x-belfry-event-id").unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(arrived, sent, "what reached the receiver");
+}
+
 // ---------------------------------------------------------------------------
 // Single node
 

@@ -366,7 +366,7 @@ fn event_id(text: String) -> Result<EventId, ApiError> {
 }
 
 /// The checked tenant and id of an event's path.
-fn event_key(tenant: String, id: String) -> Result<EventKey, V1Error> {
+pub(crate) fn event_key(tenant: String, id: String) -> Result<EventKey, V1Error> {
     Ok(EventKey::new(tenant_name(tenant)?, event_id(id)?))
 }
 
@@ -444,7 +444,7 @@ fn record_view(applied: &belfry_store::Applied) -> Result<EventView<'_>, V1Error
         tracing::error!(key = ?applied.key, outcome = ?applied.outcome, "applied command left no record");
         V1Error(ApiError::internal())
     })?;
-    view.previous_delivery = applied.previous_delivery.map(Into::into);
+    view.previous_delivery = applied.replaced.as_ref().map(|r| r.delivery.into());
     Ok(view)
 }
 
@@ -542,6 +542,7 @@ fn with_etag(status: StatusCode, record: Option<&EventRecord>, view: EventView<'
 )]
 pub(crate) async fn put(
     State(state): State<ApiState>,
+    principal: Principal,
     V1Path((tenant, id)): V1Path<(String, String)>,
     headers: HeaderMap,
     V1Json(body): V1Json<PutEvent>,
@@ -579,7 +580,7 @@ pub(crate) async fn put(
         .await
         .map_err(crate::quota::quota_error)?;
     match written.outcomes.into_iter().next() {
-        Some(Outcome::Applied { applied, .. }) => {
+        Some(Outcome::Applied { mut applied, .. }) => {
             let status = match &applied.outcome {
                 CommandOutcome::Created => StatusCode::CREATED,
                 CommandOutcome::PreconditionFailed { current } => {
@@ -587,6 +588,7 @@ pub(crate) async fn put(
                 }
                 _ => StatusCode::OK,
             };
+            super::previous::settle(&state, &principal, &mut applied).await;
             let view = record_view(&applied)?;
             Ok(with_etag(status, applied.record.as_ref(), view))
         }
@@ -679,14 +681,18 @@ pub(crate) async fn get(
 )]
 pub(crate) async fn cancel(
     State(state): State<ApiState>,
+    principal: Principal,
     V1Path((tenant, id)): V1Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, V1Error> {
     let key = event_key(tenant, id)?;
     let command = conditional(if_match(&headers), EventCommand::Cancel);
-    let applied = apply_one(&state, key.clone(), command).await?;
+    let mut applied = apply_one(&state, key.clone(), command).await?;
     match &applied.outcome {
-        CommandOutcome::Cancelled => Ok(Json(record_view(&applied)?).into_response()),
+        CommandOutcome::Cancelled => {
+            super::previous::settle(&state, &principal, &mut applied).await;
+            Ok(Json(record_view(&applied)?).into_response())
+        }
         CommandOutcome::PreconditionFailed { current } => {
             Err(precondition_failed(&key, current.as_ref()))
         }

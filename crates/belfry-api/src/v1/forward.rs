@@ -84,7 +84,7 @@ fn permits() -> &'static Semaphore {
 
 /// Whether another node forwarded this request (the authentication
 /// layer admitted its signature).
-fn is_forwarded(headers: &HeaderMap) -> bool {
+pub(crate) fn is_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(&FORWARDED)
 }
 
@@ -133,7 +133,7 @@ pub(crate) async fn owner_unreachable(
 
 /// Why a forward got no answer (logged, never answered).
 #[derive(Debug, thiserror::Error)]
-enum ForwardError {
+pub(crate) enum ForwardError {
     #[error("this node has not joined the cluster")]
     NotJoined,
     #[error("the OS random source failed while signing")]
@@ -159,7 +159,7 @@ impl From<reqwest::Error> for ForwardError {
 
 /// POSTs `body` to `path` on node `to` at `url`, signed as a forward of
 /// `principal`'s request.
-async fn post(
+pub(crate) async fn post(
     state: &ApiState,
     principal: &Principal,
     to: &str,

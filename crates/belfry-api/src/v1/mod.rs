@@ -16,6 +16,8 @@
 //!   `/v1/leases/{lease_id}/heartbeat|complete|fail|release`;
 //! - `forward`: cluster mode, pull workers' calls and claims reaching
 //!   the nodes that hold their leases and entries;
+//! - `previous`: whether a cancelled or moved version's delivery had
+//!   started, asking the partition's owner (and its peer route);
 //! - `replies`: the pull queue's replies as answers (leases, states,
 //!   errors);
 //! - `lease_batch`: `/v1/tenants/{tenant}/leases/complete`, up to 100
@@ -33,6 +35,7 @@ pub(crate) mod forward;
 pub(crate) mod lease_batch;
 pub(crate) mod leases;
 pub(crate) mod pause;
+pub(crate) mod previous;
 pub(crate) mod replies;
 pub(crate) mod schedules;
 pub(crate) mod signing;

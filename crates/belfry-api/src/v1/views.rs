@@ -194,8 +194,9 @@ pub(crate) struct EventView<'a> {
     #[schema(nullable = false, format = DateTime)]
     pub debounce_since: Option<String>,
     /// Only in the answer to a cancel or to a `PUT` that moved the event:
-    /// how far the delivery of the version it replaced had gone, as the
-    /// store showed at the write (`docs/api.md`, "Conditional edits").
+    /// how far the delivery of the version it replaced had gone, recorded
+    /// attempts and attempts in flight (`docs/api.md`, "Conditional
+    /// edits").
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub previous_delivery: Option<PreviousDeliveryView>,
@@ -205,12 +206,17 @@ pub(crate) struct EventView<'a> {
 #[derive(Debug, Clone, Copy, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum PreviousDeliveryView {
-    /// Pending, no attempt recorded.
+    /// Pending, no attempt recorded or in flight: it will never be sent.
     NotStarted,
-    /// Pending (`retrying`), at least one attempt recorded.
+    /// Pending, with an attempt recorded (`retrying`) or in flight: it may
+    /// have reached the receiver.
     Started,
     /// It had ended: `delivered`, `failed`, `missed` or `expired`.
     Finished,
+    /// No attempt recorded, and the node firing the event's partition
+    /// could not be asked in time whether one is in flight (a cluster
+    /// only): treat it as possibly started.
+    Unknown,
 }
 
 impl From<PreviousDelivery> for PreviousDeliveryView {
@@ -219,6 +225,7 @@ impl From<PreviousDelivery> for PreviousDeliveryView {
             PreviousDelivery::NotStarted => PreviousDeliveryView::NotStarted,
             PreviousDelivery::Started => PreviousDeliveryView::Started,
             PreviousDelivery::Finished => PreviousDeliveryView::Finished,
+            PreviousDelivery::Unknown => PreviousDeliveryView::Unknown,
         }
     }
 }

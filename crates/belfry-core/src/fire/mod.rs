@@ -624,6 +624,14 @@ impl PartitionCore {
         actions
     }
 
+    /// Whether a delivery of `version` of `key` has claimed it and not
+    /// finished: it may have reached the receiver. Asked after a wake-up
+    /// for the key (a cancel, a move), it is exact: a delivery that read
+    /// the record before the change and claims after it reads it again.
+    pub fn is_claimed(&self, key: &EventKey, version: &EventVersion) -> bool {
+        self.claimed.contains(&(key.clone(), version.clone()))
+    }
+
     /// Whether `tenant`'s lane is held because it is paused.
     pub fn is_held(&self, tenant: &TenantName) -> bool {
         self.holds

@@ -528,6 +528,9 @@ pub struct PullQueue {
     /// bound).
     leases_by_tenant: HashMap<TenantName, usize>,
     leases: HashMap<LeaseId, Lease>,
+    /// The cancelled leases kept until their expiry, by version: a worker
+    /// had the version ([`Self::is_handed_out`]).
+    cancelled_leases: HashMap<(EventKey, EventVersion), LeaseId>,
     /// Active leases' expiries, cancelled leases' ends, and retries of
     /// expiries that could not be recorded.
     timers: BTreeSet<(Timestamp, LeaseId)>,
@@ -564,6 +567,7 @@ impl PullQueue {
             granting_items: 0,
             leases_by_tenant: HashMap::new(),
             leases: HashMap::new(),
+            cancelled_leases: HashMap::new(),
             timers: BTreeSet::new(),
             lapses: BTreeSet::new(),
             lease_ops: HashMap::new(),
@@ -673,6 +677,22 @@ impl PullQueue {
             .take_while(|((held, _), _)| held == key)
             .map(|((_, version), _)| version.clone())
             .collect()
+    }
+
+    /// Whether a worker has `version` of `key` (leased, its grant being
+    /// recorded, or its lease cancelled by a change and not expired yet);
+    /// `None` if this queue knows nothing of it. A ready entry has not
+    /// started: a cancel or move drops it ([`Input::VersionEnded`]), and a
+    /// grant recorded after the change is fenced by the store.
+    pub fn is_handed_out(&self, key: &EventKey, version: &EventVersion) -> Option<bool> {
+        let held_key = (key.clone(), version.clone());
+        match self.held.get(&held_key) {
+            Some(place) => Some(!matches!(place, Place::Ready { .. })),
+            None => self
+                .cancelled_leases
+                .contains_key(&held_key)
+                .then_some(true),
+        }
     }
 
     /// The changes that give back the live leases this node granted on
@@ -1737,6 +1757,7 @@ impl PullQueue {
             // Its expiry timer may have been taken while a write was in
             // flight: the tombstone must still end.
             self.timers.insert((lease.expires_at, id.clone()));
+            self.cancelled_leases.insert(held_key, id.clone());
         }
     }
 
@@ -1753,6 +1774,9 @@ impl PullQueue {
             Some(Place::Leased { lease }) if lease == id
         ) {
             self.held.remove(&held_key);
+        }
+        if self.cancelled_leases.get(&held_key) == Some(id) {
+            self.cancelled_leases.remove(&held_key);
         }
         Some(lease)
     }

@@ -964,6 +964,33 @@ fn a_cancel_of_a_ready_entry_finishes_it() {
 }
 
 #[test]
+fn a_version_is_handed_out_once_leased_also_after_its_lease_was_cancelled() {
+    let mut h = Harness::new();
+    h.offer(vec![ready("t", "a", 0), ready("t", "b", 0)]);
+    let version = |id: &str| EventVersion::from_string(format!("v-{id}"));
+    let handed_out = |h: &Harness, id: &str| h.queue.is_handed_out(&key("t", id), &version(id));
+    assert_eq!(handed_out(&h, "a"), Some(false), "ready");
+    assert_eq!(handed_out(&h, "zz"), None, "unknown");
+    assert_eq!(ids(&h.grant("t", 1, 30_000)), ["a"]);
+    assert_eq!(handed_out(&h, "a"), Some(true), "leased");
+    for id in ["a", "b"] {
+        h.at(1_000).handle(Input::VersionEnded {
+            key: key("t", id),
+            version: version(id),
+        });
+    }
+    assert_eq!(handed_out(&h, "a"), Some(true), "its lease cancelled");
+    assert_eq!(
+        handed_out(&h, "b"),
+        None,
+        "dropped before any worker had it"
+    );
+    // Forgotten with the lease, at its expiry.
+    h.at(30_000).handle(Input::Tick);
+    assert_eq!(handed_out(&h, "a"), None);
+}
+
+#[test]
 fn a_cancel_of_a_leased_event_is_reported_by_the_next_heartbeat_and_fences_the_lease() {
     let mut h = Harness::new();
     h.offer(vec![ready("t", "a", 0)]);

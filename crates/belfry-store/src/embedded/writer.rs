@@ -32,8 +32,7 @@
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use belfry_core::event::{
-    Attempt, EventCommand, EventRecord, EventStatus, PreviousDelivery, TransitionContext,
-    transition,
+    Attempt, EventCommand, EventRecord, EventStatus, Replaced, TransitionContext, transition,
 };
 use belfry_core::{
     EventKey, EventVersion, PartitionCount, PartitionId, TenantConfig, TenantName, TenantPause,
@@ -431,7 +430,7 @@ impl Writer {
                     retry: &params.retry,
                 },
             );
-            let previous_delivery = PreviousDelivery::of(slot.current.as_ref(), &step.outcome);
+            let replaced = Replaced::of(slot.current.as_ref(), &step.outcome);
             if let Some(next) = step.next {
                 slot.current = Some(next);
                 slot.dirty = true;
@@ -442,7 +441,7 @@ impl Writer {
                 outcome: step.outcome,
                 record: slot.current.clone(),
                 effects: step.effects,
-                previous_delivery,
+                replaced,
             });
             if let Some(attempt) = step.attempt {
                 // A stale attempt recorded before (a retried write) is not
