@@ -3,9 +3,11 @@
 //! deliveries does not read the same tenant from the store thousands of
 //! times.
 //!
-//! Entries expire after [`TTL`] so that a change made through another node
-//! (cluster mode) is seen within seconds; writes through this node refresh
-//! the cache at once. A pause or resume through this node also reaches
+//! Entries expire [`TTL`] after their read began, so that a change made
+//! through another node (cluster mode) is seen within [`TTL`] of being
+//! stored; writes through this node refresh the cache at once, and a read
+//! that began before such a write is not cached (it may have seen the old
+//! state). A pause or resume through this node also reaches
 //! every partition it owns at once (`Input::Paused`, `Input::Resumed`); the
 //! owners elsewhere see it within [`TTL`] (a pause: their next delivery of
 //! the tenant is held) or within [`TTL`] plus the partition core's
@@ -34,14 +36,23 @@ pub struct Tenant {
     pub pause: Option<TenantPause>,
 }
 
-/// When an entry was read, and what the store said (`None`: no such tenant).
+/// When the read of an entry began, and what the store said (`None`: no
+/// such tenant).
 type Entry = (MonoTime, Option<Tenant>);
+
+/// The cached tenants, and how many times one was forgotten: a read
+/// caches its answer only if nothing was forgotten while it ran.
+#[derive(Debug, Default)]
+struct Entries {
+    tenants: HashMap<TenantName, Entry>,
+    forgotten: u64,
+}
 
 /// The node's cache of tenants (see the module documentation).
 #[derive(Debug)]
 pub(crate) struct TenantCache {
     store: SharedStore,
-    entries: Mutex<HashMap<TenantName, Entry>>,
+    entries: Mutex<Entries>,
     clock: Arc<dyn Clock>,
 }
 
@@ -56,11 +67,18 @@ impl TenantCache {
 
     /// The tenant, from the cache or the store.
     pub(crate) async fn get(&self, name: &TenantName) -> StoreResult<Option<Tenant>> {
-        if let Some((at, tenant)) = self.lock().get(name)
-            && self.clock.monotonic().since(*at) < TTL
-        {
-            return Ok(tenant.clone());
-        }
+        // Stamped when the read begins: what it answers is at least that
+        // fresh, however long the read takes.
+        let (began, forgotten) = {
+            let entries = self.lock();
+            let now = self.clock.monotonic();
+            if let Some((at, tenant)) = entries.tenants.get(name)
+                && now.since(*at) < TTL
+            {
+                return Ok(tenant.clone());
+            }
+            (now, entries.forgotten)
+        };
         let tenant = match self.store.get_tenant(name).await? {
             Some(config) => Some(Tenant {
                 config: Arc::new(config),
@@ -68,8 +86,15 @@ impl TenantCache {
             }),
             None => None,
         };
-        self.lock()
-            .insert(name.clone(), (self.clock.monotonic(), tenant.clone()));
+        let mut entries = self.lock();
+        // A write through this node (a pause) since the read began may be
+        // one the read missed: caching its answer would hide that write
+        // from this node's deliveries for a whole TTL.
+        if entries.forgotten == forgotten {
+            entries
+                .tenants
+                .insert(name.clone(), (began, tenant.clone()));
+        }
         Ok(tenant)
     }
 
@@ -77,15 +102,17 @@ impl TenantCache {
     /// no such tenant); `None` when the cache cannot tell without a read.
     pub(crate) fn cached(&self, name: &TenantName) -> Option<Option<Tenant>> {
         let entries = self.lock();
-        let (at, tenant) = entries.get(name)?;
+        let (at, tenant) = entries.tenants.get(name)?;
         (self.clock.monotonic().since(*at) < TTL).then(|| tenant.clone())
     }
 
     fn forget(&self, name: &TenantName) {
-        self.lock().remove(name);
+        let mut entries = self.lock();
+        entries.tenants.remove(name);
+        entries.forgotten += 1;
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TenantName, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         // A poisoned cache only means a panic elsewhere mid-insert; the map
         // itself is still valid, so keep using it.
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
@@ -240,5 +267,157 @@ impl Tenants<'_> {
 
     fn store(&self) -> &SharedStore {
         &self.shared.env.store
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use belfry_core::tenant::HttpTarget;
+    use belfry_core::{ManualClock, PartitionCount, SinkConfig, Timestamp};
+    use belfry_store::interpose::{Fault, Interposed, Interposer, StoreCall};
+    use belfry_store::{EmbeddedOptions, EmbeddedStore};
+
+    use super::*;
+
+    /// How long the slow read's answer is held back (real time): long
+    /// enough for the test to store a pause meanwhile.
+    const SLOW_ANSWER: Duration = Duration::from_secs(1);
+
+    /// Holds back the answer of the next read of a pause state, once it
+    /// read the store: a slow read, overtaken by a pause.
+    #[derive(Debug, Default)]
+    struct SlowPauseRead {
+        armed: AtomicBool,
+        read: AtomicBool,
+    }
+
+    impl Interposer for SlowPauseRead {
+        fn before(&self, call: StoreCall<'_>) -> Fault {
+            if matches!(call, StoreCall::GetTenantPause) && self.armed.swap(false, Ordering::SeqCst)
+            {
+                self.read.store(true, Ordering::SeqCst);
+                return Fault::CommitThenStall(SLOW_ANSWER);
+            }
+            Fault::Pass
+        }
+    }
+
+    struct Fixture {
+        cache: Arc<TenantCache>,
+        store: SharedStore,
+        clock: Arc<ManualClock>,
+        slow: Arc<SlowPauseRead>,
+        name: TenantName,
+        _dir: tempfile::TempDir,
+    }
+
+    async fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
+        let embedded = EmbeddedStore::open(EmbeddedOptions {
+            data_dir: dir.path().to_path_buf(),
+            partitions: PartitionCount::new(1).unwrap(),
+            writers: None,
+            clock: clock.clone(),
+        })
+        .unwrap();
+        let slow = Arc::new(SlowPauseRead::default());
+        let store: SharedStore = Arc::new(Interposed::new(Arc::new(embedded), slow.clone()));
+        let name = TenantName::new("acme").unwrap();
+        store
+            .put_tenant(TenantConfig {
+                name: name.clone(),
+                sink: SinkConfig::Http(HttpTarget {
+                    url: "http://127.0.0.1:9/hook".to_string(),
+                    headers: Default::default(),
+                    timeout_ms: None,
+                    delivery: Default::default(),
+                }),
+                signing: None,
+                notify: None,
+            })
+            .await
+            .unwrap();
+        Fixture {
+            cache: Arc::new(TenantCache::new(store.clone(), clock.clone())),
+            store,
+            clock,
+            slow,
+            name,
+            _dir: dir,
+        }
+    }
+
+    fn is_paused(tenant: &Option<Tenant>) -> bool {
+        tenant
+            .as_ref()
+            .and_then(|tenant| tenant.pause.as_ref())
+            .is_some_and(|pause| pause.paused)
+    }
+
+    impl Fixture {
+        /// Starts a read whose answer is held back, and waits until it has
+        /// read the store (a current-thread runtime: the read runs up to
+        /// its held answer before this task goes on).
+        async fn start_slow_read(&self) -> tokio::task::JoinHandle<StoreResult<Option<Tenant>>> {
+            self.slow.armed.store(true, Ordering::SeqCst);
+            let cache = self.cache.clone();
+            let name = self.name.clone();
+            let reading = tokio::spawn(async move { cache.get(&name).await });
+            while !self.slow.read.load(Ordering::SeqCst) {
+                tokio::task::yield_now().await;
+            }
+            reading
+        }
+
+        async fn pause(&self) {
+            let paused = TenantPause::paused(None, None, self.clock.now());
+            assert!(
+                self.store
+                    .put_tenant_pause(&self.name, paused)
+                    .await
+                    .unwrap()
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_read_overtaken_by_a_pause_through_this_node_is_not_cached() {
+        let fixture = fixture().await;
+        let reading = fixture.start_slow_read().await;
+        // The pause as `Tenants::pause` makes it: stored, then forgotten.
+        fixture.pause().await;
+        fixture.cache.forget(&fixture.name);
+        let answered = reading.await.unwrap().unwrap();
+        assert!(!is_paused(&answered), "the read began before the pause");
+
+        let next = fixture.cache.get(&fixture.name).await.unwrap();
+        assert!(
+            is_paused(&next),
+            "this node took the pause but its deliveries would not see it"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_pause_through_another_node_is_seen_within_the_ttl_of_being_stored() {
+        let fixture = fixture().await;
+        let reading = fixture.start_slow_read().await;
+        // Another node pauses the tenant just after the read; the read
+        // answers 3 s later.
+        fixture.pause().await;
+        fixture.clock.advance(Duration::from_secs(3));
+        let answered = reading.await.unwrap().unwrap();
+        assert!(!is_paused(&answered), "the read began before the pause");
+
+        fixture
+            .clock
+            .advance(TTL - Duration::from_secs(3) + Duration::from_millis(1));
+        let next = fixture.cache.get(&fixture.name).await.unwrap();
+        assert!(
+            is_paused(&next),
+            "a pause stored more than the TTL ago is still not seen"
+        );
     }
 }
