@@ -414,6 +414,10 @@ pub enum CommandOutcome {
     /// `Redrive` of an event that is not failed or missed (pending,
     /// delivered, cancelled): nothing changed.
     NotRedrivable(EventStatus),
+    /// `IfMatch` whose precondition does not hold, on an event that
+    /// already is what its command would make it (a retry of a write that
+    /// was applied): nothing changed, and the write succeeded.
+    AlreadyApplied,
     /// `IfMatch` whose precondition does not hold: nothing changed.
     /// `current` is the stored version, if any.
     PreconditionFailed {
@@ -748,6 +752,8 @@ pub fn transition(
         } => {
             if precondition.holds(current) {
                 transition(key, current, *command, ctx)
+            } else if current.is_some_and(|record| already_applied(record, &command)) {
+                Transition::unchanged(CommandOutcome::AlreadyApplied)
             } else {
                 Transition::unchanged(CommandOutcome::PreconditionFailed {
                     current: current.map(|r| r.version.clone()),
@@ -767,6 +773,31 @@ pub fn transition(
             }
             _ => Transition::unchanged(CommandOutcome::NotPending),
         },
+    }
+}
+
+/// Whether `record` already is what `command` would make of it: a retried
+/// conditional `PUT` whose first try was applied (its answer lost) finds
+/// the version it created, not the one it named. RFC 9110 lets such a
+/// request succeed instead of failing its precondition. A cancelled event
+/// is not: something changed it since.
+fn already_applied(record: &EventRecord, command: &EventCommand) -> bool {
+    match command {
+        EventCommand::Upsert {
+            event_time,
+            payload,
+            delivery,
+            settings,
+            ..
+        } => {
+            record.status != EventStatus::Cancelled
+                && record.event_time == *event_time
+                && record.payload == *payload
+                && record.delivery == *delivery
+                && record.settings == *settings
+                && record.debounce_since.is_none()
+        }
+        _ => false,
     }
 }
 
@@ -1251,6 +1282,38 @@ mod tests {
         assert_eq!(missed.status, EventStatus::Missed);
         let again = apply(Some(&missed), expire(), 6);
         assert_eq!(again.outcome, CommandOutcome::NotPending);
+    }
+
+    #[test]
+    fn a_retried_conditional_write_that_was_applied_succeeds_unchanged() {
+        let v1 = apply(None, upsert(5_000, "v1"), 0).next.unwrap();
+        let named_v1 = |command| EventCommand::IfMatch {
+            precondition: Precondition::Versions(vec![v1.version.clone()]),
+            command: Box::new(command),
+        };
+        let moved = apply(Some(&v1), named_v1(upsert(9_000, "v2")), 1);
+        let v2 = moved.next.unwrap();
+        // The retry draws another new version; the stored one stays.
+        let retried = apply(Some(&v2), named_v1(upsert(9_000, "v2-retry")), 2);
+        assert_eq!(retried.outcome, CommandOutcome::AlreadyApplied);
+        assert_eq!((retried.next, retried.effects), (None, vec![]));
+        // Anything else under the stale tag fails its precondition.
+        let mut other_payload = upsert(9_000, "v3");
+        if let EventCommand::Upsert { payload, .. } = &mut other_payload {
+            *payload = Some("other".into());
+        }
+        for command in [upsert(10_000, "v3"), other_payload, EventCommand::Cancel] {
+            assert!(matches!(
+                apply(Some(&v2), named_v1(command), 3).outcome,
+                CommandOutcome::PreconditionFailed { .. }
+            ));
+        }
+        // Cancelled since: not what the write made.
+        let cancelled = apply(Some(&v2), EventCommand::Cancel, 4).next.unwrap();
+        assert!(matches!(
+            apply(Some(&cancelled), named_v1(upsert(9_000, "v4")), 5).outcome,
+            CommandOutcome::PreconditionFailed { .. }
+        ));
     }
 
     #[test]

@@ -121,9 +121,15 @@ async fn a_stale_if_match_is_refused_and_changes_nothing() {
     let v2 = quoted(&moved.body["version"]);
     assert_ne!(v1, v2);
     assert_eq!(moved.etag.as_deref(), Some(v2.as_str()));
-    // The version read before is stale now; unquoted works too.
-    let again = put(&url, &moved_elsewhere, Some(v1.trim_matches('"'))).await;
+    // The version read before is stale now (unquoted works too): another
+    // write under it is refused, the same one again is the write that
+    // was applied (see the retry test below).
+    let elsewhere_again = json!({"deliver_at": rfc3339(far + 2_000), "payload": "x"});
+    let again = put(&url, &elsewhere_again, Some(v1.trim_matches('"'))).await;
     assert_eq!(again.status, 412, "{}", again.body);
+    let repeated = put(&url, &moved_elsewhere, Some(v1.trim_matches('"'))).await;
+    assert_eq!(repeated.status, 200, "{}", repeated.body);
+    assert_eq!(repeated.etag.as_deref(), Some(v2.as_str()));
     // A same-instant update keeps the version and has nothing to report.
     let same_instant = json!({"deliver_at": rfc3339(far + 1_000)});
     let same = put(&url, &same_instant, Some(&v2)).await;
@@ -341,4 +347,49 @@ async fn a_pull_lease_counts_as_started_a_ready_entry_does_not() {
     )
     .await;
     assert_eq!(again.body["leases"], json!([]), "{}", again.body);
+}
+
+/// A conditional `PUT` sent again (its first answer lost: a reset, a
+/// timeout) finds the version its first try made: it succeeds with that
+/// version, unchanged, where a different write under the same stale tag
+/// is refused.
+#[tokio::test]
+async fn a_conditional_put_sent_again_after_it_applied_succeeds_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path()).await;
+    let tenant = put(
+        &node.url("/v1/tenants/acme"),
+        &json!({"sink": {"type": "pull"}}),
+        None,
+    )
+    .await;
+    assert_eq!(tenant.status, 201, "{}", tenant.body);
+    let url = node.url("/v1/tenants/acme/events/e1");
+    let created = put(
+        &url,
+        &json!({"deliver_at": rfc3339(now_ms() + 600_000)}),
+        None,
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let tag = quoted(&created.body["version"]);
+    let move_to = json!({"deliver_at": rfc3339(now_ms() + 900_000), "payload": "p"});
+    let first = put(&url, &move_to, Some(&tag)).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_ne!(first.body["version"], created.body["version"]);
+
+    let again = put(&url, &move_to, Some(&tag)).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.body["version"], first.body["version"]);
+    assert_eq!(again.etag, first.etag);
+    let stored = get(&url).await;
+    assert_eq!(stored.body["version"], first.body["version"]);
+    assert_eq!(
+        stored.body["updated_at"], first.body["updated_at"],
+        "nothing written"
+    );
+
+    let other = json!({"deliver_at": rfc3339(now_ms() + 900_000), "payload": "other"});
+    let refused = put(&url, &other, Some(&tag)).await;
+    assert_eq!(refused.status, 412, "{}", refused.body);
 }
