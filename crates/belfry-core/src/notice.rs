@@ -19,6 +19,12 @@
 //! records, pending or finished, whatever its failure rate or its notice
 //! target's health.
 //!
+//! # One notice per slot
+//! A slot is read, then written only if it is still as read
+//! ([`if_unchanged`]): of two nodes that found one slot free at once, one
+//! writes it and the other reads it again and moves on, so neither notice
+//! is lost.
+//!
 //! # Idempotent
 //! A notice has an identity ([`Notice::identity`]): an event's notice names
 //! the event and its version, a pause its start. Raising a notice whose
@@ -28,7 +34,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{DeliveryOption, EventCommand, EventRecord, EventStatus};
+use crate::event::{DeliveryOption, EventCommand, EventRecord, EventStatus, Precondition};
 use crate::ids::{EventId, EventKey, EventVersion, TenantName};
 use crate::policy::EventSettings;
 use crate::time::Timestamp;
@@ -321,6 +327,22 @@ pub fn write_command(
     }
 }
 
+/// `command` (a slot's write), applied only while the slot is still as
+/// it was read (`current`): the same version, or still absent. Another
+/// node may write the slot between the read and the write; its notice
+/// then stays and this one answers
+/// [`crate::event::CommandOutcome::PreconditionFailed`].
+pub fn if_unchanged(current: Option<&EventRecord>, command: EventCommand) -> EventCommand {
+    let precondition = match current {
+        Some(record) => Precondition::Versions(vec![record.version.clone()]),
+        None => Precondition::Absent,
+    };
+    EventCommand::IfMatch {
+        precondition,
+        command: Box::new(command),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -569,5 +591,35 @@ mod tests {
             panic!("an upsert");
         };
         assert_eq!(event_time, ts(1_000));
+    }
+
+    #[test]
+    fn a_slot_is_written_only_while_it_is_as_read() {
+        let notice = failed();
+        let precondition = |current: Option<&EventRecord>| {
+            let command = write_command(&notice, &tenant(), current, ts(1_000), v2());
+            match if_unchanged(current, command.clone()) {
+                EventCommand::IfMatch {
+                    precondition,
+                    command: inner,
+                } => {
+                    assert_eq!(*inner, command);
+                    precondition
+                }
+                other => panic!("not conditional: {other:?}"),
+            }
+        };
+        let held = record(slot_id(0), EventStatus::Delivered, None);
+        let mut rewritten = held.clone();
+        rewritten.version = v2();
+        // Read absent: written only while still absent.
+        let absent = precondition(None);
+        assert!(absent.holds(None));
+        assert!(!absent.holds(Some(&held)));
+        // Read holding v1: written only while it still holds v1.
+        let as_read = precondition(Some(&held));
+        assert!(as_read.holds(Some(&held)));
+        assert!(!as_read.holds(Some(&rewritten)));
+        assert!(!as_read.holds(None));
     }
 }
