@@ -302,11 +302,16 @@ pub enum Precondition {
     Exists,
     /// The event is stored and its version is one of these (none: never).
     Versions(Vec<EventVersion>),
+    /// Nothing is stored under the key (a cancelled or finished event is
+    /// stored): a create that must not overwrite what another writer
+    /// created since the key was read.
+    Absent,
 }
 
 impl Precondition {
     pub fn holds(&self, current: Option<&EventRecord>) -> bool {
         match (self, current) {
+            (Precondition::Absent, current) => current.is_none(),
             (_, None) => false,
             (Precondition::Exists, Some(_)) => true,
             (Precondition::Versions(versions), Some(record)) => versions.contains(&record.version),
@@ -1357,6 +1362,34 @@ mod tests {
             if_match(Precondition::Exists, EventCommand::Cancel).unconditional(),
             &EventCommand::Cancel
         );
+    }
+
+    #[test]
+    fn if_absent_creates_but_never_overwrites() {
+        let if_absent = |command| EventCommand::IfMatch {
+            precondition: Precondition::Absent,
+            command: Box::new(command),
+        };
+        let created = apply(None, if_absent(upsert(5_000, "v1")), 0);
+        assert_eq!(created.outcome, CommandOutcome::Created);
+        let v1 = created.next.unwrap();
+        assert_eq!(v1.version.as_str(), "v1");
+
+        // Stored, in any status: nothing changes.
+        let taken = apply(Some(&v1), if_absent(upsert(9_000, "v2")), 1);
+        assert_eq!(
+            taken.outcome,
+            CommandOutcome::PreconditionFailed {
+                current: Some(v1.version.clone())
+            }
+        );
+        assert!(taken.next.is_none() && taken.effects.is_empty());
+        let cancelled = apply(Some(&v1), EventCommand::Cancel, 1).next.unwrap();
+        let still_stored = apply(Some(&cancelled), if_absent(upsert(9_000, "v2")), 2);
+        assert!(matches!(
+            still_stored.outcome,
+            CommandOutcome::PreconditionFailed { current: Some(_) }
+        ));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Notices: a small signed message to a tenant's notice target (its
 //! `notify` in [`crate::TenantConfig`]) when one of its events ends
-//! `failed`, `expired` or `missed`, when its deliveries are paused or
-//! resumed, and when its circuit opens or closes.
+//! `failed`, `expired` or `missed`, when a schedule's firing ends
+//! occurrences `missed` (one notice per firing, see
+//! [`Notice::ScheduleMissed`]), when its deliveries are paused or resumed,
+//! and when its circuit opens or closes.
 //!
 //! A notice is itself a durable event of the same tenant, due when it is
 //! raised, under an internal id ([`slot_id`]) no client id can collide
@@ -19,6 +21,12 @@
 //! records, pending or finished, whatever its failure rate or its notice
 //! target's health.
 //!
+//! # One notice per slot
+//! A slot is read, then written only if it is still as read
+//! ([`if_unchanged`]): of two nodes that found one slot free at once, one
+//! writes it and the other reads it again and moves on, so neither notice
+//! is lost.
+//!
 //! # Idempotent
 //! A notice has an identity ([`Notice::identity`]): an event's notice names
 //! the event and its version, a pause its start. Raising a notice whose
@@ -28,9 +36,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{DeliveryOption, EventCommand, EventRecord, EventStatus};
+use crate::event::{DeliveryOption, EventCommand, EventRecord, EventStatus, Precondition};
 use crate::ids::{EventId, EventKey, EventVersion, TenantName};
 use crate::policy::EventSettings;
+use crate::schedule::{MissedRange, ScheduleId};
 use crate::time::Timestamp;
 
 /// Notice slots per tenant: at most this many notices are pending at once;
@@ -55,10 +64,11 @@ pub enum NoticeKind {
     Resumed,
     CircuitOpened,
     CircuitClosed,
+    ScheduleMissed,
 }
 
 impl NoticeKind {
-    pub const ALL: [NoticeKind; 7] = [
+    pub const ALL: [NoticeKind; 8] = [
         NoticeKind::EventFailed,
         NoticeKind::EventExpired,
         NoticeKind::EventMissed,
@@ -66,6 +76,7 @@ impl NoticeKind {
         NoticeKind::Resumed,
         NoticeKind::CircuitOpened,
         NoticeKind::CircuitClosed,
+        NoticeKind::ScheduleMissed,
     ];
 
     /// The message's `type`, and the metrics' `kind` label.
@@ -78,6 +89,7 @@ impl NoticeKind {
             NoticeKind::Resumed => "resumed",
             NoticeKind::CircuitOpened => "circuit_opened",
             NoticeKind::CircuitClosed => "circuit_closed",
+            NoticeKind::ScheduleMissed => "schedule_missed",
         }
     }
 }
@@ -107,6 +119,19 @@ pub enum Notice {
     },
     /// The tenant's circuit closed at `at`: its deliveries flow again.
     CircuitClosed { at: Timestamp },
+    /// One firing of a schedule found occurrences it could not deliver
+    /// (missed: reached too late, or past the tenant's quota) and ended
+    /// them `missed` at `at`. One notice per firing, not one per
+    /// occurrence: a catch-up after an outage is one incident, and a
+    /// frequent schedule's (up to 100 stored per firing, more counted)
+    /// would otherwise fill the tenant's notice slots and crowd out the
+    /// notices of its other failures.
+    ScheduleMissed {
+        schedule: ScheduleId,
+        missed: MissedRange,
+        reason: Option<String>,
+        at: Timestamp,
+    },
 }
 
 /// A notice's body, as the notice target receives it (JSON).
@@ -127,8 +152,23 @@ pub struct NoticeMessage {
     pub status: Option<EventStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A `schedule_missed` notice's schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_id: Option<String>,
+    /// A `schedule_missed` notice's count of missed occurrences, and the
+    /// first and last of them (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missed: Option<MissedCount>,
     /// When it happened, RFC 3339.
     pub at: String,
+}
+
+/// How many occurrences one schedule firing missed, from when to when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MissedCount {
+    pub count: u64,
+    pub first: String,
+    pub last: String,
 }
 
 impl Notice {
@@ -171,6 +211,27 @@ impl Notice {
         })
     }
 
+    /// The notice of a schedule firing that ended the occurrences
+    /// `recorded` (their instants) `missed` for `reason` and counted
+    /// `summarized` more in its summary; `None` when it missed nothing.
+    pub fn of_missed_occurrences(
+        schedule: &ScheduleId,
+        recorded: &[Timestamp],
+        summarized: Option<MissedRange>,
+        reason: Option<String>,
+        at: Timestamp,
+    ) -> Option<Notice> {
+        let missed = recorded
+            .iter()
+            .fold(summarized, |range, &at| Some(MissedRange::add(range, at)))?;
+        Some(Notice::ScheduleMissed {
+            schedule: schedule.clone(),
+            missed,
+            reason,
+            at,
+        })
+    }
+
     pub fn kind(&self) -> NoticeKind {
         match self {
             Notice::EventEnded { status, .. } => match status {
@@ -182,6 +243,7 @@ impl Notice {
             Notice::Resumed { .. } => NoticeKind::Resumed,
             Notice::CircuitOpened { .. } => NoticeKind::CircuitOpened,
             Notice::CircuitClosed { .. } => NoticeKind::CircuitClosed,
+            Notice::ScheduleMissed { .. } => NoticeKind::ScheduleMissed,
         }
     }
 
@@ -190,20 +252,26 @@ impl Notice {
         match self {
             Notice::EventEnded { at, .. }
             | Notice::CircuitOpened { at, .. }
-            | Notice::CircuitClosed { at } => *at,
+            | Notice::CircuitClosed { at }
+            | Notice::ScheduleMissed { at, .. } => *at,
             Notice::Paused { since, .. } | Notice::Resumed { since } => *since,
         }
     }
 
     /// The notice's identity: an event's notice names the event and its
     /// version; a pause or resume its start (pausing a paused tenant keeps
-    /// it), a circuit change its instant.
+    /// it), a circuit change its instant, a schedule's missed occurrences
+    /// the schedule and the first of them (a firing run again after a
+    /// crash raises the same notice).
     pub fn identity(&self) -> String {
         let kind = self.kind().as_str();
         match self {
             Notice::EventEnded {
                 event_id, version, ..
             } => format!("{kind}/{event_id}/{version}"),
+            Notice::ScheduleMissed {
+                schedule, missed, ..
+            } => format!("{kind}/{schedule}/{}", missed.first.as_millis()),
             _ => format!("{kind}/{}", self.at().as_millis()),
         }
     }
@@ -226,7 +294,21 @@ impl Notice {
             Notice::Paused { reason, .. } | Notice::CircuitOpened { reason, .. } => {
                 (None, None, None, reason.clone())
             }
+            Notice::ScheduleMissed { reason, .. } => (None, None, None, reason.clone()),
             Notice::Resumed { .. } | Notice::CircuitClosed { .. } => (None, None, None, None),
+        };
+        let (schedule_id, missed) = match self {
+            Notice::ScheduleMissed {
+                schedule, missed, ..
+            } => (
+                Some(schedule.to_string()),
+                Some(MissedCount {
+                    count: missed.count,
+                    first: missed.first.to_rfc3339(),
+                    last: missed.last.to_rfc3339(),
+                }),
+            ),
+            _ => (None, None),
         };
         NoticeMessage {
             kind: self.kind(),
@@ -236,6 +318,8 @@ impl Notice {
             version,
             status,
             reason,
+            schedule_id,
+            missed,
             at: self.at().to_rfc3339(),
         }
     }
@@ -318,6 +402,22 @@ pub fn write_command(
             ..EventSettings::default()
         },
         new_version,
+    }
+}
+
+/// `command` (a slot's write), applied only while the slot is still as
+/// it was read (`current`): the same version, or still absent. Another
+/// node may write the slot between the read and the write; its notice
+/// then stays and this one answers
+/// [`crate::event::CommandOutcome::PreconditionFailed`].
+pub fn if_unchanged(current: Option<&EventRecord>, command: EventCommand) -> EventCommand {
+    let precondition = match current {
+        Some(record) => Precondition::Versions(vec![record.version.clone()]),
+        None => Precondition::Absent,
+    };
+    EventCommand::IfMatch {
+        precondition,
+        command: Box::new(command),
     }
 }
 
@@ -569,5 +669,84 @@ mod tests {
             panic!("an upsert");
         };
         assert_eq!(event_time, ts(1_000));
+    }
+
+    #[test]
+    fn a_slot_is_written_only_while_it_is_as_read() {
+        let notice = failed();
+        let precondition = |current: Option<&EventRecord>| {
+            let command = write_command(&notice, &tenant(), current, ts(1_000), v2());
+            match if_unchanged(current, command.clone()) {
+                EventCommand::IfMatch {
+                    precondition,
+                    command: inner,
+                } => {
+                    assert_eq!(*inner, command);
+                    precondition
+                }
+                other => panic!("not conditional: {other:?}"),
+            }
+        };
+        let held = record(slot_id(0), EventStatus::Delivered, None);
+        let mut rewritten = held.clone();
+        rewritten.version = v2();
+        // Read absent: written only while still absent.
+        let absent = precondition(None);
+        assert!(absent.holds(None));
+        assert!(!absent.holds(Some(&held)));
+        // Read holding v1: written only while it still holds v1.
+        let as_read = precondition(Some(&held));
+        assert!(as_read.holds(Some(&held)));
+        assert!(!as_read.holds(Some(&rewritten)));
+        assert!(!as_read.holds(None));
+    }
+
+    #[test]
+    fn a_schedule_firing_that_missed_occurrences_gives_one_notice_counting_them() {
+        let schedule = ScheduleId::new("every-minute".to_string()).unwrap();
+        let recorded = [ts(60_000), ts(120_000), ts(180_000)];
+        let summarized = Some(MissedRange {
+            count: 10,
+            first: ts(240_000),
+            last: ts(780_000),
+        });
+        let reason = "missed: the schedule reached this occurrence more than 60 s late \
+                      (misfire policy skip)";
+        let notice = Notice::of_missed_occurrences(
+            &schedule,
+            &recorded,
+            summarized,
+            Some(reason.to_string()),
+            ts(900_000),
+        )
+        .unwrap();
+        assert_eq!(notice.kind(), NoticeKind::ScheduleMissed);
+        assert_eq!(
+            serde_json::to_value(notice.message(&tenant())).unwrap(),
+            serde_json::json!({
+                "type": "schedule_missed",
+                "id": "schedule_missed/every-minute/60000",
+                "tenant": "acme",
+                "schedule_id": "every-minute",
+                "missed": {
+                    "count": 13,
+                    "first": "1970-01-01T00:01:00Z",
+                    "last": "1970-01-01T00:13:00Z",
+                },
+                "reason": reason,
+                "at": "1970-01-01T00:15:00Z",
+            })
+        );
+        // Only counted, none stored: still told.
+        let counted = Notice::of_missed_occurrences(&schedule, &[], summarized, None, ts(1));
+        assert_eq!(
+            counted.map(|n| n.identity()),
+            Some("schedule_missed/every-minute/240000".to_string())
+        );
+        // Nothing missed: no notice.
+        assert_eq!(
+            Notice::of_missed_occurrences(&schedule, &[], None, None, ts(1)),
+            None
+        );
     }
 }

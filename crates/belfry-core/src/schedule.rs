@@ -459,6 +459,35 @@ pub struct Plan {
     /// `next` is [`NextStep::Complete`]).
     pub schedule: Schedule,
     pub next: NextStep,
+    /// The missed occurrences this firing only counted in the summary
+    /// (beyond the recording cap), if any.
+    pub summarized: Option<MissedRange>,
+}
+
+/// Missed occurrences of one firing: how many, the first and the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissedRange {
+    pub count: u64,
+    pub first: Timestamp,
+    pub last: Timestamp,
+}
+
+impl MissedRange {
+    /// One more missed occurrence, at `at` (after every one counted).
+    pub fn add(range: Option<MissedRange>, at: Timestamp) -> MissedRange {
+        match range {
+            None => MissedRange {
+                count: 1,
+                first: at,
+                last: at,
+            },
+            Some(range) => MissedRange {
+                count: range.count + 1,
+                first: range.first.min(at),
+                last: range.last.max(at),
+            },
+        }
+    }
 }
 
 /// Decides one firing of `schedule` at `now` (see the module doc).
@@ -541,6 +570,7 @@ pub fn plan(schedule: &Schedule, spec: &CronSpec, now: Timestamp, limits: PlanLi
     let mut next = schedule.clone();
     let mut planned = Vec::with_capacity(late.len().min(limits.max_missed_recorded) + timely.len());
     let mut recorded_missed = 0usize;
+    let mut summarized = None;
     for at in &late {
         if delivered_late.contains(at) {
             planned.push(PlannedOccurrence {
@@ -558,6 +588,7 @@ pub fn plan(schedule: &Schedule, spec: &CronSpec, now: Timestamp, limits: PlanLi
             summary.summarized += 1;
             summary.first_summarized.get_or_insert(*at);
             summary.last_summarized = Some(*at);
+            summarized = Some(MissedRange::add(summarized, *at));
         }
     }
     next.progress.missed.recorded += recorded_missed as u64;
@@ -587,6 +618,7 @@ pub fn plan(schedule: &Schedule, spec: &CronSpec, now: Timestamp, limits: PlanLi
         occurrences: planned,
         schedule: next,
         next: step,
+        summarized,
     }
 }
 

@@ -622,6 +622,13 @@ impl Shared {
     /// ended (cancelled, moved) is dropped from the queue at once (see
     /// [`pull::versions_ended`]).
     pub(crate) fn route_effects(self: &Arc<Self>, applied: &[Applied]) {
+        self.route_effects_without_notices(applied);
+        notices::ended(self, applied);
+    }
+
+    /// [`Shared::route_effects`] for writes that raise their notices
+    /// themselves (a schedule firing's missed occurrences).
+    pub(crate) fn route_effects_without_notices(self: &Arc<Self>, applied: &[Applied]) {
         for item in applied {
             for effect in &item.effects {
                 self.send_effect(item.partition, item.key.clone(), effect);
@@ -630,7 +637,6 @@ impl Shared {
                 pull::versions_ended(self, &item.key, item.record.as_ref());
             }
         }
-        notices::ended(self, applied);
     }
 
     pub(crate) fn send_effect(

@@ -5,8 +5,11 @@
 //! [`raise`] never waits: it queues the notice in memory (at most
 //! [`MAX_QUEUED_PER_TENANT`] per tenant, more are dropped and counted) and
 //! one task per tenant writes the queue into the tenant's slots, one
-//! notice at a time, so two notices of this node never race for a slot
-//! (two nodes can: one of the two notices is lost then). A tenant without
+//! notice at a time, so two notices of this node never race for a slot.
+//! Two nodes can (a cluster on one database): a slot is written only if
+//! it is still as it was read ([`notice::if_unchanged`], decided inside
+//! the store's write), so the node that lost the race reads the slot
+//! again and, finding it busy, moves on to the next one. A tenant without
 //! a notice target raises nothing.
 //!
 //! An event's notice is raised once its ending is stored (every write
@@ -39,6 +42,10 @@ pub const MAX_QUEUED_PER_TENANT: usize = MAX_PENDING_NOTICES;
 /// without reading the slots again for this long: a failure storm costs
 /// one probe per interval, not one per failure.
 const FULL_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Times one slot is read again after another writer changed it between
+/// our read and our write; then the next slot is tried.
+const SLOT_RACES: usize = 3;
 
 /// Pause before writing a notice again after a failed read or write.
 pub(crate) const WRITE_RETRY: Duration = Duration::from_millis(500);
@@ -200,26 +207,35 @@ async fn try_write(
     let identity = notice.identity();
     for slot in notice::probe(&identity, MAX_PENDING_NOTICES) {
         let key = EventKey::new(tenant.clone(), notice::slot_id(slot));
-        let current = shared.env.store.get_event(&key).await?;
-        match notice::slot_state(current.as_ref(), &identity) {
-            SlotState::Busy => continue,
-            SlotState::Same => return Ok(Written::Already),
-            SlotState::Free => {
-                let command = notice::write_command(
-                    notice,
-                    tenant,
-                    current.as_ref(),
-                    shared.env.clock.now(),
-                    EventVersion::generate(),
-                );
-                let command = KeyedCommand {
-                    key,
-                    command,
-                    fence: None,
-                };
-                crate::writes::apply(shared, vec![command], |_| {}).await?;
+        // A slot lost to another node's write is read again: it may hold
+        // this very notice now, or have been freed since.
+        for _ in 0..SLOT_RACES {
+            let current = shared.env.store.get_event(&key).await?;
+            match notice::slot_state(current.as_ref(), &identity) {
+                SlotState::Busy => break,
+                SlotState::Same => return Ok(Written::Already),
+                SlotState::Free => {}
+            }
+            let command = notice::write_command(
+                notice,
+                tenant,
+                current.as_ref(),
+                shared.env.clock.now(),
+                EventVersion::generate(),
+            );
+            let command = KeyedCommand {
+                key: key.clone(),
+                command: notice::if_unchanged(current.as_ref(), command),
+                fence: None,
+            };
+            let applied = crate::writes::apply(shared, vec![command], |_| {}).await?;
+            let lost = applied
+                .iter()
+                .any(|a| matches!(a.outcome, CommandOutcome::PreconditionFailed { .. }));
+            if !lost {
                 return Ok(Written::Raised);
             }
+            tracing::debug!(%tenant, slot, "another writer took the notice slot first");
         }
     }
     Ok(Written::Full)

@@ -25,11 +25,13 @@
 //! leaves). Already-created future occurrences are cancelled on update,
 //! pause and delete.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::event::{DeliveryOption, EventCommand};
 use belfry_core::fire::decide::still_due;
+use belfry_core::notice::Notice;
 use belfry_core::schedule::firing::{self, Firing};
 use belfry_core::schedule::{
     self, Fate, PARKED_AT, Plan, Progress, Schedule, ScheduleError, ScheduleId, ScheduleStatus,
@@ -195,9 +197,16 @@ async fn fire_once(shared: &Arc<Shared>, fence: Fence, entry: &DueCursor) -> Sto
     }
     let mut occurrences = occurrence_commands(&entry.key.tenant, &plan, &shared.env.options);
     refuse_over_quota(shared, &mut occurrences).await?;
+    // One notice for the firing's missed occurrences, not one each: a
+    // catch-up after an outage is one incident, and a frequent schedule's
+    // (up to 100 stored per firing) would fill the tenant's notice slots.
+    let missed = missed_notice(&plan, &occurrences, now);
     if !occurrences.is_empty() {
-        apply(shared, occurrences).await?;
+        apply_occurrences(shared, occurrences).await?;
         count_occurrences(&plan);
+    }
+    if let Some(notice) = missed {
+        crate::notices::raise(shared, &entry.key.tenant, notice);
     }
 
     let at = firing::next_control_at(&record, plan.next);
@@ -339,6 +348,42 @@ async fn apply(shared: &Arc<Shared>, commands: Vec<KeyedCommand>) -> StoreResult
     shared.quotas.applied(&applied);
     shared.route_effects(&applied);
     Ok(())
+}
+
+/// Stores a firing's occurrences. Those it ends `missed` (reached too
+/// late, or past the tenant's quota) raise no notice each: the firing
+/// raises one for all of them ([`missed_notice`]).
+async fn apply_occurrences(
+    shared: &Arc<Shared>,
+    occurrences: Vec<KeyedCommand>,
+) -> StoreResult<()> {
+    let applied = shared.env.apply_now(occurrences).await?;
+    shared.quotas.applied(&applied);
+    shared.route_effects_without_notices(&applied);
+    Ok(())
+}
+
+/// The notice of a firing whose `occurrences` end some `missed`, or whose
+/// `plan` only counted some ([`Notice::ScheduleMissed`]); `None` when it
+/// missed none. Decided from the commands, not their outcomes, so a
+/// firing run again after a crash raises the same notice.
+fn missed_notice(plan: &Plan, occurrences: &[KeyedCommand], now: Timestamp) -> Option<Notice> {
+    let instants: HashMap<&EventKey, Timestamp> = occurrences
+        .iter()
+        .filter_map(|c| match &c.command {
+            EventCommand::Upsert { event_time, .. } => Some((&c.key, *event_time)),
+            _ => None,
+        })
+        .collect();
+    let mut reason = None;
+    let mut recorded = Vec::new();
+    for command in occurrences {
+        if let EventCommand::Expire { reason: why } = &command.command {
+            reason.get_or_insert_with(|| why.clone());
+            recorded.extend(instants.get(&command.key).copied());
+        }
+    }
+    Notice::of_missed_occurrences(&plan.schedule.id, &recorded, plan.summarized, reason, now)
 }
 
 /// Schedule management ([`EngineHandle::schedules`]).

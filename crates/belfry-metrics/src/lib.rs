@@ -102,7 +102,7 @@ pub const NOTICES_RAISED: Metric = Metric {
     name: "belfry_notices_raised_total",
     kind: Kind::Counter,
     unit: None,
-    help: "Notices written for delivery to tenants' notice targets, by kind (event_failed, event_expired, event_missed, paused, resumed, circuit_opened, circuit_closed).",
+    help: "Notices written for delivery to tenants' notice targets, by kind (event_failed, event_expired, event_missed, paused, resumed, circuit_opened, circuit_closed, schedule_missed).",
     labels: &["kind"],
 };
 pub const NOTICES_DROPPED: Metric = Metric {

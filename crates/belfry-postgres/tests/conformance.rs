@@ -75,3 +75,13 @@ async fn concurrent_applies_all_land_on_eight_connections() {
     })
     .await;
 }
+
+/// Creations of one absent key that overlap in the database: the losers'
+/// inserts conflict, run again, and find the key taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn if_absent_creates_once_however_many_race_on_eight_connections() {
+    belfry_store::conformance::if_absent_creates_once_however_many_race(|partitions| {
+        postgres_store(partitions, 8)
+    })
+    .await;
+}

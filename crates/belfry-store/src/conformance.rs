@@ -101,6 +101,7 @@ macro_rules! store_conformance_tests {
             move_starts_a_new_version,
             cancel_and_cancel_unknown,
             if_match_changes_nothing_unless_it_holds,
+            if_absent_creates_once_however_many_race,
             a_debounced_series_keeps_its_start,
             attempt_delivered_finishes,
             attempt_retry_reschedules,
@@ -998,6 +999,88 @@ where
     assert_eq!(
         again.replaced.map(|r| r.delivery),
         Some(PreviousDelivery::Finished)
+    );
+}
+
+/// `IfMatch` with [`Precondition::Absent`]: a create that never
+/// overwrites. Of callers that all read the key absent and create it at
+/// once, exactly one creates it; the others change nothing (a store that
+/// checked the precondition outside its write would let several "create").
+pub async fn if_absent_creates_once_however_many_race<F, Fut>(factory: F)
+where
+    F: Fn(PartitionCount) -> Fut,
+    Fut: Future<Output = StoreUnderTest>,
+{
+    const CALLERS: usize = 16;
+    let under_test = factory(partitions(4)).await;
+    let store = &under_test.store;
+    let if_absent = |command| EventCommand::IfMatch {
+        precondition: Precondition::Absent,
+        command: Box::new(command),
+    };
+
+    let k = key("t", "slot");
+    let created = apply_one(store, 1_000, &k, if_absent(upsert(5_000, "v1"))).await;
+    assert_eq!(created.outcome, CommandOutcome::Created);
+    let before = get(store, &k).await.unwrap();
+    let again = apply_one(store, 2_000, &k, if_absent(upsert(9_000, "v2"))).await;
+    assert_eq!(
+        again.outcome,
+        CommandOutcome::PreconditionFailed {
+            current: Some(EventVersion::from_string("v1".into()))
+        }
+    );
+    assert!(again.effects.is_empty());
+    assert_eq!(
+        again.record.as_ref(),
+        Some(&before),
+        "the stored event, unchanged"
+    );
+    assert_eq!(get(store, &k).await.as_ref(), Some(&before));
+    // A cancelled event is still stored: not absent.
+    apply_one(store, 3_000, &k, EventCommand::Cancel).await;
+    let cancelled = apply_one(store, 4_000, &k, if_absent(upsert(9_000, "v3"))).await;
+    assert!(
+        matches!(cancelled.outcome, CommandOutcome::PreconditionFailed { .. }),
+        "{:?}",
+        cancelled.outcome
+    );
+    assert_eq!(get(store, &k).await.unwrap().status, EventStatus::Cancelled);
+
+    let raced = key("t", "raced");
+    let mut tasks = Vec::new();
+    for caller in 0..CALLERS {
+        let store = store.clone();
+        let raced = raced.clone();
+        let command = if_absent(upsert(5_000, &format!("c{caller}")));
+        tasks.push(tokio::spawn(async move {
+            apply_one(&store, 1_000, &raced, command).await
+        }));
+    }
+    let mut winners = Vec::new();
+    for (caller, task) in tasks.into_iter().enumerate() {
+        match task.await.expect("caller task").outcome {
+            CommandOutcome::Created => winners.push(format!("c{caller}")),
+            CommandOutcome::PreconditionFailed { current: Some(_) } => {}
+            other => panic!("caller {caller}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one caller created it: {winners:?}"
+    );
+    let stored = get(store, &raced).await.unwrap();
+    assert_eq!(
+        stored.version.as_str(),
+        winners[0],
+        "the winner's write stays"
+    );
+    let partition = store.partitions().partition_of(&raced);
+    assert!(
+        all_due(store)
+            .await
+            .contains(&(partition, cursor(5_000, &raced)))
     );
 }
 

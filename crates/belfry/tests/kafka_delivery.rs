@@ -6,7 +6,8 @@
 //! independent consumer (Python's `confluent-kafka`, see
 //! `tests/support/kafka_consumer.py`) reading the tenant's topic. A third
 //! test runs a `/v1` tenant in the fenced (transactional) mode, read with
-//! `read_committed`.
+//! `read_committed`; another sends a tenant's failure notice to its notice
+//! topic.
 //!
 //! The consumer's interpreter is the one named by `BELFRY_TEST_PYTHON`,
 //! else a virtual environment this test makes under
@@ -580,4 +581,87 @@ async fn a_kafka_tenants_policy_caps_and_spaces_its_attempts() {
             }
         }
     }
+}
+
+/// A Kafka tenant whose notice target is a topic (`notify.kafka_topic`):
+/// an event that ends failed (a record larger than the tenant's
+/// `message.max.bytes`: permanent) sends a signed notice record to that
+/// topic, produced with the tenant's sink settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_event_sends_a_signed_notice_record_to_the_notice_topic() {
+    let Some(python) = consumer_python() else {
+        return;
+    };
+    let topic = format!("orders-{}", std::process::id());
+    let notices = format!("notices-{}", std::process::id());
+    let broker = KafkaBroker::start_with(1, &[(&topic, 1), (&notices, 1)]);
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), &[]).await;
+    let (code, body) = put_json(
+        &node.url("/v1/tenants/acme"),
+        &json!({
+            "sink": { "type": "kafka", "topic": topic, "props": {
+                "bootstrap.servers": broker.bootstrap_servers(),
+                // A notice fits; the event below does not.
+                "message.max.bytes": "2000",
+            } },
+            "notify": { "kafka_topic": notices },
+        }),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["notify"]["kafka_topic"], notices.as_str(), "{body}");
+    let secret = body["signing_secret"].as_str().unwrap().to_string();
+    let mut consumer = Consumer::start(&python, &broker, &notices).await;
+
+    let (code, event) = put_json(
+        &node.url("/v1/tenants/acme/events/too-big"),
+        &json!({ "deliver_at": rfc3339(now_ms() + 300), "payload": "x".repeat(5_000) }),
+    )
+    .await;
+    assert_eq!(code, 201, "{event}");
+    let version = event["version"].as_str().unwrap();
+
+    let records = consumer.read(1, Duration::from_secs(1)).await;
+    if records.len() != 1 {
+        node.print_logs();
+    }
+    assert_eq!(records.len(), 1, "one notice record: {records:?}");
+    let record = &records[0];
+    let body: Value = serde_json::from_str(&record.value).unwrap();
+    assert_eq!(body["type"], "event_failed", "{body}");
+    assert_eq!(
+        body["id"],
+        format!("event_failed/too-big/{version}"),
+        "{body}"
+    );
+    assert_eq!(body["tenant"], "acme", "{body}");
+    assert_eq!(body["event_id"], "too-big", "{body}");
+    assert_eq!(body["version"], version, "{body}");
+    assert_eq!(body["status"], "failed", "{body}");
+    assert!(
+        body["reason"]
+            .as_str()
+            .is_some_and(|r| r.to_lowercase().contains("too large")),
+        "{body}"
+    );
+    let (_, stored) = get_json(&node.url("/v1/tenants/acme/events/too-big")).await;
+    assert_eq!(stored["status"], "failed", "{stored}");
+
+    // Signed like a delivery, with the tenant's secret.
+    let header = |name: &str| {
+        record
+            .headers
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name} header: {record:?}"))
+            .as_str()
+    };
+    let timestamp = header("webhook-timestamp");
+    let at = Timestamp::from_millis(timestamp.parse::<i64>().unwrap() * 1_000);
+    let signer = Signer::new(&SigningSecrets::new(secret)).unwrap();
+    assert_eq!(
+        header("webhook-signature"),
+        signer.signature(header("webhook-id"), timestamp, record.value.as_bytes(), at),
+        "the notice is signed with the tenant's secret"
+    );
 }

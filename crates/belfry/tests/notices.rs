@@ -392,3 +392,102 @@ async fn a_pause_notice_goes_out_at_once_past_the_held_events() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert!(sink.requests().is_empty(), "nothing delivered while paused");
 }
+
+/// A schedule whose node was down past its misfire threshold: the
+/// occurrences it missed raise one `schedule_missed` notice for the
+/// catch-up, counting them all (those stored `missed` and those beyond
+/// the recording cap), and no notice per occurrence.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_schedule_catch_up_sends_one_notice_counting_its_missed_occurrences() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Receiver::start().await;
+    let notices = Receiver::start().await;
+    let config = dir.path().join("belfry.toml");
+    std::fs::write(&config, "[engine.circuit_breaker]\nfailure_threshold = 0\n").unwrap();
+    let launch = BelfryLaunch::new(env!("CARGO_BIN_EXE_belfry"), dir.path().join("data"))
+        .arg("--config")
+        .arg(config.to_str().unwrap())
+        .env("BELFRY_ENGINE__SCHEDULE_LEAD_MS", "500")
+        .env("BELFRY_ENGINE__SCHEDULE_MISFIRE_THRESHOLD_MS", "1000")
+        // Two stored `missed`, the rest only counted in the summary.
+        .env("BELFRY_ENGINE__SCHEDULE_MAX_MISSED_RECORDED", "2");
+    let mut node = BelfryProcess::start(launch).await.expect("belfry starts");
+    let secret = register(&node, &sink, &notices).await;
+    let (status, body) = put_json(
+        &node.url("/v1/tenants/acme/schedules/tick"),
+        &json!({"expression": "@every 1s", "type": "every", "misfire": {"policy": "skip"}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    sink.wait_for_count(2, DEADLINE).await.unwrap();
+
+    // Down for 6 s: the occurrences of most of that time are reached more
+    // than the threshold late when the node is back.
+    node.kill_9();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let restarted_at = now_ms();
+    node.restart().await.expect("belfry restarts");
+
+    let (request, body) = notice(&notices, |body| body["type"] == "schedule_missed").await;
+    assert_signed(&request, &secret);
+    assert_eq!(body["tenant"], "acme", "{body}");
+    assert_eq!(body["schedule_id"], "tick", "{body}");
+    assert!(
+        body["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("misfire policy skip")),
+        "{body}"
+    );
+    let (_, schedule) = get_json(&node.url("/v1/tenants/acme/schedules/tick")).await;
+    let recorded = schedule["missed"]["recorded"].as_u64().unwrap();
+    let summarized = schedule["missed"]["summarized"].as_u64().unwrap();
+    assert_eq!(recorded, 2, "{schedule}");
+    assert!(summarized >= 1, "{schedule}");
+    assert_eq!(
+        body["missed"]["count"].as_u64(),
+        Some(recorded + summarized),
+        "{body} {schedule}"
+    );
+    let instant = |field: &str| {
+        Timestamp::parse_rfc3339(body["missed"][field].as_str().unwrap())
+            .unwrap()
+            .as_millis()
+    };
+    assert!(
+        instant("first") < instant("last") && instant("last") < restarted_at,
+        "{body}"
+    );
+    assert_eq!(
+        body["id"],
+        format!("schedule_missed/tick/{}", instant("first")),
+        "{body}"
+    );
+
+    // One notice for the catch-up: a tenant's notices are written in the
+    // order raised, and none per occurrence came before it.
+    let metrics = scrape(&node).await;
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"belfry_notices_raised_total{kind="schedule_missed"}"#
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"belfry_notices_raised_total{kind="event_missed"}"#
+        )
+        .unwrap_or(0.0),
+        0.0,
+        "{metrics}"
+    );
+    let kinds: Vec<String> = notices
+        .requests()
+        .iter()
+        .filter_map(|r| r.body_json().ok())
+        .map(|b| b["type"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(kinds, ["schedule_missed"], "{kinds:?}");
+}

@@ -275,6 +275,7 @@ mod tests {
             ],
             schedule: schedule(ScheduleStatus::Active, MisfirePolicy::FireAll { cap: 3 }),
             next: NextStep::At(at(4_000)),
+            summarized: None,
         };
         let out = occurrence_commands(&tenant(), &plan, Duration::from_secs(60));
         assert!(out.too_long.is_empty());

@@ -243,6 +243,18 @@ fn missed_beyond_the_recording_cap_go_into_the_summary() {
     assert_eq!(summary.first_summarized, Some(at(22 * SEC)));
     assert_eq!(summary.last_summarized, Some(at(936 * SEC)));
     assert_eq!(delivered[0], 938);
+    // This firing's own share of the summary, for its notice.
+    assert_eq!(
+        p.summarized,
+        Some(MissedRange {
+            count: 468 - 10,
+            first: at(22 * SEC),
+            last: at(936 * SEC),
+        })
+    );
+    // A second firing counts only its own.
+    let again = plan(&p.schedule, &s.validate().unwrap(), at(1_010 * SEC), limits);
+    assert_eq!(again.summarized, None, "nothing missed since");
 }
 
 #[test]
