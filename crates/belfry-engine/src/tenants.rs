@@ -9,9 +9,11 @@
 //! that began before such a write is not cached (it may have seen the old
 //! state). A pause or resume through this node also reaches
 //! every partition it owns at once (`Input::Paused`, `Input::Resumed`); the
-//! owners elsewhere see it within [`TTL`] (a pause: their next delivery of
-//! the tenant is held) or within [`TTL`] plus the partition core's
-//! `hold_recheck` (a resume: a held lane's recheck finds it). A pause or
+//! owners elsewhere hear of it from the store's announcement of the write
+//! ([`Tenants::changed_elsewhere`], a cluster), and should that be lost,
+//! within [`TTL`] (a pause: their next delivery of the tenant is held) or
+//! within [`TTL`] plus the partition core's `hold_recheck` (a resume: a
+//! held lane's recheck finds it). A pause or
 //! resume that changed the stored state raises its notice
 //! (`crate::notices`).
 
@@ -54,6 +56,12 @@ pub(crate) struct TenantCache {
     store: SharedStore,
     entries: Mutex<Entries>,
     clock: Arc<dyn Clock>,
+    /// Held by a pause, a resume or a change heard from another node from
+    /// its read of the state to its broadcast: the partitions get them in
+    /// the order the store took them. Without it a 410's pause stored
+    /// before a resume could broadcast after it, leaving the lanes held
+    /// against a resumed tenant until their recheck.
+    pause_changes: tokio::sync::Mutex<()>,
 }
 
 impl TenantCache {
@@ -62,6 +70,7 @@ impl TenantCache {
             store,
             entries: Mutex::default(),
             clock,
+            pause_changes: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -165,6 +174,30 @@ impl Tenants<'_> {
         deleted
     }
 
+    /// Another node changed the tenant (its store announced it): what this
+    /// node cached of it goes, and its pause state as stored now reaches
+    /// the partitions owned here at once, instead of when the cache
+    /// expires (a pause) or a held lane's recheck comes (a resume). A
+    /// store failure leaves that to the cache's expiry and the recheck.
+    pub async fn changed_elsewhere(&self, name: &TenantName) {
+        let _order = self.cache().pause_changes.lock().await;
+        self.forget(name);
+        let paused = match self.pause_state(name).await {
+            Ok(pause) => pause.is_some_and(|pause| pause.paused),
+            Err(error) => {
+                tracing::warn!(tenant = %name, %error, "reading a tenant another node changed failed");
+                return;
+            }
+        };
+        let shared = self.shared;
+        let now = shared.env.clock.now();
+        if paused {
+            shared.owned.broadcast(|| Input::Paused(name.clone()), now);
+        } else {
+            shared.owned.broadcast(|| Input::Resumed(name.clone()), now);
+        }
+    }
+
     /// Forgets the cached tenant `name` (changed behind this node's back,
     /// e.g. by a test writing the store directly).
     pub fn forget(&self, name: &TenantName) {
@@ -203,6 +236,7 @@ impl Tenants<'_> {
         name: &TenantName,
         reason: Option<String>,
     ) -> StoreResult<Option<TenantPause>> {
+        let _order = self.cache().pause_changes.lock().await;
         let current = self.pause_state(name).await?;
         let paused = TenantPause::paused(current.as_ref(), reason, self.shared.env.clock.now());
         let unchanged = current.as_ref() == Some(&paused);
@@ -236,6 +270,7 @@ impl Tenants<'_> {
     /// # Errors
     /// Store failures (then the resume may or may not have been stored).
     pub async fn resume(&self, name: &TenantName) -> StoreResult<Option<TenantPause>> {
+        let _order = self.cache().pause_changes.lock().await;
         let current = self.pause_state(name).await?;
         let now = self.shared.env.clock.now();
         let state = match TenantPause::resumed(current.as_ref(), now) {

@@ -97,6 +97,16 @@ const DUE_PAGE_SQL: &str = "SELECT next_fire_at, tenant, id FROM events
 /// down.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Ends a tenant write (a CTE `written` returning the names written): one
+/// notification per tenant on [`belfry_store::cluster::TENANT_CHANNEL`],
+/// sent when the write commits, and how many rows were written.
+const ANNOUNCE_TENANT: &str = "SELECT count(pg_notify('belfry_tenants', name)) FROM written";
+
+/// The rows an [`ANNOUNCE_TENANT`] write counted.
+fn announced(rows: &[tokio_postgres::Row]) -> i64 {
+    rows.first().map_or(0, |row| row.get(0))
+}
+
 /// Connections kept for the cluster coordinator alone, beside the pool
 /// the data path shares. A membership round must renew the node's leases
 /// within the lease TTL or the node stops firing, so it must never wait
@@ -521,12 +531,17 @@ impl Store for PostgresStore {
                 .map_err(|e| {
                     StoreError::Internal(format!("cannot encode the tenant's notice target: {e}"))
                 })?;
-            let sql = "INSERT INTO tenants (name, sink, signing, notify)
-                 VALUES ($1, $2::text::jsonb, $3::text::jsonb, $4::text::jsonb)
-                 ON CONFLICT (name) DO UPDATE
-                 SET sink = EXCLUDED.sink, signing = EXCLUDED.signing, notify = EXCLUDED.notify";
+            let sql = format!(
+                "WITH written AS (
+                   INSERT INTO tenants (name, sink, signing, notify)
+                   VALUES ($1, $2::text::jsonb, $3::text::jsonb, $4::text::jsonb)
+                   ON CONFLICT (name) DO UPDATE
+                   SET sink = EXCLUDED.sink, signing = EXCLUDED.signing, notify = EXCLUDED.notify
+                   RETURNING name)
+                 {ANNOUNCE_TENANT}"
+            );
             let params: &Params = &[&tenant.name.as_str(), &sink, &signing, &notify];
-            cached::execute(&self.client().await?, sql, params).await?;
+            cached::query(&self.client().await?, &sql, params).await?;
             Ok(())
         })
         .await
@@ -586,9 +601,12 @@ impl Store for PostgresStore {
 
     async fn delete_tenant(&self, name: &TenantName) -> StoreResult<bool> {
         self.guarded(Access::Write, async move {
-            let sql = "DELETE FROM tenants WHERE name = $1";
-            let deleted = cached::execute(&self.client().await?, sql, &[&name.as_str()]).await?;
-            Ok(deleted > 0)
+            let sql = format!(
+                "WITH written AS (DELETE FROM tenants WHERE name = $1 RETURNING name)
+                 {ANNOUNCE_TENANT}"
+            );
+            let rows = cached::query(&self.client().await?, &sql, &[&name.as_str()]).await?;
+            Ok(announced(&rows) > 0)
         })
         .await
     }
@@ -597,10 +615,14 @@ impl Store for PostgresStore {
         self.guarded(Access::Write, async move {
             let pause = serde_json::to_string(&pause)
                 .map_err(|e| StoreError::Internal(format!("cannot encode the pause: {e}")))?;
-            let sql = "UPDATE tenants SET pause = $2::text::jsonb WHERE name = $1";
+            let sql = format!(
+                "WITH written AS (
+                   UPDATE tenants SET pause = $2::text::jsonb WHERE name = $1 RETURNING name)
+                 {ANNOUNCE_TENANT}"
+            );
             let params: &Params = &[&name.as_str(), &pause];
-            let updated = cached::execute(&self.client().await?, sql, params).await?;
-            Ok(updated > 0)
+            let rows = cached::query(&self.client().await?, &sql, params).await?;
+            Ok(announced(&rows) > 0)
         })
         .await
     }

@@ -59,7 +59,10 @@
 //! [`Wakeup::Cluster`], on which a node runs its membership round at once,
 //! and on [`belfry_store::cluster::PULL_READY_CHANNEL`]: another node holds
 //! ready entries of pull tenants that no claim there took
-//! ([`Wakeup::PullReady`]; payload: the node id, then one tenant per line).
+//! ([`Wakeup::PullReady`]; payload: the node id, then one tenant per line),
+//! and on [`belfry_store::cluster::TENANT_CHANNEL`]: a tenant's config,
+//! pause or existence changed ([`Wakeup::TenantChanged`]; payload: its
+//! name), announced by the tenant write's own transaction.
 
 use std::time::Duration;
 
@@ -107,6 +110,9 @@ pub enum Wakeup {
         node: String,
         tenants: Vec<TenantName>,
     },
+    /// The tenant's config, pause or existence changed
+    /// ([`belfry_store::cluster::TENANT_CHANNEL`]).
+    TenantChanged(TenantName),
 }
 
 /// The payloads announcing `tenants` for `node`: the node id, then one
@@ -260,9 +266,10 @@ async fn listen_once(
     let (client, mut connection) = config.connect(tls.clone()).await?;
     let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
     let listen_sql = format!(
-        "LISTEN {CHANNEL}; LISTEN {}; LISTEN {}",
+        "LISTEN {CHANNEL}; LISTEN {}; LISTEN {}; LISTEN {}",
         belfry_store::cluster::CHANGE_CHANNEL,
-        belfry_store::cluster::PULL_READY_CHANNEL
+        belfry_store::cluster::PULL_READY_CHANNEL,
+        belfry_store::cluster::TENANT_CHANNEL
     );
     let listen = client.batch_execute(&listen_sql);
     tokio::pin!(listen);
@@ -296,6 +303,15 @@ async fn listen_once(
                             Some(wakeup) => vec![wakeup],
                             None => {
                                 tracing::warn!("ignoring a malformed pull announcement");
+                                Vec::new()
+                            }
+                        }
+                    }
+                    belfry_store::cluster::TENANT_CHANNEL => {
+                        match TenantName::new(note.payload()) {
+                            Ok(tenant) => vec![Wakeup::TenantChanged(tenant)],
+                            Err(_) => {
+                                tracing::warn!("ignoring a malformed tenant announcement");
                                 Vec::new()
                             }
                         }

@@ -1016,3 +1016,52 @@ async fn membership_answers_while_every_data_connection_is_busy() {
     locker.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(stuck.await.unwrap().unwrap(), None);
 }
+
+/// A tenant's config, pause or deletion is announced by its own write, so
+/// other nodes drop their cached copy and apply a pause at once; a write
+/// that finds no tenant announces nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_changes_are_announced_by_their_write() {
+    use belfry_core::tenant::HttpTarget;
+    use belfry_core::{SinkConfig, TenantConfig, TenantName, TenantPause};
+
+    let store = fresh_store(4).await;
+    let mut wakeups = store.subscribe_wakeups();
+    let mut next = async || {
+        tokio::time::timeout(DEADLINE, wakeups.recv())
+            .await
+            .expect("a wake-up in time")
+            .expect("the subscription is open")
+    };
+    assert_eq!(next().await, Wakeup::Resync);
+    let name = TenantName::new("acme/orders").unwrap();
+    let changed = Wakeup::TenantChanged(name.clone());
+    let config = TenantConfig {
+        name: name.clone(),
+        sink: SinkConfig::Http(HttpTarget {
+            url: "http://127.0.0.1:1/hook".into(),
+            headers: Default::default(),
+            timeout_ms: None,
+            delivery: Default::default(),
+        }),
+        signing: None,
+        notify: None,
+    };
+    store.put_tenant(config).await.unwrap();
+    assert_eq!(next().await, changed, "put");
+    let paused = TenantPause::paused(None, None, Timestamp::from_millis(1_000));
+    assert!(store.put_tenant_pause(&name, paused).await.unwrap());
+    assert_eq!(next().await, changed, "pause");
+    assert!(store.delete_tenant(&name).await.unwrap());
+    assert_eq!(next().await, changed, "delete");
+    // Nothing left to change: silent. The next wake-up is the join below.
+    let ghost = TenantPause::paused(None, None, Timestamp::from_millis(2_000));
+    assert!(!store.put_tenant_pause(&name, ghost).await.unwrap());
+    assert!(!store.delete_tenant(&name).await.unwrap());
+    let info = NodeInfo {
+        id: node("a"),
+        address: "127.0.0.1:1".into(),
+    };
+    store.heartbeat(&info, LONG).await.unwrap();
+    assert_eq!(next().await, Wakeup::Cluster);
+}

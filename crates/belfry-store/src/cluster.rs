@@ -73,6 +73,12 @@ pub const CHANGE_CHANNEL: &str = "belfry_cluster";
 /// entries that no claim on them took (`docs/pull.md`, "In a cluster").
 pub const PULL_READY_CHANNEL: &str = "belfry_pull_ready";
 
+/// The notification channel on which backends announce a tenant's
+/// config, pause or deletion changed (payload: the tenant's name), so
+/// other nodes drop what they cached of it and apply a pause or resume at
+/// once rather than when their cache expires.
+pub const TENANT_CHANNEL: &str = "belfry_tenants";
+
 /// A node's identity in the cluster: unique per process start.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeId(pub String);

@@ -101,6 +101,11 @@ pub async fn start(
                 Wakeup::PullReady { node, tenants } => {
                     handle.pull().ready_elsewhere(&node, &tenants);
                 }
+                Wakeup::TenantChanged(tenant) => {
+                    let handle = handle.clone();
+                    // Reads the store: off the wake-up loop.
+                    tokio::spawn(async move { handle.tenants().changed_elsewhere(&tenant).await });
+                }
             }
         }
     });
