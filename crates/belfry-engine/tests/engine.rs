@@ -963,3 +963,66 @@ async fn an_open_circuit_holds_events_and_tells_its_listener_of_each_transition(
     );
     node.stop().await;
 }
+
+/// Holds the answer of the first pause write for [`PAUSE_STALL`] after it
+/// committed: a 410's pause, stored, not yet applied to the partitions.
+#[derive(Debug, Default)]
+struct StallFirstPauseWrite {
+    stalled: std::sync::atomic::AtomicBool,
+}
+
+const PAUSE_STALL: Duration = Duration::from_secs(1);
+
+impl Interposer for StallFirstPauseWrite {
+    fn before(&self, call: StoreCall<'_>) -> Fault {
+        use std::sync::atomic::Ordering;
+        if matches!(call, StoreCall::PutTenantPause) && !self.stalled.swap(true, Ordering::SeqCst) {
+            return Fault::CommitThenStall(PAUSE_STALL);
+        }
+        Fault::Pass
+    }
+}
+
+/// A pause stored before a resume reaches the partitions before it too:
+/// once both answered, the tenant is resumed in the store and its events
+/// fire at once. (Applied in the other order, the pause held the lanes of
+/// a resumed tenant until their recheck, 5 s later.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_and_a_resume_reach_the_partitions_in_the_order_they_were_stored() {
+    let interposer = Arc::new(StallFirstPauseWrite::default());
+    let wrap = {
+        let interposer = interposer.clone();
+        move |store: SharedStore| -> SharedStore { Arc::new(Interposed::new(store, interposer)) }
+    };
+    let node = Node::start_with(EngineOptions::default(), wrap).await;
+    let receiver = Receiver::start().await;
+    node.tenant("t", &receiver).await;
+    let tenant = TenantName::new("t").unwrap();
+
+    let pausing = {
+        let handle = node.handle.clone();
+        let tenant = tenant.clone();
+        tokio::spawn(async move { handle.tenants().pause(&tenant, Some("gone".into())).await })
+    };
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !interposer.stalled.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pause never wrote"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    node.handle.tenants().resume(&tenant).await.unwrap();
+    pausing.await.unwrap().unwrap();
+    let state = node.handle.tenants().pause_state(&tenant).await.unwrap();
+    assert!(!state.unwrap().paused, "the resume was stored last");
+
+    let scheduled = std::time::Instant::now();
+    node.schedule("t", "e", now()).await;
+    receiver
+        .wait_for_count(1, Duration::from_millis(2_500))
+        .await
+        .expect("delivered at once, not at the held lane's recheck");
+    eprintln!("delivered {:?} after it was scheduled", scheduled.elapsed());
+    node.stop().await;
+}
