@@ -276,22 +276,42 @@ pub struct Debounce {
 
 impl Debounce {
     /// The instant of a debounced write accepted at `now` on the event
-    /// `current`, and the start of its series. The series goes on while
-    /// the event is pending in it and its instant has not come; anything
-    /// else (no event, a finished or cancelled one, one last written
-    /// without debounce, one due already: being delivered or retrying)
-    /// starts one at `now`, so a write never moves a due version to an
-    /// instant of its series (delivering the series twice). The instant is
-    /// `now + delay_ms`, but no later than the series' start plus
-    /// `max_wait_ms`.
+    /// `current`, and the start of its series.
+    ///
+    /// - The series goes on while the event is pending in it and its
+    ///   instant has not come: the instant is `now + delay_ms`, but no
+    ///   later than the series' start plus `max_wait_ms`.
+    /// - Once its instant has come and no attempt is recorded yet (the
+    ///   delivery is due, or under way), the write goes out with it: due
+    ///   at once (`now`, a new version), so the series is delivered at its
+    ///   cap with the latest payload rather than pushed into the next
+    ///   series. A delivery of the previous version already under way
+    ///   still arrives (the edit contract).
+    /// - Anything else (no event, a finished or cancelled one, one last
+    ///   written without debounce, one retrying) starts a series at `now`,
+    ///   so a write never moves a version already attempted back into its
+    ///   series.
     pub fn instant(self, now: Timestamp, current: Option<&EventRecord>) -> (Timestamp, Timestamp) {
-        let since = current
-            .filter(|record| record.status.is_pending() && record.event_time > now)
-            .and_then(|record| record.debounce_since)
-            .unwrap_or(now);
+        let in_series = current.filter(|record| {
+            record.status == EventStatus::Scheduled && record.debounce_since.is_some()
+        });
+        if let Some(record) = in_series
+            && let Some(since) = record.debounce_since
+        {
+            if record.event_time <= now {
+                // A new instant, so a new version: the same one kept the
+                // version, and an attempt under way would swallow this
+                // write's payload.
+                let at = now.max(record.event_time.plus(std::time::Duration::from_millis(1)));
+                return (at, since);
+            }
+            let wanted = now.plus(std::time::Duration::from_millis(self.delay_ms));
+            let latest = since.plus(std::time::Duration::from_millis(self.max_wait_ms));
+            return (wanted.min(latest), since);
+        }
         let wanted = now.plus(std::time::Duration::from_millis(self.delay_ms));
-        let latest = since.plus(std::time::Duration::from_millis(self.max_wait_ms));
-        (wanted.min(latest), since)
+        let latest = now.plus(std::time::Duration::from_millis(self.max_wait_ms));
+        (wanted.min(latest), now)
     }
 }
 
@@ -1511,15 +1531,39 @@ mod tests {
             "same instant: same version"
         );
         assert_eq!(again.next.unwrap().version, capped.version);
-        // Due already (being delivered, or retrying): a write starts a new
-        // series rather than moving the due version within this one.
+        // Due, no attempt recorded: the write goes out with the series,
+        // at once and as a new version (never the same instant).
         let debounce = Debounce {
             delay_ms: 5_000,
             max_wait_ms: 30_000,
         };
         assert_eq!(
             debounce.instant(ts(30_000), Some(&capped)),
-            (ts(35_000), ts(30_000))
+            (ts(30_001), ts(0))
+        );
+        assert_eq!(
+            debounce.instant(ts(30_400), Some(&capped)),
+            (ts(30_400), ts(0))
+        );
+        let joined = apply(Some(&capped), debounced("v3b"), 30_400);
+        assert_eq!(joined.outcome, CommandOutcome::Updated { moved: true });
+        let joined = joined.next.unwrap();
+        assert_eq!(
+            (joined.event_time, joined.version.as_str()),
+            (ts(30_400), "v3b")
+        );
+        // Retrying (an attempt recorded): a write starts a new series
+        // rather than moving the attempted version within this one.
+        let retrying = apply(
+            Some(&joined),
+            attempt(&joined.version, 1, Verdict::Retry, 30_400),
+            30_410,
+        )
+        .next
+        .unwrap();
+        assert_eq!(
+            debounce.instant(ts(31_000), Some(&retrying)),
+            (ts(36_000), ts(31_000))
         );
         assert_eq!(
             debounce.instant(ts(29_999), Some(&capped)),

@@ -59,6 +59,13 @@ async fn cancel(url: &str, if_match: Option<&str>) -> Answer {
     send(request).await
 }
 
+/// Registers tenant `name` with `sink` on `node`.
+async fn register(node: &BelfryProcess, name: &str, sink: Value) {
+    let url = node.url(&format!("/v1/tenants/{name}"));
+    let tenant = put(&url, &json!({ "sink": sink }), None).await;
+    assert_eq!(tenant.status, 201, "{}", tenant.body);
+}
+
 async fn get(url: &str) -> Answer {
     send(http_client().get(url)).await
 }
@@ -86,13 +93,12 @@ async fn a_stale_if_match_is_refused_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let receiver = Receiver::start().await;
     let node = start_node(dir.path()).await;
-    let tenant = put(
-        &node.url("/v1/tenants/acme"),
-        &json!({"sink": {"type": "http", "url": receiver.url("/hook")}}),
-        None,
+    register(
+        &node,
+        "acme",
+        json!({"type": "http", "url": receiver.url("/hook")}),
     )
     .await;
-    assert_eq!(tenant.status, 201, "{}", tenant.body);
     let url = node.url("/v1/tenants/acme/events/e1");
     let far = now_ms() + 600_000;
 
@@ -171,13 +177,12 @@ async fn cancel_and_move_answers_tell_whether_delivery_started() {
     // The first attempt fails: the event is retrying, an attempt recorded.
     receiver.push_rule(Rule::first(1, Response::status(503)));
     let node = start_node(dir.path()).await;
-    let tenant = put(
-        &node.url("/v1/tenants/acme"),
-        &json!({"sink": {"type": "http", "url": receiver.url("/hook")}}),
-        None,
+    register(
+        &node,
+        "acme",
+        json!({"type": "http", "url": receiver.url("/hook")}),
     )
     .await;
-    assert_eq!(tenant.status, 201, "{}", tenant.body);
     let url = node.url("/v1/tenants/acme/events/e1");
     // Its retry a minute later: the test moves it first.
     let slow_retry = json!({"initial_delay_ms": 60_000, "max_delay_ms": 60_000});
@@ -226,13 +231,12 @@ async fn an_attempt_in_flight_counts_as_started() {
     // Every answer takes 3 s: long enough to edit during the attempt.
     receiver.set_default(Response::status(200).with_delay(Duration::from_secs(3)));
     let node = start_node(dir.path()).await;
-    let tenant = put(
-        &node.url("/v1/tenants/acme"),
-        &json!({"sink": {"type": "http", "url": receiver.url("/hook")}}),
-        None,
+    register(
+        &node,
+        "acme",
+        json!({"type": "http", "url": receiver.url("/hook")}),
     )
     .await;
-    assert_eq!(tenant.status, 201, "{}", tenant.body);
 
     for (id, edit) in [("cancelled", "cancel"), ("moved", "move")] {
         let url = node.url(&format!("/v1/tenants/acme/events/{id}"));
@@ -290,13 +294,7 @@ async fn an_attempt_in_flight_counts_as_started() {
 async fn a_pull_lease_counts_as_started_a_ready_entry_does_not() {
     let dir = tempfile::tempdir().unwrap();
     let node = start_node(dir.path()).await;
-    let tenant = put(
-        &node.url("/v1/tenants/jobs"),
-        &json!({"sink": {"type": "pull"}}),
-        None,
-    )
-    .await;
-    assert_eq!(tenant.status, 201, "{}", tenant.body);
+    register(&node, "jobs", json!({"type": "pull"})).await;
     let due = rfc3339(now_ms());
     for id in ["leased", "ready"] {
         let url = node.url(&format!("/v1/tenants/jobs/events/{id}"));
@@ -357,13 +355,7 @@ async fn a_pull_lease_counts_as_started_a_ready_entry_does_not() {
 async fn a_conditional_put_sent_again_after_it_applied_succeeds_unchanged() {
     let dir = tempfile::tempdir().unwrap();
     let node = start_node(dir.path()).await;
-    let tenant = put(
-        &node.url("/v1/tenants/acme"),
-        &json!({"sink": {"type": "pull"}}),
-        None,
-    )
-    .await;
-    assert_eq!(tenant.status, 201, "{}", tenant.body);
+    register(&node, "acme", json!({"type": "pull"})).await;
     let url = node.url("/v1/tenants/acme/events/e1");
     let created = put(
         &url,
