@@ -31,7 +31,7 @@ use crate::extract::{V1Json, V1Path, deserialize_naming_field, query_pairs};
 use crate::openapi::schema::V1ErrorDetail;
 use crate::pipeline::{Admitted, Checked, Outcome, Pipeline, QuotaMode, Tenants};
 use crate::v1::views::{AttemptView, BackoffBody, Delivery, EventList, EventView};
-use crate::v1::{tenant_name, tenant_not_found};
+use crate::v1::{event_id, event_key, tenant_name, tenant_not_found};
 
 /// The path of the tenant's events (list, batch).
 const EVENTS: &str = "/v1/tenants/{tenant}/events";
@@ -359,15 +359,6 @@ pub(crate) struct BatchAnswer<'a> {
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Attempts {
     pub attempts: Vec<AttemptView>,
-}
-
-fn event_id(text: String) -> Result<EventId, ApiError> {
-    EventId::new(text).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
-}
-
-/// The checked tenant and id of an event's path.
-pub(crate) fn event_key(tenant: String, id: String) -> Result<EventKey, V1Error> {
-    Ok(EventKey::new(tenant_name(tenant)?, event_id(id)?))
 }
 
 fn event_not_found(key: &EventKey) -> V1Error {

@@ -25,7 +25,7 @@
 //! - `views`: the JSON shapes several routes share (an event, a tenant, a
 //!   back-off), each also its OpenAPI schema.
 
-use belfry_core::TenantName;
+use belfry_core::{EventId, EventKey, TenantName};
 
 use crate::error::{ApiError, Code, V1Error};
 
@@ -50,6 +50,16 @@ pub(crate) fn invalid_request(message: impl Into<String>) -> V1Error {
 /// Validates a tenant name taken from the path.
 pub(crate) fn tenant_name(text: String) -> Result<TenantName, V1Error> {
     TenantName::new(text).map_err(|e| V1Error(ApiError::new(Code::InvalidName, e.to_string())))
+}
+
+/// Validates an event id taken from the path or a batch item.
+pub(crate) fn event_id(text: String) -> Result<EventId, ApiError> {
+    EventId::new(text).map_err(|e| ApiError::new(Code::InvalidName, e.to_string()))
+}
+
+/// The checked tenant and id of an event's path.
+pub(crate) fn event_key(tenant: String, id: String) -> Result<EventKey, V1Error> {
+    Ok(EventKey::new(tenant_name(tenant)?, event_id(id)?))
 }
 
 pub(crate) fn tenant_not_found(name: &TenantName) -> V1Error {

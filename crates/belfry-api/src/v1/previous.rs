@@ -148,7 +148,7 @@ pub(crate) async fn delivery_started(
             format!("no route for {method} {}", uri.path()),
         )));
     }
-    let key = super::events::event_key(tenant, id)?;
+    let key = super::event_key(tenant, id)?;
     match state
         .engine
         .partitions()
